@@ -1,0 +1,65 @@
+// Package dataplane defines the one interface behind which xlb's kernel data
+// planes (nftables, eBPF) sit. The engine hands a data plane the difference
+// between two states; the data plane applies it as one kernel transaction.
+package dataplane
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// FarmChange is one farm's change. Old is nil for an added farm, New is nil
+// for a deleted one; both set is an update. Farms are immutable.
+type FarmChange struct {
+	Old, New *model.Farm
+}
+
+// Diff is an ordered set of farm changes applied together.
+type Diff struct {
+	Changes []FarmChange
+}
+
+// Empty reports whether the diff changes nothing.
+func (d Diff) Empty() bool { return len(d.Changes) == 0 }
+
+// Inverse returns the diff that undoes d (used to roll back).
+func (d Diff) Inverse() Diff {
+	inv := Diff{Changes: make([]FarmChange, len(d.Changes))}
+	for i, c := range d.Changes {
+		inv.Changes[len(d.Changes)-1-i] = FarmChange{Old: c.New, New: c.Old}
+	}
+	return inv
+}
+
+// Dataplane programs farms into the kernel.
+type Dataplane interface {
+	// Name is the data plane's name as the user selects it ("nft", "ebpf").
+	Name() string
+	// Check refuses a farm that uses something this data plane does not
+	// implement, with an *model.FieldError whose Problem says so. It must not
+	// touch the kernel.
+	Check(f *model.Farm) error
+	// Apply applies the diff to the kernel as one transaction: either all of
+	// it takes effect or none of it does.
+	Apply(ctx context.Context, d Diff) error
+	// Reconcile makes the kernel hold exactly the given farms, repairing
+	// anything changed by hand, without a moment where existing farms are
+	// missing (no flush).
+	Reconcile(ctx context.Context, farms []*model.Farm) error
+	// Close releases the data plane's resources. It leaves the kernel's
+	// rules in place so traffic keeps flowing while xlb restarts.
+	Close() error
+}
+
+// Unsupported builds the error a data plane returns for a farm field value it
+// does not implement.
+func Unsupported(plane string, f *model.Farm, field, value string) error {
+	return &model.FieldError{
+		Object:  fmt.Sprintf("farm %q", f.Name),
+		Field:   field,
+		Value:   value,
+		Problem: fmt.Sprintf("is not implemented by the %s data plane yet", plane),
+	}
+}

@@ -1,0 +1,305 @@
+// Package engine is xlb's one writer. Every change, from the API, the CLI, the
+// config file or Kubernetes, goes through Engine.Change, which serializes it:
+// validate -> build the new immutable state -> apply the difference to the
+// data plane as one kernel transaction -> persist -> publish. If the kernel or
+// the disk fails, both are returned to the old state and the caller gets the
+// error.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	iradix "github.com/hashicorp/go-immutable-radix/v2"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/store"
+)
+
+// NotFoundError says a named object does not exist (HTTP 404).
+type NotFoundError struct{ What string }
+
+func (e *NotFoundError) Error() string { return e.What + " does not exist" }
+
+// ConflictError says a change clashes with another object (HTTP 409).
+type ConflictError struct{ Msg string }
+
+func (e *ConflictError) Error() string { return e.Msg }
+
+// Engine owns the desired state.
+type Engine struct {
+	log   *slog.Logger
+	dp    dataplane.Dataplane
+	store store.Store
+
+	mu  sync.Mutex // serializes writers; readers use cur
+	cur atomic.Pointer[State]
+
+	subMu sync.Mutex
+	subs  []chan<- *State
+}
+
+// New loads the saved state, checks it, and reconciles the kernel with it
+// (without flushing anything, so traffic through existing farms never stops).
+func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store.Store) (*Engine, error) {
+	e := &Engine{log: log, dp: dp, store: st}
+	farms, err := st.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx := e.begin(emptyState())
+	for i := range farms {
+		if err := tx.Put(farms[i]); err != nil {
+			return nil, fmt.Errorf("saved state: %w", err)
+		}
+	}
+	if err := tx.validate(); err != nil {
+		return nil, fmt.Errorf("saved state: %w", err)
+	}
+	s := tx.build()
+	start := time.Now()
+	if err := dp.Reconcile(ctx, s.Farms()); err != nil {
+		return nil, fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
+	}
+	log.Info("state loaded", "farms", s.Len(), "dataplane", dp.Name(), "reconcile", time.Since(start))
+	e.cur.Store(s)
+	return e, nil
+}
+
+// Snapshot returns the current state. It never blocks.
+func (e *Engine) Snapshot() *State { return e.cur.Load() }
+
+// Subscribe registers a channel that receives each newly published state.
+// Sends never block: a slow subscriber misses intermediate versions but
+// always sees a later one.
+func (e *Engine) Subscribe(ch chan<- *State) {
+	e.subMu.Lock()
+	defer e.subMu.Unlock()
+	e.subs = append(e.subs, ch)
+}
+
+// Change runs fn on a transaction over the current state and commits what fn
+// did as one unit. If fn returns an error nothing changes.
+func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	base := e.cur.Load()
+	tx := e.begin(base)
+	if err := fn(tx); err != nil {
+		return base, err
+	}
+	if err := tx.validate(); err != nil {
+		return base, err
+	}
+	diff := tx.diff()
+	if diff.Empty() {
+		return base, nil
+	}
+	if err := e.dp.Apply(ctx, diff); err != nil {
+		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), err)
+	}
+	if err := e.store.Apply(ctx, diff); err != nil {
+		// The kernel has the change but the disk does not: undo the kernel
+		// side so both agree with what the caller is told (nothing changed).
+		if rerr := e.dp.Apply(context.WithoutCancel(ctx), diff.Inverse()); rerr != nil {
+			e.log.Error("rollback failed; reconciling the whole data plane", "err", rerr)
+			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), base.Farms()); rerr != nil {
+				e.log.Error("reconcile after failed rollback failed", "err", rerr)
+			}
+		}
+		return base, err
+	}
+	next := tx.build()
+	e.cur.Store(next)
+	e.publish(next)
+	return next, nil
+}
+
+func (e *Engine) publish(s *State) {
+	e.subMu.Lock()
+	defer e.subMu.Unlock()
+	for _, ch := range e.subs {
+		select {
+		case ch <- s:
+		default:
+		}
+	}
+}
+
+// Reconcile re-applies the whole current state to the kernel, repairing
+// drift (rules changed or deleted by hand).
+func (e *Engine) Reconcile(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.dp.Reconcile(ctx, e.cur.Load().Farms())
+}
+
+// Txn is a working copy of the state inside Engine.Change.
+type Txn struct {
+	e       *Engine
+	base    *State
+	farms   map[string]*model.Farm // changed farms: nil value = deleted
+	order   []string               // change order, for a deterministic diff
+	replace bool                   // every farm not Put is deleted
+}
+
+func (e *Engine) begin(base *State) *Txn {
+	return &Txn{e: e, base: base, farms: map[string]*model.Farm{}}
+}
+
+// Get returns the farm as it stands in this transaction.
+func (tx *Txn) Get(name string) (*model.Farm, bool) {
+	if f, changed := tx.farms[name]; changed {
+		return f, f != nil
+	}
+	if tx.replace {
+		return nil, false
+	}
+	return tx.base.Farm(name)
+}
+
+// Put adds or replaces a farm. The farm is validated on its own here and
+// against the other farms at commit.
+func (tx *Txn) Put(f model.Farm) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	if err := tx.e.dp.Check(&f); err != nil {
+		return err
+	}
+	nf := f.Clone()
+	nf.Seal()
+	tx.mark(nf.Name)
+	tx.farms[nf.Name] = &nf
+	return nil
+}
+
+// Delete removes a farm; it is an error if it does not exist.
+func (tx *Txn) Delete(name string) error {
+	if _, ok := tx.Get(name); !ok {
+		return &NotFoundError{What: fmt.Sprintf("farm %q", name)}
+	}
+	tx.mark(name)
+	tx.farms[name] = nil
+	return nil
+}
+
+// ReplaceAll makes the transaction start from an empty state: farms not Put
+// afterwards are deleted (restore).
+func (tx *Txn) ReplaceAll() {
+	tx.replace = true
+	for _, f := range tx.base.Farms() {
+		if _, changed := tx.farms[f.Name]; !changed {
+			tx.mark(f.Name)
+			tx.farms[f.Name] = nil
+		}
+	}
+}
+
+func (tx *Txn) mark(name string) {
+	if _, seen := tx.farms[name]; !seen {
+		tx.order = append(tx.order, name)
+	}
+}
+
+// validate checks the changed farms against every other farm: no two farms
+// may claim the same VIP, protocol and port (or the same mark).
+func (tx *Txn) validate() error {
+	for _, name := range tx.order {
+		f := tx.farms[name]
+		if f == nil || f.State == model.StateOff {
+			continue
+		}
+		key := listenerKey(f)
+		// Farms already on this listener, as this transaction leaves them.
+		others, _ := tx.base.listeners.Get(key)
+		candidates := slices.Clone(others)
+		for _, n := range tx.order {
+			if g := tx.farms[n]; g != nil && string(listenerKey(g)) == string(key) {
+				candidates = append(candidates, n)
+			}
+		}
+		for _, other := range candidates {
+			if other == name {
+				continue
+			}
+			g, ok := tx.Get(other)
+			if !ok || g.State == model.StateOff || string(listenerKey(g)) != string(key) {
+				continue
+			}
+			if clash, where := overlap(f, g); clash {
+				return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
+					name, describeListener(f), f.Protocol, where, other)}
+			}
+		}
+	}
+	return nil
+}
+
+// diff lists what the transaction changed, skipping puts equal to the base.
+func (tx *Txn) diff() dataplane.Diff {
+	var d dataplane.Diff
+	for _, name := range tx.order {
+		old, _ := tx.base.Farm(name)
+		nf := tx.farms[name]
+		if old == nil && nf == nil {
+			continue
+		}
+		if old != nil && nf != nil && farmsEqual(old, nf) {
+			continue
+		}
+		d.Changes = append(d.Changes, dataplane.FarmChange{Old: old, New: nf})
+	}
+	return d
+}
+
+// build returns the new published state.
+func (tx *Txn) build() *State {
+	farms := tx.base.farms.Txn()
+	listeners := tx.base.listeners.Txn()
+	for _, name := range tx.order {
+		nf := tx.farms[name]
+		if old, ok := tx.base.Farm(name); ok {
+			if nf != nil && farmsEqual(old, nf) {
+				continue
+			}
+			farms.Delete([]byte(name))
+			removeListener(listeners, listenerKey(old), name)
+		}
+		if nf != nil {
+			farms.Insert([]byte(name), nf)
+			k := listenerKey(nf)
+			cur, _ := listeners.Get(k)
+			listeners.Insert(k, append(slices.Clone(cur), name))
+		}
+	}
+	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1}
+}
+
+func removeListener(t *iradix.Txn[[]string], key []byte, name string) {
+	cur, _ := t.Get(key)
+	next := slices.DeleteFunc(slices.Clone(cur), func(n string) bool { return n == name })
+	if len(next) == 0 {
+		t.Delete(key)
+		return
+	}
+	t.Insert(key, next)
+}
+
+// farmsEqual compares two farms by their canonical encoding.
+func farmsEqual(a, b *model.Farm) bool {
+	return string(a.AppendJSON(nil)) == string(b.AppendJSON(nil))
+}
+
+// IsNotFound reports whether err is a NotFoundError.
+func IsNotFound(err error) bool {
+	var nf *NotFoundError
+	return errors.As(err, &nf)
+}

@@ -1,0 +1,80 @@
+package engine
+
+import (
+	"fmt"
+	"net/netip"
+
+	iradix "github.com/hashicorp/go-immutable-radix/v2"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// State is one published, immutable version of the desired state. Readers
+// (API GETs, dumps, metrics) use it without any lock. It is built on
+// persistent radix trees, so a change copies only the paths it touches:
+// publishing a new state costs O(changed), not O(farms).
+type State struct {
+	farms *iradix.Tree[*model.Farm]
+	// listeners indexes farms by what they listen on (VIP or mark), to find
+	// conflicts in O(farms on that VIP).
+	listeners *iradix.Tree[[]string]
+	version   uint64
+}
+
+func emptyState() *State {
+	return &State{farms: iradix.New[*model.Farm](), listeners: iradix.New[[]string]()}
+}
+
+// Version counts the changes applied since the daemon started.
+func (s *State) Version() uint64 { return s.version }
+
+// Len is the number of farms.
+func (s *State) Len() int { return s.farms.Len() }
+
+// Farm returns the farm with that name.
+func (s *State) Farm(name string) (*model.Farm, bool) { return s.farms.Get([]byte(name)) }
+
+// Farms returns every farm, ordered by name.
+func (s *State) Farms() []*model.Farm {
+	out := make([]*model.Farm, 0, s.farms.Len())
+	it := s.farms.Root().Iterator()
+	for _, f, ok := it.Next(); ok; _, f, ok = it.Next() {
+		out = append(out, f)
+	}
+	return out
+}
+
+// listenerKey is the index key of what a farm listens on.
+func listenerKey(f *model.Farm) []byte {
+	if f.IsMarkFarm() {
+		return fmt.Appendf(nil, "m%08x", f.Mark)
+	}
+	a := f.VirtualAddr.As16()
+	return append([]byte{'a'}, a[:]...)
+}
+
+// overlap reports whether two farms on the same listener key would both claim
+// some packet: same (or "all") protocol and overlapping ports.
+func overlap(a, b *model.Farm) (bool, string) {
+	if a.Protocol != b.Protocol && a.Protocol != model.ProtoAll && b.Protocol != model.ProtoAll {
+		return false, ""
+	}
+	if len(a.VirtualPorts) == 0 || len(b.VirtualPorts) == 0 {
+		return true, "every port"
+	}
+	for _, ra := range a.VirtualPorts {
+		for _, rb := range b.VirtualPorts {
+			if ra.Overlaps(rb) {
+				return true, "port " + ra.String()
+			}
+		}
+	}
+	return false, ""
+}
+
+func describeListener(f *model.Farm) string {
+	if f.IsMarkFarm() {
+		return fmt.Sprintf("mark 0x%x", f.Mark)
+	}
+	return netip.AddrPortFrom(f.VirtualAddr, 0).Addr().String()
+}

@@ -1,0 +1,180 @@
+// Package model holds xlb's typed desired state (farms and backends), their
+// defaults, their validation and their nftlb-compatible JSON codec.
+//
+// Values of these types are immutable once handed to the engine: every change
+// builds a new Farm (see Clone), so snapshots can be shared without locks.
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// PortRange is an inclusive range of ports; a single port has First == Last.
+type PortRange struct{ First, Last uint16 }
+
+func (r PortRange) String() string {
+	if r.First == r.Last {
+		return fmt.Sprint(r.First)
+	}
+	return fmt.Sprintf("%d-%d", r.First, r.Last)
+}
+
+// Overlaps reports whether two ranges share a port.
+func (r PortRange) Overlaps(o PortRange) bool { return r.First <= o.Last && o.First <= r.Last }
+
+// Farm is a virtual service: a VIP with ports and protocol, how it forwards,
+// how it schedules, and its backends. Field names follow nftlb.
+type Farm struct {
+	Name         string
+	Family       Family
+	VirtualAddr  netip.Addr  // invalid (zero) for firewall-mark farms
+	VirtualPorts []PortRange // empty: every port
+	SourceAddr   netip.Addr  // snat: fixed source instead of masquerade
+	Protocol     Protocol
+	Mode         Mode
+	Scheduler    Scheduler
+	SchedParam   HashKey // keys of the hash scheduler
+	Persistence  HashKey
+	PersistTTL   uint32 // seconds
+	Helper       Helper
+	Log          LogHook
+	LogPrefix    string
+	Mark         uint32
+	Priority     uint32
+	State        State
+	NewRTLimit   uint32 // new connections per second, 0 = unlimited
+	NewRTBurst   uint32
+	RstRTLimit   uint32 // TCP resets per second, 0 = unlimited
+	RstRTBurst   uint32
+	EstConnLimit uint32 // established connections, 0 = unlimited
+	TCPStrict    bool
+	Backends     []Backend
+	Policies     []PolicyRef
+
+	enc *encoded // cached wire forms; see codec.go
+}
+
+// Backend is one real server of a farm.
+type Backend struct {
+	Name         string
+	Addr         netip.Addr
+	Port         uint16 // 0: the port the client connected to
+	Weight       uint32
+	Priority     uint32
+	Mark         uint32
+	EstConnLimit uint32
+	State        State
+}
+
+// PolicyRef attaches a named table (allow or deny list) to a farm.
+type PolicyRef struct {
+	Name string
+}
+
+// Limits that bound the work one object can ask of the data plane.
+const (
+	MaxNameLen      = 64
+	MaxBackends     = 4096
+	MaxWeight       = 10000
+	MaxPriority     = 1000
+	MaxPortRanges   = 64
+	MaxLogPrefixLen = 24 // the kernel's log prefix holds 127 bytes; xlb adds farm/backend names
+	DefaultTTL      = 60
+)
+
+// NewFarm returns a farm with nftlb's defaults.
+func NewFarm(name string) Farm {
+	return Farm{
+		Name:       name,
+		Family:     FamilyIPv4,
+		Protocol:   ProtoTCP,
+		Mode:       ModeSNAT,
+		Scheduler:  SchedRR,
+		PersistTTL: DefaultTTL,
+		Priority:   1,
+		State:      StateUp,
+	}
+}
+
+// NewBackend returns a backend with nftlb's defaults.
+func NewBackend(name string) Backend {
+	return Backend{Name: name, Weight: 1, Priority: 1, State: StateUp}
+}
+
+// Clone returns a deep copy whose slices can be changed freely.
+func (f *Farm) Clone() Farm {
+	c := *f
+	c.enc = nil
+	c.VirtualPorts = append([]PortRange(nil), f.VirtualPorts...)
+	c.Backends = append([]Backend(nil), f.Backends...)
+	c.Policies = append([]PolicyRef(nil), f.Policies...)
+	return c
+}
+
+// Backend returns the backend with that name and its index, or -1.
+func (f *Farm) Backend(name string) (*Backend, int) {
+	for i := range f.Backends {
+		if f.Backends[i].Name == name {
+			return &f.Backends[i], i
+		}
+	}
+	return nil, -1
+}
+
+// IsMarkFarm reports whether the farm is selected by a firewall mark (IPVS -f)
+// rather than by virtual address and port.
+func (f *Farm) IsMarkFarm() bool { return !f.VirtualAddr.IsValid() && f.Mark != 0 }
+
+// Serving reports whether a backend may take new connections.
+func (b *Backend) Serving() bool { return b.State == StateUp && b.Weight > 0 }
+
+// ActiveBackends returns the backends that take new connections: those up with
+// a weight above zero, in the lowest priority level that has any (LVS/nftlb
+// priority groups: a higher level serves only when every lower one is gone).
+func (f *Farm) ActiveBackends() []Backend {
+	best := uint32(0)
+	for i := range f.Backends {
+		b := &f.Backends[i]
+		if b.Serving() && (best == 0 || b.Priority < best) {
+			best = b.Priority
+		}
+	}
+	var out []Backend
+	for _, b := range f.Backends {
+		if b.Serving() && b.Priority == best {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// FieldError says which field of which object has a bad value and what is allowed.
+type FieldError struct {
+	Object  string // e.g. `farm "web"` or `farm "web" backend "b1"`
+	Field   string
+	Value   string
+	Problem string // what is wrong, including what is allowed
+}
+
+func (e *FieldError) Error() string {
+	var b strings.Builder
+	if e.Object != "" {
+		b.WriteString(e.Object)
+		b.WriteString(": ")
+	}
+	fmt.Fprintf(&b, "field %q", e.Field)
+	if e.Value != "" {
+		fmt.Fprintf(&b, " value %q", e.Value)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Problem)
+	return b.String()
+}
+
+func farmObject(name string) string { return fmt.Sprintf("farm %q", name) }
+
+func backendObject(farm, name string) string {
+	return fmt.Sprintf("farm %q backend %q", farm, name)
+}

@@ -1,0 +1,169 @@
+package model
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ValidName reports whether s may name a farm, backend or table: 1-64 of
+// [A-Za-z0-9_.-]. Names appear in URLs and log prefixes, so they are kept plain.
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > MaxNameLen {
+		return false
+	}
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '.', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+const nameRule = "1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'"
+
+// Validate checks a farm on its own (cross-farm conflicts are the engine's job)
+// and returns the first problem found as a *FieldError.
+func (f *Farm) Validate() error {
+	obj := farmObject(f.Name)
+	bad := func(field, value, problem string) error {
+		return &FieldError{Object: obj, Field: field, Value: value, Problem: problem}
+	}
+	if !ValidName(f.Name) {
+		return &FieldError{Field: "name", Value: f.Name, Problem: "must be " + nameRule}
+	}
+	switch {
+	case f.VirtualAddr.IsValid():
+		if f.VirtualAddr.Zone() != "" {
+			return bad("virtual-addr", f.VirtualAddr.String(), "must not carry a zone")
+		}
+		if f.VirtualAddr.Is4In6() {
+			return bad("virtual-addr", f.VirtualAddr.String(), "write IPv4 addresses in dotted form")
+		}
+		if err := f.checkFamily("virtual-addr", f.VirtualAddr.Is4()); err != nil {
+			return err
+		}
+	case f.Mark == 0:
+		return bad("virtual-addr", "", "is required (or set \"mark\" for a firewall-mark farm)")
+	}
+	if f.SourceAddr.IsValid() {
+		if err := f.checkFamily("source-addr", f.SourceAddr.Is4()); err != nil {
+			return err
+		}
+		if f.Mode != ModeSNAT {
+			return bad("source-addr", f.SourceAddr.String(), "is only used by mode snat (this farm has mode "+f.Mode.String()+")")
+		}
+	}
+	if len(f.VirtualPorts) > MaxPortRanges {
+		return bad("virtual-ports", formatPorts(f.VirtualPorts), fmt.Sprintf("at most %d ports or ranges", MaxPortRanges))
+	}
+	for i, r := range f.VirtualPorts {
+		if r.First == 0 || r.First > r.Last {
+			return bad("virtual-ports", r.String(), "ports must be 1-65535 and ranges written low-high")
+		}
+		for _, o := range f.VirtualPorts[:i] {
+			if r.Overlaps(o) {
+				return bad("virtual-ports", formatPorts(f.VirtualPorts), fmt.Sprintf("%s overlaps %s", r, o))
+			}
+		}
+	}
+	if len(f.VirtualPorts) > 0 && f.Protocol == ProtoAll {
+		return bad("virtual-ports", formatPorts(f.VirtualPorts), "protocol \"all\" has no ports: leave virtual-ports empty")
+	}
+	if f.Scheduler == SchedHash || f.Scheduler == SchedSymhash {
+		if f.SchedParam == 0 {
+			// nftlb's default for hash is srcip.
+			return bad("sched-param", "none", "scheduler "+f.Scheduler.String()+" needs hash keys: "+hashKeySpec.allowed())
+		}
+	} else if f.SchedParam != 0 {
+		return bad("sched-param", f.SchedParam.String(), "is only used by schedulers hash and symhash (this farm has "+f.Scheduler.String()+")")
+	}
+	if f.Persistence != 0 && f.PersistTTL == 0 {
+		return bad("persist-ttl", "0", "persistence needs a ttl of 1 second or more")
+	}
+	if len(f.LogPrefix) > MaxLogPrefixLen {
+		return bad("log-prefix", f.LogPrefix, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
+	}
+	if f.Priority < 1 || f.Priority > MaxPriority {
+		return bad("priority", fmt.Sprint(f.Priority), fmt.Sprintf("must be 1-%d", MaxPriority))
+	}
+	if f.NewRTBurst != 0 && f.NewRTLimit == 0 {
+		return bad("new-rtlimit-burst", fmt.Sprint(f.NewRTBurst), "needs new-rtlimit")
+	}
+	if f.RstRTBurst != 0 && f.RstRTLimit == 0 {
+		return bad("rst-rtlimit-burst", fmt.Sprint(f.RstRTBurst), "needs rst-rtlimit")
+	}
+	if len(f.Backends) > MaxBackends {
+		return bad("backends", fmt.Sprint(len(f.Backends)), fmt.Sprintf("at most %d backends per farm", MaxBackends))
+	}
+	seen := make(map[string]bool, len(f.Backends))
+	for i := range f.Backends {
+		b := &f.Backends[i]
+		if seen[b.Name] {
+			return &FieldError{Object: obj, Field: "backends", Value: b.Name, Problem: "backend names must be unique in a farm"}
+		}
+		seen[b.Name] = true
+		if err := f.validateBackend(b); err != nil {
+			return err
+		}
+	}
+	for _, p := range f.Policies {
+		if !ValidName(p.Name) {
+			return bad("policies", p.Name, "policy names must be "+nameRule)
+		}
+	}
+	return nil
+}
+
+func (f *Farm) checkFamily(field string, is4 bool) error {
+	want := f.Family
+	if want == FamilyDual {
+		return nil
+	}
+	if (want == FamilyIPv4) != is4 {
+		got := "ipv6"
+		if is4 {
+			got = "ipv4"
+		}
+		return &FieldError{Object: farmObject(f.Name), Field: field, Problem: fmt.Sprintf("is an %s address but the farm's family is %s", got, want)}
+	}
+	return nil
+}
+
+func (f *Farm) validateBackend(b *Backend) error {
+	obj := backendObject(f.Name, b.Name)
+	bad := func(field, value, problem string) error {
+		return &FieldError{Object: obj, Field: field, Value: value, Problem: problem}
+	}
+	if !ValidName(b.Name) {
+		return &FieldError{Object: farmObject(f.Name), Field: "backends.name", Value: b.Name, Problem: "must be " + nameRule}
+	}
+	if !b.Addr.IsValid() {
+		return bad("ip-addr", "", "is required")
+	}
+	if b.Addr.Zone() != "" || b.Addr.Is4In6() {
+		return bad("ip-addr", b.Addr.String(), "must be a plain IPv4 or IPv6 address")
+	}
+	if f.Family != FamilyDual && (f.Family == FamilyIPv4) != b.Addr.Is4() {
+		return bad("ip-addr", b.Addr.String(), "does not match the farm's family "+f.Family.String())
+	}
+	if b.Weight > MaxWeight {
+		return bad("weight", fmt.Sprint(b.Weight), fmt.Sprintf("must be 0-%d (0 drains the backend)", MaxWeight))
+	}
+	if b.Priority < 1 || b.Priority > MaxPriority {
+		return bad("priority", fmt.Sprint(b.Priority), fmt.Sprintf("must be 1-%d", MaxPriority))
+	}
+	if b.Port != 0 && f.Protocol == ProtoAll {
+		return bad("port", fmt.Sprint(b.Port), "protocol \"all\" has no ports: leave port empty")
+	}
+	return nil
+}
+
+func formatPorts(rs []PortRange) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, ",")
+}
