@@ -465,6 +465,11 @@ func DecodeBackend(f *Farm, body []byte) (Farm, error) {
 type encoded struct {
 	once sync.Once
 	json []byte
+
+	// The ipvsadm-style listing (listing.go), [0] numeric, [1] with
+	// service names.
+	listOnce [2]sync.Once
+	list     [2][]byte
 }
 
 // AppendJSON appends the farm's full nftlb-style JSON object (every field,
@@ -495,7 +500,22 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 		dst = append(dst, ':')
 		dst = appendJSONString(dst, farmFields[i].encode(f))
 	}
-	dst = append(dst, `,"backends":[`...)
+	dst = append(dst, `,"backends":`...)
+	dst = f.appendBackendsJSON(dst)
+	dst = append(dst, `,"policies":[`...)
+	for i, p := range f.Policies {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"name":`...)
+		dst = appendJSONString(dst, p.Name)
+		dst = append(dst, '}')
+	}
+	return append(dst, "]}"...)
+}
+
+func (f *Farm) appendBackendsJSON(dst []byte) []byte {
+	dst = append(dst, '[')
 	for i := range f.Backends {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -512,16 +532,15 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 		}
 		dst = append(dst, '}')
 	}
-	dst = append(dst, `],"policies":[`...)
-	for i, p := range f.Policies {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, `{"name":`...)
-		dst = appendJSONString(dst, p.Name)
-		dst = append(dst, '}')
-	}
-	return append(dst, "]}"...)
+	return append(dst, ']')
+}
+
+// AppendBackendsJSON appends nftlb's {"backends":[...]} for the farm's
+// backends (every field, defaults filled in).
+func (f *Farm) AppendBackendsJSON(dst []byte) []byte {
+	dst = append(dst, `{"backends":`...)
+	dst = f.appendBackendsJSON(dst)
+	return append(dst, "}\n"...)
 }
 
 // MarshalJSON implements json.Marshaler with the nftlb wire form.
