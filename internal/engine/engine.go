@@ -212,31 +212,37 @@ func (tx *Txn) mark(name string) {
 // validate checks the changed farms against every other farm: no two farms
 // may claim the same VIP, protocol and port (or the same mark).
 func (tx *Txn) validate() error {
+	// Farms this transaction puts, by listener key: built once, so a bulk
+	// change of n farms costs O(n), not O(n^2).
+	changedByKey := make(map[string][]string)
+	for _, name := range tx.order {
+		if f := tx.farms[name]; f != nil {
+			k := string(listenerKey(f))
+			changedByKey[k] = append(changedByKey[k], name)
+		}
+	}
 	for _, name := range tx.order {
 		f := tx.farms[name]
 		if f == nil || f.State == model.StateOff {
 			continue
 		}
 		key := listenerKey(f)
-		// Farms already on this listener, as this transaction leaves them.
+		// Farms on this listener as this transaction leaves them: those
+		// already there (unless changed away) and those put here.
 		others, _ := tx.base.listeners.Get(key)
-		candidates := slices.Clone(others)
-		for _, n := range tx.order {
-			if g := tx.farms[n]; g != nil && string(listenerKey(g)) == string(key) {
-				candidates = append(candidates, n)
-			}
-		}
-		for _, other := range candidates {
-			if other == name {
-				continue
-			}
-			g, ok := tx.Get(other)
-			if !ok || g.State == model.StateOff || string(listenerKey(g)) != string(key) {
-				continue
-			}
-			if clash, where := overlap(f, g); clash {
-				return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
-					name, describeListener(f), f.Protocol, where, other)}
+		for _, list := range [][]string{others, changedByKey[string(key)]} {
+			for _, other := range list {
+				if other == name {
+					continue
+				}
+				g, ok := tx.Get(other)
+				if !ok || g.State == model.StateOff || string(listenerKey(g)) != string(key) {
+					continue
+				}
+				if clash, where := overlap(f, g); clash {
+					return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
+						name, describeListener(f), f.Protocol, where, other)}
+				}
 			}
 		}
 	}

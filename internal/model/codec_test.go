@@ -1,0 +1,265 @@
+package model
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func noFarm(string) (*Farm, bool) { return nil, false }
+
+func decodeOne(t *testing.T, body string) Farm {
+	t.Helper()
+	fs, err := DecodeFarms([]byte(body), noFarm)
+	if err != nil {
+		t.Fatalf("decode %s: %v", body, err)
+	}
+	if len(fs) != 1 {
+		t.Fatalf("decode %s: got %d farms", body, len(fs))
+	}
+	return fs[0]
+}
+
+// An nftlb client sends every value as a string; that must work unchanged.
+func TestDecodeNftlbStrings(t *testing.T) {
+	f := decodeOne(t, `{"farms":[{"name":"web","family":"ipv4","virtual-addr":"10.0.0.1","virtual-ports":"80,443,1000-2000",
+		"protocol":"tcp","mode":"dnat","scheduler":"hash","sched-param":"srcip srcport","persistence":"srcip","persist-ttl":"120",
+		"helper":"ftp","log":"input forward","log-prefix":"web ","mark":"0x10","priority":"2","state":"up",
+		"new-rtlimit":"100","new-rtlimit-burst":"10","rst-rtlimit":"5","rst-rtlimit-burst":"2","est-connlimit":"1000","tcp-strict":"on",
+		"backends":[{"name":"b1","ip-addr":"10.1.0.1","port":"8080","weight":"3","priority":"1","mark":"0x1","est-connlimit":"50","state":"down"}],
+		"policies":[{"name":"blocklist"}]}]}`)
+	if f.VirtualAddr.String() != "10.0.0.1" || len(f.VirtualPorts) != 3 || f.VirtualPorts[2] != (PortRange{1000, 2000}) {
+		t.Errorf("addr/ports: %v %v", f.VirtualAddr, f.VirtualPorts)
+	}
+	if f.Mode != ModeDNAT || f.Scheduler != SchedHash || f.SchedParam != KeySrcIP|KeySrcPort || f.Persistence != KeySrcIP || f.PersistTTL != 120 {
+		t.Errorf("mode/sched/persist: %+v", f)
+	}
+	if f.Helper != HelperFTP || f.Log != LogInput|LogForward || f.Mark != 0x10 || f.Priority != 2 || !f.TCPStrict {
+		t.Errorf("helper/log/mark: %+v", f)
+	}
+	if f.NewRTLimit != 100 || f.NewRTBurst != 10 || f.RstRTLimit != 5 || f.RstRTBurst != 2 || f.EstConnLimit != 1000 {
+		t.Errorf("limits: %+v", f)
+	}
+	b := f.Backends[0]
+	if b.Addr.String() != "10.1.0.1" || b.Port != 8080 || b.Weight != 3 || b.Mark != 1 || b.EstConnLimit != 50 || b.State != StateDown {
+		t.Errorf("backend: %+v", b)
+	}
+	if len(f.Policies) != 1 || f.Policies[0].Name != "blocklist" {
+		t.Errorf("policies: %+v", f.Policies)
+	}
+}
+
+// Plain JSON numbers and booleans are accepted too.
+func TestDecodeNumbers(t *testing.T) {
+	f := decodeOne(t, `{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":80,"tcp-strict":true,
+		"backends":[{"name":"b1","ip-addr":"10.1.0.1","port":8080,"weight":2}]}`)
+	if f.VirtualPorts[0] != (PortRange{80, 80}) || !f.TCPStrict || f.Backends[0].Port != 8080 || f.Backends[0].Weight != 2 {
+		t.Errorf("got %+v", f)
+	}
+}
+
+// GET returns every field with nftlb's defaults filled in, as strings.
+func TestEncodeDefaults(t *testing.T) {
+	f := decodeOne(t, `{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80","backends":[{"name":"b1","ip-addr":"10.1.0.1"}]}`)
+	var out map[string]any
+	if err := json.Unmarshal(f.AppendJSON(nil), &out); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"name": "web", "family": "ipv4", "virtual-addr": "10.0.0.1", "virtual-ports": "80", "protocol": "tcp",
+		"mode": "snat", "scheduler": "rr", "sched-param": "none", "persistence": "none", "persist-ttl": "60",
+		"helper": "none", "log": "none", "mark": "0x0", "priority": "1", "state": "up", "new-rtlimit": "0",
+		"est-connlimit": "0", "tcp-strict": "off", "source-addr": "", "log-prefix": "",
+	}
+	for k, v := range want {
+		if out[k] != v {
+			t.Errorf("field %q = %v, want %q", k, out[k], v)
+		}
+	}
+	b := out["backends"].([]any)[0].(map[string]any)
+	for k, v := range map[string]string{"name": "b1", "ip-addr": "10.1.0.1", "port": "", "weight": "1", "priority": "1", "mark": "0x0", "state": "up"} {
+		if b[k] != v {
+			t.Errorf("backend field %q = %v, want %q", k, b[k], v)
+		}
+	}
+}
+
+// Encoding then decoding gives the same farm, byte for byte.
+func TestRoundTrip(t *testing.T) {
+	f := decodeOne(t, `{"name":"web","family":"ipv6","virtual-addr":"fd00::1","virtual-ports":"80,8000-8100","scheduler":"weight",
+		"persistence":"srcip-srcport","log":"forward","log-prefix":"a\"b","backends":[{"name":"b1","ip-addr":"fd00:1::1","weight":"5"}]}`)
+	enc := f.AppendJSON(nil)
+	g := decodeOne(t, string(enc))
+	if got := string(g.AppendJSON(nil)); got != string(enc) {
+		t.Errorf("round trip differs:\n%s\n%s", enc, got)
+	}
+	if g.Persistence != KeySrcIP|KeySrcPort {
+		t.Errorf("persistence %v", g.Persistence)
+	}
+}
+
+// A patch changes only the fields it names; backends are upserted by name.
+func TestPatchSemantics(t *testing.T) {
+	base := decodeOne(t, `{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80","scheduler":"weight",
+		"backends":[{"name":"b1","ip-addr":"10.1.0.1","weight":"5"}]}`)
+	cur := func(n string) (*Farm, bool) { return &base, n == "web" }
+	fs, err := DecodeFarms([]byte(`{"farms":[{"name":"web","backends":[{"name":"b1","state":"down"},{"name":"b2","ip-addr":"10.1.0.2"}]}]}`), cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fs[0]
+	if f.Scheduler != SchedWeight || f.VirtualAddr.String() != "10.0.0.1" {
+		t.Errorf("unnamed fields changed: %+v", f)
+	}
+	if len(f.Backends) != 2 || f.Backends[0].Weight != 5 || f.Backends[0].State != StateDown || f.Backends[1].Name != "b2" {
+		t.Errorf("backends: %+v", f.Backends)
+	}
+	if base.Backends[0].State != StateUp {
+		t.Error("patch changed the base farm")
+	}
+}
+
+func TestHashDefaultsToSrcIP(t *testing.T) {
+	f := decodeOne(t, `{"name":"web","virtual-addr":"10.0.0.1","scheduler":"hash"}`)
+	if f.SchedParam != KeySrcIP {
+		t.Errorf("sched-param %v, want srcip", f.SchedParam)
+	}
+}
+
+// Every field rejects a bad value with an error naming the field, the value
+// and what is allowed.
+func TestFieldErrors(t *testing.T) {
+	const farm = `{"name":"web","virtual-addr":"10.0.0.1",%s}`
+	const backend = `{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1","ip-addr":"10.1.0.1",%s}]}`
+	cases := []struct {
+		tmpl, field, body string
+		want              []string
+	}{
+		{farm, "family", `"family":"ipx"`, []string{`"family"`, `"ipx"`, "ipv4, ipv6, dual"}},
+		{farm, "family", `"family":"ipv6"`, []string{`"virtual-addr"`, "ipv4 address", "family is ipv6"}},
+		{`{"name":"web",%s}`, "virtual-addr", `"virtual-addr":"10.0.0.300"`, []string{`"virtual-addr"`, `"10.0.0.300"`, "IPv4 or IPv6"}},
+		{`{"name":"web",%s}`, "virtual-addr", `"protocol":"tcp"`, []string{`"virtual-addr"`, "required"}},
+		{farm, "virtual-ports", `"virtual-ports":"80,70000"`, []string{`"virtual-ports"`, "1-65535"}},
+		{farm, "virtual-ports", `"virtual-ports":"90-80"`, []string{`"virtual-ports"`, "low-high"}},
+		{farm, "virtual-ports", `"virtual-ports":"80,70-90"`, []string{`"virtual-ports"`, "overlaps"}},
+		{farm, "virtual-ports", `"virtual-ports":"0"`, []string{`"virtual-ports"`}},
+		{farm, "source-addr", `"source-addr":"nope"`, []string{`"source-addr"`, `"nope"`}},
+		{farm, "source-addr", `"mode":"dnat","source-addr":"10.0.0.9"`, []string{`"source-addr"`, "only used by mode snat"}},
+		{farm, "mode", `"mode":"nat"`, []string{`"mode"`, `"nat"`, "snat, dnat, dsr, stlsdnat"}},
+		{farm, "protocol", `"protocol":"icmp"`, []string{`"protocol"`, "tcp, udp, sctp, all"}},
+		{farm, "protocol", `"protocol":"all","virtual-ports":"80"`, []string{`"virtual-ports"`, "no ports"}},
+		{farm, "scheduler", `"scheduler":"foo"`, []string{`"scheduler"`, `"foo"`, "rr, weight, hash, symhash, maglev"}},
+		{farm, "sched-param", `"scheduler":"hash","sched-param":"srcip bogus"`, []string{`"sched-param"`, "srcip, dstip, srcport, dstport, srcmac"}},
+		{farm, "sched-param", `"scheduler":"rr","sched-param":"srcip"`, []string{`"sched-param"`, "only used by schedulers hash"}},
+		{farm, "persistence", `"persistence":"cookie"`, []string{`"persistence"`, "srcip-srcport"}},
+		{farm, "persist-ttl", `"persistence":"srcip","persist-ttl":"0"`, []string{`"persist-ttl"`, "1 second"}},
+		{farm, "persist-ttl", `"persist-ttl":"-5"`, []string{`"persist-ttl"`, "whole number"}},
+		{farm, "helper", `"helper":"http"`, []string{`"helper"`, "ftp", "tftp", "netbios-ns"}},
+		{farm, "log", `"log":"everywhere"`, []string{`"log"`, "input, forward, output"}},
+		{farm, "log-prefix", `"log-prefix":"0123456789012345678901234567"`, []string{`"log-prefix"`, "at most 24"}},
+		{farm, "mark", `"mark":"0x1ffffffff"`, []string{`"mark"`, "32-bit"}},
+		{farm, "priority", `"priority":"0"`, []string{`"priority"`, "1-1000"}},
+		{farm, "priority", `"priority":"5000"`, []string{`"priority"`, "1000"}},
+		{farm, "state", `"state":"sleeping"`, []string{`"state"`, "up, down, off"}},
+		{farm, "new-rtlimit", `"new-rtlimit":"fast"`, []string{`"new-rtlimit"`, "whole number"}},
+		{farm, "new-rtlimit-burst", `"new-rtlimit-burst":"5"`, []string{`"new-rtlimit-burst"`, "needs new-rtlimit"}},
+		{farm, "rst-rtlimit", `"rst-rtlimit":"x"`, []string{`"rst-rtlimit"`}},
+		{farm, "rst-rtlimit-burst", `"rst-rtlimit-burst":"5"`, []string{`"rst-rtlimit-burst"`, "needs rst-rtlimit"}},
+		{farm, "est-connlimit", `"est-connlimit":"1.5"`, []string{`"est-connlimit"`}},
+		{farm, "tcp-strict", `"tcp-strict":"maybe"`, []string{`"tcp-strict"`, "on, off"}},
+		{farm, "unknown", `"colour":"blue"`, []string{`"colour"`, "unknown field", "virtual-addr"}},
+		{farm, "object value", `"mode":{"a":1}`, []string{`"mode"`, "string, number or boolean"}},
+		{farm, "policies", `"policies":[{"name":"bad name"}]`, []string{`"policies"`, "bad name"}},
+		{`{"name":"bad/name","virtual-addr":"10.0.0.1"%s}`, "name", ``, []string{`"name"`, `"bad/name"`}},
+		{backend, "ip-addr", `"port":"80","ip-addr":"fd00::1"`, []string{`backend "b1"`, `"ip-addr"`, "family ipv4"}},
+		{backend, "port", `"port":"65536"`, []string{`backend "b1"`, `"port"`, "1-65535"}},
+		{backend, "weight", `"weight":"10001"`, []string{`"weight"`, "0-10000"}},
+		{backend, "priority", `"priority":"0"`, []string{`"priority"`, "1-1000"}},
+		{backend, "mark", `"mark":"zz"`, []string{`"mark"`}},
+		{backend, "est-connlimit", `"est-connlimit":"-1"`, []string{`"est-connlimit"`}},
+		{backend, "state", `"state":"config_error"`, []string{`"state"`, "up, down, off"}},
+		{backend, "unknown", `"colour":"red"`, []string{`"colour"`, "unknown field", "ip-addr"}},
+		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1"%s}]}`, "ip-addr missing", ``, []string{`"ip-addr"`, "required"}},
+		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1","ip-addr":"10.1.0.1"},{"name":"b1","ip-addr":"10.1.0.2"}%s]}`, "duplicate backend", ``, nil},
+		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"ip-addr":"10.1.0.1"%s}]}`, "backend name", ``, []string{`backends[0].name`, "required"}},
+	}
+	for _, c := range cases {
+		body := strings.Replace(c.tmpl, "%s", c.body, 1)
+		if c.body == "" {
+			body = strings.Replace(c.tmpl, "%s", "", 1)
+		}
+		_, err := DecodeFarms([]byte(body), noFarm)
+		if c.field == "duplicate backend" {
+			// Upsert by name: the second b1 patches the first, as nftlb does.
+			if err != nil {
+				t.Errorf("duplicate backend names in one request should upsert, got %v", err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%s: %s accepted", c.field, body)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not mention %q", c.field, err, w)
+			}
+		}
+	}
+}
+
+func TestDecodeEnvelopeErrors(t *testing.T) {
+	for body, want := range map[string]string{
+		`not json`:                      "not a JSON object",
+		`{"farms":{}}`:                  "array",
+		`{"farms":[],"extra":1}`:        `"extra"`,
+		`{"farms":[{"name":"a","virtual-addr":"10.0.0.1"},{"name":"a","virtual-addr":"10.0.0.2"}]}`: "twice",
+		`{"farms":[1]}`:                 "JSON object",
+	} {
+		if _, err := DecodeFarms([]byte(body), noFarm); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want mention of %q", body, err, want)
+		}
+	}
+}
+
+func TestActiveBackendsPriorityGroups(t *testing.T) {
+	f := decodeOne(t, `{"name":"web","virtual-addr":"10.0.0.1","backends":[
+		{"name":"a","ip-addr":"10.1.0.1","priority":"1","state":"down"},
+		{"name":"b","ip-addr":"10.1.0.2","priority":"1","weight":"0"},
+		{"name":"c","ip-addr":"10.1.0.3","priority":"2"},
+		{"name":"d","ip-addr":"10.1.0.4","priority":"2","state":"off"},
+		{"name":"e","ip-addr":"10.1.0.5","priority":"3"}]}`)
+	got := f.ActiveBackends()
+	if len(got) != 1 || got[0].Name != "c" {
+		t.Errorf("active = %+v, want only c (lowest priority level with a serving backend)", got)
+	}
+}
+
+func TestMarkFarmNeedsNoVIP(t *testing.T) {
+	f := decodeOne(t, `{"name":"fw","mark":"0x20","protocol":"all"}`)
+	if !f.IsMarkFarm() {
+		t.Error("farm with a mark and no virtual-addr is a firewall-mark farm")
+	}
+}
+
+func FuzzDecodeFarms(f *testing.F) {
+	f.Add([]byte(`{"farms":[{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80","backends":[{"name":"b","ip-addr":"10.0.0.2"}]}]}`))
+	f.Add([]byte(`{"name":"x","mark":"1"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fs, err := DecodeFarms(body, noFarm)
+		if err != nil {
+			return
+		}
+		for i := range fs {
+			// Whatever decodes must encode and decode to the same thing.
+			enc := fs[i].AppendJSON(nil)
+			g, err := DecodeFarms(enc, noFarm)
+			if err != nil {
+				t.Fatalf("re-decode of %s: %v", enc, err)
+			}
+			if string(g[0].AppendJSON(nil)) != string(enc) {
+				t.Fatalf("round trip differs for %s", enc)
+			}
+		}
+	})
+}

@@ -1,0 +1,160 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+func testFarm(t testing.TB, i int) *model.Farm {
+	body := fmt.Sprintf(`{"name":"f%d","virtual-addr":"10.0.%d.%d","virtual-ports":"80","backends":[{"name":"b","ip-addr":"10.1.0.1"}]}`, i, i/250, i%250+1)
+	fs, err := model.DecodeFarms([]byte(body), func(string) (*model.Farm, bool) { return nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fs[0]
+}
+
+func TestApplyLoadDelete(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, b := testFarm(t, 1), testFarm(t, 2)
+	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}, {New: b}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a}}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	farms, err := s.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(farms) != 1 || farms[0].Name != "f2" || string(farms[0].AppendJSON(nil)) != string(b.AppendJSON(nil)) {
+		t.Errorf("loaded %+v", farms)
+	}
+}
+
+// A second daemon on the same state dir gets a clear error, not a hang or a
+// corrupted file.
+func TestLockedByAnotherProcess(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = OpenBolt(dir)
+	if err == nil || !strings.Contains(err.Error(), "another xlb daemon") {
+		t.Errorf("second open: %v", err)
+	}
+}
+
+func TestCorruptFileIsAnError(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/"+FileName, []byte("this is not a bbolt file, it is garbage garbage garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenBolt(dir); err == nil || !strings.Contains(err.Error(), dir) {
+		t.Errorf("open of a corrupt file: %v (want an error naming the path)", err)
+	}
+}
+
+// crashChildEnv makes the test binary act as a writer that is killed -9.
+const crashChildEnv = "XLB_STORE_CRASH_CHILD"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(crashChildEnv); dir != "" {
+		crashChild(dir)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// crashChild applies farms one at a time forever, printing "ack N" after each
+// Apply returns: an acknowledged change.
+func crashChild(dir string) {
+	s, err := OpenBolt(dir)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	for i := 0; ; i++ {
+		if err := s.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(nil, i)}}}); err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		fmt.Println("ack", i)
+	}
+}
+
+// kill -9 during writes loses no acknowledged change and leaves a readable file.
+func TestCrashLosesNoAcknowledgedChange(t *testing.T) {
+	for round := range 3 {
+		dir := t.TempDir()
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(out)
+		lastAck := -1
+		deadline := time.Now().Add(10 * time.Second)
+		target := 20 + round*37
+		for sc.Scan() && time.Now().Before(deadline) {
+			f := strings.Fields(sc.Text())
+			if len(f) == 2 && f[0] == "ack" {
+				lastAck, _ = strconv.Atoi(f[1])
+			}
+			if lastAck >= target {
+				break
+			}
+		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		if lastAck < 0 {
+			t.Fatal("child acknowledged nothing")
+		}
+		s, err := OpenBolt(dir)
+		if err != nil {
+			t.Fatalf("reopen after kill -9: %v", err)
+		}
+		farms, err := s.Load(context.Background())
+		s.Close()
+		if err != nil {
+			t.Fatalf("load after kill -9: %v", err)
+		}
+		have := map[string]bool{}
+		for _, f := range farms {
+			have[f.Name] = true
+		}
+		for i := 0; i <= lastAck; i++ {
+			if !have[fmt.Sprintf("f%d", i)] {
+				t.Fatalf("round %d: acknowledged farm f%d lost after kill -9 (last ack %d, %d saved)", round, i, lastAck, len(farms))
+			}
+		}
+	}
+}
