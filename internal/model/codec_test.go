@@ -210,11 +210,11 @@ func TestFieldErrors(t *testing.T) {
 
 func TestDecodeEnvelopeErrors(t *testing.T) {
 	for body, want := range map[string]string{
-		`not json`:                      "not a JSON object",
-		`{"farms":{}}`:                  "array",
-		`{"farms":[],"extra":1}`:        `"extra"`,
+		`not json`:               "not a JSON object",
+		`{"farms":{}}`:           "array",
+		`{"farms":[],"extra":1}`: `"extra"`,
 		`{"farms":[{"name":"a","virtual-addr":"10.0.0.1"},{"name":"a","virtual-addr":"10.0.0.2"}]}`: "twice",
-		`{"farms":[1]}`:                 "JSON object",
+		`{"farms":[1]}`: "JSON object",
 	} {
 		if _, err := DecodeFarms([]byte(body), noFarm); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want mention of %q", body, err, want)
