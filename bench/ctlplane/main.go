@@ -1,0 +1,290 @@
+// Command ctlplane measures xlb's control plane against a baseline measured in
+// the same run, as the foundation issue asks:
+//
+//   - one API call that adds a farm with 100 backends, with 0, 1,000 and
+//     10,000 farms present; baseline: one `nft -f` of the same farm's rules
+//     (what a tool that drives the nft binary, as nftlb's scripts do, pays);
+//   - one bulk POST of 1,000 farms x 4 backends; baseline: one `nft -f` of the
+//     same 1,000 farms;
+//   - `xlb dump` and `xlb list -n` as whole processes with 16,000 farms x 1
+//     backend (hyperfine); baseline: `nft list table inet xlb` of that state.
+//
+// It must run inside a network namespace of its own (bench/run.sh does that):
+// it starts an xlb daemon there and programs that namespace's nftables.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+var (
+	xlbBin  = flag.String("xlb", "bin/xlb", "xlb binary")
+	out     = flag.String("out", "bench/results", "results directory")
+	runs    = flag.Int("runs", 30, "samples per measurement")
+	sizes   = flag.String("existing", "0,1000,10000", "farm counts present while adding one farm")
+	dumpN   = flag.Int("dump-farms", 16000, "farms present for the dump/list measurement")
+	apiAddr = "127.0.0.1:5590"
+	key     = "bench-key-not-secret"
+)
+
+type result struct {
+	Name     string    `json:"name"`
+	Unit     string    `json:"unit"`
+	Samples  []float64 `json:"samples"`
+	Median   float64   `json:"median"`
+	P25      float64   `json:"p25"`
+	P75      float64   `json:"p75"`
+	Min      float64   `json:"min"`
+	Max      float64   `json:"max"`
+	Baseline string    `json:"baseline,omitempty"`
+	BaseMed  float64   `json:"baseline_median,omitempty"`
+	Ratio    float64   `json:"ratio_to_baseline,omitempty"`
+}
+
+func summarize(name string, samples []float64) result {
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	q := func(p float64) float64 { return s[int(p*float64(len(s)-1)+0.5)] }
+	return result{Name: name, Unit: "ms", Samples: samples, Median: q(0.5), P25: q(0.25), P75: q(0.75), Min: s[0], Max: s[len(s)-1]}
+}
+
+func withBaseline(r result, base result) result {
+	r.Baseline = base.Name
+	r.BaseMed = base.Median
+	r.Ratio = r.Median / base.Median
+	return r
+}
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	ctx := context.Background()
+	state, err := os.MkdirTemp("", "xlb-bench-state")
+	must(err)
+	defer os.RemoveAll(state)
+
+	daemon := exec.CommandContext(ctx, *xlbBin, "daemon", "--listen", apiAddr, "--state-dir", state, "--log-level", "error")
+	daemon.Env = append(os.Environ(), "XLB_KEY="+key)
+	daemon.Stderr = os.Stderr
+	must(daemon.Start())
+	defer func() { daemon.Process.Kill(); daemon.Wait() }()
+	waitReady()
+
+	var results []result
+	for _, n := range parseInts(*sizes) {
+		restore(n, 1)
+		var xs, bs []float64
+		for i := range *runs {
+			body := farmsJSON(fmt.Sprintf("new%03d", i), 1, 100, 200)
+			t := time.Now()
+			call("POST", "/farms", body)
+			xs = append(xs, ms(time.Since(t)))
+			call("DELETE", "/farms/new"+fmt.Sprintf("%03d", i)+"00000", nil)
+			bs = append(bs, nftBaseline(fmt.Sprintf("b%d", i), 1, 100))
+		}
+		base := summarize(fmt.Sprintf("nft -f: one farm x 100 backends (%d farms present in xlb)", n), bs)
+		results = append(results, withBaseline(summarize(fmt.Sprintf("API add farm x 100 backends, %d farms present", n), xs), base), base)
+		log.Printf("add farm x100 at %d farms: median %.2f ms", n, results[len(results)-2].Median)
+	}
+
+	restore(0, 1)
+	var bulk, bulkBase []float64
+	for range min(*runs, 7) {
+		body := farmsJSON("bulk", 1000, 4, 300)
+		t := time.Now()
+		call("POST", "/farms", body)
+		bulk = append(bulk, ms(time.Since(t)))
+		restore(0, 1)
+		bulkBase = append(bulkBase, nftBaseline("bulk", 1000, 4))
+	}
+	bb := summarize("nft -f: 1000 farms x 4 backends", bulkBase)
+	results = append(results, withBaseline(summarize("API bulk POST 1000 farms x 4 backends", bulk), bb), bb)
+	log.Printf("bulk 1000x4: median %.1f ms", results[len(results)-2].Median)
+
+	restore(*dumpN, 1)
+	results = append(results, hyperfine(*dumpN)...)
+
+	must(os.MkdirAll(*out, 0o755))
+	js, _ := json.MarshalIndent(results, "", "  ")
+	must(os.WriteFile(filepath.Join(*out, "control-plane.json"), js, 0o644))
+	must(os.WriteFile(filepath.Join(*out, "control-plane.md"), []byte(markdown(results)), 0o644))
+	fmt.Print(markdown(results))
+}
+
+func markdown(rs []result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Measured %s on %s (2 cores), %d samples each unless noted.\n\n", time.Now().UTC().Format("2006-01-02"), kernel(), *runs)
+	b.WriteString("| measurement | median ms | p25-p75 ms | min-max ms | baseline (same run) | baseline median ms | ratio |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		if r.Baseline == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f-%.2f | %.2f-%.2f | %s | %.2f | %.3f |\n", r.Name, r.Median, r.P25, r.P75, r.Min, r.Max, r.Baseline, r.BaseMed, r.Ratio)
+	}
+	return b.String()
+}
+
+func kernel() string {
+	out, _ := exec.Command("uname", "-r").Output()
+	return "Linux " + strings.TrimSpace(string(out))
+}
+
+// farmsJSON builds n farms named prefix+index with b backends each.
+func farmsJSON(prefix string, n, b, net int) []byte {
+	var buf bytes.Buffer
+	buf.WriteString(`{"farms":[`)
+	for i := range n {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		fmt.Fprintf(&buf, `{"name":"%s%05d","virtual-addr":"10.%d.%d.%d","virtual-ports":"80","backends":[`, prefix, i, net%256, i>>8, i&255)
+		for j := range b {
+			if j > 0 {
+				buf.WriteByte(',')
+			}
+			fmt.Fprintf(&buf, `{"name":"b%d","ip-addr":"172.%d.%d.%d","port":"8080"}`, j, 16+j>>8, j&255, i%250+1)
+		}
+		buf.WriteString("]}")
+	}
+	buf.WriteString("]}")
+	return buf.Bytes()
+}
+
+// restore replaces the whole state with n farms x b backends.
+func restore(n, b int) {
+	body := []byte(`{"farms":[]}`)
+	if n > 0 {
+		body = farmsJSON("g", n, b, 64)
+	}
+	call("PUT", "/state", body)
+}
+
+// nftBaseline times one `nft -f` that creates n farms x b backends the way a
+// script-driven balancer would, in a table of its own, then removes it.
+func nftBaseline(tag string, n, b int) float64 {
+	var s strings.Builder
+	fmt.Fprintf(&s, "table ip bench_%s {\n map svc { type ipv4_addr . inet_proto . inet_service : verdict; }\n", tag)
+	for i := range n {
+		fmt.Fprintf(&s, " chain f%d { dnat to numgen inc mod %d map { ", i, b)
+		for j := range b {
+			if j > 0 {
+				s.WriteString(", ")
+			}
+			fmt.Fprintf(&s, "%d : 172.%d.%d.%d . 8080", j, 16+j>>8, j&255, i%250+1)
+		}
+		s.WriteString(" } }\n")
+	}
+	s.WriteString(" chain pre { type nat hook prerouting priority dstnat; ip daddr . meta l4proto . th dport vmap @svc; }\n}\n")
+	for i := range n {
+		fmt.Fprintf(&s, "add element ip bench_%s svc { 10.250.%d.%d . tcp . 80 : goto f%d }\n", tag, i>>8, i&255, i)
+	}
+	f, err := os.CreateTemp("", "nftbase-*.nft")
+	must(err)
+	defer os.Remove(f.Name())
+	f.WriteString(s.String())
+	f.Close()
+	t := time.Now()
+	if out, err := exec.Command("nft", "-f", f.Name()).CombinedOutput(); err != nil {
+		log.Fatalf("baseline nft -f: %v: %s", err, out)
+	}
+	d := ms(time.Since(t))
+	exec.Command("nft", "delete", "table", "ip", "bench_"+tag).Run()
+	return d
+}
+
+func hyperfine(n int) []result {
+	env := os.Environ()
+	env = append(env, "XLB_KEY="+key, "XLB_API=http://"+apiAddr)
+	tmp, err := os.MkdirTemp("", "hf")
+	must(err)
+	defer os.RemoveAll(tmp)
+	runOne := func(name, cmd string) result {
+		js := filepath.Join(tmp, "out.json")
+		hf := exec.Command("hyperfine", "-N", "--warmup", "3", "--runs", fmt.Sprint(*runs), "--export-json", js, "--output", "null", cmd)
+		hf.Env = env
+		if out, err := hf.CombinedOutput(); err != nil {
+			log.Fatalf("hyperfine %s: %v: %s", cmd, err, out)
+		}
+		var doc struct {
+			Results []struct {
+				Times []float64 `json:"times"`
+			} `json:"results"`
+		}
+		raw, err := os.ReadFile(js)
+		must(err)
+		must(json.Unmarshal(raw, &doc))
+		var samples []float64
+		for _, t := range doc.Results[0].Times {
+			samples = append(samples, t*1000)
+		}
+		return summarize(name, samples)
+	}
+	abs, _ := filepath.Abs(*xlbBin)
+	base := runOne(fmt.Sprintf("nft list table inet xlb (%d farms)", n), "nft list table inet xlb")
+	dump := runOne(fmt.Sprintf("xlb dump, %d farms x 1 backend (whole process)", n), abs+" dump")
+	list := runOne(fmt.Sprintf("xlb list -n, %d farms x 1 backend (whole process)", n), abs+" list -n")
+	log.Printf("dump %.1f ms, list -n %.1f ms, nft list %.1f ms", dump.Median, list.Median, base.Median)
+	return []result{withBaseline(dump, base), withBaseline(list, base), base}
+}
+
+var client = &http.Client{Timeout: 5 * time.Minute}
+
+func call(method, path string, body []byte) []byte {
+	req, err := http.NewRequest(method, "http://"+apiAddr+path, bytes.NewReader(body))
+	must(err)
+	req.Header.Set("Key", key)
+	resp, err := client.Do(req)
+	must(err)
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	buf.ReadFrom(resp.Body)
+	if resp.StatusCode >= 300 {
+		log.Fatalf("%s %s: %s: %s", method, path, resp.Status, buf.Bytes())
+	}
+	return buf.Bytes()
+}
+
+func waitReady() {
+	for range 100 {
+		req, _ := http.NewRequest("GET", "http://"+apiAddr+"/farms", nil)
+		req.Header.Set("Key", key)
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	log.Fatal("daemon did not become ready")
+}
+
+func parseInts(s string) []int {
+	var out []int
+	for _, p := range strings.Split(s, ",") {
+		var n int
+		fmt.Sscan(p, &n)
+		out = append(out, n)
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func must(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what xlb's build, tests, demo and benchmarks need on a fresh
+# Debian machine: kernel tools from apt, Go modules from the module proxy.
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+need=()
+for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack hyperfine:hyperfine wrk:wrk; do
+	cmd=${pair%%:*} pkg=${pair##*:}
+	command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "install-deps: need root to install: ${need[*]}" >&2
+		exit 1
+	fi
+	echo "install-deps: installing ${need[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+command -v go >/dev/null 2>&1 || { echo "install-deps: go is not installed" >&2; exit 1; }
+go mod download
