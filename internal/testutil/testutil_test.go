@@ -1,0 +1,112 @@
+package testutil
+
+import (
+	"io"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func TestNewNetNS(t *testing.T) {
+	RequireRoot(t)
+	t.Parallel()
+	name, h := NewNetNS(t)
+	out := Run(t, name, "ip", "-o", "link", "show", "lo")
+	if !strings.Contains(out, "UP") {
+		t.Fatalf("loopback not up: %s", out)
+	}
+	srv := StartTCPServer(t, h, netip.MustParseAddrPort("127.0.0.1:0"), "lo")
+	got, err := AskTCP(h, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := ParseReply(got); err != nil || n != "lo" {
+		t.Fatalf("reply %q, %v", got, err)
+	}
+}
+
+func TestNewNetNSRemoved(t *testing.T) {
+	RequireRoot(t)
+	t.Parallel()
+	var name string
+	t.Run("inner", func(t *testing.T) { name, _ = NewNetNS(t) })
+	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), name) {
+		t.Fatalf("namespace %s still exists: %s", name, out)
+	}
+}
+
+// TestTopology routes (no NAT) from the client to every backend through the
+// LB, over TCP, UDP and HTTP, IPv4 and IPv6.
+func TestTopology(t *testing.T) {
+	RequireRoot(t)
+	t.Parallel()
+	topo := NewTopology(t, TopologyOptions{Backends: 2, IPv6: true})
+	if got, want := topo.Backends[1].IPv4.String(), "10.200.0.12"; got != want {
+		t.Fatalf("backend 1 address %s, want %s", got, want)
+	}
+	if got, want := topo.Backends[1].IPv6.String(), "fd00:200::12"; got != want {
+		t.Fatalf("backend 1 address %s, want %s", got, want)
+	}
+	for i, b := range topo.Backends {
+		name := []string{"b0", "b1"}[i]
+		StartTCPServer(t, b.NS, netip.MustParseAddrPort("[::]:80"), name)
+		StartUDPServer(t, b.NS, netip.MustParseAddrPort("[::]:53"), name)
+		StartHTTPServer(t, b.NS, netip.MustParseAddrPort("[::]:8080"), name)
+		for _, v6 := range []bool{false, true} {
+			dst := b.Addr(v6)
+			got, err := AskTCP(topo.Client.NS, netip.AddrPortFrom(dst, 80))
+			if err != nil {
+				t.Fatalf("tcp to %s: %v", dst, err)
+			}
+			n, from, err := ParseReply(got)
+			if err != nil || n != name || from.Addr().Unmap() != topo.Client.Addr(v6) {
+				t.Fatalf("tcp to %s: reply %q (%v)", dst, got, err)
+			}
+			got, err = AskUDP(topo.Client.NS, netip.AddrPortFrom(dst, 53))
+			if err != nil {
+				t.Fatalf("udp to %s: %v", dst, err)
+			}
+			if n, _, _ := ParseReply(got); n != name {
+				t.Fatalf("udp to %s: reply %q", dst, got)
+			}
+			resp, err := HTTPClient(topo.Client.NS).Get("http://" + netip.AddrPortFrom(dst, 8080).String() + "/")
+			if err != nil {
+				t.Fatalf("http to %s: %v", dst, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if n, _, _ := ParseReply(string(body)); n != name {
+				t.Fatalf("http to %s: body %q", dst, body)
+			}
+		}
+	}
+	// A long-lived connection echoes lines.
+	c, err := DialTCP(topo.Client.NS, netip.AddrPortFrom(topo.Backends[0].IPv4, 80), DefaultTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := ReadLine(c, DefaultTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c, "hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := ReadLine(c, DefaultTimeout); err != nil || line != "hello" {
+		t.Fatalf("echo %q, %v", line, err)
+	}
+	// Only the LB forwards.
+	if out := Run(t, topo.Client.Name, "cat", "/proc/sys/net/ipv4/ip_forward"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("client forwards: %s", out)
+	}
+}
+
+func TestVIP(t *testing.T) {
+	if got := VIP4(7).String(); got != "10.99.0.7" {
+		t.Fatal(got)
+	}
+	if got := VIP6(0x12).String(); got != "fd00:99::12" {
+		t.Fatal(got)
+	}
+}
