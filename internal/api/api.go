@@ -1,0 +1,204 @@
+// Package api serves xlb's REST API: nftlb's JSON wire format (farms and
+// backends, every value a string) with its Key header, plus whole-state dump
+// and restore. Every change goes through the engine as one transaction.
+//
+// The routes are listed once, in the table returned by Routes; both the mux
+// and the OpenAPI consistency test (api/openapi.yaml) use it.
+package api
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Body limits. A bulk body of 16,000 farms with a few backends each is about
+// 10 MiB; whole-state restores get more room.
+const (
+	MaxBulkBody = 64 << 20 // /farms and /state
+	MaxBody     = 8 << 20  // one farm or its backends
+)
+
+// KeyHeader is the header carrying the API key (nftlb's name).
+const KeyHeader = "Key"
+
+// Server is the API's HTTP handler.
+type Server struct {
+	log *slog.Logger
+	eng *engine.Engine
+	key []byte
+	mux *http.ServeMux
+}
+
+// Route is one method and path the API serves.
+type Route struct {
+	Method string
+	Path   string // a net/http ServeMux pattern path, also the OpenAPI path
+	Write  bool   // changes state (logged at Info; reads at Debug)
+	handle func(s *Server, w http.ResponseWriter, r *http.Request) error
+}
+
+var routes = []Route{
+	{Method: http.MethodGet, Path: "/farms", handle: (*Server).getFarms},
+	{Method: http.MethodPost, Path: "/farms", Write: true, handle: (*Server).putFarms},
+	{Method: http.MethodPut, Path: "/farms", Write: true, handle: (*Server).putFarms},
+	{Method: http.MethodGet, Path: "/farms/{name}", handle: (*Server).getFarm},
+	{Method: http.MethodPut, Path: "/farms/{name}", Write: true, handle: (*Server).putFarm},
+	{Method: http.MethodDelete, Path: "/farms/{name}", Write: true, handle: (*Server).deleteFarm},
+	{Method: http.MethodGet, Path: "/farms/{name}/backends", handle: (*Server).getBackends},
+	{Method: http.MethodPost, Path: "/farms/{name}/backends", Write: true, handle: (*Server).putBackends},
+	{Method: http.MethodPut, Path: "/farms/{name}/backends", Write: true, handle: (*Server).putBackends},
+	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}", Write: true, handle: (*Server).deleteBackend},
+	{Method: http.MethodGet, Path: "/state", handle: (*Server).getState},
+	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
+	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
+}
+
+// Routes returns every (method, path) the API serves.
+func Routes() []Route { return slices.Clone(routes) }
+
+// New returns the API handler. Every request must carry key in the Key
+// header; an empty key refuses every request (the daemon never serves
+// without one).
+func New(log *slog.Logger, eng *engine.Engine, key string) *Server {
+	s := &Server{log: log, eng: eng, key: []byte(key), mux: http.NewServeMux()}
+	allowed := map[string][]string{}
+	for _, rt := range routes {
+		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
+		allowed[rt.Path] = append(allowed[rt.Path], rt.Method)
+	}
+	// Other methods on a known path: 405 with Allow, as JSON.
+	for path, methods := range allowed {
+		allow := strings.Join(methods, ", ")
+		if slices.Contains(methods, http.MethodGet) {
+			allow += ", HEAD"
+		}
+		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s; allowed: %s", r.Method, path, allow))
+		})
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such API path %q", r.URL.Path))
+	})
+	return s
+}
+
+// ServeHTTP checks the key, routes the request and logs it.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	if msg, ok := s.authorized(r); !ok {
+		writeError(rec, http.StatusUnauthorized, msg)
+	} else {
+		s.mux.ServeHTTP(rec, r)
+	}
+	level := slog.LevelDebug
+	if r.Method != http.MethodGet && r.Method != http.MethodHead || rec.status >= 400 && rec.status != http.StatusNotFound {
+		level = slog.LevelInfo
+	}
+	s.log.LogAttrs(r.Context(), level, "api request",
+		slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)))
+}
+
+func (s *Server) authorized(r *http.Request) (string, bool) {
+	if len(s.key) == 0 {
+		return "the server has no API key configured", false
+	}
+	got := r.Header.Get(KeyHeader)
+	if got == "" {
+		return "missing " + KeyHeader + " header (the API key)", false
+	}
+	if subtle.ConstantTimeCompare([]byte(got), s.key) != 1 {
+		return "wrong API key in the " + KeyHeader + " header", false
+	}
+	return "", true
+}
+
+func (s *Server) wrap(rt Route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := rt.handle(s, w, r); err != nil {
+			writeError(w, statusOf(err), err.Error())
+		}
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// httpError carries the status of an error found by the API itself
+// (malformed requests).
+type httpError struct {
+	status int
+	err    error
+}
+
+func (e *httpError) Error() string { return e.err.Error() }
+func (e *httpError) Unwrap() error { return e.err }
+
+func badRequest(err error) error {
+	var fe *model.FieldError
+	if errors.As(err, &fe) {
+		return err
+	}
+	return &httpError{status: http.StatusBadRequest, err: err}
+}
+
+func statusOf(err error) int {
+	var (
+		he  *httpError
+		mbe *http.MaxBytesError
+		fe  *model.FieldError
+		nf  *engine.NotFoundError
+		ce  *engine.ConflictError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge
+	case errors.As(err, &he):
+		return he.status
+	case errors.As(err, &nf):
+		return http.StatusNotFound
+	case errors.As(err, &ce):
+		return http.StatusConflict
+	case errors.As(err, &fe):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	body, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	writeJSON(w, status, append(body, '\n'))
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+var okBody = []byte(`{"response":"ok"}` + "\n")
+
+func writeOK(w http.ResponseWriter) { writeJSON(w, http.StatusOK, okBody) }

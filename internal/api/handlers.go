@@ -1,0 +1,350 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strconv"
+
+	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// readBody reads a request body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, fmt.Errorf("request body is larger than %d bytes: %w", limit, err)
+		}
+		return nil, &httpError{status: http.StatusBadRequest, err: fmt.Errorf("read request body: %w", err)}
+	}
+	if len(body) == 0 {
+		return nil, &httpError{status: http.StatusBadRequest, err: errors.New("request body is empty; send a JSON object")}
+	}
+	return body, nil
+}
+
+// writeChunk is how much of a large response is built before it is written.
+const writeChunk = 64 << 10
+
+// writeFarms streams {"farms":[...]} from the farms' cached encodings.
+func writeFarms(w http.ResponseWriter, farms []*model.Farm) {
+	w.Header().Set("Content-Type", "application/json")
+	buf := make([]byte, 0, writeChunk+4096)
+	buf = append(buf, `{"farms":[`...)
+	for i, f := range farms {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = f.AppendJSON(buf)
+		if len(buf) >= writeChunk {
+			if _, err := w.Write(buf); err != nil {
+				return // the client went away
+			}
+			buf = buf[:0]
+		}
+	}
+	buf = append(buf, "]}\n"...)
+	w.Write(buf)
+}
+
+// writeListing streams the ipvsadm-style table.
+func writeListing(w http.ResponseWriter, farms []*model.Farm, numeric bool) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	buf := make([]byte, 0, writeChunk+4096)
+	buf = append(buf, model.ListingHeader...)
+	for _, f := range farms {
+		buf = f.AppendListing(buf, numeric)
+		if len(buf) >= writeChunk {
+			if _, err := w.Write(buf); err != nil {
+				return
+			}
+			buf = buf[:0]
+		}
+	}
+	w.Write(buf)
+}
+
+func boolParam(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	switch v {
+	case "", "0", "false", "no":
+		return false, nil
+	case "1", "true", "yes":
+		return true, nil
+	}
+	return false, &httpError{status: http.StatusBadRequest,
+		err: fmt.Errorf("query parameter %q value %q: allowed values are 1, true, yes, 0, false, no", name, v)}
+}
+
+func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
+	farms := s.eng.Snapshot().Farms()
+	switch format := r.URL.Query().Get("format"); format {
+	case "", "json":
+		writeFarms(w, farms)
+	case "ipvsadm":
+		numeric, err := boolParam(r, "numeric")
+		if err != nil {
+			return err
+		}
+		writeListing(w, farms, numeric)
+	default:
+		return &httpError{status: http.StatusBadRequest,
+			err: fmt.Errorf("query parameter \"format\" value %q: allowed values are json, ipvsadm", format)}
+	}
+	return nil
+}
+
+// putFarms upserts every farm of the body in one transaction, each patched
+// onto its current version (nftlb's semantics). The body is decoded inside
+// the transaction so that concurrent patches of one farm never lose updates.
+func (s *Server) putFarms(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(w, r, MaxBulkBody)
+	if err != nil {
+		return err
+	}
+	if err := s.upsert(r, body); err != nil {
+		return err
+	}
+	writeOK(w)
+	return nil
+}
+
+func (s *Server) upsert(r *http.Request, body []byte) error {
+	_, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error {
+		farms, err := model.DecodeFarms(body, tx.Get)
+		if err != nil {
+			return badRequest(err)
+		}
+		for _, f := range farms {
+			if err := tx.Put(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+func (s *Server) getFarm(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	f, ok := s.eng.Snapshot().Farm(name)
+	if !ok {
+		return &engine.NotFoundError{What: fmt.Sprintf("farm %q", name)}
+	}
+	writeFarms(w, []*model.Farm{f})
+	return nil
+}
+
+// putFarm upserts one farm. The body is {"farms":[{...}]} or a bare farm
+// object; a name in it must be the one in the path, and is filled in if left out.
+func (s *Server) putFarm(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	body, err := readBody(w, r, MaxBody)
+	if err != nil {
+		return err
+	}
+	item, err := farmBodyFor(body, name)
+	if err != nil {
+		return err
+	}
+	if err := s.upsert(r, item); err != nil {
+		return err
+	}
+	writeOK(w)
+	return nil
+}
+
+func farmBodyFor(body []byte, name string) ([]byte, error) {
+	obj, err := jsonObject(body)
+	if err != nil {
+		return nil, err
+	}
+	if farms, ok := obj["farms"]; ok {
+		for k := range obj {
+			if k != "farms" {
+				return nil, &model.FieldError{Field: k, Problem: "unknown top-level field; the body is {\"farms\": [{...}]} or one farm object"}
+			}
+		}
+		var items []json.RawMessage
+		if err := json.Unmarshal(farms, &items); err != nil || len(items) != 1 {
+			return nil, &model.FieldError{Field: "farms", Problem: fmt.Sprintf("must be an array holding exactly the farm %q", name)}
+		}
+		if obj, err = jsonObject(items[0]); err != nil {
+			return nil, &model.FieldError{Field: "farms[0]", Problem: "must be a JSON object"}
+		}
+	}
+	if raw, ok := obj["name"]; ok {
+		var got string
+		if json.Unmarshal(raw, &got) != nil {
+			got = string(raw)
+		}
+		if got != name {
+			return nil, &model.FieldError{Object: fmt.Sprintf("farm %q", name), Field: "name", Value: got,
+				Problem: fmt.Sprintf("does not match the farm name %q in the path", name)}
+		}
+	} else {
+		obj["name"], _ = json.Marshal(name)
+	}
+	return json.Marshal(obj)
+}
+
+func jsonObject(body []byte) (map[string]json.RawMessage, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil || obj == nil {
+		if err == nil {
+			err = errors.New("null")
+		}
+		return nil, &httpError{status: http.StatusBadRequest, err: fmt.Errorf("request body is not a JSON object: %v", err)}
+	}
+	return obj, nil
+}
+
+func (s *Server) deleteFarm(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if _, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error { return tx.Delete(name) }); err != nil {
+		return err
+	}
+	writeOK(w)
+	return nil
+}
+
+func (s *Server) getBackends(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	f, ok := s.eng.Snapshot().Farm(name)
+	if !ok {
+		return &engine.NotFoundError{What: fmt.Sprintf("farm %q", name)}
+	}
+	writeJSON(w, http.StatusOK, f.AppendBackendsJSON(nil))
+	return nil
+}
+
+// putBackends upserts backends of an existing farm by name. The body is
+// {"backends":[...]} or one backend object.
+func (s *Server) putBackends(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	body, err := readBody(w, r, MaxBody)
+	if err != nil {
+		return err
+	}
+	obj, err := jsonObject(body)
+	if err != nil {
+		return err
+	}
+	backends, ok := obj["backends"]
+	if ok {
+		for k := range obj {
+			if k != "backends" {
+				return &model.FieldError{Field: k, Problem: "unknown top-level field; the body is {\"backends\": [...]} or one backend object"}
+			}
+		}
+	} else {
+		backends = append(append([]byte{'['}, body...), ']')
+	}
+	patch, err := json.Marshal(map[string]json.RawMessage{"name": mustJSON(name), "backends": backends})
+	if err != nil {
+		return badRequest(fmt.Errorf("field \"backends\": %v", err))
+	}
+	_, err = s.eng.Change(r.Context(), func(tx *engine.Txn) error {
+		if _, ok := tx.Get(name); !ok {
+			return &engine.NotFoundError{What: fmt.Sprintf("farm %q", name)}
+		}
+		farms, err := model.DecodeFarms(patch, tx.Get)
+		if err != nil {
+			return badRequest(err)
+		}
+		return tx.Put(farms[0])
+	})
+	if err != nil {
+		return err
+	}
+	writeOK(w)
+	return nil
+}
+
+func mustJSON(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+func (s *Server) deleteBackend(w http.ResponseWriter, r *http.Request) error {
+	name, backend := r.PathValue("name"), r.PathValue("backend")
+	_, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error {
+		f, ok := tx.Get(name)
+		if !ok {
+			return &engine.NotFoundError{What: fmt.Sprintf("farm %q", name)}
+		}
+		_, i := f.Backend(backend)
+		if i < 0 {
+			return &engine.NotFoundError{What: fmt.Sprintf("farm %q backend %q", name, backend)}
+		}
+		nf := f.Clone()
+		nf.Backends = slices.Delete(nf.Backends, i, i+1)
+		return tx.Put(nf)
+	})
+	if err != nil {
+		return err
+	}
+	writeOK(w)
+	return nil
+}
+
+func (s *Server) getState(w http.ResponseWriter, r *http.Request) error {
+	writeFarms(w, s.eng.Snapshot().Farms())
+	return nil
+}
+
+// putState replaces the whole state with the body's farms in one transaction.
+func (s *Server) putState(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(w, r, MaxBulkBody)
+	if err != nil {
+		return err
+	}
+	// A restore is not a patch: every farm starts from the defaults.
+	farms, err := model.DecodeFarms(body, func(string) (*model.Farm, bool) { return nil, false })
+	if err != nil {
+		return badRequest(err)
+	}
+	_, err = s.eng.Change(r.Context(), func(tx *engine.Txn) error {
+		tx.ReplaceAll()
+		for _, f := range farms {
+			if err := tx.Put(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	writeOK(w)
+	return nil
+}
+
+func (s *Server) getVersion(w http.ResponseWriter, r *http.Request) error {
+	snap := s.eng.Snapshot()
+	body, err := json.Marshal(map[string]string{
+		"version":       Version(),
+		"farms":         strconv.Itoa(snap.Len()),
+		"state-version": strconv.FormatUint(snap.Version(), 10),
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, append(body, '\n'))
+	return nil
+}
+
+// Version is the xlb build's version, from the Go build information.
+func Version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "devel"
+}
