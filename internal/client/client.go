@@ -1,0 +1,240 @@
+// Package client is the Go client of xlb's REST API (see api/openapi.yaml).
+// The xlb command line talks to the daemon only through it.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// KeyHeader carries the API key.
+const KeyHeader = "Key"
+
+// Client calls one xlb daemon.
+type Client struct {
+	base string
+	key  string
+	hc   *http.Client
+}
+
+// New returns a client of the daemon at baseURL (e.g. http://127.0.0.1:5555)
+// authenticating with key. A nil httpClient uses http.DefaultClient.
+func New(baseURL, key string, httpClient *http.Client) *Client {
+	if httpClient == nil {
+		httpClient = http.DefaultClient
+	}
+	return &Client{base: strings.TrimRight(baseURL, "/"), key: key, hc: httpClient}
+}
+
+// APIError is an error answered by the daemon.
+type APIError struct {
+	Status  int    // HTTP status
+	Message string // the daemon's message
+}
+
+func (e *APIError) Error() string {
+	if e.Message == "" {
+		return fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
+	}
+	return e.Message
+}
+
+// IsNotFound reports whether err is the daemon saying an object does not exist.
+func IsNotFound(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusNotFound
+}
+
+// do sends a request and returns the response of a 2xx answer; the caller
+// closes its body. Other answers become an *APIError.
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, fmt.Errorf("build request %s %s: %w", method, path, err)
+	}
+	req.Header.Set(KeyHeader, c.key)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("cannot reach the xlb daemon at %s (is it running? see --api): %w", c.base, unwrapURLError(err))
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	ae := &APIError{Status: resp.StatusCode}
+	var msg struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(raw, &msg) == nil && msg.Error != "" {
+		ae.Message = msg.Error
+	} else if s := strings.TrimSpace(string(raw)); s != "" {
+		ae.Message = fmt.Sprintf("%d %s: %s", resp.StatusCode, http.StatusText(resp.StatusCode), s)
+	}
+	return nil, ae
+}
+
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// call sends a request and reads the whole answer.
+func (c *Client) call(ctx context.Context, method, path string, body []byte) ([]byte, error) {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	resp, err := c.do(ctx, method, path, r)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("read answer of %s %s: %w", method, path, err)
+	}
+	return out, nil
+}
+
+func farmPath(name string) string { return "/farms/" + url.PathEscape(name) }
+
+func noFarm(string) (*model.Farm, bool) { return nil, false }
+
+// ListFarms returns every farm, ordered by name.
+func (c *Client) ListFarms(ctx context.Context) ([]model.Farm, error) {
+	body, err := c.call(ctx, http.MethodGet, "/farms", nil)
+	if err != nil {
+		return nil, err
+	}
+	farms, err := model.DecodeFarms(body, noFarm)
+	if err != nil {
+		return nil, fmt.Errorf("decode farms from the daemon: %w", err)
+	}
+	return farms, nil
+}
+
+// GetFarm returns one farm.
+func (c *Client) GetFarm(ctx context.Context, name string) (model.Farm, error) {
+	body, err := c.GetFarmJSON(ctx, name)
+	if err != nil {
+		return model.Farm{}, err
+	}
+	farms, err := model.DecodeFarms(body, noFarm)
+	if err != nil {
+		return model.Farm{}, fmt.Errorf("decode farm %q from the daemon: %w", name, err)
+	}
+	if len(farms) != 1 {
+		return model.Farm{}, fmt.Errorf("daemon answered %d farms for farm %q", len(farms), name)
+	}
+	return farms[0], nil
+}
+
+// GetFarmJSON returns one farm as the daemon sends it: {"farms":[{...}]}.
+func (c *Client) GetFarmJSON(ctx context.Context, name string) ([]byte, error) {
+	return c.call(ctx, http.MethodGet, farmPath(name), nil)
+}
+
+// PutFarms creates or patches farms: body is nftlb's {"farms":[...]}, all
+// applied in one transaction.
+func (c *Client) PutFarms(ctx context.Context, body []byte) error {
+	_, err := c.call(ctx, http.MethodPut, "/farms", body)
+	return err
+}
+
+// PutFarm creates or patches one farm; body is a farm object (its name may be left out).
+func (c *Client) PutFarm(ctx context.Context, name string, body []byte) error {
+	_, err := c.call(ctx, http.MethodPut, farmPath(name), body)
+	return err
+}
+
+// DeleteFarm deletes a farm and its backends.
+func (c *Client) DeleteFarm(ctx context.Context, name string) error {
+	_, err := c.call(ctx, http.MethodDelete, farmPath(name), nil)
+	return err
+}
+
+// PutBackends creates or patches backends of a farm: body is
+// {"backends":[...]} or one backend object.
+func (c *Client) PutBackends(ctx context.Context, farm string, body []byte) error {
+	_, err := c.call(ctx, http.MethodPut, farmPath(farm)+"/backends", body)
+	return err
+}
+
+// DeleteBackend deletes one backend of a farm.
+func (c *Client) DeleteBackend(ctx context.Context, farm, backend string) error {
+	_, err := c.call(ctx, http.MethodDelete, farmPath(farm)+"/backends/"+url.PathEscape(backend), nil)
+	return err
+}
+
+// Dump streams the whole state ({"farms":[...]}, the daemon's bytes
+// unchanged) to w.
+func (c *Client) Dump(ctx context.Context, w io.Writer) (int64, error) {
+	return c.stream(ctx, "/state", w)
+}
+
+// Restore replaces the whole state with the farms read from r, in one transaction.
+func (c *Client) Restore(ctx context.Context, r io.Reader) error {
+	resp, err := c.do(ctx, http.MethodPut, "/state", r)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return err
+}
+
+// ListText streams the ipvsadm-style listing to w; numeric shows port
+// numbers instead of service names.
+func (c *Client) ListText(ctx context.Context, w io.Writer, numeric bool) error {
+	path := "/farms?format=ipvsadm"
+	if numeric {
+		path += "&numeric=1"
+	}
+	_, err := c.stream(ctx, path, w)
+	return err
+}
+
+func (c *Client) stream(ctx context.Context, path string, w io.Writer) (int64, error) {
+	resp, err := c.do(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("copy answer of GET %s: %w", path, err)
+	}
+	return n, nil
+}
+
+// Version returns the daemon's version information.
+func (c *Client) Version(ctx context.Context) (map[string]string, error) {
+	body, err := c.call(ctx, http.MethodGet, "/version", nil)
+	if err != nil {
+		return nil, err
+	}
+	var v map[string]string
+	if err := json.Unmarshal(body, &v); err != nil {
+		return nil, fmt.Errorf("decode version: %w", err)
+	}
+	return v, nil
+}
