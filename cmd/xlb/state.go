@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) listCmd() *cobra.Command {
+	var numeric bool
+	cmd := &cobra.Command{
+		Use:   "list [-n]",
+		Short: "List farms and backends as ipvsadm -L does",
+		Long: `List every farm and its backends as a table like ipvsadm -L. The Forward
+column shows the mode: Masq (snat), Dnat (dnat), Route (dsr), Stls (stlsdnat).
+Without -n, well-known ports are shown by their /etc/services names (addresses
+are never looked up).`,
+		Example: `  xlb list -n
+  xlb list`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			return c.ListText(cmd.Context(), a.out, numeric)
+		},
+	}
+	cmd.Flags().BoolVarP(&numeric, "numeric", "n", false, "numeric ports (no /etc/services names)")
+	return cmd
+}
+
+func (a *app) dumpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "dump",
+		Short: "Write the whole state as JSON to stdout",
+		Long: `Write every farm with every field ({"farms":[...]}, nftlb's format) to stdout,
+streamed from the daemon as is. "xlb restore" takes it back.`,
+		Example: `  xlb dump
+  xlb dump | jq '.farms[].name'`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			_, err = c.Dump(cmd.Context(), a.out)
+			return err
+		},
+	}
+}
+
+func (a *app) saveCmd() *cobra.Command {
+	var file string
+	cmd := &cobra.Command{
+		Use:   "save [-f FILE]",
+		Short: "Save the whole state as JSON to a file (or stdout)",
+		Long: `Save every farm, as "xlb dump" writes it. With -f the file is replaced
+atomically (written to a temporary file, synced, then renamed), so it always
+holds a complete state.`,
+		Example: `  xlb save -f /etc/xlb/state.json
+  xlb save > state.json`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			if file == "" || file == "-" {
+				_, err = c.Dump(cmd.Context(), a.out)
+				return err
+			}
+			return writeFileAtomic(file, func(w io.Writer) error {
+				_, err := c.Dump(cmd.Context(), w)
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "file to write (default: stdout)")
+	return cmd
+}
+
+// writeFileAtomic writes a file through a synced temporary file in the same
+// directory and a rename, so readers see the old or the new file, never part.
+func writeFileAtomic(path string, write func(io.Writer) error) (err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("save to %s: %w", path, err)
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	bw := bufio.NewWriterSize(tmp, 256<<10)
+	if err := write(bw); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("save to %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("save to %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("save to %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("save to %s: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync() // make the rename durable; best effort
+		d.Close()
+	}
+	return nil
+}
+
+func (a *app) restoreCmd() *cobra.Command {
+	var file string
+	cmd := &cobra.Command{
+		Use:   "restore [-f FILE]",
+		Short: "Replace the whole state with a saved one (one transaction)",
+		Long: `Replace every farm with those of a saved state ("xlb save" or "xlb dump"
+output, or any nftlb {"farms":[...]} document): farms not in it are deleted.
+It is one transaction: if anything in it is refused, nothing changes.`,
+		Example: `  xlb restore -f /etc/xlb/state.json
+  xlb dump > before.json && xlb restore < before.json`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			in := a.in
+			if file != "" && file != "-" {
+				f, err := os.Open(file)
+				if err != nil {
+					return fmt.Errorf("restore: %w", err)
+				}
+				defer f.Close()
+				in = f
+			}
+			return c.Restore(cmd.Context(), in)
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "file to read (default: stdin)")
+	return cmd
+}
