@@ -1,0 +1,386 @@
+package nft
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"hash/fnv"
+	"net/netip"
+	"strconv"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Names of the static objects of the table.
+const (
+	chainPrerouting  = "prerouting"
+	chainOutput      = "output"
+	chainPostrouting = "postrouting"
+
+	setSvc4   = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
+	setSvc6   = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
+	setMasq4  = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
+	setMasq6  = "masq6"  // same for IPv6
+	setSnat4  = "snat4"  // same key -> source address (farm source-addr)
+	setSnat6  = "snat6"  // same for IPv6
+	farmChain = "f-"     // farm chain: f-<hash>
+	farmMap   = "m-"     // farm backend map: m-<hash>-<generation>
+	hashLen   = 16       // hex digits of the name hash (64 bits)
+	elemChunk = 200      // set elements per netlink message (attributes are < 64 KiB)
+	anyPort   = 0xffff   // last port of "every port"
+	anyProto  = 0xff     // last protocol number of "every protocol"
+	protoNone = uint8(0) // first protocol number of "every protocol"
+)
+
+// Registers. Concatenations are laid out from NFT_REG_1 (the 32-bit
+// registers 8, 9, ... alias it), each field padded to 4 bytes, as nft does.
+const (
+	regVerdict = 0
+	reg1       = 1 // NFT_REG_1: 16 bytes = 32-bit registers 8..11
+	reg32      = 8 // NFT_REG32_00
+)
+
+// nameHash is the short hash used in kernel object names: farm names may
+// be 64 characters of [A-Za-z0-9_.-], so a fixed-length hash keeps every
+// derived name well inside the kernel's limits and uniform.
+func nameHash(farm string) string {
+	s := sha256.Sum256([]byte(farm))
+	return hex.EncodeToString(s[:hashLen/2])
+}
+
+func chainName(farm string) string { return farmChain + nameHash(farm) }
+
+func mapName(farm string, gen uint64) string {
+	return farmMap + nameHash(farm) + "-" + strconv.FormatUint(gen, 36)
+}
+
+// seed is the jhash seed of a farm: fixed per farm name, so the hash
+// scheduler sends a client to the same slot across rebuilds and restarts.
+func seed(farm string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(farm))
+	return h.Sum32()
+}
+
+var (
+	typeSvc4 = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+	typeSvc6 = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService)
+	typeDst4 = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)
+	typeDst6 = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetService)
+)
+
+// staticSets returns the table's static sets and maps.
+func staticSets(t *nftables.Table) []*nftables.Set {
+	svc := func(name string, kt nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, IsMap: true, Interval: true, Concatenation: true,
+			KeyType: kt, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.BigEndian}
+	}
+	set := func(name string, kt nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, Interval: true, Concatenation: true,
+			KeyType: kt, KeyByteOrder: binaryutil.BigEndian}
+	}
+	snat := func(name string, kt, dt nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, IsMap: true, Interval: true, Concatenation: true,
+			KeyType: kt, DataType: dt, KeyByteOrder: binaryutil.BigEndian}
+	}
+	return []*nftables.Set{
+		svc(setSvc4, typeSvc4),
+		svc(setSvc6, typeSvc6),
+		set(setMasq4, typeSvc4),
+		set(setMasq6, typeSvc6),
+		snat(setSnat4, typeSvc4, nftables.TypeIPAddr),
+		snat(setSnat6, typeSvc6, nftables.TypeIP6Addr),
+	}
+}
+
+func nfproto(v6 bool) []expr.Any {
+	p := byte(unix.NFPROTO_IPV4)
+	if v6 {
+		p = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{p}},
+	}
+}
+
+// addrWords is the number of 32-bit registers an address takes.
+func addrWords(v6 bool) uint32 {
+	if v6 {
+		return 4
+	}
+	return 1
+}
+
+// svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 form).
+func svcRule(v6 bool) []expr.Any {
+	off, alen, set := uint32(16), uint32(4), setSvc4
+	if v6 {
+		off, alen, set = 24, 16, setSvc6
+	}
+	w := addrWords(v6)
+	return append(nfproto(v6),
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
+		&expr.Payload{DestRegister: reg32 + w + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: regVerdict},
+	)
+}
+
+func natFamily(v6 bool) uint32 {
+	if v6 {
+		return unix.NFPROTO_IPV6
+	}
+	return unix.NFPROTO_IPV4
+}
+
+// elem is one set element; key is its identity for diffs.
+type elem struct {
+	Key, KeyEnd []byte
+	Val         []byte // map data (snat source address)
+	Chain       string // verdict map: goto this chain
+}
+
+func (e elem) id() string { return string(e.Key) + "\x00" + string(e.KeyEnd) }
+
+func (e elem) same(o elem) bool {
+	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain
+}
+
+func (e elem) setElement() nftables.SetElement {
+	se := nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd, Val: e.Val}
+	if e.Chain != "" {
+		se.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}
+	}
+	return se
+}
+
+// svcKey is addr . proto . port, each field padded to 4 bytes.
+func svcKey(a netip.Addr, proto uint8, port uint16) []byte {
+	b := append([]byte(nil), a.AsSlice()...)
+	b = append(b, proto, 0, 0, 0)
+	return binary.BigEndian.AppendUint16(b, port)
+}
+
+func pad4(b []byte) []byte {
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// svcElems returns the farm's keys (VIP . protocols . port ranges); with
+// chain set they are svc map elements, with val set snat map elements.
+func svcElems(f *model.Farm, chain string, val []byte) []elem {
+	p0, p1 := f.Protocol.Number(), f.Protocol.Number()
+	if f.Protocol == model.ProtoAll {
+		p0, p1 = protoNone, anyProto
+	}
+	ports := f.VirtualPorts
+	if len(ports) == 0 {
+		ports = []model.PortRange{{First: 0, Last: anyPort}}
+	}
+	out := make([]elem, 0, len(ports))
+	for _, r := range ports {
+		out = append(out, elem{
+			Key:    pad4(svcKey(f.VirtualAddr, p0, r.First)),
+			KeyEnd: pad4(svcKey(f.VirtualAddr, p1, r.Last)),
+			Chain:  chain,
+			Val:    val,
+		})
+	}
+	return out
+}
+
+// mapKind is the shape of a farm's backend map.
+type mapKind uint8
+
+const (
+	kindNone     mapKind = iota // no serving backend: the chain drops
+	kindAddr                    // slot -> address (dnat keeps the client's port)
+	kindAddrPort                // slot -> address . port
+)
+
+// farmPlan is everything derived from a farm that goes into the kernel.
+type farmPlan struct {
+	name   string
+	v6     bool
+	chain  string
+	kind   mapKind
+	svc    []elem // in svc4/svc6
+	post   []elem // in masq4/6 (no Val) or snat4/6 (Val)
+	active []model.Backend
+	port   uint16 // substitute for backend port 0 when kind is kindAddrPort
+}
+
+func (p *farmPlan) svcSet() string { return pick(p.v6, setSvc4, setSvc6) }
+func (p *farmPlan) postSet() string {
+	return postSetName(p.v6, len(p.post) > 0 && p.post[0].Val != nil)
+}
+
+func postSetName(v6, snat bool) string {
+	if snat {
+		return pick(v6, setSnat4, setSnat6)
+	}
+	return pick(v6, setMasq4, setMasq6)
+}
+
+func pick[T any](v6 bool, a, b T) T {
+	if v6 {
+		return b
+	}
+	return a
+}
+
+// plan derives what a farm needs in the kernel. A farm that is not up
+// needs nothing: it is absent from the service maps, so the LB does not
+// handle its traffic.
+func plan(f *model.Farm) *farmPlan {
+	if f.State != model.StateUp {
+		return nil
+	}
+	p := &farmPlan{name: f.Name, v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}
+	p.svc = svcElems(f, p.chain, nil)
+	if f.Mode == model.ModeSNAT {
+		if f.SourceAddr.IsValid() {
+			p.post = svcElems(f, "", f.SourceAddr.AsSlice())
+		} else {
+			p.post = svcElems(f, "", nil)
+		}
+	}
+	p.active = f.ActiveBackends()
+	if len(p.active) == 0 {
+		return p
+	}
+	p.kind = kindAddr
+	for _, b := range p.active {
+		if b.Port != 0 {
+			p.kind = kindAddrPort
+		}
+	}
+	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
+		p.port = f.VirtualPorts[0].First
+	}
+	return p
+}
+
+// mapSet returns the definition of a farm's backend map.
+func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint32) *nftables.Set {
+	s := &nftables.Set{Table: t, Name: name, ID: id, IsMap: true, KeyType: nftables.TypeInteger,
+		KeyByteOrder: binaryutil.NativeEndian}
+	if f.Scheduler == model.SchedWeight {
+		// numgen random is converted to network byte order before the
+		// lookup: interval sets compare keys as big-endian bytes.
+		s.Interval = true
+		s.KeyByteOrder = binaryutil.BigEndian
+	}
+	switch {
+	case p.kind == kindAddr:
+		s.DataType = pick(p.v6, nftables.TypeIPAddr, nftables.TypeIP6Addr)
+	default:
+		s.DataType = pick(p.v6, typeDst4, typeDst6)
+	}
+	return s
+}
+
+func (p *farmPlan) backendData(b model.Backend) []byte {
+	d := append([]byte(nil), b.Addr.AsSlice()...)
+	if p.kind == kindAddrPort {
+		port := b.Port
+		if port == 0 {
+			port = p.port
+		}
+		d = pad4(binary.BigEndian.AppendUint16(d, port))
+	}
+	return d
+}
+
+// mapElems returns the backend map's elements and the modulus of the
+// scheduling expression.
+func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
+	var out []nftables.SetElement
+	if f.Scheduler != model.SchedWeight {
+		for i, b := range p.active {
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.backendData(b)})
+		}
+		return out, uint32(len(p.active))
+	}
+	// Slot ranges sized by weight: [start, start+weight) -> backend. The
+	// ranges are adjacent, so only the last one needs an end element.
+	var total uint32
+	for _, b := range p.active {
+		out = append(out, nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.backendData(b)})
+		total += b.Weight
+	}
+	out = append(out, nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), IntervalEnd: true})
+	return out, total
+}
+
+// hashLoads loads the farm's hash keys into consecutive registers from
+// NFT_REG_1 and returns the expressions and the number of bytes loaded.
+func hashLoads(f *model.Farm, v6 bool) ([]expr.Any, uint32) {
+	var out []expr.Any
+	reg := uint32(reg32)
+	alen, saddr, daddr := uint32(4), uint32(12), uint32(16)
+	if v6 {
+		alen, saddr, daddr = 16, 8, 24
+	}
+	load := func(base expr.PayloadBase, off, n uint32) {
+		out = append(out, &expr.Payload{DestRegister: reg, Base: base, Offset: off, Len: n})
+		reg += (n + 3) / 4
+	}
+	k := f.SchedParam
+	if k&model.KeySrcIP != 0 {
+		load(expr.PayloadBaseNetworkHeader, saddr, alen)
+	}
+	if k&model.KeyDstIP != 0 {
+		load(expr.PayloadBaseNetworkHeader, daddr, alen)
+	}
+	if k&model.KeySrcPort != 0 {
+		load(expr.PayloadBaseTransportHeader, 0, 2)
+	}
+	if k&model.KeyDstPort != 0 {
+		load(expr.PayloadBaseTransportHeader, 2, 2)
+	}
+	return out, (reg - reg32) * 4
+}
+
+// farmRules returns the rules of a farm's chain.
+func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32) [][]expr.Any {
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	if p.kind == kindNone {
+		return [][]expr.Any{drop}
+	}
+	var r []expr.Any
+	switch f.Scheduler {
+	case model.SchedRR:
+		r = append(r, &expr.Numgen{Register: reg1, Type: unix.NFT_NG_INCREMENTAL, Modulus: modulus})
+	case model.SchedWeight:
+		r = append(r,
+			&expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus},
+			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		)
+	case model.SchedHash:
+		loads, n := hashLoads(f, p.v6)
+		r = append(r, loads...)
+		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
+			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
+	}
+	n := &expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(p.v6), RegAddrMin: reg1}
+	if p.kind == kindAddrPort {
+		n.RegProtoMin = reg32 + addrWords(p.v6)
+	}
+	r = append(r,
+		&expr.Lookup{SourceRegister: reg1, SetName: mapName, SetID: mapID, IsDestRegSet: true, DestRegister: reg1},
+		&expr.Counter{},
+		n,
+	)
+	// A lookup miss cannot happen (slots cover the modulus), but if it
+	// did the packet must not reach local sockets: drop.
+	return [][]expr.Any{r, drop}
+}

@@ -1,0 +1,97 @@
+// Package nft is xlb's nftables data plane. It programs the kernel over
+// netlink only (google/nftables), one batch per change, so every Apply and
+// Reconcile is atomic in the kernel. The nft binary is never run here; tests
+// use `nft list` as an oracle.
+//
+// # Ruleset
+//
+// xlb owns one table, inet xlb (Options.Table), and never touches another:
+//
+//	table inet xlb {
+//	  map svc4  { type ipv4_addr . inet_proto . inet_service : verdict; flags interval; }
+//	  map svc6  { type ipv6_addr . inet_proto . inet_service : verdict; flags interval; }
+//	  set masq4 { type ipv4_addr . inet_proto . inet_service; flags interval; }   (and masq6)
+//	  map snat4 { type ipv4_addr . inet_proto . inet_service : ipv4_addr; flags interval; } (and snat6)
+//	  chain prerouting  { type nat hook prerouting priority dstnat
+//	    ip daddr . meta l4proto . th dport vmap @svc4
+//	    ip6 daddr . meta l4proto . th dport vmap @svc6 }
+//	  chain output      { type nat hook output priority dstnat; the same two rules }
+//	  chain postrouting { type nat hook postrouting priority srcnat
+//	    snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
+//	    ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
+//	    (and the IPv6 forms) }
+//	  chain f-<hash> { <scheduler> map @m-<hash>-<gen> -> dnat ; counter drop }   one per farm
+//	  map m-<hash>-<gen> { slot : backend address [. port] }                      one per farm
+//	}
+//
+// The base chains are static; everything that changes lives in sets, maps
+// and per-farm chains. <hash> is 16 hex digits of SHA-256 of the farm name
+// (farm names are up to 64 characters and may contain '.' and '-'; a hash
+// keeps derived names short and uniform).
+//
+// Service maps use concatenations with intervals (the kernel's pipapo set
+// type; each element carries a key and a key end): a farm's element per
+// virtual port range is VIP . protocol . first-port to VIP . protocol .
+// last-port. A farm without virtual ports covers ports 0-65535; protocol
+// "all" covers protocols 0-255 (and every port). The verdict is a goto to the
+// farm's chain.
+//
+// Farm chains, by scheduler:
+//
+//	rr:     dnat ip to numgen inc mod N map @m          (slot i -> i-th active backend)
+//	weight: dnat ip to numgen random mod W map @m       (interval map: weight-sized slot ranges;
+//	                                                      numgen's result is turned to network
+//	                                                      byte order first, as interval keys
+//	                                                      compare as big-endian bytes)
+//	hash:   dnat ip to jhash <keys> mod N seed S map @m (keys from sched-param: srcip, dstip,
+//	                                                      srcport, dstport in that order; the seed
+//	                                                      is fixed per farm name, so rebuilds and
+//	                                                      restarts keep clients on their backend)
+//
+// followed by a rule that drops, so a packet for a farm never falls through
+// to local sockets. Only model.Farm.ActiveBackends get slots: up, weight >
+// 0, lowest priority level with any. A farm with none has a chain that only
+// drops new connections. A farm whose state is not up has nothing in the
+// kernel: its VIP is not handled.
+//
+// The backend map's data is address . port; when every active backend has
+// port 0 it is address only and dnat keeps the client's destination port.
+// A farm with one virtual port may mix both (port 0 then means that port);
+// Check refuses the mix in farms with several ports or ranges.
+//
+// Modes: dnat only rewrites the destination (backends route replies through
+// the LB). snat adds the VIP key to @masq4 (masquerade) or, with
+// source-addr, to @snat4 (snat to that address). The postrouting key is
+// taken from the conntrack entry's original direction, so no packet or
+// connection mark is needed.
+//
+// # Changes
+//
+// Apply sends one batch per diff and lists nothing from the kernel: the
+// plane remembers what it programmed per farm. Changing a farm rebuilds
+// only that farm's chain rules and creates a new backend map with a fresh
+// name (then deletes the old one), and adds or deletes only the service and
+// snat elements that differ. Creating a new map rather than flushing and
+// refilling the old one keeps every element operation simple (no flush and
+// re-add of the same keys in one transaction, no map type changes in place)
+// and costs the same, O(that farm's backends). Other farms' chains, maps and
+// elements are not touched.
+//
+// Reconcile reads xlb's table (chains, sets, service and snat elements) and
+// in one batch: ensures the table, static sets and base chains (replacing
+// the base chains' rules), rebuilds every farm's chain and map, removes
+// wrong and adds missing service/snat elements (never flushing those maps),
+// and deletes chains and sets that belong to no farm. There is no moment
+// where an existing farm is missing, and established connections keep their
+// conntrack NAT bindings.
+//
+// Conntrack does the rest: nat chains only see the first packet of a
+// connection, so changing a farm never moves existing connections (a
+// backend set to weight 0 drains).
+//
+// # Limits
+//
+// A batch is one sendmsg and the kernel queues an ack per message, so the
+// socket buffers are raised to 64 MiB (SO_SNDBUFFORCE/SO_RCVBUFFORCE, root).
+// Elements are sent at most 200 per message (netlink attributes are < 64 KiB).
+package nft

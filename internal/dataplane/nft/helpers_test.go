@@ -1,0 +1,132 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// newPlane returns a plane on ns, closed in Cleanup.
+func newPlane(tb testing.TB, ns netns.NsHandle) *Plane {
+	tb.Helper()
+	p, err := New(context.Background(), testLogger(), Options{NetNS: ns})
+	if err != nil {
+		tb.Fatalf("new plane: %v", err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	return p
+}
+
+// env is a topology with a plane on its LB.
+type env struct {
+	*testutil.Topology
+	p *Plane
+}
+
+func newEnv(tb testing.TB, backends int, v6 bool) *env {
+	tb.Helper()
+	testutil.RequireRoot(tb)
+	topo := testutil.NewTopology(tb, testutil.TopologyOptions{Backends: backends, IPv6: v6})
+	return &env{Topology: topo, p: newPlane(tb, topo.LB.NS)}
+}
+
+// farm builds a valid farm on vip:port with the backends' addresses.
+func (e *env) farm(name string, vip netip.Addr, port uint16, proto model.Protocol, bport uint16) model.Farm {
+	f := model.NewFarm(name)
+	f.VirtualAddr = vip
+	if vip.Is6() {
+		f.Family = model.FamilyIPv6
+	}
+	if port != 0 {
+		f.VirtualPorts = []model.PortRange{{First: port, Last: port}}
+	}
+	f.Protocol = proto
+	for i, b := range e.Backends {
+		bk := model.NewBackend(fmt.Sprintf("b%d", i))
+		bk.Addr = b.Addr(vip.Is6())
+		bk.Port = bport
+		f.Backends = append(f.Backends, bk)
+	}
+	return f
+}
+
+func mustValid(tb testing.TB, p *Plane, f *model.Farm) *model.Farm {
+	tb.Helper()
+	if err := f.Validate(); err != nil {
+		tb.Fatalf("farm %s: %v", f.Name, err)
+	}
+	if err := p.Check(f); err != nil {
+		tb.Fatalf("farm %s: %v", f.Name, err)
+	}
+	c := f.Clone()
+	return &c
+}
+
+// put applies farms as adds or updates (old taken from prev).
+func (e *env) put(tb testing.TB, prev map[string]*model.Farm, farms ...model.Farm) {
+	tb.Helper()
+	var d dataplane.Diff
+	for i := range farms {
+		nf := mustValid(tb, e.p, &farms[i])
+		d.Changes = append(d.Changes, dataplane.FarmChange{Old: prev[nf.Name], New: nf})
+		prev[nf.Name] = nf
+	}
+	if err := e.p.Apply(context.Background(), d); err != nil {
+		tb.Fatalf("apply: %v", err)
+	}
+}
+
+// startServers starts a TCP and UDP server named b<i> on every backend.
+func (e *env) startServers(tb testing.TB, port uint16) {
+	tb.Helper()
+	for i, b := range e.Backends {
+		name := fmt.Sprintf("b%d", i)
+		testutil.StartTCPServer(tb, b.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), port), name)
+		testutil.StartUDPServer(tb, b.NS, netip.AddrPortFrom(netip.IPv6Unspecified(), port), name)
+	}
+}
+
+// askTCP returns which backend answered and the address it saw.
+func (e *env) askTCP(tb testing.TB, to netip.AddrPort) (string, netip.AddrPort) {
+	tb.Helper()
+	got, err := testutil.AskTCP(e.Client.NS, to)
+	if err != nil {
+		tb.Fatalf("tcp to %s: %v", to, err)
+	}
+	name, from, err := testutil.ParseReply(got)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return name, from
+}
+
+func (e *env) askUDP(tb testing.TB, to netip.AddrPort) (string, netip.AddrPort) {
+	tb.Helper()
+	got, err := testutil.AskUDP(e.Client.NS, to)
+	if err != nil {
+		tb.Fatalf("udp to %s: %v", to, err)
+	}
+	name, from, err := testutil.ParseReply(got)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return name, from
+}
+
+func (e *env) nft(tb testing.TB, args ...string) string {
+	tb.Helper()
+	return testutil.Run(tb, e.LB.Name, append([]string{"nft"}, args...)...)
+}

@@ -1,0 +1,646 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// PlaneName is the name users select this data plane by.
+const PlaneName = "nft"
+
+// DefaultTable is the name of xlb's table (family inet).
+const DefaultTable = "xlb"
+
+// sockBuf is the send and receive buffer of the netlink socket. A batch is
+// one sendmsg, and the kernel queues one ack per message before we read
+// any, so both must hold a whole batch (nft sizes its buffers the same way).
+const sockBuf = 64 << 20
+
+// Options configure a Plane.
+type Options struct {
+	// NetNS is the network namespace to program; 0 or -1 (netns.None())
+	// means the current one. The handle must stay open while the Plane
+	// is in use.
+	NetNS netns.NsHandle
+	// Table is the name of the inet table xlb owns (default "xlb").
+	Table string
+}
+
+// Plane is the nftables data plane. It owns one inet table and never
+// touches any other. Its methods are safe for concurrent use, but the
+// engine calls them from one goroutine.
+type Plane struct {
+	log   *slog.Logger
+	opts  Options
+	table *nftables.Table
+
+	mu     sync.Mutex
+	conn   *nftables.Conn
+	static map[string]*nftables.Set
+	farms  map[string]*farmState // what the kernel holds, by farm name
+	gen    uint64                // generation of backend maps (unique names)
+	setID  uint32
+}
+
+// farmState is what Apply or Reconcile programmed for one farm.
+type farmState struct {
+	plan    *farmPlan // nil: the farm is known but not in the kernel (not up)
+	mapName string    // "" when the chain only drops
+}
+
+var _ dataplane.Dataplane = (*Plane)(nil)
+
+// New connects to nftables in opts.NetNS and makes sure xlb's table, its
+// static sets and its base chains exist (without touching farms: call
+// Reconcile for that). It replaces the base chains' rules atomically, so
+// traffic through existing farms keeps flowing.
+func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if opts.NetNS == 0 {
+		opts.NetNS = netns.None()
+	}
+	p := &Plane{
+		log:   log,
+		opts:  opts,
+		table: &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyINet},
+		farms: map[string]*farmState{},
+		gen:   uint64(time.Now().UnixNano()),
+	}
+	p.static = map[string]*nftables.Set{}
+	for _, s := range staticSets(p.table) {
+		p.static[s.Name] = s
+	}
+	if err := p.dial(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	b := p.newBatch()
+	b.ensureStatic()
+	if err := b.flush(); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("create table inet %s: %w", opts.Table, err)
+	}
+	if err := p.programPostrouting(); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("program postrouting chain: %w", err)
+	}
+	return p, nil
+}
+
+func (p *Plane) dial() error {
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
+	if p.opts.NetNS.IsOpen() {
+		opts = append(opts, nftables.WithNetNSFd(int(p.opts.NetNS)))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return fmt.Errorf("connect to nftables: %w", err)
+	}
+	p.conn = c
+	return nil
+}
+
+// setBuffers raises the socket buffers past the sysctl limits (root only),
+// falling back to what the limits allow.
+func setBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		for _, o := range [][2]int{{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], sockBuf); e != nil {
+				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], sockBuf); e != nil {
+					serr = e
+				}
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// Name implements dataplane.Dataplane.
+func (p *Plane) Name() string { return PlaneName }
+
+// Close releases the netlink connection. The table stays in the kernel, so
+// traffic keeps flowing while xlb restarts.
+func (p *Plane) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		return nil
+	}
+	err := p.conn.CloseLasting()
+	p.conn = nil
+	return err
+}
+
+// Check refuses every farm field value this data plane does not implement.
+func (p *Plane) Check(f *model.Farm) error {
+	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
+	switch {
+	case f.IsMarkFarm() || !f.VirtualAddr.IsValid():
+		return no("mark", fmt.Sprint(f.Mark)) // firewall-mark farms
+	case f.Family == model.FamilyDual:
+		return no("family", f.Family.String())
+	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT:
+		return no("mode", f.Mode.String())
+	case f.Scheduler != model.SchedRR && f.Scheduler != model.SchedWeight && f.Scheduler != model.SchedHash:
+		return no("scheduler", f.Scheduler.String())
+	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0:
+		return no("sched-param", f.SchedParam.String())
+	case f.Persistence != 0:
+		return no("persistence", f.Persistence.String())
+	case f.Helper != model.HelperNone:
+		return no("helper", f.Helper.String())
+	case f.Log != 0:
+		return no("log", f.Log.String())
+	case f.LogPrefix != "":
+		return no("log-prefix", f.LogPrefix)
+	case f.Mark != 0:
+		return no("mark", fmt.Sprint(f.Mark))
+	case f.Priority != 1:
+		// Backend priority groups follow model.Farm.ActiveBackends; a farm
+		// priority other than the default has no meaning here yet.
+		return no("priority", fmt.Sprint(f.Priority))
+	case f.NewRTLimit != 0:
+		return no("new-rtlimit", fmt.Sprint(f.NewRTLimit))
+	case f.RstRTLimit != 0:
+		return no("rst-rtlimit", fmt.Sprint(f.RstRTLimit))
+	case f.EstConnLimit != 0:
+		return no("est-connlimit", fmt.Sprint(f.EstConnLimit))
+	case f.TCPStrict:
+		return no("tcp-strict", "true")
+	case len(f.Policies) > 0:
+		return no("policies", f.Policies[0].Name)
+	}
+	var zeroPort, port bool
+	for i := range f.Backends {
+		b := &f.Backends[i]
+		bno := func(field, value string) error {
+			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: field, Value: value,
+				Problem: "is not implemented by the " + PlaneName + " data plane yet"}
+		}
+		switch {
+		case b.Mark != 0:
+			return bno("mark", fmt.Sprint(b.Mark))
+		case b.EstConnLimit != 0:
+			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit))
+		}
+		zeroPort = zeroPort || b.Port == 0
+		port = port || b.Port != 0
+	}
+	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+	if zeroPort && port && !single {
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "backends.port", Value: "0",
+			Problem: "backends with port 0 (keep the client's port) and backends with a port cannot be mixed in a farm with several virtual ports in the " + PlaneName + " data plane"}
+	}
+	return nil
+}
+
+// Apply implements dataplane.Dataplane: the whole diff is one netlink
+// batch, so the kernel applies all of it or none of it. Its cost is in
+// proportion to the changed farms: nothing is listed from the kernel.
+func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		return errors.New("nft data plane is closed")
+	}
+	b := p.newBatch()
+	next := map[string]*farmState{}
+	cur := func(name string) *farmState {
+		if s, ok := next[name]; ok {
+			return s
+		}
+		return p.farms[name]
+	}
+	for _, c := range d.Changes {
+		var name string
+		switch {
+		case c.New != nil:
+			name = c.New.Name
+		case c.Old != nil:
+			name = c.Old.Name
+		default:
+			continue
+		}
+		old := cur(name)
+		if c.New == nil {
+			b.removeFarm(old)
+			next[name] = nil
+			continue
+		}
+		next[name] = b.putFarm(old, c.New)
+	}
+	if err := b.flush(); err != nil {
+		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
+	}
+	for name, s := range next {
+		if s == nil {
+			delete(p.farms, name)
+		} else {
+			p.farms[name] = s
+		}
+	}
+	return nil
+}
+
+// Reconcile implements dataplane.Dataplane. It reads xlb's table from the
+// kernel and, in one batch, ensures the static objects, rebuilds every
+// farm's chain and backend map, adds missing and removes wrong service and
+// snat elements, and deletes chains and sets that belong to no farm. The
+// service maps are never flushed, so no farm is missing at any moment;
+// established connections keep their conntrack NAT bindings.
+func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		return errors.New("nft data plane is closed")
+	}
+	k, err := p.readKernel()
+	if err != nil {
+		return err
+	}
+	b := p.newBatch()
+	b.ensureStatic()
+	next := map[string]*farmState{}
+	wantElems := map[string]map[string]elem{} // set -> id -> element
+	for _, s := range staticSets(p.table) {
+		wantElems[s.Name] = map[string]elem{}
+	}
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true}
+	keepSets := map[string]bool{}
+	for name := range wantElems {
+		keepSets[name] = true
+	}
+	for _, f := range farms {
+		if _, dup := next[f.Name]; dup {
+			return fmt.Errorf("reconcile: farm %q given twice", f.Name)
+		}
+		pl := plan(f)
+		if pl == nil {
+			next[f.Name] = &farmState{}
+			continue
+		}
+		keepChains[pl.chain] = true
+		s := b.buildFarm(pl, f, k.chains[pl.chain])
+		keepSets[s.mapName] = true
+		next[f.Name] = s
+		for _, e := range pl.svc {
+			wantElems[pl.svcSet()][e.id()] = e
+		}
+		for _, e := range pl.post {
+			wantElems[pl.postSet()][e.id()] = e
+		}
+	}
+	// Service and snat elements: remove what is wrong, add what is missing.
+	for name, want := range wantElems {
+		have := k.elems[name]
+		var del, add []elem
+		for id, e := range have {
+			if w, ok := want[id]; !ok || !w.same(e) {
+				del = append(del, e)
+			}
+		}
+		for id, e := range want {
+			if h, ok := have[id]; !ok || !h.same(e) {
+				add = append(add, e)
+			}
+		}
+		b.delElems(p.static[name], del)
+		b.addElems(p.static[name], add)
+	}
+	// Strays: anything else in xlb's table.
+	var strayChains []string
+	for name := range k.chains {
+		if !keepChains[name] {
+			strayChains = append(strayChains, name)
+			b.c.FlushChain(&nftables.Chain{Table: p.table, Name: name})
+		}
+	}
+	for _, name := range strayChains {
+		b.c.DelChain(&nftables.Chain{Table: p.table, Name: name})
+	}
+	for _, name := range k.sets {
+		if !keepSets[name] {
+			b.c.DelSet(&nftables.Set{Table: p.table, Name: name})
+		}
+	}
+	if err := b.flush(); err != nil {
+		return fmt.Errorf("reconcile %d farms: %w", len(farms), err)
+	}
+	p.farms = next
+	if err := p.programPostrouting(); err != nil {
+		return fmt.Errorf("reconcile postrouting chain: %w", err)
+	}
+	p.log.Debug("nft reconciled", "farms", len(farms), "stray_chains", len(strayChains))
+	return nil
+}
+
+// kernelState is what Reconcile read from xlb's table.
+type kernelState struct {
+	chains map[string]bool
+	sets   []string
+	elems  map[string]map[string]elem // static set -> id -> element
+}
+
+func (p *Plane) readKernel() (*kernelState, error) {
+	k := &kernelState{chains: map[string]bool{}, elems: map[string]map[string]elem{}}
+	tables, err := p.conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		p.redial()
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	found := false
+	for _, t := range tables {
+		found = found || t.Name == p.table.Name
+	}
+	if !found {
+		return k, nil
+	}
+	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		p.redial()
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	for _, c := range chains {
+		if c.Table.Name == p.table.Name {
+			k.chains[c.Name] = true
+		}
+	}
+	sets, err := p.conn.GetSets(p.table)
+	if err != nil {
+		p.redial()
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	for _, s := range sets {
+		k.sets = append(k.sets, s.Name)
+		if _, ok := p.static[s.Name]; !ok {
+			continue
+		}
+		els, err := p.conn.GetSetElements(s)
+		if err != nil {
+			p.redial()
+			return nil, fmt.Errorf("list elements of %s: %w", s.Name, err)
+		}
+		m := map[string]elem{}
+		for _, se := range els {
+			e := elem{Key: se.Key, KeyEnd: se.KeyEnd}
+			if s.IsMap {
+				if se.VerdictData != nil {
+					e.Chain = se.VerdictData.Chain
+					if se.VerdictData.Kind != expr.VerdictGoto {
+						e.Chain = "\x00wrong verdict"
+					}
+				} else {
+					e.Val = se.Val
+				}
+			}
+			m[e.id()] = e
+		}
+		k.elems[s.Name] = m
+	}
+	return k, nil
+}
+
+// redial replaces the netlink connection after an error: a failed batch can
+// leave unread acks on the socket that would confuse the next one.
+func (p *Plane) redial() {
+	if p.conn != nil {
+		_ = p.conn.CloseLasting()
+		p.conn = nil
+	}
+	if err := p.dial(); err != nil {
+		p.log.Error("nft reconnect failed", "err", err)
+	}
+}
+
+// batch collects one netlink transaction.
+type batch struct {
+	p *Plane
+	c *nftables.Conn
+	n int // messages queued (roughly), for logs
+}
+
+func (p *Plane) newBatch() *batch { return &batch{p: p, c: p.conn} }
+
+func (b *batch) flush() error {
+	if err := b.c.Flush(); err != nil {
+		b.p.redial()
+		return explain(err)
+	}
+	return nil
+}
+
+// explain turns the library's joined per-message errors into the first
+// errno, which is what the kernel rejected.
+func explain(err error) error {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return fmt.Errorf("netlink batch rejected: %w", errno)
+	}
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i > 0 {
+		msg = msg[:i]
+	}
+	return fmt.Errorf("netlink batch rejected: %s", msg)
+}
+
+func (b *batch) nextID() uint32 {
+	b.p.setID++
+	if b.p.setID == 0 {
+		b.p.setID++
+	}
+	return b.p.setID
+}
+
+// ensureStatic adds (idempotently) the table, the static sets and the base
+// chains, and replaces the base chains' rules in this same transaction.
+func (b *batch) ensureStatic() {
+	t := b.p.table
+	b.c.AddTable(t)
+	for _, s := range staticSets(t) {
+		s.ID = b.nextID()
+		b.p.static[s.Name] = s
+		_ = b.c.AddSet(s, nil) // only fails for anonymous sets
+	}
+	accept := nftables.ChainPolicyAccept
+	base := func(name string, hook *nftables.ChainHook, prio *nftables.ChainPriority, rules [][]expr.Any) {
+		ch := b.c.AddChain(&nftables.Chain{Table: t, Name: name, Type: nftables.ChainTypeNAT,
+			Hooknum: hook, Priority: prio, Policy: &accept})
+		b.c.FlushChain(ch)
+		for _, r := range rules {
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
+		}
+	}
+	svc := [][]expr.Any{svcRule(false), svcRule(true)}
+	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
+	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
+	// The postrouting chain's rules are sent by programPostrouting.
+	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+}
+
+func (b *batch) addElems(s *nftables.Set, els []elem) {
+	for i := 0; i < len(els); i += elemChunk {
+		chunk := els[i:min(i+elemChunk, len(els))]
+		ses := make([]nftables.SetElement, len(chunk))
+		for j, e := range chunk {
+			ses[j] = e.setElement()
+		}
+		_ = b.c.SetAddElements(s, ses) // only fails for anonymous sets
+		b.n++
+	}
+}
+
+func (b *batch) delElems(s *nftables.Set, els []elem) {
+	for i := 0; i < len(els); i += elemChunk {
+		chunk := els[i:min(i+elemChunk, len(els))]
+		ses := make([]nftables.SetElement, len(chunk))
+		for j, e := range chunk {
+			// Deletes match on the key; data is not needed.
+			ses[j] = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd}
+		}
+		_ = b.c.SetDeleteElements(s, ses)
+		b.n++
+	}
+}
+
+// buildFarm (re)creates a farm's chain and a new backend map with a fresh
+// name, and points the chain's rules at it. existing says whether the chain
+// is already in the kernel (then its rules are flushed in this batch).
+func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState {
+	t := b.p.table
+	ch := &nftables.Chain{Table: t, Name: pl.chain}
+	if existing {
+		b.c.FlushChain(ch)
+	} else {
+		b.c.AddChain(ch)
+	}
+	s := &farmState{plan: pl}
+	var set *nftables.Set
+	var modulus uint32
+	if pl.kind != kindNone {
+		b.p.gen++
+		s.mapName = mapName(f.Name, b.p.gen)
+		set = pl.mapSet(t, f, s.mapName, b.nextID())
+		var els []nftables.SetElement
+		els, modulus = pl.mapElems(f)
+		_ = b.c.AddSet(set, nil)
+		for i := 0; i < len(els); i += elemChunk {
+			_ = b.c.SetAddElements(set, els[i:min(i+elemChunk, len(els))])
+		}
+	}
+	var id uint32
+	if set != nil {
+		id = set.ID
+	}
+	for _, r := range pl.farmRules(f, s.mapName, id, modulus) {
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
+	}
+	return s
+}
+
+// putFarm adds or updates a farm. The farm's chain and backend map are
+// rebuilt (O(backends)); service and snat elements are changed only where
+// they differ.
+func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
+	pl := plan(f)
+	if pl == nil {
+		b.removeFarm(old)
+		return &farmState{}
+	}
+	var oldPlan *farmPlan
+	if old != nil {
+		oldPlan = old.plan
+	}
+	s := b.buildFarm(pl, f, oldPlan != nil)
+	if oldPlan != nil && old.mapName != "" {
+		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	}
+	// Removed keys first: a farm that moves a port to another set or
+	// changes a key must not collide with itself.
+	oldSvc, oldPost := map[string]elem{}, map[string]elem{}
+	if oldPlan != nil {
+		for _, e := range oldPlan.svc {
+			oldSvc[e.id()] = e
+		}
+		for _, e := range oldPlan.post {
+			oldPost[e.id()] = e
+		}
+	}
+	b.diffElems(oldPlan, pl, oldSvc, pl.svc, (*farmPlan).svcSet)
+	b.diffElems(oldPlan, pl, oldPost, pl.post, (*farmPlan).postSet)
+	return s
+}
+
+func (b *batch) diffElems(oldPlan, pl *farmPlan, old map[string]elem, want []elem, set func(*farmPlan) string) {
+	sameSet := oldPlan != nil && set(oldPlan) == set(pl)
+	var del, add []elem
+	keep := map[string]bool{}
+	for _, e := range want {
+		if o, ok := old[e.id()]; ok && sameSet && o.same(e) {
+			keep[e.id()] = true
+			continue
+		}
+		add = append(add, e)
+	}
+	for id, e := range old {
+		if !keep[id] {
+			del = append(del, e)
+		}
+	}
+	if oldPlan != nil && len(del) > 0 {
+		b.delElems(b.p.static[set(oldPlan)], del)
+	}
+	b.addElems(b.p.static[set(pl)], add)
+}
+
+// removeFarm deletes everything a farm has in the kernel.
+func (b *batch) removeFarm(old *farmState) {
+	if old == nil || old.plan == nil {
+		return
+	}
+	pl := old.plan
+	b.delElems(b.p.static[pl.svcSet()], pl.svc)
+	if len(pl.post) > 0 {
+		b.delElems(b.p.static[pl.postSet()], pl.post)
+	}
+	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
+	b.c.FlushChain(ch)
+	b.c.DelChain(ch)
+	if old.mapName != "" {
+		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	}
+}

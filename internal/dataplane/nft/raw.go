@@ -1,0 +1,171 @@
+package nft
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The postrouting rules need `ct original ip daddr` / `ct original ip6
+// daddr` (NFT_CT_DST_IP/NFT_CT_DST_IP6 with a direction attribute).
+// google/nftables v0.3.0 only sends the direction for the generic keys, and
+// the generic NFT_CT_DST in an inet table is 16 bytes wide for both
+// families, which the nft binary cannot list inside a concatenation (it
+// aborts). So these few static rules are encoded here and sent in a batch
+// of their own: flush the postrouting chain and add the rules, atomic in
+// the kernel like every other batch. They never change, so this batch runs
+// only in New and Reconcile, after the main batch (which creates the chain).
+
+// rawExpr is one expression already encoded as netlink attributes.
+type rawExpr []byte
+
+func ctOrigDaddr(v6 bool) rawExpr {
+	key := uint32(unix.NFT_CT_DST_IP)
+	if v6 {
+		key = unix.NFT_CT_DST_IP6
+	}
+	data, _ := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_CT_DREG, Data: binaryutil.BigEndian.PutUint32(reg1)},
+		{Type: unix.NFTA_CT_KEY, Data: binaryutil.BigEndian.PutUint32(key)},
+		{Type: unix.NFTA_CT_DIRECTION, Data: []byte{0}}, // IP_CT_DIR_ORIGINAL
+	})
+	b, _ := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_EXPR_NAME, Data: []byte("ct\x00")},
+		{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
+	})
+	return b
+}
+
+func encode(e expr.Any) (rawExpr, error) {
+	return expr.Marshal(byte(nftables.TableFamilyINet), e)
+}
+
+// postRulesRaw returns the postrouting rules:
+//
+//	snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
+//	ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
+//
+// and the IPv6 forms. The key is the VIP the client connected to, from the
+// conntrack entry's original direction, so no mark is needed.
+func postRulesRaw() ([][]rawExpr, error) {
+	var rules [][]rawExpr
+	for _, v6 := range []bool{false, true} {
+		w := addrWords(v6)
+		masq, snat := pick(v6, setMasq4, setMasq6), pick(v6, setSnat4, setSnat6)
+		tails := [][]expr.Any{
+			{
+				&expr.Lookup{SourceRegister: reg1, SetName: snat, IsDestRegSet: true, DestRegister: reg1},
+				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
+			},
+			{
+				&expr.Lookup{SourceRegister: reg1, SetName: masq},
+				&expr.Masq{},
+			},
+		}
+		for _, tail := range tails {
+			r := []rawExpr{ctOrigDaddr(v6)}
+			for _, e := range append([]expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
+				&expr.Ct{Register: reg32 + w + 1, Key: expr.CtKeyPROTODST, Direction: 0},
+			}, tail...) {
+				b, err := encode(e)
+				if err != nil {
+					return nil, err
+				}
+				r = append(r, b)
+			}
+			rules = append(rules, r)
+		}
+	}
+	return rules, nil
+}
+
+func nftMsg(typ int, flags netlink.HeaderFlags, attrs []netlink.Attribute) (netlink.Message, error) {
+	data, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return netlink.Message{}, err
+	}
+	hdr := []byte{byte(nftables.TableFamilyINet), unix.NFNETLINK_V0, 0, 0}
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
+		Data:   append(hdr, data...),
+	}, nil
+}
+
+// programPostrouting replaces the postrouting chain's rules in one batch.
+func (p *Plane) programPostrouting() error {
+	rules, err := postRulesRaw()
+	if err != nil {
+		return fmt.Errorf("encode postrouting rules: %w", err)
+	}
+	chainAttrs := []netlink.Attribute{
+		{Type: unix.NFTA_RULE_TABLE, Data: []byte(p.table.Name + "\x00")},
+		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chainPostrouting + "\x00")},
+	}
+	var msgs []netlink.Message
+	flush, err := nftMsg(unix.NFT_MSG_DELRULE, netlink.Request|netlink.Acknowledge, chainAttrs)
+	if err != nil {
+		return err
+	}
+	msgs = append(msgs, flush)
+	for _, r := range rules {
+		var list []netlink.Attribute
+		for _, e := range r {
+			list = append(list, netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: e})
+		}
+		exprs, err := netlink.MarshalAttributes(list)
+		if err != nil {
+			return err
+		}
+		m, err := nftMsg(unix.NFT_MSG_NEWRULE, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Append,
+			append(chainAttrs[:2:2], netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_RULE_EXPRESSIONS, Data: exprs}))
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, m)
+	}
+	return p.sendRaw(msgs)
+}
+
+// sendRaw sends msgs as one nftables batch on a connection of its own and
+// waits for every ack.
+func (p *Plane) sendRaw(msgs []netlink.Message) error {
+	cfg := &netlink.Config{}
+	if p.opts.NetNS.IsOpen() {
+		cfg.NetNS = int(p.opts.NetNS)
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	if err != nil {
+		return fmt.Errorf("connect to nftables: %w", err)
+	}
+	defer c.Close()
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return err
+	}
+	batchHdr := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}
+	all := append([]netlink.Message{{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_BEGIN, Flags: netlink.Request}, Data: batchHdr}},
+		msgs...)
+	all = append(all, netlink.Message{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_END, Flags: netlink.Request}, Data: batchHdr})
+	if _, err := c.SendMessages(all); err != nil {
+		return fmt.Errorf("send batch: %w", err)
+	}
+	for acks := 0; acks < len(msgs); {
+		replies, err := c.Receive()
+		if err != nil {
+			// The first error is what the kernel rejected; the batch
+			// was aborted as a whole.
+			return fmt.Errorf("netlink batch rejected: %w", err)
+		}
+		for _, m := range replies {
+			if m.Header.Type == netlink.Error {
+				acks++
+			}
+		}
+	}
+	return nil
+}
