@@ -199,13 +199,13 @@ func (a *app) farmListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			farms, err := c.ListFarms(cmd.Context())
+			names, err := c.ListNames(cmd.Context())
 			if err != nil {
 				return err
 			}
 			var buf bytes.Buffer
-			for i := range farms {
-				buf.WriteString(farms[i].Name)
+			for _, n := range names {
+				buf.WriteString(n)
 				buf.WriteByte('\n')
 			}
 			_, err = a.out.Write(buf.Bytes())

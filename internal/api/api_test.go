@@ -22,14 +22,14 @@ import (
 const testKey = "test-key-0123456789"
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	plane *fake.Plane
 	eng   *engine.Engine
 	st    *store.Bolt
 	h     http.Handler
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	st, err := store.OpenBolt(t.TempDir())
 	if err != nil {
@@ -481,6 +481,9 @@ func TestListText(t *testing.T) {
 		"  -> 10.200.0.12:80               Masq    1      up\n"
 	if r.body != want {
 		t.Fatalf("got\n%s\nwant\n%s", r.body, want)
+	}
+	if r := e.must("GET", "/farms?format=names", ""); r != "web\n" {
+		t.Errorf("format=names: %q", r)
 	}
 	if r := e.do("GET", "/farms?format=ipvsadm&numeric=maybe", ""); r.status != 400 {
 		t.Errorf("numeric=maybe: %d", r.status)

@@ -31,12 +31,13 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 }
 
 // writeChunk is how much of a large response is built before it is written.
-const writeChunk = 64 << 10
+const writeChunk = 256 << 10
 
-// writeFarms streams {"farms":[...]} from the farms' cached encodings.
+// writeFarms streams {"farms":[...]} from the farms' cached encodings, in
+// large writes that bypass the server's small output buffer.
 func writeFarms(w http.ResponseWriter, farms []*model.Farm) {
 	w.Header().Set("Content-Type", "application/json")
-	buf := make([]byte, 0, writeChunk+4096)
+	buf := make([]byte, 0, writeChunk+8192)
 	buf = append(buf, `{"farms":[`...)
 	for i, f := range farms {
 		if i > 0 {
@@ -54,20 +55,15 @@ func writeFarms(w http.ResponseWriter, farms []*model.Farm) {
 	w.Write(buf)
 }
 
-// writeListing streams the ipvsadm-style table.
+// writeListing sends the ipvsadm-style table.
 func writeListing(w http.ResponseWriter, farms []*model.Farm, numeric bool) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	buf := make([]byte, 0, writeChunk+4096)
+	buf := make([]byte, 0, len(model.ListingHeader)+len(farms)*128)
 	buf = append(buf, model.ListingHeader...)
 	for _, f := range farms {
 		buf = f.AppendListing(buf, numeric)
-		if len(buf) >= writeChunk {
-			if _, err := w.Write(buf); err != nil {
-				return
-			}
-			buf = buf[:0]
-		}
 	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(buf)))
 	w.Write(buf)
 }
 
@@ -94,9 +90,16 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		writeListing(w, farms, numeric)
+	case "names":
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		buf := make([]byte, 0, len(farms)*16)
+		for _, f := range farms {
+			buf = append(append(buf, f.Name...), '\n')
+		}
+		w.Write(buf)
 	default:
 		return &httpError{status: http.StatusBadRequest,
-			err: fmt.Errorf("query parameter \"format\" value %q: allowed values are json, ipvsadm", format)}
+			err: fmt.Errorf("query parameter \"format\" value %q: allowed values are json, ipvsadm, names", format)}
 	}
 	return nil
 }

@@ -54,6 +54,9 @@ func TestClient(t *testing.T) {
 	if err != nil || len(farms) != 2 || farms[0].Name != "dns" || farms[1].Name != "web" {
 		t.Fatalf("ListFarms: %v %v", farms, err)
 	}
+	if names, err := c.ListNames(ctx); err != nil || strings.Join(names, ",") != "dns,web" {
+		t.Fatalf("ListNames: %v %v", names, err)
+	}
 	f, err := c.GetFarm(ctx, "web")
 	if err != nil || len(f.Backends) != 1 || f.Backends[0].Weight != 3 {
 		t.Fatalf("GetFarm: %+v %v", f, err)
