@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 )
 
 // dataplaneNames are the values --dataplane accepts.
@@ -16,9 +16,12 @@ const dataplaneNames = "nft"
 func openDataplane(ctx context.Context, log *slog.Logger, name string) (dataplane.Dataplane, error) {
 	switch name {
 	case "nft":
-		// The nft data plane (internal/dataplane/nft) is wired here once it lands:
-		//	return nft.New(ctx, log, nft.Options{})
-		return nil, errors.New("the nft data plane is not built into this binary yet")
+		// The current network namespace, table "xlb".
+		p, err := nft.New(ctx, log, nft.Options{})
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
 	}
 	return nil, fmt.Errorf("--dataplane %q: allowed values are %s", name, dataplaneNames)
 }
