@@ -5,10 +5,12 @@
 set -euo pipefail
 
 need=()
-for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack hyperfine:hyperfine wrk:wrk; do
+for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack hyperfine:hyperfine wrk:wrk clang:clang llvm-strip:llvm; do
 	cmd=${pair%%:*} pkg=${pair##*:}
 	command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
+# libbpf's headers for `go generate` of the eBPF data plane (bpf/*.c).
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "install-deps: need root to install: ${need[*]}" >&2

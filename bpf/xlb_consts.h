@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Sizes, flags and verdicts of xlb's eBPF data plane. Every size is
+ * #ifndef-guarded so a build can override it with -D. The Go side reads the
+ * same values through the generated bindings (constants are mirrored in
+ * internal/dataplane/ebpf/consts.go and checked by a test).
+ */
+#ifndef XLB_CONSTS_H
+#define XLB_CONSTS_H
+
+/* Service keys (VIP, port, protocol) in xlb_services. */
+#ifndef XLB_MAX_SERVICES
+#define XLB_MAX_SERVICES 65536
+#endif
+
+/* Service generation ids alive at once (index of xlb_rr). */
+#ifndef XLB_MAX_SVC_IDS
+#define XLB_MAX_SVC_IDS 16384
+#endif
+
+/* Backend entries over all service generations. */
+#ifndef XLB_MAX_BACKENDS
+#define XLB_MAX_BACKENDS 262144
+#endif
+
+/* Scheduling slots over all service generations. */
+#ifndef XLB_MAX_SLOTS
+#define XLB_MAX_SLOTS 1048576
+#endif
+
+/* Default conntrack entries (two per connection); the loader sets the real
+ * size from Options.ConnTableSize. */
+#ifndef XLB_CT_SIZE
+#define XLB_CT_SIZE 262144
+#endif
+
+/* A conntrack entry refreshes its timestamp, re-checks its peer (the other
+ * direction) and re-resolves its cached next hop at most this often. */
+#ifndef XLB_CT_REFRESH_NS
+#define XLB_CT_REFRESH_NS 1000000000ULL
+#endif
+
+/* Source ports tried for a new snat flow before it is dropped. */
+#ifndef XLB_SNAT_TRIES
+#define XLB_SNAT_TRIES 8
+#endif
+#define XLB_SNAT_PORT_MIN 1024
+
+/* Seed of the hash scheduler: fixed so a restart keeps the mapping. */
+#define XLB_HASH_SEED 0x786c6221
+
+/* tcx verdicts (linux/bpf.h of 6.6+; defined here for older headers). */
+#define XLB_NEXT (-1)  /* TCX_NEXT: not ours, next program / the stack */
+#define XLB_PASS 0     /* TCX_PASS: to the stack (rewritten or not) */
+#define XLB_DROP 2     /* TCX_DROP */
+#define XLB_REDIRECT 7 /* TCX_REDIRECT */
+
+/* Address families in keys. */
+#define XLB_AF_INET 4
+#define XLB_AF_INET6 6
+
+/* struct svc_val.mode */
+#define XLB_MODE_DNAT 0
+#define XLB_MODE_SNAT 1
+
+/* struct svc_val.sched */
+#define XLB_SCHED_RR 0     /* round robin over slots, one atomic counter per service */
+#define XLB_SCHED_WEIGHT 1 /* random over weighted slots */
+#define XLB_SCHED_HASH 2   /* jhash of hash_keys over weighted slots */
+
+/* struct svc_val.hash_keys */
+#define XLB_HASH_SRCIP 1
+#define XLB_HASH_SRCPORT 2
+
+/* struct ct_val.dir */
+#define XLB_CT_FWD 0   /* client -> VIP */
+#define XLB_CT_REPLY 1 /* backend -> client (or LB snat address) */
+
+/* Per-CPU counters in xlb_stats. */
+enum xlb_stat {
+	XLB_STAT_RX = 0,
+	XLB_STAT_NOT_PARSED,   /* not IPv4 TCP/UDP, malformed, truncated: passed */
+	XLB_STAT_FRAGMENT,     /* IPv4 fragment: passed (not balanced) */
+	XLB_STAT_CT_FWD,       /* conntrack hit, forward direction */
+	XLB_STAT_CT_REPLY,     /* conntrack hit, reply direction */
+	XLB_STAT_NOT_VIP,      /* no conntrack, no service: passed */
+	XLB_STAT_NOT_SYN,      /* TCP to a VIP without SYN and without conntrack: passed */
+	XLB_STAT_NEW_FLOW,     /* new flow scheduled */
+	XLB_STAT_NO_BACKEND,   /* service without backends: dropped */
+	XLB_STAT_SNAT_FULL,    /* no free snat source port: dropped */
+	XLB_STAT_CT_RACE,      /* another CPU created the same flow first */
+	XLB_STAT_PEER_REPAIR,  /* evicted peer entry recreated */
+	XLB_STAT_FIB_REDIRECT, /* forwarded with bpf_redirect */
+	XLB_STAT_FIB_NEIGH,    /* forwarded with bpf_redirect_neigh */
+	XLB_STAT_FIB_PASS,     /* rewritten, handed to the stack (no fib result) */
+	XLB_STAT_FIB_DROP,     /* blackhole/unreachable/prohibit route: dropped */
+	XLB_STAT_ERROR,        /* helper failure: dropped */
+	XLB_STAT_MAX,
+};
+
+#endif /* XLB_CONSTS_H */

@@ -1,0 +1,347 @@
+//go:build ignore
+
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* xlb's tcx ingress program: layer-4 load balancing with full NAT both ways
+ * (dnat and snat modes) for IPv4 TCP and UDP. See docs/dataplane-ebpf.md.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "xlb_consts.h"
+#include "xlb_structs.h"
+#include "xlb_maps.h"
+#include "xlb_parsing.h"
+#include "xlb_csum.h"
+
+#define AF_INET 2
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&xlb_stats, &idx);
+
+	if (c)
+		*c += 1;
+}
+
+/* ct_peer() - the key and value of the other direction of entry (k, v). */
+static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val *v,
+				    struct ct_key *pk, struct ct_val *pv)
+{
+	__builtin_memcpy(pk->src, v->dst, sizeof(pk->src));
+	__builtin_memcpy(pk->dst, v->src, sizeof(pk->dst));
+	pk->sport = v->dport;
+	pk->dport = v->sport;
+	pk->proto = k->proto;
+	pk->family = k->family;
+	pk->pad = 0;
+
+	__builtin_memcpy(pv->src, k->dst, sizeof(pv->src));
+	__builtin_memcpy(pv->dst, k->src, sizeof(pv->dst));
+	pv->sport = k->dport;
+	pv->dport = k->sport;
+	pv->dir = v->dir == XLB_CT_FWD ? XLB_CT_REPLY : XLB_CT_FWD;
+	pv->flags = v->flags;
+	pv->pad = 0;
+	pv->svc = v->svc;
+	pv->backend = v->backend;
+	pv->seen = v->seen;
+	pv->ifindex = 0;
+}
+
+/**
+ * ct_refresh() - periodic upkeep of a live entry: make sure its peer (the
+ * other direction) still exists, recreating it from this one if the LRU
+ * evicted it. The lookup also marks the peer as used, so both directions of
+ * a flow age together even when only one direction carries packets.
+ */
+static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v, __u64 now)
+{
+	struct ct_key pk;
+	struct ct_val pv = {};
+
+	v->seen = now;
+	ct_peer(k, v, &pk, &pv);
+	if (bpf_map_lookup_elem(&xlb_ct, &pk))
+		return;
+	if (bpf_map_update_elem(&xlb_ct, &pk, &pv, BPF_NOEXIST) == 0)
+		stat_inc(XLB_STAT_PEER_REPAIR);
+}
+
+/**
+ * lb4_forward() - send a rewritten packet towards its new destination.
+ * @skb: the packet, already rewritten to @v's tuple
+ * @p: the packet's original tuple (for TTL)
+ * @v: conntrack entry; its cached next hop is used, or filled
+ * @fresh: ignore the cached next hop and resolve it again
+ *
+ * Return: XLB_REDIRECT (bpf_redirect/bpf_redirect_neigh), XLB_PASS when the
+ * FIB has no forwarding answer (the stack routes the rewritten packet),
+ * XLB_DROP for blackhole/unreachable/prohibit routes or errors.
+ */
+static __always_inline int lb4_forward(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
+				       int fresh)
+{
+	struct bpf_fib_lookup fib = {};
+	__u32 ifindex;
+	int rc;
+
+	if (p->ttl <= 1) {
+		stat_inc(XLB_STAT_FIB_PASS);
+		return XLB_PASS; /* the stack sends ICMP time exceeded */
+	}
+	if (v->ifindex && !fresh) {
+		if (lb4_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, v->dmac, 6, 0) ||
+		    bpf_skb_store_bytes(skb, 6, v->smac, 6, 0)) {
+			stat_inc(XLB_STAT_ERROR);
+			return XLB_DROP;
+		}
+		stat_inc(XLB_STAT_FIB_REDIRECT);
+		return bpf_redirect(v->ifindex, 0);
+	}
+
+	ifindex = skb->ingress_ifindex ?: skb->ifindex;
+	fib.family = AF_INET;
+	fib.l4_protocol = p->k.proto;
+	fib.sport = v->sport;
+	fib.dport = v->dport;
+	fib.tot_len = 0; /* let the helper check the MTU (GSO aware) */
+	fib.ifindex = ifindex;
+	fib.ipv4_src = v->src[0];
+	fib.ipv4_dst = v->dst[0];
+
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		v->ifindex = 0;
+		__builtin_memcpy(v->smac, fib.smac, 6);
+		__builtin_memcpy(v->dmac, fib.dmac, 6);
+		v->ifindex = fib.ifindex;
+		if (lb4_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) ||
+		    bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0)) {
+			stat_inc(XLB_STAT_ERROR);
+			return XLB_DROP;
+		}
+		stat_inc(XLB_STAT_FIB_REDIRECT);
+		return bpf_redirect(fib.ifindex, 0);
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		v->ifindex = 0;
+		if (lb4_dec_ttl(skb, p)) {
+			stat_inc(XLB_STAT_ERROR);
+			return XLB_DROP;
+		}
+		stat_inc(XLB_STAT_FIB_NEIGH);
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	case BPF_FIB_LKUP_RET_BLACKHOLE:
+	case BPF_FIB_LKUP_RET_UNREACHABLE:
+	case BPF_FIB_LKUP_RET_PROHIBIT:
+		stat_inc(XLB_STAT_FIB_DROP);
+		return XLB_DROP;
+	default:
+		stat_inc(XLB_STAT_FIB_PASS);
+		return XLB_PASS;
+	}
+}
+
+/* lb4_nat() - rewrite to v's tuple and forward. */
+static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
+{
+	if (lb4_rewrite(skb, p, v)) {
+		stat_inc(XLB_STAT_ERROR);
+		return XLB_DROP;
+	}
+	return lb4_forward(skb, p, v, fresh);
+}
+
+/**
+ * lb4_schedule() - pick a backend of service @svc for packet @p.
+ * Return: the backend id, 0 if none.
+ */
+static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
+{
+	struct slot_key sk = { .svc = svc->id };
+	__u32 *bid, *ctr, h;
+
+	switch (svc->sched) {
+	case XLB_SCHED_RR:
+		ctr = bpf_map_lookup_elem(&xlb_rr, &svc->id);
+		if (!ctr)
+			return 0;
+		sk.idx = __sync_fetch_and_add(ctr, 1) % svc->slots;
+		break;
+	case XLB_SCHED_WEIGHT:
+		sk.idx = bpf_get_prandom_u32() % svc->slots;
+		break;
+	default:
+		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? p->k.src[0] : 0,
+				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
+				     XLB_HASH_SEED);
+		sk.idx = h % svc->slots;
+		break;
+	}
+	bid = bpf_map_lookup_elem(&xlb_slots, &sk);
+	return bid ? *bid : 0;
+}
+
+/**
+ * lb4_new_flow() - a packet without conntrack entry: balance it if it is for
+ * a service, creating both conntrack entries.
+ *
+ * Return: a tcx verdict. Not a service: XLB_NEXT. TCP without SYN (or with
+ * SYN+ACK): XLB_NEXT (the stack answers with a reset). Service without
+ * backends or without a free snat port: XLB_DROP.
+ */
+static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
+{
+	struct svc_key key = {};
+	struct svc_val *svc;
+	struct backend *be;
+	struct ct_key rk;
+	struct ct_val fv = {}, rv = {}, *v;
+	__u32 bid, i;
+	__u16 port;
+
+	key.addr[0] = p->k.dst[0];
+	key.port = p->k.dport;
+	key.proto = p->k.proto;
+	key.family = XLB_AF_INET;
+	svc = bpf_map_lookup_elem(&xlb_services, &key);
+	if (!svc) {
+		key.port = 0;
+		svc = bpf_map_lookup_elem(&xlb_services, &key);
+		if (!svc) {
+			stat_inc(XLB_STAT_NOT_VIP);
+			return XLB_NEXT;
+		}
+	}
+	if (p->k.proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN) {
+		stat_inc(XLB_STAT_NOT_SYN);
+		return XLB_NEXT;
+	}
+	if (svc->slots == 0) {
+		stat_inc(XLB_STAT_NO_BACKEND);
+		return XLB_DROP;
+	}
+	bid = lb4_schedule(p, svc);
+	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
+	if (!be) {
+		stat_inc(XLB_STAT_NO_BACKEND);
+		return XLB_DROP;
+	}
+
+	fv.src[0] = p->k.src[0];
+	fv.dst[0] = be->addr[0];
+	fv.sport = p->k.sport;
+	fv.dport = be->port ?: p->k.dport;
+	fv.dir = XLB_CT_FWD;
+	fv.svc = svc->id;
+	fv.backend = bid;
+	fv.seen = bpf_ktime_get_coarse_ns();
+
+	if (svc->mode == XLB_MODE_SNAT) {
+		/* The reply entry's key is the allocation: inserting it with
+		 * BPF_NOEXIST claims (backend, port, snat address, port)
+		 * atomically across CPUs. First try the client's own port. */
+		fv.src[0] = be->snat[0];
+		port = p->k.sport;
+		for (i = 0; i < XLB_SNAT_TRIES; i++) {
+			fv.sport = port;
+			ct_peer(&p->k, &fv, &rk, &rv);
+			if (bpf_map_update_elem(&xlb_ct, &rk, &rv, BPF_NOEXIST) == 0)
+				break;
+			port = bpf_htons(XLB_SNAT_PORT_MIN +
+					 bpf_get_prandom_u32() % (65536 - XLB_SNAT_PORT_MIN));
+		}
+		if (i == XLB_SNAT_TRIES) {
+			stat_inc(XLB_STAT_SNAT_FULL);
+			return XLB_DROP;
+		}
+	} else {
+		ct_peer(&p->k, &fv, &rk, &rv);
+		if (bpf_map_update_elem(&xlb_ct, &rk, &rv, BPF_ANY)) {
+			stat_inc(XLB_STAT_ERROR);
+			return XLB_DROP;
+		}
+	}
+
+	if (bpf_map_update_elem(&xlb_ct, &p->k, &fv, BPF_NOEXIST)) {
+		/* Another CPU created this flow first: drop our reply entry
+		 * (unless it is the same as the winner's) and use the winner. */
+		stat_inc(XLB_STAT_CT_RACE);
+		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
+		if (!v) {
+			bpf_map_delete_elem(&xlb_ct, &rk);
+			stat_inc(XLB_STAT_ERROR);
+			return XLB_DROP;
+		}
+		if (v->dst[0] != fv.dst[0] || v->src[0] != fv.src[0] || v->sport != fv.sport ||
+		    v->dport != fv.dport)
+			bpf_map_delete_elem(&xlb_ct, &rk);
+		return lb4_nat(skb, p, v, 0);
+	}
+	v = bpf_map_lookup_elem(&xlb_ct, &p->k);
+	if (!v) {
+		/* Evicted at once (table far too small): forward uncached. */
+		v = &fv;
+	}
+	stat_inc(XLB_STAT_NEW_FLOW);
+	return lb4_nat(skb, p, v, 1);
+}
+
+/* lb4_ct_hit() - a packet of a tracked flow. */
+static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, struct ct_val *v)
+{
+	struct ct_key pk;
+	struct ct_val pv;
+	__u64 now = bpf_ktime_get_coarse_ns();
+	int fresh = 0;
+
+	if (v->dir == XLB_CT_FWD && p->k.proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
+		/* A SYN on a tracked tuple: a retransmission keeps its backend;
+		 * a reused client port whose backend no longer exists (its
+		 * service changed) is scheduled afresh. */
+		__u32 bid = v->backend;
+
+		if (!bpf_map_lookup_elem(&xlb_backends, &bid)) {
+			ct_peer(&p->k, v, &pk, &pv);
+			bpf_map_delete_elem(&xlb_ct, &pk);
+			bpf_map_delete_elem(&xlb_ct, &p->k);
+			return lb4_new_flow(skb, p);
+		}
+	}
+	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
+	if (now - v->seen > XLB_CT_REFRESH_NS) {
+		ct_refresh(&p->k, v, now);
+		fresh = 1;
+	}
+	return lb4_nat(skb, p, v, fresh);
+}
+
+SEC("tcx/ingress")
+int xlb_ingress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	struct ct_val *v;
+
+	stat_inc(XLB_STAT_RX);
+	switch (lb4_parse(skb, &p)) {
+	case XLB_PARSE_OK:
+		break;
+	case XLB_PARSE_FRAGMENT:
+		stat_inc(XLB_STAT_FRAGMENT);
+		return XLB_NEXT;
+	default:
+		stat_inc(XLB_STAT_NOT_PARSED);
+		return XLB_NEXT;
+	}
+	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
+	if (v)
+		return lb4_ct_hit(skb, &p, v);
+	return lb4_new_flow(skb, &p);
+}

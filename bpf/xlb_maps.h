@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Every map of the program. All are pinned by name under the plane's bpffs
+ * directory, so a restarted daemon adopts them (and the connections in them).
+ */
+#ifndef XLB_MAPS_H
+#define XLB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "xlb_consts.h"
+#include "xlb_structs.h"
+
+/* (VIP, port, proto) -> current generation of the service. Flipping one
+ * entry switches a service to a new set of slots and backends atomically. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+	__uint(max_entries, XLB_MAX_SERVICES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_services SEC(".maps");
+
+/* (generation, slot) -> backend id. Weighted schedulers repeat a backend in
+ * proportion to its weight. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct slot_key);
+	__type(value, __u32);
+	__uint(max_entries, XLB_MAX_SLOTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_slots SEC(".maps");
+
+/* backend id -> real server. Ids belong to one service generation. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(max_entries, XLB_MAX_BACKENDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_backends SEC(".maps");
+
+/* generation id -> round-robin counter (atomic, shared by all CPUs). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, XLB_MAX_SVC_IDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_rr SEC(".maps");
+
+/* Connection tracking: one entry per direction of each flow. LRU: when full,
+ * the least recently used entries go first (see docs/dataplane-ebpf.md on
+ * how an evicted direction is repaired from its peer). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(max_entries, XLB_CT_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_ct SEC(".maps");
+
+/* Per-CPU counters indexed by enum xlb_stat. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, XLB_STAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_stats SEC(".maps");
+
+#endif /* XLB_MAPS_H */

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Packet parsing: Ethernet + IPv4 (with options) + TCP/UDP ports. */
+#ifndef XLB_PARSING_H
+#define XLB_PARSING_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+
+#include "xlb_consts.h"
+#include "xlb_structs.h"
+
+#define XLB_IP_MF 0x2000
+#define XLB_IP_OFFSET 0x1fff
+
+#define XLB_TCP_FIN 0x01
+#define XLB_TCP_SYN 0x02
+#define XLB_TCP_RST 0x04
+#define XLB_TCP_ACK 0x10
+
+/* What the program needs from a packet. */
+struct pkt {
+	struct ct_key k; /* tuple as it arrived */
+	__u32 l4off;     /* offset of the TCP/UDP header from skb->data */
+	__u16 ttl_word;  /* raw (memory order) 16 bits holding TTL and protocol */
+	__u8 ttl;
+	__u8 tcp_flags;
+};
+
+enum xlb_parse {
+	XLB_PARSE_OK = 0,
+	XLB_PARSE_NOT_OURS, /* not IPv4 TCP/UDP, truncated or malformed */
+	XLB_PARSE_FRAGMENT, /* an IPv4 fragment */
+};
+
+/**
+ * lb4_parse() - parse an Ethernet IPv4 TCP/UDP packet.
+ * @skb: the packet
+ * @p: filled on XLB_PARSE_OK
+ *
+ * Return: XLB_PARSE_OK, XLB_PARSE_NOT_OURS for anything else (other
+ * protocols, truncated headers, IHL < 5, total length shorter than the
+ * header), XLB_PARSE_FRAGMENT for any fragment (first or later).
+ */
+static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	__u32 ihl;
+
+	if ((void *)(eth + 1) > end)
+		return XLB_PARSE_NOT_OURS;
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return XLB_PARSE_NOT_OURS;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end)
+		return XLB_PARSE_NOT_OURS;
+	if (ip->version != 4 || ip->ihl < 5)
+		return XLB_PARSE_NOT_OURS;
+	ihl = ip->ihl * 4;
+	if (bpf_ntohs(ip->tot_len) < ihl)
+		return XLB_PARSE_NOT_OURS;
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return XLB_PARSE_NOT_OURS;
+	if (ip->frag_off & bpf_htons(XLB_IP_MF | XLB_IP_OFFSET))
+		return XLB_PARSE_FRAGMENT;
+
+	p->k.family = XLB_AF_INET;
+	p->k.proto = ip->protocol;
+	p->k.src[0] = ip->saddr;
+	p->k.dst[0] = ip->daddr;
+	p->ttl = ip->ttl;
+	p->ttl_word = *(__u16 *)&ip->ttl;
+	p->l4off = sizeof(struct ethhdr) + ihl;
+
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = data + p->l4off;
+
+		if ((void *)(th + 1) > end)
+			return XLB_PARSE_NOT_OURS;
+		p->k.sport = th->source;
+		p->k.dport = th->dest;
+		p->tcp_flags = ((__u8 *)th)[13];
+	} else {
+		struct udphdr *uh = data + p->l4off;
+
+		if ((void *)(uh + 1) > end)
+			return XLB_PARSE_NOT_OURS;
+		p->k.sport = uh->source;
+		p->k.dport = uh->dest;
+	}
+	return XLB_PARSE_OK;
+}
+
+#endif /* XLB_PARSING_H */

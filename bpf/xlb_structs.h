@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Map keys and values. Addresses are 4 x 32 bits so IPv6 fits later; an IPv4
+ * address is in [0] and [1..3] are zero. Byte order is noted per field:
+ * "net" = network byte order (as in the packet), "host" = CPU order.
+ * The Go side uses the bpf2go-generated copies of these (-type), never a
+ * hand-kept one.
+ */
+#ifndef XLB_STRUCTS_H
+#define XLB_STRUCTS_H
+
+#include <linux/types.h>
+
+/* xlb_services key: a virtual service. */
+struct svc_key {
+	__u32 addr[4]; /* net: VIP */
+	__u16 port;    /* net: virtual port; 0 = every port of the VIP */
+	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family;   /* XLB_AF_INET */
+};
+
+/* xlb_services value: the current generation of a service. */
+struct svc_val {
+	__u32 id;       /* host: generation id; xlb_rr index, slot_key.svc */
+	__u32 slots;    /* host: number of slots; 0 = no backend: drop new flows */
+	__u8 mode;      /* XLB_MODE_* */
+	__u8 sched;     /* XLB_SCHED_* */
+	__u8 hash_keys; /* XLB_HASH_* */
+	__u8 flags;     /* reserved */
+};
+
+/* xlb_slots key: slot idx of service generation svc. */
+struct slot_key {
+	__u32 svc; /* host */
+	__u32 idx; /* host: 0 .. svc_val.slots-1 */
+};
+
+/* xlb_backends value (key: __u32 backend id, host order). */
+struct backend {
+	__u32 addr[4]; /* net: real server address */
+	__u32 snat[4]; /* net: source address towards it in snat mode */
+	__u16 port;    /* net: real server port; 0 = the port the client used */
+	__u8 family;   /* XLB_AF_INET */
+	__u8 flags;    /* reserved */
+};
+
+/* xlb_ct key: a packet's tuple as it arrives at the LB. */
+struct ct_key {
+	__u32 src[4]; /* net */
+	__u32 dst[4]; /* net */
+	__u16 sport;  /* net */
+	__u16 dport;  /* net */
+	__u8 proto;
+	__u8 family;
+	__u16 pad;
+};
+
+/* xlb_ct value: the tuple the packet leaves with. The entry of one direction
+ * holds everything needed to rebuild the other's (its "peer"): the peer's key
+ * is this value's tuple reversed and its value is this key's tuple reversed.
+ */
+struct ct_val {
+	__u32 src[4]; /* net */
+	__u32 dst[4]; /* net */
+	__u16 sport;  /* net */
+	__u16 dport;  /* net */
+	__u8 dir;     /* XLB_CT_FWD or XLB_CT_REPLY */
+	__u8 flags;   /* reserved */
+	__u16 pad;
+	__u32 svc;     /* host: service generation that created the flow */
+	__u32 backend; /* host: backend id that was chosen */
+	__u64 seen;    /* host: bpf_ktime_get_coarse_ns() of the last refresh */
+	__u32 ifindex; /* host: cached next hop (0 = none) */
+	__u8 smac[6];  /* cached next hop source MAC */
+	__u8 dmac[6];  /* cached next hop destination MAC */
+};
+
+#endif /* XLB_STRUCTS_H */

@@ -1,0 +1,116 @@
+package ebpf
+
+import (
+	"fmt"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Name is the data plane's name as users select it.
+const Name = "ebpf"
+
+func unsupported(f *model.Farm, field, value string) error {
+	return dataplane.Unsupported(Name, f, field, value)
+}
+
+// Check refuses farms that use what this data plane does not implement. It
+// does not touch the kernel.
+func (p *Plane) Check(f *model.Farm) error { return check(f) }
+
+func check(f *model.Farm) error {
+	if f.Family != model.FamilyIPv4 {
+		return unsupported(f, "family", f.Family.String())
+	}
+	if f.IsMarkFarm() || f.Mark != 0 {
+		return unsupported(f, "mark", fmt.Sprint(f.Mark))
+	}
+	if !f.VirtualAddr.Is4() {
+		return unsupported(f, "virtual-addr", f.VirtualAddr.String())
+	}
+	if f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP {
+		return unsupported(f, "protocol", f.Protocol.String())
+	}
+	if f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT {
+		return unsupported(f, "mode", f.Mode.String())
+	}
+	switch f.Scheduler {
+	case model.SchedRR, model.SchedWeight:
+	case model.SchedHash:
+		if f.SchedParam&^(model.KeySrcIP|model.KeySrcPort) != 0 {
+			return unsupported(f, "sched-param", f.SchedParam.String())
+		}
+	default:
+		return unsupported(f, "scheduler", f.Scheduler.String())
+	}
+	if f.Persistence != 0 {
+		return unsupported(f, "persistence", f.Persistence.String())
+	}
+	if f.Helper != model.HelperNone {
+		return &model.FieldError{
+			Object: fmt.Sprintf("farm %q", f.Name),
+			Field:  "helper",
+			Value:  f.Helper.String(),
+			Problem: "is not possible with the ebpf data plane: conntrack helpers are part of " +
+				"netfilter's connection tracking, which this data plane bypasses; use the nft data plane",
+		}
+	}
+	if f.Log != 0 {
+		return unsupported(f, "log", f.Log.String())
+	}
+	for _, l := range []struct {
+		field string
+		v     uint32
+	}{
+		{"new-rtlimit", f.NewRTLimit}, {"new-rtlimit-burst", f.NewRTBurst},
+		{"rst-rtlimit", f.RstRTLimit}, {"rst-rtlimit-burst", f.RstRTBurst},
+		{"est-connlimit", f.EstConnLimit},
+	} {
+		if l.v != 0 {
+			return unsupported(f, l.field, fmt.Sprint(l.v))
+		}
+	}
+	if f.TCPStrict {
+		return unsupported(f, "tcp-strict", "on")
+	}
+	if len(f.Policies) > 0 {
+		return unsupported(f, "policies", f.Policies[0].Name)
+	}
+	if f.SourceAddr.IsValid() && !f.SourceAddr.Is4() {
+		return unsupported(f, "source-addr", f.SourceAddr.String())
+	}
+	ports := 0
+	for _, r := range f.VirtualPorts {
+		ports += int(r.Last) - int(r.First) + 1
+	}
+	if ports > maxPortsPerFarm {
+		return &model.FieldError{
+			Object:  fmt.Sprintf("farm %q", f.Name),
+			Field:   "virtual-ports",
+			Value:   fmt.Sprint(ports, " ports"),
+			Problem: fmt.Sprintf("the ebpf data plane takes at most %d ports per farm (leave it empty for every port)", maxPortsPerFarm),
+		}
+	}
+	for _, b := range f.Backends {
+		obj := fmt.Sprintf("farm %q backend %q", f.Name, b.Name)
+		if !b.Addr.Is4() {
+			return &model.FieldError{Object: obj, Field: "ip-addr", Value: b.Addr.String(),
+				Problem: "is not implemented by the ebpf data plane yet (IPv4 only)"}
+		}
+		if b.Mark != 0 {
+			return &model.FieldError{Object: obj, Field: "mark", Value: fmt.Sprint(b.Mark),
+				Problem: "is not implemented by the ebpf data plane yet"}
+		}
+		if b.EstConnLimit != 0 {
+			return &model.FieldError{Object: obj, Field: "est-connlimit", Value: fmt.Sprint(b.EstConnLimit),
+				Problem: "is not implemented by the ebpf data plane yet"}
+		}
+	}
+	if len(f.Backends) > maxBackendsPerFarm {
+		return unsupported(f, "backends", fmt.Sprint(len(f.Backends)))
+	}
+	return nil
+}
+
+// maxBackendsPerFarm: every backend needs at least one slot.
+const maxBackendsPerFarm = maxSlotsPerService

@@ -1,0 +1,142 @@
+package ebpf
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// mountBPFFS mounts a fresh bpf file system on a temporary directory, so
+// each test pins into its own, and unmounts it (dropping every pin) at
+// cleanup.
+func mountBPFFS(tb testing.TB) string {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "xlb-bpffs-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		os.Remove(dir)
+		tb.Fatalf("mount bpffs at %s: %v", dir, err)
+	}
+	tb.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			tb.Errorf("unmount %s: %v", dir, err)
+		}
+		os.Remove(dir)
+	})
+	return dir + "/xlb"
+}
+
+func testLogger(tb testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(b []byte) (int, error) { w.tb.Log(string(b)); return len(b), nil }
+
+// newPlane starts a plane in ns, pinned under a fresh bpffs, and closes
+// it at cleanup (the bpffs unmount and namespace removal undo the rest).
+func newPlane(tb testing.TB, ns netns.NsHandle, pin string, ifaces []string, ctSize int) *Plane {
+	tb.Helper()
+	p, err := New(context.Background(), testLogger(tb), Options{NetNS: ns, Interfaces: ifaces, PinPath: pin, ConnTableSize: ctSize})
+	if err != nil {
+		tb.Fatalf("new ebpf plane: %v", err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	return p
+}
+
+var (
+	macFront = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
+	macBack  = net.HardwareAddr{0x02, 0, 0, 0, 1, 0x01}
+)
+
+func macBackend(i int) net.HardwareAddr { return net.HardwareAddr{0x02, 0, 0, 0, 2, byte(11 + i)} }
+
+// fixtureNS is a namespace for BPF_PROG_TEST_RUN fixtures: veths "front"
+// (10.100.0.1/24, client 10.100.0.2) and "back" (10.200.0.1/24, backends
+// 10.200.0.11-13) with permanent neighbours, so bpf_fib_lookup resolves
+// next hops without any real traffic.
+func fixtureNS(tb testing.TB) netns.NsHandle {
+	tb.Helper()
+	_, ns := testutil.NewNetNS(tb)
+	nh, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer nh.Close()
+	add := func(name string, mac net.HardwareAddr, addr string) netlink.Link {
+		// A veth pair inside the namespace: the dummy driver may be absent.
+		l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac}, PeerName: name + "-p"}
+		if err := nh.LinkAdd(l); err != nil {
+			tb.Fatalf("add %s: %v", name, err)
+		}
+		if peer, err := nh.LinkByName(name + "-p"); err != nil || nh.LinkSetUp(peer) != nil {
+			tb.Fatalf("set up %s-p: %v", name, err)
+		}
+		a, _ := netlink.ParseAddr(addr)
+		if err := nh.AddrAdd(l, a); err != nil {
+			tb.Fatalf("address %s: %v", addr, err)
+		}
+		if err := nh.LinkSetUp(l); err != nil {
+			tb.Fatal(err)
+		}
+		return l
+	}
+	front := add("front", macFront, "10.100.0.1/24")
+	back := add("back", macBack, "10.200.0.1/24")
+	neigh := func(l netlink.Link, ip string, mac net.HardwareAddr) {
+		err := nh.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
+			IP: net.ParseIP(ip), HardwareAddr: mac, Family: unix.AF_INET})
+		if err != nil {
+			tb.Fatalf("neighbour %s: %v", ip, err)
+		}
+	}
+	neigh(front, "10.100.0.2", macClient)
+	for i := range 3 {
+		neigh(back, netip.AddrFrom4([4]byte{10, 200, 0, byte(11 + i)}).String(), macBackend(i))
+	}
+	if err := testutil.WriteSysctl(ns, "net/ipv4/ip_forward", "1"); err != nil {
+		tb.Fatal(err)
+	}
+	return ns
+}
+
+// farm builds a valid farm; backends are "addr:port" strings.
+func farm(tb testing.TB, name, vip string, port uint16, proto model.Protocol, mode model.Mode, sched model.Scheduler, backends ...string) *model.Farm {
+	tb.Helper()
+	f := model.NewFarm(name)
+	f.VirtualAddr = netip.MustParseAddr(vip)
+	if port != 0 {
+		f.VirtualPorts = []model.PortRange{{First: port, Last: port}}
+	}
+	f.Protocol = proto
+	f.Mode = mode
+	f.Scheduler = sched
+	for i, b := range backends {
+		ap := netip.MustParseAddrPort(b)
+		be := model.NewBackend("b" + string(rune('1'+i)))
+		be.Addr = ap.Addr()
+		be.Port = ap.Port()
+		f.Backends = append(f.Backends, be)
+	}
+	if err := f.Validate(); err != nil {
+		tb.Fatalf("farm %s: %v", name, err)
+	}
+	if err := check(&f); err != nil {
+		tb.Fatalf("farm %s: %v", name, err)
+	}
+	return &f
+}

@@ -1,0 +1,166 @@
+package ebpf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Hand-built packets for BPF_PROG_TEST_RUN fixtures: Ethernet + IPv4
+// (options allowed) + TCP or UDP, with correct checksums.
+
+const (
+	protoTCP = 6
+	protoUDP = 17
+
+	tcpSYN = 0x02
+	tcpACK = 0x10
+)
+
+type pktSpec struct {
+	srcMAC, dstMAC net.HardwareAddr
+	src, dst       netip.Addr
+	sport, dport   uint16
+	proto          uint8
+	tcpFlags       uint8
+	ttl            uint8 // 0: 64
+	ipOptions      []byte
+	fragOff        uint16 // raw flags+offset field (0x2000 = MF)
+	payload        []byte
+	udpNoCsum      bool
+}
+
+var (
+	macClient = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
+	macLB     = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
+)
+
+func csumFold(sum uint32) uint16 {
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
+
+func csumAdd(sum uint32, b []byte) uint32 {
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	return sum
+}
+
+func l4Csum(src, dst netip.Addr, proto uint8, l4 []byte) uint16 {
+	s, d := src.As4(), dst.As4()
+	var sum uint32
+	sum = csumAdd(sum, s[:])
+	sum = csumAdd(sum, d[:])
+	sum += uint32(proto) + uint32(len(l4))
+	sum = csumAdd(sum, l4)
+	return csumFold(sum)
+}
+
+func (s pktSpec) build() []byte {
+	if s.srcMAC == nil {
+		s.srcMAC = macClient
+	}
+	if s.dstMAC == nil {
+		s.dstMAC = macLB
+	}
+	if s.ttl == 0 {
+		s.ttl = 64
+	}
+	var l4 []byte
+	if s.proto == protoTCP {
+		l4 = make([]byte, 20, 20+len(s.payload))
+		binary.BigEndian.PutUint16(l4[0:], s.sport)
+		binary.BigEndian.PutUint16(l4[2:], s.dport)
+		binary.BigEndian.PutUint32(l4[4:], 1000)
+		l4[12] = 5 << 4
+		l4[13] = s.tcpFlags
+		binary.BigEndian.PutUint16(l4[14:], 65535)
+	} else {
+		l4 = make([]byte, 8, 8+len(s.payload))
+		binary.BigEndian.PutUint16(l4[0:], s.sport)
+		binary.BigEndian.PutUint16(l4[2:], s.dport)
+		binary.BigEndian.PutUint16(l4[4:], uint16(8+len(s.payload)))
+	}
+	l4 = append(l4, s.payload...)
+	if s.proto == protoTCP {
+		binary.BigEndian.PutUint16(l4[16:], l4Csum(s.src, s.dst, s.proto, l4))
+	} else if !s.udpNoCsum {
+		binary.BigEndian.PutUint16(l4[6:], l4Csum(s.src, s.dst, s.proto, l4))
+	}
+	ihl := 20 + len(s.ipOptions)
+	ip := make([]byte, ihl)
+	ip[0] = 0x40 | byte(ihl/4)
+	binary.BigEndian.PutUint16(ip[2:], uint16(ihl+len(l4)))
+	binary.BigEndian.PutUint16(ip[4:], 0x1234)
+	binary.BigEndian.PutUint16(ip[6:], s.fragOff)
+	ip[8] = s.ttl
+	ip[9] = s.proto
+	src, dst := s.src.As4(), s.dst.As4()
+	copy(ip[12:], src[:])
+	copy(ip[16:], dst[:])
+	copy(ip[20:], s.ipOptions)
+	binary.BigEndian.PutUint16(ip[10:], csumFold(csumAdd(0, ip)))
+	out := make([]byte, 0, 14+len(ip)+len(l4))
+	out = append(out, s.dstMAC...)
+	out = append(out, s.srcMAC...)
+	out = append(out, 0x08, 0x00)
+	out = append(out, ip...)
+	return append(out, l4...)
+}
+
+// parsedPkt is what a fixture checks in an output packet.
+type parsedPkt struct {
+	srcMAC, dstMAC net.HardwareAddr
+	src, dst       netip.Addr
+	sport, dport   uint16
+	ttl            uint8
+	ihl            int
+	l4Csum         uint16
+}
+
+// parse parses an Ethernet/IPv4/TCP-or-UDP packet and verifies its
+// checksums.
+func parse(b []byte) (parsedPkt, error) {
+	var p parsedPkt
+	if len(b) < 34 || binary.BigEndian.Uint16(b[12:]) != 0x0800 {
+		return p, fmt.Errorf("not an IPv4 packet")
+	}
+	p.dstMAC, p.srcMAC = net.HardwareAddr(b[0:6]), net.HardwareAddr(b[6:12])
+	ip := b[14:]
+	p.ihl = int(ip[0]&0xf) * 4
+	if csumFold(csumAdd(0, ip[:p.ihl])) != 0 {
+		return p, fmt.Errorf("bad IPv4 header checksum")
+	}
+	p.ttl = ip[8]
+	p.src = netip.AddrFrom4([4]byte(ip[12:16]))
+	p.dst = netip.AddrFrom4([4]byte(ip[16:20]))
+	tot := int(binary.BigEndian.Uint16(ip[2:]))
+	l4 := ip[p.ihl:tot]
+	p.sport = binary.BigEndian.Uint16(l4[0:])
+	p.dport = binary.BigEndian.Uint16(l4[2:])
+	proto := ip[9]
+	var off int
+	switch proto {
+	case protoTCP:
+		off = 16
+	case protoUDP:
+		off = 6
+	default:
+		return p, fmt.Errorf("protocol %d", proto)
+	}
+	p.l4Csum = binary.BigEndian.Uint16(l4[off:])
+	if proto == protoUDP && p.l4Csum == 0 {
+		return p, nil
+	}
+	if l4Csum(p.src, p.dst, proto, l4) != 0 {
+		return p, fmt.Errorf("bad %d checksum", proto)
+	}
+	return p, nil
+}

@@ -1,0 +1,359 @@
+// Package ebpf is xlb's eBPF data plane: a tcx ingress program (bpf/xlb_lb.c)
+// that balances IPv4 TCP and UDP with full NAT both ways, and the Go side
+// that loads it, attaches it to the interfaces of a network namespace and
+// keeps its maps in line with the farms. Programs, links and maps are pinned
+// under a bpffs directory so a restarted daemon adopts them without dropping
+// traffic or connections. See docs/dataplane-ebpf.md.
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+)
+
+// DefaultPinPath is where maps and links are pinned unless Options says otherwise.
+const DefaultPinPath = "/sys/fs/bpf/xlb"
+
+// DefaultConnTableSize is the default number of conntrack entries (two per
+// connection).
+const DefaultConnTableSize = 1 << 18
+
+// Options configure a Plane.
+type Options struct {
+	// NetNS is the network namespace whose interfaces the program is
+	// attached to; 0 means the caller's.
+	NetNS netns.NsHandle
+	// Interfaces to attach to (tcx ingress); empty means every interface
+	// of the namespace but loopback, as found at New.
+	Interfaces []string
+	// ConnTableSize is the conntrack LRU's size in entries (two per
+	// connection), fixed at start-up like IPVS's conn_tab_bits. Changing it
+	// across a restart recreates the table (tracked connections are lost).
+	ConnTableSize int
+	// PinPath is a directory on a bpf file system. Default
+	// /sys/fs/bpf/xlb; bpffs is mounted at /sys/fs/bpf if it is not.
+	PinPath string
+}
+
+// Plane is the eBPF data plane.
+type Plane struct {
+	log  *slog.Logger
+	opts Options
+	ns   netns.NsHandle // -1: the caller's
+	nl   *netlink.Handle
+	objs xlbObjects
+
+	mu    sync.Mutex
+	links map[string]link.Link // by interface name
+	farms map[string]*generation
+	svcIDs
+	backendIDs
+	pending []*generation // replaced generations, freed at the next change
+}
+
+var _ dataplane.Dataplane = (*Plane)(nil)
+
+// New loads the program and its maps (adopting pinned ones), and attaches
+// the program to the interfaces (replacing the program of pinned links in
+// place). Call Reconcile next to load the farms.
+func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
+	if opts.PinPath == "" {
+		opts.PinPath = DefaultPinPath
+	}
+	if opts.ConnTableSize <= 0 {
+		opts.ConnTableSize = DefaultConnTableSize
+	}
+	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{}}
+	p.svcIDs.init()
+	p.backendIDs.init()
+	if opts.NetNS > 0 {
+		p.ns = opts.NetNS
+	}
+	if err := ensureBPFFS(opts.PinPath); err != nil {
+		return nil, err
+	}
+	var err error
+	if p.ns >= 0 {
+		p.nl, err = netlink.NewHandleAt(p.ns)
+	} else {
+		p.nl, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle: %w", err)
+	}
+	if err := p.load(); err != nil {
+		p.nl.Close()
+		return nil, err
+	}
+	if err := p.attach(); err != nil {
+		p.closeLinks()
+		p.objs.Close()
+		p.nl.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Name is "ebpf".
+func (p *Plane) Name() string { return Name }
+
+// load loads the collection, adopting pinned maps whose definition still
+// matches and replacing (with a warning) those that do not.
+func (p *Plane) load() error {
+	spec, err := loadXlb()
+	if err != nil {
+		return fmt.Errorf("load ebpf spec: %w", err)
+	}
+	spec.Maps[xlbMapXlbCt].MaxEntries = uint32(p.opts.ConnTableSize)
+	for name, ms := range spec.Maps {
+		path := filepath.Join(p.opts.PinPath, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			err = ms.Compatible(m)
+			m.Close()
+			if err == nil {
+				continue
+			}
+		}
+		p.log.Warn("pinned map differs from this version; replacing it", "map", name, "err", err)
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("remove pinned map %s: %w", path, err)
+		}
+	}
+	err = spec.LoadAndAssign(&p.objs, &ebpf.CollectionOptions{
+		Maps: ebpf.MapOptions{PinPath: p.opts.PinPath},
+	})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("load ebpf program: %+v", ve)
+		}
+		return fmt.Errorf("load ebpf objects: %w", err)
+	}
+	return nil
+}
+
+func linkPin(pinPath, ifname string) string {
+	return filepath.Join(pinPath, "link_ingress_"+ifname)
+}
+
+// attach attaches the program at tcx ingress of each interface. A pinned
+// link of an earlier run gets the new program atomically (bpf_link_update),
+// so no packet goes unbalanced during a restart. Pinned links of interfaces
+// no longer wanted are removed (which detaches them).
+func (p *Plane) attach() error {
+	ifaces, err := p.interfaces()
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for name, idx := range ifaces {
+		want[name] = true
+		path := linkPin(p.opts.PinPath, name)
+		if l, err := link.LoadPinnedLink(path, nil); err == nil {
+			info, ierr := l.Info()
+			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == idx {
+				if err := l.Update(p.objs.XlbIngress); err != nil {
+					l.Close()
+					return fmt.Errorf("update program of %s: %w", name, err)
+				}
+				p.links[name] = l
+				continue
+			}
+			// Stale: the interface was recreated since.
+			_ = l.Unpin()
+			l.Close()
+		}
+		var l link.Link
+		err := p.inNS(func() error {
+			var err error
+			l, err = link.AttachTCX(link.TCXOptions{
+				Interface: idx,
+				Program:   p.objs.XlbIngress,
+				Attach:    ebpf.AttachTCXIngress,
+			})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("attach tcx ingress to %q: %w", name, err)
+		}
+		if err := l.Pin(path); err != nil {
+			l.Close()
+			return fmt.Errorf("pin link of %q: %w", name, err)
+		}
+		p.links[name] = l
+	}
+	entries, err := os.ReadDir(p.opts.PinPath)
+	if err != nil {
+		return fmt.Errorf("read pin path: %w", err)
+	}
+	for _, e := range entries {
+		name, ok := strings.CutPrefix(e.Name(), "link_ingress_")
+		if !ok || want[name] {
+			continue
+		}
+		path := filepath.Join(p.opts.PinPath, e.Name())
+		if l, err := link.LoadPinnedLink(path, nil); err == nil {
+			_ = l.Unpin()
+			l.Close()
+		} else {
+			_ = os.Remove(path)
+		}
+		p.log.Info("detached from interface no longer configured", "interface", name)
+	}
+	return nil
+}
+
+// interfaces returns name -> ifindex of the interfaces to attach to.
+func (p *Plane) interfaces() (map[string]int, error) {
+	out := map[string]int{}
+	if len(p.opts.Interfaces) > 0 {
+		for _, n := range p.opts.Interfaces {
+			l, err := p.nl.LinkByName(n)
+			if err != nil {
+				return nil, fmt.Errorf("find interface %q: %w", n, err)
+			}
+			out[n] = l.Attrs().Index
+		}
+		return out, nil
+	}
+	links, err := p.nl.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list interfaces: %w", err)
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&unix.IFF_LOOPBACK != 0 || a.Name == "lo" {
+			continue
+		}
+		out[a.Name] = a.Index
+	}
+	return out, nil
+}
+
+// inNS runs fn on a thread inside the plane's network namespace (attaching
+// by ifindex resolves the index in the caller's namespace).
+func (p *Plane) inNS(fn func() error) error {
+	if p.ns < 0 {
+		return fn()
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("get current namespace: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(p.ns); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter namespace: %w", err)
+	}
+	defer func() {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		} // else the thread stays locked and dies with the goroutine
+	}()
+	return fn()
+}
+
+// ensureBPFFS makes sure dir exists on a bpf file system, mounting bpffs at
+// /sys/fs/bpf when dir is below it and nothing is mounted there (as after
+// `ip netns exec`, which remounts /sys).
+func ensureBPFFS(dir string) error {
+	dir = filepath.Clean(dir)
+	if strings.HasPrefix(dir+"/", "/sys/fs/bpf/") && !isBPFFS("/sys/fs/bpf") {
+		if err := os.MkdirAll("/sys/fs/bpf", 0o700); err != nil {
+			return fmt.Errorf("create /sys/fs/bpf: %w", err)
+		}
+		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
+			return fmt.Errorf("mount bpffs at /sys/fs/bpf: %w", err)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create pin path: %w", err)
+	}
+	if !isBPFFS(dir) {
+		return fmt.Errorf("pin path %q is not on a bpf file system", dir)
+	}
+	return nil
+}
+
+func isBPFFS(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && uint32(st.Type) == unix.BPF_FS_MAGIC
+}
+
+func (p *Plane) closeLinks() {
+	for n, l := range p.links {
+		l.Close()
+		delete(p.links, n)
+	}
+}
+
+// Close releases the plane's file descriptors. Links and maps stay pinned:
+// the program keeps balancing, and tracked connections keep flowing, until
+// a new Plane adopts them (or Destroy removes them).
+func (p *Plane) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeLinks()
+	err := p.objs.Close()
+	p.nl.Close()
+	return err
+}
+
+// Destroy detaches the program and removes every pin (links and maps), then
+// closes the plane. Use it to uninstall; a restart uses Close.
+func (p *Plane) Destroy() error {
+	p.mu.Lock()
+	var errs []error
+	for _, l := range p.links {
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
+		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats} {
+		if err := m.Unpin(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.mu.Unlock()
+	errs = append(errs, p.Close())
+	return errors.Join(errs...)
+}
+
+// Stats returns the program's counters summed over CPUs, by name.
+func (p *Plane) Stats() (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for i, name := range statNames {
+		var per []uint64
+		if err := p.objs.XlbStats.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("read counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
