@@ -310,14 +310,16 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 		}
 		return out, uint32(len(p.active))
 	}
-	// Slot ranges sized by weight: [start, start+weight) -> backend. The
-	// ranges are adjacent, so only the last one needs an end element.
+	// Slot ranges sized by weight: [start, start+weight) -> backend, each
+	// sent as a start element and an end element (key one past the range,
+	// flagged as an interval end), as nft does.
 	var total uint32
 	for _, b := range p.active {
-		out = append(out, nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.backendData(b)})
+		out = append(out,
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.backendData(b)},
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + b.Weight), IntervalEnd: true})
 		total += b.Weight
 	}
-	out = append(out, nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), IntervalEnd: true})
 	return out, total
 }
 
@@ -367,6 +369,9 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 		)
 	case model.SchedHash:
 		loads, n := hashLoads(f, p.v6)
+		// The family match is implied by the service map, but lets nft
+		// list the loads as ip saddr/ip6 saddr instead of raw offsets.
+		r = append(r, nfproto(p.v6)...)
 		r = append(r, loads...)
 		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
 			Seed: seed(f.Name), Type: expr.HashTypeJenkins})

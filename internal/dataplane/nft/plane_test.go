@@ -1,0 +1,484 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// TestCheck: every field value the plane does not implement is refused
+// with a *model.FieldError naming the field.
+func TestCheck(t *testing.T) {
+	base := func() model.Farm {
+		f := model.NewFarm("f")
+		f.VirtualAddr = netip.MustParseAddr("10.0.0.1")
+		f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+		b := model.NewBackend("b")
+		b.Addr = netip.MustParseAddr("10.0.1.1")
+		f.Backends = []model.Backend{b}
+		return f
+	}
+	ok := base()
+	p := &Plane{}
+	if err := p.Check(&ok); err != nil {
+		t.Fatalf("plain farm refused: %v", err)
+	}
+	cases := []struct {
+		field string
+		edit  func(f *model.Farm)
+	}{
+		{"mode", func(f *model.Farm) { f.Mode = model.ModeDSR }},
+		{"mode", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
+		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedSymhash; f.SchedParam = model.KeySrcIP }},
+		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedMaglev }},
+		{"sched-param", func(f *model.Farm) { f.Scheduler = model.SchedHash; f.SchedParam = model.KeySrcMAC }},
+		{"persistence", func(f *model.Farm) { f.Persistence = model.KeySrcIP }},
+		{"helper", func(f *model.Farm) { f.Helper = model.HelperFTP }},
+		{"log", func(f *model.Farm) { f.Log = model.LogInput }},
+		{"log-prefix", func(f *model.Farm) { f.LogPrefix = "x" }},
+		{"mark", func(f *model.Farm) { f.Mark = 7 }},
+		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{} }},
+		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
+		{"priority", func(f *model.Farm) { f.Priority = 2 }},
+		{"new-rtlimit", func(f *model.Farm) { f.NewRTLimit = 10 }},
+		{"rst-rtlimit", func(f *model.Farm) { f.RstRTLimit = 10 }},
+		{"est-connlimit", func(f *model.Farm) { f.EstConnLimit = 10 }},
+		{"tcp-strict", func(f *model.Farm) { f.TCPStrict = true }},
+		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
+		{"mark", func(f *model.Farm) { f.Backends[0].Mark = 1 }},
+		{"est-connlimit", func(f *model.Farm) { f.Backends[0].EstConnLimit = 1 }},
+		{"backends.port", func(f *model.Farm) {
+			f.VirtualPorts = append(f.VirtualPorts, model.PortRange{First: 443, Last: 443})
+			b := f.Backends[0]
+			b.Name, b.Port = "b2", 8443
+			f.Backends = append(f.Backends, b)
+		}},
+	}
+	for _, c := range cases {
+		f := base()
+		c.edit(&f)
+		err := p.Check(&f)
+		var fe *model.FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("%s: Check = %v, want a FieldError on %q", c.field, err, c.field)
+		}
+	}
+	// Implemented: hash keys, protocols, weight, dnat, ipv6, mixed ports
+	// with one virtual port.
+	for _, edit := range []func(f *model.Farm){
+		func(f *model.Farm) {
+			f.Scheduler = model.SchedHash
+			f.SchedParam = model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort
+		},
+		func(f *model.Farm) { f.Protocol = model.ProtoSCTP },
+		func(f *model.Farm) { f.Protocol = model.ProtoAll; f.VirtualPorts = nil },
+		func(f *model.Farm) { f.Scheduler = model.SchedWeight; f.Mode = model.ModeDNAT },
+		func(f *model.Farm) {
+			b := f.Backends[0]
+			b.Name, b.Port = "b2", 8080
+			f.Backends = append(f.Backends, b)
+		},
+	} {
+		f := base()
+		edit(&f)
+		if err := p.Check(&f); err != nil {
+			t.Errorf("refused: %v", err)
+		}
+	}
+}
+
+var (
+	genRE     = regexp.MustCompile(`(m-[0-9a-f]{16})-[0-9a-z]+`)
+	counterRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+	elemsRE   = regexp.MustCompile(`elements = \{ (.*) \}`)
+)
+
+// normalize makes an nft listing comparable: map generations and counter
+// values are blanked, elements sorted, lines trimmed and sorted.
+func normalize(s string) []string {
+	var out []string
+	lines := strings.Split(s, "\n")
+	for i := 0; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		if l == "" {
+			continue
+		}
+		// nft wraps long element lists: join them back.
+		for strings.HasPrefix(l, "elements = {") && !strings.HasSuffix(l, "}") && i+1 < len(lines) {
+			i++
+			l += " " + strings.TrimSpace(lines[i])
+		}
+		l = genRE.ReplaceAllString(l, "$1-GEN")
+		l = counterRE.ReplaceAllString(l, "counter")
+		if m := elemsRE.FindStringSubmatch(l); m != nil {
+			items := strings.Split(m[1], ", ")
+			sort.Strings(items)
+			l = "elements = { " + strings.Join(items, ", ") + " }"
+		}
+		out = append(out, l)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestListing compares `nft list table inet xlb` for a small state with
+// the expected ruleset (sorted lines, as kube-proxy's nftables tests do).
+func TestListing(t *testing.T) {
+	testutil.RequireRoot(t)
+	t.Parallel()
+	name, ns := testutil.NewNetNS(t)
+	p := newPlane(t, ns)
+	web := model.NewFarm("web")
+	web.VirtualAddr = netip.MustParseAddr("10.99.0.1")
+	web.VirtualPorts = []model.PortRange{{First: 80, Last: 80}, {First: 8000, Last: 8010}}
+	for i, a := range []string{"10.200.0.11", "10.200.0.12"} {
+		b := model.NewBackend([]string{"a", "b"}[i])
+		b.Addr = netip.MustParseAddr(a)
+		b.Port = 8080
+		web.Backends = append(web.Backends, b)
+	}
+	dns := model.NewFarm("dns6")
+	dns.Family = model.FamilyIPv6
+	dns.VirtualAddr = netip.MustParseAddr("fd00:99::1")
+	dns.VirtualPorts = []model.PortRange{{First: 53, Last: 53}}
+	dns.Protocol = model.ProtoUDP
+	dns.Mode = model.ModeDNAT
+	dns.Scheduler = model.SchedWeight
+	for i, a := range []string{"fd00:200::11", "fd00:200::12"} {
+		b := model.NewBackend([]string{"a", "b"}[i])
+		b.Addr = netip.MustParseAddr(a)
+		b.Weight = uint32(i + 1)
+		dns.Backends = append(dns.Backends, b)
+	}
+	h := model.NewFarm("hash")
+	h.VirtualAddr = netip.MustParseAddr("10.99.0.2")
+	h.Scheduler = model.SchedHash
+	h.SchedParam = model.KeySrcIP | model.KeySrcPort
+	h.SourceAddr = netip.MustParseAddr("10.99.0.200")
+	b := model.NewBackend("a")
+	b.Addr = netip.MustParseAddr("10.200.0.11")
+	h.Backends = []model.Backend{b}
+	empty := model.NewFarm("empty")
+	empty.VirtualAddr = netip.MustParseAddr("10.99.0.3")
+	empty.Protocol = model.ProtoAll
+	var d dataplane.Diff
+	for _, f := range []model.Farm{web, dns, h, empty} {
+		d.Changes = append(d.Changes, dataplane.FarmChange{New: mustValid(t, p, &f)})
+	}
+	if err := p.Apply(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	got := normalize(testutil.Run(t, name, "nft", "list", "table", "inet", "xlb"))
+	r := strings.NewReplacer(
+		"WEB", chainName("web"), "DNS", chainName("dns6"), "HASH", chainName("hash"), "EMPTY", chainName("empty"),
+		"SEED", fmt.Sprintf("0x%08x", seed("hash")),
+		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
+	)
+	want := normalize(r.Replace(wantListing))
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("listing differs\n got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// wantListing is `nft list table inet xlb` (nft 1.0.6) for TestListing's
+// farms. WEB, DNS, ... stand for the derived names.
+const wantListing = `
+table inet xlb {
+	map svc4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY }
+	}
+	map svc6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { fd00:99::1 . udp . 53 : goto DNS }
+	}
+	set masq4 {
+		type ipv4_addr . inet_proto . inet_service
+		flags interval
+		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535 }
+	}
+	set masq6 {
+		type ipv6_addr . inet_proto . inet_service
+		flags interval
+	}
+	map snat4 {
+		type ipv4_addr . inet_proto . inet_service : ipv4_addr
+		flags interval
+		elements = { 10.99.0.2 . tcp . 0-65535 : 10.99.0.200 }
+	}
+	map snat6 {
+		type ipv6_addr . inet_proto . inet_service : ipv6_addr
+		flags interval
+	}
+	map MWEB-GEN {
+		type 0 : ipv4_addr . inet_service
+		elements = { 0 : 10.200.0.11 . 8080, 1 : 10.200.0.12 . 8080 }
+	}
+	map MDNS-GEN {
+		type 0 : ipv6_addr
+		flags interval
+		elements = { 0 : fd00:200::11, 1-2 : fd00:200::12 }
+	}
+	map MHASH-GEN {
+		type 0 : ipv4_addr
+		elements = { 0 : 10.200.0.11 }
+	}
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		ip daddr . meta l4proto . th dport vmap @svc4
+		ip6 daddr . meta l4proto . th dport vmap @svc6
+	}
+	chain output {
+		type nat hook output priority -100; policy accept;
+		ip daddr . meta l4proto . th dport vmap @svc4
+		ip6 daddr . meta l4proto . th dport vmap @svc6
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
+		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
+		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6
+		ct original ip6 daddr . meta l4proto . ct original proto-dst @masq6 masquerade
+	}
+	chain WEB {
+		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN
+		counter packets 0 bytes 0 drop
+	}
+	chain DNS {
+		counter packets 0 bytes 0 dnat ip6 to numgen random mod 3 map @MDNS-GEN
+		counter packets 0 bytes 0 drop
+	}
+	chain HASH {
+		meta nfproto ipv4 counter packets 0 bytes 0 dnat ip to jhash ip saddr . th sport mod 1 seed SEED map @MHASH-GEN
+		counter packets 0 bytes 0 drop
+	}
+	chain EMPTY {
+		counter packets 0 bytes 0 drop
+	}
+}
+`
+
+// ruleHandles returns `nft -a list chain` of a farm's chain and the names
+// of its sets, the things a change to another farm must not touch.
+func ruleHandles(t *testing.T, ns, farm string) string {
+	t.Helper()
+	return testutil.Run(t, ns, "nft", "-a", "list", "chain", "inet", "xlb", chainName(farm))
+}
+
+// TestChangeTouchesOnlyItsOwn: adding, changing and deleting farm B leaves
+// farm A's chain (rule handles), backend map and elements as they were.
+func TestChangeTouchesOnlyItsOwn(t *testing.T) {
+	testutil.RequireRoot(t)
+	t.Parallel()
+	name, ns := testutil.NewNetNS(t)
+	p := newPlane(t, ns)
+	mk := func(n string, vip string, backends ...string) *model.Farm {
+		f := model.NewFarm(n)
+		f.VirtualAddr = netip.MustParseAddr(vip)
+		f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+		for i, a := range backends {
+			b := model.NewBackend(string(rune('a' + i)))
+			b.Addr = netip.MustParseAddr(a)
+			f.Backends = append(f.Backends, b)
+		}
+		return mustValid(t, p, &f)
+	}
+	apply := func(cs ...dataplane.FarmChange) {
+		t.Helper()
+		if err := p.Apply(context.Background(), dataplane.Diff{Changes: cs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := mk("a", "10.99.0.1", "10.200.0.11", "10.200.0.12")
+	apply(dataplane.FarmChange{New: a})
+	before := ruleHandles(t, name, "a")
+	mapA := p.farms["a"].mapName
+	elemsA := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA)
+
+	b1 := mk("b", "10.99.0.2", "10.200.0.13")
+	apply(dataplane.FarmChange{New: b1})
+	b2 := mk("b", "10.99.0.2", "10.200.0.13", "10.200.0.14")
+	apply(dataplane.FarmChange{Old: b1, New: b2})
+	apply(dataplane.FarmChange{Old: b2})
+
+	if after := ruleHandles(t, name, "a"); after != before {
+		t.Errorf("farm a's chain changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if p.farms["a"].mapName != mapA {
+		t.Errorf("farm a's map renamed")
+	}
+	if got := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA); got != elemsA {
+		t.Errorf("farm a's map changed:\n%s\nwas:\n%s", got, elemsA)
+	}
+	if out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb"); strings.Contains(out, chainName("b")) || strings.Contains(out, "10.99.0.2") {
+		t.Errorf("farm b left objects behind:\n%s", out)
+	}
+}
+
+// TestApplyAtomic: an Apply the kernel rejects (a second farm on a VIP and
+// port that farm a already has: the interval map refuses the overlap)
+// changes nothing, neither in the kernel nor in the plane's memory.
+func TestApplyAtomic(t *testing.T) {
+	e := newEnv(t, 2, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	vip := testutil.VIP4(1)
+	prev := map[string]*model.Farm{}
+	a := e.farm("a", vip, 80, model.ProtoTCP, 8080)
+	e.put(t, prev, a)
+	before := e.nft(t, "-a", "list", "table", "inet", "xlb")
+
+	a2 := a.Clone()
+	a2.Backends = a2.Backends[:1]
+	clash := e.farm("clash", vip, 80, model.ProtoTCP, 8080)
+	d := dataplane.Diff{Changes: []dataplane.FarmChange{
+		{Old: prev["a"], New: mustValid(t, e.p, &a2)},
+		{New: mustValid(t, e.p, &clash)},
+	}}
+	if err := e.p.Apply(context.Background(), d); err == nil {
+		t.Fatal("overlapping farms applied, want the kernel to refuse")
+	} else {
+		t.Logf("rejected as expected: %v", err)
+	}
+	if after := e.nft(t, "-a", "list", "table", "inet", "xlb"); after != before {
+		t.Fatalf("failed Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	c := e.count(t, 10, func() string { n, _ := e.askTCP(t, netip.AddrPortFrom(vip, 80)); return n })
+	if c["b0"] != 5 || c["b1"] != 5 {
+		t.Errorf("after a failed Apply: %v, want both backends as before", c)
+	}
+	// The plane still knows what the kernel holds: the same change without
+	// the clash applies cleanly.
+	e.put(t, prev, a2)
+	c = e.count(t, 4, func() string { n, _ := e.askTCP(t, netip.AddrPortFrom(vip, 80)); return n })
+	if c["b0"] != 4 {
+		t.Errorf("after the good Apply: %v, want all on b0", c)
+	}
+}
+
+// TestReconcile damages the table by hand with nft, closes the plane (the
+// rules stay), and reconciles from a new plane as a restarted daemon would:
+// hand-deleted elements and chains come back, strays go, and a long-lived
+// TCP connection survives all of it.
+func TestReconcile(t *testing.T) {
+	e := newEnv(t, 2, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	prev := map[string]*model.Farm{}
+	fa := e.farm("a", testutil.VIP4(1), 80, model.ProtoTCP, 8080)
+	fb := e.farm("b.farm-2", testutil.VIP4(2), 80, model.ProtoTCP, 8080)
+	fc := e.farm("c", testutil.VIP4(3), 80, model.ProtoTCP, 8080)
+	e.put(t, prev, fa, fb, fc)
+
+	held, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(testutil.VIP4(3), 80), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	echo := func(what string) {
+		t.Helper()
+		if _, err := io.WriteString(held, what+"\n"); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if line, err := testutil.ReadLine(held, time.Second); err != nil || line != what {
+			t.Fatalf("%s: echo %q, %v", what, line, err)
+		}
+	}
+	if _, err := testutil.ReadLine(held, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	echo("before")
+
+	nft := func(args ...string) { e.nft(t, args...) }
+	nft("delete", "element", "inet", "xlb", "svc4", "{ 10.99.0.1 . tcp . 80 }")
+	nft("delete", "element", "inet", "xlb", "svc4", "{ 10.99.0.2 . tcp . 80 }")
+	nft("flush", "chain", "inet", "xlb", chainName("b.farm-2"))
+	nft("delete", "chain", "inet", "xlb", chainName("b.farm-2"))
+	nft("add", "chain", "inet", "xlb", "f-stray")
+	nft("add", "map", "inet", "xlb", "m-stray", "{ type ipv4_addr : ipv4_addr; }")
+	nft("add", "element", "inet", "xlb", "svc4", "{ 10.99.0.9 . tcp . 80 : goto f-stray }")
+	nft("add", "rule", "inet", "xlb", "prerouting", "counter")
+	for _, vip := range []netip.Addr{testutil.VIP4(1), testutil.VIP4(2)} {
+		if _, err := testutil.AskTCP(e.Client.NS, netip.AddrPortFrom(vip, 80)); err == nil {
+			t.Fatalf("%s answered after its element was deleted", vip)
+		}
+	}
+
+	// Restart: the old plane lets go, traffic keeps flowing.
+	if err := e.p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	echo("closed")
+	e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(3), 80))
+
+	p2 := newPlane(t, e.LB.NS)
+	echo("new plane")
+	if err := p2.Reconcile(context.Background(), []*model.Farm{prev["a"], prev["b.farm-2"], prev["c"]}); err != nil {
+		t.Fatal(err)
+	}
+	echo("reconciled")
+	for _, vip := range []netip.Addr{testutil.VIP4(1), testutil.VIP4(2), testutil.VIP4(3)} {
+		e.askTCP(t, netip.AddrPortFrom(vip, 80))
+	}
+	out := e.nft(t, "list", "table", "inet", "xlb")
+	for _, stray := range []string{"f-stray", "m-stray", "10.99.0.9", "counter packets 0 bytes 0\n"} {
+		if strings.Contains(out, stray) {
+			t.Errorf("stray %q survived Reconcile:\n%s", stray, out)
+		}
+	}
+	if n := strings.Count(out, "map @m-"); n != 3 {
+		t.Errorf("%d farm maps in use, want 3:\n%s", n, out)
+	}
+	if n := strings.Count(out, "\tmap m-"); n != 3 {
+		t.Errorf("%d farm maps, want 3 (old generations must go):\n%s", n, out)
+	}
+
+	// Reconcile removes a farm that is no longer wanted.
+	if err := p2.Reconcile(context.Background(), []*model.Farm{prev["a"], prev["c"]}); err != nil {
+		t.Fatal(err)
+	}
+	echo("reconciled again")
+	if _, err := testutil.AskTCP(e.Client.NS, netip.AddrPortFrom(testutil.VIP4(2), 80)); err == nil {
+		t.Errorf("removed farm still answers")
+	}
+	if out := e.nft(t, "list", "table", "inet", "xlb"); strings.Contains(out, chainName("b.farm-2")) {
+		t.Errorf("removed farm's chain survived:\n%s", out)
+	}
+	// Apply keeps working after Reconcile.
+	e.p = p2
+	delete(prev, "b.farm-2")
+	fa2 := prev["a"].Clone()
+	fa2.Backends = fa2.Backends[1:]
+	e.put(t, prev, fa2)
+	if n, _ := e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(1), 80)); n != "b1" {
+		t.Errorf("after Apply: %s answered, want b1", n)
+	}
+	echo("end")
+}
+
+// TestReconcileEmptyKernel: Reconcile on a namespace without the table
+// creates everything.
+func TestReconcileEmptyKernel(t *testing.T) {
+	e := newEnv(t, 1, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	e.nft(t, "delete", "table", "inet", "xlb")
+	f := e.farm("a", testutil.VIP4(1), 80, model.ProtoTCP, 8080)
+	if err := e.p.Reconcile(context.Background(), []*model.Farm{mustValid(t, e.p, &f)}); err != nil {
+		t.Fatal(err)
+	}
+	e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(1), 80))
+}
