@@ -3,8 +3,8 @@ package nft
 import (
 	"io"
 	"net"
-	"strings"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -396,4 +396,3 @@ func TestFarmState(t *testing.T) {
 	e.put(t, prev, f)
 	e.askTCP(t, netip.AddrPortFrom(vip, 80))
 }
-
