@@ -16,6 +16,8 @@ BACKENDS=(1 2 3)
 
 cleanup() {
 	set +e
+	kill $(jobs -p) 2>/dev/null
+	wait 2>/dev/null
 	for ns in $(ip netns list | awk '{print $1}' | grep "^$P-"); do
 		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
 		ip netns del "$ns"
@@ -24,7 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-in() { local ns=$1; shift; ip netns exec "$P-$ns" "$@"; }
+at() { local ns=$1; shift; ip netns exec "$P-$ns" "$@"; }
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -32,39 +34,39 @@ step "network: client -> lb -> backends (namespaces $P-*)"
 ip netns add "$P-client"
 ip netns add "$P-lb"
 ip link add veth-c netns "$P-client" type veth peer name veth-lbc netns "$P-lb"
-in client ip addr add 10.100.0.2/24 dev veth-c
-in client ip link set veth-c up
-in client ip link set lo up
-in client ip route add default via 10.100.0.1
-in lb ip addr add 10.100.0.1/24 dev veth-lbc
-in lb ip link set veth-lbc up
-in lb ip link set lo up
-in lb ip link add br0 type bridge
-in lb ip addr add 10.200.0.1/24 dev br0
-in lb ip link set br0 up
-in lb sysctl -qw net.ipv4.ip_forward=1
+at client ip addr add 10.100.0.2/24 dev veth-c
+at client ip link set veth-c up
+at client ip link set lo up
+at client ip route add default via 10.100.0.1
+at lb ip addr add 10.100.0.1/24 dev veth-lbc
+at lb ip link set veth-lbc up
+at lb ip link set lo up
+at lb ip link add br0 type bridge
+at lb ip addr add 10.200.0.1/24 dev br0
+at lb ip link set br0 up
+at lb sysctl -qw net.ipv4.ip_forward=1
 for i in "${BACKENDS[@]}"; do
 	ip netns add "$P-be$i"
 	ip link add "veth-b$i" netns "$P-be$i" type veth peer name "veth-lb$i" netns "$P-lb"
-	in lb ip link set "veth-lb$i" master br0 up
-	in "be$i" ip addr add "10.200.0.1$i/24" dev "veth-b$i"
-	in "be$i" ip link set "veth-b$i" up
-	in "be$i" ip link set lo up
-	in "be$i" ip route add default via 10.200.0.1
-	in "be$i" "$ECHO" -name "backend-$i" -listen "10.200.0.1$i:8080" >/dev/null 2>&1 &
+	at lb ip link set "veth-lb$i" master br0 up
+	at "be$i" ip addr add "10.200.0.1$i/24" dev "veth-b$i"
+	at "be$i" ip link set "veth-b$i" up
+	at "be$i" ip link set lo up
+	at "be$i" ip route add default via 10.200.0.1
+	at "be$i" "$ECHO" -name "backend-$i" -listen "10.200.0.1$i:8080" >/dev/null 2>&1 &
 done
 echo "client 10.100.0.2 | lb 10.100.0.1 / 10.200.0.1 | backends 10.200.0.11-13:8080 | VIP $VIP:80"
 
 step "xlb daemon in the lb namespace (state in $STATE)"
-in lb "$XLB" daemon --listen 127.0.0.1:5555 --state-dir "$STATE" --log-level warn &
+at lb "$XLB" daemon --listen 127.0.0.1:5555 --state-dir "$STATE" --log-level warn &
 export XLB_KEY_FILE=$STATE/api.key
 for _ in $(seq 100); do
-	[ -s "$XLB_KEY_FILE" ] && in lb "$XLB" farm list >/dev/null 2>&1 && break
+	[ -s "$XLB_KEY_FILE" ] && at lb "$XLB" farm list >/dev/null 2>&1 && break
 	sleep 0.1
 done
 
 step "create a farm with the CLI"
-run() { echo "\$ xlb $*"; in lb "$XLB" "$@"; }
+run() { echo "\$ xlb $*"; at lb "$XLB" "$@"; }
 run farm add web --vip "$VIP" --ports 80 --proto tcp --mode snat --sched rr
 for i in "${BACKENDS[@]}"; do
 	run backend add web "be$i" --ip "10.200.0.1$i" --port 8080
@@ -74,7 +76,7 @@ step "$REQUESTS requests from the client to http://$VIP/"
 count() {
 	local n=$1
 	for _ in $(seq "$n"); do
-		in client curl -s --max-time 2 "http://$VIP/" || echo "FAILED"
+		at client curl -s --max-time 2 "http://$VIP/" || echo "FAILED"
 	done | awk '{print $1}' | sort | uniq -c | sort -k2
 }
 count "$REQUESTS"
@@ -84,10 +86,11 @@ run backend set web be3 --weight 0
 count 60
 
 step "xlb list -n"
-in lb "$XLB" list -n
+at lb "$XLB" list -n
 
-step "the kernel's view (nft list table inet xlb), first lines"
-in lb nft list table inet xlb | head -25
+step "the kernel's view: the service map and the farm's chain"
+at lb nft list map inet xlb svc4
+at lb nft list table inet xlb | sed -n '/chain f-/,/}/p'
 
 echo
 echo "demo done; removing namespaces"
