@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -125,6 +126,9 @@ func farm(tb testing.TB, name, vip string, port uint16, proto model.Protocol, mo
 	f.Protocol = proto
 	f.Mode = mode
 	f.Scheduler = sched
+	if sched == model.SchedHash {
+		f.SchedParam = model.KeySrcIP
+	}
 	for i, b := range backends {
 		ap := netip.MustParseAddrPort(b)
 		be := model.NewBackend("b" + string(rune('1'+i)))
@@ -140,3 +144,8 @@ func farm(tb testing.TB, name, vip string, port uint16, proto model.Protocol, mo
 	}
 	return &f
 }
+
+type (
+	dataplaneDiff   = dataplane.Diff
+	dataplaneChange = dataplane.FarmChange
+)

@@ -1,0 +1,307 @@
+package ebpf
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// trafficSetup builds client -> lb -> 3 backends, starts TCP and UDP
+// servers on every backend (answering "be<i> <peer>") and an eBPF plane on
+// every interface of the LB namespace.
+func trafficSetup(t *testing.T) (*testutil.Topology, *Plane, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3})
+	for i, b := range topo.Backends {
+		testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8080), fmt.Sprintf("be%d", i))
+		testutil.StartUDPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8053), fmt.Sprintf("be%d", i))
+	}
+	pin := mountBPFFS(t)
+	return topo, newPlane(t, topo.LB.NS, pin, nil, 16384), pin
+}
+
+func backendsOf(topo *testutil.Topology, port uint16) []string {
+	var out []string
+	for _, b := range topo.Backends {
+		out = append(out, netip.AddrPortFrom(b.IPv4, port).String())
+	}
+	return out
+}
+
+// ask sends n requests and counts answers per backend; it checks that each
+// backend saw the expected source address.
+func ask(t *testing.T, n int, askFn func() (string, error), wantFrom netip.Addr) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	for i := range n {
+		s, err := askFn()
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		name, from, err := testutil.ParseReply(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from.Addr() != wantFrom {
+			t.Fatalf("request %d: backend %s saw source %s, want %s", i, name, from, wantFrom)
+		}
+		counts[name]++
+	}
+	return counts
+}
+
+// checkSpread: rr uses one atomic counter per service, so n requests over
+// k backends give each n/k exactly; allow +-1 for the odd retransmitted SYN
+// that makes a new flow.
+func checkSpread(t *testing.T, counts map[string]int, n, k int) {
+	t.Helper()
+	if len(counts) != k {
+		t.Fatalf("answers from %d backends, want %d: %v", len(counts), k, counts)
+	}
+	for name, c := range counts {
+		if d := c - n/k; d < -1 || d > 1 {
+			t.Errorf("backend %s answered %d of %d, want %d +-1: %v", name, c, n, n/k, counts)
+		}
+	}
+}
+
+func TestTrafficTCPDNAT(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
+	f := farm(t, "web", vip.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, backendsOf(topo, 8080)...)
+	if err := p.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	counts := ask(t, n, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.Client.IPv4)
+	checkSpread(t, counts, n, 3)
+	st, _ := p.Stats()
+	t.Logf("answers %v; counters %v", counts, st)
+}
+
+func TestTrafficTCPSNAT(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	vip := netip.AddrPortFrom(testutil.VIP4(2), 80)
+	f := farm(t, "web", vip.Addr().String(), 80, model.ProtoTCP, model.ModeSNAT, model.SchedRR, backendsOf(topo, 8080)...)
+	if err := p.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	counts := ask(t, n, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.LBBack4)
+	checkSpread(t, counts, n, 3)
+}
+
+func TestTrafficUDP(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	vip := netip.AddrPortFrom(testutil.VIP4(3), 53)
+	dnat := farm(t, "dns", vip.Addr().String(), 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR, backendsOf(topo, 8053)...)
+	snatVIP := netip.AddrPortFrom(testutil.VIP4(4), 53)
+	snat := farm(t, "dns-snat", snatVIP.Addr().String(), 53, model.ProtoUDP, model.ModeSNAT, model.SchedRR, backendsOf(topo, 8053)...)
+	if err := p.Reconcile(context.Background(), []*model.Farm{dnat, snat}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	counts := ask(t, n, func() (string, error) { return testutil.AskUDP(topo.Client.NS, vip) }, topo.Client.IPv4)
+	checkSpread(t, counts, n, 3)
+	counts = ask(t, n, func() (string, error) { return testutil.AskUDP(topo.Client.NS, snatVIP) }, topo.LBBack4)
+	checkSpread(t, counts, n, 3)
+}
+
+func TestTrafficHashAndWeight(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	hashVIP := netip.AddrPortFrom(testutil.VIP4(5), 80)
+	hash := farm(t, "hash", hashVIP.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedHash, backendsOf(topo, 8080)...)
+	wVIP := netip.AddrPortFrom(testutil.VIP4(6), 80)
+	weight := farm(t, "weight", wVIP.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedWeight, backendsOf(topo, 8080)...)
+	weight.Backends[0].Weight = 0 // takes no new connections
+	weight.Backends[2].State = model.StateOff
+	if err := p.Reconcile(context.Background(), []*model.Farm{hash, weight}); err != nil {
+		t.Fatal(err)
+	}
+	// hash over srcip: every connection from one client lands on one backend.
+	counts := ask(t, 10, func() (string, error) { return testutil.AskTCP(topo.Client.NS, hashVIP) }, topo.Client.IPv4)
+	if len(counts) != 1 {
+		t.Errorf("hash srcip spread one client over %v", counts)
+	}
+	counts = ask(t, 10, func() (string, error) { return testutil.AskTCP(topo.Client.NS, wVIP) }, topo.Client.IPv4)
+	if counts["be1"] != 10 {
+		t.Errorf("weight: only be1 is serving, got %v", counts)
+	}
+}
+
+// TestTrafficApplyAndDown changes a farm with Apply while traffic flows:
+// new connections follow the new backend set; a farm set down stops
+// taking new connections but its established ones keep working.
+func TestTrafficApplyAndDown(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	ctx := context.Background()
+	vip := netip.AddrPortFrom(testutil.VIP4(7), 80)
+	f1 := farm(t, "web", vip.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, backendsOf(topo, 8080)...)
+	if err := p.Apply(ctx, diffOf(nil, f1)); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := testutil.DialTCP(topo.Client.NS, vip, testutil.DefaultTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	first, err := testutil.ReadLine(conn, testutil.DefaultTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f2 := farm(t, "web", vip.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, backendsOf(topo, 8080)[2])
+	if err := p.Apply(ctx, diffOf(f1, f2)); err != nil {
+		t.Fatal(err)
+	}
+	counts := ask(t, 6, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.Client.IPv4)
+	if counts["be2"] != 6 {
+		t.Errorf("after the update only be2 should answer: %v", counts)
+	}
+	echo(t, conn, "still there", first)
+
+	f3 := f2.Clone()
+	f3.State = model.StateDown
+	if err := p.Apply(ctx, diffOf(f2, &f3)); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := testutil.AskTCP(topo.Client.NS, vip); err == nil {
+		t.Errorf("farm is down but a new connection got %q", s)
+	}
+	echo(t, conn, "after down", first)
+
+	if err := p.Apply(ctx, diffOf(&f3, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if n := countMap(t, p); n.services != 0 || n.slots != 0 {
+		// Freed lazily: the deleted generations go at the next change.
+		if err := p.Reconcile(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		if n := countMap(t, p); n.services != 0 || n.slots != 0 || n.backends != 0 {
+			t.Errorf("maps not empty after deleting every farm: %+v", n)
+		}
+	}
+}
+
+// echo sends a line on an established connection and expects it back.
+func echo(t *testing.T, c interface {
+	Write([]byte) (int, error)
+}, line, ctxt string) {
+	t.Helper()
+	conn := c.(interface {
+		Write([]byte) (int, error)
+	})
+	if _, err := conn.Write([]byte(line + "\n")); err != nil {
+		t.Fatalf("write on connection to %s: %v", ctxt, err)
+	}
+	nc, ok := c.(interface {
+		SetReadDeadline(time.Time) error
+		Read([]byte) (int, error)
+	})
+	if !ok {
+		t.Fatal("not a connection")
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(testutil.DefaultTimeout))
+	buf := make([]byte, len(line)+1)
+	got := 0
+	for got < len(buf) {
+		n, err := nc.Read(buf[got:])
+		if err != nil {
+			t.Fatalf("read echo on connection to %s: %v", ctxt, err)
+		}
+		got += n
+	}
+	if string(buf[:len(line)]) != line {
+		t.Fatalf("echo %q, want %q", buf, line)
+	}
+}
+
+func diffOf(old, cur *model.Farm) dataplaneDiff {
+	return dataplaneDiff{Changes: []dataplaneChange{{Old: old, New: cur}}}
+}
+
+type mapCounts struct{ services, slots, backends, ct int }
+
+func countMap(t *testing.T, p *Plane) mapCounts {
+	t.Helper()
+	var c mapCounts
+	count := func(it interface {
+		Next(k, v any) bool
+		Err() error
+	}, k, v any) int {
+		n := 0
+		for it.Next(k, v) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var sk xlbSvcKey
+	var sv xlbSvcVal
+	c.services = count(p.objs.XlbServices.Iterate(), &sk, &sv)
+	var lk xlbSlotKey
+	var lv uint32
+	c.slots = count(p.objs.XlbSlots.Iterate(), &lk, &lv)
+	var bk uint32
+	var bv xlbBackend
+	c.backends = count(p.objs.XlbBackends.Iterate(), &bk, &bv)
+	var ck xlbCtKey
+	var cv xlbCtVal
+	c.ct = count(p.objs.XlbCt.Iterate(), &ck, &cv)
+	return c
+}
+
+// TestTrafficRestart: a long-lived connection survives Close (program and
+// maps stay pinned and keep working without the daemon) and a new Plane
+// adopting the pins.
+func TestTrafficRestart(t *testing.T) {
+	topo, p, pin := trafficSetup(t)
+	ctx := context.Background()
+	vip := netip.AddrPortFrom(testutil.VIP4(8), 80)
+	f := farm(t, "web", vip.Addr().String(), 80, model.ProtoTCP, model.ModeSNAT, model.SchedRR, backendsOf(topo, 8080)...)
+	if err := p.Reconcile(ctx, []*model.Farm{f}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := testutil.DialTCP(topo.Client.NS, vip, testutil.DefaultTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	first, err := testutil.ReadLine(conn, testutil.DefaultTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, conn, "before restart", first)
+	before := countMap(t, p)
+
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	echo(t, conn, "while no daemon runs", first)
+	if _, err := testutil.AskTCP(topo.Client.NS, vip); err != nil {
+		t.Errorf("new connection while no daemon runs: %v", err)
+	}
+
+	p2 := newPlane(t, topo.LB.NS, pin, nil, 16384)
+	if err := p2.Reconcile(ctx, []*model.Farm{f}); err != nil {
+		t.Fatal(err)
+	}
+	after := countMap(t, p2)
+	if after.services != before.services || after.slots != before.slots || after.backends != before.backends {
+		t.Errorf("restart did not adopt the farm as it was: before %+v after %+v", before, after)
+	}
+	echo(t, conn, "after restart", first)
+	counts := ask(t, 6, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.LBBack4)
+	if len(counts) != 3 {
+		t.Errorf("after restart: %v", counts)
+	}
+}
