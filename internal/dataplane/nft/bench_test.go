@@ -1,0 +1,64 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// benchFarm returns farm i on VIP 10.<i>, port 80, with n backends.
+func benchFarm(i, n int) *model.Farm {
+	f := model.NewFarm(fmt.Sprintf("farm-%d", i))
+	f.VirtualAddr = netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+	f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+	for j := range n {
+		b := model.NewBackend(fmt.Sprintf("b%d", j))
+		b.Addr = netip.AddrFrom4([4]byte{172, 16, byte(j >> 8), byte(j)})
+		b.Port = 8080
+		f.Backends = append(f.Backends, b)
+	}
+	f.Seal()
+	return &f
+}
+
+// BenchmarkApplyAddFarm100Backends times one Apply that adds a farm with
+// 100 backends to a table that already holds 0, 1,000 or 10,000 farms (1-2
+// backends each). The farm is deleted again outside the timer, so every
+// iteration sees the same table size.
+func BenchmarkApplyAddFarm100Backends(b *testing.B) {
+	testutil.RequireRoot(b)
+	for _, existing := range []int{0, 1000, 10000} {
+		b.Run(fmt.Sprintf("existing=%d", existing), func(b *testing.B) {
+			_, ns := testutil.NewNetNS(b)
+			p := newPlane(b, ns)
+			ctx := context.Background()
+			const chunk = 500
+			for i := 0; i < existing; i += chunk {
+				var d dataplane.Diff
+				for j := i; j < min(i+chunk, existing); j++ {
+					d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, 1+j%2)})
+				}
+				if err := p.Apply(ctx, d); err != nil {
+					b.Fatalf("setup: %v", err)
+				}
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				f := benchFarm(existing+1+i%1000, 100)
+				if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: f}}}); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
