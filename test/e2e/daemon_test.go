@@ -263,19 +263,16 @@ func TestRestartRepairsDrift(t *testing.T) {
 }
 
 // Parts of a listing that legitimately change when the rules are re-created:
-// counters, and the backend slots a farm's scheduler uses (every rebuild
-// takes a fresh slot range, so a packet never sees a half-updated farm; a
-// restart hands them out from 1 again).
+// counters, and the generation suffix of a farm's backend map (a farm's map is
+// replaced under a new name so a packet never sees a half-updated map).
 var (
 	countersRe = regexp.MustCompile(`counter packets \d+ bytes \d+`)
-	offsetRe   = regexp.MustCompile(`offset \d+`)
-	slotRe     = regexp.MustCompile(`(\{ |, )\d+ : `)
+	mapGenRe   = regexp.MustCompile(`(m-[0-9a-f]{16})-[a-z0-9]+`)
 )
 
 func normalize(s string) string {
 	s = countersRe.ReplaceAllString(s, "counter")
-	s = offsetRe.ReplaceAllString(s, "offset N")
-	return slotRe.ReplaceAllString(s, "${1}N : ")
+	return mapGenRe.ReplaceAllString(s, "$1")
 }
 
 // Bad input through the CLI gets an error naming the field, and changes

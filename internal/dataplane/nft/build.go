@@ -1,15 +1,12 @@
 package nft
 
 import (
-	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"hash/fnv"
 	"net/netip"
-	"slices"
-	"strings"
+	"strconv"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -20,48 +17,24 @@ import (
 )
 
 // Names of the static objects of the table.
-//
-// Every map whose size grows with the number of farms is one static map,
-// never one set per farm: the kernel looks sets up by name in a linear list
-// and interval (pipapo) sets copy their whole lookup table on every commit,
-// so per-farm sets or one big interval map make each change cost O(farms).
-// Exact keys go to hash maps (O(1) per element); only port ranges and
-// protocol "all" use the interval maps, which stay small.
 const (
 	chainPrerouting  = "prerouting"
 	chainOutput      = "output"
 	chainPostrouting = "postrouting"
 
-	setSvc4   = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain (exact keys)
+	setSvc4   = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
 	setSvc6   = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
-	setSvc4r  = "svc4r"  // the same for port ranges and protocol "all" (interval)
-	setSvc6r  = "svc6r"  //
 	setMasq4  = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
 	setMasq6  = "masq6"  // same for IPv6
-	setMasq4r = "masq4r" // interval forms of the two above
-	setMasq6r = "masq6r" //
 	setSnat4  = "snat4"  // same key -> source address (farm source-addr)
 	setSnat6  = "snat6"  // same for IPv6
-	setSnat4r = "snat4r" // interval forms of the two above
-	setSnat6r = "snat6r" //
-	setBk4    = "bk4-"   // bk4-<shard>: slot -> backend address (backend port 0 keeps the client's port)
-	setBk4p   = "bk4p-"  // bk4p-<shard>: slot -> backend address . port
-	setBk6    = "bk6-"   // the same for IPv6
-	setBk6p   = "bk6p-"  //
-	bkShards  = 256      // backend maps per shape (see bkSetName)
 	farmChain = "f-"     // farm chain: f-<hash>
+	farmMap   = "m-"     // farm backend map: m-<hash>-<generation>
 	hashLen   = 16       // hex digits of the name hash (64 bits)
 	elemChunk = 200      // set elements per netlink message (attributes are < 64 KiB)
 	anyPort   = 0xffff   // last port of "every port"
 	anyProto  = 0xff     // last protocol number of "every protocol"
 	protoNone = uint8(0) // first protocol number of "every protocol"
-
-	// maxWeightSlots bounds the slots of a weight farm. Weights are
-	// divided by their greatest common divisor; if they still add up to
-	// more, slots are shared out in proportion (largest remainder, at
-	// least one per backend), so the split is exact to within one slot
-	// in maxWeightSlots.
-	maxWeightSlots = 4096
 )
 
 // Registers. Concatenations are laid out from NFT_REG_1 (the 32-bit
@@ -82,6 +55,10 @@ func nameHash(farm string) string {
 
 func chainName(farm string) string { return farmChain + nameHash(farm) }
 
+func mapName(farm string, gen uint64) string {
+	return farmMap + nameHash(farm) + "-" + strconv.FormatUint(gen, 36)
+}
+
 // seed is the jhash seed of a farm: fixed per farm name, so the hash
 // scheduler sends a client to the same slot across rebuilds and restarts.
 func seed(farm string) uint32 {
@@ -99,74 +76,26 @@ var (
 
 // staticSets returns the table's static sets and maps.
 func staticSets(t *nftables.Table) []*nftables.Set {
-	svc := func(name string, kt nftables.SetDatatype, interval bool) *nftables.Set {
-		return &nftables.Set{Table: t, Name: name, IsMap: true, Interval: interval, Concatenation: true,
+	svc := func(name string, kt nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, IsMap: true, Interval: true, Concatenation: true,
 			KeyType: kt, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.BigEndian}
 	}
-	set := func(name string, kt nftables.SetDatatype, interval bool) *nftables.Set {
-		return &nftables.Set{Table: t, Name: name, Interval: interval, Concatenation: true,
+	set := func(name string, kt nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, Interval: true, Concatenation: true,
 			KeyType: kt, KeyByteOrder: binaryutil.BigEndian}
 	}
-	snat := func(name string, kt, dt nftables.SetDatatype, interval bool) *nftables.Set {
-		return &nftables.Set{Table: t, Name: name, IsMap: true, Interval: interval, Concatenation: true,
+	snat := func(name string, kt, dt nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, IsMap: true, Interval: true, Concatenation: true,
 			KeyType: kt, DataType: dt, KeyByteOrder: binaryutil.BigEndian}
 	}
 	return []*nftables.Set{
-		svc(setSvc4, typeSvc4, false),
-		svc(setSvc6, typeSvc6, false),
-		svc(setSvc4r, typeSvc4, true),
-		svc(setSvc6r, typeSvc6, true),
-		set(setMasq4, typeSvc4, false),
-		set(setMasq6, typeSvc6, false),
-		set(setMasq4r, typeSvc4, true),
-		set(setMasq6r, typeSvc6, true),
-		snat(setSnat4, typeSvc4, nftables.TypeIPAddr, false),
-		snat(setSnat6, typeSvc6, nftables.TypeIP6Addr, false),
-		snat(setSnat4r, typeSvc4, nftables.TypeIPAddr, true),
-		snat(setSnat6r, typeSvc6, nftables.TypeIP6Addr, true),
+		svc(setSvc4, typeSvc4),
+		svc(setSvc6, typeSvc6),
+		set(setMasq4, typeSvc4),
+		set(setMasq6, typeSvc6),
+		snat(setSnat4, typeSvc4, nftables.TypeIPAddr),
+		snat(setSnat6, typeSvc6, nftables.TypeIP6Addr),
 	}
-}
-
-// isBackendMap says whether a set is one of the backend maps (their
-// elements belong to farm builds, not to service keys).
-func isBackendMap(name string) bool {
-	for _, prefix := range []string{setBk4, setBk4p, setBk6, setBk6p} {
-		if strings.HasPrefix(name, prefix) {
-			return true
-		}
-	}
-	return false
-}
-
-// bkSetDef returns the definition of backend map name (from bkSetName).
-func bkSetDef(t *nftables.Table, name string) *nftables.Set {
-	var dt nftables.SetDatatype
-	switch {
-	case strings.HasPrefix(name, setBk4p):
-		dt = typeDst4
-	case strings.HasPrefix(name, setBk4):
-		dt = nftables.TypeIPAddr
-	case strings.HasPrefix(name, setBk6p):
-		dt = typeDst6
-	default:
-		dt = nftables.TypeIP6Addr
-	}
-	return &nftables.Set{Table: t, Name: name, IsMap: true,
-		KeyType: nftables.TypeInteger, DataType: dt, KeyByteOrder: binaryutil.NativeEndian}
-}
-
-// bkSetName names a farm's backend map: one of bkShards maps per shape,
-// chosen by the farm name. Why shards: every farm rule that looks a map up
-// binds to it, and the kernel checks each new element against every
-// binding and walks every element on each new binding. With one map for
-// all farms a change costs O(farms); with a set per farm it costs O(farms)
-// in name lookups (the kernel keeps a table's sets in a list). Shards keep
-// both small: bindings and elements per map are 1/bkShards of the total,
-// and the table has at most 4 x bkShards backend maps.
-func bkSetName(prefix, farm string) string {
-	h := fnv.New32a()
-	h.Write([]byte(farm))
-	return fmt.Sprintf("%s%02x", prefix, h.Sum32()%bkShards)
 }
 
 func nfproto(v6 bool) []expr.Any {
@@ -188,12 +117,11 @@ func addrWords(v6 bool) uint32 {
 	return 1
 }
 
-// svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 or
-// interval forms: set names the map).
-func svcRule(v6 bool, set string) []expr.Any {
-	off, alen := uint32(16), uint32(4)
+// svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 form).
+func svcRule(v6 bool) []expr.Any {
+	off, alen, set := uint32(16), uint32(4), setSvc4
 	if v6 {
-		off, alen = 24, 16
+		off, alen, set = 24, 16, setSvc6
 	}
 	w := addrWords(v6)
 	return append(nfproto(v6),
@@ -213,7 +141,6 @@ func natFamily(v6 bool) uint32 {
 
 // elem is one set element; key is its identity for diffs.
 type elem struct {
-	Set         string // the static set it belongs in
 	Key, KeyEnd []byte
 	Val         []byte // map data (snat source address)
 	Chain       string // verdict map: goto this chain
@@ -222,7 +149,7 @@ type elem struct {
 func (e elem) id() string { return string(e.Key) + "\x00" + string(e.KeyEnd) }
 
 func (e elem) same(o elem) bool {
-	return e.Set == o.Set && e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain
+	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain
 }
 
 func (e elem) setElement() nftables.SetElement {
@@ -247,35 +174,9 @@ func pad4(b []byte) []byte {
 	return b
 }
 
-// Kinds of service-keyed sets, for svcElems.
-const (
-	keySvc  = iota // svc4/svc6: -> goto farm chain
-	keyMasq        // masq4/masq6
-	keySnat        // snat4/snat6: -> source address
-)
-
-// svcSetName names the static set of a service key: exact keys (one
-// protocol, one port) go to the hash sets, ranges to the interval sets.
-func svcSetName(kind int, v6, interval bool) string {
-	names := [3][2][2]string{
-		keySvc:  {{setSvc4, setSvc4r}, {setSvc6, setSvc6r}},
-		keyMasq: {{setMasq4, setMasq4r}, {setMasq6, setMasq6r}},
-		keySnat: {{setSnat4, setSnat4r}, {setSnat6, setSnat6r}},
-	}
-	return names[kind][b2i(v6)][b2i(interval)]
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// svcElems returns the farm's keys (VIP . protocols . port ranges) as
-// elements of the kind's sets: with chain set they are svc map elements,
-// with val set snat map elements.
-func svcElems(f *model.Farm, kind int, chain string, val []byte) []elem {
+// svcElems returns the farm's keys (VIP . protocols . port ranges); with
+// chain set they are svc map elements, with val set snat map elements.
+func svcElems(f *model.Farm, chain string, val []byte) []elem {
 	p0, p1 := f.Protocol.Number(), f.Protocol.Number()
 	if f.Protocol == model.ProtoAll {
 		p0, p1 = protoNone, anyProto
@@ -284,16 +185,14 @@ func svcElems(f *model.Farm, kind int, chain string, val []byte) []elem {
 	if len(ports) == 0 {
 		ports = []model.PortRange{{First: 0, Last: anyPort}}
 	}
-	v6 := f.VirtualAddr.Is6()
 	out := make([]elem, 0, len(ports))
 	for _, r := range ports {
-		e := elem{Key: pad4(svcKey(f.VirtualAddr, p0, r.First)), Chain: chain, Val: val}
-		interval := p0 != p1 || r.First != r.Last
-		if interval {
-			e.KeyEnd = pad4(svcKey(f.VirtualAddr, p1, r.Last))
-		}
-		e.Set = svcSetName(kind, v6, interval)
-		out = append(out, e)
+		out = append(out, elem{
+			Key:    pad4(svcKey(f.VirtualAddr, p0, r.First)),
+			KeyEnd: pad4(svcKey(f.VirtualAddr, p1, r.Last)),
+			Chain:  chain,
+			Val:    val,
+		})
 	}
 	return out
 }
@@ -313,18 +212,22 @@ type farmPlan struct {
 	v6     bool
 	chain  string
 	kind   mapKind
-	svc    []elem // in svc4/svc6 and their interval forms
-	post   []elem // in masq4/6 (no Val) or snat4/6 (Val) and their interval forms
+	svc    []elem // in svc4/svc6
+	post   []elem // in masq4/6 (no Val) or snat4/6 (Val)
 	active []model.Backend
 	port   uint16 // substitute for backend port 0 when kind is kindAddrPort
 }
 
-// bkSet names the farm's backend map.
-func (p *farmPlan) bkSet() string {
-	if p.kind == kindAddr {
-		return bkSetName(pick(p.v6, setBk4, setBk6), p.name)
+func (p *farmPlan) svcSet() string { return pick(p.v6, setSvc4, setSvc6) }
+func (p *farmPlan) postSet() string {
+	return postSetName(p.v6, len(p.post) > 0 && p.post[0].Val != nil)
+}
+
+func postSetName(v6, snat bool) string {
+	if snat {
+		return pick(v6, setSnat4, setSnat6)
 	}
-	return bkSetName(pick(p.v6, setBk4p, setBk6p), p.name)
+	return pick(v6, setMasq4, setMasq6)
 }
 
 func pick[T any](v6 bool, a, b T) T {
@@ -342,12 +245,12 @@ func plan(f *model.Farm) *farmPlan {
 		return nil
 	}
 	p := &farmPlan{name: f.Name, v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}
-	p.svc = svcElems(f, keySvc, p.chain, nil)
+	p.svc = svcElems(f, p.chain, nil)
 	if f.Mode == model.ModeSNAT {
 		if f.SourceAddr.IsValid() {
-			p.post = svcElems(f, keySnat, "", f.SourceAddr.AsSlice())
+			p.post = svcElems(f, "", f.SourceAddr.AsSlice())
 		} else {
-			p.post = svcElems(f, keyMasq, "", nil)
+			p.post = svcElems(f, "", nil)
 		}
 	}
 	p.active = f.ActiveBackends()
@@ -366,6 +269,25 @@ func plan(f *model.Farm) *farmPlan {
 	return p
 }
 
+// mapSet returns the definition of a farm's backend map.
+func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint32) *nftables.Set {
+	s := &nftables.Set{Table: t, Name: name, ID: id, IsMap: true, KeyType: nftables.TypeInteger,
+		KeyByteOrder: binaryutil.NativeEndian}
+	if f.Scheduler == model.SchedWeight {
+		// numgen random is converted to network byte order before the
+		// lookup: interval sets compare keys as big-endian bytes.
+		s.Interval = true
+		s.KeyByteOrder = binaryutil.BigEndian
+	}
+	switch {
+	case p.kind == kindAddr:
+		s.DataType = pick(p.v6, nftables.TypeIPAddr, nftables.TypeIP6Addr)
+	default:
+		s.DataType = pick(p.v6, typeDst4, typeDst6)
+	}
+	return s
+}
+
 func (p *farmPlan) backendData(b model.Backend) []byte {
 	d := append([]byte(nil), b.Addr.AsSlice()...)
 	if p.kind == kindAddrPort {
@@ -378,92 +300,31 @@ func (p *farmPlan) backendData(b model.Backend) []byte {
 	return d
 }
 
-// slotKey is a backend map key: a slot number in host byte order, as
-// numgen and jhash leave it in their register. Each farm owns a range of
-// slots [base, base+n): its scheduler is "numgen/jhash mod n offset base",
-// so all farms share one map per shape (see the const block).
-func slotKey(slot uint32) []byte { return binaryutil.NativeEndian.PutUint32(slot) }
-
-// slots returns, for each slot of the farm's backend map, the index of the
-// active backend it sends to. rr and hash: one slot per backend. weight:
-// slots in proportion to the weights (see maxWeightSlots).
-func (p *farmPlan) slots(f *model.Farm) []int {
-	var out []int
+// mapElems returns the backend map's elements and the modulus of the
+// scheduling expression.
+func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
+	var out []nftables.SetElement
 	if f.Scheduler != model.SchedWeight {
-		for i := range p.active {
-			out = append(out, i)
+		for i, b := range p.active {
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.backendData(b)})
 		}
-		return out
+		return out, uint32(len(p.active))
 	}
-	for i, n := range weightSlots(p.active, maxWeightSlots) {
-		for range n {
-			out = append(out, i)
-		}
+	// Slot ranges sized by weight: [start, start+weight) -> backend, each
+	// sent as a start element and an end element (key one past the range,
+	// flagged as an interval end), as nft does.
+	var total uint32
+	for _, b := range p.active {
+		out = append(out,
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.backendData(b)},
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + b.Weight), IntervalEnd: true})
+		total += b.Weight
 	}
-	return out
+	return out, total
 }
 
-// weightSlots shares out at most limit slots among backends in proportion
-// to their weights (all > 0): weights divided by their gcd if that fits,
-// else the largest-remainder method with at least one slot each.
-func weightSlots(bs []model.Backend, limit int) []int {
-	g := uint64(0)
-	for _, b := range bs {
-		g = gcd(g, uint64(b.Weight))
-	}
-	var total uint64
-	out := make([]int, len(bs))
-	for i, b := range bs {
-		out[i] = int(uint64(b.Weight) / g)
-		total += uint64(out[i])
-	}
-	if total <= uint64(limit) {
-		return out
-	}
-	var sum uint64
-	for _, b := range bs {
-		sum += uint64(b.Weight)
-	}
-	type rem struct {
-		i int
-		r uint64
-	}
-	free := uint64(limit - len(bs)) // every backend keeps one slot
-	rems := make([]rem, len(bs))
-	used := uint64(0)
-	for i, b := range bs {
-		share := free * uint64(b.Weight)
-		out[i] = 1 + int(share/sum)
-		used += share / sum
-		rems[i] = rem{i, share % sum}
-	}
-	slices.SortStableFunc(rems, func(a, b rem) int { return cmp.Compare(b.r, a.r) })
-	for k := 0; used < free; k++ {
-		out[rems[k].i]++
-		used++
-	}
-	return out
-}
-
-func gcd(a, b uint64) uint64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
-}
-
-// mapElems returns the farm's backend map elements for slots from base.
-func (p *farmPlan) mapElems(f *model.Farm, base uint32) []nftables.SetElement {
-	slots := p.slots(f)
-	out := make([]nftables.SetElement, len(slots))
-	for s, i := range slots {
-		out[s] = nftables.SetElement{Key: slotKey(base + uint32(s)), Val: p.backendData(p.active[i])}
-	}
-	return out
-}
-
-// hashLoads loads the farm's hash keys into consecutive 32-bit registers
-// from NFT_REG_1 and returns the expressions and the number of bytes loaded.
+// hashLoads loads the farm's hash keys into consecutive registers from
+// NFT_REG_1 and returns the expressions and the number of bytes loaded.
 func hashLoads(f *model.Farm, v6 bool) ([]expr.Any, uint32) {
 	var out []expr.Any
 	reg := uint32(reg32)
@@ -491,10 +352,8 @@ func hashLoads(f *model.Farm, v6 bool) ([]expr.Any, uint32) {
 	return out, (reg - reg32) * 4
 }
 
-// farmRules returns the rules of a farm's chain: the scheduler picks a
-// slot in [base, base+modulus) (numgen or jhash with an offset) and the
-// shared backend map turns it into the backend.
-func (p *farmPlan) farmRules(f *model.Farm, base, modulus uint32) [][]expr.Any {
+// farmRules returns the rules of a farm's chain.
+func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32) [][]expr.Any {
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	if p.kind == kindNone {
 		return [][]expr.Any{drop}
@@ -502,9 +361,12 @@ func (p *farmPlan) farmRules(f *model.Farm, base, modulus uint32) [][]expr.Any {
 	var r []expr.Any
 	switch f.Scheduler {
 	case model.SchedRR:
-		r = append(r, &expr.Numgen{Register: reg1, Type: unix.NFT_NG_INCREMENTAL, Modulus: modulus, Offset: base})
+		r = append(r, &expr.Numgen{Register: reg1, Type: unix.NFT_NG_INCREMENTAL, Modulus: modulus})
 	case model.SchedWeight:
-		r = append(r, &expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus, Offset: base})
+		r = append(r,
+			&expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus},
+			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		)
 	case model.SchedHash:
 		loads, n := hashLoads(f, p.v6)
 		// The family match is implied by the service map, but lets nft
@@ -512,14 +374,14 @@ func (p *farmPlan) farmRules(f *model.Farm, base, modulus uint32) [][]expr.Any {
 		r = append(r, nfproto(p.v6)...)
 		r = append(r, loads...)
 		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
-			Seed: seed(f.Name), Offset: base, Type: expr.HashTypeJenkins})
+			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
 	}
 	n := &expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(p.v6), RegAddrMin: reg1}
 	if p.kind == kindAddrPort {
 		n.RegProtoMin = reg32 + addrWords(p.v6)
 	}
 	r = append(r,
-		&expr.Lookup{SourceRegister: reg1, SetName: p.bkSet(), IsDestRegSet: true, DestRegister: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: mapName, SetID: mapID, IsDestRegSet: true, DestRegister: reg1},
 		&expr.Counter{},
 		n,
 	)

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
@@ -54,28 +53,14 @@ type Plane struct {
 	conn   *nftables.Conn
 	static map[string]*nftables.Set
 	farms  map[string]*farmState // what the kernel holds, by farm name
-	lastID uint32                // end of the last slot range given out (backend map keys)
+	gen    uint64                // generation of backend maps (unique names)
 	setID  uint32
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
 type farmState struct {
-	farm  *model.Farm // as programmed (sealed, shared with the engine's state)
-	plan  *farmPlan   // nil: the farm is known but not in the kernel (not up)
-	base  uint32      // first slot of its backend map elements
-	slots uint32      // elements base ... base+slots-1; 0: the chain only drops
-}
-
-// bkElems returns the keys of the farm's backend map elements.
-func (s *farmState) bkElems() []elem {
-	if s == nil || s.plan == nil || s.slots == 0 {
-		return nil
-	}
-	out := make([]elem, s.slots)
-	for i := range out {
-		out[i] = elem{Set: s.plan.bkSet(), Key: slotKey(s.base + uint32(i))}
-	}
-	return out
+	plan    *farmPlan // nil: the farm is known but not in the kernel (not up)
+	mapName string    // "" when the chain only drops
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -96,6 +81,7 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		opts:  opts,
 		table: &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyINet},
 		farms: map[string]*farmState{},
+		gen:   uint64(time.Now().UnixNano()),
 	}
 	p.static = map[string]*nftables.Set{}
 	for _, s := range staticSets(p.table) {
@@ -118,14 +104,6 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		p.Close()
 		return nil, fmt.Errorf("program postrouting chain: %w", err)
 	}
-	// Slots already in the kernel (from before a restart) must not be
-	// given out again until Reconcile has replaced them.
-	k, err := p.readKernel(true)
-	if err != nil {
-		p.Close()
-		return nil, err
-	}
-	p.lastID = k.maxID
 	return p, nil
 }
 
@@ -256,25 +234,6 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 	if p.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
-	// Each rebuild takes fresh slots. When a change could run past the
-	// 32-bit slot space (after some 4 billion slots), first reprogram
-	// every farm from slot 1 up, in one batch, as Reconcile does.
-	var need uint64
-	for _, c := range d.Changes {
-		if c.New != nil {
-			need += uint64(max(len(c.New.Backends), maxWeightSlots))
-		}
-	}
-	if need > p.slotsLeft() {
-		farms := make([]*model.Farm, 0, len(p.farms))
-		for _, s := range p.farms {
-			farms = append(farms, s.farm)
-		}
-		p.log.Info("nft backend slot space exhausted: compacting", "farms", len(farms))
-		if err := p.reconcileLocked(farms); err != nil {
-			return fmt.Errorf("compact backend slots: %w", err)
-		}
-	}
 	b := p.newBatch()
 	next := map[string]*farmState{}
 	cur := func(name string) *farmState {
@@ -329,42 +288,21 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if p.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
-	return p.reconcileLocked(farms)
-}
-
-func (p *Plane) reconcileLocked(farms []*model.Farm) error {
-	k, err := p.readKernel(false)
+	k, err := p.readKernel()
 	if err != nil {
 		return err
 	}
-	// Reconcile hands out slot ranges from the start again (compacting
-	// them): it deletes every old backend element in this batch, and a
-	// key deleted and added in one transaction is simply replaced.
-	p.lastID = 0
 	b := p.newBatch()
 	b.ensureStatic()
 	next := map[string]*farmState{}
 	wantElems := map[string]map[string]elem{} // set -> id -> element
-	keepSets := map[string]bool{}
 	for _, s := range staticSets(p.table) {
-		keepSets[s.Name] = true
-		if !isBackendMap(s.Name) {
-			wantElems[s.Name] = map[string]elem{}
-		}
+		wantElems[s.Name] = map[string]elem{}
 	}
 	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true}
-	// Backend map elements: all old ones go, every farm gets a new slot
-	// range, and the rules switch to it in this same batch. Backend maps
-	// that no farm uses any more are deleted with the strays below.
-	for name, els := range k.elems {
-		if !isBackendMap(name) {
-			continue
-		}
-		old := make([]elem, 0, len(els))
-		for _, e := range els {
-			old = append(old, e)
-		}
-		b.delElems(old)
+	keepSets := map[string]bool{}
+	for name := range wantElems {
+		keepSets[name] = true
 	}
 	for _, f := range farms {
 		if _, dup := next[f.Name]; dup {
@@ -372,19 +310,18 @@ func (p *Plane) reconcileLocked(farms []*model.Farm) error {
 		}
 		pl := plan(f)
 		if pl == nil {
-			next[f.Name] = &farmState{farm: f}
+			next[f.Name] = &farmState{}
 			continue
 		}
 		keepChains[pl.chain] = true
-		if pl.kind != kindNone {
-			keepSets[pl.bkSet()] = true
-		}
-		next[f.Name] = b.buildFarm(pl, f, k.chains[pl.chain])
+		s := b.buildFarm(pl, f, k.chains[pl.chain])
+		keepSets[s.mapName] = true
+		next[f.Name] = s
 		for _, e := range pl.svc {
-			wantElems[e.Set][e.id()] = e
+			wantElems[pl.svcSet()][e.id()] = e
 		}
 		for _, e := range pl.post {
-			wantElems[e.Set][e.id()] = e
+			wantElems[pl.postSet()][e.id()] = e
 		}
 	}
 	// Service and snat elements: remove what is wrong, add what is missing.
@@ -401,8 +338,8 @@ func (p *Plane) reconcileLocked(farms []*model.Farm) error {
 				add = append(add, e)
 			}
 		}
-		b.delElems(del)
-		b.addElems(add)
+		b.delElems(p.static[name], del)
+		b.addElems(p.static[name], add)
 	}
 	// Strays: anything else in xlb's table.
 	var strayChains []string
@@ -436,12 +373,9 @@ type kernelState struct {
 	chains map[string]bool
 	sets   []string
 	elems  map[string]map[string]elem // static set -> id -> element
-	maxID  uint32                     // highest slot in the backend maps
 }
 
-// readKernel lists xlb's table. With onlyIDs it reads just the backend
-// maps, for the farm ids in use.
-func (p *Plane) readKernel(onlyIDs bool) (*kernelState, error) {
+func (p *Plane) readKernel() (*kernelState, error) {
 	k := &kernelState{chains: map[string]bool{}, elems: map[string]map[string]elem{}}
 	tables, err := p.conn.ListTablesOfFamily(nftables.TableFamilyINet)
 	if err != nil {
@@ -472,7 +406,7 @@ func (p *Plane) readKernel(onlyIDs bool) (*kernelState, error) {
 	}
 	for _, s := range sets {
 		k.sets = append(k.sets, s.Name)
-		if _, ok := p.static[s.Name]; !ok && !isBackendMap(s.Name) || onlyIDs && !isBackendMap(s.Name) {
+		if _, ok := p.static[s.Name]; !ok {
 			continue
 		}
 		els, err := p.conn.GetSetElements(s)
@@ -482,10 +416,7 @@ func (p *Plane) readKernel(onlyIDs bool) (*kernelState, error) {
 		}
 		m := map[string]elem{}
 		for _, se := range els {
-			e := elem{Set: s.Name, Key: se.Key, KeyEnd: se.KeyEnd}
-			if isBackendMap(s.Name) && len(se.Key) >= 4 {
-				k.maxID = max(k.maxID, binaryutil.NativeEndian.Uint32(se.Key[:4]))
-			}
+			e := elem{Key: se.Key, KeyEnd: se.KeyEnd}
 			if s.IsMap {
 				if se.VerdictData != nil {
 					e.Chain = se.VerdictData.Chain
@@ -517,34 +448,12 @@ func (p *Plane) redial() {
 
 // batch collects one netlink transaction.
 type batch struct {
-	p    *Plane
-	c    *nftables.Conn
-	n    int             // messages queued (roughly), for logs
-	bkOK map[string]bool // backend maps ensured in this batch
+	p *Plane
+	c *nftables.Conn
+	n int // messages queued (roughly), for logs
 }
 
-func (p *Plane) newBatch() *batch { return &batch{p: p, c: p.conn, bkOK: map[string]bool{}} }
-
-// set returns the definition of a static set or backend map.
-func (b *batch) set(name string) *nftables.Set {
-	if s, ok := b.p.static[name]; ok {
-		return s
-	}
-	return bkSetDef(b.p.table, name)
-}
-
-// ensureBkSet adds backend map name in this batch (a no-op in the kernel
-// if it exists), once per batch: maps are created when a farm first needs
-// them, so an idle table lists only the maps in use.
-func (b *batch) ensureBkSet(name string) *nftables.Set {
-	s := bkSetDef(b.p.table, name)
-	if !b.bkOK[name] {
-		b.bkOK[name] = true
-		s.ID = b.nextID()
-		_ = b.c.AddSet(s, nil)
-	}
-	return s
-}
+func (p *Plane) newBatch() *batch { return &batch{p: p, c: p.conn} }
 
 func (b *batch) flush() error {
 	if err := b.c.Flush(); err != nil {
@@ -595,7 +504,7 @@ func (b *batch) ensureStatic() {
 			b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 		}
 	}
-	svc := [][]expr.Any{svcRule(false, setSvc4), svcRule(false, setSvc4r), svcRule(true, setSvc6), svcRule(true, setSvc6r)}
+	svc := [][]expr.Any{svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
 	// The postrouting chain's rules are sent by programPostrouting.
@@ -603,59 +512,34 @@ func (b *batch) ensureStatic() {
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
 }
 
-// addElems adds elements to their sets, at most elemChunk per message.
-func (b *batch) addElems(els []elem) {
-	for _, group := range bySet(els) {
-		s := b.set(group[0].Set)
-		for i := 0; i < len(group); i += elemChunk {
-			chunk := group[i:min(i+elemChunk, len(group))]
-			ses := make([]nftables.SetElement, len(chunk))
-			for j, e := range chunk {
-				ses[j] = e.setElement()
-			}
-			_ = b.c.SetAddElements(s, ses) // only fails for anonymous sets
-			b.n++
+func (b *batch) addElems(s *nftables.Set, els []elem) {
+	for i := 0; i < len(els); i += elemChunk {
+		chunk := els[i:min(i+elemChunk, len(els))]
+		ses := make([]nftables.SetElement, len(chunk))
+		for j, e := range chunk {
+			ses[j] = e.setElement()
 		}
+		_ = b.c.SetAddElements(s, ses) // only fails for anonymous sets
+		b.n++
 	}
 }
 
-// delElems deletes elements from their sets (by key; data is not needed).
-func (b *batch) delElems(els []elem) {
-	for _, group := range bySet(els) {
-		s := b.set(group[0].Set)
-		for i := 0; i < len(group); i += elemChunk {
-			chunk := group[i:min(i+elemChunk, len(group))]
-			ses := make([]nftables.SetElement, len(chunk))
-			for j, e := range chunk {
-				ses[j] = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd}
-			}
-			_ = b.c.SetDeleteElements(s, ses)
-			b.n++
+func (b *batch) delElems(s *nftables.Set, els []elem) {
+	for i := 0; i < len(els); i += elemChunk {
+		chunk := els[i:min(i+elemChunk, len(els))]
+		ses := make([]nftables.SetElement, len(chunk))
+		for j, e := range chunk {
+			// Deletes match on the key; data is not needed.
+			ses[j] = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd}
 		}
+		_ = b.c.SetDeleteElements(s, ses)
+		b.n++
 	}
 }
 
-// bySet groups elements by their set, keeping the order within each.
-func bySet(els []elem) [][]elem {
-	var order []string
-	groups := map[string][]elem{}
-	for _, e := range els {
-		if _, ok := groups[e.Set]; !ok {
-			order = append(order, e.Set)
-		}
-		groups[e.Set] = append(groups[e.Set], e)
-	}
-	out := make([][]elem, len(order))
-	for i, name := range order {
-		out[i] = groups[name]
-	}
-	return out
-}
-
-// buildFarm (re)creates a farm's chain and its backend map elements under
-// a fresh farm id, and points the chain's rules at them. existing says
-// whether the chain is already in the kernel (then its rules are flushed in
-// this batch). The caller deletes the farm's old elements.
+// buildFarm (re)creates a farm's chain and a new backend map with a fresh
+// name, and points the chain's rules at it. existing says whether the chain
+// is already in the kernel (then its rules are flushed in this batch).
 func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState {
 	t := b.p.table
 	ch := &nftables.Chain{Table: t, Name: pl.chain}
@@ -664,86 +548,83 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 	} else {
 		b.c.AddChain(ch)
 	}
-	s := &farmState{farm: f, plan: pl}
+	s := &farmState{plan: pl}
+	var set *nftables.Set
+	var modulus uint32
 	if pl.kind != kindNone {
-		n := uint32(len(pl.slots(f)))
-		s.base, s.slots = b.p.allocSlots(n), n
-		els := pl.mapElems(f, s.base)
-		set := b.ensureBkSet(pl.bkSet())
+		b.p.gen++
+		s.mapName = mapName(f.Name, b.p.gen)
+		set = pl.mapSet(t, f, s.mapName, b.nextID())
+		var els []nftables.SetElement
+		els, modulus = pl.mapElems(f)
+		_ = b.c.AddSet(set, nil)
 		for i := 0; i < len(els); i += elemChunk {
 			_ = b.c.SetAddElements(set, els[i:min(i+elemChunk, len(els))])
 		}
 	}
-	for _, r := range pl.farmRules(f, s.base, s.slots) {
+	var id uint32
+	if set != nil {
+		id = set.ID
+	}
+	for _, r := range pl.farmRules(f, s.mapName, id, modulus) {
 		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 	}
 	return s
 }
 
-// allocSlots gives out a range of n backend map slots. Every rebuild of a
-// farm takes a new range, so a change adds the new elements and deletes the
-// old ones without touching any other farm's keys. Apply compacts (see
-// slotsLeft) before the 32-bit space runs out.
-func (p *Plane) allocSlots(n uint32) uint32 {
-	base := p.lastID + 1
-	p.lastID += n
-	return base
-}
-
-// slotsLeft is how many slots allocSlots can still give out.
-func (p *Plane) slotsLeft() uint64 { return math.MaxUint32 - uint64(p.lastID) }
-
-// putFarm adds or updates a farm. The farm's chain and backend elements are
+// putFarm adds or updates a farm. The farm's chain and backend map are
 // rebuilt (O(backends)); service and snat elements are changed only where
 // they differ.
 func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	pl := plan(f)
 	if pl == nil {
 		b.removeFarm(old)
-		return &farmState{farm: f}
+		return &farmState{}
 	}
 	var oldPlan *farmPlan
 	if old != nil {
 		oldPlan = old.plan
 	}
 	s := b.buildFarm(pl, f, oldPlan != nil)
-	b.delElems(old.bkElems())
-	var oldSvc, oldPost []elem
-	if oldPlan != nil {
-		oldSvc, oldPost = oldPlan.svc, oldPlan.post
+	if oldPlan != nil && old.mapName != "" {
+		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
 	}
-	b.diffElems(oldSvc, pl.svc)
-	b.diffElems(oldPost, pl.post)
+	// Removed keys first: a farm that moves a port to another set or
+	// changes a key must not collide with itself.
+	oldSvc, oldPost := map[string]elem{}, map[string]elem{}
+	if oldPlan != nil {
+		for _, e := range oldPlan.svc {
+			oldSvc[e.id()] = e
+		}
+		for _, e := range oldPlan.post {
+			oldPost[e.id()] = e
+		}
+	}
+	b.diffElems(oldPlan, pl, oldSvc, pl.svc, (*farmPlan).svcSet)
+	b.diffElems(oldPlan, pl, oldPost, pl.post, (*farmPlan).postSet)
 	return s
 }
 
-// diffElems deletes the old elements that are not wanted any more (or
-// changed) and adds the wanted ones that are new (or changed). Deletes go
-// first in the batch: a farm that changes a key's value must not collide
-// with itself.
-func (b *batch) diffElems(old, want []elem) {
-	key := func(e elem) string { return e.Set + "\x00" + e.id() }
-	oldByKey := make(map[string]elem, len(old))
-	for _, e := range old {
-		oldByKey[key(e)] = e
-	}
+func (b *batch) diffElems(oldPlan, pl *farmPlan, old map[string]elem, want []elem, set func(*farmPlan) string) {
+	sameSet := oldPlan != nil && set(oldPlan) == set(pl)
+	var del, add []elem
 	keep := map[string]bool{}
-	var add []elem
 	for _, e := range want {
-		if o, ok := oldByKey[key(e)]; ok && o.same(e) {
-			keep[key(e)] = true
+		if o, ok := old[e.id()]; ok && sameSet && o.same(e) {
+			keep[e.id()] = true
 			continue
 		}
 		add = append(add, e)
 	}
-	var del []elem
-	for _, e := range old {
-		if !keep[key(e)] {
+	for id, e := range old {
+		if !keep[id] {
 			del = append(del, e)
 		}
 	}
-	b.delElems(del)
-	b.addElems(add)
+	if oldPlan != nil && len(del) > 0 {
+		b.delElems(b.p.static[set(oldPlan)], del)
+	}
+	b.addElems(b.p.static[set(pl)], add)
 }
 
 // removeFarm deletes everything a farm has in the kernel.
@@ -752,10 +633,14 @@ func (b *batch) removeFarm(old *farmState) {
 		return
 	}
 	pl := old.plan
-	b.delElems(pl.svc)
-	b.delElems(pl.post)
+	b.delElems(b.p.static[pl.svcSet()], pl.svc)
+	if len(pl.post) > 0 {
+		b.delElems(b.p.static[pl.postSet()], pl.post)
+	}
 	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
 	b.c.FlushChain(ch)
 	b.c.DelChain(ch)
-	b.delElems(old.bkElems())
+	if old.mapName != "" {
+		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	}
 }

@@ -2,7 +2,6 @@ package nft
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -184,7 +183,7 @@ func TestListing(t *testing.T) {
 	r := strings.NewReplacer(
 		"WEB", chainName("web"), "DNS", chainName("dns6"), "HASH", chainName("hash"), "EMPTY", chainName("empty"),
 		"SEED", fmt.Sprintf("0x%08x", seed("hash")),
-		"BKWEB", bkSetName(setBk4p, "web"), "BKDNS", bkSetName(setBk6, "dns6"), "BKHASH", bkSetName(setBk4, "hash"),
+		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
 	)
 	want := normalize(r.Replace(wantListing))
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -198,99 +197,72 @@ const wantListing = `
 table inet xlb {
 	map svc4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
-		elements = { 10.99.0.1 . tcp . 80 : goto WEB }
+		flags interval
+		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY }
 	}
 	map svc6 {
 		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
 		elements = { fd00:99::1 . udp . 53 : goto DNS }
-	}
-	map svc4r {
-		type ipv4_addr . inet_proto . inet_service : verdict
-		flags interval
-		elements = { 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY }
-	}
-	map svc6r {
-		type ipv6_addr . inet_proto . inet_service : verdict
-		flags interval
 	}
 	set masq4 {
 		type ipv4_addr . inet_proto . inet_service
-		elements = { 10.99.0.1 . tcp . 80 }
+		flags interval
+		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535 }
 	}
 	set masq6 {
-		type ipv6_addr . inet_proto . inet_service
-	}
-	set masq4r {
-		type ipv4_addr . inet_proto . inet_service
-		flags interval
-		elements = { 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535 }
-	}
-	set masq6r {
 		type ipv6_addr . inet_proto . inet_service
 		flags interval
 	}
 	map snat4 {
 		type ipv4_addr . inet_proto . inet_service : ipv4_addr
-	}
-	map snat6 {
-		type ipv6_addr . inet_proto . inet_service : ipv6_addr
-	}
-	map snat4r {
-		type ipv4_addr . inet_proto . inet_service : ipv4_addr
 		flags interval
 		elements = { 10.99.0.2 . tcp . 0-65535 : 10.99.0.200 }
 	}
-	map snat6r {
+	map snat6 {
 		type ipv6_addr . inet_proto . inet_service : ipv6_addr
 		flags interval
 	}
-	map BKHASH {
-		type 0 : ipv4_addr
-		elements = { 6 : 10.200.0.11 }
-	}
-	map BKWEB {
+	map MWEB-GEN {
 		type 0 : ipv4_addr . inet_service
-		elements = { 1 : 10.200.0.11 . 8080, 2 : 10.200.0.12 . 8080 }
+		elements = { 0 : 10.200.0.11 . 8080, 1 : 10.200.0.12 . 8080 }
 	}
-	map BKDNS {
+	map MDNS-GEN {
 		type 0 : ipv6_addr
-		elements = { 3 : fd00:200::11, 4 : fd00:200::12, 5 : fd00:200::12 }
+		flags interval
+		elements = { 0 : fd00:200::11, 1-2 : fd00:200::12 }
+	}
+	map MHASH-GEN {
+		type 0 : ipv4_addr
+		elements = { 0 : 10.200.0.11 }
 	}
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
 		ip daddr . meta l4proto . th dport vmap @svc4
-		ip daddr . meta l4proto . th dport vmap @svc4r
 		ip6 daddr . meta l4proto . th dport vmap @svc6
-		ip6 daddr . meta l4proto . th dport vmap @svc6r
 	}
 	chain output {
 		type nat hook output priority -100; policy accept;
 		ip daddr . meta l4proto . th dport vmap @svc4
-		ip daddr . meta l4proto . th dport vmap @svc4r
 		ip6 daddr . meta l4proto . th dport vmap @svc6
-		ip6 daddr . meta l4proto . th dport vmap @svc6r
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
 		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
 		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
-		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4r
-		ct original ip daddr . meta l4proto . ct original proto-dst @masq4r masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6
 		ct original ip6 daddr . meta l4proto . ct original proto-dst @masq6 masquerade
-		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6r
-		ct original ip6 daddr . meta l4proto . ct original proto-dst @masq6r masquerade
 	}
 	chain WEB {
-		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 offset 1 map @BKWEB
+		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN
 		counter packets 0 bytes 0 drop
 	}
 	chain DNS {
-		counter packets 0 bytes 0 dnat ip6 to numgen random mod 3 offset 3 map @BKDNS
+		counter packets 0 bytes 0 dnat ip6 to numgen random mod 3 map @MDNS-GEN
 		counter packets 0 bytes 0 drop
 	}
 	chain HASH {
-		meta nfproto ipv4 counter packets 0 bytes 0 dnat ip to jhash ip saddr . th sport mod 1 seed SEED offset 6 map @BKHASH
+		meta nfproto ipv4 counter packets 0 bytes 0 dnat ip to jhash ip saddr . th sport mod 1 seed SEED map @MHASH-GEN
 		counter packets 0 bytes 0 drop
 	}
 	chain EMPTY {
@@ -333,8 +305,8 @@ func TestChangeTouchesOnlyItsOwn(t *testing.T) {
 	a := mk("a", "10.99.0.1", "10.200.0.11", "10.200.0.12")
 	apply(dataplane.FarmChange{New: a})
 	before := ruleHandles(t, name, "a")
-	baseA := p.farms["a"].base
-	elemsA := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", p.farms["a"].plan.bkSet())
+	mapA := p.farms["a"].mapName
+	elemsA := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA)
 
 	b1 := mk("b", "10.99.0.2", "10.200.0.13")
 	apply(dataplane.FarmChange{New: b1})
@@ -345,12 +317,11 @@ func TestChangeTouchesOnlyItsOwn(t *testing.T) {
 	if after := ruleHandles(t, name, "a"); after != before {
 		t.Errorf("farm a's chain changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	if p.farms["a"].base != baseA {
-		t.Errorf("farm a's slots moved from %d to %d", baseA, p.farms["a"].base)
+	if p.farms["a"].mapName != mapA {
+		t.Errorf("farm a's map renamed")
 	}
-	// b came and went: a's backend map holds what it held before.
-	if got := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", p.farms["a"].plan.bkSet()); got != elemsA {
-		t.Errorf("backend map changed:\n%s\nwas:\n%s", got, elemsA)
+	if got := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA); got != elemsA {
+		t.Errorf("farm a's map changed:\n%s\nwas:\n%s", got, elemsA)
 	}
 	if out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb"); strings.Contains(out, chainName("b")) || strings.Contains(out, "10.99.0.2") {
 		t.Errorf("farm b left objects behind:\n%s", out)
@@ -468,17 +439,11 @@ func TestReconcile(t *testing.T) {
 			t.Errorf("stray %q survived Reconcile:\n%s", stray, out)
 		}
 	}
-	if n := strings.Count(out, "map @bk4p-"); n != 3 {
-		t.Errorf("%d farm chains use the backend maps, want 3:\n%s", n, out)
+	if n := strings.Count(out, "map @m-"); n != 3 {
+		t.Errorf("%d farm maps in use, want 3:\n%s", n, out)
 	}
-	// The backend maps hold exactly the slots of the three farms: the
-	// slots of builds before the restart are gone.
-	var want int
-	for _, s := range p2.farms {
-		want += int(s.slots)
-	}
-	if got := backendElems(t, e.LB.Name); got != want || want == 0 {
-		t.Errorf("%d backend map elements, want %d:\n%s", got, want, out)
+	if n := strings.Count(out, "\tmap m-"); n != 3 {
+		t.Errorf("%d farm maps, want 3 (old generations must go):\n%s", n, out)
 	}
 
 	// Reconcile removes a farm that is no longer wanted.
@@ -516,63 +481,4 @@ func TestReconcileEmptyKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(1), 80))
-}
-
-// backendElems counts the elements of the backend maps in namespace ns.
-func backendElems(t *testing.T, ns string) int {
-	t.Helper()
-	var doc struct {
-		Nftables []struct {
-			Map *struct {
-				Name string            `json:"name"`
-				Elem []json.RawMessage `json:"elem"`
-			} `json:"map"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal([]byte(testutil.Run(t, ns, "nft", "-j", "list", "table", "inet", "xlb")), &doc); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, o := range doc.Nftables {
-		if o.Map != nil && isBackendMap(o.Map.Name) {
-			n += len(o.Map.Elem)
-		}
-	}
-	return n
-}
-
-// TestWeightSlots: weights are reduced by their gcd; past the slot limit
-// they are shared out in proportion, every backend keeping at least one.
-func TestWeightSlots(t *testing.T) {
-	mk := func(ws ...uint32) []model.Backend {
-		bs := make([]model.Backend, len(ws))
-		for i, w := range ws {
-			bs[i].Weight = w
-		}
-		return bs
-	}
-	for _, c := range []struct {
-		weights []uint32
-		limit   int
-		want    []int
-	}{
-		{[]uint32{1, 2}, 4096, []int{1, 2}},
-		{[]uint32{10, 20, 30}, 4096, []int{1, 2, 3}},
-		{[]uint32{3, 3}, 4096, []int{1, 1}},
-		{[]uint32{7, 5}, 4096, []int{7, 5}},
-		{[]uint32{1, 1000}, 100, []int{1, 99}},
-		{[]uint32{5000, 3000, 1}, 100, []int{62, 37, 1}},
-	} {
-		got := weightSlots(mk(c.weights...), c.limit)
-		if fmt.Sprint(got) != fmt.Sprint(c.want) {
-			t.Errorf("weights %v limit %d: slots %v, want %v", c.weights, c.limit, got, c.want)
-		}
-		sum := 0
-		for _, n := range got {
-			sum += n
-		}
-		if sum > c.limit {
-			t.Errorf("weights %v: %d slots, over the limit %d", c.weights, sum, c.limit)
-		}
-	}
 }

@@ -50,22 +50,22 @@ func encode(e expr.Any) (rawExpr, error) {
 //	snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
 //	ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 //
-// the same with the interval sets snat4r and masq4r, and the IPv6 forms. The key is the VIP the client connected to, from the
+// and the IPv6 forms. The key is the VIP the client connected to, from the
 // conntrack entry's original direction, so no mark is needed.
 func postRulesRaw() ([][]rawExpr, error) {
 	var rules [][]rawExpr
 	for _, v6 := range []bool{false, true} {
 		w := addrWords(v6)
-		var tails [][]expr.Any
-		for _, interval := range []bool{false, true} {
-			masq, snat := svcSetName(keyMasq, v6, interval), svcSetName(keySnat, v6, interval)
-			tails = append(tails, []expr.Any{
+		masq, snat := pick(v6, setMasq4, setMasq6), pick(v6, setSnat4, setSnat6)
+		tails := [][]expr.Any{
+			{
 				&expr.Lookup{SourceRegister: reg1, SetName: snat, IsDestRegSet: true, DestRegister: reg1},
 				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
-			}, []expr.Any{
+			},
+			{
 				&expr.Lookup{SourceRegister: reg1, SetName: masq},
 				&expr.Masq{},
-			})
+			},
 		}
 		for _, tail := range tails {
 			r := []rawExpr{ctOrigDaddr(v6)}
