@@ -75,6 +75,14 @@
 #define XLB_CT_FWD 0   /* client -> VIP */
 #define XLB_CT_REPLY 1 /* backend -> client (or LB snat address) */
 
+/* struct ct_val.state: where a flow is, which picks its idle timeout
+ * (set at load time, see xlb_lb.c; defaults like IPVS's). */
+#define XLB_CT_STATE_SYN 0   /* TCP: SYN seen, handshake not completed */
+#define XLB_CT_STATE_EST 1   /* TCP: established */
+#define XLB_CT_STATE_FIN 2   /* TCP: FIN seen in either direction */
+#define XLB_CT_STATE_CLOSE 3 /* TCP: RST seen */
+#define XLB_CT_STATE_UDP 4   /* UDP */
+
 /* Per-CPU counters in xlb_stats. */
 enum xlb_stat {
 	XLB_STAT_RX = 0,
@@ -94,6 +102,7 @@ enum xlb_stat {
 	XLB_STAT_FIB_PASS,     /* rewritten, handed to the stack (no fib result) */
 	XLB_STAT_FIB_DROP,     /* blackhole/unreachable/prohibit route: dropped */
 	XLB_STAT_ERROR,        /* helper failure: dropped */
+	XLB_STAT_CT_EXPIRED,   /* conntrack entry idle past its timeout: removed */
 	XLB_STAT_MAX,
 };
 

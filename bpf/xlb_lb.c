@@ -20,6 +20,20 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* Idle timeouts per conntrack state, in ns. Set by the loader before the
+ * program is loaded (Options.Timeouts); the verifier sees constants. The
+ * defaults are IPVS's: tcp 900 s, tcpfin 120 s, udp 300 s (ipvsadm --set),
+ * SYN_RECV 60 s, CLOSE 10 s. */
+volatile const __u64 xlb_timeout_syn = 60000000000ULL;
+volatile const __u64 xlb_timeout_tcp = 900000000000ULL;
+volatile const __u64 xlb_timeout_fin = 120000000000ULL;
+volatile const __u64 xlb_timeout_close = 10000000000ULL;
+volatile const __u64 xlb_timeout_udp = 300000000000ULL;
+
+/* Returned by lb4_ct_hit() when the entry is gone (expired, or a new
+ * connection reuses the tuple): schedule the packet as a new flow. */
+#define XLB_CT_MISS (-100)
+
 static __always_inline void stat_inc(__u32 idx)
 {
 	__u64 *c = bpf_map_lookup_elem(&xlb_stats, &idx);
@@ -45,12 +59,87 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->sport = k->dport;
 	pv->dport = k->sport;
 	pv->dir = v->dir == XLB_CT_FWD ? XLB_CT_REPLY : XLB_CT_FWD;
-	pv->flags = v->flags;
+	pv->state = v->state;
 	pv->pad = 0;
 	pv->svc = v->svc;
 	pv->backend = v->backend;
 	pv->seen = v->seen;
 	pv->ifindex = 0;
+}
+
+static __always_inline __u64 ct_timeout(__u8 state)
+{
+	switch (state) {
+	case XLB_CT_STATE_SYN:
+		return xlb_timeout_syn;
+	case XLB_CT_STATE_EST:
+		return xlb_timeout_tcp;
+	case XLB_CT_STATE_FIN:
+		return xlb_timeout_fin;
+	case XLB_CT_STATE_CLOSE:
+		return xlb_timeout_close;
+	default:
+		return xlb_timeout_udp;
+	}
+}
+
+/* ct_next_state() - the state a TCP flow in @s moves to on a packet with
+ * @flags (either direction). */
+static __always_inline __u8 ct_next_state(__u8 s, __u8 flags)
+{
+	if (flags & XLB_TCP_RST)
+		return XLB_CT_STATE_CLOSE;
+	if (flags & XLB_TCP_FIN)
+		return s == XLB_CT_STATE_CLOSE ? s : XLB_CT_STATE_FIN;
+	if (s == XLB_CT_STATE_SYN && (flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_ACK)
+		return XLB_CT_STATE_EST;
+	return s;
+}
+
+/* ct_delete() - remove both entries of the flow of (k, v). */
+static __always_inline void ct_delete(const struct ct_key *k, const struct ct_val *v)
+{
+	struct ct_key pk;
+	struct ct_val pv;
+
+	ct_peer(k, v, &pk, &pv);
+	bpf_map_delete_elem(&xlb_ct, &pk);
+	bpf_map_delete_elem(&xlb_ct, k);
+}
+
+/**
+ * ct_expired() - whether the flow of (k, v) has been idle longer than its
+ * state's timeout. A direction carrying no packets (one-way UDP) does not
+ * expire while its peer is live, so the peer is asked before giving up.
+ */
+static __always_inline int ct_expired(const struct ct_key *k, const struct ct_val *v, __u64 now)
+{
+	__u64 to = ct_timeout(v->state);
+	struct ct_key pk;
+	struct ct_val pv, *peer;
+
+	if (now - v->seen <= to)
+		return 0;
+	ct_peer(k, v, &pk, &pv);
+	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
+	return !peer || now - peer->seen > to;
+}
+
+/* ct_set_state() - move the flow of (k, v) to @state, in both entries. */
+static __always_inline void ct_set_state(const struct ct_key *k, struct ct_val *v, __u8 state,
+					 __u64 now)
+{
+	struct ct_key pk;
+	struct ct_val pv, *peer;
+
+	v->state = state;
+	v->seen = now;
+	ct_peer(k, v, &pk, &pv);
+	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
+	if (peer) {
+		peer->state = state;
+		peer->seen = now;
+	}
 }
 
 /**
@@ -239,6 +328,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	fv.sport = p->k.sport;
 	fv.dport = be->port ?: p->k.dport;
 	fv.dir = XLB_CT_FWD;
+	fv.state = p->k.proto == IPPROTO_TCP ? XLB_CT_STATE_SYN : XLB_CT_STATE_UDP;
 	fv.svc = svc->id;
 	fv.backend = bid;
 	fv.seen = bpf_ktime_get_coarse_ns();
@@ -293,33 +383,49 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	return lb4_nat(skb, p, v, 1);
 }
 
-/* lb4_ct_hit() - a packet of a tracked flow. */
+/**
+ * lb4_ct_hit() - a packet of a tracked flow: track its TCP state, then
+ * translate it.
+ *
+ * Return: a tcx verdict, or XLB_CT_MISS after removing the flow when it has
+ * expired or a SYN opens a new connection on its tuple (the client reused
+ * its port after FIN/RST, or the backend no longer exists).
+ */
 static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, struct ct_val *v)
 {
-	struct ct_key pk;
-	struct ct_val pv;
 	__u64 now = bpf_ktime_get_coarse_ns();
 	int fresh = 0;
 
-	if (v->dir == XLB_CT_FWD && p->k.proto == IPPROTO_TCP &&
-	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
-		/* A SYN on a tracked tuple: a retransmission keeps its backend;
-		 * a reused client port whose backend no longer exists (its
-		 * service changed) is scheduled afresh. */
-		__u32 bid = v->backend;
-
-		if (!bpf_map_lookup_elem(&xlb_backends, &bid)) {
-			ct_peer(&p->k, v, &pk, &pv);
-			bpf_map_delete_elem(&xlb_ct, &pk);
-			bpf_map_delete_elem(&xlb_ct, &p->k);
-			return lb4_new_flow(skb, p);
-		}
-	}
-	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
 	if (now - v->seen > XLB_CT_REFRESH_NS) {
+		if (ct_expired(&p->k, v, now)) {
+			stat_inc(XLB_STAT_CT_EXPIRED);
+			ct_delete(&p->k, v);
+			return XLB_CT_MISS;
+		}
 		ct_refresh(&p->k, v, now);
 		fresh = 1;
 	}
+	if (p->k.proto == IPPROTO_TCP) {
+		__u8 st;
+
+		if (v->dir == XLB_CT_FWD && (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
+			/* A SYN on a tracked tuple: a retransmission keeps its
+			 * backend; a new connection on a closed tuple, or one
+			 * whose backend is gone (its service changed), is
+			 * scheduled afresh. */
+			__u32 bid = v->backend;
+
+			if (v->state == XLB_CT_STATE_FIN || v->state == XLB_CT_STATE_CLOSE ||
+			    !bpf_map_lookup_elem(&xlb_backends, &bid)) {
+				ct_delete(&p->k, v);
+				return XLB_CT_MISS;
+			}
+		}
+		st = ct_next_state(v->state, p->tcp_flags);
+		if (st != v->state)
+			ct_set_state(&p->k, v, st, now);
+	}
+	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
 	return lb4_nat(skb, p, v, fresh);
 }
 
@@ -328,6 +434,7 @@ int xlb_ingress(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	struct ct_val *v;
+	int rc;
 
 	stat_inc(XLB_STAT_RX);
 	switch (lb4_parse(skb, &p)) {
@@ -341,7 +448,10 @@ int xlb_ingress(struct __sk_buff *skb)
 		return XLB_NEXT;
 	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
-	if (v)
-		return lb4_ct_hit(skb, &p, v);
+	if (v) {
+		rc = lb4_ct_hit(skb, &p, v);
+		if (rc != XLB_CT_MISS)
+			return rc;
+	}
 	return lb4_new_flow(skb, &p);
 }

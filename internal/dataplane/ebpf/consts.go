@@ -23,6 +23,12 @@ const (
 	ctFwd   = 0
 	ctReply = 1
 
+	ctStateSYN   = 0
+	ctStateEST   = 1
+	ctStateFIN   = 2
+	ctStateClose = 3
+	ctStateUDP   = 4
+
 	// Verdicts of the program (tcx return codes).
 	verdictNext     = -1
 	verdictPass     = 0
@@ -34,7 +40,7 @@ const (
 var statNames = []string{
 	"rx", "not_parsed", "fragment", "ct_fwd", "ct_reply", "not_vip", "not_syn",
 	"new_flow", "no_backend", "snat_full", "ct_race", "peer_repair",
-	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error",
+	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired",
 }
 
 // maxSlotsPerService bounds the weighted slots of one service: weights are

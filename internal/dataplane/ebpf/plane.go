@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -48,6 +49,42 @@ type Options struct {
 	// PinPath is a directory on a bpf file system. Default
 	// /sys/fs/bpf/xlb; bpffs is mounted at /sys/fs/bpf if it is not.
 	PinPath string
+	// Timeouts are the conntrack idle timeouts; zero fields take the
+	// defaults (DefaultTimeouts). They are constants of the loaded program:
+	// changing them takes a restart, which is hitless.
+	Timeouts Timeouts
+}
+
+// Timeouts are the idle timeouts of tracked connections by state, like
+// IPVS's (ipvsadm --set tcp tcpfin udp).
+type Timeouts struct {
+	TCP    time.Duration // established
+	TCPFin time.Duration // after a FIN in either direction
+	UDP    time.Duration
+	SYN    time.Duration // SYN seen, handshake not completed
+	Close  time.Duration // after a RST
+}
+
+// DefaultTimeouts are IPVS's defaults.
+var DefaultTimeouts = Timeouts{
+	TCP:    900 * time.Second,
+	TCPFin: 120 * time.Second,
+	UDP:    300 * time.Second,
+	SYN:    60 * time.Second,
+	Close:  10 * time.Second,
+}
+
+// withDefaults fills zero fields from DefaultTimeouts.
+func (t Timeouts) withDefaults() Timeouts {
+	d := DefaultTimeouts
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&t.TCP, &d.TCP}, {&t.TCPFin, &d.TCPFin}, {&t.UDP, &d.UDP}, {&t.SYN, &d.SYN}, {&t.Close, &d.Close},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	return t
 }
 
 // Plane is the eBPF data plane.
@@ -120,7 +157,19 @@ func (p *Plane) load() error {
 		return fmt.Errorf("load ebpf spec: %w", err)
 	}
 	spec.Maps[xlbMapXlbCt].MaxEntries = uint32(p.opts.ConnTableSize)
+	to := p.opts.Timeouts.withDefaults()
+	for name, d := range map[string]time.Duration{
+		xlbVarXlbTimeoutTcp: to.TCP, xlbVarXlbTimeoutFin: to.TCPFin, xlbVarXlbTimeoutUdp: to.UDP,
+		xlbVarXlbTimeoutSyn: to.SYN, xlbVarXlbTimeoutClose: to.Close,
+	} {
+		if err := spec.Variables[name].Set(uint64(d.Nanoseconds())); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
 	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue // .rodata: the program's constants, loaded anew each time
+		}
 		path := filepath.Join(p.opts.PinPath, name)
 		m, err := ebpf.LoadPinnedMap(path, nil)
 		if errors.Is(err, os.ErrNotExist) {

@@ -40,7 +40,7 @@ type xlbCtVal struct {
 	Sport   uint16
 	Dport   uint16
 	Dir     uint8
-	Flags   uint8
+	State   uint8
 	Pad     uint16
 	Svc     uint32
 	Backend uint32
@@ -78,13 +78,18 @@ type xlbSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xlbMapXlbBackends = "xlb_backends"
-	xlbMapXlbCt       = "xlb_ct"
-	xlbMapXlbRr       = "xlb_rr"
-	xlbMapXlbServices = "xlb_services"
-	xlbMapXlbSlots    = "xlb_slots"
-	xlbMapXlbStats    = "xlb_stats"
-	xlbProgXlbIngress = "xlb_ingress"
+	xlbMapXlbBackends     = "xlb_backends"
+	xlbMapXlbCt           = "xlb_ct"
+	xlbMapXlbRr           = "xlb_rr"
+	xlbMapXlbServices     = "xlb_services"
+	xlbMapXlbSlots        = "xlb_slots"
+	xlbMapXlbStats        = "xlb_stats"
+	xlbProgXlbIngress     = "xlb_ingress"
+	xlbVarXlbTimeoutClose = "xlb_timeout_close"
+	xlbVarXlbTimeoutFin   = "xlb_timeout_fin"
+	xlbVarXlbTimeoutSyn   = "xlb_timeout_syn"
+	xlbVarXlbTimeoutTcp   = "xlb_timeout_tcp"
+	xlbVarXlbTimeoutUdp   = "xlb_timeout_udp"
 )
 
 // loadXlb returns the embedded CollectionSpec for xlb.
@@ -148,6 +153,11 @@ type xlbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbVariableSpecs struct {
+	XlbTimeoutClose *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin   *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn   *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp   *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp   *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
 }
 
 // xlbObjects contains all objects after they have been loaded into the kernel.
@@ -193,6 +203,11 @@ func (m *xlbMaps) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbVariables struct {
+	XlbTimeoutClose *ebpf.Variable `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin   *ebpf.Variable `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn   *ebpf.Variable `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp   *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp   *ebpf.Variable `ebpf:"xlb_timeout_udp"`
 }
 
 // xlbPrograms contains all programs after they have been loaded into the kernel.
