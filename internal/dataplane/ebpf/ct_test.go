@@ -1,0 +1,166 @@
+package ebpf
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+func ctKey(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, proto uint8) xlbCtKey {
+	return xlbCtKey{Src: [4]uint32{ne32(src)}, Dst: [4]uint32{ne32(dst)}, Sport: ne16(sport), Dport: ne16(dport), Proto: proto, Family: afInet}
+}
+
+// ctState returns the state of both entries of a flow given by its forward
+// key; -1 for a missing entry.
+func ctState(t *testing.T, p *Plane, fwd xlbCtKey) (f, r int) {
+	t.Helper()
+	var v xlbCtVal
+	if err := p.objs.XlbCt.Lookup(fwd, &v); err != nil {
+		return -1, -1
+	}
+	rk := xlbCtKey{Src: v.Dst, Dst: v.Src, Sport: v.Dport, Dport: v.Sport, Proto: fwd.Proto, Family: fwd.Family}
+	var rv xlbCtVal
+	if err := p.objs.XlbCt.Lookup(rk, &rv); err != nil {
+		return int(v.State), -1
+	}
+	return int(v.State), int(rv.State)
+}
+
+// TestConntrackStates walks a TCP connection through its states with
+// BPF_PROG_TEST_RUN and checks both conntrack entries at each step, and that
+// a SYN on a closed tuple is scheduled as a new connection.
+func TestConntrackStates(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	if err := p.Reconcile(context.Background(), fixtureFarms(t)); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.objs.XlbIngress
+	fwd := ctKey(client, 42000, vip1, 80, protoTCP)
+	fromClient := func(flags uint8) pktSpec {
+		return pktSpec{src: client, sport: 42000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: flags}
+	}
+	fromBackend := func(be netip.Addr, mac int, flags uint8) pktSpec {
+		return pktSpec{src: be, sport: 8080, dst: client, dport: 42000, proto: protoTCP, tcpFlags: flags, srcMAC: macBackend(mac), dstMAC: macBack}
+	}
+	const fin, rst = 0x01, 0x04
+	steps := []struct {
+		desc    string
+		pkt     pktSpec
+		backend netip.Addr // the backend the output goes to (or comes from)
+		state   int
+	}{
+		{"SYN", fromClient(tcpSYN), be1, ctStateSYN},
+		{"SYN-ACK keeps SYN", fromBackend(be1, 0, tcpSYN|tcpACK), be1, ctStateSYN},
+		{"ACK completes the handshake", fromClient(tcpACK), be1, ctStateEST},
+		{"retransmitted SYN of an established connection keeps its backend", fromClient(tcpSYN), be1, ctStateEST},
+		{"FIN from the client", fromClient(fin | tcpACK), be1, ctStateFIN},
+		{"FIN-ACK from the backend", fromBackend(be1, 0, fin|tcpACK), be1, ctStateFIN},
+		{"SYN reusing the closed tuple is a new connection (rr: next backend)", fromClient(tcpSYN), be2, ctStateSYN},
+		{"RST from the new backend", fromBackend(be2, 1, rst|tcpACK), be2, ctStateClose},
+	}
+	for _, s := range steps {
+		verdict, out := runProg(t, ns, prog, s.pkt.build())
+		if verdict != verdictRedirect {
+			st, _ := p.Stats()
+			t.Fatalf("%s: verdict %d (stats %v)", s.desc, verdict, st)
+		}
+		got, err := parse(out)
+		if err != nil {
+			t.Fatalf("%s: %v", s.desc, err)
+		}
+		if got.dst != s.backend && got.dst != client {
+			t.Errorf("%s: went to %s, want %s", s.desc, got.dst, s.backend)
+		}
+		if got.dst == client && got.src != vip1 {
+			t.Errorf("%s: reply from %s, want the VIP", s.desc, got.src)
+		}
+		if f, r := ctState(t, p, fwd); f != s.state || r != s.state {
+			t.Errorf("%s: states (forward %d, reply %d), want %d in both", s.desc, f, r, s.state)
+		}
+	}
+	verdict, _ := runProg(t, ns, prog, pktSpec{src: client, sport: 5100, dst: vip1, dport: 53, proto: protoUDP, payload: []byte("q")}.build())
+	if verdict != verdictRedirect {
+		t.Fatalf("UDP: verdict %d", verdict)
+	}
+	if f, r := ctState(t, p, ctKey(client, 5100, vip1, 53, protoUDP)); f != ctStateUDP || r != ctStateUDP {
+		t.Errorf("UDP flow: states %d, %d, want %d", f, r, ctStateUDP)
+	}
+}
+
+// TestConntrackExpiry: an idle flow expires after its timeout and its next
+// packet is scheduled anew; a flow whose one direction is idle but whose
+// other carries packets does not expire.
+func TestConntrackExpiry(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p, err := New(context.Background(), testLogger(t), Options{NetNS: ns, Interfaces: []string{"front"},
+		PinPath: mountBPFFS(t), ConnTableSize: 4096, Timeouts: Timeouts{UDP: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	web := farm(t, "dns", "10.99.0.1", 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR,
+		"10.200.0.11:53", "10.200.0.12:53")
+	if err := p.Reconcile(context.Background(), []*model.Farm{web}); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.objs.XlbIngress
+	send := func(desc string, sport uint16) netip.Addr {
+		t.Helper()
+		verdict, out := runProg(t, ns, prog, pktSpec{src: client, sport: sport, dst: vip1, dport: 53, proto: protoUDP, payload: []byte("q")}.build())
+		got, err := parse(out)
+		if verdict != verdictRedirect || err != nil {
+			t.Fatalf("%s: verdict %d, %v", desc, verdict, err)
+		}
+		return got.dst
+	}
+	reply := func(be netip.Addr, mac int, dport uint16) {
+		t.Helper()
+		verdict, out := runProg(t, ns, prog, pktSpec{src: be, sport: 53, dst: client, dport: dport, proto: protoUDP, payload: []byte("a"), srcMAC: macBackend(mac), dstMAC: macBack}.build())
+		got, err := parse(out)
+		if verdict != verdictRedirect || err != nil || got.src != vip1 {
+			t.Fatalf("reply: verdict %d, %v, from %s", verdict, err, got.src)
+		}
+	}
+	expired := func() uint64 {
+		st, err := p.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st["ct_expired"]
+	}
+
+	if got := send("first", 6000); got != be1 {
+		t.Fatalf("first flow to %s, want %s", got, be1)
+	}
+	// The other direction keeps the flow alive: replies every 250 ms for 3 s.
+	if got := send("second flow", 6001); got != be2 {
+		t.Fatalf("second flow to %s, want %s", got, be2)
+	}
+	for range 12 {
+		time.Sleep(250 * time.Millisecond)
+		reply(be2, 1, 6001)
+	}
+	if got := send("second flow after 3 s, replies flowing", 6001); got != be2 {
+		t.Errorf("a flow with live replies was rescheduled to %s", got)
+	}
+	// Port 6000 has been idle for more than 3 s (timeout 2 s).
+	if got := send("first flow after 3 s idle", 6000); got != be1 {
+		// rr: the counter stands at 2, so a new flow goes to be1 again;
+		// what shows the expiry is the counter below.
+		t.Errorf("expired flow went to %s", got)
+	}
+	if n := expired(); n != 1 {
+		t.Errorf("ct_expired = %d, want 1 (the idle flow)", n)
+	}
+	var v xlbCtVal
+	if err := p.objs.XlbCt.Lookup(ctKey(client, 6000, vip1, 53, protoUDP), &v); err != nil {
+		t.Fatalf("expired flow not tracked again: %v", err)
+	}
+}
