@@ -45,6 +45,11 @@
 #endif
 #define XLB_SNAT_PORT_MIN 1024
 
+/* Persistence records (client, service) -> backend. */
+#ifndef XLB_MAX_PERSIST
+#define XLB_MAX_PERSIST 262144
+#endif
+
 /* Seed of the hash scheduler: fixed so a restart keeps the mapping. */
 #define XLB_HASH_SEED 0x786c6221
 
@@ -66,6 +71,8 @@
 #define XLB_SCHED_RR 0     /* round robin over slots, one atomic counter per service */
 #define XLB_SCHED_WEIGHT 1 /* random over weighted slots */
 #define XLB_SCHED_HASH 2   /* jhash of hash_keys over weighted slots */
+#define XLB_SCHED_SYMHASH 3 /* jhash of address and/or port pairs, the same both ways */
+#define XLB_SCHED_MAGLEV 4  /* jhash of hash_keys over a Maglev table (computed in Go) */
 
 /* struct svc_val.hash_keys */
 #define XLB_HASH_SRCIP 1
@@ -103,6 +110,7 @@ enum xlb_stat {
 	XLB_STAT_FIB_DROP,     /* blackhole/unreachable/prohibit route: dropped */
 	XLB_STAT_ERROR,        /* helper failure: dropped */
 	XLB_STAT_CT_EXPIRED,   /* conntrack entry idle past its timeout: removed */
+	XLB_STAT_PERSIST_HIT,  /* new flow sent to its client's persistent backend */
 	XLB_STAT_MAX,
 };
 

@@ -265,7 +265,30 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 	case XLB_SCHED_WEIGHT:
 		sk.idx = bpf_get_prandom_u32() % svc->slots;
 		break;
-	default:
+	case XLB_SCHED_SYMHASH: {
+		/* The same value for the tuple and its reverse: both
+		 * addresses (XLB_HASH_SRCIP) and/or both ports
+		 * (XLB_HASH_SRCPORT), each pair in sorted order. */
+		__u32 a = p->k.src[0], b = p->k.dst[0];
+		__u16 x = bpf_ntohs(p->k.sport), y = bpf_ntohs(p->k.dport);
+
+		if (a > b) {
+			a = p->k.dst[0];
+			b = p->k.src[0];
+		}
+		if (x > y) {
+			x = bpf_ntohs(p->k.dport);
+			y = bpf_ntohs(p->k.sport);
+		}
+		if (!(svc->hash_keys & XLB_HASH_SRCIP))
+			a = b = 0;
+		if (!(svc->hash_keys & XLB_HASH_SRCPORT))
+			x = y = 0;
+		h = xlb_jhash_3words(a, b, ((__u32)x << 16) | y, XLB_HASH_SEED ^ p->k.proto);
+		sk.idx = h % svc->slots;
+		break;
+	}
+	default: /* XLB_SCHED_HASH, XLB_SCHED_MAGLEV: the table makes the difference */
 		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? p->k.src[0] : 0,
 				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
 				     XLB_HASH_SEED);
@@ -274,6 +297,30 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 	}
 	bid = bpf_map_lookup_elem(&xlb_slots, &sk);
 	return bid ? *bid : 0;
+}
+
+/**
+ * lb4_persistent() - the backend a persistent client of @svc was last sent
+ * to, if that was less than the service's TTL ago and the backend is still
+ * in the service's current generation.
+ * Return: the backend id, 0 if none.
+ */
+static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_val *svc, __u64 now)
+{
+	struct be_index_key ik = { .svc = svc->id };
+	struct persist_val *pv;
+	__u32 *bid;
+
+	pv = bpf_map_lookup_elem(&xlb_persist, pk);
+	if (!pv || now - pv->seen > (__u64)svc->persist_ttl * 1000000000ULL)
+		return 0;
+	ik.addr[0] = pv->addr[0];
+	ik.port = pv->port;
+	bid = bpf_map_lookup_elem(&xlb_be_index, &ik);
+	if (!bid)
+		return 0;
+	stat_inc(XLB_STAT_PERSIST_HIT);
+	return *bid;
 }
 
 /**
@@ -291,8 +338,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	struct backend *be;
 	struct ct_key rk;
 	struct ct_val fv = {}, rv = {}, *v;
+	struct persist_key pk = {};
 	__u32 bid, i;
 	__u16 port;
+	__u64 now;
 
 	key.addr[0] = p->k.dst[0];
 	key.port = p->k.dport;
@@ -316,11 +365,28 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return XLB_DROP;
 	}
-	bid = lb4_schedule(p, svc);
+	now = bpf_ktime_get_coarse_ns();
+	bid = 0;
+	if (svc->persist) {
+		__builtin_memcpy(&pk.svc, &key, sizeof(key));
+		if (svc->persist & XLB_HASH_SRCIP)
+			pk.src[0] = p->k.src[0];
+		if (svc->persist & XLB_HASH_SRCPORT)
+			pk.sport = p->k.sport;
+		bid = lb4_persistent(&pk, svc, now);
+	}
+	if (!bid)
+		bid = lb4_schedule(p, svc);
 	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
 	if (!be) {
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return XLB_DROP;
+	}
+	if (svc->persist) {
+		struct persist_val pv = { .port = be->port, .seen = now };
+
+		pv.addr[0] = be->addr[0];
+		bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY);
 	}
 
 	fv.src[0] = p->k.src[0];
@@ -331,7 +397,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	fv.state = p->k.proto == IPPROTO_TCP ? XLB_CT_STATE_SYN : XLB_CT_STATE_UDP;
 	fv.svc = svc->id;
 	fv.backend = bid;
-	fv.seen = bpf_ktime_get_coarse_ns();
+	fv.seen = now;
 
 	if (svc->mode == XLB_MODE_SNAT) {
 		/* The reply entry's key is the allocation: inserting it with

@@ -25,7 +25,34 @@ struct svc_val {
 	__u8 mode;      /* XLB_MODE_* */
 	__u8 sched;     /* XLB_SCHED_* */
 	__u8 hash_keys; /* XLB_HASH_* */
-	__u8 flags;     /* reserved */
+	__u8 persist;   /* XLB_HASH_* of the persistence key; 0 = none */
+	__u32 persist_ttl; /* host: persistence timeout in seconds */
+};
+
+/* xlb_persist key: a client of a service (the matched service key). */
+struct persist_key {
+	struct svc_key svc;
+	__u32 src[4]; /* net: client address (if XLB_HASH_SRCIP) */
+	__u16 sport;  /* net: client port (if XLB_HASH_SRCPORT) */
+	__u16 pad;
+};
+
+/* xlb_persist value: the backend the client was sent to, by address so it
+ * stays valid across service generations. */
+struct persist_val {
+	__u32 addr[4]; /* net */
+	__u16 port;    /* net */
+	__u16 pad;
+	__u32 pad2;
+	__u64 seen; /* host: bpf_ktime_get_coarse_ns() of the last new flow */
+};
+
+/* xlb_be_index key: a backend of a service generation by address. */
+struct be_index_key {
+	__u32 svc;     /* host: generation id */
+	__u32 addr[4]; /* net */
+	__u16 port;    /* net */
+	__u16 pad;
 };
 
 /* xlb_slots key: slot idx of service generation svc. */

@@ -36,14 +36,19 @@ func check(f *model.Farm) error {
 	}
 	switch f.Scheduler {
 	case model.SchedRR, model.SchedWeight:
-	case model.SchedHash:
+	case model.SchedHash, model.SchedMaglev:
 		if f.SchedParam&^(model.KeySrcIP|model.KeySrcPort) != 0 {
+			return unsupported(f, "sched-param", f.SchedParam.String())
+		}
+	case model.SchedSymhash:
+		// Address and port pairs, the same both ways.
+		if f.SchedParam&model.KeySrcMAC != 0 {
 			return unsupported(f, "sched-param", f.SchedParam.String())
 		}
 	default:
 		return unsupported(f, "scheduler", f.Scheduler.String())
 	}
-	if f.Persistence != 0 {
+	if f.Persistence&^(model.KeySrcIP|model.KeySrcPort) != 0 {
 		return unsupported(f, "persistence", f.Persistence.String())
 	}
 	if f.Helper != model.HelperNone {

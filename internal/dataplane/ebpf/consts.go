@@ -7,15 +7,18 @@ const (
 	maxSvcIDs   = 16384
 	maxBackends = 262144
 	maxSlots    = 1048576
+	maxPersist  = 262144
 
 	afInet = 4
 
 	modeDNAT = 0
 	modeSNAT = 1
 
-	schedRR     = 0
-	schedWeight = 1
-	schedHash   = 2
+	schedRR      = 0
+	schedWeight  = 1
+	schedHash    = 2
+	schedSymhash = 3
+	schedMaglev  = 4
 
 	hashSrcIP   = 1
 	hashSrcPort = 2
@@ -40,7 +43,7 @@ const (
 var statNames = []string{
 	"rx", "not_parsed", "fragment", "ct_fwd", "ct_reply", "not_vip", "not_syn",
 	"new_flow", "no_backend", "snat_full", "ct_race", "peer_repair",
-	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired",
+	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired", "persist_hit",
 }
 
 // maxSlotsPerService bounds the weighted slots of one service: weights are

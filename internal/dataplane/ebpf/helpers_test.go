@@ -129,6 +129,9 @@ func farm(tb testing.TB, name, vip string, port uint16, proto model.Protocol, mo
 	if sched == model.SchedHash {
 		f.SchedParam = model.KeySrcIP
 	}
+	if sched == model.SchedSymhash {
+		f.SchedParam = model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort
+	}
 	for i, b := range backends {
 		ap := netip.MustParseAddrPort(b)
 		be := model.NewBackend("b" + string(rune('1'+i)))

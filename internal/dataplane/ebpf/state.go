@@ -116,20 +116,31 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	switch f.Scheduler {
 	case model.SchedWeight:
 		g.val.Sched = schedWeight
-	case model.SchedHash:
+	case model.SchedHash, model.SchedMaglev:
 		g.val.Sched = schedHash
+		if f.Scheduler == model.SchedMaglev {
+			g.val.Sched = schedMaglev
+		}
 		g.val.HashKeys = hashSrcIP
 		if f.SchedParam != 0 {
-			g.val.HashKeys = 0
-			if f.SchedParam&model.KeySrcIP != 0 {
-				g.val.HashKeys |= hashSrcIP
-			}
-			if f.SchedParam&model.KeySrcPort != 0 {
-				g.val.HashKeys |= hashSrcPort
-			}
+			g.val.HashKeys = hashKeys(f.SchedParam)
+		}
+	case model.SchedSymhash:
+		// Symmetric: any address key hashes both addresses, any port
+		// key both ports.
+		g.val.Sched = schedSymhash
+		if f.SchedParam&(model.KeySrcIP|model.KeyDstIP) != 0 {
+			g.val.HashKeys |= hashSrcIP
+		}
+		if f.SchedParam&(model.KeySrcPort|model.KeyDstPort) != 0 {
+			g.val.HashKeys |= hashSrcPort
 		}
 	default:
 		g.val.Sched = schedRR
+	}
+	if f.Persistence != 0 {
+		g.val.Persist = hashKeys(f.Persistence)
+		g.val.PersistTtl = f.PersistTTL
 	}
 	active := f.ActiveBackends()
 	weights := make([]uint32, len(active))
@@ -153,9 +164,48 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			weights[i] = 1
 		}
 	}
-	g.slots = weightedSlots(weights, maxSlotsPerService)
+	if f.Scheduler == model.SchedMaglev {
+		names := make([]string, len(active))
+		for i, b := range active {
+			names[i] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
+		g.slots = maglevTable(names, weights, maglevSize(len(active)))
+	} else {
+		g.slots = weightedSlots(weights, maxSlotsPerService)
+	}
 	g.val.Slots = uint32(len(g.slots))
 	return g, nil
+}
+
+func hashKeys(k model.HashKey) uint8 {
+	var out uint8
+	if k&model.KeySrcIP != 0 {
+		out |= hashSrcIP
+	}
+	if k&model.KeySrcPort != 0 {
+		out |= hashSrcPort
+	}
+	return out
+}
+
+// indexKey is g's be_index key of backend i.
+func (g *generation) indexKey(i int) xlbBeIndexKey {
+	return xlbBeIndexKey{Svc: g.val.Id, Addr: g.bes[i].Addr, Port: g.bes[i].Port}
+}
+
+// writeIndex writes g's backend index (address -> id), used by persistence.
+func (p *Plane) writeIndex(g *generation) error {
+	if len(g.ids) == 0 {
+		return nil
+	}
+	keys := make([]xlbBeIndexKey, len(g.ids))
+	for i := range g.ids {
+		keys[i] = g.indexKey(i)
+	}
+	if _, err := p.objs.XlbBeIndex.BatchUpdate(keys, g.ids, nil); err != nil {
+		return fmt.Errorf("write backend index: %w", err)
+	}
+	return nil
 }
 
 // sourceFor returns the address the LB's namespace uses towards dst (the
@@ -237,6 +287,10 @@ func (p *Plane) write(g *generation) error {
 			return fmt.Errorf("write backends: %w", err)
 		}
 	}
+	if err := p.writeIndex(g); err != nil {
+		p.free(g)
+		return err
+	}
 	if len(g.slots) > 0 {
 		keys := make([]xlbSlotKey, len(g.slots))
 		vals := make([]uint32, len(g.slots))
@@ -265,8 +319,11 @@ func (p *Plane) free(g *generation) {
 		}
 		delete(p.used, g.val.Id)
 	}
-	for _, id := range g.ids {
+	for i, id := range g.ids {
 		if id != 0 {
+			if g.val.Id != 0 {
+				_ = p.objs.XlbBeIndex.Delete(g.indexKey(i))
+			}
 			_ = p.objs.XlbBackends.Delete(id)
 			delete(p.usedBE, id)
 		}
@@ -486,6 +543,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if adopt(g, svcs, slots, bes) && !adopted[g.val.Id] {
 			adopted[g.val.Id] = true
 			p.farms[f.Name] = g
+			// The index may predate this version: write it again.
+			if err := p.writeIndex(g); err != nil {
+				return fmt.Errorf("farm %q: %w", f.Name, err)
+			}
 			continue
 		}
 		if err := p.write(g); err != nil {
@@ -525,6 +586,23 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for id := range bes {
 		if !liveBE[id] {
 			_ = p.objs.XlbBackends.Delete(id)
+		}
+	}
+	{
+		var k xlbBeIndexKey
+		var v uint32
+		var stale []xlbBeIndexKey
+		it := p.objs.XlbBeIndex.Iterate()
+		for it.Next(&k, &v) {
+			if !liveSvc[k.Svc] || !liveBE[v] {
+				stale = append(stale, k)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("read backend index: %w", err)
+		}
+		for _, k := range stale {
+			_ = p.objs.XlbBeIndex.Delete(k)
 		}
 	}
 	p.svcIDs.init()

@@ -305,3 +305,46 @@ func TestTrafficRestart(t *testing.T) {
 		t.Errorf("after restart: %v", counts)
 	}
 }
+
+// TestTrafficSchedulers: symhash and maglev spread one client's
+// connections (their keys include the port); maglev over srcip and
+// persistence srcip keep them on one backend.
+func TestTrafficSchedulers(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	bes := backendsOf(topo, 8080)
+	vips := map[string]netip.AddrPort{}
+	var farms []*model.Farm
+	for i, c := range []struct {
+		name  string
+		sched model.Scheduler
+		param model.HashKey
+		pers  model.HashKey
+	}{
+		{"sym", model.SchedSymhash, model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort, 0},
+		{"mag-port", model.SchedMaglev, model.KeySrcIP | model.KeySrcPort, 0},
+		{"mag-ip", model.SchedMaglev, model.KeySrcIP, 0},
+		{"persist", model.SchedRR, 0, model.KeySrcIP},
+	} {
+		vip := netip.AddrPortFrom(testutil.VIP4(30+i), 80)
+		f := farm(t, c.name, vip.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, c.sched, bes...)
+		if c.param != 0 {
+			f.SchedParam = c.param
+		}
+		f.Persistence = c.pers
+		if err := check(f); err != nil {
+			t.Fatal(err)
+		}
+		vips[c.name] = vip
+		farms = append(farms, f)
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"sym": 3, "mag-port": 3, "mag-ip": 1, "persist": 1} {
+		vip := vips[name]
+		counts := ask(t, 30, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.Client.IPv4)
+		if len(counts) != want {
+			t.Errorf("%s: 30 connections from one client reached %v, want %d backends", name, counts, want)
+		}
+	}
+}

@@ -22,6 +22,14 @@ type xlbBackend struct {
 	Flags  uint8
 }
 
+type xlbBeIndexKey struct {
+	_    structs.HostLayout
+	Svc  uint32
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
+}
+
 type xlbCtKey struct {
 	_      structs.HostLayout
 	Src    [4]uint32
@@ -50,6 +58,23 @@ type xlbCtVal struct {
 	Dmac    [6]uint8
 }
 
+type xlbPersistKey struct {
+	_     structs.HostLayout
+	Svc   xlbSvcKey
+	Src   [4]uint32
+	Sport uint16
+	Pad   uint16
+}
+
+type xlbPersistVal struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
+	Pad2 uint32
+	Seen uint64
+}
+
 type xlbSlotKey struct {
 	_   structs.HostLayout
 	Svc uint32
@@ -65,13 +90,14 @@ type xlbSvcKey struct {
 }
 
 type xlbSvcVal struct {
-	_        structs.HostLayout
-	Id       uint32
-	Slots    uint32
-	Mode     uint8
-	Sched    uint8
-	HashKeys uint8
-	Flags    uint8
+	_          structs.HostLayout
+	Id         uint32
+	Slots      uint32
+	Mode       uint8
+	Sched      uint8
+	HashKeys   uint8
+	Persist    uint8
+	PersistTtl uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -79,7 +105,9 @@ type xlbSvcVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	xlbMapXlbBackends     = "xlb_backends"
+	xlbMapXlbBeIndex      = "xlb_be_index"
 	xlbMapXlbCt           = "xlb_ct"
+	xlbMapXlbPersist      = "xlb_persist"
 	xlbMapXlbRr           = "xlb_rr"
 	xlbMapXlbServices     = "xlb_services"
 	xlbMapXlbSlots        = "xlb_slots"
@@ -142,7 +170,9 @@ type xlbProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbMapSpecs struct {
 	XlbBackends *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeIndex  *ebpf.MapSpec `ebpf:"xlb_be_index"`
 	XlbCt       *ebpf.MapSpec `ebpf:"xlb_ct"`
+	XlbPersist  *ebpf.MapSpec `ebpf:"xlb_persist"`
 	XlbRr       *ebpf.MapSpec `ebpf:"xlb_rr"`
 	XlbServices *ebpf.MapSpec `ebpf:"xlb_services"`
 	XlbSlots    *ebpf.MapSpec `ebpf:"xlb_slots"`
@@ -181,7 +211,9 @@ func (o *xlbObjects) Close() error {
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbMaps struct {
 	XlbBackends *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeIndex  *ebpf.Map `ebpf:"xlb_be_index"`
 	XlbCt       *ebpf.Map `ebpf:"xlb_ct"`
+	XlbPersist  *ebpf.Map `ebpf:"xlb_persist"`
 	XlbRr       *ebpf.Map `ebpf:"xlb_rr"`
 	XlbServices *ebpf.Map `ebpf:"xlb_services"`
 	XlbSlots    *ebpf.Map `ebpf:"xlb_slots"`
@@ -191,7 +223,9 @@ type xlbMaps struct {
 func (m *xlbMaps) Close() error {
 	return _XlbClose(
 		m.XlbBackends,
+		m.XlbBeIndex,
 		m.XlbCt,
+		m.XlbPersist,
 		m.XlbRr,
 		m.XlbServices,
 		m.XlbSlots,
