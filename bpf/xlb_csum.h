@@ -14,28 +14,59 @@
 
 #include "xlb_parsing.h"
 
-#define XLB_IP_CSUM_OFF (sizeof(struct ethhdr) + __builtin_offsetof(struct iphdr, check))
-#define XLB_IP_SRC_OFF (sizeof(struct ethhdr) + __builtin_offsetof(struct iphdr, saddr))
-#define XLB_IP_DST_OFF (sizeof(struct ethhdr) + __builtin_offsetof(struct iphdr, daddr))
-#define XLB_IP_TTL_OFF (sizeof(struct ethhdr) + __builtin_offsetof(struct iphdr, ttl))
+/* csum16_replace() - RFC 1624 incremental update of the one's complement
+ * checksum *sum for a 16-bit word changing from @from to @to (any byte
+ * order, as long as all three agree). */
+static __always_inline void csum16_replace(__u16 *sum, __u16 from, __u16 to)
+{
+	__u32 s = (__u16)~*sum;
+
+	s += (__u16)~from;
+	s += to;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	*sum = ~s;
+}
+
+static __always_inline void csum32_replace(__u16 *sum, __u32 from, __u32 to)
+{
+	csum16_replace(sum, from & 0xffff, to & 0xffff);
+	csum16_replace(sum, from >> 16, to >> 16);
+}
 
 /**
- * lb4_rewrite() - rewrite a packet's IPv4 tuple to the conntrack value's.
+ * lb4_rewrite() - rewrite a packet's IPv4 tuple to the conntrack value's,
+ * and, when forwarding it ourselves, its TTL and MAC addresses.
  * @skb: the packet
  * @p: its parsed tuple
  * @v: the tuple to leave with
+ * @dmac: NULL, or the destination MAC to write; then also @smac is written
+ *        and the TTL decremented (we forward the packet ourselves)
+ * @smac: the source MAC
  *
- * Updates the IPv4 header checksum and the TCP/UDP checksum (a UDP checksum
- * of zero, "none", stays zero). Return: 0, or a negative helper error.
+ * The Ethernet and IPv4 headers are written directly (the IPv4 checksum
+ * updated in place); the TCP/UDP checksum goes through the kernel's
+ * bpf_l4_csum_replace(), which knows whether the skb carries a complete or
+ * an offloaded (CHECKSUM_PARTIAL, as from local veth senders) checksum. A
+ * UDP checksum of zero, "none", stays zero.
+ *
+ * Return: 0, or a negative error (packet too short, helper failure).
  */
-static __always_inline int lb4_rewrite(struct __sk_buff *skb, struct pkt *p, struct ct_val *v)
+static __always_inline int lb4_rewrite(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
+				       const __u8 *dmac, const __u8 *smac)
 {
-	__u32 csum_off = p->l4off;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 l4off = p->l4off & 0x7f; /* <= 14 + 60: bounded for the verifier */
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u16 *ports = data + l4off;
+	__u32 csum_off = l4off;
 	__u64 l4f = 0;
-	__u32 n;
-	__u16 port;
-	int err;
+	int err = 0;
 
+	if ((void *)(ip + 1) > end || (void *)(ports + 2) > end)
+		return -1;
 	if (p->k.proto == IPPROTO_TCP) {
 		csum_off += __builtin_offsetof(struct tcphdr, check);
 	} else {
@@ -43,52 +74,38 @@ static __always_inline int lb4_rewrite(struct __sk_buff *skb, struct pkt *p, str
 		l4f = BPF_F_MARK_MANGLED_0;
 	}
 
+	if (dmac) {
+		__u16 nw = p->ttl_word;
+
+		__builtin_memcpy(eth->h_dest, dmac, 6);
+		__builtin_memcpy(eth->h_source, smac, 6);
+		((__u8 *)&nw)[0] = p->ttl - 1;
+		ip->ttl = p->ttl - 1;
+		csum16_replace(&ip->check, p->ttl_word, nw);
+	}
 	if (v->src[0] != p->k.src[0]) {
-		n = v->src[0];
-		err = bpf_l4_csum_replace(skb, csum_off, p->k.src[0], n, l4f | BPF_F_PSEUDO_HDR | 4);
-		err = err ?: bpf_l3_csum_replace(skb, XLB_IP_CSUM_OFF, p->k.src[0], n, 4);
-		err = err ?: bpf_skb_store_bytes(skb, XLB_IP_SRC_OFF, &n, 4, 0);
-		if (err)
-			return err;
+		ip->saddr = v->src[0];
+		csum32_replace(&ip->check, p->k.src[0], v->src[0]);
 	}
 	if (v->dst[0] != p->k.dst[0]) {
-		n = v->dst[0];
-		err = bpf_l4_csum_replace(skb, csum_off, p->k.dst[0], n, l4f | BPF_F_PSEUDO_HDR | 4);
-		err = err ?: bpf_l3_csum_replace(skb, XLB_IP_CSUM_OFF, p->k.dst[0], n, 4);
-		err = err ?: bpf_skb_store_bytes(skb, XLB_IP_DST_OFF, &n, 4, 0);
-		if (err)
-			return err;
+		ip->daddr = v->dst[0];
+		csum32_replace(&ip->check, p->k.dst[0], v->dst[0]);
 	}
-	if (v->sport != p->k.sport) {
-		port = v->sport;
-		err = bpf_l4_csum_replace(skb, csum_off, p->k.sport, port, l4f | 2);
-		err = err ?: bpf_skb_store_bytes(skb, p->l4off, &port, 2, 0);
-		if (err)
-			return err;
-	}
-	if (v->dport != p->k.dport) {
-		port = v->dport;
-		err = bpf_l4_csum_replace(skb, csum_off, p->k.dport, port, l4f | 2);
-		err = err ?: bpf_skb_store_bytes(skb, p->l4off + 2, &port, 2, 0);
-		if (err)
-			return err;
-	}
-	return 0;
-}
+	ports[0] = v->sport;
+	ports[1] = v->dport;
 
-/**
- * lb4_dec_ttl() - decrement the TTL of a packet we forward ourselves.
- * Return: 0, or a negative helper error.
- */
-static __always_inline int lb4_dec_ttl(struct __sk_buff *skb, struct pkt *p)
-{
-	__u16 nw = p->ttl_word;
-	__u8 ttl = p->ttl - 1;
-	int err;
-
-	((__u8 *)&nw)[0] = ttl;
-	err = bpf_l3_csum_replace(skb, XLB_IP_CSUM_OFF, p->ttl_word, nw, 2);
-	return err ?: bpf_skb_store_bytes(skb, XLB_IP_TTL_OFF, &ttl, 1, 0);
+	/* Packet pointers are invalid from here on. */
+	if (v->src[0] != p->k.src[0])
+		err = bpf_l4_csum_replace(skb, csum_off, p->k.src[0], v->src[0],
+					  l4f | BPF_F_PSEUDO_HDR | 4);
+	if (!err && v->dst[0] != p->k.dst[0])
+		err = bpf_l4_csum_replace(skb, csum_off, p->k.dst[0], v->dst[0],
+					  l4f | BPF_F_PSEUDO_HDR | 4);
+	if (!err && v->sport != p->k.sport)
+		err = bpf_l4_csum_replace(skb, csum_off, p->k.sport, v->sport, l4f | 2);
+	if (!err && v->dport != p->k.dport)
+		err = bpf_l4_csum_replace(skb, csum_off, p->k.dport, v->dport, l4f | 2);
+	return err;
 }
 
 /* jhash (Bob Jenkins' lookup3, as in the kernel's linux/jhash.h). */

@@ -30,6 +30,11 @@ volatile const __u64 xlb_timeout_fin = 120000000000ULL;
 volatile const __u64 xlb_timeout_close = 10000000000ULL;
 volatile const __u64 xlb_timeout_udp = 300000000000ULL;
 
+/* How often a live entry refreshes its timestamp, checks its peer and
+ * re-resolves its next hop (XLB_CT_REFRESH_NS; benchmarks raise it to keep
+ * the FIB out of the conntrack-hit measurement). */
+volatile const __u64 xlb_ct_refresh_ns = XLB_CT_REFRESH_NS;
+
 /* Returned by lb4_ct_hit() when the entry is gone (expired, or a new
  * connection reuses the tuple): schedule the packet as a new flow. */
 #define XLB_CT_MISS (-100)
@@ -162,18 +167,22 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
 }
 
 /**
- * lb4_forward() - send a rewritten packet towards its new destination.
- * @skb: the packet, already rewritten to @v's tuple
- * @p: the packet's original tuple (for TTL)
+ * lb4_nat() - rewrite a packet to @v's tuple and send it on.
+ * @skb: the packet
+ * @p: its parsed tuple
  * @v: conntrack entry; its cached next hop is used, or filled
  * @fresh: ignore the cached next hop and resolve it again
  *
- * Return: XLB_REDIRECT (bpf_redirect/bpf_redirect_neigh), XLB_PASS when the
- * FIB has no forwarding answer (the stack routes the rewritten packet),
+ * The next hop (interface and MACs) is cached in the entry, so a packet of a
+ * tracked flow costs no FIB lookup; it is resolved on a flow's first packet
+ * and again whenever the entry is refreshed (xlb_ct_refresh_ns).
+ *
+ * Return: XLB_REDIRECT (bpf_redirect, or bpf_redirect_neigh when the
+ * neighbour is not resolved yet), XLB_PASS when the TTL expires or the FIB
+ * has no forwarding answer (the stack handles the rewritten packet),
  * XLB_DROP for blackhole/unreachable/prohibit routes or errors.
  */
-static __always_inline int lb4_forward(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
-				       int fresh)
+static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
 {
 	struct bpf_fib_lookup fib = {};
 	__u32 ifindex;
@@ -181,14 +190,11 @@ static __always_inline int lb4_forward(struct __sk_buff *skb, struct pkt *p, str
 
 	if (p->ttl <= 1) {
 		stat_inc(XLB_STAT_FIB_PASS);
-		return XLB_PASS; /* the stack sends ICMP time exceeded */
+		goto pass; /* the stack sends ICMP time exceeded */
 	}
 	if (v->ifindex && !fresh) {
-		if (lb4_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, v->dmac, 6, 0) ||
-		    bpf_skb_store_bytes(skb, 6, v->smac, 6, 0)) {
-			stat_inc(XLB_STAT_ERROR);
-			return XLB_DROP;
-		}
+		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
+			goto err;
 		stat_inc(XLB_STAT_FIB_REDIRECT);
 		return bpf_redirect(v->ifindex, 0);
 	}
@@ -207,24 +213,27 @@ static __always_inline int lb4_forward(struct __sk_buff *skb, struct pkt *p, str
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 		v->ifindex = 0;
-		__builtin_memcpy(v->smac, fib.smac, 6);
 		__builtin_memcpy(v->dmac, fib.dmac, 6);
+		__builtin_memcpy(v->smac, fib.smac, 6);
 		v->ifindex = fib.ifindex;
-		if (lb4_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) ||
-		    bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0)) {
-			stat_inc(XLB_STAT_ERROR);
-			return XLB_DROP;
-		}
+		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
+			goto err;
 		stat_inc(XLB_STAT_FIB_REDIRECT);
 		return bpf_redirect(fib.ifindex, 0);
-	case BPF_FIB_LKUP_RET_NO_NEIGH:
+	case BPF_FIB_LKUP_RET_NO_NEIGH: {
+		/* bpf_redirect_neigh() fills in the MACs later. */
+		__u8 macs[12];
+		void *data = (void *)(long)skb->data;
+
+		if (data + 12 > (void *)(long)skb->data_end)
+			goto err;
+		__builtin_memcpy(macs, data, 12);
 		v->ifindex = 0;
-		if (lb4_dec_ttl(skb, p)) {
-			stat_inc(XLB_STAT_ERROR);
-			return XLB_DROP;
-		}
+		if (lb4_rewrite(skb, p, v, macs, macs + 6))
+			goto err;
 		stat_inc(XLB_STAT_FIB_NEIGH);
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	}
 	case BPF_FIB_LKUP_RET_BLACKHOLE:
 	case BPF_FIB_LKUP_RET_UNREACHABLE:
 	case BPF_FIB_LKUP_RET_PROHIBIT:
@@ -232,18 +241,15 @@ static __always_inline int lb4_forward(struct __sk_buff *skb, struct pkt *p, str
 		return XLB_DROP;
 	default:
 		stat_inc(XLB_STAT_FIB_PASS);
-		return XLB_PASS;
+		goto pass;
 	}
-}
-
-/* lb4_nat() - rewrite to v's tuple and forward. */
-static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
-{
-	if (lb4_rewrite(skb, p, v)) {
-		stat_inc(XLB_STAT_ERROR);
-		return XLB_DROP;
-	}
-	return lb4_forward(skb, p, v, fresh);
+pass:
+	if (lb4_rewrite(skb, p, v, NULL, NULL))
+		goto err;
+	return XLB_PASS;
+err:
+	stat_inc(XLB_STAT_ERROR);
+	return XLB_DROP;
 }
 
 /**
@@ -462,7 +468,7 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 	__u64 now = bpf_ktime_get_coarse_ns();
 	int fresh = 0;
 
-	if (now - v->seen > XLB_CT_REFRESH_NS) {
+	if (now - v->seen > xlb_ct_refresh_ns) {
 		if (ct_expired(&p->k, v, now)) {
 			stat_inc(XLB_STAT_CT_EXPIRED);
 			ct_delete(&p->k, v);

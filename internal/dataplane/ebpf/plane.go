@@ -53,6 +53,9 @@ type Options struct {
 	// defaults (DefaultTimeouts). They are constants of the loaded program:
 	// changing them takes a restart, which is hitless.
 	Timeouts Timeouts
+
+	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
+	ctRefresh time.Duration
 }
 
 // Timeouts are the idle timeouts of tracked connections by state, like
@@ -164,6 +167,11 @@ func (p *Plane) load() error {
 	} {
 		if err := spec.Variables[name].Set(uint64(d.Nanoseconds())); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if p.opts.ctRefresh > 0 {
+		if err := spec.Variables[xlbVarXlbCtRefreshNs].Set(uint64(p.opts.ctRefresh.Nanoseconds())); err != nil {
+			return fmt.Errorf("set %s: %w", xlbVarXlbCtRefreshNs, err)
 		}
 	}
 	for name, ms := range spec.Maps {

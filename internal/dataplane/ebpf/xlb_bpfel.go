@@ -113,6 +113,7 @@ const (
 	xlbMapXlbSlots        = "xlb_slots"
 	xlbMapXlbStats        = "xlb_stats"
 	xlbProgXlbIngress     = "xlb_ingress"
+	xlbVarXlbCtRefreshNs  = "xlb_ct_refresh_ns"
 	xlbVarXlbTimeoutClose = "xlb_timeout_close"
 	xlbVarXlbTimeoutFin   = "xlb_timeout_fin"
 	xlbVarXlbTimeoutSyn   = "xlb_timeout_syn"
@@ -183,6 +184,7 @@ type xlbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbVariableSpecs struct {
+	XlbCtRefreshNs  *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
 	XlbTimeoutClose *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin   *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
 	XlbTimeoutSyn   *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
@@ -237,6 +239,7 @@ func (m *xlbMaps) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbVariables struct {
+	XlbCtRefreshNs  *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
 	XlbTimeoutClose *ebpf.Variable `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin   *ebpf.Variable `ebpf:"xlb_timeout_fin"`
 	XlbTimeoutSyn   *ebpf.Variable `ebpf:"xlb_timeout_syn"`
