@@ -111,6 +111,7 @@ enum xlb_stat {
 	XLB_STAT_ERROR,        /* helper failure: dropped */
 	XLB_STAT_CT_EXPIRED,   /* conntrack entry idle past its timeout: removed */
 	XLB_STAT_PERSIST_HIT,  /* new flow sent to its client's persistent backend */
+	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
 	XLB_STAT_MAX,
 };
 

@@ -501,6 +501,118 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 	return lb4_nat(skb, p, v, fresh);
 }
 
+/**
+ * lb4_icmp() - translate an ICMP error (destination unreachable, e.g.
+ * fragmentation needed or port unreachable; time exceeded) about a packet
+ * of a tracked flow, so its sender recognises it: the quoted packet gets the
+ * tuple its sender used (e.g. client -> VIP instead of client -> backend),
+ * the message goes to that sender (the client instead of the snat address).
+ * The ICMP checksum and both IPv4 checksums are updated; the quoted TCP/UDP
+ * checksum is not (ICMP quotes are not checked by receivers, and a TCP
+ * checksum is often not quoted at all).
+ *
+ * Return: a tcx verdict; XLB_NEXT for anything else (other ICMP types,
+ * quotes of untracked flows, quotes with IPv4 options, truncated quotes).
+ */
+static __always_inline int lb4_icmp(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 l4off = p->l4off & 0x7f;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	struct xlb_icmphdr *ic = data + l4off;
+	struct bpf_fib_lookup fib = {};
+	struct iphdr *in;
+	struct ct_key k = {};
+	struct ct_val *v;
+	__u32 osrc, odst, isrc, idst;
+	__u16 *ports, isport, idport, icheck, nw;
+	int rc;
+
+	if ((void *)(ip + 1) > end || (void *)(ic + 1) > end)
+		return XLB_NEXT;
+	if (ic->type != XLB_ICMP_DEST_UNREACH && ic->type != XLB_ICMP_TIME_EXCEEDED)
+		return XLB_NEXT;
+	in = (void *)(ic + 1);
+	if ((void *)(in + 1) > end)
+		return XLB_NEXT;
+	ports = (void *)(in + 1);
+	if ((void *)(ports + 2) > end || in->version != 4 || in->ihl != 5 ||
+	    (in->protocol != IPPROTO_TCP && in->protocol != IPPROTO_UDP))
+		return XLB_NEXT;
+
+	/* The quoted packet went from its sender to the ICMP's source side;
+	 * its reverse is a packet coming back, whose entry we look up. */
+	k.src[0] = in->daddr;
+	k.dst[0] = in->saddr;
+	k.sport = ports[1];
+	k.dport = ports[0];
+	k.proto = in->protocol;
+	k.family = XLB_AF_INET;
+	v = bpf_map_lookup_elem(&xlb_ct, &k);
+	if (!v)
+		return XLB_NEXT;
+	if (p->ttl <= 1)
+		return XLB_NEXT;
+
+	/* Where the message goes: the sender as it knows itself. */
+	odst = v->dst[0];
+	osrc = ip->saddr == in->daddr ? v->src[0] : ip->saddr;
+	fib.family = AF_INET;
+	fib.l4_protocol = IPPROTO_ICMP;
+	fib.ifindex = skb->ingress_ifindex ?: skb->ifindex;
+	fib.ipv4_src = osrc;
+	fib.ipv4_dst = odst;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return XLB_NEXT;
+
+	/* Re-derive after the helper (packet pointers are invalid). */
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip = data + sizeof(struct ethhdr);
+	ic = data + l4off;
+	in = (void *)(ic + 1);
+	ports = (void *)(in + 1);
+	if ((void *)(ip + 1) > end || (void *)(ic + 1) > end || (void *)(in + 1) > end ||
+	    (void *)(ports + 2) > end)
+		return XLB_NEXT;
+
+	/* The quoted packet. */
+	isrc = in->saddr;
+	idst = in->daddr;
+	isport = ports[0];
+	idport = ports[1];
+	icheck = in->check;
+	in->saddr = v->dst[0];
+	in->daddr = v->src[0];
+	ports[0] = v->dport;
+	ports[1] = v->sport;
+	csum32_replace(&in->check, isrc, in->saddr);
+	csum32_replace(&in->check, idst, in->daddr);
+	csum32_replace(&ic->checksum, isrc, in->saddr);
+	csum32_replace(&ic->checksum, idst, in->daddr);
+	csum16_replace(&ic->checksum, isport, ports[0]);
+	csum16_replace(&ic->checksum, idport, ports[1]);
+	csum16_replace(&ic->checksum, icheck, in->check);
+
+	/* The message itself: addresses, TTL, MACs. */
+	nw = p->ttl_word;
+	((__u8 *)&nw)[0] = p->ttl - 1;
+	ip->ttl = p->ttl - 1;
+	csum16_replace(&ip->check, p->ttl_word, nw);
+	csum32_replace(&ip->check, ip->saddr, osrc);
+	csum32_replace(&ip->check, ip->daddr, odst);
+	ip->saddr = osrc;
+	ip->daddr = odst;
+	if (data + 12 > end)
+		return XLB_DROP;
+	__builtin_memcpy(data, fib.dmac, 6);
+	__builtin_memcpy(data + 6, fib.smac, 6);
+	stat_inc(XLB_STAT_ICMP_NAT);
+	return bpf_redirect(fib.ifindex, 0);
+}
+
 SEC("tcx/ingress")
 int xlb_ingress(struct __sk_buff *skb)
 {
@@ -515,6 +627,8 @@ int xlb_ingress(struct __sk_buff *skb)
 	case XLB_PARSE_FRAGMENT:
 		stat_inc(XLB_STAT_FRAGMENT);
 		return XLB_NEXT;
+	case XLB_PARSE_ICMP:
+		return lb4_icmp(skb, &p);
 	default:
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;

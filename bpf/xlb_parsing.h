@@ -22,6 +22,17 @@
 #define XLB_TCP_RST 0x04
 #define XLB_TCP_ACK 0x10
 
+/* ICMP header (linux/icmp.h drags in libc headers). */
+struct xlb_icmphdr {
+	__u8 type;
+	__u8 code;
+	__u16 checksum; /* net */
+	__u32 rest;     /* type-specific (e.g. next-hop MTU) */
+};
+
+#define XLB_ICMP_DEST_UNREACH 3
+#define XLB_ICMP_TIME_EXCEEDED 11
+
 /* What the program needs from a packet. */
 struct pkt {
 	struct ct_key k; /* tuple as it arrived */
@@ -35,6 +46,7 @@ enum xlb_parse {
 	XLB_PARSE_OK = 0,
 	XLB_PARSE_NOT_OURS, /* not IPv4 TCP/UDP, truncated or malformed */
 	XLB_PARSE_FRAGMENT, /* an IPv4 fragment */
+	XLB_PARSE_ICMP,     /* an ICMP message (p->l4off, p->ttl*, addresses set) */
 };
 
 /**
@@ -44,7 +56,9 @@ enum xlb_parse {
  *
  * Return: XLB_PARSE_OK, XLB_PARSE_NOT_OURS for anything else (other
  * protocols, truncated headers, IHL < 5, total length shorter than the
- * header), XLB_PARSE_FRAGMENT for any fragment (first or later).
+ * header), XLB_PARSE_FRAGMENT for any fragment (first or later),
+ * XLB_PARSE_ICMP for an unfragmented ICMP message (only its IPv4 header is
+ * parsed: p->k.src/dst, p->ttl, p->ttl_word and p->l4off are set).
  */
 static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
 {
@@ -66,7 +80,8 @@ static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
 	ihl = ip->ihl * 4;
 	if (bpf_ntohs(ip->tot_len) < ihl)
 		return XLB_PARSE_NOT_OURS;
-	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP &&
+	    ip->protocol != IPPROTO_ICMP)
 		return XLB_PARSE_NOT_OURS;
 	if (ip->frag_off & bpf_htons(XLB_IP_MF | XLB_IP_OFFSET))
 		return XLB_PARSE_FRAGMENT;
@@ -78,6 +93,8 @@ static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
 	p->ttl = ip->ttl;
 	p->ttl_word = *(__u16 *)&ip->ttl;
 	p->l4off = sizeof(struct ethhdr) + ihl;
+	if (ip->protocol == IPPROTO_ICMP)
+		return XLB_PARSE_ICMP;
 
 	if (ip->protocol == IPPROTO_TCP) {
 		struct tcphdr *th = data + p->l4off;

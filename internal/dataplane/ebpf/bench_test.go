@@ -29,6 +29,8 @@ import (
 //   - hit: the forward entry of connection j translates its packet into
 //     connection j+1's forward packet (the same helpers as a dnat hit: two
 //     field rewrites, TTL, MACs from the cached next hop; no FIB lookup).
+//   - hit-cached: the same between two connections only, whose entries
+//     stay in the CPU's caches (bursts of packets on few connections).
 //   - reply: the same over the reply entries.
 //   - new: a chain of services whose backend is the next service's VIP: a
 //     SYN becomes chainLen new flows (schedule, both conntrack entries,
@@ -118,8 +120,8 @@ func benchTable(b *testing.B, conns, entries int) {
 	fillConntrack(b, p, ns, conns)
 	if info, err := p.objs.XlbCt.Info(); err == nil {
 		if ml, ok := info.Memlock(); ok {
-			b.Logf("conntrack: %d entries, memlock %d MiB (%d bytes/entry); filled %d connections in %s",
-				entries, ml>>20, ml/uint64(entries), conns, time.Since(start).Round(time.Millisecond))
+			b.Logf("conntrack: %d entries, memlock %d KiB (%d bytes/entry); filled %d connections in %s",
+				entries, ml>>10, ml/uint64(entries), conns, time.Since(start).Round(time.Millisecond))
 		}
 	}
 	prog := p.objs.XlbIngress
@@ -139,17 +141,63 @@ func benchTable(b *testing.B, conns, entries int) {
 		c, port := benchConn(next)
 		return pktSpec{src: c, sport: port, dst: chainVIP(0), dport: 80, proto: protoTCP, tcpFlags: tcpSYN, ttl: 255}.build()
 	}
+	// Two connections past the filled ones translate into each other: a
+	// burst of packets on few connections, whose entries stay in cache.
+	x, y := conns+100, conns+101
+	pingPong(b, p, x, y)
+	burst := func(int) []byte {
+		c, port := benchConn(x)
+		return pktSpec{src: c, sport: port, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpACK, ttl: 255, payload: []byte("x")}.build()
+	}
 	for _, path := range []struct {
 		name string
 		pkt  func(int) []byte
 		stat string
-	}{{"hit", hit, "ct_fwd"}, {"reply", reply, "ct_reply"}, {"new", fresh, "new_flow"}} {
+	}{{"hit", hit, "ct_fwd"}, {"hit-cached", burst, "ct_fwd"}, {"reply", reply, "ct_reply"}, {"new", fresh, "new_flow"}} {
 		b.Run("path="+path.name, func(b *testing.B) {
 			before, _ := p.Stats()
 			benchRuns(b, prog, path.pkt)
 			after, _ := p.Stats()
 			b.ReportMetric(100*float64(after[path.stat]-before[path.stat])/float64(b.N*chainLen), "%path")
 		})
+	}
+}
+
+// pingPong adds forward entries making connections x and y translate into
+// each other.
+func pingPong(tb testing.TB, p *Plane, x, y int) {
+	g := p.farms["web"]
+	var hit xlbCtVal
+	c0, p0 := benchConn(0)
+	if err := p.objs.XlbCt.Lookup(xlbCtKey{Src: [4]uint32{ne32(c0)}, Dst: [4]uint32{ne32(vip1)}, Sport: ne16(p0), Dport: ne16(80), Proto: protoTCP, Family: afInet}, &hit); err != nil {
+		// Evicted (full table): build the cached next hop anew.
+		hit = xlbCtVal{Dir: ctFwd, State: ctStateEST, Svc: g.val.Id, Backend: g.ids[0], Seen: 0}
+	}
+	// In a full table an insert evicts the least recently used entry,
+	// which may be one just inserted: insert until both are there.
+	for try := 0; ; try++ {
+		present := 0
+		for _, pair := range [][2]int{{x, y}, {y, x}} {
+			c, port := benchConn(pair[0])
+			nc, nport := benchConn(pair[1])
+			k := xlbCtKey{Src: [4]uint32{ne32(c)}, Dst: [4]uint32{ne32(vip1)}, Sport: ne16(port), Dport: ne16(80), Proto: protoTCP, Family: afInet}
+			v := hit
+			v.Src, v.Sport, v.Dst, v.Dport = [4]uint32{ne32(nc)}, ne16(nport), k.Dst, k.Dport
+			var cur xlbCtVal
+			if p.objs.XlbCt.Lookup(k, &cur) == nil && cur == v {
+				present++
+				continue
+			}
+			if err := p.objs.XlbCt.Update(k, v, ebpf.UpdateAny); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		if present == 2 {
+			return
+		}
+		if try == 100 {
+			tb.Fatal("ping-pong entries keep being evicted")
+		}
 	}
 }
 

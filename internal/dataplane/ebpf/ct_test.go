@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"testing"
@@ -162,5 +163,89 @@ func TestConntrackExpiry(t *testing.T) {
 	var v xlbCtVal
 	if err := p.objs.XlbCt.Lookup(ctKey(client, 6000, vip1, 53, protoUDP), &v); err != nil {
 		t.Fatalf("expired flow not tracked again: %v", err)
+	}
+}
+
+// TestICMPErrorFixtures: ICMP errors about NATed packets are translated
+// for the side that sent them (dnat and snat), and others pass untouched.
+func TestICMPErrorFixtures(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	if err := p.Reconcile(context.Background(), fixtureFarms(t)); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.objs.XlbIngress
+	router := netip.MustParseAddr("10.200.0.254")
+	// dnat flow client:43000 -> VIP1:80 -> be1:8080, and the packet as it left.
+	_, toBackend := runProg(t, ns, prog, pktSpec{src: client, sport: 43000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
+	// snat flow client:43001 -> VIP2:80 -> (lbBack:43001) be1:80.
+	_, toBackendSnat := runProg(t, ns, prog, pktSpec{src: client, sport: 43001, dst: vip2, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
+	if g, _ := parse(toBackendSnat); g.src != lbBack {
+		t.Fatalf("snat flow left from %s", g.src)
+	}
+
+	for _, c := range []struct {
+		desc     string
+		in       []byte
+		verdict  int32
+		src, dst netip.Addr // outer, after
+		qsrc     netip.Addr
+		qsport   uint16
+		qdst     netip.Addr
+		qdport   uint16
+	}{
+		{
+			desc:    "dnat: fragmentation needed from a router towards the backend",
+			in:      icmpError(macBackend(0), macBack, router, client, 3, 4, toBackend),
+			verdict: verdictRedirect, src: router, dst: client, qsrc: client, qsport: 43000, qdst: vip1, qdport: 80,
+		},
+		{
+			desc:    "dnat: port unreachable from the backend itself comes from the VIP",
+			in:      icmpError(macBackend(0), macBack, be1, client, 3, 3, toBackend),
+			verdict: verdictRedirect, src: vip1, dst: client, qsrc: client, qsport: 43000, qdst: vip1, qdport: 80,
+		},
+		{
+			desc:    "snat: time exceeded to the LB's address goes to the client",
+			in:      icmpError(macBackend(0), macBack, router, lbBack, 11, 0, toBackendSnat),
+			verdict: verdictRedirect, src: router, dst: client, qsrc: client, qsport: 43001, qdst: vip2, qdport: 80,
+		},
+	} {
+		verdict, out := runProg(t, ns, prog, c.in)
+		if verdict != c.verdict {
+			st, _ := p.Stats()
+			t.Errorf("%s: verdict %d, want %d (stats %v)", c.desc, verdict, c.verdict, st)
+			continue
+		}
+		got, err := parseICMP(out)
+		if err != nil {
+			t.Errorf("%s: %v", c.desc, err)
+			continue
+		}
+		if got.src != c.src || got.dst != c.dst || got.qsrc != c.qsrc || got.qsport != c.qsport || got.qdst != c.qdst || got.qdpt != c.qdport {
+			t.Errorf("%s: got %s -> %s quoting %s:%d -> %s:%d, want %s -> %s quoting %s:%d -> %s:%d", c.desc,
+				got.src, got.dst, got.qsrc, got.qsport, got.qdst, got.qdpt, c.src, c.dst, c.qsrc, c.qsport, c.qdst, c.qdport)
+		}
+		if got.ttl != 63 || !bytes.Equal(got.dstMAC, macClient) {
+			t.Errorf("%s: ttl %d, destination MAC %s", c.desc, got.ttl, got.dstMAC)
+		}
+	}
+
+	// Untouched: echo request to the VIP, an error quoting an untracked
+	// flow, a quote cut short.
+	untracked := pktSpec{src: client, sport: 43999, dst: be2, dport: 8080, proto: protoTCP, tcpFlags: tcpSYN}.build()
+	echoReq := icmpError(macClient, macLB, client, vip1, 8, 0, untracked)
+	for _, c := range []struct {
+		desc string
+		in   []byte
+	}{
+		{"echo request", echoReq},
+		{"error about an untracked flow", icmpError(macBackend(1), macBack, router, client, 3, 4, untracked)},
+		{"quote cut short", icmpError(macBackend(0), macBack, router, client, 3, 4, toBackend)[:14+20+8+20+2]},
+	} {
+		verdict, out := runProg(t, ns, prog, c.in)
+		if verdict != verdictNext || !bytes.Equal(out, c.in) {
+			t.Errorf("%s: verdict %d, changed %v", c.desc, verdict, !bytes.Equal(out, c.in))
+		}
 	}
 }

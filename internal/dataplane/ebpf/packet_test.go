@@ -164,3 +164,67 @@ func parse(b []byte) (parsedPkt, error) {
 	}
 	return p, nil
 }
+
+// icmpError builds an ICMP error (type, code) from src to dst quoting the
+// first 28 bytes (IPv4 header + 8) of the packet quoted.
+func icmpError(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, typ, code uint8, quoted []byte) []byte {
+	q := quoted[14:]
+	if len(q) > 28 {
+		q = q[:28]
+	}
+	icmp := make([]byte, 8, 8+len(q))
+	icmp[0], icmp[1] = typ, code
+	if typ == 3 && code == 4 {
+		binary.BigEndian.PutUint16(icmp[6:], 1400) // next-hop MTU
+	}
+	icmp = append(icmp, q...)
+	binary.BigEndian.PutUint16(icmp[2:], csumFold(csumAdd(0, icmp)))
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(icmp)))
+	ip[8] = 64
+	ip[9] = 1
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:], s[:])
+	copy(ip[16:], d[:])
+	binary.BigEndian.PutUint16(ip[10:], csumFold(csumAdd(0, ip)))
+	out := append([]byte{}, dstMAC...)
+	out = append(out, srcMAC...)
+	out = append(out, 0x08, 0x00)
+	out = append(out, ip...)
+	return append(out, icmp...)
+}
+
+// parsedICMP is an ICMP error's outer and quoted tuple, checksums verified.
+type parsedICMP struct {
+	dstMAC       net.HardwareAddr
+	src, dst     netip.Addr
+	ttl          uint8
+	qsrc, qdst   netip.Addr
+	qsport, qdpt uint16
+}
+
+func parseICMP(b []byte) (parsedICMP, error) {
+	var p parsedICMP
+	if len(b) < 14+20+8+28 || b[14+9] != 1 {
+		return p, fmt.Errorf("not an ICMP packet")
+	}
+	ip := b[14:]
+	if csumFold(csumAdd(0, ip[:20])) != 0 {
+		return p, fmt.Errorf("bad IPv4 header checksum")
+	}
+	tot := int(binary.BigEndian.Uint16(ip[2:]))
+	if csumFold(csumAdd(0, ip[20:tot])) != 0 {
+		return p, fmt.Errorf("bad ICMP checksum")
+	}
+	q := ip[28:]
+	if csumFold(csumAdd(0, q[:20])) != 0 {
+		return p, fmt.Errorf("bad quoted IPv4 header checksum")
+	}
+	p.dstMAC = net.HardwareAddr(b[0:6])
+	p.ttl = ip[8]
+	p.src, p.dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	p.qsrc, p.qdst = netip.AddrFrom4([4]byte(q[12:16])), netip.AddrFrom4([4]byte(q[16:20]))
+	p.qsport, p.qdpt = binary.BigEndian.Uint16(q[20:]), binary.BigEndian.Uint16(q[22:])
+	return p, nil
+}

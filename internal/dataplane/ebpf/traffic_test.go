@@ -2,8 +2,11 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -346,5 +349,45 @@ func TestTrafficSchedulers(t *testing.T) {
 		if len(counts) != want {
 			t.Errorf("%s: 30 connections from one client reached %v, want %d backends", name, counts, want)
 		}
+	}
+}
+
+// TestTrafficICMPPortUnreachable: a backend's ICMP port unreachable about a
+// NATed UDP flow reaches the client translated, so the client's connected
+// socket sees "connection refused" (untranslated, it would quote the
+// backend's address and the client would wait for a timeout).
+func TestTrafficICMPPortUnreachable(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	var farms []*model.Farm
+	vips := map[model.Mode]netip.AddrPort{}
+	for i, mode := range []model.Mode{model.ModeDNAT, model.ModeSNAT} {
+		vip := netip.AddrPortFrom(testutil.VIP4(40+i), 53)
+		vips[mode] = vip
+		farms = append(farms, farm(t, "closed-"+mode.String(), vip.Addr().String(), 53, model.ProtoUDP, mode, model.SchedRR, backendsOf(topo, 8099)...))
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	for mode, vip := range vips {
+		err := testutil.Do(topo.Client.NS, func() error {
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(vip))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte("hello\n")); err != nil {
+				return err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(make([]byte, 64))
+			return err
+		})
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			st, _ := p.Stats()
+			t.Errorf("%s: read from a VIP whose backends have no server: %v, want connection refused (counters %v)", mode, err, st)
+		}
+	}
+	if st, _ := p.Stats(); st["icmp_nat"] < 2 {
+		t.Errorf("icmp_nat = %d, want 2", st["icmp_nat"])
 	}
 }
