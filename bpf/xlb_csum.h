@@ -35,6 +35,59 @@ static __always_inline void csum32_replace(__u16 *sum, __u32 from, __u32 to)
 }
 
 /**
+ * lb6_rewrite() - lb4_rewrite() for IPv6: no IP header checksum; the
+ * address change goes into the TCP/UDP checksum as one difference
+ * (bpf_csum_diff over both addresses).
+ */
+static __always_inline int lb6_rewrite(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
+				       const __u8 *dmac, const __u8 *smac)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 l4off = p->l4off & 0x7f;
+	struct ethhdr *eth = data;
+	struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	__u16 *ports = data + l4off;
+	__u32 csum_off = l4off;
+	__u64 l4f = 0;
+	int addrs, err = 0;
+	__s64 diff;
+
+	if ((void *)(ip6 + 1) > end || (void *)(ports + 2) > end)
+		return -1;
+	if (p->k.proto == IPPROTO_TCP) {
+		csum_off += __builtin_offsetof(struct tcphdr, check);
+	} else {
+		csum_off += __builtin_offsetof(struct udphdr, check);
+		l4f = BPF_F_MARK_MANGLED_0;
+	}
+	if (dmac) {
+		__builtin_memcpy(eth->h_dest, dmac, 6);
+		__builtin_memcpy(eth->h_source, smac, 6);
+		ip6->hop_limit = p->ttl - 1;
+	}
+	addrs = !addr_eq(v->src, p->k.src) || !addr_eq(v->dst, p->k.dst);
+	__builtin_memcpy(ip6->saddr, v->src, 16);
+	__builtin_memcpy(ip6->daddr, v->dst, 16);
+	ports[0] = v->sport;
+	ports[1] = v->dport;
+
+	/* Packet pointers are invalid from here on. */
+	if (addrs) {
+		/* src and dst are adjacent in both struct ct_key and ct_val. */
+		diff = bpf_csum_diff(p->k.src, 32, v->src, 32, 0);
+		if (diff < 0)
+			return (int)diff;
+		err = bpf_l4_csum_replace(skb, csum_off, 0, (__u32)diff, l4f | BPF_F_PSEUDO_HDR);
+	}
+	if (!err && v->sport != p->k.sport)
+		err = bpf_l4_csum_replace(skb, csum_off, p->k.sport, v->sport, l4f | 2);
+	if (!err && v->dport != p->k.dport)
+		err = bpf_l4_csum_replace(skb, csum_off, p->k.dport, v->dport, l4f | 2);
+	return err;
+}
+
+/**
  * lb4_rewrite() - rewrite a packet's IPv4 tuple to the conntrack value's,
  * and, when forwarding it ourselves, its TTL and MAC addresses.
  * @skb: the packet
@@ -55,6 +108,9 @@ static __always_inline void csum32_replace(__u16 *sum, __u32 from, __u32 to)
 static __always_inline int lb4_rewrite(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
 				       const __u8 *dmac, const __u8 *smac)
 {
+	if (p->k.family == XLB_AF_INET6)
+		return lb6_rewrite(skb, p, v, dmac, smac);
+
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	__u32 l4off = p->l4off & 0x7f; /* <= 14 + 60: bounded for the verifier */

@@ -17,6 +17,7 @@
 #include "xlb_csum.h"
 
 #define AF_INET 2
+#define AF_INET6 10
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -200,14 +201,20 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 	}
 
 	ifindex = skb->ingress_ifindex ?: skb->ifindex;
-	fib.family = AF_INET;
 	fib.l4_protocol = p->k.proto;
 	fib.sport = v->sport;
 	fib.dport = v->dport;
-	fib.tot_len = 0; /* let the helper check the MTU (GSO aware) */
+	fib.tot_len = 0; /* no MTU check here: the stack's on the way out */
 	fib.ifindex = ifindex;
-	fib.ipv4_src = v->src[0];
-	fib.ipv4_dst = v->dst[0];
+	if (p->k.family == XLB_AF_INET6) {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, v->src, 16);
+		__builtin_memcpy(fib.ipv6_dst, v->dst, 16);
+	} else {
+		fib.family = AF_INET;
+		fib.ipv4_src = v->src[0];
+		fib.ipv4_dst = v->dst[0];
+	}
 
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	switch (rc) {
@@ -275,12 +282,12 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 		/* The same value for the tuple and its reverse: both
 		 * addresses (XLB_HASH_SRCIP) and/or both ports
 		 * (XLB_HASH_SRCPORT), each pair in sorted order. */
-		__u32 a = p->k.src[0], b = p->k.dst[0];
+		__u32 a = addr_fold(p->k.src), b = addr_fold(p->k.dst);
 		__u16 x = bpf_ntohs(p->k.sport), y = bpf_ntohs(p->k.dport);
 
 		if (a > b) {
-			a = p->k.dst[0];
-			b = p->k.src[0];
+			a = addr_fold(p->k.dst);
+			b = addr_fold(p->k.src);
 		}
 		if (x > y) {
 			x = bpf_ntohs(p->k.dport);
@@ -295,7 +302,7 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 		break;
 	}
 	default: /* XLB_SCHED_HASH, XLB_SCHED_MAGLEV: the table makes the difference */
-		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? p->k.src[0] : 0,
+		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? addr_fold(p->k.src) : 0,
 				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
 				     XLB_HASH_SEED);
 		sk.idx = h % svc->slots;
@@ -320,7 +327,7 @@ static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_v
 	pv = bpf_map_lookup_elem(&xlb_persist, pk);
 	if (!pv || now - pv->seen > (__u64)svc->persist_ttl * 1000000000ULL)
 		return 0;
-	ik.addr[0] = pv->addr[0];
+	__builtin_memcpy(ik.addr, pv->addr, 16);
 	ik.port = pv->port;
 	bid = bpf_map_lookup_elem(&xlb_be_index, &ik);
 	if (!bid)
@@ -349,10 +356,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	__u16 port;
 	__u64 now;
 
-	key.addr[0] = p->k.dst[0];
+	__builtin_memcpy(key.addr, p->k.dst, 16);
 	key.port = p->k.dport;
 	key.proto = p->k.proto;
-	key.family = XLB_AF_INET;
+	key.family = p->k.family;
 	svc = bpf_map_lookup_elem(&xlb_services, &key);
 	if (!svc) {
 		key.port = 0;
@@ -376,7 +383,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	if (svc->persist) {
 		__builtin_memcpy(&pk.svc, &key, sizeof(key));
 		if (svc->persist & XLB_HASH_SRCIP)
-			pk.src[0] = p->k.src[0];
+			__builtin_memcpy(pk.src, p->k.src, 16);
 		if (svc->persist & XLB_HASH_SRCPORT)
 			pk.sport = p->k.sport;
 		bid = lb4_persistent(&pk, svc, now);
@@ -391,12 +398,12 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	if (svc->persist) {
 		struct persist_val pv = { .port = be->port, .seen = now };
 
-		pv.addr[0] = be->addr[0];
+		__builtin_memcpy(pv.addr, be->addr, 16);
 		bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY);
 	}
 
-	fv.src[0] = p->k.src[0];
-	fv.dst[0] = be->addr[0];
+	__builtin_memcpy(fv.src, p->k.src, 16);
+	__builtin_memcpy(fv.dst, be->addr, 16);
 	fv.sport = p->k.sport;
 	fv.dport = be->port ?: p->k.dport;
 	fv.dir = XLB_CT_FWD;
@@ -409,7 +416,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		/* The reply entry's key is the allocation: inserting it with
 		 * BPF_NOEXIST claims (backend, port, snat address, port)
 		 * atomically across CPUs. First try the client's own port. */
-		fv.src[0] = be->snat[0];
+		__builtin_memcpy(fv.src, be->snat, 16);
 		port = p->k.sport;
 		for (i = 0; i < XLB_SNAT_TRIES; i++) {
 			fv.sport = port;
@@ -441,7 +448,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 			stat_inc(XLB_STAT_ERROR);
 			return XLB_DROP;
 		}
-		if (v->dst[0] != fv.dst[0] || v->src[0] != fv.src[0] || v->sport != fv.sport ||
+		if (!addr_eq(v->dst, fv.dst) || !addr_eq(v->src, fv.src) || v->sport != fv.sport ||
 		    v->dport != fv.dport)
 			bpf_map_delete_elem(&xlb_ct, &rk);
 		return lb4_nat(skb, p, v, 0);
@@ -621,7 +628,7 @@ int xlb_ingress(struct __sk_buff *skb)
 	int rc;
 
 	stat_inc(XLB_STAT_RX);
-	switch (lb4_parse(skb, &p)) {
+	switch (lb_parse(skb, &p)) {
 	case XLB_PARSE_OK:
 		break;
 	case XLB_PARSE_FRAGMENT:

@@ -144,7 +144,7 @@ func benchTable(b *testing.B, conns, entries int) {
 	// Two connections past the filled ones translate into each other: a
 	// burst of packets on few connections, whose entries stay in cache.
 	x, y := conns+100, conns+101
-	pingPong(b, p, x, y)
+	pingPong(b, p, conns, x, y)
 	burst := func(int) []byte {
 		c, port := benchConn(x)
 		return pktSpec{src: c, sport: port, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpACK, ttl: 255, payload: []byte("x")}.build()
@@ -165,13 +165,18 @@ func benchTable(b *testing.B, conns, entries int) {
 
 // pingPong adds forward entries making connections x and y translate into
 // each other.
-func pingPong(tb testing.TB, p *Plane, x, y int) {
-	g := p.farms["web"]
+func pingPong(tb testing.TB, p *Plane, conns, x, y int) {
+	// A filled connection's forward entry (some may have been evicted)
+	// gives the cached next hop and timestamps.
 	var hit xlbCtVal
-	c0, p0 := benchConn(0)
-	if err := p.objs.XlbCt.Lookup(xlbCtKey{Src: [4]uint32{ne32(c0)}, Dst: [4]uint32{ne32(vip1)}, Sport: ne16(p0), Dport: ne16(80), Proto: protoTCP, Family: afInet}, &hit); err != nil {
-		// Evicted (full table): build the cached next hop anew.
-		hit = xlbCtVal{Dir: ctFwd, State: ctStateEST, Svc: g.val.Id, Backend: g.ids[0], Seen: 0}
+	found := false
+	for j := 0; j < conns && !found; j++ {
+		c, port := benchConn(j)
+		k := xlbCtKey{Src: [4]uint32{ne32(c)}, Dst: [4]uint32{ne32(vip1)}, Sport: ne16(port), Dport: ne16(80), Proto: protoTCP, Family: afInet}
+		found = p.objs.XlbCt.Lookup(k, &hit) == nil
+	}
+	if !found {
+		tb.Fatal("no filled connection left in the table")
 	}
 	// In a full table an insert evicts the least recently used entry,
 	// which may be one just inserted: insert until both are there.

@@ -19,13 +19,15 @@ func unsupported(f *model.Farm, field, value string) error {
 func (p *Plane) Check(f *model.Farm) error { return check(f) }
 
 func check(f *model.Farm) error {
-	if f.Family != model.FamilyIPv4 {
+	if f.Family != model.FamilyIPv4 && f.Family != model.FamilyIPv6 {
+		// dual would take translation between families (NAT64).
 		return unsupported(f, "family", f.Family.String())
 	}
 	if f.IsMarkFarm() || f.Mark != 0 {
 		return unsupported(f, "mark", fmt.Sprint(f.Mark))
 	}
-	if !f.VirtualAddr.Is4() {
+	v6 := f.Family == model.FamilyIPv6
+	if f.VirtualAddr.Is6() != v6 {
 		return unsupported(f, "virtual-addr", f.VirtualAddr.String())
 	}
 	if f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP {
@@ -81,7 +83,7 @@ func check(f *model.Farm) error {
 	if len(f.Policies) > 0 {
 		return unsupported(f, "policies", f.Policies[0].Name)
 	}
-	if f.SourceAddr.IsValid() && !f.SourceAddr.Is4() {
+	if f.SourceAddr.IsValid() && f.SourceAddr.Is6() != v6 {
 		return unsupported(f, "source-addr", f.SourceAddr.String())
 	}
 	ports := 0
@@ -98,9 +100,9 @@ func check(f *model.Farm) error {
 	}
 	for _, b := range f.Backends {
 		obj := fmt.Sprintf("farm %q backend %q", f.Name, b.Name)
-		if !b.Addr.Is4() {
+		if b.Addr.Is6() != v6 {
 			return &model.FieldError{Object: obj, Field: "ip-addr", Value: b.Addr.String(),
-				Problem: "is not implemented by the ebpf data plane yet (IPv4 only)"}
+				Problem: "must be of the farm's family with the ebpf data plane (no translation between IPv4 and IPv6)"}
 		}
 		if b.Mark != 0 {
 			return &model.FieldError{Object: obj, Field: "mark", Value: fmt.Sprint(b.Mark),

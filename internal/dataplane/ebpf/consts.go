@@ -9,7 +9,8 @@ const (
 	maxSlots    = 1048576
 	maxPersist  = 262144
 
-	afInet = 4
+	afInet  = 4
+	afInet6 = 6
 
 	modeDNAT = 0
 	modeSNAT = 1

@@ -2,10 +2,12 @@ package ebpf
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -98,19 +100,37 @@ func fixtureNS(tb testing.TB) netns.NsHandle {
 	}
 	front := add("front", macFront, "10.100.0.1/24")
 	back := add("back", macBack, "10.200.0.1/24")
+	for _, a := range []struct {
+		l    netlink.Link
+		addr string
+	}{{front, "fd00:100::1/64"}, {back, "fd00:200::1/64"}} {
+		pa, _ := netlink.ParseAddr(a.addr)
+		pa.Flags = unix.IFA_F_NODAD
+		if err := nh.AddrAdd(a.l, pa); err != nil {
+			tb.Fatalf("address %s: %v", a.addr, err)
+		}
+	}
 	neigh := func(l netlink.Link, ip string, mac net.HardwareAddr) {
+		fam := unix.AF_INET
+		if strings.Contains(ip, ":") {
+			fam = unix.AF_INET6
+		}
 		err := nh.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
-			IP: net.ParseIP(ip), HardwareAddr: mac, Family: unix.AF_INET})
+			IP: net.ParseIP(ip), HardwareAddr: mac, Family: fam})
 		if err != nil {
 			tb.Fatalf("neighbour %s: %v", ip, err)
 		}
 	}
 	neigh(front, "10.100.0.2", macClient)
+	neigh(front, "fd00:100::2", macClient)
 	for i := range 3 {
 		neigh(back, netip.AddrFrom4([4]byte{10, 200, 0, byte(11 + i)}).String(), macBackend(i))
+		neigh(back, fmt.Sprintf("fd00:200::%d", 11+i), macBackend(i))
 	}
-	if err := testutil.WriteSysctl(ns, "net/ipv4/ip_forward", "1"); err != nil {
-		tb.Fatal(err)
+	for _, sc := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := testutil.WriteSysctl(ns, sc, "1"); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	return ns
 }

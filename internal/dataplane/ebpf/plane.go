@@ -124,10 +124,16 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	if opts.NetNS > 0 {
 		p.ns = opts.NetNS
 	}
-	if err := ensureBPFFS(opts.PinPath); err != nil {
+	mounted, err := ensureBPFFS(opts.PinPath)
+	if err != nil {
 		return nil, err
 	}
-	var err error
+	if mounted {
+		// Under `ip netns exec` this mount, and every pin on it, lives
+		// only as long as this process's mount namespace.
+		log.Warn("mounted bpffs at /sys/fs/bpf: pins (and the attached program) last as long as this mount; "+
+			"run in the host's mount namespace or pass a pin path on a lasting bpffs", "pin_path", opts.PinPath)
+	}
 	if p.ns >= 0 {
 		p.nl, err = netlink.NewHandleAt(p.ns)
 	} else {
@@ -334,23 +340,24 @@ func (p *Plane) inNS(fn func() error) error {
 // ensureBPFFS makes sure dir exists on a bpf file system, mounting bpffs at
 // /sys/fs/bpf when dir is below it and nothing is mounted there (as after
 // `ip netns exec`, which remounts /sys).
-func ensureBPFFS(dir string) error {
+func ensureBPFFS(dir string) (mounted bool, err error) {
 	dir = filepath.Clean(dir)
 	if strings.HasPrefix(dir+"/", "/sys/fs/bpf/") && !isBPFFS("/sys/fs/bpf") {
 		if err := os.MkdirAll("/sys/fs/bpf", 0o700); err != nil {
-			return fmt.Errorf("create /sys/fs/bpf: %w", err)
+			return false, fmt.Errorf("create /sys/fs/bpf: %w", err)
 		}
 		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
-			return fmt.Errorf("mount bpffs at /sys/fs/bpf: %w", err)
+			return false, fmt.Errorf("mount bpffs at /sys/fs/bpf: %w", err)
 		}
+		mounted = true
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create pin path: %w", err)
+		return mounted, fmt.Errorf("create pin path: %w", err)
 	}
 	if !isBPFFS(dir) {
-		return fmt.Errorf("pin path %q is not on a bpf file system", dir)
+		return mounted, fmt.Errorf("pin path %q is not on a bpf file system", dir)
 	}
-	return nil
+	return mounted, nil
 }
 
 func isBPFFS(dir string) bool {

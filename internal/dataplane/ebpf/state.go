@@ -82,6 +82,27 @@ func ne32(a netip.Addr) uint32 {
 	return binary.NativeEndian.Uint32(b[:])
 }
 
+// addrWords returns an address as a key's 4 x 32 bits (memory in network
+// order): an IPv4 address in word 0, the rest zero.
+func addrWords(a netip.Addr) [4]uint32 {
+	if a.Is4() {
+		return [4]uint32{ne32(a)}
+	}
+	b := a.As16()
+	var w [4]uint32
+	for i := range w {
+		w[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+func familyOf(a netip.Addr) uint8 {
+	if a.Is4() {
+		return afInet
+	}
+	return afInet6
+}
+
 // ne16 returns the uint16 whose memory holds v in network order.
 func ne16(v uint16) uint16 {
 	var b [2]byte
@@ -97,9 +118,9 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	}
 	g := &generation{farm: f.Name}
 	proto := f.Protocol.Number()
-	vip := ne32(f.VirtualAddr)
+	vip, fam := addrWords(f.VirtualAddr), familyOf(f.VirtualAddr)
 	addKey := func(port uint16) {
-		g.keys = append(g.keys, xlbSvcKey{Addr: [4]uint32{vip}, Port: ne16(port), Proto: proto, Family: afInet})
+		g.keys = append(g.keys, xlbSvcKey{Addr: vip, Port: ne16(port), Proto: proto, Family: fam})
 	}
 	if len(f.VirtualPorts) == 0 {
 		addKey(0)
@@ -145,7 +166,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	active := f.ActiveBackends()
 	weights := make([]uint32, len(active))
 	for i, b := range active {
-		be := xlbBackend{Addr: [4]uint32{ne32(b.Addr)}, Port: ne16(b.Port), Family: afInet}
+		be := xlbBackend{Addr: addrWords(b.Addr), Port: ne16(b.Port), Family: familyOf(b.Addr)}
 		if f.Mode == model.ModeSNAT {
 			src := f.SourceAddr
 			if !src.IsValid() {
@@ -154,7 +175,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 					return nil, fmt.Errorf("farm %q backend %q: %w", f.Name, b.Name, err)
 				}
 			}
-			be.Snat = [4]uint32{ne32(src)}
+			be.Snat = addrWords(src)
 		}
 		g.bes = append(g.bes, be)
 		weights[i] = b.Weight
@@ -216,7 +237,7 @@ func (p *Plane) sourceFor(dst netip.Addr) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("route to %s: %w", dst, err)
 	}
 	for _, r := range routes {
-		if a, ok := netip.AddrFromSlice(r.Src); ok && a.Unmap().Is4() {
+		if a, ok := netip.AddrFromSlice(r.Src); ok && a.Unmap().Is4() == dst.Is4() {
 			return a.Unmap(), nil
 		}
 	}

@@ -1,0 +1,161 @@
+package ebpf
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// TestFixturesIPv6 runs IPv6 packets through the program: dnat and snat,
+// TCP and UDP, both directions, checksums, hop limit; and what it must pass
+// untouched.
+func TestFixturesIPv6(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	a := netip.MustParseAddr
+	client6, vip6a, vip6b := a("fd00:100::2"), a("fd00:99::1"), a("fd00:99::2")
+	lbBack6 := a("fd00:200::1")
+	be6 := []netip.Addr{a("fd00:200::11"), a("fd00:200::12"), a("fd00:200::13")}
+	mk := func(name string, vip netip.Addr, port uint16, proto model.Protocol, mode model.Mode, bePort uint16) *model.Farm {
+		f := model.NewFarm(name)
+		f.Family = model.FamilyIPv6
+		f.VirtualAddr = vip
+		f.VirtualPorts = []model.PortRange{{First: port, Last: port}}
+		f.Protocol, f.Mode, f.Scheduler = proto, mode, model.SchedRR
+		for i, b := range be6 {
+			be := model.NewBackend(fmt.Sprintf("b%d", i+1))
+			be.Addr, be.Port = b, bePort
+			f.Backends = append(f.Backends, be)
+		}
+		if err := f.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if err := check(&f); err != nil {
+			t.Fatal(err)
+		}
+		return &f
+	}
+	farms := []*model.Farm{
+		mk("web6", vip6a, 80, model.ProtoTCP, model.ModeDNAT, 8080),
+		mk("dns6", vip6a, 53, model.ProtoUDP, model.ModeDNAT, 5353),
+		mk("snat6", vip6b, 80, model.ProtoTCP, model.ModeSNAT, 0),
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.objs.XlbIngress
+	tcp := func(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, flags uint8) pktSpec {
+		return pktSpec{src: src, dst: dst, sport: sport, dport: dport, proto: protoTCP, tcpFlags: flags}
+	}
+	fromBack := func(s pktSpec, mac int) pktSpec {
+		s.srcMAC, s.dstMAC = macBackend(mac), macBack
+		return s
+	}
+	for _, c := range []struct {
+		desc    string
+		in      pktSpec
+		verdict int32
+		want    *want
+	}{
+		{"new TCP flow, dnat", tcp(client6, 40000, vip6a, 80, tcpSYN), verdictRedirect,
+			&want{src: client6, sport: 40000, dst: be6[0], dport: 8080, dstMAC: macBackend(0), ttl: 63}},
+		{"reply", fromBack(tcp(be6[0], 8080, client6, 40000, tcpSYN|tcpACK), 0), verdictRedirect,
+			&want{src: vip6a, sport: 80, dst: client6, dport: 40000, dstMAC: macClient, ttl: 63}},
+		{"established", tcp(client6, 40000, vip6a, 80, tcpACK), verdictRedirect,
+			&want{src: client6, sport: 40000, dst: be6[0], dport: 8080, dstMAC: macBackend(0), ttl: 63}},
+		{"UDP, dnat", pktSpec{src: client6, sport: 5000, dst: vip6a, dport: 53, proto: protoUDP, payload: []byte("q")}, verdictRedirect,
+			&want{src: client6, sport: 5000, dst: be6[0], dport: 5353, dstMAC: macBackend(0), ttl: 63}},
+		{"UDP reply", fromBack(pktSpec{src: be6[0], sport: 5353, dst: client6, dport: 5000, proto: protoUDP, payload: []byte("a")}, 0), verdictRedirect,
+			&want{src: vip6a, sport: 53, dst: client6, dport: 5000, dstMAC: macClient, ttl: 63}},
+		{"snat", tcp(client6, 41000, vip6b, 80, tcpSYN), verdictRedirect,
+			&want{src: lbBack6, sport: 41000, dst: be6[0], dport: 80, dstMAC: macBackend(0), ttl: 63}},
+		{"snat reply", fromBack(tcp(be6[0], 80, lbBack6, 41000, tcpSYN|tcpACK), 0), verdictRedirect,
+			&want{src: vip6b, sport: 80, dst: client6, dport: 41000, dstMAC: macClient, ttl: 63}},
+		{"hop limit 1: rewritten, to the stack", pktSpec{src: client6, sport: 40001, dst: vip6a, dport: 80, proto: protoTCP, tcpFlags: tcpSYN, ttl: 1}, verdictPass,
+			&want{src: client6, sport: 40001, dst: be6[1], dport: 8080, dstMAC: macLB, ttl: 1}},
+		{"not a VIP", tcp(client6, 40002, a("fd00:99::77"), 80, tcpSYN), verdictNext, nil},
+		{"fragment header", pktSpec{src: client6, sport: 5001, dst: vip6a, dport: 53, proto: protoUDP, nextHdr: 44, payload: []byte("frag")}, verdictNext, nil},
+		{"hop-by-hop options header", pktSpec{src: client6, sport: 5002, dst: vip6a, dport: 53, proto: protoUDP, nextHdr: 0, payload: []byte("hbh")}, verdictNext, nil},
+	} {
+		in := c.in.build()
+		if c.desc == "hop-by-hop options header" {
+			in[14+6] = 0 // next header 0: build() treats 0 as "none"
+		}
+		verdict, out := runProg(t, ns, prog, in)
+		if verdict != c.verdict {
+			st, _ := p.Stats()
+			t.Errorf("%s: verdict %d, want %d (stats %v)", c.desc, verdict, c.verdict, st)
+			continue
+		}
+		if c.want == nil {
+			if !bytes.Equal(out, in) {
+				t.Errorf("%s: packet changed", c.desc)
+			}
+			continue
+		}
+		got, err := parse(out)
+		if err != nil {
+			t.Errorf("%s: %v", c.desc, err)
+			continue
+		}
+		w := c.want
+		if got.src != w.src || got.dst != w.dst || got.sport != w.sport || got.dport != w.dport || got.ttl != w.ttl || !bytes.Equal(got.dstMAC, w.dstMAC) {
+			t.Errorf("%s: got [%s]:%d -> [%s]:%d hop %d mac %s, want [%s]:%d -> [%s]:%d hop %d mac %s", c.desc,
+				got.src, got.sport, got.dst, got.dport, got.ttl, got.dstMAC, w.src, w.sport, w.dst, w.dport, w.ttl, w.dstMAC)
+		}
+	}
+}
+
+// TestTrafficIPv6: real TCP and UDP over IPv6 through the LB, dnat and snat.
+func TestTrafficIPv6(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3, IPv6: true})
+	for i, b := range topo.Backends {
+		testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv6, 8080), fmt.Sprintf("be%d", i))
+		testutil.StartUDPServer(t, b.NS, netip.AddrPortFrom(b.IPv6, 8053), fmt.Sprintf("be%d", i))
+	}
+	p := newPlane(t, topo.LB.NS, mountBPFFS(t), nil, 16384)
+	mk := func(name string, vip netip.Addr, port uint16, proto model.Protocol, mode model.Mode, bePort uint16) *model.Farm {
+		f := model.NewFarm(name)
+		f.Family = model.FamilyIPv6
+		f.VirtualAddr = vip
+		f.VirtualPorts = []model.PortRange{{First: port, Last: port}}
+		f.Protocol, f.Mode, f.Scheduler = proto, mode, model.SchedRR
+		for i, b := range topo.Backends {
+			be := model.NewBackend(fmt.Sprintf("b%d", i+1))
+			be.Addr, be.Port = b.IPv6, bePort
+			f.Backends = append(f.Backends, be)
+		}
+		if err := f.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if err := check(&f); err != nil {
+			t.Fatal(err)
+		}
+		return &f
+	}
+	tcpDNAT := netip.AddrPortFrom(testutil.VIP6(1), 80)
+	tcpSNAT := netip.AddrPortFrom(testutil.VIP6(2), 80)
+	udpDNAT := netip.AddrPortFrom(testutil.VIP6(3), 53)
+	farms := []*model.Farm{
+		mk("tcp-dnat", tcpDNAT.Addr(), 80, model.ProtoTCP, model.ModeDNAT, 8080),
+		mk("tcp-snat", tcpSNAT.Addr(), 80, model.ProtoTCP, model.ModeSNAT, 8080),
+		mk("udp-dnat", udpDNAT.Addr(), 53, model.ProtoUDP, model.ModeDNAT, 8053),
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	const n = 12
+	counts := ask(t, n, func() (string, error) { return testutil.AskTCP(topo.Client.NS, tcpDNAT) }, topo.Client.IPv6)
+	checkSpread(t, counts, n, 3)
+	counts = ask(t, n, func() (string, error) { return testutil.AskTCP(topo.Client.NS, tcpSNAT) }, topo.LBBack6)
+	checkSpread(t, counts, n, 3)
+	counts = ask(t, n, func() (string, error) { return testutil.AskUDP(topo.Client.NS, udpDNAT) }, topo.Client.IPv6)
+	checkSpread(t, counts, n, 3)
+}
