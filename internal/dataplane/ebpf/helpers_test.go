@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -172,3 +174,36 @@ type (
 	dataplaneDiff   = dataplane.Diff
 	dataplaneChange = dataplane.FarmChange
 )
+
+// setTxChecksum turns transmit checksum offload of ifname in ns on or off
+// (ethtool -K ifname tx on|off). Off, the kernel completes every checksum
+// in software before the packet leaves, so a wrong checksum seed written by
+// the program turns into a packet the receiver drops: veth peers otherwise
+// trust offloaded (CHECKSUM_PARTIAL) checksums without ever computing them.
+func setTxChecksum(tb testing.TB, ns netns.NsHandle, ifname string, on bool) {
+	tb.Helper()
+	const ethtoolSTXCSUM = 0x17
+	val := struct{ cmd, data uint32 }{cmd: ethtoolSTXCSUM}
+	if on {
+		val.data = 1
+	}
+	err := testutil.Do(ns, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		var ifr [40]byte
+		copy(ifr[:unix.IFNAMSIZ-1], ifname)
+		*(*uintptr)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = uintptr(unsafe.Pointer(&val))
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr[0])))
+		runtime.KeepAlive(&val)
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("set tx checksumming of %s: %v", ifname, err)
+	}
+}

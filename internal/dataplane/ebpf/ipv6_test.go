@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -158,4 +161,114 @@ func TestTrafficIPv6(t *testing.T) {
 	checkSpread(t, counts, n, 3)
 	counts = ask(t, n, func() (string, error) { return testutil.AskUDP(topo.Client.NS, udpDNAT) }, topo.Client.IPv6)
 	checkSpread(t, counts, n, 3)
+}
+
+// TestTrafficChecksums: with transmit checksum offload off on every LB
+// interface, the kernel completes the checksums the program leaves (the
+// offloaded seed or the full sum) before the packets leave, and backends and
+// client verify them: TCP and UDP, dnat and snat, IPv4 and IPv6.
+func TestTrafficChecksums(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 2, IPv6: true})
+	for i, b := range topo.Backends {
+		for _, a := range []netip.Addr{b.IPv4, b.IPv6} {
+			testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(a, 8080), fmt.Sprintf("be%d", i))
+			testutil.StartUDPServer(t, b.NS, netip.AddrPortFrom(a, 8053), fmt.Sprintf("be%d", i))
+		}
+	}
+	links, err := netInterfaces(topo.LB.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		setTxChecksum(t, topo.LB.NS, l, false)
+	}
+	p := newPlane(t, topo.LB.NS, mountBPFFS(t), nil, 16384)
+	var farms []*model.Farm
+	type target struct {
+		vip   netip.AddrPort
+		udp   bool
+		saw   netip.Addr
+		label string
+	}
+	var targets []target
+	n := 0
+	for _, v6 := range []bool{false, true} {
+		for _, mode := range []model.Mode{model.ModeDNAT, model.ModeSNAT} {
+			for _, proto := range []model.Protocol{model.ProtoTCP, model.ProtoUDP} {
+				n++
+				f := model.NewFarm(fmt.Sprintf("f%d", n))
+				vip := testutil.VIP4(50 + n)
+				bePort := uint16(8080)
+				if proto == model.ProtoUDP {
+					bePort = 8053
+				}
+				saw := topo.Client.IPv4
+				if mode == model.ModeSNAT {
+					saw = topo.LBBack4
+				}
+				if v6 {
+					f.Family = model.FamilyIPv6
+					vip = testutil.VIP6(50 + n)
+					saw = topo.Client.IPv6
+					if mode == model.ModeSNAT {
+						saw = topo.LBBack6
+					}
+				}
+				f.VirtualAddr = vip
+				f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+				f.Protocol, f.Mode, f.Scheduler = proto, mode, model.SchedRR
+				for i, b := range topo.Backends {
+					be := model.NewBackend(fmt.Sprintf("b%d", i))
+					be.Addr, be.Port = b.Addr(v6), bePort
+					f.Backends = append(f.Backends, be)
+				}
+				if err := f.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				if err := check(&f); err != nil {
+					t.Fatal(err)
+				}
+				farms = append(farms, &f)
+				targets = append(targets, target{netip.AddrPortFrom(vip, 80), proto == model.ProtoUDP, saw,
+					fmt.Sprintf("%s %s v6=%v", mode, proto, v6)})
+			}
+		}
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range targets {
+		for i := range 4 {
+			var reply string
+			var err error
+			if tg.udp {
+				reply, err = testutil.AskUDP(topo.Client.NS, tg.vip)
+			} else {
+				reply, err = testutil.AskTCP(topo.Client.NS, tg.vip)
+			}
+			if err != nil {
+				st, _ := p.Stats()
+				t.Fatalf("%s: request %d: %v (counters %v)", tg.label, i, err, st)
+			}
+			if _, from, err := testutil.ParseReply(reply); err != nil || from.Addr() != tg.saw {
+				t.Fatalf("%s: reply %q (%v), want one seen from %s", tg.label, reply, err, tg.saw)
+			}
+		}
+	}
+}
+
+// netInterfaces lists the interfaces of ns but loopback.
+func netInterfaces(ns netns.NsHandle) ([]string, error) {
+	var out []string
+	err := testutil.Do(ns, func() error {
+		ifs, err := net.Interfaces()
+		for _, i := range ifs {
+			if i.Flags&net.FlagLoopback == 0 {
+				out = append(out, i.Name)
+			}
+		}
+		return err
+	})
+	return out, err
 }
