@@ -11,6 +11,7 @@
 #include <linux/tcp.h>
 #include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
 
 #include "xlb_parsing.h"
 
@@ -34,10 +35,50 @@ static __always_inline void csum32_replace(__u16 *sum, __u32 from, __u32 to)
 	csum16_replace(sum, from >> 16, to >> 16);
 }
 
+/* seed32_replace() - the same for the seed a CHECKSUM_PARTIAL packet holds
+ * in its TCP/UDP checksum field (the folded pseudo-header sum, not
+ * complemented; the device or the stack completes it), as the kernel's
+ * inet_proto_csum_replace4() does. */
+static __always_inline void seed32_replace(__u16 *sum, __u32 from, __u32 to)
+{
+	__u32 s = *sum;
+
+	s += (__u16)~(from & 0xffff);
+	s += (__u16)~(from >> 16);
+	s += to & 0xffff;
+	s += to >> 16;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	*sum = s;
+}
+
+/* skb->ip_summed. */
+#define XLB_CHECKSUM_NONE 0
+#define XLB_CHECKSUM_UNNECESSARY 1
+#define XLB_CHECKSUM_COMPLETE 2
+#define XLB_CHECKSUM_PARTIAL 3
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+/* The one field of struct sk_buff we read (CO-RE: relocated against the
+ * running kernel's BTF). */
+struct sk_buff___xlb {
+	__u8 ip_summed : 2;
+} __attribute__((preserve_access_index));
+
+/* xlb_ip_summed() - the skb's checksum state (CHECKSUM_*), which
+ * struct __sk_buff does not show. */
+static __always_inline int xlb_ip_summed(struct __sk_buff *skb)
+{
+	struct sk_buff___xlb *k = bpf_cast_to_kern_ctx(skb);
+
+	return BPF_CORE_READ_BITFIELD(k, ip_summed);
+}
+
 /**
- * lb6_rewrite() - lb4_rewrite() for IPv6: no IP header checksum; the
- * address change goes into the TCP/UDP checksum as one difference
- * (bpf_csum_diff over both addresses).
+ * lb6_rewrite() - lb4_rewrite() for IPv6: no IP header checksum; with a
+ * complete checksum, the address change goes into the TCP/UDP checksum as
+ * one difference (bpf_csum_diff over both addresses).
  */
 static __always_inline int lb6_rewrite(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
 				       const __u8 *dmac, const __u8 *smac)
@@ -50,7 +91,7 @@ static __always_inline int lb6_rewrite(struct __sk_buff *skb, struct pkt *p, str
 	__u16 *ports = data + l4off;
 	__u32 csum_off = l4off;
 	__u64 l4f = 0;
-	int addrs, err = 0;
+	int addrs, err = 0, summed;
 	__s64 diff;
 
 	if ((void *)(ip6 + 1) > end || (void *)(ports + 2) > end)
@@ -71,6 +112,34 @@ static __always_inline int lb6_rewrite(struct __sk_buff *skb, struct pkt *p, str
 	__builtin_memcpy(ip6->daddr, v->dst, 16);
 	ports[0] = v->sport;
 	ports[1] = v->dport;
+
+	summed = xlb_ip_summed(skb);
+	if (summed != XLB_CHECKSUM_COMPLETE) {
+		/* Inline, as in lb4_rewrite(). */
+		__u16 *sum = data + (csum_off & 0xff);
+		int i;
+
+		if ((void *)(sum + 1) > end)
+			return -1;
+		if (l4f && !*sum)
+			return 0;
+		for (i = 0; i < 4; i++) {
+			if (summed == XLB_CHECKSUM_PARTIAL) {
+				seed32_replace(sum, p->k.src[i], v->src[i]);
+				seed32_replace(sum, p->k.dst[i], v->dst[i]);
+			} else {
+				csum32_replace(sum, p->k.src[i], v->src[i]);
+				csum32_replace(sum, p->k.dst[i], v->dst[i]);
+			}
+		}
+		if (summed != XLB_CHECKSUM_PARTIAL) {
+			csum16_replace(sum, p->k.sport, v->sport);
+			csum16_replace(sum, p->k.dport, v->dport);
+		}
+		if (l4f && !*sum)
+			*sum = 0xffff;
+		return 0;
+	}
 
 	/* Packet pointers are invalid from here on. */
 	if (addrs) {
@@ -119,7 +188,7 @@ static __always_inline int lb4_rewrite(struct __sk_buff *skb, struct pkt *p, str
 	__u16 *ports = data + l4off;
 	__u32 csum_off = l4off;
 	__u64 l4f = 0;
-	int err = 0;
+	int err = 0, summed;
 
 	if ((void *)(ip + 1) > end || (void *)(ports + 2) > end)
 		return -1;
@@ -149,6 +218,31 @@ static __always_inline int lb4_rewrite(struct __sk_buff *skb, struct pkt *p, str
 	}
 	ports[0] = v->sport;
 	ports[1] = v->dport;
+
+	/* The TCP/UDP checksum, inline unless the skb carries a complete
+	 * checksum (skb->csum would need the update too: the helper does it). */
+	summed = xlb_ip_summed(skb);
+	if (summed != XLB_CHECKSUM_COMPLETE) {
+		__u16 *sum = data + (csum_off & 0xff);
+
+		if ((void *)(sum + 1) > end)
+			return -1;
+		if (l4f && !*sum)
+			return 0; /* UDP without checksum */
+		if (summed == XLB_CHECKSUM_PARTIAL) {
+			/* Only the pseudo header is in the seed. */
+			seed32_replace(sum, p->k.src[0], v->src[0]);
+			seed32_replace(sum, p->k.dst[0], v->dst[0]);
+		} else {
+			csum32_replace(sum, p->k.src[0], v->src[0]);
+			csum32_replace(sum, p->k.dst[0], v->dst[0]);
+			csum16_replace(sum, p->k.sport, v->sport);
+			csum16_replace(sum, p->k.dport, v->dport);
+		}
+		if (l4f && !*sum)
+			*sum = 0xffff; /* CSUM_MANGLED_0: 0 would mean "none" */
+		return 0;
+	}
 
 	/* Packet pointers are invalid from here on. */
 	if (v->src[0] != p->k.src[0])
