@@ -66,6 +66,7 @@
 /* struct svc_val.mode */
 #define XLB_MODE_DNAT 0
 #define XLB_MODE_SNAT 1
+#define XLB_MODE_DSR 2 /* destination MAC only: backends hold the VIP and answer clients directly */
 
 /* struct svc_val.sched */
 #define XLB_SCHED_RR 0     /* round robin over slots, one atomic counter per service */

@@ -48,6 +48,19 @@ static __always_inline void stat_inc(__u32 idx)
 		*c += 1;
 }
 
+/* ct_peer_key() - the key of the other direction of entry (k, v). */
+static __always_inline void ct_peer_key(const struct ct_key *k, const struct ct_val *v,
+					struct ct_key *pk)
+{
+	__builtin_memcpy(pk->src, v->dst, sizeof(pk->src));
+	__builtin_memcpy(pk->dst, v->src, sizeof(pk->dst));
+	pk->sport = v->dport;
+	pk->dport = v->sport;
+	pk->proto = k->proto;
+	pk->family = k->family;
+	pk->pad = 0;
+}
+
 /* ct_peer() - the key and value of the other direction of entry (k, v). */
 static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val *v,
 				    struct ct_key *pk, struct ct_val *pv)
@@ -66,6 +79,7 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->dport = k->sport;
 	pv->dir = v->dir == XLB_CT_FWD ? XLB_CT_REPLY : XLB_CT_FWD;
 	pv->state = v->state;
+	pv->mode = v->mode;
 	pv->pad = 0;
 	pv->svc = v->svc;
 	pv->backend = v->backend;
@@ -106,9 +120,8 @@ static __always_inline __u8 ct_next_state(__u8 s, __u8 flags)
 static __always_inline void ct_delete(const struct ct_key *k, const struct ct_val *v)
 {
 	struct ct_key pk;
-	struct ct_val pv;
 
-	ct_peer(k, v, &pk, &pv);
+	ct_peer_key(k, v, &pk);
 	bpf_map_delete_elem(&xlb_ct, &pk);
 	bpf_map_delete_elem(&xlb_ct, k);
 }
@@ -122,11 +135,11 @@ static __always_inline int ct_expired(const struct ct_key *k, const struct ct_va
 {
 	__u64 to = ct_timeout(v->state);
 	struct ct_key pk;
-	struct ct_val pv, *peer;
+	struct ct_val *peer;
 
 	if (now - v->seen <= to)
 		return 0;
-	ct_peer(k, v, &pk, &pv);
+	ct_peer_key(k, v, &pk);
 	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
 	return !peer || now - peer->seen > to;
 }
@@ -136,11 +149,11 @@ static __always_inline void ct_set_state(const struct ct_key *k, struct ct_val *
 					 __u64 now)
 {
 	struct ct_key pk;
-	struct ct_val pv, *peer;
+	struct ct_val *peer;
 
 	v->state = state;
 	v->seen = now;
-	ct_peer(k, v, &pk, &pv);
+	ct_peer_key(k, v, &pk);
 	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
 	if (peer) {
 		peer->state = state;
@@ -160,6 +173,8 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
 	struct ct_val pv = {};
 
 	v->seen = now;
+	if (v->mode == XLB_MODE_DSR)
+		return; /* no reply entry: replies do not pass through us */
 	ct_peer(k, v, &pk, &pv);
 	if (bpf_map_lookup_elem(&xlb_ct, &pk))
 		return;
@@ -183,9 +198,12 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
  * has no forwarding answer (the stack handles the rewritten packet),
  * XLB_DROP for blackhole/unreachable/prohibit routes or errors.
  */
-static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
+static __attribute__((noinline)) int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
+					   int fresh)
 {
 	struct bpf_fib_lookup fib = {};
+	struct bpf_redir_neigh nh = {};
+	const __u32 *dst;
 	__u32 ifindex;
 	int rc;
 
@@ -206,14 +224,27 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 	fib.dport = v->dport;
 	fib.tot_len = 0; /* no MTU check here: the stack's on the way out */
 	fib.ifindex = ifindex;
+	/* dsr: the packet keeps the VIP; its next hop is the backend. */
+	dst = v->dst;
+	if (v->mode == XLB_MODE_DSR) {
+		__u32 bid = v->backend;
+		struct backend *be = bpf_map_lookup_elem(&xlb_backends, &bid);
+
+		if (!be)
+			goto err;
+		dst = be->addr;
+		__builtin_memcpy(nh.ipv6_nh, be->addr, 16);
+	}
 	if (p->k.family == XLB_AF_INET6) {
 		fib.family = AF_INET6;
+		nh.nh_family = AF_INET6;
 		__builtin_memcpy(fib.ipv6_src, v->src, 16);
-		__builtin_memcpy(fib.ipv6_dst, v->dst, 16);
+		__builtin_memcpy(fib.ipv6_dst, dst, 16);
 	} else {
 		fib.family = AF_INET;
+		nh.nh_family = AF_INET;
 		fib.ipv4_src = v->src[0];
-		fib.ipv4_dst = v->dst[0];
+		fib.ipv4_dst = dst[0];
 	}
 
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
@@ -239,6 +270,8 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 		if (lb4_rewrite(skb, p, v, macs, macs + 6))
 			goto err;
 		stat_inc(XLB_STAT_FIB_NEIGH);
+		if (v->mode == XLB_MODE_DSR)
+			return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
 	}
 	case BPF_FIB_LKUP_RET_BLACKHOLE:
@@ -337,6 +370,40 @@ static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_v
 }
 
 /**
+ * lb4_pick() - the backend for a new flow of service @svc (found under
+ * @key): the client's persistent one if any, else the scheduler's choice,
+ * which is then recorded for persistence. A function of its own (not
+ * inlined) to keep its stack out of the caller's.
+ * Return: the backend id, 0 if none.
+ */
+static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *svc,
+						 struct svc_key *key, __u64 now)
+{
+	struct persist_key pk = {};
+	struct backend *be;
+	__u32 bid = 0;
+
+	if (!svc->persist)
+		return lb4_schedule(p, svc);
+	__builtin_memcpy(&pk.svc, key, sizeof(*key));
+	if (svc->persist & XLB_HASH_SRCIP)
+		__builtin_memcpy(pk.src, p->k.src, 16);
+	if (svc->persist & XLB_HASH_SRCPORT)
+		pk.sport = p->k.sport;
+	bid = lb4_persistent(&pk, svc, now);
+	if (!bid)
+		bid = lb4_schedule(p, svc);
+	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
+	if (be) {
+		struct persist_val pv = { .port = be->port, .seen = now };
+
+		__builtin_memcpy(pv.addr, be->addr, 16);
+		bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY);
+	}
+	return bid;
+}
+
+/**
  * lb4_new_flow() - a packet without conntrack entry: balance it if it is for
  * a service, creating both conntrack entries.
  *
@@ -349,12 +416,12 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	struct svc_key key = {};
 	struct svc_val *svc;
 	struct backend *be;
-	struct ct_key rk;
+	struct ct_key rk = {};
 	struct ct_val fv = {}, rv = {}, *v;
-	struct persist_key pk = {};
 	__u32 bid, i;
 	__u16 port;
 	__u64 now;
+	int fresh;
 
 	__builtin_memcpy(key.addr, p->k.dst, 16);
 	key.port = p->k.dport;
@@ -379,27 +446,11 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		return XLB_DROP;
 	}
 	now = bpf_ktime_get_coarse_ns();
-	bid = 0;
-	if (svc->persist) {
-		__builtin_memcpy(&pk.svc, &key, sizeof(key));
-		if (svc->persist & XLB_HASH_SRCIP)
-			__builtin_memcpy(pk.src, p->k.src, 16);
-		if (svc->persist & XLB_HASH_SRCPORT)
-			pk.sport = p->k.sport;
-		bid = lb4_persistent(&pk, svc, now);
-	}
-	if (!bid)
-		bid = lb4_schedule(p, svc);
+	bid = lb4_pick(p, svc, &key, now);
 	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
 	if (!be) {
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return XLB_DROP;
-	}
-	if (svc->persist) {
-		struct persist_val pv = { .port = be->port, .seen = now };
-
-		__builtin_memcpy(pv.addr, be->addr, 16);
-		bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY);
 	}
 
 	__builtin_memcpy(fv.src, p->k.src, 16);
@@ -408,11 +459,16 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	fv.dport = be->port ?: p->k.dport;
 	fv.dir = XLB_CT_FWD;
 	fv.state = p->k.proto == IPPROTO_TCP ? XLB_CT_STATE_SYN : XLB_CT_STATE_UDP;
+	fv.mode = svc->mode;
 	fv.svc = svc->id;
 	fv.backend = bid;
 	fv.seen = now;
 
-	if (svc->mode == XLB_MODE_SNAT) {
+	if (svc->mode == XLB_MODE_DSR) {
+		/* The packet keeps its tuple; only the next hop changes. */
+		__builtin_memcpy(fv.dst, p->k.dst, 16);
+		fv.dport = p->k.dport;
+	} else if (svc->mode == XLB_MODE_SNAT) {
 		/* The reply entry's key is the allocation: inserting it with
 		 * BPF_NOEXIST claims (backend, port, snat address, port)
 		 * atomically across CPUs. First try the client's own port. */
@@ -438,28 +494,32 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		}
 	}
 
+	fresh = 1;
 	if (bpf_map_update_elem(&xlb_ct, &p->k, &fv, BPF_NOEXIST)) {
 		/* Another CPU created this flow first: drop our reply entry
 		 * (unless it is the same as the winner's) and use the winner. */
 		stat_inc(XLB_STAT_CT_RACE);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
-			bpf_map_delete_elem(&xlb_ct, &rk);
+			if (svc->mode != XLB_MODE_DSR)
+				bpf_map_delete_elem(&xlb_ct, &rk);
 			stat_inc(XLB_STAT_ERROR);
 			return XLB_DROP;
 		}
-		if (!addr_eq(v->dst, fv.dst) || !addr_eq(v->src, fv.src) || v->sport != fv.sport ||
-		    v->dport != fv.dport)
+		if (svc->mode != XLB_MODE_DSR &&
+		    (!addr_eq(v->dst, fv.dst) || !addr_eq(v->src, fv.src) || v->sport != fv.sport ||
+		     v->dport != fv.dport))
 			bpf_map_delete_elem(&xlb_ct, &rk);
-		return lb4_nat(skb, p, v, 0);
+		fresh = 0;
+	} else {
+		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
+		if (!v) {
+			/* Evicted at once (table far too small): forward uncached. */
+			v = &fv;
+		}
+		stat_inc(XLB_STAT_NEW_FLOW);
 	}
-	v = bpf_map_lookup_elem(&xlb_ct, &p->k);
-	if (!v) {
-		/* Evicted at once (table far too small): forward uncached. */
-		v = &fv;
-	}
-	stat_inc(XLB_STAT_NEW_FLOW);
-	return lb4_nat(skb, p, v, 1);
+	return lb4_nat(skb, p, v, fresh);
 }
 
 /**

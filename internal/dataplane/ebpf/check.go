@@ -33,7 +33,7 @@ func check(f *model.Farm) error {
 	if f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP {
 		return unsupported(f, "protocol", f.Protocol.String())
 	}
-	if f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT {
+	if f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT && f.Mode != model.ModeDSR {
 		return unsupported(f, "mode", f.Mode.String())
 	}
 	switch f.Scheduler {
@@ -103,6 +103,11 @@ func check(f *model.Farm) error {
 		if b.Addr.Is6() != v6 {
 			return &model.FieldError{Object: obj, Field: "ip-addr", Value: b.Addr.String(),
 				Problem: "must be of the farm's family with the ebpf data plane (no translation between IPv4 and IPv6)"}
+		}
+		if f.Mode == model.ModeDSR && b.Port != 0 &&
+			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last || f.VirtualPorts[0].First != b.Port) {
+			return &model.FieldError{Object: obj, Field: "port", Value: fmt.Sprint(b.Port),
+				Problem: "dsr keeps the packet's destination port: leave it 0, or make it the farm's one virtual port"}
 		}
 		if b.Mark != 0 {
 			return &model.FieldError{Object: obj, Field: "mark", Value: fmt.Sprint(b.Mark),

@@ -14,6 +14,7 @@ const (
 
 	modeDNAT = 0
 	modeSNAT = 1
+	modeDSR  = 2
 
 	schedRR      = 0
 	schedWeight  = 1

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -247,5 +248,54 @@ func TestICMPErrorFixtures(t *testing.T) {
 		if verdict != verdictNext || !bytes.Equal(out, c.in) {
 			t.Errorf("%s: verdict %d, changed %v", c.desc, verdict, !bytes.Equal(out, c.in))
 		}
+	}
+}
+
+// TestDSRFixtures: dsr keeps the packet as it is but for the MACs (and
+// TTL) and sends it to the backend; a connection keeps its backend; no reply
+// entry is made (replies do not pass through the balancer).
+func TestDSRFixtures(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	vip4 := netip.MustParseAddr("10.99.0.4")
+	dsr := farm(t, "dsr", vip4.String(), 80, model.ProtoTCP, model.ModeDSR, model.SchedRR,
+		"10.200.0.11:0", "10.200.0.12:80")
+	if err := p.Reconcile(context.Background(), []*model.Farm{dsr}); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		sport uint16
+		flags uint8
+		mac   int
+	}{{44000, tcpSYN, 0}, {44000, tcpACK, 0}, {44001, tcpSYN, 1}, {44000, tcpACK, 0}, {44001, tcpACK, 1}} {
+		verdict, out := runProg(t, ns, p.objs.XlbIngress, pktSpec{src: client, sport: c.sport, dst: vip4, dport: 80, proto: protoTCP, tcpFlags: c.flags}.build())
+		if verdict != verdictRedirect {
+			t.Fatalf("packet %d: verdict %d", i, verdict)
+		}
+		got, err := parse(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.src != client || got.sport != c.sport || got.dst != vip4 || got.dport != 80 {
+			t.Errorf("packet %d: tuple changed to %s:%d -> %s:%d", i, got.src, got.sport, got.dst, got.dport)
+		}
+		if !bytes.Equal(got.dstMAC, macBackend(c.mac)) || !bytes.Equal(got.srcMAC, macBack) || got.ttl != 63 {
+			t.Errorf("packet %d: MACs %s -> %s, TTL %d; want %s -> %s, 63", i, got.srcMAC, got.dstMAC, got.ttl, macBack, macBackend(c.mac))
+		}
+	}
+	if n := countMap(t, p).ct; n != 2 {
+		t.Errorf("%d conntrack entries for 2 dsr connections, want 2 (forward only)", n)
+	}
+	// A reply from the backend (VIP -> client) is not ours: untouched.
+	in := pktSpec{src: vip4, sport: 80, dst: client, dport: 44000, proto: protoTCP, tcpFlags: tcpSYN | tcpACK, srcMAC: macBackend(0), dstMAC: macBack}.build()
+	if verdict, out := runProg(t, ns, p.objs.XlbIngress, in); verdict != verdictNext || !bytes.Equal(out, in) {
+		t.Errorf("dsr reply: verdict %d, changed %v", verdict, !bytes.Equal(out, in))
+	}
+	// Backend ports other than 0 or the virtual port are refused.
+	bad := farm(t, "dsr", vip4.String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080")
+	bad.Mode = model.ModeDSR
+	if err := check(bad); err == nil || !strings.Contains(err.Error(), "port") {
+		t.Errorf("dsr with backend port 8080: %v", err)
 	}
 }

@@ -130,9 +130,13 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			addKey(uint16(port))
 		}
 	}
-	g.val.Mode = modeDNAT
-	if f.Mode == model.ModeSNAT {
+	switch f.Mode {
+	case model.ModeSNAT:
 		g.val.Mode = modeSNAT
+	case model.ModeDSR:
+		g.val.Mode = modeDSR
+	default:
+		g.val.Mode = modeDNAT
 	}
 	switch f.Scheduler {
 	case model.SchedWeight:

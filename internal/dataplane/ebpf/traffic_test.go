@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -389,5 +391,42 @@ func TestTrafficICMPPortUnreachable(t *testing.T) {
 	}
 	if st, _ := p.Stats(); st["icmp_nat"] < 2 {
 		t.Errorf("icmp_nat = %d, want 2", st["icmp_nat"])
+	}
+}
+
+// TestTrafficDSR: direct server return. The backends hold the VIP on
+// loopback and answer the client themselves (their route to the client
+// passes the LB's stack, not the program); the LB only rewrites MACs.
+func TestTrafficDSR(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3})
+	vip := netip.AddrPortFrom(testutil.VIP4(60), 80)
+	for i, b := range topo.Backends {
+		err := testutil.Do(b.NS, func() error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			return netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: vip.Addr().AsSlice(), Mask: net.CIDRMask(32, 32)}})
+		})
+		if err != nil {
+			t.Fatalf("VIP on the loopback of backend %d: %v", i, err)
+		}
+		testutil.StartTCPServer(t, b.NS, vip, fmt.Sprintf("be%d", i))
+	}
+	p := newPlane(t, topo.LB.NS, mountBPFFS(t), nil, 16384)
+	var bes []string
+	for _, b := range topo.Backends {
+		bes = append(bes, netip.AddrPortFrom(b.IPv4, 0).String())
+	}
+	f := farm(t, "dsr", vip.Addr().String(), 80, model.ProtoTCP, model.ModeDSR, model.SchedRR, bes...)
+	if err := p.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	counts := ask(t, n, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.Client.IPv4)
+	checkSpread(t, counts, n, 3)
+	if st, _ := p.Stats(); st["ct_reply"] != 0 {
+		t.Errorf("dsr replies went through the program: %v", st)
 	}
 }

@@ -49,7 +49,8 @@ type xlbCtVal struct {
 	Dport   uint16
 	Dir     uint8
 	State   uint8
-	Pad     uint16
+	Mode    uint8
+	Pad     uint8
 	Svc     uint32
 	Backend uint32
 	Seen    uint64
