@@ -198,8 +198,7 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
  * has no forwarding answer (the stack handles the rewritten packet),
  * XLB_DROP for blackhole/unreachable/prohibit routes or errors.
  */
-static __attribute__((noinline)) int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
-					   int fresh)
+static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
 {
 	struct bpf_fib_lookup fib = {};
 	struct bpf_redir_neigh nh = {};
@@ -290,6 +289,14 @@ pass:
 err:
 	stat_inc(XLB_STAT_ERROR);
 	return XLB_DROP;
+}
+
+/* lb4_nat_call() - lb4_nat() in a frame of its own, for the new-flow path
+ * (the conntrack-hit path inlines it; both inlined exceed the stack). */
+static __attribute__((noinline)) int lb4_nat_call(struct __sk_buff *skb, struct pkt *p,
+						  struct ct_val *v, int fresh)
+{
+	return lb4_nat(skb, p, v, fresh);
 }
 
 /**
@@ -519,7 +526,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		}
 		stat_inc(XLB_STAT_NEW_FLOW);
 	}
-	return lb4_nat(skb, p, v, fresh);
+	return lb4_nat_call(skb, p, v, fresh);
 }
 
 /**
