@@ -687,6 +687,100 @@ static __always_inline int lb4_icmp(struct __sk_buff *skb, struct pkt *p)
 	return bpf_redirect(fib.ifindex, 0);
 }
 
+/**
+ * lb6_icmp() - lb4_icmp() for ICMPv6 errors (destination unreachable,
+ * packet too big, time exceeded). The ICMPv6 checksum covers the IPv6
+ * pseudo header too, so the new outer addresses go into it as well.
+ * Neighbour discovery and every other ICMPv6 message: XLB_NEXT.
+ */
+static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	struct xlb_icmphdr *ic = (void *)(ip6 + 1);
+	struct xlb_ipv6hdr *in = (void *)(ic + 1);
+	__u16 *ports = (void *)(in + 1);
+	struct bpf_fib_lookup fib = {};
+	struct ct_key k = {};
+	struct ct_val *v;
+	__u32 osrc[4], odst[4], old[4];
+	__u16 isport, idport;
+	int rc, i;
+
+	if ((void *)(ports + 2) > end)
+		return XLB_NEXT;
+	if (ic->type != XLB_ICMPV6_DEST_UNREACH && ic->type != XLB_ICMPV6_PKT_TOOBIG &&
+	    ic->type != XLB_ICMPV6_TIME_EXCEED)
+		return XLB_NEXT;
+	if ((in->vtc >> 4) != 6 || (in->nexthdr != IPPROTO_TCP && in->nexthdr != IPPROTO_UDP))
+		return XLB_NEXT;
+
+	__builtin_memcpy(k.src, in->daddr, 16);
+	__builtin_memcpy(k.dst, in->saddr, 16);
+	k.sport = ports[1];
+	k.dport = ports[0];
+	k.proto = in->nexthdr;
+	k.family = XLB_AF_INET6;
+	v = bpf_map_lookup_elem(&xlb_ct, &k);
+	if (!v || p->ttl <= 1)
+		return XLB_NEXT;
+
+	__builtin_memcpy(odst, v->dst, 16);
+	if (addr_eq(ip6->saddr, in->daddr))
+		__builtin_memcpy(osrc, v->src, 16);
+	else
+		__builtin_memcpy(osrc, ip6->saddr, 16);
+	fib.family = AF_INET6;
+	fib.l4_protocol = XLB_NEXTHDR_ICMPV6;
+	fib.ifindex = skb->ingress_ifindex ?: skb->ifindex;
+	__builtin_memcpy(fib.ipv6_src, osrc, 16);
+	__builtin_memcpy(fib.ipv6_dst, odst, 16);
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return XLB_NEXT;
+
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip6 = data + sizeof(struct ethhdr);
+	ic = (void *)(ip6 + 1);
+	in = (void *)(ic + 1);
+	ports = (void *)(in + 1);
+	if ((void *)(ports + 2) > end)
+		return XLB_NEXT;
+
+	/* The quoted packet (no IPv6 header checksum). */
+	isport = ports[0];
+	idport = ports[1];
+	for (i = 0; i < 4; i++) {
+		old[i] = in->saddr[i];
+		in->saddr[i] = v->dst[i];
+		csum32_replace(&ic->checksum, old[i], in->saddr[i]);
+		old[i] = in->daddr[i];
+		in->daddr[i] = v->src[i];
+		csum32_replace(&ic->checksum, old[i], in->daddr[i]);
+	}
+	ports[0] = v->dport;
+	ports[1] = v->sport;
+	csum16_replace(&ic->checksum, isport, ports[0]);
+	csum16_replace(&ic->checksum, idport, ports[1]);
+
+	/* The message: addresses (in the pseudo header), hop limit, MACs. */
+	for (i = 0; i < 4; i++) {
+		csum32_replace(&ic->checksum, ip6->saddr[i], osrc[i]);
+		csum32_replace(&ic->checksum, ip6->daddr[i], odst[i]);
+		ip6->saddr[i] = osrc[i];
+		ip6->daddr[i] = odst[i];
+	}
+	ip6->hop_limit = p->ttl - 1;
+	if (data + 12 > end)
+		return XLB_DROP;
+	__builtin_memcpy(data, fib.dmac, 6);
+	__builtin_memcpy(data + 6, fib.smac, 6);
+	stat_inc(XLB_STAT_ICMP_NAT);
+	return bpf_redirect(fib.ifindex, 0);
+}
+
 SEC("tcx/ingress")
 int xlb_ingress(struct __sk_buff *skb)
 {
@@ -702,6 +796,8 @@ int xlb_ingress(struct __sk_buff *skb)
 		stat_inc(XLB_STAT_FRAGMENT);
 		return XLB_NEXT;
 	case XLB_PARSE_ICMP:
+		if (p.k.family == XLB_AF_INET6)
+			return lb6_icmp(skb, &p);
 		return lb4_icmp(skb, &p);
 	default:
 		stat_inc(XLB_STAT_NOT_PARSED);

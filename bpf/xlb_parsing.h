@@ -46,6 +46,11 @@ struct xlb_ipv6hdr {
 };
 
 #define XLB_NEXTHDR_FRAGMENT 44
+#define XLB_NEXTHDR_ICMPV6 58
+
+#define XLB_ICMPV6_DEST_UNREACH 1
+#define XLB_ICMPV6_PKT_TOOBIG 2
+#define XLB_ICMPV6_TIME_EXCEED 3
 
 static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
 {
@@ -118,7 +123,8 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct pkt *p)
 		return XLB_PARSE_NOT_OURS;
 	if (ip6->nexthdr == XLB_NEXTHDR_FRAGMENT)
 		return XLB_PARSE_FRAGMENT;
-	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP)
+	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP &&
+	    ip6->nexthdr != XLB_NEXTHDR_ICMPV6)
 		return XLB_PARSE_NOT_OURS;
 	p->k.family = XLB_AF_INET6;
 	p->k.proto = ip6->nexthdr;
@@ -126,6 +132,8 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(p->k.dst, ip6->daddr, 16);
 	p->ttl = ip6->hop_limit;
 	p->l4off = sizeof(struct ethhdr) + sizeof(struct xlb_ipv6hdr);
+	if (ip6->nexthdr == XLB_NEXTHDR_ICMPV6)
+		return XLB_PARSE_ICMP;
 	return lb_ports(skb, p);
 }
 
@@ -137,8 +145,9 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct pkt *p)
  * Return: XLB_PARSE_OK, XLB_PARSE_NOT_OURS for anything else (other
  * protocols, truncated headers, IHL < 5, total length shorter than the
  * header), XLB_PARSE_FRAGMENT for any fragment (first or later),
- * XLB_PARSE_ICMP for an unfragmented ICMP message (only its IPv4 header is
- * parsed: p->k.src/dst, p->ttl, p->ttl_word and p->l4off are set).
+ * XLB_PARSE_ICMP for an unfragmented ICMP or ICMPv6 message (only its IP
+ * header is parsed: p->k.family/src/dst, p->ttl, p->ttl_word (IPv4) and
+ * p->l4off are set).
  */
 static __always_inline int lb_parse(struct __sk_buff *skb, struct pkt *p)
 {

@@ -3,10 +3,14 @@ package ebpf
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netns"
 
@@ -146,10 +150,12 @@ func TestTrafficIPv6(t *testing.T) {
 	tcpDNAT := netip.AddrPortFrom(testutil.VIP6(1), 80)
 	tcpSNAT := netip.AddrPortFrom(testutil.VIP6(2), 80)
 	udpDNAT := netip.AddrPortFrom(testutil.VIP6(3), 53)
+	udpClosed := netip.AddrPortFrom(testutil.VIP6(4), 53)
 	farms := []*model.Farm{
 		mk("tcp-dnat", tcpDNAT.Addr(), 80, model.ProtoTCP, model.ModeDNAT, 8080),
 		mk("tcp-snat", tcpSNAT.Addr(), 80, model.ProtoTCP, model.ModeSNAT, 8080),
 		mk("udp-dnat", udpDNAT.Addr(), 53, model.ProtoUDP, model.ModeDNAT, 8053),
+		mk("udp-closed", udpClosed.Addr(), 53, model.ProtoUDP, model.ModeSNAT, 8099),
 	}
 	if err := p.Reconcile(context.Background(), farms); err != nil {
 		t.Fatal(err)
@@ -161,6 +167,24 @@ func TestTrafficIPv6(t *testing.T) {
 	checkSpread(t, counts, n, 3)
 	counts = ask(t, n, func() (string, error) { return testutil.AskUDP(topo.Client.NS, udpDNAT) }, topo.Client.IPv6)
 	checkSpread(t, counts, n, 3)
+	// ICMPv6 port unreachable from a backend reaches the client translated.
+	err := testutil.Do(topo.Client.NS, func() error {
+		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(udpClosed))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("hello\n")); err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = c.Read(make([]byte, 64))
+		return err
+	})
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		st, _ := p.Stats()
+		t.Errorf("UDP to a VIP whose backends have no server: %v, want connection refused (counters %v)", err, st)
+	}
 }
 
 // TestTrafficChecksums: with transmit checksum offload off on every LB
@@ -271,4 +295,119 @@ func netInterfaces(ns netns.NsHandle) ([]string, error) {
 		return err
 	})
 	return out, err
+}
+
+// icmp6Error builds an ICMPv6 error (type, code) from src to dst quoting
+// the IPv6 packet quoted (its first 48 bytes: header and ports).
+func icmp6Error(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, typ, code uint8, quoted []byte) []byte {
+	q := quoted[14:]
+	if len(q) > 48 {
+		q = q[:48]
+	}
+	icmp := make([]byte, 8, 8+len(q))
+	icmp[0], icmp[1] = typ, code
+	if typ == 2 {
+		binary.BigEndian.PutUint32(icmp[4:], 1280) // MTU
+	}
+	icmp = append(icmp, q...)
+	binary.BigEndian.PutUint16(icmp[2:], l4Csum(src, dst, 58, icmp))
+	ip := make([]byte, 40)
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], uint16(len(icmp)))
+	ip[6], ip[7] = 58, 64
+	copy(ip[8:], src.AsSlice())
+	copy(ip[24:], dst.AsSlice())
+	out := append([]byte{}, dstMAC...)
+	out = append(out, srcMAC...)
+	out = append(out, 0x86, 0xdd)
+	out = append(out, ip...)
+	return append(out, icmp...)
+}
+
+func parseICMP6(b []byte) (parsedICMP, error) {
+	var p parsedICMP
+	if len(b) < 14+40+8+44 || b[14+6] != 58 {
+		return p, fmt.Errorf("not an ICMPv6 packet")
+	}
+	ip := b[14:]
+	p.dstMAC = net.HardwareAddr(b[0:6])
+	p.ttl = ip[7]
+	p.src, p.dst = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	plen := int(binary.BigEndian.Uint16(ip[4:]))
+	if l4Csum(p.src, p.dst, 58, ip[40:40+plen]) != 0 {
+		return p, fmt.Errorf("bad ICMPv6 checksum")
+	}
+	q := ip[48:]
+	p.qsrc, p.qdst = netip.AddrFrom16([16]byte(q[8:24])), netip.AddrFrom16([16]byte(q[24:40]))
+	p.qsport, p.qdpt = binary.BigEndian.Uint16(q[40:]), binary.BigEndian.Uint16(q[42:])
+	return p, nil
+}
+
+// TestICMPv6ErrorFixtures: ICMPv6 errors about NATed packets are
+// translated (checksum over the pseudo header included); neighbour
+// discovery passes untouched.
+func TestICMPv6ErrorFixtures(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	a := netip.MustParseAddr
+	client6, vip6, lbBack6, be6, router6 := a("fd00:100::2"), a("fd00:99::1"), a("fd00:200::1"), a("fd00:200::11"), a("fd00:200::fe")
+	mk := func(name string, vip netip.Addr, mode model.Mode, port uint16) *model.Farm {
+		f := model.NewFarm(name)
+		f.Family, f.VirtualAddr = model.FamilyIPv6, vip
+		f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+		f.Protocol, f.Mode, f.Scheduler = model.ProtoTCP, mode, model.SchedRR
+		be := model.NewBackend("b1")
+		be.Addr, be.Port = be6, port
+		f.Backends = []model.Backend{be}
+		if err := f.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return &f
+	}
+	vip6b := a("fd00:99::2")
+	if err := p.Reconcile(context.Background(), []*model.Farm{mk("d", vip6, model.ModeDNAT, 8080), mk("s", vip6b, model.ModeSNAT, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.objs.XlbIngress
+	_, toBackend := runProg(t, ns, prog, pktSpec{src: client6, sport: 45000, dst: vip6, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
+	_, toBackendSnat := runProg(t, ns, prog, pktSpec{src: client6, sport: 45001, dst: vip6b, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
+	for _, c := range []struct {
+		desc           string
+		in             []byte
+		src, dst       netip.Addr
+		qsrc, qdst     netip.Addr
+		qsport, qdport uint16
+	}{
+		{"dnat: packet too big from a router", icmp6Error(macBackend(0), macBack, router6, client6, 2, 0, toBackend),
+			router6, client6, client6, vip6, 45000, 80},
+		{"dnat: port unreachable from the backend comes from the VIP", icmp6Error(macBackend(0), macBack, be6, client6, 1, 4, toBackend),
+			vip6, client6, client6, vip6, 45000, 80},
+		{"snat: time exceeded to the LB goes to the client", icmp6Error(macBackend(0), macBack, router6, lbBack6, 3, 0, toBackendSnat),
+			router6, client6, client6, vip6b, 45001, 80},
+	} {
+		verdict, out := runProg(t, ns, prog, c.in)
+		if verdict != verdictRedirect {
+			t.Errorf("%s: verdict %d", c.desc, verdict)
+			continue
+		}
+		got, err := parseICMP6(out)
+		if err != nil {
+			t.Errorf("%s: %v", c.desc, err)
+			continue
+		}
+		if got.src != c.src || got.dst != c.dst || got.qsrc != c.qsrc || got.qdst != c.qdst || got.qsport != c.qsport || got.qdpt != c.qdport {
+			t.Errorf("%s: got %s -> %s quoting [%s]:%d -> [%s]:%d", c.desc, got.src, got.dst, got.qsrc, got.qsport, got.qdst, got.qdpt)
+		}
+		if got.ttl != 63 || !bytes.Equal(got.dstMAC, macClient) {
+			t.Errorf("%s: hop limit %d, destination MAC %s", c.desc, got.ttl, got.dstMAC)
+		}
+	}
+	// Neighbour solicitation (type 135) and echo request pass untouched.
+	for _, typ := range []uint8{135, 128} {
+		in := icmp6Error(macClient, macFront, client6, vip6, typ, 0, toBackend)
+		if verdict, out := runProg(t, ns, prog, in); verdict != verdictNext || !bytes.Equal(out, in) {
+			t.Errorf("ICMPv6 type %d: verdict %d, changed %v", typ, verdict, !bytes.Equal(out, in))
+		}
+	}
 }
