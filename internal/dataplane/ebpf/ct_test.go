@@ -299,3 +299,61 @@ func TestDSRFixtures(t *testing.T) {
 		t.Errorf("dsr with backend port 8080: %v", err)
 	}
 }
+
+// TestConntrackPeerRepair: when the LRU evicts one entry of a live flow,
+// the next refresh of the other recreates it (dnat and snat: for snat the
+// reply entry is the port allocation, which comes back as it was).
+func TestConntrackPeerRepair(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	// Refresh on every packet, so the test need not wait a second.
+	p, err := New(context.Background(), testLogger(t), Options{NetNS: ns, Interfaces: []string{"front"},
+		PinPath: mountBPFFS(t), ConnTableSize: 4096, ctRefresh: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := p.Reconcile(context.Background(), fixtureFarms(t)); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.objs.XlbIngress
+	for _, c := range []struct {
+		desc  string
+		vip   netip.Addr
+		sport uint16
+	}{{"dnat", vip1, 46000}, {"snat", vip2, 46001}} {
+		syn := pktSpec{src: client, sport: c.sport, dst: c.vip, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build()
+		if v, _ := runProg(t, ns, prog, syn); v != verdictRedirect {
+			t.Fatalf("%s: SYN verdict %d", c.desc, v)
+		}
+		fwd := ctKey(client, c.sport, c.vip, 80, protoTCP)
+		var fv xlbCtVal
+		if err := p.objs.XlbCt.Lookup(fwd, &fv); err != nil {
+			t.Fatal(err)
+		}
+		rk := xlbCtKey{Src: fv.Dst, Dst: fv.Src, Sport: fv.Dport, Dport: fv.Sport, Proto: protoTCP, Family: afInet}
+		var before xlbCtVal
+		if err := p.objs.XlbCt.Lookup(rk, &before); err != nil {
+			t.Fatalf("%s: no reply entry: %v", c.desc, err)
+		}
+		if err := p.objs.XlbCt.Delete(rk); err != nil { // as an LRU eviction would
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // past the coarse clock's tick
+
+		ack := pktSpec{src: client, sport: c.sport, dst: c.vip, dport: 80, proto: protoTCP, tcpFlags: tcpACK}.build()
+		if v, _ := runProg(t, ns, prog, ack); v != verdictRedirect {
+			t.Fatalf("%s: ACK verdict %d", c.desc, v)
+		}
+		var after xlbCtVal
+		if err := p.objs.XlbCt.Lookup(rk, &after); err != nil {
+			t.Fatalf("%s: reply entry not repaired: %v", c.desc, err)
+		}
+		if after.Src != before.Src || after.Dst != before.Dst || after.Sport != before.Sport || after.Dport != before.Dport || after.Dir != ctReply {
+			t.Errorf("%s: repaired reply entry %+v, was %+v", c.desc, after, before)
+		}
+	}
+	if st, _ := p.Stats(); st["peer_repair"] != 2 {
+		t.Errorf("peer_repair = %d, want 2", st["peer_repair"])
+	}
+}
