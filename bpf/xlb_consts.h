@@ -67,6 +67,7 @@
 #define XLB_MODE_DNAT 0
 #define XLB_MODE_SNAT 1
 #define XLB_MODE_DSR 2 /* destination MAC only: backends hold the VIP and answer clients directly */
+#define XLB_MODE_STLSDNAT 3 /* dnat without conntrack: each packet scheduled, replies mapped back by xlb_stateless */
 
 /* struct svc_val.sched */
 #define XLB_SCHED_RR 0     /* round robin over slots, one atomic counter per service */
@@ -113,6 +114,7 @@ enum xlb_stat {
 	XLB_STAT_CT_EXPIRED,   /* conntrack entry idle past its timeout: removed */
 	XLB_STAT_PERSIST_HIT,  /* new flow sent to its client's persistent backend */
 	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
+	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
 	XLB_STAT_MAX,
 };
 

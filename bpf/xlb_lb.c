@@ -411,6 +411,85 @@ static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *s
 }
 
 /**
+ * lb4_stateless() - stlsdnat: translate a packet to a VIP without
+ * conntrack. Every packet is scheduled (use a hash scheduler to keep a
+ * connection on one backend) and its next hop resolved (no entry to cache
+ * it in).
+ */
+static __attribute__((noinline)) int lb4_stateless(struct __sk_buff *skb, struct pkt *p,
+					 struct svc_val *svc, struct svc_key *key)
+{
+	struct backend *be;
+	struct scratch *sc;
+	struct ct_val *fv;
+	__u32 bid, zero = 0;
+
+	if (svc->slots == 0) {
+		stat_inc(XLB_STAT_NO_BACKEND);
+		return XLB_DROP;
+	}
+	bid = lb4_pick(p, svc, key, bpf_ktime_get_coarse_ns());
+	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
+	if (!be) {
+		stat_inc(XLB_STAT_NO_BACKEND);
+		return XLB_DROP;
+	}
+	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+	if (!sc)
+		return XLB_DROP;
+	fv = &sc->rv; /* on no stack: the frames of this call chain fill it */
+	__builtin_memset(fv, 0, sizeof(*fv));
+	__builtin_memcpy(fv->src, p->k.src, 16);
+	__builtin_memcpy(fv->dst, be->addr, 16);
+	fv->sport = p->k.sport;
+	fv->dport = be->port ?: p->k.dport;
+	fv->mode = XLB_MODE_STLSDNAT;
+	fv->backend = bid;
+	stat_inc(XLB_STAT_STATELESS);
+	return lb4_nat_call(skb, p, fv, 1);
+}
+
+/**
+ * lb4_stateless_reply() - a packet for no VIP: if it comes from a backend
+ * of a stlsdnat farm, give it the VIP as its source; otherwise it is not
+ * ours.
+ */
+static __attribute__((noinline)) int lb4_stateless_reply(struct __sk_buff *skb, struct pkt *p)
+{
+	struct stl_key sk = {};
+	struct stl_val *m;
+	struct scratch *sc;
+	struct ct_val *fv;
+	__u32 zero = 0;
+
+	__builtin_memcpy(sk.addr, p->k.src, 16);
+	sk.port = p->k.sport;
+	sk.proto = p->k.proto;
+	sk.family = p->k.family;
+	m = bpf_map_lookup_elem(&xlb_stateless, &sk);
+	if (!m) {
+		sk.port = 0;
+		m = bpf_map_lookup_elem(&xlb_stateless, &sk);
+	}
+	if (!m) {
+		stat_inc(XLB_STAT_NOT_VIP);
+		return XLB_NEXT;
+	}
+	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+	if (!sc)
+		return XLB_DROP;
+	fv = &sc->rv;
+	__builtin_memset(fv, 0, sizeof(*fv));
+	__builtin_memcpy(fv->src, m->addr, 16);
+	__builtin_memcpy(fv->dst, p->k.dst, 16);
+	fv->sport = m->port ?: p->k.sport;
+	fv->dport = p->k.dport;
+	fv->mode = XLB_MODE_STLSDNAT;
+	stat_inc(XLB_STAT_STATELESS);
+	return lb4_nat_call(skb, p, fv, 1);
+}
+
+/**
  * lb4_new_flow() - a packet without conntrack entry: balance it if it is for
  * a service, creating both conntrack entries.
  *
@@ -423,8 +502,9 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	struct svc_key key = {};
 	struct svc_val *svc;
 	struct backend *be;
-	struct ct_key rk = {};
-	struct ct_val fv = {}, rv = {}, *v;
+	struct ct_val fv = {}, *v;
+	struct scratch *sc;
+	__u32 zero = 0;
 	__u32 bid, i;
 	__u16 port;
 	__u64 now;
@@ -438,11 +518,11 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	if (!svc) {
 		key.port = 0;
 		svc = bpf_map_lookup_elem(&xlb_services, &key);
-		if (!svc) {
-			stat_inc(XLB_STAT_NOT_VIP);
-			return XLB_NEXT;
-		}
+		if (!svc)
+			return lb4_stateless_reply(skb, p);
 	}
+	if (svc->mode == XLB_MODE_STLSDNAT)
+		return lb4_stateless(skb, p, svc, &key);
 	if (p->k.proto == IPPROTO_TCP &&
 	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN) {
 		stat_inc(XLB_STAT_NOT_SYN);
@@ -452,6 +532,9 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return XLB_DROP;
 	}
+	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+	if (!sc)
+		return XLB_DROP;
 	now = bpf_ktime_get_coarse_ns();
 	bid = lb4_pick(p, svc, &key, now);
 	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
@@ -483,8 +566,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		port = p->k.sport;
 		for (i = 0; i < XLB_SNAT_TRIES; i++) {
 			fv.sport = port;
-			ct_peer(&p->k, &fv, &rk, &rv);
-			if (bpf_map_update_elem(&xlb_ct, &rk, &rv, BPF_NOEXIST) == 0)
+			ct_peer(&p->k, &fv, &sc->rk, &sc->rv);
+			if (bpf_map_update_elem(&xlb_ct, &sc->rk, &sc->rv, BPF_NOEXIST) == 0)
 				break;
 			port = bpf_htons(XLB_SNAT_PORT_MIN +
 					 bpf_get_prandom_u32() % (65536 - XLB_SNAT_PORT_MIN));
@@ -494,8 +577,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 			return XLB_DROP;
 		}
 	} else {
-		ct_peer(&p->k, &fv, &rk, &rv);
-		if (bpf_map_update_elem(&xlb_ct, &rk, &rv, BPF_ANY)) {
+		ct_peer(&p->k, &fv, &sc->rk, &sc->rv);
+		if (bpf_map_update_elem(&xlb_ct, &sc->rk, &sc->rv, BPF_ANY)) {
 			stat_inc(XLB_STAT_ERROR);
 			return XLB_DROP;
 		}
@@ -509,14 +592,14 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			if (svc->mode != XLB_MODE_DSR)
-				bpf_map_delete_elem(&xlb_ct, &rk);
+				bpf_map_delete_elem(&xlb_ct, &sc->rk);
 			stat_inc(XLB_STAT_ERROR);
 			return XLB_DROP;
 		}
 		if (svc->mode != XLB_MODE_DSR &&
 		    (!addr_eq(v->dst, fv.dst) || !addr_eq(v->src, fv.src) || v->sport != fv.sport ||
 		     v->dport != fv.dport))
-			bpf_map_delete_elem(&xlb_ct, &rk);
+			bpf_map_delete_elem(&xlb_ct, &sc->rk);
 		fresh = 0;
 	} else {
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);

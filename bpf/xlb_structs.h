@@ -47,6 +47,21 @@ struct persist_val {
 	__u64 seen; /* host: bpf_ktime_get_coarse_ns() of the last new flow */
 };
 
+/* xlb_stateless key: a backend of a stlsdnat farm as its replies show it. */
+struct stl_key {
+	__u32 addr[4]; /* net: backend address */
+	__u16 port;    /* net: backend port; 0 = the port the client used */
+	__u8 proto;
+	__u8 family;
+};
+
+/* xlb_stateless value: what the backend's replies are rewritten to. */
+struct stl_val {
+	__u32 addr[4]; /* net: VIP */
+	__u16 port;    /* net: virtual port; 0 = keep the reply's source port */
+	__u16 pad;
+};
+
 /* xlb_be_index key: a backend of a service generation by address. */
 struct be_index_key {
 	__u32 svc;     /* host: generation id */
@@ -100,6 +115,12 @@ struct ct_val {
 	__u32 ifindex; /* host: cached next hop (0 = none) */
 	__u8 smac[6];  /* cached next hop source MAC */
 	__u8 dmac[6];  /* cached next hop destination MAC */
+};
+
+/* xlb_scratch value: per-CPU room for what does not fit the BPF stack. */
+struct scratch {
+	struct ct_key rk; /* a new flow's reply entry */
+	struct ct_val rv;
 };
 
 #endif /* XLB_STRUCTS_H */

@@ -33,7 +33,16 @@ func check(f *model.Farm) error {
 	if f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP {
 		return unsupported(f, "protocol", f.Protocol.String())
 	}
-	if f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT && f.Mode != model.ModeDSR {
+	switch f.Mode {
+	case model.ModeSNAT, model.ModeDNAT, model.ModeDSR:
+	case model.ModeStlsDNAT:
+		// Without conntrack every packet is scheduled: only a hash keeps a
+		// TCP connection on one backend.
+		if f.Protocol == model.ProtoTCP && (f.Scheduler == model.SchedRR || f.Scheduler == model.SchedWeight) {
+			return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
+				Problem: "stlsdnat schedules every packet: with tcp use hash, symhash or maglev so a connection stays on one backend"}
+		}
+	default:
 		return unsupported(f, "mode", f.Mode.String())
 	}
 	switch f.Scheduler {
@@ -108,6 +117,11 @@ func check(f *model.Farm) error {
 			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last || f.VirtualPorts[0].First != b.Port) {
 			return &model.FieldError{Object: obj, Field: "port", Value: fmt.Sprint(b.Port),
 				Problem: "dsr keeps the packet's destination port: leave it 0, or make it the farm's one virtual port"}
+		}
+		if f.Mode == model.ModeStlsDNAT && b.Port != 0 &&
+			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last) {
+			return &model.FieldError{Object: obj, Field: "port", Value: fmt.Sprint(b.Port),
+				Problem: "stlsdnat maps replies back statelessly: a backend port needs a farm with one virtual port (or leave it 0)"}
 		}
 		if b.Mark != 0 {
 			return &model.FieldError{Object: obj, Field: "mark", Value: fmt.Sprint(b.Mark),

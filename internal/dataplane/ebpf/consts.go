@@ -15,6 +15,7 @@ const (
 	modeDNAT = 0
 	modeSNAT = 1
 	modeDSR  = 2
+	modeSTL  = 3
 
 	schedRR      = 0
 	schedWeight  = 1
@@ -45,7 +46,7 @@ const (
 var statNames = []string{
 	"rx", "not_parsed", "fragment", "ct_fwd", "ct_reply", "not_vip", "not_syn",
 	"new_flow", "no_backend", "snat_full", "ct_race", "peer_repair",
-	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired", "persist_hit", "icmp_nat",
+	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired", "persist_hit", "icmp_nat", "stateless",
 }
 
 // maxSlotsPerService bounds the weighted slots of one service: weights are

@@ -24,7 +24,7 @@ func TestConstsMatchHeader(t *testing.T) {
 	for name, v := range map[string]int64{
 		"XLB_MAX_SERVICES": maxServices, "XLB_MAX_SVC_IDS": maxSvcIDs, "XLB_MAX_BACKENDS": maxBackends,
 		"XLB_MAX_SLOTS": maxSlots, "XLB_AF_INET": afInet, "XLB_AF_INET6": afInet6,
-		"XLB_MODE_DNAT": modeDNAT, "XLB_MODE_SNAT": modeSNAT, "XLB_MODE_DSR": modeDSR,
+		"XLB_MODE_DNAT": modeDNAT, "XLB_MODE_SNAT": modeSNAT, "XLB_MODE_DSR": modeDSR, "XLB_MODE_STLSDNAT": modeSTL,
 		"XLB_SCHED_RR": schedRR, "XLB_SCHED_WEIGHT": schedWeight, "XLB_SCHED_HASH": schedHash,
 		"XLB_SCHED_SYMHASH": schedSymhash, "XLB_SCHED_MAGLEV": schedMaglev, "XLB_MAX_PERSIST": maxPersist,
 		"XLB_HASH_SRCIP": hashSrcIP, "XLB_HASH_SRCPORT": hashSrcPort,

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -355,5 +356,80 @@ func TestConntrackPeerRepair(t *testing.T) {
 	}
 	if st, _ := p.Stats(); st["peer_repair"] != 2 {
 		t.Errorf("peer_repair = %d, want 2", st["peer_repair"])
+	}
+}
+
+// TestStatelessFixtures: stlsdnat translates every packet without
+// conntrack, both ways, and refuses a backend another stlsdnat farm holds.
+func TestStatelessFixtures(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	vip5 := netip.MustParseAddr("10.99.0.5")
+	stl := farm(t, "stl", vip5.String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedMaglev, "10.200.0.11:8080", "10.200.0.12:8080")
+	stl.Mode = model.ModeStlsDNAT
+	if err := check(stl); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.Apply(ctx, diffOf(nil, stl)); err != nil {
+		t.Fatal(err)
+	}
+	prog := p.objs.XlbIngress
+	var be netip.Addr
+	var mac net.HardwareAddr
+	for i, flags := range []uint8{tcpSYN, tcpACK, tcpACK} {
+		verdict, out := runProg(t, ns, prog, pktSpec{src: client, sport: 47000, dst: vip5, dport: 80, proto: protoTCP, tcpFlags: flags}.build())
+		got, err := parse(out)
+		if verdict != verdictRedirect || err != nil {
+			t.Fatalf("packet %d: verdict %d, %v", i, verdict, err)
+		}
+		if i == 0 {
+			be, mac = got.dst, got.dstMAC
+		}
+		if got.src != client || got.dst != be || got.dport != 8080 || !bytes.Equal(got.dstMAC, mac) {
+			t.Errorf("packet %d: %s:%d -> %s:%d (%s), want the first packet's backend %s:8080", i, got.src, got.sport, got.dst, got.dport, got.dstMAC, be)
+		}
+	}
+	verdict, out := runProg(t, ns, prog, pktSpec{src: be, sport: 8080, dst: client, dport: 47000, proto: protoTCP, tcpFlags: tcpACK, srcMAC: mac, dstMAC: macBack}.build())
+	got, err := parse(out)
+	if verdict != verdictRedirect || err != nil || got.src != vip5 || got.sport != 80 || got.dst != client || !bytes.Equal(got.dstMAC, macClient) {
+		t.Errorf("reply: verdict %d, %v, %s:%d -> %s (%s)", verdict, err, got.src, got.sport, got.dst, got.dstMAC)
+	}
+	if n := countMap(t, p).ct; n != 0 {
+		t.Errorf("stlsdnat made %d conntrack entries", n)
+	}
+	other := pktSpec{src: be, sport: 9999, dst: client, dport: 47000, proto: protoTCP, tcpFlags: tcpACK, srcMAC: mac, dstMAC: macBack}.build()
+	if verdict, out := runProg(t, ns, prog, other); verdict != verdictNext || !bytes.Equal(out, other) {
+		t.Errorf("backend traffic from another port: verdict %d", verdict)
+	}
+	// A second stlsdnat farm on the same backend is refused, and changes nothing.
+	stl2 := farm(t, "stl2", "10.99.0.6", 80, model.ProtoUDP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080")
+	stl2.Protocol = model.ProtoTCP
+	stl2.Scheduler, stl2.SchedParam = model.SchedHash, model.KeySrcIP
+	stl2.Mode = model.ModeStlsDNAT
+	if err := p.Apply(ctx, diffOf(nil, stl2)); err == nil || !strings.Contains(err.Error(), "already serves stlsdnat farm") {
+		t.Errorf("second stlsdnat farm on a taken backend: %v", err)
+	}
+	if _, out := runProg(t, ns, prog, pktSpec{src: be, sport: 8080, dst: client, dport: 47000, proto: protoTCP, tcpFlags: tcpACK, srcMAC: mac, dstMAC: macBack}.build()); func() bool { g, _ := parse(out); return g.src != vip5 }() {
+		t.Errorf("the refused farm changed the first one's mapping")
+	}
+	// Deleting the farm removes its mappings.
+	if err := p.Apply(ctx, diffOf(stl, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var k xlbStlKey
+	var v xlbStlVal
+	if it := p.objs.XlbStateless.Iterate(); it.Next(&k, &v) {
+		t.Errorf("mapping left after the farm was deleted: %+v", k)
+	}
+	// tcp with a per-packet scheduler is refused.
+	bad := *stl
+	bad.Scheduler = model.SchedRR
+	if err := check(&bad); err == nil || !strings.Contains(err.Error(), "hash") {
+		t.Errorf("stlsdnat tcp rr: %v", err)
 	}
 }

@@ -104,6 +104,9 @@ type Plane struct {
 	svcIDs
 	backendIDs
 	pending []*generation // replaced generations, freed at the next change
+	// stlOwner: the farm whose stlsdnat reply mapping each xlb_stateless
+	// key is.
+	stlOwner map[xlbStlKey]string
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -118,7 +121,8 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	if opts.ConnTableSize <= 0 {
 		opts.ConnTableSize = DefaultConnTableSize
 	}
-	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{}}
+	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{},
+		stlOwner: map[xlbStlKey]string{}}
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {
@@ -395,7 +399,7 @@ func (p *Plane) Destroy() error {
 		}
 	}
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
-		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex} {
+		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

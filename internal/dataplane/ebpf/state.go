@@ -26,6 +26,18 @@ type generation struct {
 	bes   []xlbBackend // distinct active backends
 	slots []int        // slot -> index into bes
 	ids   []uint32     // backend ids, parallel to bes, once written
+	// stlsdnat: reply mappings (backend -> VIP), parallel slices.
+	stlKeys []xlbStlKey
+	stlVals []xlbStlVal
+}
+
+func (g *generation) hasStl(k xlbStlKey) bool {
+	for _, x := range g.stlKeys {
+		if x == k {
+			return true
+		}
+	}
+	return false
 }
 
 // svcIDs allocates generation ids (indexes of xlb_rr, 1..maxSvcIDs-1).
@@ -135,6 +147,25 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		g.val.Mode = modeSNAT
 	case model.ModeDSR:
 		g.val.Mode = modeDSR
+	case model.ModeStlsDNAT:
+		g.val.Mode = modeSTL
+		// Replies of every backend (active or not: in-flight packets)
+		// leave as the VIP; a backend port maps back to the farm's one
+		// virtual port (check makes sure there is one), port 0 keeps it.
+		seen := map[xlbStlKey]bool{}
+		for _, b := range f.Backends {
+			k := xlbStlKey{Addr: addrWords(b.Addr), Port: ne16(b.Port), Proto: proto, Family: familyOf(b.Addr)}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			v := xlbStlVal{Addr: vip}
+			if b.Port != 0 {
+				v.Port = ne16(f.VirtualPorts[0].First)
+			}
+			g.stlKeys = append(g.stlKeys, k)
+			g.stlVals = append(g.stlVals, v)
+		}
 	default:
 		g.val.Mode = modeDNAT
 	}
@@ -216,6 +247,54 @@ func hashKeys(k model.HashKey) uint8 {
 // indexKey is g's be_index key of backend i.
 func (g *generation) indexKey(i int) xlbBeIndexKey {
 	return xlbBeIndexKey{Svc: g.val.Id, Addr: g.bes[i].Addr, Port: g.bes[i].Port}
+}
+
+// writeStateless writes g's stlsdnat reply mappings, refusing a backend
+// that another farm's mapping holds.
+func (p *Plane) writeStateless(g *generation) error {
+	for i, k := range g.stlKeys {
+		if o, ok := p.stlOwner[k]; ok && o != g.farm && p.farms[o] != nil && p.farms[o].hasStl(k) {
+			return &model.FieldError{Object: fmt.Sprintf("farm %q", g.farm), Field: "backends",
+				Value:   fmt.Sprintf("%s port %d", wordsAddr(k.Addr, k.Family), be16(k.Port)),
+				Problem: fmt.Sprintf("already serves stlsdnat farm %q: its replies could not be told apart", o)}
+		}
+		if err := p.objs.XlbStateless.Update(k, g.stlVals[i], ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write stlsdnat mapping: %w", err)
+		}
+		p.stlOwner[k] = g.farm
+	}
+	return nil
+}
+
+// freeStateless removes g's stlsdnat mappings that no current generation
+// of its farm holds (another farm's are left alone).
+func (p *Plane) freeStateless(g *generation) {
+	cur := p.farms[g.farm]
+	for _, k := range g.stlKeys {
+		if p.stlOwner[k] != g.farm || (cur != nil && cur.hasStl(k)) {
+			continue
+		}
+		_ = p.objs.XlbStateless.Delete(k)
+		delete(p.stlOwner, k)
+	}
+}
+
+// wordsAddr is addrWords reversed.
+func wordsAddr(w [4]uint32, family uint8) netip.Addr {
+	var b [16]byte
+	for i := range w {
+		binary.NativeEndian.PutUint32(b[4*i:], w[i])
+	}
+	if family == afInet {
+		return netip.AddrFrom4([4]byte(b[:4]))
+	}
+	return netip.AddrFrom16(b)
+}
+
+func be16(v uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], v)
+	return binary.BigEndian.Uint16(b[:])
 }
 
 // writeIndex writes g's backend index (address -> id), used by persistence.
@@ -316,6 +395,10 @@ func (p *Plane) write(g *generation) error {
 		p.free(g)
 		return err
 	}
+	if err := p.writeStateless(g); err != nil {
+		p.free(g)
+		return err
+	}
 	if len(g.slots) > 0 {
 		keys := make([]xlbSlotKey, len(g.slots))
 		vals := make([]uint32, len(g.slots))
@@ -338,6 +421,7 @@ func (p *Plane) write(g *generation) error {
 // free deletes g's slots and backends and releases its ids. g must no
 // longer be referenced by any service key.
 func (p *Plane) free(g *generation) {
+	p.freeStateless(g)
 	if g.val.Id != 0 {
 		for i := range g.slots {
 			_ = p.objs.XlbSlots.Delete(xlbSlotKey{Svc: g.val.Id, Idx: uint32(i)})
@@ -553,6 +637,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	}
 
 	p.farms = map[string]*generation{}
+	p.stlOwner = map[xlbStlKey]string{}
 	adopted := map[uint32]bool{}
 	for _, f := range farms {
 		if err := ctx.Err(); err != nil {
@@ -568,8 +653,12 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if adopt(g, svcs, slots, bes) && !adopted[g.val.Id] {
 			adopted[g.val.Id] = true
 			p.farms[f.Name] = g
-			// The index may predate this version: write it again.
+			// The index and the stlsdnat mappings may predate this
+			// version: write them again.
 			if err := p.writeIndex(g); err != nil {
+				return fmt.Errorf("farm %q: %w", f.Name, err)
+			}
+			if err := p.writeStateless(g); err != nil {
 				return fmt.Errorf("farm %q: %w", f.Name, err)
 			}
 			continue
@@ -611,6 +700,23 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for id := range bes {
 		if !liveBE[id] {
 			_ = p.objs.XlbBackends.Delete(id)
+		}
+	}
+	{
+		var k xlbStlKey
+		var v xlbStlVal
+		var stale []xlbStlKey
+		it := p.objs.XlbStateless.Iterate()
+		for it.Next(&k, &v) {
+			if _, ok := p.stlOwner[k]; !ok {
+				stale = append(stale, k)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("read stlsdnat mappings: %w", err)
+		}
+		for _, k := range stale {
+			_ = p.objs.XlbStateless.Delete(k)
 		}
 	}
 	{

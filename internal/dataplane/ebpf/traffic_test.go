@@ -430,3 +430,34 @@ func TestTrafficDSR(t *testing.T) {
 		t.Errorf("dsr replies went through the program: %v", st)
 	}
 }
+
+// TestTrafficStateless: stlsdnat with real TCP (hash over the client's
+// address and port: each connection stays on one backend) and UDP (rr per
+// packet), no conntrack entries made.
+func TestTrafficStateless(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	tcpVIP := netip.AddrPortFrom(testutil.VIP4(70), 80)
+	udpVIP := netip.AddrPortFrom(testutil.VIP4(71), 53)
+	tcpFarm := farm(t, "stl-tcp", tcpVIP.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedHash, backendsOf(topo, 8080)...)
+	tcpFarm.SchedParam = model.KeySrcIP | model.KeySrcPort
+	tcpFarm.Mode = model.ModeStlsDNAT
+	udpFarm := farm(t, "stl-udp", udpVIP.Addr().String(), 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR, backendsOf(topo, 8053)...)
+	udpFarm.Mode = model.ModeStlsDNAT
+	for _, f := range []*model.Farm{tcpFarm, udpFarm} {
+		if err := check(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Reconcile(context.Background(), []*model.Farm{tcpFarm, udpFarm}); err != nil {
+		t.Fatal(err)
+	}
+	counts := ask(t, 30, func() (string, error) { return testutil.AskTCP(topo.Client.NS, tcpVIP) }, topo.Client.IPv4)
+	if len(counts) != 3 {
+		t.Errorf("30 stlsdnat connections reached %v, want all 3 backends", counts)
+	}
+	counts = ask(t, 30, func() (string, error) { return testutil.AskUDP(topo.Client.NS, udpVIP) }, topo.Client.IPv4)
+	checkSpread(t, counts, 30, 3)
+	if n := countMap(t, p).ct; n != 0 {
+		t.Errorf("stlsdnat traffic made %d conntrack entries", n)
+	}
+}

@@ -76,10 +76,31 @@ type xlbPersistVal struct {
 	Seen uint64
 }
 
+type xlbScratch struct {
+	_  structs.HostLayout
+	Rk xlbCtKey
+	Rv xlbCtVal
+}
+
 type xlbSlotKey struct {
 	_   structs.HostLayout
 	Svc uint32
 	Idx uint32
+}
+
+type xlbStlKey struct {
+	_      structs.HostLayout
+	Addr   [4]uint32
+	Port   uint16
+	Proto  uint8
+	Family uint8
+}
+
+type xlbStlVal struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
 }
 
 type xlbSvcKey struct {
@@ -110,8 +131,10 @@ const (
 	xlbMapXlbCt           = "xlb_ct"
 	xlbMapXlbPersist      = "xlb_persist"
 	xlbMapXlbRr           = "xlb_rr"
+	xlbMapXlbScratch      = "xlb_scratch"
 	xlbMapXlbServices     = "xlb_services"
 	xlbMapXlbSlots        = "xlb_slots"
+	xlbMapXlbStateless    = "xlb_stateless"
 	xlbMapXlbStats        = "xlb_stats"
 	xlbProgXlbIngress     = "xlb_ingress"
 	xlbVarXlbCtRefreshNs  = "xlb_ct_refresh_ns"
@@ -171,14 +194,16 @@ type xlbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbMapSpecs struct {
-	XlbBackends *ebpf.MapSpec `ebpf:"xlb_backends"`
-	XlbBeIndex  *ebpf.MapSpec `ebpf:"xlb_be_index"`
-	XlbCt       *ebpf.MapSpec `ebpf:"xlb_ct"`
-	XlbPersist  *ebpf.MapSpec `ebpf:"xlb_persist"`
-	XlbRr       *ebpf.MapSpec `ebpf:"xlb_rr"`
-	XlbServices *ebpf.MapSpec `ebpf:"xlb_services"`
-	XlbSlots    *ebpf.MapSpec `ebpf:"xlb_slots"`
-	XlbStats    *ebpf.MapSpec `ebpf:"xlb_stats"`
+	XlbBackends  *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
+	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
+	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
+	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
+	XlbScratch   *ebpf.MapSpec `ebpf:"xlb_scratch"`
+	XlbServices  *ebpf.MapSpec `ebpf:"xlb_services"`
+	XlbSlots     *ebpf.MapSpec `ebpf:"xlb_slots"`
+	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
+	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
 }
 
 // xlbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -213,14 +238,16 @@ func (o *xlbObjects) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbMaps struct {
-	XlbBackends *ebpf.Map `ebpf:"xlb_backends"`
-	XlbBeIndex  *ebpf.Map `ebpf:"xlb_be_index"`
-	XlbCt       *ebpf.Map `ebpf:"xlb_ct"`
-	XlbPersist  *ebpf.Map `ebpf:"xlb_persist"`
-	XlbRr       *ebpf.Map `ebpf:"xlb_rr"`
-	XlbServices *ebpf.Map `ebpf:"xlb_services"`
-	XlbSlots    *ebpf.Map `ebpf:"xlb_slots"`
-	XlbStats    *ebpf.Map `ebpf:"xlb_stats"`
+	XlbBackends  *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
+	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
+	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
+	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
+	XlbScratch   *ebpf.Map `ebpf:"xlb_scratch"`
+	XlbServices  *ebpf.Map `ebpf:"xlb_services"`
+	XlbSlots     *ebpf.Map `ebpf:"xlb_slots"`
+	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
+	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
 }
 
 func (m *xlbMaps) Close() error {
@@ -230,8 +257,10 @@ func (m *xlbMaps) Close() error {
 		m.XlbCt,
 		m.XlbPersist,
 		m.XlbRr,
+		m.XlbScratch,
 		m.XlbServices,
 		m.XlbSlots,
+		m.XlbStateless,
 		m.XlbStats,
 	)
 }
