@@ -15,6 +15,7 @@ SIZES=${SIZES:-1k|64k|1M|4M}
 OPS=${OPS:-2000}
 out=bench/results/ebpf-conntrack.md
 raw=bench/results/ebpf-conntrack.txt
+fwdraw=bench/results/ebpf-forward.txt
 run() {
 	XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench "$1" -benchtime "${OPS}x" -count "$COUNT" -timeout 60m -v \
 		./internal/dataplane/ebpf | grep -E '^Benchmark[^ ]+-[0-9]+ |bench_test.go:[0-9]+: conntrack:'
@@ -23,6 +24,29 @@ run() {
 	run '^BenchmarkBaseline$'
 	run "^BenchmarkConntrack\$/^conns=($SIZES)\$"
 } | tee "$raw"
+# CPU per packet of real UDP traffic through the LB, against the nft plane
+# and plain forwarding, in the same run.
+XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench '^BenchmarkForwardUDP$' -benchtime "${FWD_PKTS:-200000}x" -count "$COUNT" \
+	-timeout 30m ./internal/dataplane/ebpf | grep -E '^BenchmarkForwardUDP[^ ]+-[0-9]+ ' | tee "$fwdraw"
+fwd=$(awk '
+{
+	name = $1; sub(/-[0-9]+$/, "", name); sub(/^BenchmarkForwardUDP\/plane=/, "", name)
+	for (i = 2; i < NF; i++) if ($(i+1) == "cpu-ns/pkt") v = $i; else if ($(i+1) == "%recv") r = $i
+	if (!(name in n)) order[++names] = name
+	n[name]++; val[name, n[name]] = v; rc[name] = r
+}
+END {
+	for (o = 1; o <= names; o++) {
+		name = order[o]; k = n[name]
+		for (i = 1; i <= k; i++) a[i] = val[name, i] + 0
+		for (i = 2; i <= k; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j+1] = a[j]; a[j+1] = t }
+		med[name] = (k % 2) ? a[(k+1)/2] : (a[k/2] + a[k/2+1]) / 2; lo[name] = a[1]; hi[name] = a[k]
+	}
+	for (o = 1; o <= names; o++) {
+		name = order[o]
+		printf "| %s | %.0f | %.0f - %.0f | %+.0f | %s |\n", name, med[name], lo[name], hi[name], med[name] - med["direct"], rc[name]
+	}
+}' "$fwdraw")
 
 # Median, min and max of ns/pkt (and the median %path) per benchmark.
 summary=$(grep '^Benchmark' "$raw" | awk '
@@ -75,6 +99,14 @@ mem=$(grep 'conntrack:' "$raw" | sed 's/.*conntrack: //' | sort -u | sed 's/; fi
 	echo "| connections | table | path | median ns/pkt | min - max | minus baseline | %path |"
 	echo "|---|---|---|---|---|---|---|"
 	echo "$summary"
+	echo
+	echo "## Real traffic: CPU per packet through the LB"
+	echo
+	echo "One UDP flow (64-byte datagrams, \`BenchmarkForwardUDP\`, ${FWD_PKTS:-200000} packets per run, $COUNT runs) from the client namespace through the LB namespace to a backend. CPU time of the whole path per packet (client send, LB, backend receive; over veth they all run in the benchmark process's context, so getrusage sees them), median and spread. **direct**: to the backend's own address, plain kernel forwarding at the LB (baseline). **nft**: to a VIP through the nftables data plane (dnat). **ebpf**: the same through this data plane. The difference to direct is what balancing adds (negative: cheaper than plain forwarding, since the program redirects past the LB's stack)."
+	echo
+	echo "| plane | median cpu-ns/pkt | min - max | vs direct | %received |"
+	echo "|---|---|---|---|---|"
+	echo "$fwd"
 	echo
 	echo "Conntrack table memory (memlock reported by the kernel):"
 	echo
