@@ -171,3 +171,32 @@ func TestEBPFHitlessRestartAndUpgrade(t *testing.T) {
 	l.finish(t, 20)
 	e.requireAllBackends(vip, 9)
 }
+
+// Through the CLI, the eBPF daemon refuses what its data plane cannot do,
+// naming the field, and the farm is not created.
+func TestEBPFRefusesWhatItCannotDo(t *testing.T) {
+	e, _ := newEBPFEnv(t)
+	vip := testutil.VIP4(22).String()
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"farm", "add", "ftp", "--vip", vip, "--ports", "21", "--helper", "ftp"}, []string{"helper", "ftp", "nft data plane"}},
+		{[]string{"farm", "add", "lim", "--vip", vip, "--ports", "80", "--new-rtlimit", "100"}, []string{"new-rtlimit", "ebpf"}},
+		{[]string{"farm", "add", "sctp", "--vip", vip, "--ports", "80", "--proto", "sctp"}, []string{"protocol", "sctp", "ebpf"}},
+	} {
+		out, err := e.cli(c.args...)
+		if err == nil {
+			t.Errorf("xlb %v accepted:\n%s", c.args, out)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("xlb %v: error %q does not mention %q", c.args, strings.TrimSpace(out), w)
+			}
+		}
+	}
+	if out := e.mustCLI("farm", "list"); strings.TrimSpace(out) != "" {
+		t.Errorf("refused farms were created: %q", out)
+	}
+}
