@@ -35,8 +35,9 @@ check-generate: generate
 	@out=$$(git status --porcelain --untracked-files=all -- 'internal/dataplane/ebpf/*_bpfel.*'); if [ -n "$$out" ]; then echo "untracked generated files:"; echo "$$out"; exit 1; fi
 
 # The whole suite. Privileged tests (namespaces, nftables) run as root; with
-# XLB_PRIVILEGED_TESTS=1 (as in CI) they fail instead of skipping.
-test: build vet check-fmt
+# XLB_PRIVILEGED_TESTS=1 (as in CI) they fail instead of skipping. check-generate
+# fails when the committed bpf2go output differs from what bpf/*.c gives.
+test: build vet check-fmt check-generate
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
 demo: build
