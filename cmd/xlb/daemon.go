@@ -19,6 +19,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
+	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -77,6 +78,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.StringVar(&o.listen, "listen", defaultListen, "address:port the API listens on")
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
 	f.StringVar(&o.dp.name, "dataplane", "nft", "kernel data plane: "+dataplaneNames)
+	f.IntVar(&o.dp.nftTables, "nft-tables", nft.DefaultShards, "nft: tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
 	f.StringSliceVar(&o.dp.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback)")
 	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
 	f.StringVar(&o.dp.pinPath, "pin-path", ebpf.DefaultPinPath, "ebpf: bpffs directory where maps and links are pinned")
@@ -153,6 +155,12 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
 	ebpfOnly := []string{"interfaces", "conn-table-size", "pin-path",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
+	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
+		return fmt.Errorf("--nft-tables: only with --dataplane nft")
+	}
+	if c.nftTables < 1 || c.nftTables > 256 {
+		return fmt.Errorf("--nft-tables %d: allowed values are 1 to 256", c.nftTables)
+	}
 	if c.name != "ebpf" {
 		for _, n := range ebpfOnly {
 			if cmd.Flags().Changed(n) {

@@ -16,6 +16,8 @@ const dataplaneNames = "nft, ebpf"
 // dataplaneConfig is what the daemon's flags say about the data plane.
 type dataplaneConfig struct {
 	name string
+	// nft only.
+	nftTables int // farms are spread over this many tables (1: one table "xlb")
 	// ebpf only.
 	interfaces    []string // empty: every interface but loopback
 	connTableSize int      // tracked connections (two conntrack entries each)
@@ -27,12 +29,9 @@ type dataplaneConfig struct {
 func openDataplane(ctx context.Context, log *slog.Logger, c dataplaneConfig) (dataplane.Dataplane, error) {
 	switch c.name {
 	case "nft":
-		// The current network namespace, table "xlb".
-		p, err := nft.New(ctx, log, nft.Options{})
-		if err != nil {
-			return nil, err
-		}
-		return p, nil
+		// The current network namespace; tables "xlb-00", "xlb-01", ...
+		// (or one table "xlb" with --nft-tables 1).
+		return nft.Open(ctx, log, nft.Options{Shards: c.nftTables})
 	case "ebpf":
 		// The current network namespace.
 		p, err := ebpf.New(ctx, log, ebpf.Options{

@@ -142,7 +142,7 @@ func (e *lbEnv) mustCLI(args ...string) string {
 
 func (e *lbEnv) nftList() string {
 	e.t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "list", "table", "inet", "xlb").CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "list", "ruleset").CombinedOutput()
 	if err != nil {
 		e.t.Fatalf("nft list: %v: %s", err, out)
 	}
@@ -253,7 +253,7 @@ func TestRestartRepairsDrift(t *testing.T) {
 	e.addWebFarm(vip.Addr())
 	want := e.nftList()
 	e.kill()
-	if out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "delete", "table", "inet", "xlb").CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
 		t.Fatalf("delete table by hand: %v: %s", err, out)
 	}
 	if _, err := testutil.AskTCP(e.topo.Client.NS, vip); err == nil {
