@@ -217,7 +217,9 @@ func TestFarmsProtocolsAndPorts(t *testing.T) {
 		}
 	}
 	// An unnamed single port is named by its number.
-	s = svc(func(s *corev1.Service) { s.Spec.Ports = []corev1.ServicePort{{Port: 443, Protocol: corev1.ProtocolTCP}} })
+	s = svc(func(s *corev1.Service) {
+		s.Spec.Ports = []corev1.ServicePort{{Port: 443, Protocol: corev1.ProtocolTCP}}
+	})
 	if got := FarmNames(s, node1); !slices.Equal(got, []string{"shop.web.443.cluster-10.96.0.10"}) {
 		t.Errorf("unnamed port: %v", got)
 	}
@@ -367,7 +369,9 @@ func TestFarmsAnnotations(t *testing.T) {
 		{"maglev", map[string]string{"xlb.io/scheduler": "maglev"},
 			func(f *model.Farm) bool { return f.Scheduler == model.SchedMaglev }},
 		{"persistence with ttl", map[string]string{"xlb.io/persistence": "srcip-srcport", "xlb.io/persist-ttl": "30"},
-			func(f *model.Farm) bool { return f.Persistence == model.KeySrcIP|model.KeySrcPort && f.PersistTTL == 30 }},
+			func(f *model.Farm) bool {
+				return f.Persistence == model.KeySrcIP|model.KeySrcPort && f.PersistTTL == 30
+			}},
 		{"helper, log, limit", map[string]string{"xlb.io/helper": "ftp", "xlb.io/log": "forward", "xlb.io/est-connlimit": "100"},
 			func(f *model.Farm) bool {
 				return f.Helper == model.HelperFTP && f.Log == model.LogForward && f.EstConnLimit == 100
@@ -394,7 +398,10 @@ func TestFarmsAnnotations(t *testing.T) {
 			func(f *model.Farm) bool { return f.Mode == model.ModeDNAT }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := svc(func(s *corev1.Service) { s.Annotations = c.ann; s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP })
+			s := svc(func(s *corev1.Service) {
+				s.Annotations = c.ann
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			})
 			farms, err := Farms(s, nil, node1)
 			if err != nil {
 				t.Fatal(err)
