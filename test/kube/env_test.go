@@ -8,10 +8,10 @@ package kube_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +66,9 @@ func TestMain(m *testing.M) {
 	if apiDir != "" {
 		os.RemoveAll(apiDir)
 	}
+	if xlbPath != "" {
+		os.RemoveAll(filepath.Dir(xlbPath))
+	}
 	os.Exit(code)
 }
 
@@ -97,7 +100,16 @@ func (w *testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// newEnv is newWorld with a controller running in the test process.
 func newEnv(t *testing.T, backends int) *env {
+	t.Helper()
+	e := newWorld(t, backends)
+	e.startController()
+	return e
+}
+
+// newWorld makes the Kubernetes namespace, the Node and the topology.
+func newWorld(t *testing.T, backends int) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
 	api := apiserver(t)
@@ -141,7 +153,14 @@ func newEnv(t *testing.T, backends int) *env {
 	if _, err := e.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("set node addresses: %v", err)
 	}
+	return e
+}
 
+// startController runs the controller with the nft plane in the LB
+// namespace, stopped in t.Cleanup.
+func (e *env) startController() {
+	t, ctx := e.t, e.ctx
+	api := apiserver(t)
 	w := &testWriter{t: t}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	plane, err := nft.New(ctx, log, nft.Options{NetNS: e.LB.NS})
@@ -180,7 +199,6 @@ func newEnv(t *testing.T, backends int) *env {
 		st.Close()
 	})
 	e.waitFor("the controller's first full reconcile", e.ctl.Ready)
-	return e
 }
 
 // waitFor polls cond every 10 ms for up to 15 s.
@@ -358,5 +376,3 @@ func sorted(s []string) []string {
 	}
 	return s
 }
-
-var _ = io.Discard
