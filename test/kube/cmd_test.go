@@ -101,7 +101,9 @@ func (e *env) bindProxyRole() {
 	if _, err := rb.ClusterRoleBindings().Create(e.ctx, binding, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create cluster role binding: %v", err)
 	}
-	e.t.Cleanup(func() { _ = rb.ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{}) })
+	e.t.Cleanup(func() {
+		_ = rb.ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
 }
 
 // forwardAPI listens on 127.0.0.1:port inside the LB namespace and forwards
