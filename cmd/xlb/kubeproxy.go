@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/vishvananda/netns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -153,6 +154,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	ctl, err := kube.New(kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
+		Conntrack: kube.NetlinkConntrack{NS: netns.None()},
 	})
 	if err != nil {
 		return err

@@ -58,6 +58,9 @@ type Config struct {
 	NodePortAddresses []netip.Prefix
 	// Metrics, if set, receives sync timings.
 	Metrics *Metrics
+	// Conntrack, if set, deletes the UDP conntrack entries of endpoints
+	// that went away (in the data plane's namespace).
+	Conntrack Conntrack
 	// ErrorBackoff bounds how long a failed sync waits before the full
 	// reconcile that follows it (default 1s to 30s, doubling).
 	ErrorBackoffMax time.Duration
@@ -415,6 +418,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	for i := range farms {
 		names[i] = farms[i].Name
 	}
+	base := c.cfg.Engine.Snapshot() // this controller is the engine's only writer
 	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
 		for _, old := range c.owned[key] {
 			if !slices.Contains(names, old) {
@@ -440,6 +444,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 		}
 		return err
 	}
+	c.flushStale(key, base, st, c.owned[key])
 	if svc == nil {
 		delete(c.owned, key)
 		delete(c.lastErr, key)
@@ -452,6 +457,37 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	}
 	c.finish(key, start, queued, st)
 	return nil
+}
+
+// flushStale deletes the UDP conntrack entries of backends that the
+// Service's farms had in base and no longer have in next.
+func (c *Controller) flushStale(key string, base, next *engine.State, farmNames []string) {
+	if c.cfg.Conntrack == nil || next == nil {
+		return
+	}
+	var stale []StaleFlow
+	for _, n := range farmNames {
+		old, ok := base.Farm(n)
+		if !ok || old.Protocol != model.ProtoUDP || len(old.VirtualPorts) != 1 {
+			continue
+		}
+		cur, _ := next.Farm(n)
+		for _, b := range old.Backends {
+			if cur != nil && slices.ContainsFunc(cur.Backends, func(x model.Backend) bool { return x.Addr == b.Addr && x.Port == b.Port }) {
+				continue
+			}
+			stale = append(stale, StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
+		}
+	}
+	if len(stale) == 0 {
+		return
+	}
+	n, err := c.cfg.Conntrack.DeleteUDP(stale)
+	if err != nil {
+		c.log.Warn("flush stale udp conntrack entries", "service", key, "err", err)
+		return
+	}
+	c.log.Debug("stale udp conntrack entries deleted", "service", key, "entries", n, "endpoints", len(stale))
 }
 
 func (c *Controller) finish(key string, start, queued time.Time, st *engine.State) {

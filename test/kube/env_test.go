@@ -175,7 +175,8 @@ func (e *env) startController() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.ctl, err = kube.New(kube.Config{Client: api.Client, Engine: e.eng, Log: log, NodeName: e.node})
+	e.ctl, err = kube.New(kube.Config{Client: api.Client, Engine: e.eng, Log: log, NodeName: e.node,
+		Conntrack: kube.NetlinkConntrack{NS: e.LB.NS}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package kube_test
 
 import (
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -241,4 +242,50 @@ func (e *env) waitEvent(name, reason string) corev1.Event {
 	}
 	_ = time.Second
 	return found
+}
+
+// TestUDPStaleConntrack: a UDP client that keeps its source port stays on
+// its endpoint through conntrack; when that endpoint is removed, its
+// conntrack entry is deleted, so the next datagram goes to a remaining
+// endpoint instead of the removed one.
+func TestUDPStaleConntrack(t *testing.T) {
+	e := newEnv(t, 2)
+	e.startServers()
+	svc := e.createService(service("dns", corev1.ServiceTypeClusterIP))
+	e.setEndpoints("dns", false, ready(0, 1))
+	cip := netip.MustParseAddr(svc.Spec.ClusterIP)
+	e.waitFarm(kube.FarmName(e.ns, "dns", "udp", kube.KindCluster, cip), hasBackends(2))
+	to := netip.AddrPortFrom(cip, 80)
+	from := netip.AddrPortFrom(e.Client.IPv4, 40000)
+	ask := func() string {
+		got, err := testutil.AskUDPFrom(e.Client.NS, from, to)
+		if err != nil {
+			t.Fatalf("udp from %s to %s: %v", from, to, err)
+		}
+		name, _, _ := testutil.ParseReply(got)
+		return name
+	}
+	first := ask()
+	for range 3 {
+		if got := ask(); got != first {
+			t.Fatalf("same source port answered by %s then %s: conntrack should keep the flow on one endpoint", first, got)
+		}
+	}
+	keep := 1
+	if first == "b1" {
+		keep = 0
+	}
+	e.setEndpoints("dns", false, ready(keep))
+	e.waitFarm(kube.FarmName(e.ns, "dns", "udp", kube.KindCluster, cip), hasBackends(1))
+	// The entry is deleted right after the farm is applied. Without the
+	// deletion every datagram would refresh it (UDP timeout 30 s), so the
+	// removed endpoint would keep answering for as long as we ask.
+	want := "b" + strconv.Itoa(keep)
+	deadline := time.Now().Add(3 * time.Second)
+	for got := ask(); got != want; got = ask() {
+		if time.Now().After(deadline) {
+			t.Fatalf("3s after removing %s it still answers: stale conntrack entry not deleted", first)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
