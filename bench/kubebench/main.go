@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -270,16 +271,22 @@ func createServices(ctx context.Context, c kubernetes.Interface, from, to int) e
 			defer wg.Done()
 			for i := range jobs {
 				name := fmt.Sprintf("s%05d", i)
-				_, err := c.CoreV1().Services(namespace).Create(ctx, &corev1.Service{
-					ObjectMeta: metav1.ObjectMeta{Name: name},
-					Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
-				}, metav1.CreateOptions{})
+				eps := make([]string, *endpoints)
+				for j := range eps {
+					eps[j] = endpointAddr(i, j)
+				}
+				err := retry(ctx, func() error {
+					_, err := c.CoreV1().Services(namespace).Create(ctx, &corev1.Service{
+						ObjectMeta: metav1.ObjectMeta{Name: name},
+						Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+					}, metav1.CreateOptions{})
+					return err
+				})
 				if err == nil {
-					eps := make([]string, *endpoints)
-					for j := range eps {
-						eps[j] = endpointAddr(i, j)
-					}
-					_, err = c.DiscoveryV1().EndpointSlices(namespace).Create(ctx, sliceFor(i, eps), metav1.CreateOptions{})
+					err = retry(ctx, func() error {
+						_, err := c.DiscoveryV1().EndpointSlices(namespace).Create(ctx, sliceFor(i, eps), metav1.CreateOptions{})
+						return err
+					})
 				}
 				if err != nil {
 					select {
@@ -308,6 +315,24 @@ func createServices(ctx context.Context, c kubernetes.Interface, from, to int) e
 	default:
 		return nil
 	}
+}
+
+// retry runs a create up to 5 times: on a loaded machine etcd can time out
+// a request that may or may not have been applied (AlreadyExists then
+// means it was).
+func retry(ctx context.Context, create func() error) error {
+	var err error
+	for attempt := range 5 {
+		err = create()
+		if err == nil || (attempt > 0 && apierrors.IsAlreadyExists(err)) {
+			return nil
+		}
+		if apierrors.IsAlreadyExists(err) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+	}
+	return err
 }
 
 // changeOne replaces the last endpoint of a Service with a new address and

@@ -61,6 +61,9 @@ type Config struct {
 	// Conntrack, if set, deletes the UDP conntrack entries of endpoints
 	// that went away (in the data plane's namespace).
 	Conntrack Conntrack
+	// Listen opens the health check node port listeners (default
+	// net.Listen).
+	Listen ListenFunc
 	// ErrorBackoff bounds how long a failed sync waits before the full
 	// reconcile that follows it (default 1s to 30s, doubling).
 	ErrorBackoffMax time.Duration
@@ -84,6 +87,7 @@ type Controller struct {
 	queue        workqueue.TypedRateLimitingInterface[string]
 	recorder     record.EventRecorder
 	bcast        record.EventBroadcaster
+	hc           *healthChecks
 
 	nodeMu sync.Mutex
 	node   Node
@@ -175,6 +179,7 @@ func New(cfg Config) (*Controller, error) {
 	c.synced = []cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.HasSynced, nodeInf.HasSynced}
 	c.sliceFactory = sliceFactory
 
+	c.hc = newHealthChecks(cfg.Log, cfg.Listen)
 	c.bcast = record.NewBroadcaster()
 	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "xlb-kube-proxy", Host: cfg.NodeName})
 	return c, nil
@@ -185,6 +190,7 @@ func New(cfg Config) (*Controller, error) {
 // ends. It returns nil when ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
+	defer c.hc.close()
 	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
 	defer c.bcast.Shutdown()
 	c.factory.Start(ctx.Done())
@@ -356,21 +362,21 @@ func (c *Controller) currentNode() Node {
 
 // desired computes the farms of one Service from the informer caches. svc
 // is nil when the Service is gone.
-func (c *Controller) desired(key string) (*corev1.Service, []model.Farm, error) {
+func (c *Controller) desired(key string) (*corev1.Service, []*discoveryv1.EndpointSlice, []model.Farm, error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	svc, err := c.services.Services(ns).Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	objs, err := c.slices.ByIndex(sliceIndex, key)
 	if err != nil {
-		return svc, nil, err
+		return svc, nil, nil, err
 	}
 	eps := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, o := range objs {
@@ -379,7 +385,7 @@ func (c *Controller) desired(key string) (*corev1.Service, []model.Farm, error) 
 		}
 	}
 	farms, err := Farms(svc, eps, c.currentNode())
-	return svc, farms, err
+	return svc, eps, farms, err
 }
 
 // isRejection reports whether err is the engine refusing a farm (a bad
@@ -405,7 +411,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	if !ok {
 		queued = start
 	}
-	svc, farms, terr := c.desired(key)
+	svc, eps, farms, terr := c.desired(key)
 	if terr != nil {
 		if isRejection(terr) {
 			c.reject(key, svc, ReasonInvalidAnnotation, terr)
@@ -445,6 +451,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 		return err
 	}
 	c.flushStale(key, base, st, c.owned[key])
+	c.hc.update(key, svc, eps, c.cfg.NodeName)
 	if svc == nil {
 		delete(c.owned, key)
 		delete(c.lastErr, key)
@@ -536,6 +543,7 @@ func (c *Controller) fullSync(ctx context.Context) error {
 	type plan struct {
 		key   string
 		svc   *corev1.Service
+		eps   []*discoveryv1.EndpointSlice
 		farms []model.Farm
 		err   error
 		prev  []string // farm names this Service may already own
@@ -545,7 +553,7 @@ func (c *Controller) fullSync(ctx context.Context) error {
 	for _, svc := range svcs {
 		key := svc.Namespace + "/" + svc.Name
 		p := plan{key: key, svc: svc}
-		_, p.farms, p.err = c.desired(key)
+		_, p.eps, p.farms, p.err = c.desired(key)
 		p.prev = append(FarmNames(svc, node), c.owned[key]...)
 		plans = append(plans, p)
 	}
@@ -601,6 +609,7 @@ func (c *Controller) fullSync(ctx context.Context) error {
 		}
 		c.owned[p.key] = names
 		delete(c.lastErr, p.key)
+		c.hc.update(p.key, p.svc, p.eps, c.cfg.NodeName)
 	}
 	c.finishFull(start, st, len(plans))
 	return nil

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -176,7 +177,16 @@ func (e *env) startController() {
 		t.Fatal(err)
 	}
 	e.ctl, err = kube.New(kube.Config{Client: api.Client, Engine: e.eng, Log: log, NodeName: e.node,
-		Conntrack: kube.NetlinkConntrack{NS: e.LB.NS}})
+		Conntrack: kube.NetlinkConntrack{NS: e.LB.NS},
+		Listen: func(network, addr string) (net.Listener, error) {
+			var ln net.Listener
+			err := testutil.Do(e.LB.NS, func() error {
+				var err error
+				ln, err = net.Listen(network, addr)
+				return err
+			})
+			return ln, err
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package kube_test
 
 import (
+	"fmt"
+	"io"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -288,4 +290,54 @@ func TestUDPStaleConntrack(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestLoadBalancerLocal: a LoadBalancer Service with externalTrafficPolicy
+// Local is served on its status IP by this node's endpoints only, keeping
+// the client's address, and its healthCheckNodePort answers 200 with the
+// local endpoint count while there are local endpoints and 503 when there
+// are none.
+func TestLoadBalancerLocal(t *testing.T) {
+	e := newEnv(t, 2)
+	e.startServers()
+	s := service("lb", corev1.ServiceTypeLoadBalancer)
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc := e.createService(s)
+	if svc.Spec.HealthCheckNodePort == 0 {
+		t.Fatal("the API server allocated no healthCheckNodePort")
+	}
+	lbIP := testutil.VIP4(50)
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP.String()}}
+	if _, err := e.client.CoreV1().Services(e.ns).UpdateStatus(e.ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.setEndpoints("lb", false, []endpoint{{backend: 0, ready: true, serving: true}, {backend: 1, ready: true, serving: true, otherNode: true}})
+	e.waitFarm(kube.FarmName(e.ns, "lb", "tcp", kube.KindLB, lbIP), hasBackends(1))
+	if got := e.spread(netip.AddrPortFrom(lbIP, 80), false, 6); keys(got) != "b0" {
+		t.Errorf("load balancer IP (Local): answers %v, want only the local b0", got)
+	}
+	reply, err := testutil.AskTCP(e.Client.NS, netip.AddrPortFrom(lbIP, 80))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, from, _ := testutil.ParseReply(reply); from.Addr() != e.Client.IPv4 {
+		t.Errorf("load balancer IP (Local): backend saw %s, want the client's %s", from, e.Client.IPv4)
+	}
+
+	hc := fmt.Sprintf("http://%s/", netip.AddrPortFrom(e.LB.IPv4, uint16(svc.Spec.HealthCheckNodePort)))
+	check := func(wantCode int, wantLocal string) {
+		t.Helper()
+		e.waitFor(fmt.Sprintf("health check %d %s", wantCode, wantLocal), func() bool {
+			resp, err := testutil.HTTPClient(e.Client.NS).Get(hc)
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode == wantCode && strings.Contains(string(b), `"localEndpoints":`+wantLocal)
+		})
+	}
+	check(200, "1")
+	e.setEndpoints("lb", false, []endpoint{{backend: 1, ready: true, serving: true, otherNode: true}})
+	check(503, "0")
 }
