@@ -297,18 +297,40 @@ current-context: t
 		t.Errorf("sync count %v, want at least 2", n)
 	}
 
+	old := e.createService(service("old", corev1.ServiceTypeClusterIP))
+	e.setEndpoints("old", false, ready(0))
+	oldAddr := netip.AddrPortFrom(netip.MustParseAddr(old.Spec.ClusterIP), 80)
+	e.waitFor("traffic to service old", func() bool {
+		_, err := testutil.AskTCP(e.Client.NS, oldAddr)
+		return err == nil
+	})
+
 	// Stop: the rules stay and traffic keeps flowing.
 	p.stop(t)
 	if got := e.spread(addr, false, 6); keys(got) != "b0,b1" {
 		t.Errorf("after stop: answers %v", got)
 	}
-	// A change while the proxy is down is applied at restart.
+	if got := e.spread(oldAddr, false, 2); keys(got) != "b0" {
+		t.Errorf("service old after stop: answers %v", got)
+	}
+	// Changes while the proxy is down are applied at restart: an endpoint
+	// change, and a Service deleted.
 	e.annotate("web", nil)
 	e.setEndpoints("web", false, ready(1))
+	if err := e.client.DiscoveryV1().EndpointSlices(e.ns).Delete(e.ctx, "old-ipv4", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.CoreV1().Services(e.ns).Delete(e.ctx, "old", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	e.startProxy(bin, kubeconfig, stateDir)
 	e.waitFor("only b1 answers after the restart", func() bool {
 		got := e.spread(addr, false, 4)
 		return keys(got) == "b1"
+	})
+	e.waitFor("the deleted service's address to stop answering", func() bool {
+		_, err := testutil.AskTCP(e.Client.NS, oldAddr)
+		return err != nil
 	})
 }
 
