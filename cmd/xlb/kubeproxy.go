@@ -132,10 +132,13 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 
-	st, err := store.OpenBolt(o.stateDir)
+	bolt, err := store.OpenBolt(o.stateDir)
 	if err != nil {
 		return err
 	}
+	// Saved behind the kernel: the API server is the source of truth, the
+	// saved state only bridges restarts (see kube.WriteBehind).
+	st := kube.NewWriteBehind(bolt, log)
 	defer st.Close()
 	var dp dataplane.Dataplane
 	p, err := nft.New(ctx, log, nft.Options{Table: o.nftTable})

@@ -168,10 +168,11 @@ func (e *env) startController() {
 	if err != nil {
 		t.Fatalf("nft plane: %v", err)
 	}
-	st, err := store.OpenBolt(t.TempDir())
+	bolt, err := store.OpenBolt(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	st := kube.NewWriteBehind(bolt, log)
 	e.eng, err = engine.New(ctx, log, plane, st)
 	if err != nil {
 		t.Fatal(err)
