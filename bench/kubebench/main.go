@@ -50,6 +50,7 @@ var (
 	runs      = flag.Int("runs", 30, "endpoint changes measured per size")
 	out       = flag.String("out", "bench/results", "results directory")
 	workers   = flag.Int("workers", 16, "parallel API calls while creating Services")
+	kpModes   = flag.String("kube-proxy", "nftables", "kube-proxy modes measured side by side on the same API server (comma-separated; empty: none)")
 )
 
 const namespace = "bench"
@@ -79,6 +80,13 @@ type result struct {
 	setup    time.Duration
 	full     time.Duration
 	load     string // /proc/loadavg while measuring
+	kp       []kpResult
+}
+
+type kpResult struct {
+	mode    string
+	samples []time.Duration
+	err     string
 }
 
 func run(ctx context.Context, sizes []int) error {
@@ -96,6 +104,10 @@ func run(ctx context.Context, sizes []int) error {
 	log.Printf("etcd + kube-apiserver ready in %s", time.Since(start).Round(time.Millisecond))
 	c := env.Client
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	// The node both proxies run as (kube-proxy waits for its Node).
+	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bench-node"}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 
@@ -185,6 +197,19 @@ func run(ctx context.Context, sizes []int) error {
 			r.syncAvg = time.Duration((sum1 - sum0) / (n1 - n0) * 1e9)
 		}
 		log.Printf("%d Services: endpoint change live in median %s (controller's part: mean %s)", n, median(r.samples), r.syncAvg)
+		if *kpModes != "" {
+			stop() // kube-proxy runs alone
+			stop = func() {}
+			for _, mode := range strings.Split(*kpModes, ",") {
+				kr := measureKubeProxy(ctx, env, dir, strings.TrimSpace(mode), n)
+				if kr.err != "" {
+					log.Printf("kube-proxy %s: %s", kr.mode, kr.err)
+				} else {
+					log.Printf("%d Services: kube-proxy %s: endpoint change live in median %s", n, kr.mode, median(kr.samples))
+				}
+				r.kp = append(r.kp, kr)
+			}
+		}
 		results = append(results, r)
 	}
 	return report(results)
@@ -430,6 +455,31 @@ func report(rs []result) error {
 			ms(quantile(s, 0.5)), ms(quantile(s, 0.25)), ms(quantile(s, 0.75)), ms(quantile(s, 0.9)),
 			ms(s[0]), ms(s[len(s)-1]), ms(r.syncAvg), r.full.Round(time.Millisecond), r.load)
 	}
+	if hasKP(rs) {
+		fmt.Fprintf(&b, "\nSide by side, the same changes on the same API server (kube-proxy %s, default\n", "v1.37.2")
+		fmt.Fprintf(&b, "flags plus --conntrack-max-per-core=0, running alone; its own\n")
+		fmt.Fprintf(&b, "kubeproxy_network_programming_duration_seconds from the change's trigger time, set\n")
+		fmt.Fprintf(&b, "just before the update call, to its rules synced):\n\n")
+		fmt.Fprintf(&b, "| Services | proxy | runs | median ms | p25 ms | p75 ms | min ms | max ms | ratio to xlb (median) |\n")
+		fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range rs {
+			x := slices.Clone(r.samples)
+			slices.Sort(x)
+			fmt.Fprintf(&b, "| %d | xlb (nft) | %d | %s | %s | %s | %s | %s | 1 |\n", r.services, len(x),
+				ms(quantile(x, 0.5)), ms(quantile(x, 0.25)), ms(quantile(x, 0.75)), ms(x[0]), ms(x[len(x)-1]))
+			for _, k := range r.kp {
+				if k.err != "" {
+					fmt.Fprintf(&b, "| %d | kube-proxy %s | - | not measured: %s | | | | | |\n", r.services, k.mode, k.err)
+					continue
+				}
+				y := slices.Clone(k.samples)
+				slices.Sort(y)
+				fmt.Fprintf(&b, "| %d | kube-proxy %s | %d | %s | %s | %s | %s | %s | %.0f |\n", r.services, k.mode, len(y),
+					ms(quantile(y, 0.5)), ms(quantile(y, 0.25)), ms(quantile(y, 0.75)), ms(y[0]), ms(y[len(y)-1]),
+					float64(quantile(y, 0.5))/float64(quantile(x, 0.5)))
+			}
+		}
+	}
 	fmt.Fprintf(&b, "\nThe controller's part is the mean of xlb_kubeproxy_sync_proxy_rules_duration_seconds\n")
 	fmt.Fprintf(&b, "over the measured changes: translation, the engine transaction, the nftables batch\n")
 	fmt.Fprintf(&b, "(the bbolt write happens behind it); the rest is the API server, etcd and the watch.\n")
@@ -441,9 +491,20 @@ func report(rs []result) error {
 		}
 		fmt.Fprintf(&b, "- %d Services: %s\n", r.services, strings.Join(parts, " "))
 	}
-	fmt.Fprintf(&b, "\nFor comparison (the issue's measurement on this machine, not re-run here):\n")
-	fmt.Fprintf(&b, "kube-proxy needs ~760 ms (nftables mode) and ~1,070 ms (iptables mode) for one\n")
-	fmt.Fprintf(&b, "endpoint change at 1,000 Services x 10 endpoints.\n")
+	for _, r := range rs {
+		for _, k := range r.kp {
+			if k.err == "" {
+				parts := make([]string, len(k.samples))
+				for i, d := range k.samples {
+					parts[i] = ms(d)
+				}
+				fmt.Fprintf(&b, "- %d Services, kube-proxy %s: %s\n", r.services, k.mode, strings.Join(parts, " "))
+			}
+		}
+	}
+	fmt.Fprintf(&b, "\nEarlier measurement on this machine (the issue's): kube-proxy ~760 ms (nftables\n")
+	fmt.Fprintf(&b, "mode) and ~1,070 ms (iptables mode) at 1,000 Services x 10 endpoints. iptables mode\n")
+	fmt.Fprintf(&b, "is not measured here: the machine has no iptables (apt-get install iptables).\n")
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
@@ -454,6 +515,15 @@ func report(rs []result) error {
 	fmt.Print(b.String())
 	log.Printf("wrote %s", path)
 	return nil
+}
+
+func hasKP(rs []result) bool {
+	for _, r := range rs {
+		if len(r.kp) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func numCPU() int { return runtime.NumCPU() }
