@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt generate check-generate demo bench bench-ebpf clean
+.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-ebpf bench-kube clean
 
 all: build
 
@@ -34,10 +34,17 @@ check-generate: generate
 	@git diff --exit-code --stat -- 'internal/dataplane/ebpf/*_bpfel.*' || { echo "generated eBPF files are stale: run make generate and commit"; exit 1; }
 	@out=$$(git status --porcelain --untracked-files=all -- 'internal/dataplane/ebpf/*_bpfel.*'); if [ -n "$$out" ]; then echo "untracked generated files:"; echo "$$out"; exit 1; fi
 
-# The whole suite. Privileged tests (namespaces, nftables) run as root; with
-# XLB_PRIVILEGED_TESTS=1 (as in CI) they fail instead of skipping. check-generate
-# fails when the committed bpf2go output differs from what bpf/*.c gives.
-test: build vet check-fmt check-generate
+# etcd and kube-apiserver for test/kube, built from the Go module proxy into
+# ~/.cache/xlb/kube/<version>/ (a cold build takes ~8-10 minutes, a warm run
+# well under a second).
+kube-binaries:
+	@scripts/kube-binaries.sh etcd kube-apiserver >/dev/null
+
+# The whole suite. Privileged tests (namespaces, nftables, eBPF, a real
+# kube-apiserver) run as root; with XLB_PRIVILEGED_TESTS=1 (as in CI) they fail
+# instead of skipping. check-generate fails when the committed bpf2go output
+# differs from what bpf/*.c gives.
+test: build vet check-fmt check-generate kube-binaries
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
 demo: build
@@ -50,6 +57,10 @@ bench: build
 # writes bench/results/ebpf-conntrack.md. Root.
 bench-ebpf: deps
 	bench/ebpf.sh
+
+# Kubernetes service proxy: endpoint change -> live at 1k/10k Services.
+bench-kube: build
+	bench/kube.sh
 
 clean:
 	rm -rf $(BIN)
