@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/kube"
@@ -33,6 +32,7 @@ type kubeProxyOptions struct {
 	hostname          string
 	dataplane         string
 	nftTable          string
+	nftTables         int
 	stateDir          string
 	nodePortAddresses []string
 	metricsAddr       string
@@ -76,7 +76,8 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the in-cluster configuration)")
 	f.StringVar(&o.hostname, "hostname-override", "", "this node's name (default: $NODE_NAME, else the host name)")
 	f.StringVar(&o.dataplane, "dataplane", "nft", "kernel data plane: "+kubeProxyDataplanes)
-	f.StringVar(&o.nftTable, "nft-table", "xlb-kube", "nftables table (inet) this proxy owns")
+	f.StringVar(&o.nftTable, "nft-table", "xlb-kube", "nftables table (inet) this proxy owns; with --nft-tables > 1 the prefix of its tables (xlb-kube-00, ...)")
+	f.IntVar(&o.nftTables, "nft-tables", nft.DefaultShards, "tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir+"/kube-proxy", "directory of the saved state")
 	f.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts only on node addresses inside these CIDRs (default: every InternalIP and ExternalIP of the Node)")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address:port of /metrics and /healthz (empty: off)")
@@ -140,12 +141,13 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	// saved state only bridges restarts (see kube.WriteBehind).
 	st := kube.NewWriteBehind(bolt, log)
 	defer st.Close()
-	var dp dataplane.Dataplane
-	p, err := nft.New(ctx, log, nft.Options{Table: o.nftTable})
+	if o.nftTables < 1 || o.nftTables > 256 {
+		return fmt.Errorf("--nft-tables %d: allowed values are 1 to 256", o.nftTables)
+	}
+	dp, err := nft.Open(ctx, log, nft.Options{Table: o.nftTable, Shards: o.nftTables})
 	if err != nil {
 		return fmt.Errorf("open nft data plane: %w", err)
 	}
-	dp = p
 	defer dp.Close() // leaves the kernel's rules in place
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
