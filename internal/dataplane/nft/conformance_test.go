@@ -1,0 +1,63 @@
+package nft
+
+import (
+	"context"
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/conformance"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// nftRefuses is what the nft plane refuses; keep it in step with Check and
+// docs/dataplane-nft.md.
+var nftRefuses = map[string]string{
+	"sched-hash-srcmac":           `"sched-param" value "srcmac"`,
+	"sched-symhash":               `"scheduler" value "symhash"`,
+	"sched-maglev":                `"scheduler" value "maglev"`,
+	"persistence-srcip":           `"persistence" value "srcip"`,
+	"persistence-srcip-ipv6":      `"persistence" value "srcip"`,
+	"persistence-srcport":         `"persistence" value "srcport"`,
+	"persistence-srcmac":          `"persistence" value "srcmac"`,
+	"persistence-srcip-srcport":   `"persistence" value "srcip srcport"`,
+	"persistence-srcip-dstport":   `"persistence" value "srcip dstport"`,
+	"limit-new-rtlimit":           `"new-rtlimit" value "5"`,
+	"limit-est-connlimit":         `"est-connlimit" value "3"`,
+	"limit-rst-rtlimit":           `"rst-rtlimit" value "5"`,
+	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
+	"tcp-strict":                  `"tcp-strict" value "true"`,
+	"helper-ftp":                  `"helper" value "ftp"`,
+	"helper-tftp":                 `"helper" value "tftp"`,
+	"helper-sip":                  `"helper" value "sip"`,
+	"log":                         `"log" value "forward"`,
+	"mark-backend":                `backend "b0": field "mark" value "256"`,
+	"fwmark-farm":                 `"mark" value "7"`,
+	"family-dual":                 `"family" value "dual"`,
+	"mode-dsr":                    `"mode" value "dsr"`,
+	"mode-stlsdnat":               `"mode" value "stlsdnat"`,
+}
+
+// TestConformance runs the data-plane conformance suite against nft.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Plane{
+		Name: PlaneName,
+		Open: func(t testing.TB, path string) dataplane.Dataplane {
+			ns, err := netns.GetFromPath(path)
+			if err != nil {
+				t.Fatalf("open namespace %s: %v", path, err)
+			}
+			t.Cleanup(func() { ns.Close() })
+			p, err := New(context.Background(), testLogger(), Options{NetNS: ns})
+			if err != nil {
+				t.Fatalf("new nft plane: %v", err)
+			}
+			return p
+		},
+		Snapshot: func(t testing.TB, path string) string {
+			return testutil.Run(t, path[len("/run/netns/"):], "nft", "list", "ruleset")
+		},
+		Refuses: nftRefuses,
+	})
+}
