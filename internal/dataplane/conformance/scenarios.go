@@ -334,8 +334,8 @@ func runDrainDown(t *testing.T, e *Env, f model.Farm) {
 
 // runPersistence: the farm schedules rr, so without persistence successive
 // flows would spread. Flows with the same persistence key reach one
-// backend; when that backend goes down its clients move to another one
-// and stay there.
+// backend, also after an unrelated change of the farm; when that backend
+// goes down its clients move to another one and stay there.
 func runPersistence(t *testing.T, e *Env, f model.Farm) {
 	e.Put(t, f)
 	src := e.Client.Addr(e.v6)
@@ -381,7 +381,20 @@ func runPersistence(t *testing.T, e *Env, f model.Farm) {
 			t.Errorf("6 other keys all went to %v, want rr to spread them", others)
 		}
 	}
+	// An unrelated change of the farm (another backend's weight) keeps
+	// the sessions.
 	g := f.Clone()
+	for i := range g.Backends {
+		if g.Backends[i].Name != first {
+			g.Backends[i].Weight = 2
+			break
+		}
+	}
+	e.Put(t, g)
+	if c := askN(3); c[first] != 3 {
+		t.Errorf("after an unrelated change flows went to %v, want all on %s", c, first)
+	}
+	g = g.Clone()
 	for i := range g.Backends {
 		if g.Backends[i].Name == first {
 			g.Backends[i].State = model.StateDown

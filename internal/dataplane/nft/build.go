@@ -216,6 +216,9 @@ type farmPlan struct {
 	post   []elem // in masq4/6 (no Val) or snat4/6 (Val)
 	active []model.Backend
 	port   uint16 // substitute for backend port 0 when kind is kindAddrPort
+	// persist names the persistence map ("" without persistence or
+	// without serving backends); see persist.go.
+	persist string
 }
 
 func (p *farmPlan) svcSet() string { return pick(p.v6, setSvc4, setSvc6) }
@@ -266,6 +269,9 @@ func plan(f *model.Farm) *farmPlan {
 	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
 		p.port = f.VirtualPorts[0].First
 	}
+	if f.Persistence != 0 && p.kind != kindNone {
+		p.persist = persistName(f)
+	}
 	return p
 }
 
@@ -279,13 +285,20 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 		s.Interval = true
 		s.KeyByteOrder = binaryutil.BigEndian
 	}
-	switch {
-	case p.kind == kindAddr:
-		s.DataType = pick(p.v6, nftables.TypeIPAddr, nftables.TypeIP6Addr)
-	default:
-		s.DataType = pick(p.v6, typeDst4, typeDst6)
+	s.DataType = p.dataType()
+	if p.persist != "" {
+		s.DataType = nftables.TypeMark // backend id, see persist.go
 	}
 	return s
+}
+
+// slotData is a slot's data in the backend map: the backend, or its id in
+// farms with persistence.
+func (p *farmPlan) slotData(b model.Backend) []byte {
+	if p.persist != "" {
+		return binaryutil.NativeEndian.PutUint32(backendID(b))
+	}
+	return p.backendData(b)
 }
 
 func (p *farmPlan) backendData(b model.Backend) []byte {
@@ -306,7 +319,7 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	var out []nftables.SetElement
 	if f.Scheduler != model.SchedWeight {
 		for i, b := range p.active {
-			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.backendData(b)})
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(b)})
 		}
 		return out, uint32(len(p.active))
 	}
@@ -316,7 +329,7 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	var total uint32
 	for _, b := range p.active {
 		out = append(out,
-			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.backendData(b)},
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.slotData(b)},
 			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + b.Weight), IntervalEnd: true})
 		total += b.Weight
 	}
@@ -352,8 +365,9 @@ func hashLoads(f *model.Farm, v6 bool) ([]expr.Any, uint32) {
 	return out, (reg - reg32) * 4
 }
 
-// farmRules returns the rules of a farm's chain.
-func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32) [][]expr.Any {
+// farmRules returns the rules of a farm's chain. pset and aset are the
+// persistence map and the active map (nil without persistence).
+func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32, pset, aset *nftables.Set) [][]expr.Any {
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	if p.kind == kindNone {
 		return [][]expr.Any{drop}
@@ -387,5 +401,8 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	)
 	// A lookup miss cannot happen (slots cover the modulus), but if it
 	// did the packet must not reach local sockets: drop.
+	if pset != nil {
+		return append(p.persistRules(f, r, n, pset, aset), drop)
+	}
 	return [][]expr.Any{r, drop}
 }

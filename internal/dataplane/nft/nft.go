@@ -63,6 +63,18 @@ type farmState struct {
 	mapName string    // "" when the chain only drops
 }
 
+// sets returns the names of the farm's sets and maps in the kernel.
+func (s *farmState) sets() []string {
+	if s == nil || s.plan == nil || s.mapName == "" {
+		return nil
+	}
+	out := []string{s.mapName}
+	if s.plan.persist != "" {
+		out = append(out, activeName(s.mapName), s.plan.persist)
+	}
+	return out
+}
+
 var _ dataplane.Dataplane = (*Plane)(nil)
 
 // New connects to nftables in opts.NetNS and makes sure xlb's table, its
@@ -173,8 +185,9 @@ func (p *Plane) Check(f *model.Farm) error {
 		return no("scheduler", f.Scheduler.String())
 	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0:
 		return no("sched-param", f.SchedParam.String())
-	case f.Persistence != 0:
-		return no("persistence", f.Persistence.String())
+	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
+			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
 	case f.Helper != model.HelperNone:
 		return no("helper", f.Helper.String())
 	case f.Log != 0:
@@ -315,7 +328,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		keepChains[pl.chain] = true
 		s := b.buildFarm(pl, f, k.chains[pl.chain])
-		keepSets[s.mapName] = true
+		for _, name := range s.sets() {
+			keepSets[name] = true
+		}
 		next[f.Name] = s
 		for _, e := range pl.svc {
 			wantElems[pl.svcSet()][e.id()] = e
@@ -364,6 +379,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if err := p.programPostrouting(); err != nil {
 		return fmt.Errorf("reconcile postrouting chain: %w", err)
 	}
+
 	p.log.Debug("nft reconciled", "farms", len(farms), "stray_chains", len(strayChains))
 	return nil
 }
@@ -563,10 +579,20 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 		}
 	}
 	var id uint32
+	var pset, aset *nftables.Set
 	if set != nil {
 		id = set.ID
+		if pl.persist != "" {
+			aset = pl.activeSet(t, activeName(s.mapName), b.nextID())
+			_ = b.c.AddSet(aset, nil)
+			_ = b.c.SetAddElements(aset, pl.activeElems())
+			// Idempotent: an existing map of the same name (same shape)
+			// keeps its sessions.
+			pset = pl.persistSet(t, f, b.nextID())
+			_ = b.c.AddSet(pset, nil)
+		}
 	}
-	for _, r := range pl.farmRules(f, s.mapName, id, modulus) {
+	for _, r := range pl.farmRules(f, s.mapName, id, modulus, pset, aset) {
 		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 	}
 	return s
@@ -586,8 +612,10 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		oldPlan = old.plan
 	}
 	s := b.buildFarm(pl, f, oldPlan != nil)
-	if oldPlan != nil && old.mapName != "" {
-		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	for _, name := range old.sets() {
+		if name != pl.persist {
+			b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
+		}
 	}
 	// Removed keys first: a farm that moves a port to another set or
 	// changes a key must not collide with itself.
@@ -640,7 +668,7 @@ func (b *batch) removeFarm(old *farmState) {
 	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
 	b.c.FlushChain(ch)
 	b.c.DelChain(ch)
-	if old.mapName != "" {
-		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	for _, name := range old.sets() {
+		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
 	}
 }

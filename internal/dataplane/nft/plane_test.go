@@ -43,7 +43,11 @@ func TestCheck(t *testing.T) {
 		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedSymhash; f.SchedParam = model.KeySrcIP }},
 		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedMaglev }},
 		{"sched-param", func(f *model.Farm) { f.Scheduler = model.SchedHash; f.SchedParam = model.KeySrcMAC }},
-		{"persistence", func(f *model.Farm) { f.Persistence = model.KeySrcIP }},
+		{"persistence", func(f *model.Farm) {
+			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
+			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
+			f.Persistence = model.KeySrcIP | model.KeyDstIP
+		}},
 		{"helper", func(f *model.Farm) { f.Helper = model.HelperFTP }},
 		{"log", func(f *model.Farm) { f.Log = model.LogInput }},
 		{"log-prefix", func(f *model.Farm) { f.LogPrefix = "x" }},
