@@ -317,6 +317,13 @@ func (p *farmPlan) backendData(b model.Backend) []byte {
 // scheduling expression.
 func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	var out []nftables.SetElement
+	if f.Scheduler == model.SchedMaglev {
+		table := maglevTable(p.active, len(f.Backends))
+		for i, bi := range table {
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(p.active[bi])})
+		}
+		return out, uint32(len(table))
+	}
 	if f.Scheduler != model.SchedWeight {
 		for i, b := range p.active {
 			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(b)})
@@ -336,34 +343,8 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	return out, total
 }
 
-// hashLoads loads the farm's hash keys into consecutive registers from
-// NFT_REG_1 and returns the expressions and the number of bytes loaded.
-func hashLoads(f *model.Farm, v6 bool) ([]expr.Any, uint32) {
-	var out []expr.Any
-	reg := uint32(reg32)
-	alen, saddr, daddr := uint32(4), uint32(12), uint32(16)
-	if v6 {
-		alen, saddr, daddr = 16, 8, 24
-	}
-	load := func(base expr.PayloadBase, off, n uint32) {
-		out = append(out, &expr.Payload{DestRegister: reg, Base: base, Offset: off, Len: n})
-		reg += (n + 3) / 4
-	}
-	k := f.SchedParam
-	if k&model.KeySrcIP != 0 {
-		load(expr.PayloadBaseNetworkHeader, saddr, alen)
-	}
-	if k&model.KeyDstIP != 0 {
-		load(expr.PayloadBaseNetworkHeader, daddr, alen)
-	}
-	if k&model.KeySrcPort != 0 {
-		load(expr.PayloadBaseTransportHeader, 0, 2)
-	}
-	if k&model.KeyDstPort != 0 {
-		load(expr.PayloadBaseTransportHeader, 2, 2)
-	}
-	return out, (reg - reg32) * 4
-}
+// connlimitOver is NFT_CONNLIMIT_F_INV: "ct count over N".
+const connlimitOver = 1
 
 // farmRules returns the rules of a farm's chain. pset and aset are the
 // persistence map and the active map (nil without persistence).
@@ -372,6 +353,38 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	if p.kind == kindNone {
 		return [][]expr.Any{drop}
 	}
+	var pre [][]expr.Any
+	if f.NewRTLimit != 0 {
+		// The nat chain sees only the first packet of a connection, so
+		// this limits new connections.
+		pre = append(pre, []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.NewRTLimit), Unit: expr.LimitTimeSecond, Burst: f.NewRTBurst, Over: true},
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
+	}
+	if f.EstConnLimit != 0 {
+		pre = append(pre, []expr.Any{
+			&expr.Connlimit{Count: f.EstConnLimit, Flags: connlimitOver},
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
+	}
+	r, n := p.schedRule(f, f.SchedParam, mapName, mapID, modulus)
+	var rules [][]expr.Any
+	switch {
+	case pset != nil:
+		rules = p.persistRules(f, r, n, pset, aset)
+	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0 && f.SchedParam != model.KeySrcMAC:
+		// Packets without a link-layer header (local clients) hash the
+		// other keys.
+		r2, _ := p.schedRule(f, f.SchedParam&^model.KeySrcMAC, mapName, mapID, modulus)
+		rules = [][]expr.Any{r, r2}
+	default:
+		rules = [][]expr.Any{r}
+	}
+	return append(append(pre, rules...), drop)
+}
+
+// schedRule returns the rule that picks a backend (hash keys for the hash
+// scheduler) and dnats to it, and its nat expression.
+func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, mapID uint32, modulus uint32) ([]expr.Any, *expr.NAT) {
 	var r []expr.Any
 	switch f.Scheduler {
 	case model.SchedRR:
@@ -381,14 +394,19 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 			&expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus},
 			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		)
-	case model.SchedHash:
-		loads, n := hashLoads(f, p.v6)
+	case model.SchedHash, model.SchedMaglev:
+		if f.Scheduler == model.SchedMaglev {
+			keys = maglevKeys(f)
+		}
+		loads, _, n := keyLoads(keys, p.v6, reg32)
 		// The family match is implied by the service map, but lets nft
 		// list the loads as ip saddr/ip6 saddr instead of raw offsets.
 		r = append(r, nfproto(p.v6)...)
 		r = append(r, loads...)
 		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
 			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
+	case model.SchedSymhash:
+		r = append(r, &expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym})
 	}
 	n := &expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(p.v6), RegAddrMin: reg1}
 	if p.kind == kindAddrPort {
@@ -401,8 +419,5 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	)
 	// A lookup miss cannot happen (slots cover the modulus), but if it
 	// did the packet must not reach local sockets: drop.
-	if pset != nil {
-		return append(p.persistRules(f, r, n, pset, aset), drop)
-	}
-	return [][]expr.Any{r, drop}
+	return r, n
 }

@@ -14,11 +14,6 @@ import (
 // nftRefuses is what the nft plane refuses; keep it in step with Check and
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
-	"sched-hash-srcmac":           `"sched-param" value "srcmac"`,
-	"sched-symhash":               `"scheduler" value "symhash"`,
-	"sched-maglev":                `"scheduler" value "maglev"`,
-	"limit-new-rtlimit":           `"new-rtlimit" value "5"`,
-	"limit-est-connlimit":         `"est-connlimit" value "3"`,
 	"limit-rst-rtlimit":           `"rst-rtlimit" value "5"`,
 	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
 	"tcp-strict":                  `"tcp-strict" value "true"`,

@@ -181,10 +181,6 @@ func (p *Plane) Check(f *model.Farm) error {
 		return no("family", f.Family.String())
 	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT:
 		return no("mode", f.Mode.String())
-	case f.Scheduler != model.SchedRR && f.Scheduler != model.SchedWeight && f.Scheduler != model.SchedHash:
-		return no("scheduler", f.Scheduler.String())
-	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0:
-		return no("sched-param", f.SchedParam.String())
 	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
 			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
@@ -200,12 +196,8 @@ func (p *Plane) Check(f *model.Farm) error {
 		// Backend priority groups follow model.Farm.ActiveBackends; a farm
 		// priority other than the default has no meaning here yet.
 		return no("priority", fmt.Sprint(f.Priority))
-	case f.NewRTLimit != 0:
-		return no("new-rtlimit", fmt.Sprint(f.NewRTLimit))
 	case f.RstRTLimit != 0:
 		return no("rst-rtlimit", fmt.Sprint(f.RstRTLimit))
-	case f.EstConnLimit != 0:
-		return no("est-connlimit", fmt.Sprint(f.EstConnLimit))
 	case f.TCPStrict:
 		return no("tcp-strict", "true")
 	case len(f.Policies) > 0:

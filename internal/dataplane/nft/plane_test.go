@@ -40,9 +40,6 @@ func TestCheck(t *testing.T) {
 	}{
 		{"mode", func(f *model.Farm) { f.Mode = model.ModeDSR }},
 		{"mode", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
-		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedSymhash; f.SchedParam = model.KeySrcIP }},
-		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedMaglev }},
-		{"sched-param", func(f *model.Farm) { f.Scheduler = model.SchedHash; f.SchedParam = model.KeySrcMAC }},
 		{"persistence", func(f *model.Farm) {
 			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
 			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
@@ -55,9 +52,7 @@ func TestCheck(t *testing.T) {
 		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{} }},
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
-		{"new-rtlimit", func(f *model.Farm) { f.NewRTLimit = 10 }},
 		{"rst-rtlimit", func(f *model.Farm) { f.RstRTLimit = 10 }},
-		{"est-connlimit", func(f *model.Farm) { f.EstConnLimit = 10 }},
 		{"tcp-strict", func(f *model.Farm) { f.TCPStrict = true }},
 		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
 		{"mark", func(f *model.Farm) { f.Backends[0].Mark = 1 }},
