@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,9 +59,9 @@ var scenarios = []scenario{
 	}, run: runEstConnLimit},
 	{name: "limit-rst-rtlimit", backends: 1, farm: func(e *Env) model.Farm {
 		f := e.Farm("rst", model.ProtoTCP)
-		f.RstRTLimit = 5
+		f.RstRTLimit, f.RstRTBurst = 5, 5
 		return f
-	}},
+	}, run: runRstRTLimit},
 	{name: "limit-backend-est-connlimit", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("bconnlimit", model.ProtoTCP)
 		f.Backends[0].EstConnLimit = 2
@@ -70,7 +71,7 @@ var scenarios = []scenario{
 		f := e.Farm("strict", model.ProtoTCP)
 		f.TCPStrict = true
 		return f
-	}},
+	}, run: runTCPStrict},
 	{name: "helper-ftp", backends: 1, farm: helperFarm(model.HelperFTP, model.ProtoTCP)},
 	{name: "helper-tftp", backends: 1, farm: helperFarm(model.HelperTFTP, model.ProtoUDP)},
 	{name: "helper-sip", backends: 1, farm: helperFarm(model.HelperSIP, model.ProtoUDP)},
@@ -489,5 +490,92 @@ func runEstConnLimit(t *testing.T, e *Env, f model.Farm) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after closing one of 3: new connection still refused: %v", err)
 		}
+	}
+}
+
+// runTCPStrict: the VIP is also a local address of the LB (as on many
+// LBs), so a segment conntrack calls invalid (SYN+FIN) is not balanced but
+// reaches the LB's own TCP stack, which answers with a reset. First
+// without tcp-strict, to show the probe works; then with it: no answer,
+// while normal connections still pass.
+func runTCPStrict(t *testing.T, e *Env, f model.Farm) {
+	e.LB.AddAddr(t, netip.PrefixFrom(f.VirtualAddr, 32))
+	loose := f.Clone()
+	loose.TCPStrict = false
+	e.Put(t, loose)
+	l, err := testutil.ListenTCPSegments(e.Client.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	probe := func(port uint16) bool {
+		src := netip.AddrPortFrom(e.Client.IPv4, port)
+		if err := testutil.SendTCPSegment(e.Client.NS, src, e.vipPort(f), testutil.TCPSyn|testutil.TCPFin, 1); err != nil {
+			t.Fatal(err)
+		}
+		flags, ok := l.Wait(e.vipPort(f), port, 700*time.Millisecond)
+		return ok && flags&testutil.TCPRst != 0
+	}
+	if !probe(45001) {
+		t.Fatalf("without tcp-strict: no reset for SYN+FIN, the probe cannot show a drop")
+	}
+	e.Put(t, f)
+	if probe(45002) {
+		t.Errorf("with tcp-strict: SYN+FIN (invalid) got an answer, want it dropped")
+	}
+	if name, _ := e.ask(t, f, netip.AddrPort{}); name != "b0" {
+		t.Errorf("with tcp-strict: normal connection answered by %q", name)
+	}
+}
+
+// established counts the TCP connections of the backend server on BPort
+// that are established.
+func (e *Env) established(t *testing.T, b testutil.Host) int {
+	out := testutil.Run(t, b.Name, "ss", "-Htn", "state", "established", fmt.Sprintf("( sport = :%d )", BPort))
+	n := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.TrimSpace(l) != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// runRstRTLimit: 30 connections are aborted at once (each sends a reset).
+// With rst-rtlimit 5/s burst 5 about the first 5 resets pass and the
+// backend closes those connections; the rest are dropped, so the backend
+// still holds them.
+func runRstRTLimit(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	const n = 30
+	var conns []*net.TCPConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		c, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns = append(conns, c.(*net.TCPConn))
+		if _, err := testutil.ReadLine(c, time.Second); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+	if got := e.established(t, e.Backends[0]); got != n {
+		t.Fatalf("backend holds %d connections, want %d", got, n)
+	}
+	for _, c := range conns {
+		_ = c.SetLinger(0) // close sends a reset
+		c.Close()
+	}
+	conns = nil
+	time.Sleep(300 * time.Millisecond)
+	left := e.established(t, e.Backends[0])
+	t.Logf("rst-rtlimit 5/s burst 5: %d of %d resets dropped", left, n)
+	if left < n-15 || left > n-3 {
+		t.Errorf("after %d resets at once the backend still holds %d connections, want %d to %d (about 5 resets pass)", n, left, n-15, n-3)
 	}
 }

@@ -22,19 +22,23 @@ const (
 	chainOutput      = "output"
 	chainPostrouting = "postrouting"
 
-	setSvc4   = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
-	setSvc6   = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
-	setMasq4  = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
-	setMasq6  = "masq6"  // same for IPv6
-	setSnat4  = "snat4"  // same key -> source address (farm source-addr)
-	setSnat6  = "snat6"  // same for IPv6
-	farmChain = "f-"     // farm chain: f-<hash>
-	farmMap   = "m-"     // farm backend map: m-<hash>-<generation>
-	hashLen   = 16       // hex digits of the name hash (64 bits)
-	elemChunk = 200      // set elements per netlink message (attributes are < 64 KiB)
-	anyPort   = 0xffff   // last port of "every port"
-	anyProto  = 0xff     // last protocol number of "every protocol"
-	protoNone = uint8(0) // first protocol number of "every protocol"
+	setSvc4     = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
+	setSvc6     = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
+	setMasq4    = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
+	setMasq6    = "masq6"  // same for IPv6
+	setSnat4    = "snat4"  // same key -> source address (farm source-addr)
+	setSnat6    = "snat6"  // same for IPv6
+	setFsvc4    = "fsvc4"  // like svc4, -> goto farm filter chain (farms with filters only)
+	setFsvc6    = "fsvc6"  // same for IPv6
+	chainFilter = "filter" // filter hook prerouting, after conntrack: per-farm filters
+	farmFilter  = "g-"     // farm filter chain: g-<hash>
+	farmChain   = "f-"     // farm chain: f-<hash>
+	farmMap     = "m-"     // farm backend map: m-<hash>-<generation>
+	hashLen     = 16       // hex digits of the name hash (64 bits)
+	elemChunk   = 200      // set elements per netlink message (attributes are < 64 KiB)
+	anyPort     = 0xffff   // last port of "every port"
+	anyProto    = 0xff     // last protocol number of "every protocol"
+	protoNone   = uint8(0) // first protocol number of "every protocol"
 )
 
 // Registers. Concatenations are laid out from NFT_REG_1 (the 32-bit
@@ -95,6 +99,8 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		set(setMasq6, typeSvc6),
 		snat(setSnat4, typeSvc4, nftables.TypeIPAddr),
 		snat(setSnat6, typeSvc6, nftables.TypeIP6Addr),
+		svc(setFsvc4, typeSvc4),
+		svc(setFsvc6, typeSvc6),
 	}
 }
 
@@ -118,10 +124,13 @@ func addrWords(v6 bool) uint32 {
 }
 
 // svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 form).
-func svcRule(v6 bool) []expr.Any {
-	off, alen, set := uint32(16), uint32(4), setSvc4
+func svcRule(v6 bool) []expr.Any { return vmapRule(v6, pick(v6, setSvc4, setSvc6)) }
+
+// vmapRule: ip daddr . meta l4proto . th dport vmap @set (or the ip6 form).
+func vmapRule(v6 bool, set string) []expr.Any {
+	off, alen := uint32(16), uint32(4)
 	if v6 {
-		off, alen, set = 24, 16, setSvc6
+		off, alen = 24, 16
 	}
 	w := addrWords(v6)
 	return append(nfproto(v6),
@@ -216,12 +225,17 @@ type farmPlan struct {
 	post   []elem // in masq4/6 (no Val) or snat4/6 (Val)
 	active []model.Backend
 	port   uint16 // substitute for backend port 0 when kind is kindAddrPort
+	// fchain is the farm's filter chain ("" when it needs none) and
+	// filt its elements in fsvc4/fsvc6.
+	fchain string
+	filt   []elem
 	// persist names the persistence map ("" without persistence or
 	// without serving backends); see persist.go.
 	persist string
 }
 
-func (p *farmPlan) svcSet() string { return pick(p.v6, setSvc4, setSvc6) }
+func (p *farmPlan) svcSet() string  { return pick(p.v6, setSvc4, setSvc6) }
+func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
 func (p *farmPlan) postSet() string {
 	return postSetName(p.v6, len(p.post) > 0 && p.post[0].Val != nil)
 }
@@ -249,6 +263,10 @@ func plan(f *model.Farm) *farmPlan {
 	}
 	p := &farmPlan{name: f.Name, v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}
 	p.svc = svcElems(f, p.chain, nil)
+	if len(filterRules(f)) > 0 {
+		p.fchain = farmFilter + nameHash(f.Name)
+		p.filt = svcElems(f, p.fchain, nil)
+	}
 	if f.Mode == model.ModeSNAT {
 		if f.SourceAddr.IsValid() {
 			p.post = svcElems(f, "", f.SourceAddr.AsSlice())
@@ -420,4 +438,34 @@ func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, 
 	// A lookup miss cannot happen (slots cover the modulus), but if it
 	// did the packet must not reach local sockets: drop.
 	return r, n
+}
+
+// filterRules returns the rules of a farm's filter chain: what must see
+// every packet of the farm's connections from clients, not only the first
+// (the nat chains see only that one).
+//
+//	ct state invalid counter drop                                        (tcp-strict)
+//	tcp flags & rst == rst limit rate over N/second burst B counter drop (rst-rtlimit)
+func filterRules(f *model.Farm) [][]expr.Any {
+	var out [][]expr.Any
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	if f.TCPStrict {
+		out = append(out, append([]expr.Any{
+			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitINVALID), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+		}, drop...))
+	}
+	if f.RstRTLimit != 0 {
+		out = append(out, append([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0}},
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.RstRTLimit), Unit: expr.LimitTimeSecond, Burst: f.RstRTBurst, Over: true},
+		}, drop...))
+	}
+	return out
 }

@@ -14,9 +14,7 @@ import (
 // nftRefuses is what the nft plane refuses; keep it in step with Check and
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
-	"limit-rst-rtlimit":           `"rst-rtlimit" value "5"`,
 	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
-	"tcp-strict":                  `"tcp-strict" value "true"`,
 	"helper-ftp":                  `"helper" value "ftp"`,
 	"helper-tftp":                 `"helper" value "tftp"`,
 	"helper-sip":                  `"helper" value "sip"`,

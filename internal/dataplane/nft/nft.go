@@ -196,10 +196,6 @@ func (p *Plane) Check(f *model.Farm) error {
 		// Backend priority groups follow model.Farm.ActiveBackends; a farm
 		// priority other than the default has no meaning here yet.
 		return no("priority", fmt.Sprint(f.Priority))
-	case f.RstRTLimit != 0:
-		return no("rst-rtlimit", fmt.Sprint(f.RstRTLimit))
-	case f.TCPStrict:
-		return no("tcp-strict", "true")
 	case len(f.Policies) > 0:
 		return no("policies", f.Policies[0].Name)
 	}
@@ -304,7 +300,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range staticSets(p.table) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true}
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainFilter: true}
 	keepSets := map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
@@ -319,6 +315,13 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			continue
 		}
 		keepChains[pl.chain] = true
+		if pl.fchain != "" {
+			keepChains[pl.fchain] = true
+			b.buildFilter(pl, f, k.chains[pl.fchain])
+			for _, e := range pl.filt {
+				wantElems[pl.filtSet()][e.id()] = e
+			}
+		}
 		s := b.buildFarm(pl, f, k.chains[pl.chain])
 		for _, name := range s.sets() {
 			keepSets[name] = true
@@ -515,6 +518,14 @@ func (b *batch) ensureStatic() {
 	svc := [][]expr.Any{svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
+	// Per-farm filters, after conntrack (-200) so ct state is known and
+	// before dnat (-100) so the VIP is still the destination.
+	filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+	b.c.FlushChain(filt)
+	for _, v6 := range []bool{false, true} {
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: vmapRule(v6, pick(v6, setFsvc4, setFsvc6))})
+	}
 	// The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
@@ -622,7 +633,43 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	}
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, (*farmPlan).svcSet)
 	b.diffElems(oldPlan, pl, oldPost, pl.post, (*farmPlan).postSet)
+	// Filter chain and its elements.
+	oldFilt := map[string]elem{}
+	hadFilter := oldPlan != nil && oldPlan.fchain != ""
+	if hadFilter {
+		for _, e := range oldPlan.filt {
+			oldFilt[e.id()] = e
+		}
+	}
+	if pl.fchain != "" {
+		b.buildFilter(pl, f, hadFilter)
+	}
+	if hadFilter || pl.fchain != "" {
+		var op *farmPlan
+		if hadFilter {
+			op = oldPlan
+		}
+		b.diffElems(op, pl, oldFilt, pl.filt, (*farmPlan).filtSet)
+	}
+	if hadFilter && pl.fchain == "" {
+		ch := &nftables.Chain{Table: b.p.table, Name: oldPlan.fchain}
+		b.c.FlushChain(ch)
+		b.c.DelChain(ch)
+	}
 	return s
+}
+
+// buildFilter (re)creates a farm's filter chain.
+func (b *batch) buildFilter(pl *farmPlan, f *model.Farm, existing bool) {
+	ch := &nftables.Chain{Table: b.p.table, Name: pl.fchain}
+	if existing {
+		b.c.FlushChain(ch)
+	} else {
+		b.c.AddChain(ch)
+	}
+	for _, r := range filterRules(f) {
+		b.c.AddRule(&nftables.Rule{Table: b.p.table, Chain: ch, Exprs: r})
+	}
 }
 
 func (b *batch) diffElems(oldPlan, pl *farmPlan, old map[string]elem, want []elem, set func(*farmPlan) string) {
@@ -660,6 +707,12 @@ func (b *batch) removeFarm(old *farmState) {
 	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
 	b.c.FlushChain(ch)
 	b.c.DelChain(ch)
+	if pl.fchain != "" {
+		b.delElems(b.p.static[pl.filtSet()], pl.filt)
+		fch := &nftables.Chain{Table: b.p.table, Name: pl.fchain}
+		b.c.FlushChain(fch)
+		b.c.DelChain(fch)
+	}
 	for _, name := range old.sets() {
 		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
 	}

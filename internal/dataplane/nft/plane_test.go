@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"net/netip"
 	"regexp"
 	"sort"
@@ -52,8 +53,6 @@ func TestCheck(t *testing.T) {
 		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{} }},
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
-		{"rst-rtlimit", func(f *model.Farm) { f.RstRTLimit = 10 }},
-		{"tcp-strict", func(f *model.Farm) { f.TCPStrict = true }},
 		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
 		{"mark", func(f *model.Farm) { f.Backends[0].Mark = 1 }},
 		{"est-connlimit", func(f *model.Farm) { f.Backends[0].EstConnLimit = 1 }},
@@ -98,7 +97,7 @@ func TestCheck(t *testing.T) {
 }
 
 var (
-	genRE     = regexp.MustCompile(`(m-[0-9a-f]{16})-[0-9a-z]+`)
+	genRE     = regexp.MustCompile(`([ma]-[0-9a-f]{16})-[0-9a-z]+`)
 	counterRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
 	elemsRE   = regexp.MustCompile(`elements = \{ (.*) \}`)
 )
@@ -171,8 +170,19 @@ func TestListing(t *testing.T) {
 	empty := model.NewFarm("empty")
 	empty.VirtualAddr = netip.MustParseAddr("10.99.0.3")
 	empty.Protocol = model.ProtoAll
+	sticky := model.NewFarm("sticky")
+	sticky.VirtualAddr = netip.MustParseAddr("10.99.0.4")
+	sticky.VirtualPorts = []model.PortRange{{First: 443, Last: 443}}
+	sticky.Persistence, sticky.PersistTTL = model.KeySrcIP|model.KeyDstPort, 120
+	sticky.NewRTLimit, sticky.NewRTBurst = 100, 20
+	sticky.EstConnLimit = 1000
+	sticky.TCPStrict = true
+	sticky.RstRTLimit, sticky.RstRTBurst = 10, 5
+	b = model.NewBackend("a")
+	b.Addr = netip.MustParseAddr("10.200.0.11")
+	sticky.Backends = []model.Backend{b}
 	var d dataplane.Diff
-	for _, f := range []model.Farm{web, dns, h, empty} {
+	for _, f := range []model.Farm{web, dns, h, empty, sticky} {
 		d.Changes = append(d.Changes, dataplane.FarmChange{New: mustValid(t, p, &f)})
 	}
 	if err := p.Apply(context.Background(), d); err != nil {
@@ -183,6 +193,11 @@ func TestListing(t *testing.T) {
 		"WEB", chainName("web"), "DNS", chainName("dns6"), "HASH", chainName("hash"), "EMPTY", chainName("empty"),
 		"SEED", fmt.Sprintf("0x%08x", seed("hash")),
 		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
+		"STICKYF", "g-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
+		"ASTICKY", "a-"+nameHash("sticky"), "PSTICKY", "p-"+nameHash("sticky"),
+		// nft prints the slot map's mark data byte-swapped (display only).
+		"ID_NFT_LISTS_SWAPPED", fmt.Sprintf("0x%08x", bits.ReverseBytes32(backendID(b))),
+		"ID", fmt.Sprintf("0x%08x", backendID(b)),
 	)
 	want := normalize(r.Replace(wantListing))
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -197,7 +212,7 @@ table inet xlb {
 	map svc4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY }
+		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY, 10.99.0.4 . tcp . 443 : goto STICKY }
 	}
 	map svc6 {
 		type ipv6_addr . inet_proto . inet_service : verdict
@@ -207,7 +222,7 @@ table inet xlb {
 	set masq4 {
 		type ipv4_addr . inet_proto . inet_service
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535 }
+		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535, 10.99.0.4 . tcp . 443 }
 	}
 	set masq6 {
 		type ipv6_addr . inet_proto . inet_service
@@ -266,6 +281,47 @@ table inet xlb {
 	}
 	chain EMPTY {
 		counter packets 0 bytes 0 drop
+	}
+	map fsvc4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.99.0.4 . tcp . 443 : goto STICKYF }
+	}
+	map fsvc6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+	}
+	chain filter {
+		type filter hook prerouting priority mangle; policy accept;
+		ip daddr . meta l4proto . th dport vmap @fsvc4
+		ip6 daddr . meta l4proto . th dport vmap @fsvc6
+	}
+	chain STICKYF {
+		ct state invalid counter drop
+		tcp flags rst limit rate over 10/second counter drop
+	}
+	map MSTICKY-GEN {
+		type 0 : mark
+		elements = { 0 : ID_NFT_LISTS_SWAPPED }
+	}
+	map ASTICKY-GEN {
+		type mark : ipv4_addr
+		elements = { ID : 10.200.0.11 }
+	}
+	map PSTICKY-49-120 {
+		type ipv4_addr . inet_service : mark
+		size 65535
+		flags dynamic,timeout
+		timeout 2m
+	}
+	chain STICKY {
+		limit rate over 100/second burst 20 packets counter drop
+		ct count over 1000 counter drop
+		ct mark set ip saddr . th dport map @PSTICKY-49-120 update @PSTICKY-49-120 { ip saddr . th dport : ct mark } counter dnat ip to ct mark map @ASTICKY-GEN
+		delete @PSTICKY-49-120 { ip saddr . th dport : ct mark }
+		meta nfproto ipv4 ct mark set numgen inc mod 1 map @MSTICKY-GEN add @PSTICKY-49-120 { ip saddr . th dport : ct mark } counter dnat ip to ct mark map @ASTICKY-GEN
+		ct mark set numgen inc mod 1 map @MSTICKY-GEN counter dnat ip to ct mark map @ASTICKY-GEN
+		counter drop
 	}
 }
 `
