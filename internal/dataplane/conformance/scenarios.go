@@ -72,9 +72,21 @@ var scenarios = []scenario{
 		f.TCPStrict = true
 		return f
 	}, run: runTCPStrict},
-	{name: "helper-ftp", backends: 1, farm: helperFarm(model.HelperFTP, model.ProtoTCP)},
-	{name: "helper-tftp", backends: 1, farm: helperFarm(model.HelperTFTP, model.ProtoUDP)},
-	{name: "helper-sip", backends: 1, farm: helperFarm(model.HelperSIP, model.ProtoUDP)},
+	{name: "helper-ftp", backends: 1, farm: func(e *Env) model.Farm {
+		f := e.farmOn("ftp", e.VIP(), ftpVPort, model.ProtoTCP)
+		f.Backends[0].Port = ftpBPort
+		f.Helper = model.HelperFTP
+		return f
+	}, run: runFTP},
+	{name: "helper-tftp", backends: 1, farm: helperFarm(model.HelperTFTP, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-sip", backends: 1, farm: helperFarm(model.HelperSIP, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-amanda", backends: 1, farm: helperFarm(model.HelperAmanda, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-h323", backends: 1, farm: helperFarm(model.HelperH323, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-irc", backends: 1, farm: helperFarm(model.HelperIRC, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-netbios-ns", backends: 1, farm: helperFarm(model.HelperNetbiosNS, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-pptp", backends: 1, farm: helperFarm(model.HelperPPTP, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-sane", backends: 1, farm: helperFarm(model.HelperSane, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-snmp", backends: 1, farm: helperFarm(model.HelperSNMP, model.ProtoUDP), run: runHelperAttached},
 	{name: "log", backends: 1, farm: func(e *Env) model.Farm {
 		f := e.Farm("log", model.ProtoTCP)
 		f.Log, f.LogPrefix = model.LogForward, "conf"
@@ -411,6 +423,11 @@ func runPersistence(t *testing.T, e *Env, f model.Farm) {
 // quickUDP sends one datagram from a new socket and waits at most timeout
 // for an answer; it reports whether one came.
 func (e *Env) quickUDP(to netip.AddrPort, timeout time.Duration) bool {
+	return e.sendUDP(to, []byte("x"), timeout)
+}
+
+// sendUDP is quickUDP with a payload.
+func (e *Env) sendUDP(to netip.AddrPort, payload []byte, timeout time.Duration) bool {
 	var c *net.UDPConn
 	err := testutil.Do(e.Client.NS, func() error {
 		var err error
@@ -422,7 +439,7 @@ func (e *Env) quickUDP(to netip.AddrPort, timeout time.Duration) bool {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(timeout))
-	if _, err := c.Write([]byte("x")); err != nil {
+	if _, err := c.Write(payload); err != nil {
 		return false
 	}
 	buf := make([]byte, 512)
@@ -578,4 +595,45 @@ func runRstRTLimit(t *testing.T, e *Env, f model.Farm) {
 	if left < n-15 || left > n-3 {
 		t.Errorf("after %d resets at once the backend still holds %d connections, want %d to %d (about 5 resets pass)", n, left, n-15, n-3)
 	}
+}
+
+// kernelHelperName is the name conntrack shows for a helper on a protocol.
+func kernelHelperName(h model.Helper, p model.Protocol) string {
+	if h == model.HelperH323 {
+		if p == model.ProtoUDP {
+			return "RAS"
+		}
+		return "Q.931"
+	}
+	return h.String()
+}
+
+// runHelperAttached: a connection through the farm carries the farm's
+// conntrack helper (conntrack -L shows helper=NAME), and traffic passes.
+// Except for snmp: under NAT, nf_nat_snmp_basic decodes every packet and
+// drops what is not SNMP, so the client sends a real SNMPv1 GetRequest and
+// the backend's non-SNMP answer is dropped: there only the helper is
+// checked.
+func runHelperAttached(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	if f.Helper == model.HelperSNMP {
+		e.sendUDP(e.vipPort(f), snmpGet, 300*time.Millisecond)
+	} else if name, _ := e.ask(t, f, netip.AddrPort{}); name != "b0" {
+		t.Fatalf("answer from %q", name)
+	}
+	want := "helper=" + kernelHelperName(f.Helper, f.Protocol)
+	out, err := testutil.RunErr(e.LB.Name, "conntrack", "-L", "-p", f.Protocol.String())
+	if err != nil && !strings.Contains(out, "flow entries") {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, want) {
+		t.Errorf("conntrack entries do not carry %s:\n%s", want, out)
+	}
+}
+
+// snmpGet is an SNMPv1 GetRequest for sysDescr.0, community "public".
+var snmpGet = []byte{
+	0x30, 0x26, 0x02, 0x01, 0x00, 0x04, 0x06, 'p', 'u', 'b', 'l', 'i', 'c',
+	0xa0, 0x19, 0x02, 0x01, 0x01, 0x02, 0x01, 0x00, 0x02, 0x01, 0x00,
+	0x30, 0x0e, 0x30, 0x0c, 0x06, 0x08, 0x2b, 0x06, 0x01, 0x02, 0x01, 0x01, 0x01, 0x00, 0x05, 0x00,
 }

@@ -229,6 +229,8 @@ type farmPlan struct {
 	// filt its elements in fsvc4/fsvc6.
 	fchain string
 	filt   []elem
+	// helper names the farm's ct helper object ("" without a helper).
+	helper string
 	// persist names the persistence map ("" without persistence or
 	// without serving backends); see persist.go.
 	persist string
@@ -263,7 +265,10 @@ func plan(f *model.Farm) *farmPlan {
 	}
 	p := &farmPlan{name: f.Name, v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}
 	p.svc = svcElems(f, p.chain, nil)
-	if len(filterRules(f)) > 0 {
+	if f.Helper != model.HelperNone {
+		p.helper = helperObjName(f)
+	}
+	if len(filterRules(f, p.helper)) > 0 {
 		p.fchain = farmFilter + nameHash(f.Name)
 		p.filt = svcElems(f, p.fchain, nil)
 	}
@@ -446,7 +451,10 @@ func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, 
 //
 //	ct state invalid counter drop                                        (tcp-strict)
 //	tcp flags & rst == rst limit rate over N/second burst B counter drop (rst-rtlimit)
-func filterRules(f *model.Farm) [][]expr.Any {
+//	ct helper set "h-<hash>-<helper>-<proto>"                            (helper)
+//
+// helper is the name of the farm's ct helper object.
+func filterRules(f *model.Farm, helper string) [][]expr.Any {
 	var out [][]expr.Any
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	if f.TCPStrict {
@@ -466,6 +474,9 @@ func filterRules(f *model.Farm) [][]expr.Any {
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0}},
 			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.RstRTLimit), Unit: expr.LimitTimeSecond, Burst: f.RstRTBurst, Over: true},
 		}, drop...))
+	}
+	if helper != "" {
+		out = append(out, []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_CT_HELPER, Name: helper}})
 	}
 	return out
 }

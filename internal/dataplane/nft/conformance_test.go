@@ -15,9 +15,6 @@ import (
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
 	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
-	"helper-ftp":                  `"helper" value "ftp"`,
-	"helper-tftp":                 `"helper" value "tftp"`,
-	"helper-sip":                  `"helper" value "sip"`,
 	"log":                         `"log" value "forward"`,
 	"mark-backend":                `backend "b0": field "mark" value "256"`,
 	"fwmark-farm":                 `"mark" value "7"`,

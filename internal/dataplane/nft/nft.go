@@ -184,8 +184,6 @@ func (p *Plane) Check(f *model.Farm) error {
 	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
 			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
-	case f.Helper != model.HelperNone:
-		return no("helper", f.Helper.String())
 	case f.Log != 0:
 		return no("log", f.Log.String())
 	case f.LogPrefix != "":
@@ -301,7 +299,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		wantElems[s.Name] = map[string]elem{}
 	}
 	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainFilter: true}
-	keepSets := map[string]bool{}
+	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
 	}
@@ -315,6 +313,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			continue
 		}
 		keepChains[pl.chain] = true
+		if pl.helper != "" {
+			keepHelpers[pl.helper] = true
+		}
 		if pl.fchain != "" {
 			keepChains[pl.fchain] = true
 			b.buildFilter(pl, f, k.chains[pl.fchain])
@@ -367,6 +368,11 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			b.c.DelSet(&nftables.Set{Table: p.table, Name: name})
 		}
 	}
+	for _, name := range k.helpers {
+		if !keepHelpers[name] {
+			b.c.DeleteObject(&nftables.NamedObj{Table: p.table, Name: name, Type: nftables.ObjTypeCtHelper})
+		}
+	}
 	if err := b.flush(); err != nil {
 		return fmt.Errorf("reconcile %d farms: %w", len(farms), err)
 	}
@@ -381,9 +387,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 
 // kernelState is what Reconcile read from xlb's table.
 type kernelState struct {
-	chains map[string]bool
-	sets   []string
-	elems  map[string]map[string]elem // static set -> id -> element
+	chains  map[string]bool
+	sets    []string
+	helpers []string                   // ct helper objects
+	elems   map[string]map[string]elem // static set -> id -> element
 }
 
 func (p *Plane) readKernel() (*kernelState, error) {
@@ -410,6 +417,11 @@ func (p *Plane) readKernel() (*kernelState, error) {
 			k.chains[c.Name] = true
 		}
 	}
+	helpers, err := p.listHelperObjects()
+	if err != nil {
+		return nil, fmt.Errorf("list objects: %w", err)
+	}
+	k.helpers = helpers
 	sets, err := p.conn.GetSets(p.table)
 	if err != nil {
 		p.redial()
@@ -656,6 +668,9 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		b.c.FlushChain(ch)
 		b.c.DelChain(ch)
 	}
+	if oldPlan != nil && oldPlan.helper != "" && oldPlan.helper != pl.helper {
+		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: oldPlan.helper, Type: nftables.ObjTypeCtHelper})
+	}
 	return s
 }
 
@@ -667,7 +682,12 @@ func (b *batch) buildFilter(pl *farmPlan, f *model.Farm, existing bool) {
 	} else {
 		b.c.AddChain(ch)
 	}
-	for _, r := range filterRules(f) {
+	if pl.helper != "" {
+		// Idempotent: an object that exists is left as it is (its name
+		// says everything about it).
+		b.c.AddObj(helperObj(b.p.table, f, pl.helper))
+	}
+	for _, r := range filterRules(f, pl.helper) {
 		b.c.AddRule(&nftables.Rule{Table: b.p.table, Chain: ch, Exprs: r})
 	}
 }
@@ -712,6 +732,9 @@ func (b *batch) removeFarm(old *farmState) {
 		fch := &nftables.Chain{Table: b.p.table, Name: pl.fchain}
 		b.c.FlushChain(fch)
 		b.c.DelChain(fch)
+	}
+	if pl.helper != "" {
+		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: pl.helper, Type: nftables.ObjTypeCtHelper})
 	}
 	for _, name := range old.sets() {
 		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})

@@ -46,7 +46,6 @@ func TestCheck(t *testing.T) {
 			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
 			f.Persistence = model.KeySrcIP | model.KeyDstIP
 		}},
-		{"helper", func(f *model.Farm) { f.Helper = model.HelperFTP }},
 		{"log", func(f *model.Farm) { f.Log = model.LogInput }},
 		{"log-prefix", func(f *model.Farm) { f.LogPrefix = "x" }},
 		{"mark", func(f *model.Farm) { f.Mark = 7 }},
@@ -536,4 +535,54 @@ func TestReconcileEmptyKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(1), 80))
+}
+
+// TestFilterObjectsLifecycle: a farm's filter chain and helper object come
+// and go with the fields that need them, and Reconcile removes stray ones.
+func TestFilterObjectsLifecycle(t *testing.T) {
+	testutil.RequireRoot(t)
+	t.Parallel()
+	name, ns := testutil.NewNetNS(t)
+	p := newPlane(t, ns)
+	f := model.NewFarm("ftp")
+	f.VirtualAddr = netip.MustParseAddr("10.99.0.1")
+	f.VirtualPorts = []model.PortRange{{First: 21, Last: 21}}
+	b := model.NewBackend("a")
+	b.Addr = netip.MustParseAddr("10.200.0.11")
+	f.Backends = []model.Backend{b}
+	f.Helper = model.HelperFTP
+	f.TCPStrict = true
+	list := func() string { return testutil.Run(t, name, "nft", "list", "table", "inet", "xlb") }
+	apply := func(old, nf *model.Farm) {
+		t.Helper()
+		if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: old, New: nf}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v1 := mustValid(t, p, &f)
+	apply(nil, v1)
+	out := list()
+	obj := helperObjName(v1)
+	for _, want := range []string{"ct helper " + obj, `type "ftp" protocol tcp`, `ct helper set "` + obj + `"`, "ct state invalid", "chain g-" + nameHash("ftp")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("listing lacks %q:\n%s", want, out)
+		}
+	}
+	g := f.Clone()
+	g.Helper, g.TCPStrict = model.HelperNone, false
+	v2 := mustValid(t, p, &g)
+	apply(v1, v2)
+	if out := list(); strings.Contains(out, "ct helper") || strings.Contains(out, "chain g-") || strings.Contains(out, "goto g-") {
+		t.Errorf("helper and filter left behind:\n%s", out)
+	}
+	// A stray helper object (e.g. from a farm deleted while xlb was down)
+	// is removed by Reconcile; the farm's own is kept.
+	apply(v2, v1)
+	testutil.Run(t, name, "nft", "add", "ct", "helper", "inet", "xlb", "h-stray", `{ type "tftp" protocol udp; }`)
+	if err := p.Reconcile(context.Background(), []*model.Farm{v1}); err != nil {
+		t.Fatal(err)
+	}
+	if out := list(); strings.Contains(out, "h-stray") || !strings.Contains(out, obj) {
+		t.Errorf("after reconcile:\n%s", out)
+	}
 }

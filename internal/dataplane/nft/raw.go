@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -168,4 +169,63 @@ func (p *Plane) sendRaw(msgs []netlink.Message) error {
 		}
 	}
 	return nil
+}
+
+// listHelperObjects returns the names of the ct helper objects in xlb's
+// table. google/nftables v0.3.0 cannot parse ct helper objects
+// (GetObjects fails with "malformed stateful object"), so this is a raw
+// NFT_MSG_GETOBJ dump that reads only the names.
+func (p *Plane) listHelperObjects() ([]string, error) {
+	cfg := &netlink.Config{}
+	if p.opts.NetNS.IsOpen() {
+		cfg.NetNS = int(p.opts.NetNS)
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nftables: %w", err)
+	}
+	defer c.Close()
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return nil, err
+	}
+	req, err := nftMsg(unix.NFT_MSG_GETOBJ, netlink.Request|netlink.Dump, []netlink.Attribute{
+		{Type: unix.NFTA_OBJ_TABLE, Data: []byte(p.table.Name + "\x00")},
+		{Type: unix.NFTA_OBJ_TYPE, Data: binaryutil.BigEndian.PutUint32(unix.NFT_OBJECT_CT_HELPER)},
+	})
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := c.Execute(req)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		var name, table string
+		var typ uint32
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_OBJ_NAME:
+				name = ad.String()
+			case unix.NFTA_OBJ_TABLE:
+				table = ad.String()
+			case unix.NFTA_OBJ_TYPE:
+				typ = binary.BigEndian.Uint32(ad.Bytes())
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		if table == p.table.Name && typ == unix.NFT_OBJECT_CT_HELPER {
+			names = append(names, name)
+		}
+	}
+	return names, nil
 }
