@@ -97,11 +97,11 @@ var scenarios = []scenario{
 		f.Backends[0].Mark = 0x100
 		return f
 	}},
-	{name: "fwmark-farm", backends: 1, farm: func(e *Env) model.Farm {
+	{name: "fwmark-farm", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("fwmark", model.ProtoTCP)
 		f.VirtualAddr, f.VirtualPorts, f.Mark = netip.Addr{}, nil, 7
 		return f
-	}},
+	}, run: runFwmark},
 	{name: "family-dual", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("dual", model.ProtoTCP)
 		f.Family = model.FamilyDual
@@ -636,4 +636,35 @@ var snmpGet = []byte{
 	0x30, 0x26, 0x02, 0x01, 0x00, 0x04, 0x06, 'p', 'u', 'b', 'l', 'i', 'c',
 	0xa0, 0x19, 0x02, 0x01, 0x01, 0x02, 0x01, 0x00, 0x02, 0x01, 0x00,
 	0x30, 0x0e, 0x30, 0x0c, 0x06, 0x08, 0x2b, 0x06, 0x01, 0x02, 0x01, 0x01, 0x01, 0x00, 0x05, 0x00,
+}
+
+// runFwmark: the user's own firewall marks TCP to 10.99.0.50:80 with 7 (an
+// nftables rule at prerouting, mangle priority, the IPVS -f setup); the
+// farm keyed by mark 7 balances it (snat), and unmarked traffic to the
+// same address is not handled.
+func runFwmark(t *testing.T, e *Env, f model.Farm) {
+	dst := testutil.VIP4(50)
+	for _, cmd := range [][]string{
+		{"nft", "add", "table", "ip", "user"},
+		{"nft", "add", "chain", "ip", "user", "pre", "{ type filter hook prerouting priority mangle; }"},
+		{"nft", "add", "rule", "ip", "user", "pre", "ip", "daddr", dst.String(), "tcp", "dport", "80", "meta", "mark", "set", "7"},
+	} {
+		testutil.Run(t, e.LB.Name, cmd...)
+	}
+	e.Put(t, f)
+	seen := map[string]bool{}
+	for range 4 {
+		name, from := e.AskTCP(t, netip.AddrPort{}, netip.AddrPortFrom(dst, 80))
+		seen[name] = true
+		if from.Addr() != e.LBBack4 {
+			t.Errorf("mark farm (snat): backend saw %s, want %s", from, e.LBBack4)
+		}
+	}
+	if len(seen) != 2 {
+		t.Errorf("marked connections reached %v, want both backends", seen)
+	}
+	if c, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(dst, 81), 500*time.Millisecond); err == nil {
+		c.Close()
+		t.Errorf("unmarked port 81 answered, want no service")
+	}
 }

@@ -28,6 +28,9 @@ const (
 	setMasq6    = "masq6"  // same for IPv6
 	setSnat4    = "snat4"  // same key -> source address (farm source-addr)
 	setSnat6    = "snat6"  // same for IPv6
+	setFwm4     = "fwm4"   // meta mark -> goto farm chain (firewall-mark farms, IPv4)
+	setFwm6     = "fwm6"   // same for IPv6
+	setMasqM    = "masqm"  // meta mark: masquerade (snat firewall-mark farms)
 	setFsvc4    = "fsvc4"  // like svc4, -> goto farm filter chain (farms with filters only)
 	setFsvc6    = "fsvc6"  // same for IPv6
 	chainFilter = "filter" // filter hook prerouting, after conntrack: per-farm filters
@@ -101,6 +104,9 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		snat(setSnat6, typeSvc6, nftables.TypeIP6Addr),
 		svc(setFsvc4, typeSvc4),
 		svc(setFsvc6, typeSvc6),
+		{Table: t, Name: setFwm4, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setFwm6, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setMasqM, KeyType: nftables.TypeMark, KeyByteOrder: binaryutil.NativeEndian},
 	}
 }
 
@@ -121,6 +127,14 @@ func addrWords(v6 bool) uint32 {
 		return 4
 	}
 	return 1
+}
+
+// fwmRule: meta nfproto ipv4 meta mark vmap @fwm4 (or the ipv6 form).
+func fwmRule(v6 bool) []expr.Any {
+	return append(nfproto(v6),
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setFwm4, setFwm6), IsDestRegSet: true, DestRegister: regVerdict},
+	)
 }
 
 // svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 form).
@@ -229,6 +243,8 @@ type farmPlan struct {
 	// filt its elements in fsvc4/fsvc6.
 	fchain string
 	filt   []elem
+	// mark: a firewall-mark farm (svc and post are keyed by the mark).
+	mark bool
 	// helper names the farm's ct helper object ("" without a helper).
 	helper string
 	// persist names the persistence map ("" without persistence or
@@ -236,9 +252,17 @@ type farmPlan struct {
 	persist string
 }
 
-func (p *farmPlan) svcSet() string  { return pick(p.v6, setSvc4, setSvc6) }
+func (p *farmPlan) svcSet() string {
+	if p.mark {
+		return pick(p.v6, setFwm4, setFwm6)
+	}
+	return pick(p.v6, setSvc4, setSvc6)
+}
 func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
 func (p *farmPlan) postSet() string {
+	if p.mark {
+		return setMasqM
+	}
 	return postSetName(p.v6, len(p.post) > 0 && p.post[0].Val != nil)
 }
 
@@ -264,6 +288,15 @@ func plan(f *model.Farm) *farmPlan {
 		return nil
 	}
 	p := &farmPlan{name: f.Name, v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}
+	if f.IsMarkFarm() {
+		p.mark, p.v6 = true, f.Family == model.FamilyIPv6
+		key := binaryutil.NativeEndian.PutUint32(f.Mark)
+		p.svc = []elem{{Key: key, Chain: p.chain}}
+		if f.Mode == model.ModeSNAT {
+			p.post = []elem{{Key: key}}
+		}
+		return p.backends(f)
+	}
 	p.svc = svcElems(f, p.chain, nil)
 	if f.Helper != model.HelperNone {
 		p.helper = helperObjName(f)
@@ -279,6 +312,11 @@ func plan(f *model.Farm) *farmPlan {
 			p.post = svcElems(f, "", nil)
 		}
 	}
+	return p.backends(f)
+}
+
+// backends fills in the serving backends and the backend map's shape.
+func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	p.active = f.ActiveBackends()
 	if len(p.active) == 0 {
 		return p
@@ -377,6 +415,14 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 		return [][]expr.Any{drop}
 	}
 	var pre [][]expr.Any
+	if p.mark && f.Protocol != model.ProtoAll {
+		// A mark selects packets of any protocol: others go on to the
+		// VIP farms.
+		pre = append(pre, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{f.Protocol.Number()}},
+			&expr.Verdict{Kind: expr.VerdictReturn}})
+	}
 	if f.NewRTLimit != 0 {
 		// The nat chain sees only the first packet of a connection, so
 		// this limits new connections.

@@ -175,8 +175,11 @@ func (p *Plane) Close() error {
 func (p *Plane) Check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
 	switch {
-	case f.IsMarkFarm() || !f.VirtualAddr.IsValid():
-		return no("mark", fmt.Sprint(f.Mark)) // firewall-mark farms
+	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
+		return no("virtual-addr", "")
+	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.SourceAddr.IsValid() || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
+			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, source-addr, helper, tcp-strict or rst-rtlimit yet"}
 	case f.Family == model.FamilyDual:
 		return no("family", f.Family.String())
 	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT:
@@ -188,7 +191,7 @@ func (p *Plane) Check(f *model.Farm) error {
 		return no("log", f.Log.String())
 	case f.LogPrefix != "":
 		return no("log-prefix", f.LogPrefix)
-	case f.Mark != 0:
+	case f.Mark != 0 && !f.IsMarkFarm():
 		return no("mark", fmt.Sprint(f.Mark))
 	case f.Priority != 1:
 		// Backend priority groups follow model.Farm.ActiveBackends; a farm
@@ -527,7 +530,8 @@ func (b *batch) ensureStatic() {
 			b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 		}
 	}
-	svc := [][]expr.Any{svcRule(false), svcRule(true)}
+	// Firewall-mark farms first, as IPVS looks up fwmark services first.
+	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
 	// Per-farm filters, after conntrack (-200) so ct state is known and

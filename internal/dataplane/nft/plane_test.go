@@ -49,7 +49,7 @@ func TestCheck(t *testing.T) {
 		{"log", func(f *model.Farm) { f.Log = model.LogInput }},
 		{"log-prefix", func(f *model.Farm) { f.LogPrefix = "x" }},
 		{"mark", func(f *model.Farm) { f.Mark = 7 }},
-		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{} }},
+		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{}; f.Helper = model.HelperFTP }},
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
 		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
@@ -249,13 +249,26 @@ table inet xlb {
 		type 0 : ipv4_addr
 		elements = { 0 : 10.200.0.11 }
 	}
+	map fwm4 {
+		type mark : verdict
+	}
+	map fwm6 {
+		type mark : verdict
+	}
+	set masqm {
+		type mark
+	}
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
+		meta nfproto ipv4 meta mark vmap @fwm4
+		meta nfproto ipv6 meta mark vmap @fwm6
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
 	chain output {
 		type nat hook output priority -100; policy accept;
+		meta nfproto ipv4 meta mark vmap @fwm4
+		meta nfproto ipv6 meta mark vmap @fwm6
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
@@ -265,6 +278,7 @@ table inet xlb {
 		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6
 		ct original ip6 daddr . meta l4proto . ct original proto-dst @masq6 masquerade
+		meta mark @masqm masquerade
 	}
 	chain WEB {
 		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN

@@ -83,7 +83,20 @@ func postRulesRaw() ([][]rawExpr, error) {
 			rules = append(rules, r)
 		}
 	}
-	return rules, nil
+	// meta mark @masqm masquerade (firewall-mark farms in snat mode).
+	var r []rawExpr
+	for _, e := range []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: setMasqM},
+		&expr.Masq{},
+	} {
+		b, err := encode(e)
+		if err != nil {
+			return nil, err
+		}
+		r = append(r, b)
+	}
+	return append(rules, r), nil
 }
 
 func nftMsg(typ int, flags netlink.HeaderFlags, attrs []netlink.Attribute) (netlink.Message, error) {
