@@ -92,11 +92,11 @@ var scenarios = []scenario{
 		f.Log, f.LogPrefix = model.LogForward, "conf"
 		return f
 	}},
-	{name: "mark-backend", backends: 1, farm: func(e *Env) model.Farm {
+	{name: "mark-backend", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("bmark", model.ProtoTCP)
 		f.Backends[0].Mark = 0x100
 		return f
-	}},
+	}, run: runBackendMark},
 	{name: "fwmark-farm", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("fwmark", model.ProtoTCP)
 		f.VirtualAddr, f.VirtualPorts, f.Mark = netip.Addr{}, nil, 7
@@ -666,5 +666,29 @@ func runFwmark(t *testing.T, e *Env, f model.Farm) {
 	if c, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(dst, 81), 500*time.Millisecond); err == nil {
 		c.Close()
 		t.Errorf("unmarked port 81 answered, want no service")
+	}
+}
+
+// runBackendMark: connections to a backend with a mark carry that mark in
+// conntrack (mark=256), so the user's policy routing and reply rules can
+// use it; both backends still serve.
+func runBackendMark(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	c := Count(6, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
+	if c["b0"] != 3 || c["b1"] != 3 {
+		t.Errorf("rr with a marked backend: %v, want 3 each", c)
+	}
+	out := testutil.Run(t, e.LB.Name, "conntrack", "-L", "-p", "tcp")
+	marked := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "src="+f.Backends[0].Addr.String()+" ") {
+			if !strings.Contains(l, "mark=256") {
+				t.Errorf("connection to the marked backend without mark=256: %s", l)
+			}
+			marked++
+		}
+	}
+	if marked != 3 {
+		t.Errorf("%d conntrack entries to the marked backend, want 3:\n%s", marked, out)
 	}
 }

@@ -245,6 +245,9 @@ type farmPlan struct {
 	filt   []elem
 	// mark: a firewall-mark farm (svc and post are keyed by the mark).
 	mark bool
+	// marks: some serving backend has a mark. ids: backends are named
+	// by id through the ct mark (persistence or marks; see persist.go).
+	marks, ids bool
 	// helper names the farm's ct helper object ("" without a helper).
 	helper string
 	// persist names the persistence map ("" without persistence or
@@ -333,6 +336,10 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	if f.Persistence != 0 && p.kind != kindNone {
 		p.persist = persistName(f)
 	}
+	for _, b := range p.active {
+		p.marks = p.marks || b.Mark != 0
+	}
+	p.ids = p.persist != "" || p.marks
 	return p
 }
 
@@ -347,16 +354,16 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 		s.KeyByteOrder = binaryutil.BigEndian
 	}
 	s.DataType = p.dataType()
-	if p.persist != "" {
+	if p.ids {
 		s.DataType = nftables.TypeMark // backend id, see persist.go
 	}
 	return s
 }
 
 // slotData is a slot's data in the backend map: the backend, or its id in
-// farms with persistence.
+// farms with persistence or backend marks.
 func (p *farmPlan) slotData(b model.Backend) []byte {
-	if p.persist != "" {
+	if p.ids {
 		return binaryutil.NativeEndian.PutUint32(backendID(b))
 	}
 	return p.backendData(b)
@@ -440,6 +447,8 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	switch {
 	case pset != nil:
 		rules = p.persistRules(f, r, n, pset, aset)
+	case aset != nil:
+		rules = p.markRules(r, n, aset)
 	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0 && f.SchedParam != model.KeySrcMAC:
 		// Packets without a link-layer header (local clients) hash the
 		// other keys.

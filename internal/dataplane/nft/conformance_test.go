@@ -16,7 +16,6 @@ import (
 var nftRefuses = map[string]string{
 	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
 	"log":                         `"log" value "forward"`,
-	"mark-backend":                `backend "b0": field "mark" value "256"`,
 	"family-dual":                 `"family" value "dual"`,
 	"mode-dsr":                    `"mode" value "dsr"`,
 	"mode-stlsdnat":               `"mode" value "stlsdnat"`,

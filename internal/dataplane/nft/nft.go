@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,8 +70,11 @@ func (s *farmState) sets() []string {
 		return nil
 	}
 	out := []string{s.mapName}
+	if s.plan.ids {
+		out = append(out, activeName(s.mapName))
+	}
 	if s.plan.persist != "" {
-		out = append(out, activeName(s.mapName), s.plan.persist)
+		out = append(out, s.plan.persist)
 	}
 	return out
 }
@@ -201,15 +205,20 @@ func (p *Plane) Check(f *model.Farm) error {
 		return no("policies", f.Policies[0].Name)
 	}
 	var zeroPort, port bool
+	marks := map[uint32]string{}
 	for i := range f.Backends {
 		b := &f.Backends[i]
+		if b.Mark != 0 && marks[b.Mark] == "" {
+			marks[b.Mark] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
 		bno := func(field, value string) error {
 			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: field, Value: value,
 				Problem: "is not implemented by the " + PlaneName + " data plane yet"}
 		}
 		switch {
-		case b.Mark != 0:
-			return bno("mark", fmt.Sprint(b.Mark))
+		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
+			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "mark", Value: fmt.Sprint(b.Mark),
+				Problem: "is already the mark of another backend of this farm; in the " + PlaneName + " data plane a backend mark names the backend, so marks must be unique per farm"}
 		case b.EstConnLimit != 0:
 			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit))
 		}
@@ -601,10 +610,12 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 	var pset, aset *nftables.Set
 	if set != nil {
 		id = set.ID
-		if pl.persist != "" {
+		if pl.ids {
 			aset = pl.activeSet(t, activeName(s.mapName), b.nextID())
 			_ = b.c.AddSet(aset, nil)
 			_ = b.c.SetAddElements(aset, pl.activeElems())
+		}
+		if pl.persist != "" {
 			// Idempotent: an existing map of the same name (same shape)
 			// keeps its sessions.
 			pset = pl.persistSet(t, f, b.nextID())

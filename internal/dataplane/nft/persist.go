@@ -123,8 +123,12 @@ func persistName(f *model.Farm) string {
 // with the slot map mapName.
 func activeName(mapName string) string { return "a" + mapName[1:] }
 
-// backendID names a backend in the maps of a farm with persistence.
+// backendID names a backend in the maps of a farm with persistence or
+// backend marks: its mark if it has one, else FNV-1a of address and port.
 func backendID(b model.Backend) uint32 {
+	if b.Mark != 0 {
+		return b.Mark
+	}
 	h := fnv.New32a()
 	h.Write(b.Addr.AsSlice())
 	h.Write([]byte{byte(b.Port >> 8), byte(b.Port)})
@@ -183,11 +187,7 @@ func (p *farmPlan) persistRules(f *model.Farm, sched []expr.Any, n *expr.NAT, ps
 	dyn := func(op uint32) expr.Any {
 		return &expr.Dynset{SrcRegKey: regKey, SrcRegData: reg1, SetName: pset.Name, SetID: pset.ID, Operation: op}
 	}
-	resolve := []expr.Any{
-		getMark,
-		&expr.Lookup{SourceRegister: reg1, SetName: aset.Name, SetID: aset.ID, IsDestRegSet: true, DestRegister: reg1},
-		&expr.Counter{}, n,
-	}
+	resolve := p.resolve(n, aset)
 	cat := func(parts ...[]expr.Any) []expr.Any {
 		var out []expr.Any
 		for _, x := range parts {
@@ -210,4 +210,27 @@ func (p *farmPlan) persistRules(f *model.Farm, sched []expr.Any, n *expr.NAT, ps
 func persistKeySize(f *model.Farm) int {
 	_, _, n := keyLoads(f.Persistence, f.VirtualAddr.Is6(), regKey)
 	return int(n)
+}
+
+// resolve turns the backend id in the ct mark into the backend and dnats
+// to it. With backend marks the packet mark is set to it first, so the
+// connection's first packet is routed by it (policy routing).
+func (p *farmPlan) resolve(n *expr.NAT, aset *nftables.Set) []expr.Any {
+	out := []expr.Any{&expr.Ct{Key: expr.CtKeyMARK, Register: reg1}}
+	if p.marks {
+		out = append(out, &expr.Meta{Key: expr.MetaKeyMARK, Register: reg1, SourceRegister: true})
+	}
+	return append(out,
+		&expr.Lookup{SourceRegister: reg1, SetName: aset.Name, SetID: aset.ID, IsDestRegSet: true, DestRegister: reg1},
+		&expr.Counter{}, n)
+}
+
+// markRules returns the chain of a farm with backend marks and no
+// persistence (without the final drop):
+//
+//	ct mark set <scheduler> map @m meta mark set ct mark dnat to ct mark map @a
+func (p *farmPlan) markRules(sched []expr.Any, n *expr.NAT, aset *nftables.Set) [][]expr.Any {
+	head := sched[:len(sched)-2]
+	r := append(append([]expr.Any(nil), head...), &expr.Ct{Key: expr.CtKeyMARK, Register: reg1, SourceRegister: true})
+	return [][]expr.Any{append(r, p.resolve(n, aset)...)}
 }

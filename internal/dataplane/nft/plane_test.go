@@ -53,7 +53,12 @@ func TestCheck(t *testing.T) {
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
 		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
-		{"mark", func(f *model.Farm) { f.Backends[0].Mark = 1 }},
+		{"mark", func(f *model.Farm) {
+			b := f.Backends[0]
+			b.Name, b.Addr, b.Mark = "b2", netip.MustParseAddr("10.0.1.2"), 1
+			f.Backends[0].Mark = 1
+			f.Backends = append(f.Backends, b)
+		}},
 		{"est-connlimit", func(f *model.Farm) { f.Backends[0].EstConnLimit = 1 }},
 		{"backends.port", func(f *model.Farm) {
 			f.VirtualPorts = append(f.VirtualPorts, model.PortRange{First: 443, Last: 443})
