@@ -40,6 +40,11 @@ import (
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
 
+// LogGroup is the NFLOG group a plane under test must send farm logs to
+// (Open configures it): the kernel log of a namespace is silent unless a
+// host-wide sysctl says otherwise, so the suite reads NFLOG.
+const LogGroup = 7
+
 // Plane is a data plane under test.
 type Plane struct {
 	// Name is used in messages only.

@@ -87,11 +87,11 @@ var scenarios = []scenario{
 	{name: "helper-pptp", backends: 1, farm: helperFarm(model.HelperPPTP, model.ProtoTCP), run: runHelperAttached},
 	{name: "helper-sane", backends: 1, farm: helperFarm(model.HelperSane, model.ProtoTCP), run: runHelperAttached},
 	{name: "helper-snmp", backends: 1, farm: helperFarm(model.HelperSNMP, model.ProtoUDP), run: runHelperAttached},
-	{name: "log", backends: 1, farm: func(e *Env) model.Farm {
-		f := e.Farm("log", model.ProtoTCP)
+	{name: "log", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("logged", model.ProtoTCP)
 		f.Log, f.LogPrefix = model.LogForward, "conf"
 		return f
-	}},
+	}, run: runLog},
 	{name: "mark-backend", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("bmark", model.ProtoTCP)
 		f.Backends[0].Mark = 0x100
@@ -690,5 +690,32 @@ func runBackendMark(t *testing.T, e *Env, f model.Farm) {
 	}
 	if marked != 3 {
 		t.Errorf("%d conntrack entries to the marked backend, want 3:\n%s", marked, out)
+	}
+}
+
+// runLog: each new connection of a farm with log is logged (to NFLOG group
+// LogGroup) with the farm's log-prefix and name, and the logged packet is
+// addressed to the backend that answered.
+func runLog(t *testing.T, e *Env, f model.Farm) {
+	l := testutil.ListenNFLOG(t, e.LB.NS, LogGroup)
+	e.Put(t, f)
+	for range 2 {
+		name, _ := e.ask(t, f, netip.AddrPort{})
+		entry, err := l.Wait("farm="+f.Name+" ", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(entry.Prefix, f.LogPrefix) {
+			t.Errorf("log prefix %q does not start with the farm's log-prefix %q", entry.Prefix, f.LogPrefix)
+		}
+		var want netip.Addr
+		for _, b := range f.Backends {
+			if b.Name == name {
+				want = b.Addr
+			}
+		}
+		if entry.Dst != want || entry.Src != e.Client.IPv4 {
+			t.Errorf("logged packet %s -> %s, want %s -> %s (the backend that answered, %s)", entry.Src, entry.Dst, e.Client.IPv4, want, name)
+		}
 	}
 }

@@ -33,6 +33,9 @@ const (
 	setMasqM    = "masqm"  // meta mark: masquerade (snat firewall-mark farms)
 	setFsvc4    = "fsvc4"  // like svc4, -> goto farm filter chain (farms with filters only)
 	setFsvc6    = "fsvc6"  // same for IPv6
+	setLog4     = "log4"   // like svc4 (ct original keys), -> jump farm log chain (farms with log only)
+	setLog6     = "log6"   // same for IPv6
+	farmLog     = "l-"     // farm log chain: l-<hash>
 	chainFilter = "filter" // filter hook prerouting, after conntrack: per-farm filters
 	farmFilter  = "g-"     // farm filter chain: g-<hash>
 	farmChain   = "f-"     // farm chain: f-<hash>
@@ -107,6 +110,8 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		{Table: t, Name: setFwm4, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
 		{Table: t, Name: setFwm6, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
 		{Table: t, Name: setMasqM, KeyType: nftables.TypeMark, KeyByteOrder: binaryutil.NativeEndian},
+		svc(setLog4, typeSvc4),
+		svc(setLog6, typeSvc6),
 	}
 }
 
@@ -167,18 +172,22 @@ type elem struct {
 	Key, KeyEnd []byte
 	Val         []byte // map data (snat source address)
 	Chain       string // verdict map: goto this chain
+	Jump        bool   // jump to Chain instead of goto
 }
 
 func (e elem) id() string { return string(e.Key) + "\x00" + string(e.KeyEnd) }
 
 func (e elem) same(o elem) bool {
-	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain
+	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain && e.Jump == o.Jump
 }
 
 func (e elem) setElement() nftables.SetElement {
 	se := nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd, Val: e.Val}
 	if e.Chain != "" {
 		se.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}
+		if e.Jump {
+			se.VerdictData.Kind = expr.VerdictJump
+		}
 	}
 	return se
 }
@@ -248,6 +257,10 @@ type farmPlan struct {
 	// marks: some serving backend has a mark. ids: backends are named
 	// by id through the ct mark (persistence or marks; see persist.go).
 	marks, ids bool
+	// lchain is the farm's log chain ("" without log) and logs its
+	// elements in log4/log6 (jump).
+	lchain string
+	logs   []elem
 	// helper names the farm's ct helper object ("" without a helper).
 	helper string
 	// persist names the persistence map ("" without persistence or
@@ -262,6 +275,7 @@ func (p *farmPlan) svcSet() string {
 	return pick(p.v6, setSvc4, setSvc6)
 }
 func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
+func (p *farmPlan) logSet() string  { return pick(p.v6, setLog4, setLog6) }
 func (p *farmPlan) postSet() string {
 	if p.mark {
 		return setMasqM
@@ -303,6 +317,13 @@ func plan(f *model.Farm) *farmPlan {
 	p.svc = svcElems(f, p.chain, nil)
 	if f.Helper != model.HelperNone {
 		p.helper = helperObjName(f)
+	}
+	if f.Log != 0 {
+		p.lchain = farmLog + nameHash(f.Name)
+		p.logs = svcElems(f, p.lchain, nil)
+		for i := range p.logs {
+			p.logs[i].Jump = true
+		}
 	}
 	if len(filterRules(f, p.helper)) > 0 {
 		p.fchain = farmFilter + nameHash(f.Name)
@@ -534,4 +555,27 @@ func filterRules(f *model.Farm, helper string) [][]expr.Any {
 		out = append(out, []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_CT_HELPER, Name: helper}})
 	}
 	return out
+}
+
+// logPrefix is the prefix of a farm's log lines: the farm's log-prefix,
+// then "xlb farm=<name> ". The logged packet is the connection's first,
+// after dnat: its destination is the backend chosen.
+func logPrefix(f *model.Farm) string {
+	p := "xlb farm=" + f.Name + " "
+	if f.LogPrefix != "" {
+		p = f.LogPrefix + " " + p
+	}
+	return p
+}
+
+// logRules returns the rules of a farm's log chain, reached from the
+// postrouting chain (nat: the first packet of each new connection, after
+// the backend was chosen): `log prefix "..." [group N]`, then back.
+func logRules(f *model.Farm, group uint16) [][]expr.Any {
+	l := &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(logPrefix(f))}
+	if group != 0 {
+		l.Key |= 1 << unix.NFTA_LOG_GROUP
+		l.Group = group
+	}
+	return [][]expr.Any{{l}}
 }

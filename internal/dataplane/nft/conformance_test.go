@@ -15,7 +15,6 @@ import (
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
 	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
-	"log":                         `"log" value "forward"`,
 	"family-dual":                 `"family" value "dual"`,
 	"mode-dsr":                    `"mode" value "dsr"`,
 	"mode-stlsdnat":               `"mode" value "stlsdnat"`,
@@ -31,7 +30,7 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("open namespace %s: %v", path, err)
 			}
 			t.Cleanup(func() { ns.Close() })
-			p, err := New(context.Background(), testLogger(), Options{NetNS: ns})
+			p, err := New(context.Background(), testLogger(), Options{NetNS: ns, LogGroup: conformance.LogGroup})
 			if err != nil {
 				t.Fatalf("new nft plane: %v", err)
 			}

@@ -40,6 +40,9 @@ type Options struct {
 	NetNS netns.NsHandle
 	// Table is the name of the inet table xlb owns (default "xlb").
 	Table string
+	// LogGroup, when not 0, sends the log lines of farms with "log" to
+	// this NFLOG group instead of the kernel log.
+	LogGroup uint16
 }
 
 // Plane is the nftables data plane. It owns one inet table and never
@@ -181,9 +184,9 @@ func (p *Plane) Check(f *model.Farm) error {
 	switch {
 	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
 		return no("virtual-addr", "")
-	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.SourceAddr.IsValid() || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0):
+	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.SourceAddr.IsValid() || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
-			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, source-addr, helper, tcp-strict or rst-rtlimit yet"}
+			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, source-addr, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
 		return no("family", f.Family.String())
 	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT:
@@ -191,10 +194,6 @@ func (p *Plane) Check(f *model.Farm) error {
 	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
 			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
-	case f.Log != 0:
-		return no("log", f.Log.String())
-	case f.LogPrefix != "":
-		return no("log-prefix", f.LogPrefix)
 	case f.Mark != 0 && !f.IsMarkFarm():
 		return no("mark", fmt.Sprint(f.Mark))
 	case f.Priority != 1:
@@ -328,11 +327,13 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if pl.helper != "" {
 			keepHelpers[pl.helper] = true
 		}
-		if pl.fchain != "" {
-			keepChains[pl.fchain] = true
-			b.buildFilter(pl, f, k.chains[pl.fchain])
-			for _, e := range pl.filt {
-				wantElems[pl.filtSet()][e.id()] = e
+		for _, x := range auxes {
+			if name := x.chain(pl); name != "" {
+				keepChains[name] = true
+				b.buildAux(x, pl, f, k.chains[name])
+				for _, e := range x.elems(pl) {
+					wantElems[x.set(pl)][e.id()] = e
+				}
 			}
 		}
 		s := b.buildFarm(pl, f, k.chains[pl.chain])
@@ -455,7 +456,11 @@ func (p *Plane) readKernel() (*kernelState, error) {
 			if s.IsMap {
 				if se.VerdictData != nil {
 					e.Chain = se.VerdictData.Chain
-					if se.VerdictData.Kind != expr.VerdictGoto {
+					switch se.VerdictData.Kind {
+					case expr.VerdictGoto:
+					case expr.VerdictJump:
+						e.Jump = true
+					default:
 						e.Chain = "\x00wrong verdict"
 					}
 				} else {
@@ -660,28 +665,8 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	}
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, (*farmPlan).svcSet)
 	b.diffElems(oldPlan, pl, oldPost, pl.post, (*farmPlan).postSet)
-	// Filter chain and its elements.
-	oldFilt := map[string]elem{}
-	hadFilter := oldPlan != nil && oldPlan.fchain != ""
-	if hadFilter {
-		for _, e := range oldPlan.filt {
-			oldFilt[e.id()] = e
-		}
-	}
-	if pl.fchain != "" {
-		b.buildFilter(pl, f, hadFilter)
-	}
-	if hadFilter || pl.fchain != "" {
-		var op *farmPlan
-		if hadFilter {
-			op = oldPlan
-		}
-		b.diffElems(op, pl, oldFilt, pl.filt, (*farmPlan).filtSet)
-	}
-	if hadFilter && pl.fchain == "" {
-		ch := &nftables.Chain{Table: b.p.table, Name: oldPlan.fchain}
-		b.c.FlushChain(ch)
-		b.c.DelChain(ch)
+	for _, x := range auxes {
+		b.putAux(x, oldPlan, pl, f)
 	}
 	if oldPlan != nil && oldPlan.helper != "" && oldPlan.helper != pl.helper {
 		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: oldPlan.helper, Type: nftables.ObjTypeCtHelper})
@@ -689,21 +674,77 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	return s
 }
 
-// buildFilter (re)creates a farm's filter chain.
-func (b *batch) buildFilter(pl *farmPlan, f *model.Farm, existing bool) {
-	ch := &nftables.Chain{Table: b.p.table, Name: pl.fchain}
+// aux is a per-farm side chain reached through a static verdict map:
+// the filter chain (g-) and the log chain (l-).
+type aux struct {
+	chain func(*farmPlan) string // "" when the farm needs none
+	elems func(*farmPlan) []elem
+	set   func(*farmPlan) string
+	rules func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any // may add objects
+}
+
+var auxes = []aux{
+	{
+		chain: func(p *farmPlan) string { return p.fchain },
+		elems: func(p *farmPlan) []elem { return p.filt },
+		set:   (*farmPlan).filtSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			if pl.helper != "" {
+				// Idempotent: an object that exists is left as it is
+				// (its name says everything about it).
+				b.c.AddObj(helperObj(b.p.table, f, pl.helper))
+			}
+			return filterRules(f, pl.helper)
+		},
+	},
+	{
+		chain: func(p *farmPlan) string { return p.lchain },
+		elems: func(p *farmPlan) []elem { return p.logs },
+		set:   (*farmPlan).logSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			return logRules(f, b.p.opts.LogGroup)
+		},
+	},
+}
+
+// buildAux (re)creates a farm's side chain.
+func (b *batch) buildAux(x aux, pl *farmPlan, f *model.Farm, existing bool) {
+	ch := &nftables.Chain{Table: b.p.table, Name: x.chain(pl)}
 	if existing {
 		b.c.FlushChain(ch)
 	} else {
 		b.c.AddChain(ch)
 	}
-	if pl.helper != "" {
-		// Idempotent: an object that exists is left as it is (its name
-		// says everything about it).
-		b.c.AddObj(helperObj(b.p.table, f, pl.helper))
-	}
-	for _, r := range filterRules(f, pl.helper) {
+	for _, r := range x.rules(b, pl, f) {
 		b.c.AddRule(&nftables.Rule{Table: b.p.table, Chain: ch, Exprs: r})
+	}
+}
+
+// putAux updates a farm's side chain and its elements from oldPlan (nil:
+// new farm) to pl.
+func (b *batch) putAux(x aux, oldPlan, pl *farmPlan, f *model.Farm) {
+	had := oldPlan != nil && x.chain(oldPlan) != ""
+	want := x.chain(pl) != ""
+	old := map[string]elem{}
+	if had {
+		for _, e := range x.elems(oldPlan) {
+			old[e.id()] = e
+		}
+	}
+	if want {
+		b.buildAux(x, pl, f, had)
+	}
+	if had || want {
+		var op *farmPlan
+		if had {
+			op = oldPlan
+		}
+		b.diffElems(op, pl, old, x.elems(pl), x.set)
+	}
+	if had && !want {
+		ch := &nftables.Chain{Table: b.p.table, Name: x.chain(oldPlan)}
+		b.c.FlushChain(ch)
+		b.c.DelChain(ch)
 	}
 }
 
@@ -742,11 +783,13 @@ func (b *batch) removeFarm(old *farmState) {
 	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
 	b.c.FlushChain(ch)
 	b.c.DelChain(ch)
-	if pl.fchain != "" {
-		b.delElems(b.p.static[pl.filtSet()], pl.filt)
-		fch := &nftables.Chain{Table: b.p.table, Name: pl.fchain}
-		b.c.FlushChain(fch)
-		b.c.DelChain(fch)
+	for _, x := range auxes {
+		if name := x.chain(pl); name != "" {
+			b.delElems(b.p.static[x.set(pl)], x.elems(pl))
+			ch := &nftables.Chain{Table: b.p.table, Name: name}
+			b.c.FlushChain(ch)
+			b.c.DelChain(ch)
+		}
 	}
 	if pl.helper != "" {
 		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: pl.helper, Type: nftables.ObjTypeCtHelper})

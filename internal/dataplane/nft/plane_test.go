@@ -46,8 +46,6 @@ func TestCheck(t *testing.T) {
 			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
 			f.Persistence = model.KeySrcIP | model.KeyDstIP
 		}},
-		{"log", func(f *model.Farm) { f.Log = model.LogInput }},
-		{"log-prefix", func(f *model.Farm) { f.LogPrefix = "x" }},
 		{"mark", func(f *model.Farm) { f.Mark = 7 }},
 		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{}; f.Helper = model.HelperFTP }},
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
@@ -182,6 +180,7 @@ func TestListing(t *testing.T) {
 	sticky.EstConnLimit = 1000
 	sticky.TCPStrict = true
 	sticky.RstRTLimit, sticky.RstRTBurst = 10, 5
+	sticky.Log, sticky.LogPrefix = model.LogForward, "stk"
 	b = model.NewBackend("a")
 	b.Addr = netip.MustParseAddr("10.200.0.11")
 	sticky.Backends = []model.Backend{b}
@@ -197,7 +196,7 @@ func TestListing(t *testing.T) {
 		"WEB", chainName("web"), "DNS", chainName("dns6"), "HASH", chainName("hash"), "EMPTY", chainName("empty"),
 		"SEED", fmt.Sprintf("0x%08x", seed("hash")),
 		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
-		"STICKYF", "g-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
+		"STICKYF", "g-"+nameHash("sticky"), "STICKYL", "l-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
 		"ASTICKY", "a-"+nameHash("sticky"), "PSTICKY", "p-"+nameHash("sticky"),
 		// nft prints the slot map's mark data byte-swapped (display only).
 		"ID_NFT_LISTS_SWAPPED", fmt.Sprintf("0x%08x", bits.ReverseBytes32(backendID(b))),
@@ -277,8 +276,22 @@ table inet xlb {
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
+	map log4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.99.0.4 . tcp . 443 : jump STICKYL }
+	}
+	map log6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+	}
+	chain STICKYL {
+		log prefix "stk xlb farm=sticky "
+	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
+		ct original ip daddr . meta l4proto . ct original proto-dst vmap @log4
+		ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @log6
 		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
 		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6

@@ -55,6 +55,24 @@ func encode(e expr.Any) (rawExpr, error) {
 // conntrack entry's original direction, so no mark is needed.
 func postRulesRaw() ([][]rawExpr, error) {
 	var rules [][]rawExpr
+	// First: ct original ip daddr . meta l4proto . ct original proto-dst
+	// vmap @log4 (jump to the farm's log chain, which returns).
+	for _, v6 := range []bool{false, true} {
+		w := addrWords(v6)
+		r := []rawExpr{ctOrigDaddr(v6)}
+		for _, e := range []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
+			&expr.Ct{Register: reg32 + w + 1, Key: expr.CtKeyPROTODST, Direction: 0},
+			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setLog4, setLog6), IsDestRegSet: true, DestRegister: regVerdict},
+		} {
+			b, err := encode(e)
+			if err != nil {
+				return nil, err
+			}
+			r = append(r, b)
+		}
+		rules = append(rules, r)
+	}
 	for _, v6 := range []bool{false, true} {
 		w := addrWords(v6)
 		masq, snat := pick(v6, setMasq4, setMasq6), pick(v6, setSnat4, setSnat6)
