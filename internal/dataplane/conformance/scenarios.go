@@ -116,11 +116,18 @@ var scenarios = []scenario{
 		f.Backends[0].Port = VPort
 		return f
 	}},
-	{name: "mode-stlsdnat", backends: 1, farm: func(e *Env) model.Farm {
+	{name: "mode-stlsdnat", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("stls", model.ProtoUDP)
 		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
 		return f
-	}},
+	}, run: runStateless},
+	{name: "mode-stlsdnat-tcp", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("stls", model.ProtoTCP)
+		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		return f
+	}, run: runStateless},
 }
 
 func dnatFarm(proto model.Protocol) func(e *Env) model.Farm {
@@ -717,5 +724,28 @@ func runLog(t *testing.T, e *Env, f model.Farm) {
 		if entry.Dst != want || entry.Src != e.Client.IPv4 {
 			t.Errorf("logged packet %s -> %s, want %s -> %s (the backend that answered, %s)", entry.Src, entry.Dst, e.Client.IPv4, want, name)
 		}
+	}
+}
+
+// runStateless: stateless DNAT both ways. The backend sees the client's
+// address, the client gets its answers from the VIP (its socket accepts
+// nothing else), flows spread over the backends, and the LB keeps no
+// conntrack entry for them.
+func runStateless(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	seen := map[string]bool{}
+	for range 12 {
+		name, from := e.ask(t, f, netip.AddrPort{})
+		seen[name] = true
+		if from.Addr() != e.Client.Addr(e.v6) {
+			t.Errorf("stlsdnat: backend saw %s, want the client's %s", from, e.Client.Addr(e.v6))
+		}
+	}
+	if len(seen) != len(e.Backends) {
+		t.Errorf("12 flows reached %v, want every backend", seen)
+	}
+	out, _ := testutil.RunErr(e.LB.Name, "conntrack", "-L")
+	if strings.Contains(out, f.VirtualAddr.String()) {
+		t.Errorf("stateless farm left conntrack entries:\n%s", out)
 	}
 }

@@ -36,6 +36,12 @@ const (
 	setLog4     = "log4"   // like svc4 (ct original keys), -> jump farm log chain (farms with log only)
 	setLog6     = "log6"   // same for IPv6
 	farmLog     = "l-"     // farm log chain: l-<hash>
+	setStls4    = "stls4"  // like svc4: -> goto stateless farm chain (mode stlsdnat)
+	setStls6    = "stls6"  // same for IPv6
+	setStlsR4   = "stlsr4" // backend addr . l4proto . port -> goto the farm's reverse chain
+	setStlsR6   = "stlsr6" // same for IPv6
+	farmRev     = "r-"     // stateless reverse chain: r-<hash>
+	chainRaw    = "raw"    // filter hook prerouting priority raw: stateless farms
 	chainFilter = "filter" // filter hook prerouting, after conntrack: per-farm filters
 	farmFilter  = "g-"     // farm filter chain: g-<hash>
 	farmChain   = "f-"     // farm chain: f-<hash>
@@ -112,6 +118,10 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		{Table: t, Name: setMasqM, KeyType: nftables.TypeMark, KeyByteOrder: binaryutil.NativeEndian},
 		svc(setLog4, typeSvc4),
 		svc(setLog6, typeSvc6),
+		svc(setStls4, typeSvc4),
+		svc(setStls6, typeSvc6),
+		svc(setStlsR4, typeSvc4),
+		svc(setStlsR6, typeSvc6),
 	}
 }
 
@@ -139,6 +149,21 @@ func fwmRule(v6 bool) []expr.Any {
 	return append(nfproto(v6),
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 		&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setFwm4, setFwm6), IsDestRegSet: true, DestRegister: regVerdict},
+	)
+}
+
+// revRule: ip saddr . meta l4proto . th sport vmap @stlsr4 (or the ip6 form).
+func revRule(v6 bool) []expr.Any {
+	off, alen := uint32(12), uint32(4)
+	if v6 {
+		off, alen = 8, 16
+	}
+	w := addrWords(v6)
+	return append(nfproto(v6),
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
+		&expr.Payload{DestRegister: reg32 + w + 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+		&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setStlsR4, setStlsR6), IsDestRegSet: true, DestRegister: regVerdict},
 	)
 }
 
@@ -257,6 +282,12 @@ type farmPlan struct {
 	// marks: some serving backend has a mark. ids: backends are named
 	// by id through the ct mark (persistence or marks; see persist.go).
 	marks, ids bool
+	// stls: mode stlsdnat (svc elements in stls4/6, reverse chain rchain
+	// with elements rev in stlsr4/6).
+	stls     bool
+	stlsPort uint16 // the backends' common port (0: keep the client's)
+	rchain   string
+	rev      []elem
 	// lchain is the farm's log chain ("" without log) and logs its
 	// elements in log4/log6 (jump).
 	lchain string
@@ -269,6 +300,9 @@ type farmPlan struct {
 }
 
 func (p *farmPlan) svcSet() string {
+	if p.stls {
+		return pick(p.v6, setStls4, setStls6)
+	}
 	if p.mark {
 		return pick(p.v6, setFwm4, setFwm6)
 	}
@@ -276,6 +310,7 @@ func (p *farmPlan) svcSet() string {
 }
 func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
 func (p *farmPlan) logSet() string  { return pick(p.v6, setLog4, setLog6) }
+func (p *farmPlan) revSet() string  { return pick(p.v6, setStlsR4, setStlsR6) }
 func (p *farmPlan) postSet() string {
 	if p.mark {
 		return setMasqM
@@ -315,6 +350,12 @@ func plan(f *model.Farm) *farmPlan {
 		return p.backends(f)
 	}
 	p.svc = svcElems(f, p.chain, nil)
+	if f.Mode == model.ModeStlsDNAT {
+		p.stls = true
+		p.rchain = farmRev + nameHash(f.Name)
+		p.rev = revElems(f, p.rchain)
+		return p.backends(f)
+	}
 	if f.Helper != model.HelperNone {
 		p.helper = helperObjName(f)
 	}
@@ -353,6 +394,15 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	}
 	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
 		p.port = f.VirtualPorts[0].First
+	}
+	if p.stls && p.kind == kindAddrPort {
+		// Check makes every backend of a stateless farm share a port:
+		// the map holds addresses and the port is a constant, so nft
+		// can list the rewrite.
+		p.kind = kindAddr
+		for _, b := range p.active {
+			p.stlsPort = max(p.stlsPort, b.Port)
+		}
 	}
 	if f.Persistence != 0 && p.kind != kindNone {
 		p.persist = persistName(f)
@@ -441,6 +491,10 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	if p.kind == kindNone {
 		return [][]expr.Any{drop}
+	}
+	if p.stls {
+		r, _ := p.schedRule(f, f.SchedParam, mapName, mapID, modulus)
+		return [][]expr.Any{p.stlsForward(f, r[:len(r)-2]), drop}
 	}
 	var pre [][]expr.Any
 	if p.mark && f.Protocol != model.ProtoAll {
@@ -578,4 +632,86 @@ func logRules(f *model.Farm, group uint16) [][]expr.Any {
 		l.Group = group
 	}
 	return [][]expr.Any{{l}}
+}
+
+// Mode stlsdnat: stateless DNAT both ways, before conntrack. The raw chain
+// (prerouting, priority raw) sends a client's packet for the VIP to the
+// farm's chain, which marks it untracked, picks a backend per packet (so
+// only hash schedulers: hash, symhash, maglev) and rewrites destination
+// address and port (checksums fixed up); the kernel then routes it to the
+// backend. A backend's reply (source backend . protocol . port, in
+// stlsr4/6) goes to the farm's reverse chain, which marks it untracked and
+// rewrites its source back to the VIP and virtual port. Backends must route
+// replies through the LB (as in dnat mode). Nothing is kept per connection.
+
+// revElems are the reverse keys: each backend . protocol . its port (or
+// the virtual ports when it keeps the client's port).
+func revElems(f *model.Farm, chain string) []elem {
+	var out []elem
+	seen := map[string]bool{}
+	for _, b := range f.Backends {
+		ports := []model.PortRange{{First: b.Port, Last: b.Port}}
+		if b.Port == 0 {
+			ports = f.VirtualPorts
+		}
+		for _, r := range ports {
+			e := elem{Key: pad4(svcKey(b.Addr, f.Protocol.Number(), r.First)), KeyEnd: pad4(svcKey(b.Addr, f.Protocol.Number(), r.Last)), Chain: chain}
+			if !seen[e.id()] {
+				seen[e.id()] = true
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}
+
+// l4csum is the offset of the transport checksum.
+func l4csum(p model.Protocol) uint32 {
+	if p == model.ProtoUDP {
+		return 6
+	}
+	return 16
+}
+
+// writeAddrPort rewrites the destination (or source) address from reg1
+// and, when port is not 0, the port to it, fixing the IP and transport
+// checksums.
+func writeAddrPort(v6 bool, proto model.Protocol, src bool, port uint16) []expr.Any {
+	off := pick(v6, uint32(16), 24)
+	poff := uint32(2)
+	if src {
+		off, poff = pick(v6, uint32(12), 8), 0
+	}
+	// IPv4 only: google/nftables v0.3.0 sends the pseudo-header flag
+	// only with a checksum type, and IPv6 has no header checksum (Check
+	// refuses IPv6 stlsdnat farms).
+	a := &expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1, Base: expr.PayloadBaseNetworkHeader,
+		Offset: off, Len: pick(v6, uint32(4), 16), CsumType: expr.CsumTypeInet, CsumOffset: 10, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR}
+	out := []expr.Any{a}
+	if port != 0 {
+		out = append(out,
+			&expr.Immediate{Register: reg1, Data: binary.BigEndian.AppendUint16(nil, port)},
+			&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1,
+				Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2, CsumType: expr.CsumTypeInet, CsumOffset: l4csum(proto)})
+	}
+	return out
+}
+
+// stlsForward: notrack; <scheduler> map @m -> backend; rewrite; accept.
+func (p *farmPlan) stlsForward(f *model.Farm, head []expr.Any) []expr.Any {
+	r := append([]expr.Any{&expr.Notrack{}}, head...)
+	r = append(r, writeAddrPort(p.v6, f.Protocol, false, p.stlsPort)...)
+	return append(r, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+// stlsReverse: notrack; ip saddr set VIP [th sport set virtual port]; accept.
+func stlsReverse(f *model.Farm, rewritePort bool) [][]expr.Any {
+	v6 := f.VirtualAddr.Is6()
+	r := append(nfproto(v6), &expr.Notrack{}, &expr.Immediate{Register: reg1, Data: f.VirtualAddr.AsSlice()})
+	var port uint16
+	if rewritePort {
+		port = f.VirtualPorts[0].First
+	}
+	r = append(r, writeAddrPort(v6, f.Protocol, true, port)...)
+	return [][]expr.Any{append(r, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept})}
 }

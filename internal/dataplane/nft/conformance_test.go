@@ -17,7 +17,6 @@ var nftRefuses = map[string]string{
 	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
 	"family-dual":                 `"family" value "dual"`,
 	"mode-dsr":                    `"mode" value "dsr"`,
-	"mode-stlsdnat":               `"mode" value "stlsdnat"`,
 }
 
 // TestConformance runs the data-plane conformance suite against nft.

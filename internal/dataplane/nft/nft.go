@@ -189,8 +189,20 @@ func (p *Plane) Check(f *model.Farm) error {
 			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, source-addr, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
 		return no("family", f.Family.String())
-	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT:
+	case f.Mode == model.ModeDSR:
 		return no("mode", f.Mode.String())
+	case f.Mode == model.ModeStlsDNAT && (f.VirtualAddr.Is6() || f.IsMarkFarm()):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
+			Problem: "the " + PlaneName + " data plane does stlsdnat for IPv4 VIP farms only yet"}
+	case f.Mode == model.ModeStlsDNAT && f.Scheduler != model.SchedHash && f.Scheduler != model.SchedSymhash && f.Scheduler != model.SchedMaglev:
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
+			Problem: "mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev"}
+	case f.Mode == model.ModeStlsDNAT && (f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "protocol", Value: f.Protocol.String(),
+			Problem: "mode stlsdnat rewrites ports and checksums of tcp or udp only"}
+	case f.Mode == model.ModeStlsDNAT && (f.NewRTLimit != 0 || f.RstRTLimit != 0 || f.Log != 0 || len(f.Backends) > 0 && stlsPortProblem(f)):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
+			Problem: "stlsdnat farms in the " + PlaneName + " data plane take no new-rtlimit, rst-rtlimit, log or backend marks; all backends need the same port, and a port needs a single virtual port"}
 	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
 			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
@@ -309,7 +321,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range staticSets(p.table) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainFilter: true}
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainFilter: true, chainRaw: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
@@ -548,6 +560,14 @@ func (b *batch) ensureStatic() {
 	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
+	// Stateless farms, before conntrack.
+	raw := b.c.AddChain(&nftables.Chain{Table: t, Name: chainRaw, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
+	b.c.FlushChain(raw)
+	for _, v6 := range []bool{false, true} {
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: vmapRule(v6, pick(v6, setStls4, setStls6))})
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: revRule(v6)})
+	}
 	// Per-farm filters, after conntrack (-200) so ct state is known and
 	// before dnat (-100) so the VIP is still the destination.
 	filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
@@ -698,6 +718,14 @@ var auxes = []aux{
 		},
 	},
 	{
+		chain: func(p *farmPlan) string { return p.rchain },
+		elems: func(p *farmPlan) []elem { return p.rev },
+		set:   (*farmPlan).revSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			return stlsReverse(f, pl.stlsPort != 0)
+		},
+	},
+	{
 		chain: func(p *farmPlan) string { return p.lchain },
 		elems: func(p *farmPlan) []elem { return p.logs },
 		set:   (*farmPlan).logSet,
@@ -797,4 +825,17 @@ func (b *batch) removeFarm(old *farmState) {
 	for _, name := range old.sets() {
 		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
 	}
+}
+
+// stlsPortProblem: the backends of a stateless farm share one port (the
+// rewrite is a constant), and a farm whose backends change the port has
+// one virtual port (the reverse rewrite needs to know it); no marks.
+func stlsPortProblem(f *model.Farm) bool {
+	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+	for _, b := range f.Backends {
+		if b.Port != 0 && !single || b.Mark != 0 || b.Port != f.Backends[0].Port {
+			return true
+		}
+	}
+	return false
 }

@@ -40,7 +40,23 @@ func TestCheck(t *testing.T) {
 		edit  func(f *model.Farm)
 	}{
 		{"mode", func(f *model.Farm) { f.Mode = model.ModeDSR }},
-		{"mode", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
+		{"scheduler", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
+		{"mode", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
+			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
+			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
+		}},
+		{"mode", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
+			b := f.Backends[0]
+			b.Name, b.Addr, b.Port = "b2", netip.MustParseAddr("10.0.1.2"), 8081
+			f.Backends[0].Port = 8080
+			f.Backends = append(f.Backends, b)
+		}},
+		{"protocol", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
+			f.Protocol = model.ProtoSCTP
+		}},
 		{"persistence", func(f *model.Farm) {
 			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
 			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
@@ -184,8 +200,17 @@ func TestListing(t *testing.T) {
 	b = model.NewBackend("a")
 	b.Addr = netip.MustParseAddr("10.200.0.11")
 	sticky.Backends = []model.Backend{b}
+	stls := model.NewFarm("stls")
+	stls.VirtualAddr = netip.MustParseAddr("10.99.0.5")
+	stls.VirtualPorts = []model.PortRange{{First: 53, Last: 53}}
+	stls.Protocol = model.ProtoUDP
+	stls.Mode = model.ModeStlsDNAT
+	stls.Scheduler, stls.SchedParam = model.SchedHash, model.KeySrcIP
+	b = model.NewBackend("a")
+	b.Addr, b.Port = netip.MustParseAddr("10.200.0.11"), 5353
+	stls.Backends = []model.Backend{b}
 	var d dataplane.Diff
-	for _, f := range []model.Farm{web, dns, h, empty, sticky} {
+	for _, f := range []model.Farm{web, dns, h, empty, sticky, stls} {
 		d.Changes = append(d.Changes, dataplane.FarmChange{New: mustValid(t, p, &f)})
 	}
 	if err := p.Apply(context.Background(), d); err != nil {
@@ -199,8 +224,9 @@ func TestListing(t *testing.T) {
 		"STICKYF", "g-"+nameHash("sticky"), "STICKYL", "l-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
 		"ASTICKY", "a-"+nameHash("sticky"), "PSTICKY", "p-"+nameHash("sticky"),
 		// nft prints the slot map's mark data byte-swapped (display only).
-		"ID_NFT_LISTS_SWAPPED", fmt.Sprintf("0x%08x", bits.ReverseBytes32(backendID(b))),
-		"ID", fmt.Sprintf("0x%08x", backendID(b)),
+		"ID_NFT_LISTS_SWAPPED", fmt.Sprintf("0x%08x", bits.ReverseBytes32(backendID(sticky.Backends[0]))),
+		"ID", fmt.Sprintf("0x%08x", backendID(sticky.Backends[0])),
+		"STLSR", "r-"+nameHash("stls"), "STLS", chainName("stls"), "MSTLS", "m-"+nameHash("stls"), "XSEED", fmt.Sprintf("0x%08x", seed("stls")),
 	)
 	want := normalize(r.Replace(wantListing))
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -321,6 +347,42 @@ table inet xlb {
 	map fsvc6 {
 		type ipv6_addr . inet_proto . inet_service : verdict
 		flags interval
+	}
+	map stls4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.99.0.5 . udp . 53 : goto STLS }
+	}
+	map stls6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+	}
+	map stlsr4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.200.0.11 . udp . 5353 : goto STLSR }
+	}
+	map stlsr6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+	}
+	map MSTLS-GEN {
+		type 0 : ipv4_addr
+		elements = { 0 : 10.200.0.11 }
+	}
+	chain raw {
+		type filter hook prerouting priority raw; policy accept;
+		ip daddr . meta l4proto . th dport vmap @stls4
+		ip saddr . meta l4proto . th sport vmap @stlsr4
+		ip6 daddr . meta l4proto . th dport vmap @stls6
+		ip6 saddr . meta l4proto . th sport vmap @stlsr6
+	}
+	chain STLS {
+		notrack ip daddr set jhash ip saddr mod 1 seed XSEED map @MSTLS-GEN th dport set 5353 counter accept
+		counter drop
+	}
+	chain STLSR {
+		meta nfproto ipv4 notrack ip saddr set 10.99.0.5 th sport set 53 counter accept
 	}
 	chain filter {
 		type filter hook prerouting priority mangle; policy accept;
