@@ -447,3 +447,76 @@ func TestPersistenceSurvivesRestart(t *testing.T) {
 		t.Errorf("persistence map holds %d sessions, want 4:\n%s", n, out)
 	}
 }
+
+// TestSessions lists a farm's sessions, deletes one client's (its next
+// connection is scheduled again) and one backend's.
+func TestSessions(t *testing.T) {
+	e := newEnv(t, 3, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
+	prev := map[string]*model.Farm{}
+	f := e.farm("sticky", vip.Addr(), 80, model.ProtoTCP, 8080)
+	f.Persistence, f.PersistTTL = model.KeySrcIP|model.KeyDstPort, 300
+	e.put(t, prev, f)
+	ask := func(a netip.Addr) string {
+		t.Helper()
+		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _, _ := testutil.ParseReply(got)
+		return name
+	}
+	var clients []netip.Addr
+	for i := range 3 {
+		a := netip.AddrFrom4([4]byte{10, 100, 0, byte(20 + i)})
+		e.Client.AddAddr(t, netip.PrefixFrom(a, 24))
+		clients = append(clients, a)
+	}
+	got := map[string]string{} // client key -> backend
+	for _, a := range clients {
+		got[a.String()+"-80"] = ask(a) // rr: b0, b1, b2
+	}
+	ctx := context.Background()
+	ss, err := e.p.Sessions(ctx, prev["sticky"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 3 {
+		t.Fatalf("sessions %+v, want 3", ss)
+	}
+	for _, s := range ss {
+		if got[s.Client] != s.Backend || s.Expires <= 290*time.Second || s.Expires > 300*time.Second {
+			t.Errorf("session %+v, want backend %q and about 300s left (all: %v)", s, got[s.Client], got)
+		}
+	}
+	// Delete client 0's session: its next connection is scheduled anew
+	// (rr's next slot is b0 again, so first move rr on by one).
+	key0 := clients[0].String() + "-80"
+	if n, err := e.p.DeleteSessions(ctx, prev["sticky"], key0, ""); err != nil || n != 1 {
+		t.Fatalf("delete %s: %d, %v", key0, n, err)
+	}
+	if b := ask(e.Client.IPv4); b != "b0" {
+		t.Fatalf("a new client went to %s, want b0 (rr)", b)
+	}
+	if b := ask(clients[0]); b != "b1" {
+		t.Errorf("after its session was deleted client 0 went to %s, want b1 (rr's next)", b)
+	}
+	// Delete b2's sessions (client 2): counted and gone from the list.
+	if n, err := e.p.DeleteSessions(ctx, prev["sticky"], "", "b2"); err != nil || n != 1 {
+		t.Fatalf("delete b2's sessions: %d, %v", n, err)
+	}
+	ss, err = e.p.Sessions(ctx, prev["sticky"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss {
+		if s.Backend == "b2" {
+			t.Errorf("b2's session still there: %+v", ss)
+		}
+	}
+	if len(ss) != 3 { // client 0 (b1), client 1 (b1), the LB-side client (b0)
+		t.Errorf("sessions %+v, want 3", ss)
+	}
+}
