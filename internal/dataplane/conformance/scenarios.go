@@ -66,7 +66,7 @@ var scenarios = []scenario{
 		f := e.Farm("bconnlimit", model.ProtoTCP)
 		f.Backends[0].EstConnLimit = 2
 		return f
-	}},
+	}, run: runBackendConnLimit},
 	{name: "tcp-strict", backends: 1, farm: func(e *Env) model.Farm {
 		f := e.Farm("strict", model.ProtoTCP)
 		f.TCPStrict = true
@@ -747,5 +747,57 @@ func runStateless(t *testing.T, e *Env, f model.Farm) {
 	out, _ := testutil.RunErr(e.LB.Name, "conntrack", "-L")
 	if strings.Contains(out, f.VirtualAddr.String()) {
 		t.Errorf("stateless farm left conntrack entries:\n%s", out)
+	}
+}
+
+// runBackendConnLimit: b0 has est-connlimit 2, b1 none; rr alternates.
+// Of 6 connections held open, the third one scheduled to b0 (the fifth) is
+// dropped, the others pass. Closing one of b0's lets a new one reach b0.
+func runBackendConnLimit(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	var onB0 []net.Conn
+	c := map[string]int{}
+	for i := range 6 {
+		// Shorter than the first SYN retransmission (1 s): a dropped
+		// connection fails instead of being scheduled again.
+		conn, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), 700*time.Millisecond)
+		if err != nil {
+			c["dropped"]++
+			if i != 4 {
+				t.Errorf("connection %d dropped, want only the fifth (b0's third)", i+1)
+			}
+			continue
+		}
+		held = append(held, conn)
+		line, err := testutil.ReadLine(conn, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _, _ := testutil.ParseReply(line)
+		c[name]++
+		if name == "b0" {
+			onB0 = append(onB0, conn)
+		}
+	}
+	if c["b0"] != 2 || c["b1"] != 3 || c["dropped"] != 1 {
+		t.Fatalf("6 connections: %v, want b0 2, b1 3, dropped 1", c)
+	}
+	onB0[0].Close()
+	time.Sleep(200 * time.Millisecond)
+	// rr: the next one goes to b0 (slot after the last to b1).
+	conn, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), 700*time.Millisecond)
+	if err != nil {
+		t.Fatalf("after closing one of b0's connections a new one was dropped: %v", err)
+	}
+	held = append(held, conn)
+	line, _ := testutil.ReadLine(conn, time.Second)
+	if name, _, _ := testutil.ParseReply(line); name != "b0" {
+		t.Errorf("new connection went to %q, want b0", name)
 	}
 }

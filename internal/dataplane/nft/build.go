@@ -282,6 +282,10 @@ type farmPlan struct {
 	// marks: some serving backend has a mark. ids: backends are named
 	// by id through the ct mark (persistence or marks; see persist.go).
 	marks, ids bool
+	// limits: backend est-connlimit -> ids of the serving backends with
+	// it; lsets are the kernel sets built for them (see limits.go).
+	limits map[uint32][]uint32
+	lsets  []limitSets
 	// stls: mode stlsdnat (svc elements in stls4/6, reverse chain rchain
 	// with elements rev in stlsr4/6).
 	stls     bool
@@ -410,7 +414,15 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	for _, b := range p.active {
 		p.marks = p.marks || b.Mark != 0
 	}
-	p.ids = p.persist != "" || p.marks
+	for _, b := range p.active {
+		if b.EstConnLimit != 0 {
+			if p.limits == nil {
+				p.limits = map[uint32][]uint32{}
+			}
+			p.limits[b.EstConnLimit] = append(p.limits[b.EstConnLimit], backendID(b))
+		}
+	}
+	p.ids = p.persist != "" || p.marks || len(p.limits) > 0
 	return p
 }
 
@@ -524,6 +536,9 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 		rules = p.persistRules(f, r, n, pset, aset)
 	case aset != nil:
 		rules = p.markRules(r, n, aset)
+		if len(p.lsets) > 0 {
+			rules = p.limitRules(r, n, aset)
+		}
 	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0 && f.SchedParam != model.KeySrcMAC:
 		// Packets without a link-layer header (local clients) hash the
 		// other keys.

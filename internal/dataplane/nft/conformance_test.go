@@ -14,9 +14,8 @@ import (
 // nftRefuses is what the nft plane refuses; keep it in step with Check and
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
-	"limit-backend-est-connlimit": `backend "b0": field "est-connlimit" value "2"`,
-	"family-dual":                 `"family" value "dual"`,
-	"mode-dsr":                    `"mode" value "dsr"`,
+	"family-dual": `"family" value "dual"`,
+	"mode-dsr":    `"mode" value "dsr"`,
 }
 
 // TestConformance runs the data-plane conformance suite against nft.

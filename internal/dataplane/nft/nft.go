@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
@@ -78,6 +79,9 @@ func (s *farmState) sets() []string {
 	}
 	if s.plan.persist != "" {
 		out = append(out, s.plan.persist)
+	}
+	for _, l := range s.plan.limitList() {
+		out = append(out, idsName(s.mapName, l), countName(s.plan.name, l))
 	}
 	return out
 }
@@ -202,7 +206,7 @@ func (p *Plane) Check(f *model.Farm) error {
 			Problem: "mode stlsdnat rewrites ports and checksums of tcp or udp only"}
 	case f.Mode == model.ModeStlsDNAT && (f.NewRTLimit != 0 || f.RstRTLimit != 0 || f.Log != 0 || len(f.Backends) > 0 && stlsPortProblem(f)):
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
-			Problem: "stlsdnat farms in the " + PlaneName + " data plane take no new-rtlimit, rst-rtlimit, log or backend marks; all backends need the same port, and a port needs a single virtual port"}
+			Problem: "stlsdnat farms in the " + PlaneName + " data plane take no new-rtlimit, rst-rtlimit, log, backend marks or backend est-connlimit; all backends need the same port, and a port needs a single virtual port"}
 	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
 			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
@@ -230,8 +234,8 @@ func (p *Plane) Check(f *model.Farm) error {
 		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
 			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "mark", Value: fmt.Sprint(b.Mark),
 				Problem: "is already the mark of another backend of this farm; in the " + PlaneName + " data plane a backend mark names the backend, so marks must be unique per farm"}
-		case b.EstConnLimit != 0:
-			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit))
+		case b.EstConnLimit != 0 && f.Persistence != 0:
+			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit)+" with persistence")
 		}
 		zeroPort = zeroPort || b.Port == 0
 		port = port || b.Port != 0
@@ -640,6 +644,24 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 			_ = b.c.AddSet(aset, nil)
 			_ = b.c.SetAddElements(aset, pl.activeElems())
 		}
+		pl.lsets = nil
+		for _, l := range pl.limitList() {
+			ls := limitSets{limit: l}
+			ls.ids = &nftables.Set{Table: t, Name: idsName(s.mapName, l), ID: b.nextID(), KeyType: nftables.TypeMark,
+				KeyByteOrder: binaryutil.NativeEndian}
+			_ = b.c.AddSet(ls.ids, nil)
+			var els []nftables.SetElement
+			for _, id := range pl.limits[l] {
+				els = append(els, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(id)})
+			}
+			_ = b.c.SetAddElements(ls.ids, els)
+			// Idempotent, like the persistence map: counts survive
+			// rebuilds of the farm.
+			ls.count = &nftables.Set{Table: t, Name: countName(f.Name, l), ID: b.nextID(), KeyType: nftables.TypeMark,
+				KeyByteOrder: binaryutil.NativeEndian, Dynamic: true}
+			_ = b.c.AddSet(ls.count, nil)
+			pl.lsets = append(pl.lsets, ls)
+		}
 		if pl.persist != "" {
 			// Idempotent: an existing map of the same name (same shape)
 			// keeps its sessions.
@@ -667,8 +689,12 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		oldPlan = old.plan
 	}
 	s := b.buildFarm(pl, f, oldPlan != nil)
+	keep := map[string]bool{pl.persist: true}
+	for _, name := range s.sets() {
+		keep[name] = true
+	}
 	for _, name := range old.sets() {
-		if name != pl.persist {
+		if !keep[name] {
 			b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
 		}
 	}
@@ -833,7 +859,7 @@ func (b *batch) removeFarm(old *farmState) {
 func stlsPortProblem(f *model.Farm) bool {
 	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
 	for _, b := range f.Backends {
-		if b.Port != 0 && !single || b.Mark != 0 || b.Port != f.Backends[0].Port {
+		if b.Port != 0 && !single || b.Mark != 0 || b.EstConnLimit != 0 || b.Port != f.Backends[0].Port {
 			return true
 		}
 	}

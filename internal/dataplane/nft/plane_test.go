@@ -73,7 +73,7 @@ func TestCheck(t *testing.T) {
 			f.Backends[0].Mark = 1
 			f.Backends = append(f.Backends, b)
 		}},
-		{"est-connlimit", func(f *model.Farm) { f.Backends[0].EstConnLimit = 1 }},
+		{"est-connlimit", func(f *model.Farm) { f.Backends[0].EstConnLimit = 1; f.Persistence = model.KeySrcIP }},
 		{"backends.port", func(f *model.Farm) {
 			f.VirtualPorts = append(f.VirtualPorts, model.PortRange{First: 443, Last: 443})
 			b := f.Backends[0]
