@@ -24,7 +24,13 @@
 // not listed must pass. Run fails on a Refuses key that names no scenario,
 // so the list cannot silently go stale.
 //
-// Scenarios run in parallel, each in its own namespaces.
+// Two scenarios have no traffic check yet, mode-dsr and family-dual (the
+// model has no second virtual address): a plane must refuse them until one
+// is written. Scenarios that log expect the plane to send its log lines to
+// NFLOG group LogGroup (see Plane.Open).
+//
+// Scenarios run in parallel, each in its own namespaces; the whole suite
+// takes about 25 s against nft on 2 cores.
 package conformance
 
 import (
