@@ -40,6 +40,14 @@ var scenarios = []scenario{
 		f.Backends[2].Priority = 2
 		return f
 	}, run: runPriority},
+	{name: "protocol-all", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("all", model.ProtoAll)
+		f.VirtualPorts = nil
+		for i := range f.Backends {
+			f.Backends[i].Port = 0
+		}
+		return f
+	}, run: runProtocolAll},
 	{name: "backend-drain-down", backends: 3, farm: func(e *Env) model.Farm { return e.Farm("drain", model.ProtoTCP) }, run: runDrainDown},
 	{name: "persistence-srcip", backends: 3, farm: persistFarm(model.KeySrcIP, model.ProtoTCP), run: runPersistence},
 	{name: "persistence-srcip-ipv6", backends: 3, v6: true, farm: persistFarm(model.KeySrcIP, model.ProtoTCP), run: runPersistence},
@@ -349,12 +357,45 @@ func runPriority(t *testing.T, e *Env, f model.Farm) {
 
 func runDrainDown(t *testing.T, e *Env, f model.Farm) {
 	e.Put(t, f)
+	// Hold a connection to b0 (rr: the first one).
+	held, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if line, err := testutil.ReadLine(held, time.Second); err != nil || !strings.HasPrefix(line, "b0 ") {
+		t.Fatalf("first connection: %q, %v (want b0)", line, err)
+	}
 	g := f.Clone()
 	g.Backends[0].Weight = 0
 	g.Backends[1].State = model.StateDown
 	e.Put(t, g)
 	if c := Count(10, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n }); c["b2"] != 10 {
 		t.Errorf("with b0 drained and b1 down: got %v, want all on b2", c)
+	}
+	// The drained backend's established connection goes on.
+	if _, err := fmt.Fprintf(held, "still there\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := testutil.ReadLine(held, time.Second); err != nil || line != "still there" {
+		t.Errorf("connection to the drained backend: %q, %v", line, err)
+	}
+}
+
+// runProtocolAll: a farm for every protocol and port balances TCP and UDP
+// on any port, each to the same port on the backends.
+func runProtocolAll(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	to := netip.AddrPortFrom(f.VirtualAddr, BPort)
+	seen := map[string]bool{}
+	for range 4 {
+		n, _ := e.AskTCP(t, netip.AddrPort{}, to)
+		seen[n] = true
+		n, _ = e.AskUDP(t, netip.AddrPort{}, to)
+		seen[n] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("tcp and udp to %s reached %v, want both backends", to, seen)
 	}
 }
 
