@@ -31,6 +31,8 @@ const (
 	setFwm4     = "fwm4"   // meta mark -> goto farm chain (firewall-mark farms, IPv4)
 	setFwm6     = "fwm6"   // same for IPv6
 	setMasqM    = "masqm"  // meta mark: masquerade (snat firewall-mark farms)
+	setSnatM4   = "snatm4" // meta mark -> source address (snat firewall-mark farms with source-addr)
+	setSnatM6   = "snatm6" // same for IPv6
 	setFsvc4    = "fsvc4"  // like svc4, -> goto farm filter chain (farms with filters only)
 	setFsvc6    = "fsvc6"  // same for IPv6
 	setLog4     = "log4"   // like svc4 (ct original keys), -> jump farm log chain (farms with log only)
@@ -116,6 +118,8 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		{Table: t, Name: setFwm4, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
 		{Table: t, Name: setFwm6, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
 		{Table: t, Name: setMasqM, KeyType: nftables.TypeMark, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setSnatM4, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeIPAddr, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setSnatM6, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeIP6Addr, KeyByteOrder: binaryutil.NativeEndian},
 		svc(setLog4, typeSvc4),
 		svc(setLog6, typeSvc6),
 		svc(setStls4, typeSvc4),
@@ -317,6 +321,9 @@ func (p *farmPlan) logSet() string  { return pick(p.v6, setLog4, setLog6) }
 func (p *farmPlan) revSet() string  { return pick(p.v6, setStlsR4, setStlsR6) }
 func (p *farmPlan) postSet() string {
 	if p.mark {
+		if len(p.post) > 0 && p.post[0].Val != nil {
+			return pick(p.v6, setSnatM4, setSnatM6)
+		}
 		return setMasqM
 	}
 	return postSetName(p.v6, len(p.post) > 0 && p.post[0].Val != nil)
@@ -350,6 +357,9 @@ func plan(f *model.Farm) *farmPlan {
 		p.svc = []elem{{Key: key, Chain: p.chain}}
 		if f.Mode == model.ModeSNAT {
 			p.post = []elem{{Key: key}}
+			if f.SourceAddr.IsValid() {
+				p.post[0].Val = f.SourceAddr.AsSlice()
+			}
 		}
 		return p.backends(f)
 	}

@@ -188,9 +188,9 @@ func (p *Plane) Check(f *model.Farm) error {
 	switch {
 	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
 		return no("virtual-addr", "")
-	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.SourceAddr.IsValid() || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
+	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
-			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, source-addr, helper, tcp-strict, rst-rtlimit or log yet"}
+			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
 		return no("family", f.Family.String())
 	case f.Mode == model.ModeDSR:

@@ -288,6 +288,12 @@ table inet xlb {
 	set masqm {
 		type mark
 	}
+	map snatm4 {
+		type mark : ipv4_addr
+	}
+	map snatm6 {
+		type mark : ipv6_addr
+	}
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
 		meta nfproto ipv4 meta mark vmap @fwm4
@@ -322,6 +328,8 @@ table inet xlb {
 		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6
 		ct original ip6 daddr . meta l4proto . ct original proto-dst @masq6 masquerade
+		meta nfproto ipv4 snat ip to meta mark map @snatm4
+		meta nfproto ipv6 snat ip6 to meta mark map @snatm6
 		meta mark @masqm masquerade
 	}
 	chain WEB {
@@ -720,6 +728,7 @@ func TestApplyMatchesReconcile(t *testing.T) {
 			// A mark of its own per farm (the engine refuses two farms on one mark).
 			mark := uint32(f.VirtualAddr.As4()[3]) + 8
 			f.VirtualAddr, f.VirtualPorts, f.Mark, f.Scheduler, f.SchedParam = netip.Addr{}, nil, mark, model.SchedMaglev, 0
+			f.SourceAddr = netip.MustParseAddr("10.200.0.250")
 			f.Persistence = model.KeySrcIP | model.KeySrcPort
 		},
 		func(f *model.Farm) {

@@ -101,7 +101,23 @@ func postRulesRaw() ([][]rawExpr, error) {
 			rules = append(rules, r)
 		}
 	}
+	// meta nfproto ipv4 snat ip to meta mark map @snatm4 (and IPv6), then
 	// meta mark @masqm masquerade (firewall-mark farms in snat mode).
+	for _, v6 := range []bool{false, true} {
+		var r []rawExpr
+		for _, e := range append(nfproto(v6),
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setSnatM4, setSnatM6), IsDestRegSet: true, DestRegister: reg1},
+			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
+		) {
+			b, err := encode(e)
+			if err != nil {
+				return nil, err
+			}
+			r = append(r, b)
+		}
+		rules = append(rules, r)
+	}
 	var r []rawExpr
 	for _, e := range []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},

@@ -520,3 +520,23 @@ func TestSessions(t *testing.T) {
 		t.Errorf("sessions %+v, want 3", ss)
 	}
 }
+
+// TestMarkFarmSourceAddr: a firewall-mark farm in snat mode with
+// source-addr: the backends see that address.
+func TestMarkFarmSourceAddr(t *testing.T) {
+	e := newEnv(t, 1, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	src := netip.MustParseAddr("10.200.0.250")
+	testutil.Run(t, e.LB.Name, "ip", "addr", "add", src.String()+"/24", "dev", "br0")
+	dst := testutil.VIP4(50)
+	testutil.Run(t, e.LB.Name, "nft", "add", "table", "ip", "user")
+	testutil.Run(t, e.LB.Name, "nft", "add", "chain", "ip", "user", "pre", "{ type filter hook prerouting priority mangle; }")
+	testutil.Run(t, e.LB.Name, "nft", "add", "rule", "ip", "user", "pre", "ip", "daddr", dst.String(), "meta", "mark", "set", "0x20")
+	f := e.farm("fwm", dst, 0, model.ProtoTCP, 8080)
+	f.VirtualAddr, f.VirtualPorts, f.Mark, f.SourceAddr = netip.Addr{}, nil, 0x20, src
+	e.put(t, map[string]*model.Farm{}, f)
+	if _, from := e.askTCP(t, netip.AddrPortFrom(dst, 80)); from.Addr() != src {
+		t.Errorf("backend saw %s, want the farm's source-addr %s", from, src)
+	}
+}
