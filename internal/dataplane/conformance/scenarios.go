@@ -55,6 +55,11 @@ var scenarios = []scenario{
 	{name: "persistence-srcmac", backends: 3, farm: persistFarm(model.KeySrcMAC, model.ProtoTCP), run: runPersistence},
 	{name: "persistence-srcip-srcport", backends: 3, farm: persistFarm(model.KeySrcIP|model.KeySrcPort, model.ProtoUDP), run: runPersistence},
 	{name: "persistence-srcip-dstport", backends: 3, farm: persistFarm(model.KeySrcIP|model.KeyDstPort, model.ProtoTCP), run: runPersistence},
+	{name: "persistence-ttl", backends: 3, farm: func(e *Env) model.Farm {
+		f := persistFarm(model.KeySrcIP, model.ProtoTCP)(e)
+		f.PersistTTL = 1
+		return f
+	}, run: runPersistTTL},
 	{name: "limit-new-rtlimit", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("rtlimit", model.ProtoUDP)
 		f.NewRTLimit, f.NewRTBurst = 5, 5
@@ -846,5 +851,25 @@ func runBackendConnLimit(t *testing.T, e *Env, f model.Farm) {
 	line, _ := testutil.ReadLine(conn, time.Second)
 	if name, _, _ := testutil.ParseReply(line); name != "b0" {
 		t.Errorf("new connection went to %q, want b0", name)
+	}
+}
+
+// runPersistTTL: persist-ttl 1 s. New connections within the ttl stay on
+// the client's backend; after the ttl without one, the client is
+// scheduled again (rr: the next backend).
+func runPersistTTL(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	first, _ := e.ask(t, f, netip.AddrPort{})
+	// 4 x 400 ms outlasts the ttl: only the renewal by each new
+	// connection keeps the session.
+	for range 4 {
+		time.Sleep(400 * time.Millisecond)
+		if n, _ := e.ask(t, f, netip.AddrPort{}); n != first {
+			t.Fatalf("within the ttl the client went to %s, first to %s", n, first)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if n, _ := e.ask(t, f, netip.AddrPort{}); n == first {
+		t.Errorf("after the ttl the client still went to %s, want it scheduled again (rr: another backend)", n)
 	}
 }
