@@ -177,14 +177,14 @@ func nftBaseline(tag string, n, b int) float64 {
 	var s strings.Builder
 	fmt.Fprintf(&s, "table ip bench_%s {\n map svc { type ipv4_addr . inet_proto . inet_service : verdict; }\n", tag)
 	for i := range n {
-		fmt.Fprintf(&s, " chain f%d { dnat to numgen inc mod %d map { ", i, b)
+		fmt.Fprintf(&s, " chain f%d { meta l4proto tcp dnat ip addr . port to numgen inc mod %d map { ", i, b)
 		for j := range b {
 			if j > 0 {
 				s.WriteString(", ")
 			}
 			fmt.Fprintf(&s, "%d : 172.%d.%d.%d . 8080", j, 16+j>>8, j&255, i%250+1)
 		}
-		s.WriteString(" } }\n")
+		s.WriteString(" }; }\n")
 	}
 	s.WriteString(" chain pre { type nat hook prerouting priority dstnat; ip daddr . meta l4proto . th dport vmap @svc; }\n}\n")
 	for i := range n {

@@ -31,7 +31,7 @@ type app struct {
 	out, errOut   io.Writer
 	getenv        func(string) string
 	httpClient    *http.Client // nil: http.DefaultClient
-	openDataplane func(ctx context.Context, log *slog.Logger, name string) (dataplane.Dataplane, error)
+	openDataplane func(ctx context.Context, log *slog.Logger, c dataplaneConfig) (dataplane.Dataplane, error)
 	daemonReady   func(addr net.Addr) // tests: called once the daemon's API serves
 
 	apiURL  string

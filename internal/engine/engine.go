@@ -102,9 +102,11 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	if diff.Empty() {
 		return base, nil
 	}
+	t0 := time.Now()
 	if err := e.dp.Apply(ctx, diff); err != nil {
 		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), err)
 	}
+	t1 := time.Now()
 	if err := e.store.Apply(ctx, diff); err != nil {
 		// The kernel has the change but the disk does not: undo the kernel
 		// side so both agree with what the caller is told (nothing changed).
@@ -116,9 +118,14 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		}
 		return base, err
 	}
+	t2 := time.Now()
 	next := tx.build()
 	e.cur.Store(next)
 	e.publish(next)
+	// Phase timings at debug level: where a slow change spends its time
+	// (kernel transaction, fsync, snapshot build) without a profiler.
+	e.log.Debug("change committed", "farms_changed", len(diff.Changes),
+		"kernel", t1.Sub(t0), "disk", t2.Sub(t1), "publish", time.Since(t2))
 	return next, nil
 }
 

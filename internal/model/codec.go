@@ -31,6 +31,11 @@ func scalarText(raw json.RawMessage) (string, bool) {
 	}
 	switch raw[0] {
 	case '"':
+		// raw was already checked as valid JSON by the enclosing decode, so
+		// a string without escapes is its bytes between the quotes.
+		if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 {
+			return string(inner), true
+		}
 		var s string
 		if json.Unmarshal(raw, &s) != nil {
 			return "", false
@@ -272,7 +277,9 @@ func wireError(obj, field, value string, err error) error {
 	return &FieldError{Object: obj, Field: field, Value: value, Problem: err.Error()}
 }
 
-func decodeScalars[T any](obj string, t *T, fields []scalarField[T], raw map[string]json.RawMessage, skip func(string) bool) error {
+// decodeScalars sets t's fields from raw. obj names the object in errors; it
+// is a function so the name is built only when there is an error.
+func decodeScalars[T any](obj func() string, t *T, fields []scalarField[T], raw map[string]json.RawMessage, skip func(string) bool) error {
 	for key, val := range raw {
 		if skip(key) {
 			continue
@@ -285,14 +292,14 @@ func decodeScalars[T any](obj string, t *T, fields []scalarField[T], raw map[str
 			}
 		}
 		if fld == nil || fld.decode == nil {
-			return &FieldError{Object: obj, Field: key, Problem: "unknown field; known fields are " + fieldNames(fields)}
+			return &FieldError{Object: obj(), Field: key, Problem: "unknown field; known fields are " + fieldNames(fields)}
 		}
 		text, ok := scalarText(val)
 		if !ok {
-			return &FieldError{Object: obj, Field: key, Value: truncate(string(val)), Problem: "must be a string, number or boolean"}
+			return &FieldError{Object: obj(), Field: key, Value: truncate(string(val)), Problem: "must be a string, number or boolean"}
 		}
 		if err := fld.decode(t, text); err != nil {
-			return wireError(obj, key, text, err)
+			return wireError(obj(), key, text, err)
 		}
 	}
 	return nil
@@ -374,7 +381,7 @@ func decodeFarm(item json.RawMessage, index int, current FarmLookup) (Farm, erro
 		f = NewFarm(nameText)
 	}
 	obj := farmObject(f.Name)
-	if err := decodeScalars(obj, &f, farmFields, raw, func(k string) bool {
+	if err := decodeScalars(func() string { return obj }, &f, farmFields, raw, func(k string) bool {
 		return k == "name" || k == "backends" || k == "policies"
 	}); err != nil {
 		return Farm{}, err
@@ -423,24 +430,31 @@ func decodeBackends(f *Farm, raw json.RawMessage) error {
 	if err := json.Unmarshal(raw, &items); err != nil {
 		return &FieldError{Object: obj, Field: "backends", Problem: "must be an array of backend objects"}
 	}
+	// Index the existing backends by name so a patch of n backends onto a
+	// farm with m costs O(n+m), not O(n*m).
+	index := make(map[string]int, len(f.Backends)+len(items))
+	for i := range f.Backends {
+		index[f.Backends[i].Name] = i
+	}
 	for i, item := range items {
 		name, ok := scalarText(item["name"])
 		if !ok || !ValidName(name) {
 			return &FieldError{Object: obj, Field: fmt.Sprintf("backends[%d].name", i), Value: name, Problem: "is required and must be " + nameRule}
 		}
-		b, idx := f.Backend(name)
+		idx, exists := index[name]
 		var nb Backend
-		if b != nil {
-			nb = *b
+		if exists {
+			nb = f.Backends[idx]
 		} else {
 			nb = NewBackend(name)
 		}
-		if err := decodeScalars(backendObject(f.Name, name), &nb, backendFields, item, func(k string) bool { return k == "name" }); err != nil {
+		if err := decodeScalars(func() string { return backendObject(f.Name, name) }, &nb, backendFields, item, func(k string) bool { return k == "name" }); err != nil {
 			return err
 		}
-		if idx >= 0 {
+		if exists {
 			f.Backends[idx] = nb
 		} else {
+			index[name] = len(f.Backends)
 			f.Backends = append(f.Backends, nb)
 		}
 	}

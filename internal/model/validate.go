@@ -207,9 +207,10 @@ func (f *Farm) checkFamily(field string, is4 bool) error {
 }
 
 func (f *Farm) validateBackend(b *Backend) error {
-	obj := backendObject(f.Name, b.Name)
+	// The object name is built only on error: validation runs for every
+	// backend of every farm in a bulk change, and nearly always passes.
 	bad := func(field, value, problem string) error {
-		return &FieldError{Object: obj, Field: field, Value: value, Problem: problem}
+		return &FieldError{Object: backendObject(f.Name, b.Name), Field: field, Value: value, Problem: problem}
 	}
 	if !ValidName(b.Name) {
 		return &FieldError{Object: farmObject(f.Name), Field: "backends.name", Value: b.Name, Problem: "must be " + nameRule}

@@ -60,11 +60,15 @@ type lbEnv struct {
 	state   string
 	daemon  *exec.Cmd
 	logFile string
+	args    []string // extra daemon flags (e.g. the data plane's)
 }
 
-func newEnv(t *testing.T) *lbEnv {
+func newEnv(t *testing.T) *lbEnv { return newEnvWith(t, nil) }
+
+// newEnvWith is newEnv with extra daemon flags.
+func newEnvWith(t *testing.T, args []string) *lbEnv {
 	testutil.RequireRoot(t)
-	e := &lbEnv{t: t, bin: xlbBinary(t), state: t.TempDir()}
+	e := &lbEnv{t: t, bin: xlbBinary(t), state: t.TempDir(), args: args}
 	e.topo = testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3})
 	for i, b := range e.topo.Backends {
 		testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8080), fmt.Sprintf("backend-%d", i+1))
@@ -88,8 +92,8 @@ func (e *lbEnv) start() {
 		e.t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command("ip", "netns", "exec", e.topo.LB.Name, e.bin, "daemon",
-		"--listen", "127.0.0.1:5555", "--state-dir", e.state, "--log-level", "debug")
+	cmd := exec.Command("ip", append([]string{"netns", "exec", e.topo.LB.Name, e.bin, "daemon",
+		"--listen", "127.0.0.1:5555", "--state-dir", e.state, "--log-level", "debug"}, e.args...)...)
 	cmd.Env = append(os.Environ(), "XLB_KEY="+testKey)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -140,7 +144,7 @@ func (e *lbEnv) mustCLI(args ...string) string {
 
 func (e *lbEnv) nftList() string {
 	e.t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "list", "table", "inet", "xlb").CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "list", "ruleset").CombinedOutput()
 	if err != nil {
 		e.t.Fatalf("nft list: %v: %s", err, out)
 	}
@@ -251,7 +255,7 @@ func TestRestartRepairsDrift(t *testing.T) {
 	e.addWebFarm(vip.Addr())
 	want := e.nftList()
 	e.kill()
-	if out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "delete", "table", "inet", "xlb").CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
 		t.Fatalf("delete table by hand: %v: %s", err, out)
 	}
 	if _, err := testutil.AskTCP(e.topo.Client.NS, vip); err == nil {

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/vishvananda/netns"
@@ -19,8 +20,18 @@ var nftRefuses = map[string]string{
 	"mode-stlsdnat-ipv6": `"mode" value "stlsdnat": the nft data plane does stlsdnat for IPv4 VIP farms only`,
 }
 
-// TestConformance runs the data-plane conformance suite against nft.
+// TestConformance runs the data-plane conformance suite against nft, in
+// one table and spread over 3 tables (the daemon's default is sharded).
 func TestConformance(t *testing.T) {
+	for _, shards := range []int{1, 3} {
+		t.Run(fmt.Sprintf("tables=%d", shards), func(t *testing.T) {
+			t.Parallel()
+			conformanceRun(t, shards)
+		})
+	}
+}
+
+func conformanceRun(t *testing.T, shards int) {
 	conformance.Run(t, conformance.Plane{
 		Name: PlaneName,
 		Open: func(t testing.TB, path string) dataplane.Dataplane {
@@ -29,7 +40,7 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("open namespace %s: %v", path, err)
 			}
 			t.Cleanup(func() { ns.Close() })
-			p, err := New(context.Background(), testLogger(), Options{NetNS: ns, LogGroup: conformance.LogGroup})
+			p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, LogGroup: conformance.LogGroup, Shards: shards})
 			if err != nil {
 				t.Fatalf("new nft plane: %v", err)
 			}

@@ -39,8 +39,12 @@ type Options struct {
 	// means the current one. The handle must stay open while the Plane
 	// is in use.
 	NetNS netns.NsHandle
-	// Table is the name of the inet table xlb owns (default "xlb").
+	// Table is the name of the inet table xlb owns (default "xlb"). With
+	// Shards > 1 it is the prefix of the tables: xlb-00, xlb-01, ...
 	Table string
+	// Shards spreads farms over this many tables (Open; at most 256).
+	// 0 or 1: one table. See Sharded for why.
+	Shards int
 	// LogGroup, when not 0, sends the log lines of farms with "log" to
 	// this NFLOG group instead of the kernel log.
 	LogGroup uint16
@@ -60,6 +64,10 @@ type Plane struct {
 	farms  map[string]*farmState // what the kernel holds, by farm name
 	gen    uint64                // generation of backend maps (unique names)
 	setID  uint32
+
+	// shared is set when this Plane is one table of a Sharded plane: the
+	// netlink connection belongs to the Sharded plane, which redials it.
+	shared *Sharded
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
@@ -93,6 +101,12 @@ var _ dataplane.Dataplane = (*Plane)(nil)
 // Reconcile for that). It replaces the base chains' rules atomically, so
 // traffic through existing farms keeps flowing.
 func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
+	return newTablePlane(ctx, log, opts, nil)
+}
+
+// newTablePlane is New; with shared, the Plane is one table of a Sharded plane
+// and uses its connection.
+func newTablePlane(ctx context.Context, log *slog.Logger, opts Options, shared *Sharded) (*Plane, error) {
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
@@ -110,7 +124,10 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	for _, s := range staticSets(p.table) {
 		p.static[s.Name] = s
 	}
-	if err := p.dial(); err != nil {
+	if shared != nil {
+		p.shared, p.conn = shared, shared.conn
+		p.setID = shared.nextIDBase()
+	} else if err := p.dial(); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -131,16 +148,25 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 }
 
 func (p *Plane) dial() error {
-	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
-	if p.opts.NetNS.IsOpen() {
-		opts = append(opts, nftables.WithNetNSFd(int(p.opts.NetNS)))
-	}
-	c, err := nftables.New(opts...)
+	c, err := dialNFT(p.opts.NetNS)
 	if err != nil {
-		return fmt.Errorf("connect to nftables: %w", err)
+		return err
 	}
 	p.conn = c
 	return nil
+}
+
+// dialNFT opens a lasting nftables netlink connection in namespace ns.
+func dialNFT(ns netns.NsHandle) (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
+	if ns.IsOpen() {
+		opts = append(opts, nftables.WithNetNSFd(int(ns)))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nftables: %w", err)
+	}
+	return c, nil
 }
 
 // setBuffers raises the socket buffers past the sysctl limits (root only),
@@ -175,6 +201,10 @@ func (p *Plane) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil {
+		return nil
+	}
+	if p.shared != nil { // the Sharded plane closes the connection
+		p.conn = nil
 		return nil
 	}
 	err := p.conn.CloseLasting()
@@ -261,6 +291,17 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		return errors.New("nft data plane is closed")
 	}
 	b := p.newBatch()
+	next := p.queue(b, d)
+	if err := b.flush(); err != nil {
+		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
+	}
+	p.commit(next)
+	return nil
+}
+
+// queue adds the messages of d to batch b (nothing is sent) and returns the
+// farms' states to commit once the batch is in the kernel.
+func (p *Plane) queue(b *batch, d dataplane.Diff) map[string]*farmState {
 	next := map[string]*farmState{}
 	cur := func(name string) *farmState {
 		if s, ok := next[name]; ok {
@@ -286,9 +327,11 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		}
 		next[name] = b.putFarm(old, c.New)
 	}
-	if err := b.flush(); err != nil {
-		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
-	}
+	return next
+}
+
+// commit records what a queued batch put in the kernel.
+func (p *Plane) commit(next map[string]*farmState) {
 	for name, s := range next {
 		if s == nil {
 			delete(p.farms, name)
@@ -296,7 +339,6 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 			p.farms[name] = s
 		}
 	}
-	return nil
 }
 
 // Reconcile implements dataplane.Dataplane. It reads xlb's table from the
@@ -493,6 +535,10 @@ func (p *Plane) readKernel() (*kernelState, error) {
 // redial replaces the netlink connection after an error: a failed batch can
 // leave unread acks on the socket that would confuse the next one.
 func (p *Plane) redial() {
+	if p.shared != nil {
+		p.shared.redial()
+		return
+	}
 	if p.conn != nil {
 		_ = p.conn.CloseLasting()
 		p.conn = nil
