@@ -6,7 +6,9 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -296,6 +298,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{[]string{"backend", "add", "web", "be9", "--ip", "fd00::9"}, []string{"ip-addr", "family"}},
 		{[]string{"farm", "add", "other", "--vip", vip.Addr().String(), "--ports", "80"}, []string{"already served", "web"}},
 		{[]string{"farm", "del", "nosuchfarm"}, []string{"nosuchfarm", "does not exist"}},
+		// Combinations valid field by field but not together.
+		{[]string{"farm", "set", "web", "--helper", "tftp"}, []string{"helper", "tftp", "protocol udp", "has protocol tcp"}},
+		{[]string{"farm", "set", "web", "--mode", "stlsdnat", "--persistence", "srcip"}, []string{"persistence", "srcip", "stlsdnat"}},
+		{[]string{"farm", "set", "web", "--mode", "dsr"}, []string{"port", "8080", "dsr"}},
+		{[]string{"farm", "set", "web", "--mode", "stlsdnat"}, []string{"scheduler", "rr", "hash, symhash or maglev"}},
 	} {
 		out, err := e.cli(c.args...)
 		if err == nil {
@@ -325,5 +332,55 @@ func TestDeleteFarmStopsTraffic(t *testing.T) {
 	e.mustCLI("farm", "del", "web")
 	if reply, err := testutil.AskTCP(e.topo.Client.NS, vip); err == nil {
 		t.Errorf("deleted farm still answered: %q", reply)
+	}
+}
+
+// TestSessionsAPI: a farm with persistence lists its sessions over the API
+// and deletes one client's.
+func TestSessionsAPI(t *testing.T) {
+	e := newEnv(t)
+	vip := netip.AddrPortFrom(testutil.VIP4(5), 80)
+	e.addWebFarm(vip.Addr())
+	e.mustCLI("farm", "set", "web", "--persistence", "srcip", "--persist-ttl", "120")
+	got, err := e.answers(vip, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("one client with persistence reached %v", got)
+	}
+	var backend string
+	for b := range got {
+		backend = b
+	}
+	hc := testutil.HTTPClient(e.topo.LB.NS)
+	call := func(method, path string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://127.0.0.1:5555"+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Key", testKey)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	client := e.topo.Client.IPv4.String()
+	status, body := call("GET", "/farms/web/sessions")
+	// The servers answer "backend-N"; the farm's backends are be1..be3 on
+	// the same hosts.
+	want := fmt.Sprintf(`{"client":"%s","backend":"be%s"`, client, strings.TrimPrefix(backend, "backend-"))
+	if status != 200 || !strings.Contains(body, want) {
+		t.Fatalf("GET sessions: %d %s, want %s", status, body, want)
+	}
+	if status, body := call("DELETE", "/farms/web/sessions/"+client); status != 200 || !strings.Contains(body, `"deleted":"1"`) {
+		t.Fatalf("DELETE session: %d %s", status, body)
+	}
+	if status, body := call("GET", "/farms/web/sessions"); status != 200 || !strings.Contains(body, `"sessions":[]`) {
+		t.Fatalf("GET sessions after delete: %d %s", status, body)
 	}
 }

@@ -218,3 +218,25 @@ func (s *Sharded) redial() {
 		p.conn = c
 	}
 }
+
+var _ dataplane.SessionStore = (*Sharded)(nil)
+
+// Sessions implements dataplane.SessionStore on the farm's table.
+func (s *Sharded) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		return nil, errors.New("nft data plane is closed")
+	}
+	return s.shards[s.shardOf(f.Name)].Sessions(ctx, f)
+}
+
+// DeleteSessions implements dataplane.SessionStore on the farm's table.
+func (s *Sharded) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		return 0, errors.New("nft data plane is closed")
+	}
+	return s.shards[s.shardOf(f.Name)].DeleteSessions(ctx, f, client, backend)
+}
