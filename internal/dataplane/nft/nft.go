@@ -68,6 +68,40 @@ type Plane struct {
 	// shared is set when this Plane is one table of a Sharded plane: the
 	// netlink connection belongs to the Sharded plane, which redials it.
 	shared *Sharded
+
+	// hooks says which per-packet base chains the table has (see
+	// hookState); only Apply and Reconcile change it.
+	hooks hookState
+}
+
+// hookState is which of the table's per-packet base chains exist. The NAT
+// chains see only a connection's first packet, but the raw (stateless
+// farms) and filter (per-farm filters) chains see every packet, so a table
+// has them only while one of its farms needs them: with farms spread over
+// many tables, idle ones would otherwise cost every packet a few lookups
+// per table.
+type hookState struct{ raw, filter bool }
+
+// wantHooks returns the base chains the farms of the table need.
+func wantHooks(farms func(yield func(*farmState) bool)) hookState {
+	var h hookState
+	for s := range farms {
+		if s == nil || s.plan == nil {
+			continue
+		}
+		h.raw = h.raw || s.plan.stls
+		h.filter = h.filter || s.plan.fchain != ""
+		if h.raw && h.filter {
+			break
+		}
+	}
+	return h
+}
+
+// pending is what a queued batch will have put in the kernel once flushed.
+type pending struct {
+	farms map[string]*farmState // nil value: the farm is gone
+	hooks hookState
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
@@ -291,17 +325,17 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		return errors.New("nft data plane is closed")
 	}
 	b := p.newBatch()
-	next := p.queue(b, d)
+	pd := p.queue(b, d)
 	if err := b.flush(); err != nil {
 		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
 	}
-	p.commit(next)
+	p.commit(pd)
 	return nil
 }
 
 // queue adds the messages of d to batch b (nothing is sent) and returns the
 // farms' states to commit once the batch is in the kernel.
-func (p *Plane) queue(b *batch, d dataplane.Diff) map[string]*farmState {
+func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
 	next := map[string]*farmState{}
 	cur := func(name string) *farmState {
 		if s, ok := next[name]; ok {
@@ -327,18 +361,32 @@ func (p *Plane) queue(b *batch, d dataplane.Diff) map[string]*farmState {
 		}
 		next[name] = b.putFarm(old, c.New)
 	}
-	return next
+	want := wantHooks(func(yield func(*farmState) bool) {
+		for _, s := range next {
+			if !yield(s) {
+				return
+			}
+		}
+		for name, s := range p.farms {
+			if _, changed := next[name]; !changed && !yield(s) {
+				return
+			}
+		}
+	})
+	b.syncHooks(p.hooks, want)
+	return &pending{farms: next, hooks: want}
 }
 
 // commit records what a queued batch put in the kernel.
-func (p *Plane) commit(next map[string]*farmState) {
-	for name, s := range next {
+func (p *Plane) commit(pd *pending) {
+	for name, s := range pd.farms {
 		if s == nil {
 			delete(p.farms, name)
 		} else {
 			p.farms[name] = s
 		}
 	}
+	p.hooks = pd.hooks
 }
 
 // Reconcile implements dataplane.Dataplane. It reads xlb's table from the
@@ -367,7 +415,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range staticSets(p.table) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainFilter: true, chainRaw: true}
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
@@ -405,6 +453,22 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		for _, e := range pl.post {
 			wantElems[pl.postSet()][e.id()] = e
 		}
+	}
+	// Per-packet base chains: (re)made if a farm needs them, else strays.
+	hooks := wantHooks(func(yield func(*farmState) bool) {
+		for _, s := range next {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+	if hooks.raw {
+		keepChains[chainRaw] = true
+		b.addHook(chainRaw)
+	}
+	if hooks.filter {
+		keepChains[chainFilter] = true
+		b.addHook(chainFilter)
 	}
 	// Service and snat elements: remove what is wrong, add what is missing.
 	for name, want := range wantElems {
@@ -448,6 +512,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		return fmt.Errorf("reconcile %d farms: %w", len(farms), err)
 	}
 	p.farms = next
+	p.hooks = hooks
 	if err := p.programPostrouting(); err != nil {
 		return fmt.Errorf("reconcile postrouting chain: %w", err)
 	}
@@ -610,25 +675,57 @@ func (b *batch) ensureStatic() {
 	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
-	// Stateless farms, before conntrack.
-	raw := b.c.AddChain(&nftables.Chain{Table: t, Name: chainRaw, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
-	b.c.FlushChain(raw)
-	for _, v6 := range []bool{false, true} {
-		b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: vmapRule(v6, pick(v6, setStls4, setStls6))})
-		b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: revRule(v6)})
-	}
-	// Per-farm filters, after conntrack (-200) so ct state is known and
-	// before dnat (-100) so the VIP is still the destination.
-	filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
-	b.c.FlushChain(filt)
-	for _, v6 := range []bool{false, true} {
-		b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: vmapRule(v6, pick(v6, setFsvc4, setFsvc6))})
-	}
-	// The postrouting chain's rules are sent by programPostrouting.
+	// The raw and filter base chains come and go with the farms that need
+	// them (syncHooks). The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+}
+
+// syncHooks adds or deletes the per-packet base chains so the table has
+// want (see hookState); have is what it has now.
+func (b *batch) syncHooks(have, want hookState) {
+	if want.raw && !have.raw {
+		b.addHook(chainRaw)
+	}
+	if want.filter && !have.filter {
+		b.addHook(chainFilter)
+	}
+	for _, gone := range []struct {
+		name string
+		drop bool
+	}{{chainRaw, have.raw && !want.raw}, {chainFilter, have.filter && !want.filter}} {
+		if gone.drop {
+			ch := &nftables.Chain{Table: b.p.table, Name: gone.name}
+			b.c.FlushChain(ch)
+			b.c.DelChain(ch)
+		}
+	}
+}
+
+// addHook adds (or, if it exists, re-fills) the raw or filter base chain.
+func (b *batch) addHook(name string) {
+	t := b.p.table
+	accept := nftables.ChainPolicyAccept
+	switch name {
+	case chainRaw:
+		// Stateless farms, before conntrack.
+		raw := b.c.AddChain(&nftables.Chain{Table: t, Name: chainRaw, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
+		b.c.FlushChain(raw)
+		for _, v6 := range []bool{false, true} {
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: vmapRule(v6, pick(v6, setStls4, setStls6))})
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: revRule(v6)})
+		}
+	case chainFilter:
+		// Per-farm filters, after conntrack (-200) so ct state is known and
+		// before dnat (-100) so the VIP is still the destination.
+		filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+		b.c.FlushChain(filt)
+		for _, v6 := range []bool{false, true} {
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: vmapRule(v6, pick(v6, setFsvc4, setFsvc6))})
+		}
+	}
 }
 
 func (b *batch) addElems(s *nftables.Set, els []elem) {

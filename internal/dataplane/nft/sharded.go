@@ -139,7 +139,7 @@ func (s *Sharded) Apply(ctx context.Context, d dataplane.Diff) error {
 		i := s.shardOf(name)
 		parts[i].Changes = append(parts[i].Changes, c)
 	}
-	nexts := make([]map[string]*farmState, len(s.shards))
+	nexts := make([]*pending, len(s.shards))
 	for i, part := range parts {
 		if len(part.Changes) == 0 {
 			continue
