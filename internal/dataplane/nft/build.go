@@ -22,19 +22,29 @@ const (
 	chainOutput      = "output"
 	chainPostrouting = "postrouting"
 
-	setSvc4   = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
-	setSvc6   = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
-	setMasq4  = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
-	setMasq6  = "masq6"  // same for IPv6
-	setSnat4  = "snat4"  // same key -> source address (farm source-addr)
-	setSnat6  = "snat6"  // same for IPv6
-	farmChain = "f-"     // farm chain: f-<hash>
-	farmMap   = "m-"     // farm backend map: m-<hash>-<generation>
-	hashLen   = 16       // hex digits of the name hash (64 bits)
-	elemChunk = 200      // set elements per netlink message (attributes are < 64 KiB)
-	anyPort   = 0xffff   // last port of "every port"
-	anyProto  = 0xff     // last protocol number of "every protocol"
-	protoNone = uint8(0) // first protocol number of "every protocol"
+	setSvc4     = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
+	setSvc6     = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
+	setMasq4    = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
+	setMasq6    = "masq6"  // same for IPv6
+	setSnat4    = "snat4"  // same key -> source address (farm source-addr)
+	setSnat6    = "snat6"  // same for IPv6
+	setFwm4     = "fwm4"   // meta mark -> goto farm chain (firewall-mark farms, IPv4)
+	setFwm6     = "fwm6"   // same for IPv6
+	setMasqM    = "masqm"  // meta mark: masquerade (snat firewall-mark farms)
+	setFsvc4    = "fsvc4"  // like svc4, -> goto farm filter chain (farms with filters only)
+	setFsvc6    = "fsvc6"  // same for IPv6
+	setLog4     = "log4"   // like svc4 (ct original keys), -> jump farm log chain (farms with log only)
+	setLog6     = "log6"   // same for IPv6
+	farmLog     = "l-"     // farm log chain: l-<hash>
+	chainFilter = "filter" // filter hook prerouting, after conntrack: per-farm filters
+	farmFilter  = "g-"     // farm filter chain: g-<hash>
+	farmChain   = "f-"     // farm chain: f-<hash>
+	farmMap     = "m-"     // farm backend map: m-<hash>-<generation>
+	hashLen     = 16       // hex digits of the name hash (64 bits)
+	elemChunk   = 200      // set elements per netlink message (attributes are < 64 KiB)
+	anyPort     = 0xffff   // last port of "every port"
+	anyProto    = 0xff     // last protocol number of "every protocol"
+	protoNone   = uint8(0) // first protocol number of "every protocol"
 )
 
 // Registers. Concatenations are laid out from NFT_REG_1 (the 32-bit
@@ -95,6 +105,13 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		set(setMasq6, typeSvc6),
 		snat(setSnat4, typeSvc4, nftables.TypeIPAddr),
 		snat(setSnat6, typeSvc6, nftables.TypeIP6Addr),
+		svc(setFsvc4, typeSvc4),
+		svc(setFsvc6, typeSvc6),
+		{Table: t, Name: setFwm4, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setFwm6, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setMasqM, KeyType: nftables.TypeMark, KeyByteOrder: binaryutil.NativeEndian},
+		svc(setLog4, typeSvc4),
+		svc(setLog6, typeSvc6),
 	}
 }
 
@@ -117,11 +134,22 @@ func addrWords(v6 bool) uint32 {
 	return 1
 }
 
+// fwmRule: meta nfproto ipv4 meta mark vmap @fwm4 (or the ipv6 form).
+func fwmRule(v6 bool) []expr.Any {
+	return append(nfproto(v6),
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setFwm4, setFwm6), IsDestRegSet: true, DestRegister: regVerdict},
+	)
+}
+
 // svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 form).
-func svcRule(v6 bool) []expr.Any {
-	off, alen, set := uint32(16), uint32(4), setSvc4
+func svcRule(v6 bool) []expr.Any { return vmapRule(v6, pick(v6, setSvc4, setSvc6)) }
+
+// vmapRule: ip daddr . meta l4proto . th dport vmap @set (or the ip6 form).
+func vmapRule(v6 bool, set string) []expr.Any {
+	off, alen := uint32(16), uint32(4)
 	if v6 {
-		off, alen, set = 24, 16, setSvc6
+		off, alen = 24, 16
 	}
 	w := addrWords(v6)
 	return append(nfproto(v6),
@@ -144,18 +172,22 @@ type elem struct {
 	Key, KeyEnd []byte
 	Val         []byte // map data (snat source address)
 	Chain       string // verdict map: goto this chain
+	Jump        bool   // jump to Chain instead of goto
 }
 
 func (e elem) id() string { return string(e.Key) + "\x00" + string(e.KeyEnd) }
 
 func (e elem) same(o elem) bool {
-	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain
+	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain && e.Jump == o.Jump
 }
 
 func (e elem) setElement() nftables.SetElement {
 	se := nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd, Val: e.Val}
 	if e.Chain != "" {
 		se.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}
+		if e.Jump {
+			se.VerdictData.Kind = expr.VerdictJump
+		}
 	}
 	return se
 }
@@ -216,10 +248,38 @@ type farmPlan struct {
 	post   []elem // in masq4/6 (no Val) or snat4/6 (Val)
 	active []model.Backend
 	port   uint16 // substitute for backend port 0 when kind is kindAddrPort
+	// fchain is the farm's filter chain ("" when it needs none) and
+	// filt its elements in fsvc4/fsvc6.
+	fchain string
+	filt   []elem
+	// mark: a firewall-mark farm (svc and post are keyed by the mark).
+	mark bool
+	// marks: some serving backend has a mark. ids: backends are named
+	// by id through the ct mark (persistence or marks; see persist.go).
+	marks, ids bool
+	// lchain is the farm's log chain ("" without log) and logs its
+	// elements in log4/log6 (jump).
+	lchain string
+	logs   []elem
+	// helper names the farm's ct helper object ("" without a helper).
+	helper string
+	// persist names the persistence map ("" without persistence or
+	// without serving backends); see persist.go.
+	persist string
 }
 
-func (p *farmPlan) svcSet() string { return pick(p.v6, setSvc4, setSvc6) }
+func (p *farmPlan) svcSet() string {
+	if p.mark {
+		return pick(p.v6, setFwm4, setFwm6)
+	}
+	return pick(p.v6, setSvc4, setSvc6)
+}
+func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
+func (p *farmPlan) logSet() string  { return pick(p.v6, setLog4, setLog6) }
 func (p *farmPlan) postSet() string {
+	if p.mark {
+		return setMasqM
+	}
 	return postSetName(p.v6, len(p.post) > 0 && p.post[0].Val != nil)
 }
 
@@ -245,7 +305,30 @@ func plan(f *model.Farm) *farmPlan {
 		return nil
 	}
 	p := &farmPlan{name: f.Name, v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}
+	if f.IsMarkFarm() {
+		p.mark, p.v6 = true, f.Family == model.FamilyIPv6
+		key := binaryutil.NativeEndian.PutUint32(f.Mark)
+		p.svc = []elem{{Key: key, Chain: p.chain}}
+		if f.Mode == model.ModeSNAT {
+			p.post = []elem{{Key: key}}
+		}
+		return p.backends(f)
+	}
 	p.svc = svcElems(f, p.chain, nil)
+	if f.Helper != model.HelperNone {
+		p.helper = helperObjName(f)
+	}
+	if f.Log != 0 {
+		p.lchain = farmLog + nameHash(f.Name)
+		p.logs = svcElems(f, p.lchain, nil)
+		for i := range p.logs {
+			p.logs[i].Jump = true
+		}
+	}
+	if len(filterRules(f, p.helper)) > 0 {
+		p.fchain = farmFilter + nameHash(f.Name)
+		p.filt = svcElems(f, p.fchain, nil)
+	}
 	if f.Mode == model.ModeSNAT {
 		if f.SourceAddr.IsValid() {
 			p.post = svcElems(f, "", f.SourceAddr.AsSlice())
@@ -253,6 +336,11 @@ func plan(f *model.Farm) *farmPlan {
 			p.post = svcElems(f, "", nil)
 		}
 	}
+	return p.backends(f)
+}
+
+// backends fills in the serving backends and the backend map's shape.
+func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	p.active = f.ActiveBackends()
 	if len(p.active) == 0 {
 		return p
@@ -266,6 +354,13 @@ func plan(f *model.Farm) *farmPlan {
 	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
 		p.port = f.VirtualPorts[0].First
 	}
+	if f.Persistence != 0 && p.kind != kindNone {
+		p.persist = persistName(f)
+	}
+	for _, b := range p.active {
+		p.marks = p.marks || b.Mark != 0
+	}
+	p.ids = p.persist != "" || p.marks
 	return p
 }
 
@@ -279,13 +374,20 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 		s.Interval = true
 		s.KeyByteOrder = binaryutil.BigEndian
 	}
-	switch {
-	case p.kind == kindAddr:
-		s.DataType = pick(p.v6, nftables.TypeIPAddr, nftables.TypeIP6Addr)
-	default:
-		s.DataType = pick(p.v6, typeDst4, typeDst6)
+	s.DataType = p.dataType()
+	if p.ids {
+		s.DataType = nftables.TypeMark // backend id, see persist.go
 	}
 	return s
+}
+
+// slotData is a slot's data in the backend map: the backend, or its id in
+// farms with persistence or backend marks.
+func (p *farmPlan) slotData(b model.Backend) []byte {
+	if p.ids {
+		return binaryutil.NativeEndian.PutUint32(backendID(b))
+	}
+	return p.backendData(b)
 }
 
 func (p *farmPlan) backendData(b model.Backend) []byte {
@@ -304,9 +406,16 @@ func (p *farmPlan) backendData(b model.Backend) []byte {
 // scheduling expression.
 func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	var out []nftables.SetElement
+	if f.Scheduler == model.SchedMaglev {
+		table := maglevTable(p.active, len(f.Backends))
+		for i, bi := range table {
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(p.active[bi])})
+		}
+		return out, uint32(len(table))
+	}
 	if f.Scheduler != model.SchedWeight {
 		for i, b := range p.active {
-			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.backendData(b)})
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(b)})
 		}
 		return out, uint32(len(p.active))
 	}
@@ -316,48 +425,65 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	var total uint32
 	for _, b := range p.active {
 		out = append(out,
-			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.backendData(b)},
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.slotData(b)},
 			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + b.Weight), IntervalEnd: true})
 		total += b.Weight
 	}
 	return out, total
 }
 
-// hashLoads loads the farm's hash keys into consecutive registers from
-// NFT_REG_1 and returns the expressions and the number of bytes loaded.
-func hashLoads(f *model.Farm, v6 bool) ([]expr.Any, uint32) {
-	var out []expr.Any
-	reg := uint32(reg32)
-	alen, saddr, daddr := uint32(4), uint32(12), uint32(16)
-	if v6 {
-		alen, saddr, daddr = 16, 8, 24
-	}
-	load := func(base expr.PayloadBase, off, n uint32) {
-		out = append(out, &expr.Payload{DestRegister: reg, Base: base, Offset: off, Len: n})
-		reg += (n + 3) / 4
-	}
-	k := f.SchedParam
-	if k&model.KeySrcIP != 0 {
-		load(expr.PayloadBaseNetworkHeader, saddr, alen)
-	}
-	if k&model.KeyDstIP != 0 {
-		load(expr.PayloadBaseNetworkHeader, daddr, alen)
-	}
-	if k&model.KeySrcPort != 0 {
-		load(expr.PayloadBaseTransportHeader, 0, 2)
-	}
-	if k&model.KeyDstPort != 0 {
-		load(expr.PayloadBaseTransportHeader, 2, 2)
-	}
-	return out, (reg - reg32) * 4
-}
+// connlimitOver is NFT_CONNLIMIT_F_INV: "ct count over N".
+const connlimitOver = 1
 
-// farmRules returns the rules of a farm's chain.
-func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32) [][]expr.Any {
+// farmRules returns the rules of a farm's chain. pset and aset are the
+// persistence map and the active map (nil without persistence).
+func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32, pset, aset *nftables.Set) [][]expr.Any {
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	if p.kind == kindNone {
 		return [][]expr.Any{drop}
 	}
+	var pre [][]expr.Any
+	if p.mark && f.Protocol != model.ProtoAll {
+		// A mark selects packets of any protocol: others go on to the
+		// VIP farms.
+		pre = append(pre, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{f.Protocol.Number()}},
+			&expr.Verdict{Kind: expr.VerdictReturn}})
+	}
+	if f.NewRTLimit != 0 {
+		// The nat chain sees only the first packet of a connection, so
+		// this limits new connections.
+		pre = append(pre, []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.NewRTLimit), Unit: expr.LimitTimeSecond, Burst: f.NewRTBurst, Over: true},
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
+	}
+	if f.EstConnLimit != 0 {
+		pre = append(pre, []expr.Any{
+			&expr.Connlimit{Count: f.EstConnLimit, Flags: connlimitOver},
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
+	}
+	r, n := p.schedRule(f, f.SchedParam, mapName, mapID, modulus)
+	var rules [][]expr.Any
+	switch {
+	case pset != nil:
+		rules = p.persistRules(f, r, n, pset, aset)
+	case aset != nil:
+		rules = p.markRules(r, n, aset)
+	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0 && f.SchedParam != model.KeySrcMAC:
+		// Packets without a link-layer header (local clients) hash the
+		// other keys.
+		r2, _ := p.schedRule(f, f.SchedParam&^model.KeySrcMAC, mapName, mapID, modulus)
+		rules = [][]expr.Any{r, r2}
+	default:
+		rules = [][]expr.Any{r}
+	}
+	return append(append(pre, rules...), drop)
+}
+
+// schedRule returns the rule that picks a backend (hash keys for the hash
+// scheduler) and dnats to it, and its nat expression.
+func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, mapID uint32, modulus uint32) ([]expr.Any, *expr.NAT) {
 	var r []expr.Any
 	switch f.Scheduler {
 	case model.SchedRR:
@@ -367,14 +493,19 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 			&expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus},
 			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		)
-	case model.SchedHash:
-		loads, n := hashLoads(f, p.v6)
+	case model.SchedHash, model.SchedMaglev:
+		if f.Scheduler == model.SchedMaglev {
+			keys = maglevKeys(f)
+		}
+		loads, _, n := keyLoads(keys, p.v6, reg32)
 		// The family match is implied by the service map, but lets nft
 		// list the loads as ip saddr/ip6 saddr instead of raw offsets.
 		r = append(r, nfproto(p.v6)...)
 		r = append(r, loads...)
 		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
 			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
+	case model.SchedSymhash:
+		r = append(r, &expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym})
 	}
 	n := &expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(p.v6), RegAddrMin: reg1}
 	if p.kind == kindAddrPort {
@@ -387,5 +518,64 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	)
 	// A lookup miss cannot happen (slots cover the modulus), but if it
 	// did the packet must not reach local sockets: drop.
-	return [][]expr.Any{r, drop}
+	return r, n
+}
+
+// filterRules returns the rules of a farm's filter chain: what must see
+// every packet of the farm's connections from clients, not only the first
+// (the nat chains see only that one).
+//
+//	ct state invalid counter drop                                        (tcp-strict)
+//	tcp flags & rst == rst limit rate over N/second burst B counter drop (rst-rtlimit)
+//	ct helper set "h-<hash>-<helper>-<proto>"                            (helper)
+//
+// helper is the name of the farm's ct helper object.
+func filterRules(f *model.Farm, helper string) [][]expr.Any {
+	var out [][]expr.Any
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	if f.TCPStrict {
+		out = append(out, append([]expr.Any{
+			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitINVALID), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+		}, drop...))
+	}
+	if f.RstRTLimit != 0 {
+		out = append(out, append([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0}},
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.RstRTLimit), Unit: expr.LimitTimeSecond, Burst: f.RstRTBurst, Over: true},
+		}, drop...))
+	}
+	if helper != "" {
+		out = append(out, []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_CT_HELPER, Name: helper}})
+	}
+	return out
+}
+
+// logPrefix is the prefix of a farm's log lines: the farm's log-prefix,
+// then "xlb farm=<name> ". The logged packet is the connection's first,
+// after dnat: its destination is the backend chosen.
+func logPrefix(f *model.Farm) string {
+	p := "xlb farm=" + f.Name + " "
+	if f.LogPrefix != "" {
+		p = f.LogPrefix + " " + p
+	}
+	return p
+}
+
+// logRules returns the rules of a farm's log chain, reached from the
+// postrouting chain (nat: the first packet of each new connection, after
+// the backend was chosen): `log prefix "..." [group N]`, then back.
+func logRules(f *model.Farm, group uint16) [][]expr.Any {
+	l := &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(logPrefix(f))}
+	if group != 0 {
+		l.Key |= 1 << unix.NFTA_LOG_GROUP
+		l.Group = group
+	}
+	return [][]expr.Any{{l}}
 }

@@ -1,4 +1,7 @@
-// Package nft is xlb's nftables data plane. It programs the kernel over
+// Package nft is xlb's nftables data plane. docs/dataplane-nft.md describes
+// every object and each mode's requirements; persist.go, helper.go,
+// maglev.go and filterRules (build.go) describe persistence, helpers,
+// Maglev and the per-farm filter chains. It programs the kernel over
 // netlink only (google/nftables), one batch per change, so every Apply and
 // Reconcile is atomic in the kernel. The nft binary is never run here; tests
 // use `nft list` as an oracle.

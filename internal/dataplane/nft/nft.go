@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,6 +40,9 @@ type Options struct {
 	NetNS netns.NsHandle
 	// Table is the name of the inet table xlb owns (default "xlb").
 	Table string
+	// LogGroup, when not 0, sends the log lines of farms with "log" to
+	// this NFLOG group instead of the kernel log.
+	LogGroup uint16
 }
 
 // Plane is the nftables data plane. It owns one inet table and never
@@ -61,6 +65,21 @@ type Plane struct {
 type farmState struct {
 	plan    *farmPlan // nil: the farm is known but not in the kernel (not up)
 	mapName string    // "" when the chain only drops
+}
+
+// sets returns the names of the farm's sets and maps in the kernel.
+func (s *farmState) sets() []string {
+	if s == nil || s.plan == nil || s.mapName == "" {
+		return nil
+	}
+	out := []string{s.mapName}
+	if s.plan.ids {
+		out = append(out, activeName(s.mapName))
+	}
+	if s.plan.persist != "" {
+		out = append(out, s.plan.persist)
+	}
+	return out
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -163,51 +182,42 @@ func (p *Plane) Close() error {
 func (p *Plane) Check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
 	switch {
-	case f.IsMarkFarm() || !f.VirtualAddr.IsValid():
-		return no("mark", fmt.Sprint(f.Mark)) // firewall-mark farms
+	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
+		return no("virtual-addr", "")
+	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.SourceAddr.IsValid() || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
+			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, source-addr, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
 		return no("family", f.Family.String())
 	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT:
 		return no("mode", f.Mode.String())
-	case f.Scheduler != model.SchedRR && f.Scheduler != model.SchedWeight && f.Scheduler != model.SchedHash:
-		return no("scheduler", f.Scheduler.String())
-	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0:
-		return no("sched-param", f.SchedParam.String())
-	case f.Persistence != 0:
-		return no("persistence", f.Persistence.String())
-	case f.Helper != model.HelperNone:
-		return no("helper", f.Helper.String())
-	case f.Log != 0:
-		return no("log", f.Log.String())
-	case f.LogPrefix != "":
-		return no("log-prefix", f.LogPrefix)
-	case f.Mark != 0:
+	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
+			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
+	case f.Mark != 0 && !f.IsMarkFarm():
 		return no("mark", fmt.Sprint(f.Mark))
 	case f.Priority != 1:
 		// Backend priority groups follow model.Farm.ActiveBackends; a farm
 		// priority other than the default has no meaning here yet.
 		return no("priority", fmt.Sprint(f.Priority))
-	case f.NewRTLimit != 0:
-		return no("new-rtlimit", fmt.Sprint(f.NewRTLimit))
-	case f.RstRTLimit != 0:
-		return no("rst-rtlimit", fmt.Sprint(f.RstRTLimit))
-	case f.EstConnLimit != 0:
-		return no("est-connlimit", fmt.Sprint(f.EstConnLimit))
-	case f.TCPStrict:
-		return no("tcp-strict", "true")
 	case len(f.Policies) > 0:
 		return no("policies", f.Policies[0].Name)
 	}
 	var zeroPort, port bool
+	marks := map[uint32]string{}
 	for i := range f.Backends {
 		b := &f.Backends[i]
+		if b.Mark != 0 && marks[b.Mark] == "" {
+			marks[b.Mark] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
 		bno := func(field, value string) error {
 			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: field, Value: value,
 				Problem: "is not implemented by the " + PlaneName + " data plane yet"}
 		}
 		switch {
-		case b.Mark != 0:
-			return bno("mark", fmt.Sprint(b.Mark))
+		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
+			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "mark", Value: fmt.Sprint(b.Mark),
+				Problem: "is already the mark of another backend of this farm; in the " + PlaneName + " data plane a backend mark names the backend, so marks must be unique per farm"}
 		case b.EstConnLimit != 0:
 			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit))
 		}
@@ -299,8 +309,8 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range staticSets(p.table) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true}
-	keepSets := map[string]bool{}
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainFilter: true}
+	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
 	}
@@ -314,8 +324,22 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			continue
 		}
 		keepChains[pl.chain] = true
+		if pl.helper != "" {
+			keepHelpers[pl.helper] = true
+		}
+		for _, x := range auxes {
+			if name := x.chain(pl); name != "" {
+				keepChains[name] = true
+				b.buildAux(x, pl, f, k.chains[name])
+				for _, e := range x.elems(pl) {
+					wantElems[x.set(pl)][e.id()] = e
+				}
+			}
+		}
 		s := b.buildFarm(pl, f, k.chains[pl.chain])
-		keepSets[s.mapName] = true
+		for _, name := range s.sets() {
+			keepSets[name] = true
+		}
 		next[f.Name] = s
 		for _, e := range pl.svc {
 			wantElems[pl.svcSet()][e.id()] = e
@@ -357,6 +381,11 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			b.c.DelSet(&nftables.Set{Table: p.table, Name: name})
 		}
 	}
+	for _, name := range k.helpers {
+		if !keepHelpers[name] {
+			b.c.DeleteObject(&nftables.NamedObj{Table: p.table, Name: name, Type: nftables.ObjTypeCtHelper})
+		}
+	}
 	if err := b.flush(); err != nil {
 		return fmt.Errorf("reconcile %d farms: %w", len(farms), err)
 	}
@@ -364,15 +393,17 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if err := p.programPostrouting(); err != nil {
 		return fmt.Errorf("reconcile postrouting chain: %w", err)
 	}
+
 	p.log.Debug("nft reconciled", "farms", len(farms), "stray_chains", len(strayChains))
 	return nil
 }
 
 // kernelState is what Reconcile read from xlb's table.
 type kernelState struct {
-	chains map[string]bool
-	sets   []string
-	elems  map[string]map[string]elem // static set -> id -> element
+	chains  map[string]bool
+	sets    []string
+	helpers []string                   // ct helper objects
+	elems   map[string]map[string]elem // static set -> id -> element
 }
 
 func (p *Plane) readKernel() (*kernelState, error) {
@@ -399,6 +430,11 @@ func (p *Plane) readKernel() (*kernelState, error) {
 			k.chains[c.Name] = true
 		}
 	}
+	helpers, err := p.listHelperObjects()
+	if err != nil {
+		return nil, fmt.Errorf("list objects: %w", err)
+	}
+	k.helpers = helpers
 	sets, err := p.conn.GetSets(p.table)
 	if err != nil {
 		p.redial()
@@ -420,7 +456,11 @@ func (p *Plane) readKernel() (*kernelState, error) {
 			if s.IsMap {
 				if se.VerdictData != nil {
 					e.Chain = se.VerdictData.Chain
-					if se.VerdictData.Kind != expr.VerdictGoto {
+					switch se.VerdictData.Kind {
+					case expr.VerdictGoto:
+					case expr.VerdictJump:
+						e.Jump = true
+					default:
 						e.Chain = "\x00wrong verdict"
 					}
 				} else {
@@ -504,9 +544,18 @@ func (b *batch) ensureStatic() {
 			b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 		}
 	}
-	svc := [][]expr.Any{svcRule(false), svcRule(true)}
+	// Firewall-mark farms first, as IPVS looks up fwmark services first.
+	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
+	// Per-farm filters, after conntrack (-200) so ct state is known and
+	// before dnat (-100) so the VIP is still the destination.
+	filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+	b.c.FlushChain(filt)
+	for _, v6 := range []bool{false, true} {
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: vmapRule(v6, pick(v6, setFsvc4, setFsvc6))})
+	}
 	// The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
@@ -563,10 +612,22 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 		}
 	}
 	var id uint32
+	var pset, aset *nftables.Set
 	if set != nil {
 		id = set.ID
+		if pl.ids {
+			aset = pl.activeSet(t, activeName(s.mapName), b.nextID())
+			_ = b.c.AddSet(aset, nil)
+			_ = b.c.SetAddElements(aset, pl.activeElems())
+		}
+		if pl.persist != "" {
+			// Idempotent: an existing map of the same name (same shape)
+			// keeps its sessions.
+			pset = pl.persistSet(t, f, b.nextID())
+			_ = b.c.AddSet(pset, nil)
+		}
 	}
-	for _, r := range pl.farmRules(f, s.mapName, id, modulus) {
+	for _, r := range pl.farmRules(f, s.mapName, id, modulus, pset, aset) {
 		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 	}
 	return s
@@ -586,8 +647,10 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		oldPlan = old.plan
 	}
 	s := b.buildFarm(pl, f, oldPlan != nil)
-	if oldPlan != nil && old.mapName != "" {
-		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	for _, name := range old.sets() {
+		if name != pl.persist {
+			b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
+		}
 	}
 	// Removed keys first: a farm that moves a port to another set or
 	// changes a key must not collide with itself.
@@ -602,7 +665,87 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	}
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, (*farmPlan).svcSet)
 	b.diffElems(oldPlan, pl, oldPost, pl.post, (*farmPlan).postSet)
+	for _, x := range auxes {
+		b.putAux(x, oldPlan, pl, f)
+	}
+	if oldPlan != nil && oldPlan.helper != "" && oldPlan.helper != pl.helper {
+		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: oldPlan.helper, Type: nftables.ObjTypeCtHelper})
+	}
 	return s
+}
+
+// aux is a per-farm side chain reached through a static verdict map:
+// the filter chain (g-) and the log chain (l-).
+type aux struct {
+	chain func(*farmPlan) string // "" when the farm needs none
+	elems func(*farmPlan) []elem
+	set   func(*farmPlan) string
+	rules func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any // may add objects
+}
+
+var auxes = []aux{
+	{
+		chain: func(p *farmPlan) string { return p.fchain },
+		elems: func(p *farmPlan) []elem { return p.filt },
+		set:   (*farmPlan).filtSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			if pl.helper != "" {
+				// Idempotent: an object that exists is left as it is
+				// (its name says everything about it).
+				b.c.AddObj(helperObj(b.p.table, f, pl.helper))
+			}
+			return filterRules(f, pl.helper)
+		},
+	},
+	{
+		chain: func(p *farmPlan) string { return p.lchain },
+		elems: func(p *farmPlan) []elem { return p.logs },
+		set:   (*farmPlan).logSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			return logRules(f, b.p.opts.LogGroup)
+		},
+	},
+}
+
+// buildAux (re)creates a farm's side chain.
+func (b *batch) buildAux(x aux, pl *farmPlan, f *model.Farm, existing bool) {
+	ch := &nftables.Chain{Table: b.p.table, Name: x.chain(pl)}
+	if existing {
+		b.c.FlushChain(ch)
+	} else {
+		b.c.AddChain(ch)
+	}
+	for _, r := range x.rules(b, pl, f) {
+		b.c.AddRule(&nftables.Rule{Table: b.p.table, Chain: ch, Exprs: r})
+	}
+}
+
+// putAux updates a farm's side chain and its elements from oldPlan (nil:
+// new farm) to pl.
+func (b *batch) putAux(x aux, oldPlan, pl *farmPlan, f *model.Farm) {
+	had := oldPlan != nil && x.chain(oldPlan) != ""
+	want := x.chain(pl) != ""
+	old := map[string]elem{}
+	if had {
+		for _, e := range x.elems(oldPlan) {
+			old[e.id()] = e
+		}
+	}
+	if want {
+		b.buildAux(x, pl, f, had)
+	}
+	if had || want {
+		var op *farmPlan
+		if had {
+			op = oldPlan
+		}
+		b.diffElems(op, pl, old, x.elems(pl), x.set)
+	}
+	if had && !want {
+		ch := &nftables.Chain{Table: b.p.table, Name: x.chain(oldPlan)}
+		b.c.FlushChain(ch)
+		b.c.DelChain(ch)
+	}
 }
 
 func (b *batch) diffElems(oldPlan, pl *farmPlan, old map[string]elem, want []elem, set func(*farmPlan) string) {
@@ -640,7 +783,18 @@ func (b *batch) removeFarm(old *farmState) {
 	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
 	b.c.FlushChain(ch)
 	b.c.DelChain(ch)
-	if old.mapName != "" {
-		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	for _, x := range auxes {
+		if name := x.chain(pl); name != "" {
+			b.delElems(b.p.static[x.set(pl)], x.elems(pl))
+			ch := &nftables.Chain{Table: b.p.table, Name: name}
+			b.c.FlushChain(ch)
+			b.c.DelChain(ch)
+		}
+	}
+	if pl.helper != "" {
+		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: pl.helper, Type: nftables.ObjTypeCtHelper})
+	}
+	for _, name := range old.sets() {
+		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
 	}
 }

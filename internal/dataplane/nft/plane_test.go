@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"net/netip"
 	"regexp"
 	"sort"
@@ -40,23 +41,22 @@ func TestCheck(t *testing.T) {
 	}{
 		{"mode", func(f *model.Farm) { f.Mode = model.ModeDSR }},
 		{"mode", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
-		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedSymhash; f.SchedParam = model.KeySrcIP }},
-		{"scheduler", func(f *model.Farm) { f.Scheduler = model.SchedMaglev }},
-		{"sched-param", func(f *model.Farm) { f.Scheduler = model.SchedHash; f.SchedParam = model.KeySrcMAC }},
-		{"persistence", func(f *model.Farm) { f.Persistence = model.KeySrcIP }},
-		{"helper", func(f *model.Farm) { f.Helper = model.HelperFTP }},
-		{"log", func(f *model.Farm) { f.Log = model.LogInput }},
-		{"log-prefix", func(f *model.Farm) { f.LogPrefix = "x" }},
+		{"persistence", func(f *model.Farm) {
+			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
+			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
+			f.Persistence = model.KeySrcIP | model.KeyDstIP
+		}},
 		{"mark", func(f *model.Farm) { f.Mark = 7 }},
-		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{} }},
+		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{}; f.Helper = model.HelperFTP }},
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
-		{"new-rtlimit", func(f *model.Farm) { f.NewRTLimit = 10 }},
-		{"rst-rtlimit", func(f *model.Farm) { f.RstRTLimit = 10 }},
-		{"est-connlimit", func(f *model.Farm) { f.EstConnLimit = 10 }},
-		{"tcp-strict", func(f *model.Farm) { f.TCPStrict = true }},
 		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
-		{"mark", func(f *model.Farm) { f.Backends[0].Mark = 1 }},
+		{"mark", func(f *model.Farm) {
+			b := f.Backends[0]
+			b.Name, b.Addr, b.Mark = "b2", netip.MustParseAddr("10.0.1.2"), 1
+			f.Backends[0].Mark = 1
+			f.Backends = append(f.Backends, b)
+		}},
 		{"est-connlimit", func(f *model.Farm) { f.Backends[0].EstConnLimit = 1 }},
 		{"backends.port", func(f *model.Farm) {
 			f.VirtualPorts = append(f.VirtualPorts, model.PortRange{First: 443, Last: 443})
@@ -99,7 +99,7 @@ func TestCheck(t *testing.T) {
 }
 
 var (
-	genRE     = regexp.MustCompile(`(m-[0-9a-f]{16})-[0-9a-z]+`)
+	genRE     = regexp.MustCompile(`([ma]-[0-9a-f]{16})-[0-9a-z]+`)
 	counterRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
 	elemsRE   = regexp.MustCompile(`elements = \{ (.*) \}`)
 )
@@ -172,8 +172,20 @@ func TestListing(t *testing.T) {
 	empty := model.NewFarm("empty")
 	empty.VirtualAddr = netip.MustParseAddr("10.99.0.3")
 	empty.Protocol = model.ProtoAll
+	sticky := model.NewFarm("sticky")
+	sticky.VirtualAddr = netip.MustParseAddr("10.99.0.4")
+	sticky.VirtualPorts = []model.PortRange{{First: 443, Last: 443}}
+	sticky.Persistence, sticky.PersistTTL = model.KeySrcIP|model.KeyDstPort, 120
+	sticky.NewRTLimit, sticky.NewRTBurst = 100, 20
+	sticky.EstConnLimit = 1000
+	sticky.TCPStrict = true
+	sticky.RstRTLimit, sticky.RstRTBurst = 10, 5
+	sticky.Log, sticky.LogPrefix = model.LogForward, "stk"
+	b = model.NewBackend("a")
+	b.Addr = netip.MustParseAddr("10.200.0.11")
+	sticky.Backends = []model.Backend{b}
 	var d dataplane.Diff
-	for _, f := range []model.Farm{web, dns, h, empty} {
+	for _, f := range []model.Farm{web, dns, h, empty, sticky} {
 		d.Changes = append(d.Changes, dataplane.FarmChange{New: mustValid(t, p, &f)})
 	}
 	if err := p.Apply(context.Background(), d); err != nil {
@@ -184,6 +196,11 @@ func TestListing(t *testing.T) {
 		"WEB", chainName("web"), "DNS", chainName("dns6"), "HASH", chainName("hash"), "EMPTY", chainName("empty"),
 		"SEED", fmt.Sprintf("0x%08x", seed("hash")),
 		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
+		"STICKYF", "g-"+nameHash("sticky"), "STICKYL", "l-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
+		"ASTICKY", "a-"+nameHash("sticky"), "PSTICKY", "p-"+nameHash("sticky"),
+		// nft prints the slot map's mark data byte-swapped (display only).
+		"ID_NFT_LISTS_SWAPPED", fmt.Sprintf("0x%08x", bits.ReverseBytes32(backendID(b))),
+		"ID", fmt.Sprintf("0x%08x", backendID(b)),
 	)
 	want := normalize(r.Replace(wantListing))
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -198,7 +215,7 @@ table inet xlb {
 	map svc4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY }
+		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY, 10.99.0.4 . tcp . 443 : goto STICKY }
 	}
 	map svc6 {
 		type ipv6_addr . inet_proto . inet_service : verdict
@@ -208,7 +225,7 @@ table inet xlb {
 	set masq4 {
 		type ipv4_addr . inet_proto . inet_service
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535 }
+		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535, 10.99.0.4 . tcp . 443 }
 	}
 	set masq6 {
 		type ipv6_addr . inet_proto . inet_service
@@ -236,22 +253,50 @@ table inet xlb {
 		type 0 : ipv4_addr
 		elements = { 0 : 10.200.0.11 }
 	}
+	map fwm4 {
+		type mark : verdict
+	}
+	map fwm6 {
+		type mark : verdict
+	}
+	set masqm {
+		type mark
+	}
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
+		meta nfproto ipv4 meta mark vmap @fwm4
+		meta nfproto ipv6 meta mark vmap @fwm6
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
 	chain output {
 		type nat hook output priority -100; policy accept;
+		meta nfproto ipv4 meta mark vmap @fwm4
+		meta nfproto ipv6 meta mark vmap @fwm6
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
+	map log4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.99.0.4 . tcp . 443 : jump STICKYL }
+	}
+	map log6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+	}
+	chain STICKYL {
+		log prefix "stk xlb farm=sticky "
+	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
+		ct original ip daddr . meta l4proto . ct original proto-dst vmap @log4
+		ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @log6
 		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
 		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6
 		ct original ip6 daddr . meta l4proto . ct original proto-dst @masq6 masquerade
+		meta mark @masqm masquerade
 	}
 	chain WEB {
 		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN
@@ -267,6 +312,47 @@ table inet xlb {
 	}
 	chain EMPTY {
 		counter packets 0 bytes 0 drop
+	}
+	map fsvc4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.99.0.4 . tcp . 443 : goto STICKYF }
+	}
+	map fsvc6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+	}
+	chain filter {
+		type filter hook prerouting priority mangle; policy accept;
+		ip daddr . meta l4proto . th dport vmap @fsvc4
+		ip6 daddr . meta l4proto . th dport vmap @fsvc6
+	}
+	chain STICKYF {
+		ct state invalid counter drop
+		tcp flags rst limit rate over 10/second counter drop
+	}
+	map MSTICKY-GEN {
+		type 0 : mark
+		elements = { 0 : ID_NFT_LISTS_SWAPPED }
+	}
+	map ASTICKY-GEN {
+		type mark : ipv4_addr
+		elements = { ID : 10.200.0.11 }
+	}
+	map PSTICKY-49-120 {
+		type ipv4_addr . inet_service : mark
+		size 65535
+		flags dynamic,timeout
+		timeout 2m
+	}
+	chain STICKY {
+		limit rate over 100/second burst 20 packets counter drop
+		ct count over 1000 counter drop
+		ct mark set ip saddr . th dport map @PSTICKY-49-120 update @PSTICKY-49-120 { ip saddr . th dport : ct mark } counter dnat ip to ct mark map @ASTICKY-GEN
+		delete @PSTICKY-49-120 { ip saddr . th dport : ct mark }
+		meta nfproto ipv4 ct mark set numgen inc mod 1 map @MSTICKY-GEN add @PSTICKY-49-120 { ip saddr . th dport : ct mark } counter dnat ip to ct mark map @ASTICKY-GEN
+		ct mark set numgen inc mod 1 map @MSTICKY-GEN counter dnat ip to ct mark map @ASTICKY-GEN
+		counter drop
 	}
 }
 `
@@ -481,4 +567,54 @@ func TestReconcileEmptyKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(1), 80))
+}
+
+// TestFilterObjectsLifecycle: a farm's filter chain and helper object come
+// and go with the fields that need them, and Reconcile removes stray ones.
+func TestFilterObjectsLifecycle(t *testing.T) {
+	testutil.RequireRoot(t)
+	t.Parallel()
+	name, ns := testutil.NewNetNS(t)
+	p := newPlane(t, ns)
+	f := model.NewFarm("ftp")
+	f.VirtualAddr = netip.MustParseAddr("10.99.0.1")
+	f.VirtualPorts = []model.PortRange{{First: 21, Last: 21}}
+	b := model.NewBackend("a")
+	b.Addr = netip.MustParseAddr("10.200.0.11")
+	f.Backends = []model.Backend{b}
+	f.Helper = model.HelperFTP
+	f.TCPStrict = true
+	list := func() string { return testutil.Run(t, name, "nft", "list", "table", "inet", "xlb") }
+	apply := func(old, nf *model.Farm) {
+		t.Helper()
+		if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: old, New: nf}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v1 := mustValid(t, p, &f)
+	apply(nil, v1)
+	out := list()
+	obj := helperObjName(v1)
+	for _, want := range []string{"ct helper " + obj, `type "ftp" protocol tcp`, `ct helper set "` + obj + `"`, "ct state invalid", "chain g-" + nameHash("ftp")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("listing lacks %q:\n%s", want, out)
+		}
+	}
+	g := f.Clone()
+	g.Helper, g.TCPStrict = model.HelperNone, false
+	v2 := mustValid(t, p, &g)
+	apply(v1, v2)
+	if out := list(); strings.Contains(out, "ct helper") || strings.Contains(out, "chain g-") || strings.Contains(out, "goto g-") {
+		t.Errorf("helper and filter left behind:\n%s", out)
+	}
+	// A stray helper object (e.g. from a farm deleted while xlb was down)
+	// is removed by Reconcile; the farm's own is kept.
+	apply(v2, v1)
+	testutil.Run(t, name, "nft", "add", "ct", "helper", "inet", "xlb", "h-stray", `{ type "tftp" protocol udp; }`)
+	if err := p.Reconcile(context.Background(), []*model.Farm{v1}); err != nil {
+		t.Fatal(err)
+	}
+	if out := list(); strings.Contains(out, "h-stray") || !strings.Contains(out, obj) {
+		t.Errorf("after reconcile:\n%s", out)
+	}
 }

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/netip"
@@ -395,4 +396,54 @@ func TestFarmState(t *testing.T) {
 	}
 	e.put(t, prev, f)
 	e.askTCP(t, netip.AddrPortFrom(vip, 80))
+}
+
+// TestPersistenceSurvivesRestart: sessions live in the kernel, so a new
+// plane that reconciles the same farms keeps every client on its backend
+// (a fresh rr would hand them out again from the first backend).
+func TestPersistenceSurvivesRestart(t *testing.T) {
+	e := newEnv(t, 3, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
+	prev := map[string]*model.Farm{}
+	f := e.farm("sticky", vip.Addr(), 80, model.ProtoTCP, 8080)
+	f.Persistence, f.PersistTTL = model.KeySrcIP, 300
+	e.put(t, prev, f)
+	e.askTCP(t, vip) // the client's own address takes b0: the others get b1, b2, b0
+	var clients []netip.Addr
+	want := map[netip.Addr]string{}
+	for i := range 3 {
+		a := netip.AddrFrom4([4]byte{10, 100, 0, byte(20 + i)})
+		e.Client.AddAddr(t, netip.PrefixFrom(a, 24))
+		clients = append(clients, a)
+		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[a], _, _ = testutil.ParseReply(got)
+	}
+	if want[clients[0]] != "b1" || want[clients[1]] != "b2" || want[clients[2]] != "b0" {
+		t.Fatalf("rr before restart: %v", want)
+	}
+	if err := e.p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newPlane(t, e.LB.NS)
+	if err := p2.Reconcile(context.Background(), []*model.Farm{prev["sticky"]}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range clients {
+		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name, _, _ := testutil.ParseReply(got); name != want[a] {
+			t.Errorf("after restart client %s went to %s, before to %s", a, name, want[a])
+		}
+	}
+	out := e.nft(t, "list", "map", "inet", "xlb", persistName(prev["sticky"]))
+	if n := strings.Count(out, "expires"); n != 4 {
+		t.Errorf("persistence map holds %d sessions, want 4:\n%s", n, out)
+	}
 }
