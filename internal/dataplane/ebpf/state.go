@@ -177,7 +177,13 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		if f.Scheduler == model.SchedMaglev {
 			g.val.Sched = schedMaglev
 		}
+		// hash defaults to srcip (nftlb); maglev takes no sched-param in
+		// the model and hashes the flow, as the nft plane does (client
+		// address and port; the VIP and port are the service's).
 		g.val.HashKeys = hashSrcIP
+		if f.Scheduler == model.SchedMaglev {
+			g.val.HashKeys = hashSrcIP | hashSrcPort
+		}
 		if f.SchedParam != 0 {
 			g.val.HashKeys = hashKeys(f.SchedParam)
 		}
