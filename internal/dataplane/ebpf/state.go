@@ -765,21 +765,38 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		be.Flags = 0
 		byEntry[be] = append(byEntry[be], id)
 	}
-	taken := map[uint32]bool{}
-	reuse := func(be xlbBackend) uint32 {
-		be.Flags = 0
-		for _, id := range byEntry[be] {
-			if !taken[id] {
-				taken[id] = true
-				return id
-			}
+	// The backends a service generation's slots name: a farm's own
+	// entries are preferred over another farm's identical ones.
+	slotIDs := map[uint32]map[uint32]bool{}
+	for k, id := range slots {
+		if slotIDs[k.Svc] == nil {
+			slotIDs[k.Svc] = map[uint32]bool{}
 		}
-		return 0
+		slotIDs[k.Svc][id] = true
+	}
+	taken := map[uint32]bool{}
+	reuseFor := func(g *generation) func(xlbBackend) uint32 {
+		own := slotIDs[svcs[g.keys[0]].Id]
+		return func(be xlbBackend) uint32 {
+			be.Flags = 0
+			for _, pass := range []bool{true, false} {
+				for _, id := range byEntry[be] {
+					if !taken[id] && own[id] == pass {
+						taken[id] = true
+						return id
+					}
+				}
+			}
+			return 0
+		}
 	}
 
 	p.farms = map[string]*generation{}
 	p.stlOwner = map[xlbStlKey]string{}
 	adopted := map[uint32]bool{}
+	// Farms already in the maps are adopted first, so that a farm
+	// written anew cannot share an entry an adopted farm holds.
+	var rewrite []*generation
 	for _, f := range farms {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -791,30 +808,36 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if g == nil {
 			continue
 		}
-		if adopt(g, svcs, slots, bes) && !adopted[g.val.Id] {
-			adopted[g.val.Id] = true
-			for _, id := range g.ids {
-				taken[id] = true
-			}
-			p.farms[f.Name] = g
-			// The index and the stlsdnat mappings may predate this
-			// version: write them again.
-			if err := p.writeIndex(g); err != nil {
-				return fmt.Errorf("farm %q: %w", f.Name, err)
-			}
-			if err := p.writeStateless(g); err != nil {
-				return fmt.Errorf("farm %q: %w", f.Name, err)
-			}
+		if !adopt(g, svcs, slots, bes) || adopted[g.val.Id] {
+			rewrite = append(rewrite, g)
 			continue
 		}
-		if err := p.write(g, reuse); err != nil {
+		adopted[g.val.Id] = true
+		for _, id := range g.ids {
+			taken[id] = true
+		}
+		p.farms[f.Name] = g
+		// The index and the stlsdnat mappings may predate this
+		// version: write them again.
+		if err := p.writeIndex(g); err != nil {
 			return fmt.Errorf("farm %q: %w", f.Name, err)
+		}
+		if err := p.writeStateless(g); err != nil {
+			return fmt.Errorf("farm %q: %w", f.Name, err)
+		}
+	}
+	for _, g := range rewrite {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := p.write(g, reuseFor(g)); err != nil {
+			return fmt.Errorf("farm %q: %w", g.farm, err)
 		}
 		if err := p.flip(nil, g); err != nil {
-			return fmt.Errorf("farm %q: %w", f.Name, err)
+			return fmt.Errorf("farm %q: %w", g.farm, err)
 		}
 		p.syncFlags(g)
-		p.farms[f.Name] = g
+		p.farms[g.farm] = g
 	}
 
 	// Sweep: service keys, slots and backends that no farm owns.

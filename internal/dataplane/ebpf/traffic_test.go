@@ -576,4 +576,25 @@ func TestTrafficBackendDownExpiresFlows(t *testing.T) {
 	}
 	echo(t, conns[1], "drained again", "be1 (drained)")
 	echo(t, conns[2], "up again", "be2")
+
+	// A restarted daemon (Reconcile) writes these farms anew, sharing the
+	// backend entries in the maps: flows keep following their backend's
+	// state, so be2 going down afterwards still cuts its connection.
+	if err := p.Reconcile(ctx, []*model.Farm{&uf2, &tf4}); err != nil {
+		t.Fatal(err)
+	}
+	echo(t, conns[1], "after reconcile", "be1 (drained)")
+	echo(t, conns[2], "after reconcile", "be2")
+	tf5 := tf4.Clone()
+	tf5.Backends[2].State = model.StateDown
+	if err := p.Apply(ctx, diffOf(&tf4, &tf5)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conns[2].Write([]byte("down\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conns[2].SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if n, err := conns[2].Read(make([]byte, 16)); err == nil {
+		t.Errorf("after reconcile: connection to be2 (down) still answers (%d bytes)", n)
+	}
 }
