@@ -616,8 +616,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
  * lb4_ct_hit() - a packet of a tracked flow: track its TCP state, then
  * translate it.
  *
- * A forward packet whose backend is down or off in its farm (its entry
- * flagged XLB_BE_F_GONE) expires the flow, as IPVS does with
+ * A forward packet whose backend is down or off in its farm (flagged
+ * XLB_BE_F_GONE in xlb_be_flags) expires the flow, as IPVS does with
  * expire_nodest_conn: a UDP datagram or a TCP SYN is scheduled afresh, any
  * other TCP segment is dropped (the client's next connection goes to a
  * serving backend). Drained backends (weight 0), those of a higher priority
@@ -644,9 +644,9 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 	}
 	if (v->dir == XLB_CT_FWD) {
 		__u32 bid = v->backend;
-		struct backend *be = bpf_map_lookup_elem(&xlb_backends, &bid);
+		__u32 *fl = bpf_map_lookup_elem(&xlb_be_flags, &bid);
 
-		if (be && (be->flags & XLB_BE_F_GONE)) {
+		if (fl && (*fl & XLB_BE_F_GONE)) {
 			stat_inc(XLB_STAT_CT_NODEST);
 			ct_delete(&p->k, v);
 			if (p->k.proto == IPPROTO_TCP &&

@@ -97,13 +97,13 @@ func (a *backendIDs) unrefBackend(id uint32) bool {
 }
 
 func (a *backendIDs) allocBackend() (uint32, error) {
-	if len(a.usedBE) >= maxBackends {
+	if len(a.usedBE) >= maxBackends-1 { // ids 1 .. maxBackends-1
 		return 0, errors.New("out of backend ids")
 	}
 	for {
 		id := a.nextBE
 		a.nextBE++
-		if a.nextBE == 0 || a.nextBE > 1<<30 {
+		if a.nextBE >= maxBackends { // ids index xlb_be_flags
 			a.nextBE = 1
 		}
 		if a.usedBE[id] == 0 {
@@ -472,6 +472,12 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 			p.free(g)
 			return fmt.Errorf("write backends: %w", err)
 		}
+		for i, id := range newIDs {
+			if err := p.setFlags(id, newBes[i].Flags); err != nil {
+				p.free(g)
+				return err
+			}
+		}
 	}
 	if err := p.writeIndex(g); err != nil {
 		p.free(g)
@@ -517,6 +523,7 @@ func (p *Plane) free(g *generation) {
 			}
 			if p.unrefBackend(id) {
 				_ = p.objs.XlbBackends.Delete(id)
+				_ = p.setFlags(id, 0)
 			}
 		}
 	}
@@ -544,16 +551,33 @@ func reuseFrom(old *generation) func(xlbBackend) uint32 {
 	}
 }
 
-// syncFlags writes g's backend entries whose flags changed (a shared
-// backend that went down or came back up), once g is the farm's current
-// generation: the program then expires, or keeps, their tracked flows.
+// setFlags writes a backend id's flags to xlb_be_flags (ids beyond the
+// array, from an older daemon, have none).
+func (p *Plane) setFlags(id uint32, flags uint8) error {
+	if id >= maxBackends {
+		return nil
+	}
+	if err := p.objs.XlbBeFlags.Update(id, uint32(flags), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write backend flags: %w", err)
+	}
+	return nil
+}
+
+// syncFlags writes the flags of g's backends (a shared backend that went
+// down or came back up), once g is the farm's current generation: the
+// program then expires, or keeps, their tracked flows.
 func (p *Plane) syncFlags(g *generation) {
 	for i, id := range g.ids {
-		var be xlbBackend
-		if id == 0 || p.objs.XlbBackends.Lookup(id, &be) != nil || be.Flags == g.bes[i].Flags {
+		if id == 0 {
 			continue
 		}
-		if err := p.objs.XlbBackends.Update(id, g.bes[i], ebpf.UpdateExist); err != nil {
+		var be xlbBackend
+		if p.objs.XlbBackends.Lookup(id, &be) == nil && be.Flags != g.bes[i].Flags {
+			if err := p.objs.XlbBackends.Update(id, g.bes[i], ebpf.UpdateExist); err != nil {
+				p.log.Error("write ebpf backend", "farm", g.farm, "err", err)
+			}
+		}
+		if err := p.setFlags(id, g.bes[i].Flags); err != nil {
 			p.log.Error("write ebpf backend flags", "farm", g.farm, "err", err)
 		}
 	}
