@@ -80,6 +80,9 @@
 #define XLB_HASH_SRCIP 1
 #define XLB_HASH_SRCPORT 2
 
+/* struct backend.flags */
+#define XLB_BE_F_GONE 1 /* down or off in its farm: its tracked flows expire (expire_nodest_conn) */
+
 /* struct ct_val.dir */
 #define XLB_CT_FWD 0   /* client -> VIP */
 #define XLB_CT_REPLY 1 /* backend -> client (or LB snat address) */
@@ -115,6 +118,7 @@ enum xlb_stat {
 	XLB_STAT_PERSIST_HIT,  /* new flow sent to its client's persistent backend */
 	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
 	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
+	XLB_STAT_CT_NODEST,    /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
 	XLB_STAT_MAX,
 };
 

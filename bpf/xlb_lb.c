@@ -616,9 +616,17 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
  * lb4_ct_hit() - a packet of a tracked flow: track its TCP state, then
  * translate it.
  *
+ * A forward packet whose backend is down or off in its farm (flagged
+ * XLB_BE_F_GONE in xlb_be_flags) expires the flow, as IPVS does with
+ * expire_nodest_conn: a UDP datagram or a TCP SYN is scheduled afresh, any
+ * other TCP segment is dropped (the client's next connection goes to a
+ * serving backend). Drained backends (weight 0), those of a higher priority
+ * level, and backends removed from the farm keep their flows.
+ *
  * Return: a tcx verdict, or XLB_CT_MISS after removing the flow when it has
- * expired or a SYN opens a new connection on its tuple (the client reused
- * its port after FIN/RST, or the backend no longer exists).
+ * expired, its backend is down, or a SYN opens a new connection on its
+ * tuple (the client reused its port after FIN/RST, or the backend no longer
+ * exists).
  */
 static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, struct ct_val *v)
 {
@@ -634,13 +642,26 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 		ct_refresh(&p->k, v, now);
 		fresh = 1;
 	}
+	if (v->dir == XLB_CT_FWD) {
+		__u32 bid = v->backend;
+		__u32 *fl = bpf_map_lookup_elem(&xlb_be_flags, &bid);
+
+		if (fl && (*fl & XLB_BE_F_GONE)) {
+			stat_inc(XLB_STAT_CT_NODEST);
+			ct_delete(&p->k, v);
+			if (p->k.proto == IPPROTO_TCP &&
+			    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN)
+				return XLB_DROP;
+			return XLB_CT_MISS;
+		}
+	}
 	if (p->k.proto == IPPROTO_TCP) {
 		__u8 st;
 
 		if (v->dir == XLB_CT_FWD && (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
 			/* A SYN on a tracked tuple: a retransmission keeps its
 			 * backend; a new connection on a closed tuple, or one
-			 * whose backend is gone (its service changed), is
+			 * whose backend is gone (removed from its farm), is
 			 * scheduled afresh. */
 			__u32 bid = v->backend;
 

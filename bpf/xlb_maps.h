@@ -43,6 +43,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_backends SEC(".maps");
 
+/* backend id -> XLB_BE_F_* (0: up), what the conntrack-hit path checks on
+ * every forward packet: an array, so the lookup is inlined and costs a few
+ * ns where a hash lookup in xlb_backends costs tens. Ids beyond the array
+ * have no flags. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, XLB_MAX_BACKENDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_be_flags SEC(".maps");
+
 /* generation id -> round-robin counter (atomic, shared by all CPUs). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -82,7 +82,7 @@ struct backend {
 	__u32 snat[4]; /* net: source address towards it in snat mode */
 	__u16 port;    /* net: real server port; 0 = the port the client used */
 	__u8 family;   /* XLB_AF_INET */
-	__u8 flags;    /* reserved */
+	__u8 flags;    /* XLB_BE_F_*, as in xlb_be_flags (which the program reads) */
 };
 
 /* xlb_ct key: a packet's tuple as it arrives at the LB. */

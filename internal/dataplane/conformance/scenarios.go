@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -128,7 +129,7 @@ var scenarios = []scenario{
 		f.Mode = model.ModeDSR
 		f.Backends[0].Port = VPort
 		return f
-	}},
+	}, run: runDSR},
 	{name: "mode-stlsdnat", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("stls", model.ProtoUDP)
 		f.Mode = model.ModeStlsDNAT
@@ -224,6 +225,77 @@ func runDNAT(t *testing.T, e *Env, f model.Farm) {
 			t.Errorf("dnat: backend saw %s, want the client's %s", from, e.Client.Addr(e.v6))
 		}
 	}
+}
+
+// runDSR: direct server return, set up as its users do: each backend holds
+// the VIP on its loopback and serves on VIP:port. A flow to the VIP reaches
+// the backend with its destination unchanged (the server is bound to the
+// VIP only, so a rewritten destination would find no listener), from the
+// client's own address, and the backend answers as the VIP by itself (the
+// client's socket, connected to the VIP, takes only those replies).
+func runDSR(t *testing.T, e *Env, f model.Farm) {
+	vip := e.vipPort(f)
+	bits := 32
+	if vip.Addr().Is6() {
+		bits = 128
+	}
+	for i, b := range e.Backends {
+		testutil.Run(t, b.Name, "ip", "addr", "add", netip.PrefixFrom(vip.Addr(), bits).String(), "dev", "lo")
+		name := fmt.Sprintf("b%d", i)
+		if f.Protocol == model.ProtoUDP {
+			testutil.StartUDPServer(t, b.NS, vip, name)
+		} else {
+			testutil.StartTCPServer(t, b.NS, vip, name)
+		}
+	}
+	e.Put(t, f)
+	for range 4 {
+		name, from := e.ask(t, f, netip.AddrPort{})
+		if name != "b0" {
+			t.Errorf("dsr: answer from %q, want b0", name)
+		}
+		if from.Addr() != e.Client.Addr(e.v6) {
+			t.Errorf("dsr: backend saw %s, want the client's %s", from, e.Client.Addr(e.v6))
+		}
+	}
+}
+
+// sendUDP4Raw sends one UDP datagram from h's IPv4 address and port sport
+// to dst through a raw socket, so it can leave from a port a server holds.
+func sendUDP4Raw(h testutil.Host, sport uint16, dst netip.AddrPort, payload []byte) error {
+	u := make([]byte, 8+len(payload))
+	binary.BigEndian.PutUint16(u[0:], sport)
+	binary.BigEndian.PutUint16(u[2:], dst.Port())
+	binary.BigEndian.PutUint16(u[4:], uint16(len(u)))
+	copy(u[8:], payload)
+	// Checksum over the pseudo header (source, destination, protocol,
+	// length) and the datagram.
+	src, d := h.IPv4.As4(), dst.Addr().As4()
+	sum := uint32(17) + uint32(len(u))
+	words := append(append(append([]byte{}, src[:]...), d[:]...), u...)
+	if len(words)%2 == 1 {
+		words = append(words, 0)
+	}
+	for i := 0; i < len(words); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(words[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	c := ^uint16(sum)
+	if c == 0 {
+		c = 0xffff
+	}
+	binary.BigEndian.PutUint16(u[6:], c)
+	return testutil.Do(h.NS, func() error {
+		conn, err := net.ListenPacket("ip4:udp", h.IPv4.String())
+		if err != nil {
+			return fmt.Errorf("raw udp socket: %w", err)
+		}
+		defer conn.Close()
+		_, err = conn.WriteTo(u, &net.IPAddr{IP: dst.Addr().AsSlice()})
+		return err
+	})
 }
 
 func runRR(t *testing.T, e *Env, f model.Farm) {

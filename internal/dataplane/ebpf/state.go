@@ -19,13 +19,26 @@ import (
 // id, then flips the service keys to it (each key flip is one atomic map
 // update), then frees the old generation one change later, so a packet
 // always sees the old or the new farm, never a mix.
+//
+// A backend keeps its id (and entry) across the generations of its farm as
+// long as the farm lists it (ids are reference-counted), so tracked flows
+// know what became of their backend: while it is down or off its entry is
+// flagged gone (beFlagGone) and the program expires their flows
+// (expire_nodest_conn); drained or standby backends keep theirs. A backend
+// removed from the farm (or a farm going down) leaves its tracked flows
+// alone, as the nft plane does.
 type generation struct {
 	farm  string
 	keys  []xlbSvcKey
 	val   xlbSvcVal    // val.Id is the generation id once written
-	bes   []xlbBackend // distinct active backends
+	bes   []xlbBackend // distinct backends: the active ones first
 	slots []int        // slot -> index into bes
 	ids   []uint32     // backend ids, parallel to bes, once written
+	// active: bes[:active] take new flows (slots, persistence); the
+	// others take none: up ones (weight 0, a higher priority level)
+	// keep their tracked flows, down or off ones (Flags beFlagGone)
+	// expire them.
+	active int
 	// stlsdnat: reply mappings (backend -> VIP), parallel slices.
 	stlKeys []xlbStlKey
 	stlVals []xlbStlVal
@@ -63,26 +76,38 @@ func (a *svcIDs) allocSvc() (uint32, error) {
 	return 0, errors.New("out of service generation ids")
 }
 
-// backendIDs allocates backend ids (keys of xlb_backends, never 0).
+// backendIDs allocates backend ids (keys of xlb_backends, never 0). An id
+// is shared by the generations of a farm that hold the same backend: usedBE
+// counts them.
 type backendIDs struct {
-	usedBE map[uint32]bool
+	usedBE map[uint32]int
 	nextBE uint32
 }
 
-func (a *backendIDs) init() { a.usedBE = map[uint32]bool{}; a.nextBE = 1 }
+func (a *backendIDs) init() { a.usedBE = map[uint32]int{}; a.nextBE = 1 }
+
+// unrefBackend drops one reference to id; true when it was the last.
+func (a *backendIDs) unrefBackend(id uint32) bool {
+	a.usedBE[id]--
+	if a.usedBE[id] > 0 {
+		return false
+	}
+	delete(a.usedBE, id)
+	return true
+}
 
 func (a *backendIDs) allocBackend() (uint32, error) {
-	if len(a.usedBE) >= maxBackends {
+	if len(a.usedBE) >= maxBackends-1 { // ids 1 .. maxBackends-1
 		return 0, errors.New("out of backend ids")
 	}
 	for {
 		id := a.nextBE
 		a.nextBE++
-		if a.nextBE == 0 || a.nextBE > 1<<30 {
+		if a.nextBE >= maxBackends { // ids index xlb_be_flags
 			a.nextBE = 1
 		}
-		if !a.usedBE[id] {
-			a.usedBE[id] = true
+		if a.usedBE[id] == 0 {
+			a.usedBE[id] = 1
 			return id, nil
 		}
 	}
@@ -177,7 +202,13 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		if f.Scheduler == model.SchedMaglev {
 			g.val.Sched = schedMaglev
 		}
+		// hash defaults to srcip (nftlb); maglev takes no sched-param in
+		// the model and hashes the flow, as the nft plane does (client
+		// address and port; the VIP and port are the service's).
 		g.val.HashKeys = hashSrcIP
+		if f.Scheduler == model.SchedMaglev {
+			g.val.HashKeys = hashSrcIP | hashSrcPort
+		}
 		if f.SchedParam != 0 {
 			g.val.HashKeys = hashKeys(f.SchedParam)
 		}
@@ -199,21 +230,53 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		g.val.PersistTtl = f.PersistTTL
 	}
 	active := f.ActiveBackends()
-	weights := make([]uint32, len(active))
-	for i, b := range active {
+	entry := func(b model.Backend) (xlbBackend, error) {
 		be := xlbBackend{Addr: addrWords(b.Addr), Port: ne16(b.Port), Family: familyOf(b.Addr)}
 		if f.Mode == model.ModeSNAT {
 			src := f.SourceAddr
 			if !src.IsValid() {
 				var err error
 				if src, err = p.sourceFor(b.Addr); err != nil {
-					return nil, fmt.Errorf("farm %q backend %q: %w", f.Name, b.Name, err)
+					return be, fmt.Errorf("farm %q backend %q: %w", f.Name, b.Name, err)
 				}
 			}
 			be.Snat = addrWords(src)
 		}
+		return be, nil
+	}
+	weights := make([]uint32, len(active))
+	isActive := map[string]bool{}
+	for i, b := range active {
+		be, err := entry(b)
+		if err != nil {
+			return nil, err
+		}
 		g.bes = append(g.bes, be)
 		weights[i] = b.Weight
+		isActive[b.Name] = true
+	}
+	g.active = len(g.bes)
+	// The rest, up ones first (a backend listed twice counts as up).
+	for _, up := range []bool{true, false} {
+		for _, b := range f.Backends {
+			if isActive[b.Name] || (b.State == model.StateUp) != up {
+				continue
+			}
+			be, err := entry(b)
+			if err != nil {
+				return nil, err
+			}
+			if !up {
+				be.Flags = beFlagGone
+			}
+			dup := false
+			for _, x := range g.bes {
+				dup = dup || sameBackend(x, be)
+			}
+			if !dup {
+				g.bes = append(g.bes, be)
+			}
+		}
 	}
 	if f.Scheduler == model.SchedRR {
 		for i := range weights {
@@ -302,11 +365,14 @@ func (p *Plane) writeIndex(g *generation) error {
 	if len(g.ids) == 0 {
 		return nil
 	}
-	keys := make([]xlbBeIndexKey, len(g.ids))
-	for i := range g.ids {
+	if g.active == 0 {
+		return nil
+	}
+	keys := make([]xlbBeIndexKey, g.active)
+	for i := range keys {
 		keys[i] = g.indexKey(i)
 	}
-	if _, err := p.objs.XlbBeIndex.BatchUpdate(keys, g.ids, nil); err != nil {
+	if _, err := p.objs.XlbBeIndex.BatchUpdate(keys, g.ids[:g.active], nil); err != nil {
 		return fmt.Errorf("write backend index: %w", err)
 	}
 	return nil
@@ -372,23 +438,45 @@ func gcd(a, b uint32) uint32 {
 
 // write allocates ids for g and writes its backends, slots and round-robin
 // counter. Nothing points at them yet.
-func (p *Plane) write(g *generation) error {
+//
+// reuse (may be nil) returns the id of an existing entry to share for a
+// backend, 0 for none.
+func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 	id, err := p.allocSvc()
 	if err != nil {
 		return err
 	}
 	g.val.Id = id
 	g.ids = make([]uint32, len(g.bes))
+	var newIDs []uint32
+	var newBes []xlbBackend
 	for i := range g.bes {
+		if reuse != nil {
+			if bid := reuse(g.bes[i]); bid != 0 {
+				// Shared: its flags follow once g is in place
+				// (syncFlags).
+				p.usedBE[bid]++
+				g.ids[i] = bid
+				continue
+			}
+		}
 		if g.ids[i], err = p.allocBackend(); err != nil {
 			p.free(g)
 			return err
 		}
+		newIDs = append(newIDs, g.ids[i])
+		newBes = append(newBes, g.bes[i])
 	}
-	if len(g.ids) > 0 {
-		if _, err := p.objs.XlbBackends.BatchUpdate(g.ids, g.bes, nil); err != nil {
+	if len(newIDs) > 0 {
+		if _, err := p.objs.XlbBackends.BatchUpdate(newIDs, newBes, nil); err != nil {
 			p.free(g)
 			return fmt.Errorf("write backends: %w", err)
+		}
+		for i, id := range newIDs {
+			if err := p.setFlags(id, newBes[i].Flags); err != nil {
+				p.free(g)
+				return err
+			}
 		}
 	}
 	if err := p.writeIndex(g); err != nil {
@@ -433,8 +521,64 @@ func (p *Plane) free(g *generation) {
 			if g.val.Id != 0 {
 				_ = p.objs.XlbBeIndex.Delete(g.indexKey(i))
 			}
-			_ = p.objs.XlbBackends.Delete(id)
-			delete(p.usedBE, id)
+			if p.unrefBackend(id) {
+				_ = p.objs.XlbBackends.Delete(id)
+				_ = p.setFlags(id, 0)
+			}
+		}
+	}
+}
+
+// sameBackend reports whether a and b are the same backend entry but for
+// its flags.
+func sameBackend(a, b xlbBackend) bool {
+	a.Flags, b.Flags = 0, 0
+	return a == b
+}
+
+// reuseFrom shares the ids of old's backends with its successor.
+func reuseFrom(old *generation) func(xlbBackend) uint32 {
+	if old == nil {
+		return nil
+	}
+	return func(be xlbBackend) uint32 {
+		for i, x := range old.bes {
+			if sameBackend(x, be) && i < len(old.ids) {
+				return old.ids[i]
+			}
+		}
+		return 0
+	}
+}
+
+// setFlags writes a backend id's flags to xlb_be_flags (ids beyond the
+// array, from an older daemon, have none).
+func (p *Plane) setFlags(id uint32, flags uint8) error {
+	if id >= maxBackends {
+		return nil
+	}
+	if err := p.objs.XlbBeFlags.Update(id, uint32(flags), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write backend flags: %w", err)
+	}
+	return nil
+}
+
+// syncFlags writes the flags of g's backends (a shared backend that went
+// down or came back up), once g is the farm's current generation: the
+// program then expires, or keeps, their tracked flows.
+func (p *Plane) syncFlags(g *generation) {
+	for i, id := range g.ids {
+		if id == 0 {
+			continue
+		}
+		var be xlbBackend
+		if p.objs.XlbBackends.Lookup(id, &be) == nil && be.Flags != g.bes[i].Flags {
+			if err := p.objs.XlbBackends.Update(id, g.bes[i], ebpf.UpdateExist); err != nil {
+				p.log.Error("write ebpf backend", "farm", g.farm, "err", err)
+			}
+		}
+		if err := p.setFlags(id, g.bes[i].Flags); err != nil {
+			p.log.Error("write ebpf backend flags", "farm", g.farm, "err", err)
 		}
 	}
 }
@@ -546,7 +690,7 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 				return err
 			}
 			if g != nil {
-				if err := p.write(g); err != nil {
+				if err := p.write(g, reuseFrom(s.old)); err != nil {
 					rollback()
 					return fmt.Errorf("farm %q: %w", c.New.Name, err)
 				}
@@ -569,6 +713,9 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		steps = append(steps, s)
 	}
 	for _, s := range steps {
+		if s.cur != nil {
+			p.syncFlags(s.cur)
+		}
 		if s.old != nil {
 			p.pending = append(p.pending, s.old)
 		}
@@ -633,12 +780,47 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		p.used[k.Svc] = true
 	}
 	for id := range bes {
-		p.usedBE[id] = true
+		p.usedBE[id] = 1
+	}
+	// A farm written anew shares the entries of its backends that are
+	// already in the maps (and not gone), so their tracked flows continue.
+	byEntry := map[xlbBackend][]uint32{}
+	for id, be := range bes {
+		be.Flags = 0
+		byEntry[be] = append(byEntry[be], id)
+	}
+	// The backends a service generation's slots name: a farm's own
+	// entries are preferred over another farm's identical ones.
+	slotIDs := map[uint32]map[uint32]bool{}
+	for k, id := range slots {
+		if slotIDs[k.Svc] == nil {
+			slotIDs[k.Svc] = map[uint32]bool{}
+		}
+		slotIDs[k.Svc][id] = true
+	}
+	taken := map[uint32]bool{}
+	reuseFor := func(g *generation) func(xlbBackend) uint32 {
+		own := slotIDs[svcs[g.keys[0]].Id]
+		return func(be xlbBackend) uint32 {
+			be.Flags = 0
+			for _, pass := range []bool{true, false} {
+				for _, id := range byEntry[be] {
+					if !taken[id] && own[id] == pass {
+						taken[id] = true
+						return id
+					}
+				}
+			}
+			return 0
+		}
 	}
 
 	p.farms = map[string]*generation{}
 	p.stlOwner = map[xlbStlKey]string{}
 	adopted := map[uint32]bool{}
+	// Farms already in the maps are adopted first, so that a farm
+	// written anew cannot share an entry an adopted farm holds.
+	var rewrite []*generation
 	for _, f := range farms {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -650,26 +832,36 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if g == nil {
 			continue
 		}
-		if adopt(g, svcs, slots, bes) && !adopted[g.val.Id] {
-			adopted[g.val.Id] = true
-			p.farms[f.Name] = g
-			// The index and the stlsdnat mappings may predate this
-			// version: write them again.
-			if err := p.writeIndex(g); err != nil {
-				return fmt.Errorf("farm %q: %w", f.Name, err)
-			}
-			if err := p.writeStateless(g); err != nil {
-				return fmt.Errorf("farm %q: %w", f.Name, err)
-			}
+		if !adopt(g, svcs, slots, bes) || adopted[g.val.Id] {
+			rewrite = append(rewrite, g)
 			continue
 		}
-		if err := p.write(g); err != nil {
-			return fmt.Errorf("farm %q: %w", f.Name, err)
-		}
-		if err := p.flip(nil, g); err != nil {
-			return fmt.Errorf("farm %q: %w", f.Name, err)
+		adopted[g.val.Id] = true
+		for _, id := range g.ids {
+			taken[id] = true
 		}
 		p.farms[f.Name] = g
+		// The index and the stlsdnat mappings may predate this
+		// version: write them again.
+		if err := p.writeIndex(g); err != nil {
+			return fmt.Errorf("farm %q: %w", f.Name, err)
+		}
+		if err := p.writeStateless(g); err != nil {
+			return fmt.Errorf("farm %q: %w", f.Name, err)
+		}
+	}
+	for _, g := range rewrite {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := p.write(g, reuseFor(g)); err != nil {
+			return fmt.Errorf("farm %q: %w", g.farm, err)
+		}
+		if err := p.flip(nil, g); err != nil {
+			return fmt.Errorf("farm %q: %w", g.farm, err)
+		}
+		p.syncFlags(g)
+		p.farms[g.farm] = g
 	}
 
 	// Sweep: service keys, slots and backends that no farm owns.
@@ -741,8 +933,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for id := range liveSvc {
 		p.used[id] = true
 	}
-	for id := range liveBE {
-		p.usedBE[id] = true
+	for _, g := range p.farms {
+		for _, id := range g.ids {
+			p.usedBE[id]++
+		}
 	}
 	return nil
 }
@@ -781,6 +975,11 @@ func adopt(g *generation, svcs map[xlbSvcKey]xlbSvcVal, slots map[xlbSlotKey]uin
 	}
 	if _, extra := slots[xlbSlotKey{Svc: id, Idx: uint32(len(g.slots))}]; extra {
 		return false
+	}
+	for _, bid := range ids {
+		if bid == 0 { // a backend without slots (drained, down): written anew
+			return false
+		}
 	}
 	g.val.Id = id
 	g.ids = ids

@@ -461,3 +461,140 @@ func TestTrafficStateless(t *testing.T) {
 		t.Errorf("stlsdnat traffic made %d conntrack entries", n)
 	}
 }
+
+// TestTrafficBackendDownExpiresFlows: tracked flows of a backend that goes
+// down expire (IPVS expire_nodest_conn): a UDP socket's next datagram is
+// scheduled to another backend and an established TCP connection is cut;
+// a drained backend (weight 0) keeps its connection, and the flows of
+// backends still up survive the changes.
+func TestTrafficBackendDownExpiresFlows(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	ctx := context.Background()
+	uvip := netip.AddrPortFrom(testutil.VIP4(80), 53)
+	tvip := netip.AddrPortFrom(testutil.VIP4(81), 80)
+	uf := farm(t, "udp", uvip.Addr().String(), 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR, backendsOf(topo, 8053)...)
+	tf := farm(t, "tcp", tvip.Addr().String(), 80, model.ProtoTCP, model.ModeSNAT, model.SchedRR, backendsOf(topo, 8080)...)
+	if err := p.Apply(ctx, dataplaneDiff{Changes: []dataplaneChange{{New: uf}, {New: tf}}}); err != nil {
+		t.Fatal(err)
+	}
+	index := func(name string) int {
+		var i int
+		if _, err := fmt.Sscanf(name, "be%d", &i); err != nil {
+			t.Fatalf("answer from %q", name)
+		}
+		return i
+	}
+
+	// UDP: one socket (one flow) keeps its backend until it goes down.
+	var uc *net.UDPConn
+	if err := testutil.Do(topo.Client.NS, func() (err error) {
+		uc, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(uvip))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	askUDP := func() string {
+		t.Helper()
+		_ = uc.SetDeadline(time.Now().Add(testutil.DefaultTimeout))
+		if _, err := uc.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 512)
+		n, err := uc.Read(buf)
+		if err != nil {
+			t.Fatalf("udp flow: %v", err)
+		}
+		name, _, err := testutil.ParseReply(string(buf[:n]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return name
+	}
+	first := askUDP()
+	if again := askUDP(); again != first {
+		t.Fatalf("one udp flow answered by %s, then %s", first, again)
+	}
+
+	// TCP: three connections, one per backend (rr).
+	conns := map[int]net.Conn{}
+	for range 3 {
+		c, err := testutil.DialTCP(topo.Client.NS, tvip, testutil.DefaultTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		line, err := testutil.ReadLine(c, testutil.DefaultTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _, err := testutil.ParseReply(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[index(name)] = c
+	}
+	if len(conns) != 3 {
+		t.Fatalf("3 connections reached %d backends", len(conns))
+	}
+
+	// The UDP flow's backend goes down; TCP: be0 down, be1 drained.
+	uf2 := uf.Clone()
+	uf2.Backends[index(first)].State = model.StateDown
+	tf2 := tf.Clone()
+	tf2.Backends[0].State = model.StateDown
+	tf2.Backends[1].Weight = 0
+	if err := p.Apply(ctx, dataplaneDiff{Changes: []dataplaneChange{{Old: uf, New: &uf2}, {Old: tf, New: &tf2}}}); err != nil {
+		t.Fatal(err)
+	}
+	if now := askUDP(); now == first {
+		t.Errorf("udp flow still answered by %s, which is down", now)
+	}
+	echo(t, conns[1], "drained", "be1 (drained)")
+	echo(t, conns[2], "up", "be2")
+	if _, err := conns[0].Write([]byte("down\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conns[0].SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if n, err := conns[0].Read(make([]byte, 16)); err == nil {
+		t.Errorf("connection to be0 (down) still answers (%d bytes)", n)
+	}
+	if st, _ := p.Stats(); st["ct_nodest"] < 2 {
+		t.Errorf("ct_nodest = %d, want the udp flow and the tcp connection", st["ct_nodest"])
+	}
+
+	// Unrelated changes (twice, so the first generation is freed) keep the
+	// flows of the backends still up.
+	tf3 := tf2.Clone()
+	tf3.Backends[2].Weight = 3
+	tf4 := tf3.Clone()
+	tf4.Backends[2].Weight = 4
+	for _, d := range []dataplaneDiff{diffOf(&tf2, &tf3), diffOf(&tf3, &tf4)} {
+		if err := p.Apply(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	echo(t, conns[1], "drained again", "be1 (drained)")
+	echo(t, conns[2], "up again", "be2")
+
+	// A restarted daemon (Reconcile) writes these farms anew, sharing the
+	// backend entries in the maps: flows keep following their backend's
+	// state, so be2 going down afterwards still cuts its connection.
+	if err := p.Reconcile(ctx, []*model.Farm{&uf2, &tf4}); err != nil {
+		t.Fatal(err)
+	}
+	echo(t, conns[1], "after reconcile", "be1 (drained)")
+	echo(t, conns[2], "after reconcile", "be2")
+	tf5 := tf4.Clone()
+	tf5.Backends[2].State = model.StateDown
+	if err := p.Apply(ctx, diffOf(&tf4, &tf5)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conns[2].Write([]byte("down\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conns[2].SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if n, err := conns[2].Read(make([]byte, 16)); err == nil {
+		t.Errorf("after reconcile: connection to be2 (down) still answers (%d bytes)", n)
+	}
+}

@@ -127,6 +127,7 @@ type xlbSvcVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	xlbMapXlbBackends     = "xlb_backends"
+	xlbMapXlbBeFlags      = "xlb_be_flags"
 	xlbMapXlbBeIndex      = "xlb_be_index"
 	xlbMapXlbCt           = "xlb_ct"
 	xlbMapXlbPersist      = "xlb_persist"
@@ -195,6 +196,7 @@ type xlbProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbMapSpecs struct {
 	XlbBackends  *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeFlags   *ebpf.MapSpec `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
 	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
@@ -239,6 +241,7 @@ func (o *xlbObjects) Close() error {
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbMaps struct {
 	XlbBackends  *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeFlags   *ebpf.Map `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
 	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
 	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
@@ -253,6 +256,7 @@ type xlbMaps struct {
 func (m *xlbMaps) Close() error {
 	return _XlbClose(
 		m.XlbBackends,
+		m.XlbBeFlags,
 		m.XlbBeIndex,
 		m.XlbCt,
 		m.XlbPersist,

@@ -1,0 +1,55 @@
+package ebpf
+
+import (
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/conformance"
+)
+
+// ebpfRefuses is what the eBPF plane refuses; keep it in step with Check
+// and docs/dataplane-ebpf.md. Conntrack helpers are refused for good: they
+// are netfilter conntrack, which this plane bypasses.
+var ebpfRefuses = map[string]string{
+	"family-dual":                 `"family" value "dual"`,
+	"sched-hash-srcmac":           `"sched-param" value "srcmac"`,
+	"persistence-srcmac":          `"persistence" value "srcmac"`,
+	"persistence-srcip-dstport":   `"persistence" value "srcip dstport"`,
+	"limit-new-rtlimit":           `"new-rtlimit"`,
+	"limit-est-connlimit":         `"est-connlimit"`,
+	"limit-rst-rtlimit":           `"rst-rtlimit"`,
+	"limit-backend-est-connlimit": `"est-connlimit"`,
+	"tcp-strict":                  `"tcp-strict"`,
+	"log":                         `"log"`,
+	"mark-backend":                `"mark"`,
+	"fwmark-farm":                 `"mark"`,
+	"helper-ftp":                  `"helper" value "ftp"`,
+	"helper-tftp":                 `"helper" value "tftp"`,
+	"helper-sip":                  `"helper" value "sip"`,
+	"helper-amanda":               `"helper" value "amanda"`,
+	"helper-h323":                 `"helper" value "h323"`,
+	"helper-irc":                  `"helper" value "irc"`,
+	"helper-netbios-ns":           `"helper" value "netbios-ns"`,
+	"helper-pptp":                 `"helper" value "pptp"`,
+	"helper-sane":                 `"helper" value "sane"`,
+	"helper-snmp":                 `"helper" value "snmp"`,
+}
+
+// TestConformance runs the data-plane conformance suite against eBPF, the
+// same scenarios the nft plane passes.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Plane{
+		Name: "ebpf",
+		Open: func(t testing.TB, path string) dataplane.Dataplane {
+			ns, err := netns.GetFromPath(path)
+			if err != nil {
+				t.Fatalf("open namespace %s: %v", path, err)
+			}
+			t.Cleanup(func() { ns.Close() })
+			return newPlane(t, ns, mountBPFFS(t), nil, 16384)
+		},
+		Refuses: ebpfRefuses,
+	})
+}
