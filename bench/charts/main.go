@@ -1,0 +1,260 @@
+// Command charts draws the benchmark results as PNG charts with gnuplot
+// (Debian's gnuplot-nox), from the JSON the benchmarks wrote, so a chart can
+// be redrawn without measuring again:
+//
+//   - datapath.json -> datapath.png: req/s and p99 latency per system, bars
+//     at the median with min/max whiskers, one panel per load;
+//   - control-plane.json -> control-plane.png: a boxplot of every
+//     measurement's samples next to its baseline (log scale);
+//   - rule-scale.json -> rule-scale.png: kernel objects per farm by farm size.
+//
+// A missing JSON file is reported and skipped (each benchmark can run alone);
+// a gnuplot failure is an error.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+func main() {
+	dir := flag.String("dir", "bench/results", "directory of the JSON results; the PNGs are written there")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("charts: ")
+	if _, err := exec.LookPath("gnuplot"); err != nil {
+		log.Fatal("gnuplot not found (scripts/install-deps.sh installs gnuplot-nox)")
+	}
+	tmp, err := os.MkdirTemp("", "xlb-charts-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	drawn := 0
+	for _, c := range []struct {
+		json string
+		draw func(dir, tmp string, raw []byte) error
+	}{
+		{"datapath.json", datapath},
+		{"control-plane.json", controlPlane},
+		{"rule-scale.json", ruleScale},
+	} {
+		raw, err := os.ReadFile(filepath.Join(*dir, c.json))
+		if err != nil {
+			log.Printf("skip %s: %v", c.json, err)
+			continue
+		}
+		if err := c.draw(*dir, tmp, raw); err != nil {
+			log.Fatalf("chart of %s: %v", c.json, err)
+		}
+		drawn++
+	}
+	if drawn == 0 {
+		log.Fatalf("no results in %s to draw", *dir)
+	}
+}
+
+// gnuplot runs script, with data files already written to tmp.
+func gnuplot(tmp, script string) error {
+	f := filepath.Join(tmp, "chart.gp")
+	if err := os.WriteFile(f, []byte(script), 0o644); err != nil {
+		return err
+	}
+	cmd := exec.Command("gnuplot", f)
+	cmd.Dir = tmp
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("gnuplot: %w: %s", err, out)
+	}
+	return nil
+}
+
+const header = `set terminal pngcairo size %d,%d font "sans,10"
+set output %q
+set grid ytics
+set border 3
+set tics nomirror
+set key off
+`
+
+type summary struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+func datapath(dir, tmp string, raw []byte) error {
+	var rep struct {
+		Date    string `json:"date"`
+		Machine string `json:"machine"`
+		Rows    []struct {
+			System string  `json:"system"`
+			Load   string  `json:"load"`
+			ReqPS  summary `json:"req_per_sec"`
+			P99    summary `json:"p99_ms"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return err
+	}
+	var loads []string
+	for _, r := range rep.Rows {
+		if !slices.Contains(loads, r.Load) {
+			loads = append(loads, r.Load)
+		}
+	}
+	out := filepath.Join(dir, "datapath.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 1200, 420*len(loads), abs)
+	fmt.Fprintf(&s, "set multiplot layout %d,2 title %q\n", len(loads), "Data path, client -> VIP -> 3 backends (bars: median, whiskers: min-max) - "+rep.Machine)
+	s.WriteString("set style data histogram\nset style histogram errorbars gap 1 lw 1\nset style fill solid 0.6 border -1\nset boxwidth 0.8\nset yrange [0:*]\nset xtics rotate by -25\n")
+	for i, load := range loads {
+		data := fmt.Sprintf("dp-%d.dat", i)
+		var d strings.Builder
+		for _, r := range rep.Rows {
+			if r.Load == load {
+				fmt.Fprintf(&d, "%q %g %g %g %g %g %g\n", r.System, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, r.P99.Median, r.P99.Min, r.P99.Max)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(tmp, data), []byte(d.String()), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(&s, "set title %q\nset ylabel \"requests/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", load+": requests per second (higher is better)", data)
+		fmt.Fprintf(&s, "set title %q\nset ylabel \"ms\"\nplot %q using 5:6:7:xtic(1) lc rgb \"#c0504d\"\n", load+": p99 latency (lower is better)", data)
+	}
+	s.WriteString("unset multiplot\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+// shortLabel turns control-plane measurement names into axis labels.
+func shortLabel(name string) string {
+	for _, m := range []struct {
+		re  *regexp.Regexp
+		fmt string
+	}{
+		{regexp.MustCompile(`^API add farm x (\d+) backends, (\d+) farms`), "xlb add x$1\\n@$2 farms"},
+		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms`), "nft -f x$1\\n@$2 farms"},
+		{regexp.MustCompile(`^API bulk POST (\d+) farms x (\d+)`), "xlb bulk\\n$1x$2"},
+		{regexp.MustCompile(`^nft -f: (\d+) farms x (\d+)`), "nft -f\\n$1x$2"},
+		{regexp.MustCompile(`^xlb dump, (\d+) farms`), "xlb dump\\n$1 farms"},
+		{regexp.MustCompile(`^xlb list -n, (\d+) farms`), "xlb list -n\\n$1 farms"},
+		{regexp.MustCompile(`^nft list table inet xlb \((\d+) farms`), "nft list\\n$1 farms"},
+	} {
+		if m.re.MatchString(name) {
+			return m.re.ReplaceAllString(name, m.fmt)
+		}
+	}
+	if len(name) > 24 {
+		name = name[:24]
+	}
+	return name
+}
+
+func controlPlane(dir, tmp string, raw []byte) error {
+	var rs []struct {
+		Name     string    `json:"name"`
+		Samples  []float64 `json:"samples"`
+		Baseline string    `json:"baseline"`
+	}
+	if err := json.Unmarshal(raw, &rs); err != nil {
+		return err
+	}
+	var d strings.Builder
+	var plots, tics []string
+	for i, r := range rs {
+		if i > 0 {
+			d.WriteString("\n\n") // gnuplot data blocks, addressed with "index"
+		}
+		for _, v := range r.Samples {
+			fmt.Fprintf(&d, "%g\n", v)
+		}
+		color := "#c0504d" // baseline
+		if r.Baseline != "" {
+			color = "#4878a8" // xlb, measured against the baseline that follows it
+		}
+		plots = append(plots, fmt.Sprintf("'cp.dat' index %d using (%d):1 with boxplot lc rgb %q", i, i+1, color))
+		tics = append(tics, fmt.Sprintf("\"%s\" %d", shortLabel(r.Name), i+1))
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "cp.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "control-plane.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, max(900, 110*len(rs)), 520, abs)
+	s.WriteString("set title \"Control plane: xlb (blue) and its baseline in the same run (red); boxes p25-p75, whiskers 1.5 IQR\"\n")
+	s.WriteString("set ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\n")
+	fmt.Fprintf(&s, "set xrange [0.3:%g]\nset xtics (%s) font \",8\"\n", float64(len(rs))+0.7, strings.Join(tics, ", "))
+	s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+func ruleScale(dir, tmp string, raw []byte) error {
+	var rep struct {
+		Rows []struct {
+			Backends int            `json:"backends"`
+			PerFarm  map[string]int `json:"per_farm"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return err
+	}
+	var kinds []string
+	for _, r := range rep.Rows {
+		for k := range r.PerFarm {
+			if !slices.Contains(kinds, k) {
+				kinds = append(kinds, k)
+			}
+		}
+	}
+	slices.Sort(kinds)
+	var d strings.Builder
+	d.WriteString("backends")
+	for _, k := range kinds {
+		fmt.Fprintf(&d, " %q", k)
+	}
+	d.WriteString("\n")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(&d, "\"%d\"", r.Backends)
+		for _, k := range kinds {
+			fmt.Fprintf(&d, " %d", r.PerFarm[k])
+		}
+		d.WriteString("\n")
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "rs.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "rule-scale.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 900, 480, abs)
+	s.WriteString("set title \"Rule scale: kernel objects one farm adds to table inet xlb, by backends in the farm\"\n")
+	s.WriteString("set key top left\nset xlabel \"backends in the farm\"\nset ylabel \"objects (log scale)\"\nset logscale y\nset yrange [0.8:*]\n")
+	s.WriteString("set style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.6 border -1\n")
+	var plots []string
+	for i := range kinds {
+		plots = append(plots, fmt.Sprintf("'rs.dat' using %d:xtic(1) title columnhead", i+2))
+	}
+	s.WriteString("plot " + strings.Join(plots, ", ") + "\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
