@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt demo bench clean
+.PHONY: all deps build test vet fmt check-fmt demo bench bench-quick bench-datapath bench-rulescale bench-charts clean
 
 all: build
 
@@ -32,8 +32,24 @@ test: build vet check-fmt
 demo: build
 	scripts/demo.sh
 
+# Benchmarks (bench/run.sh; results and charts in bench/results/). bench is
+# the whole suite (tens of minutes, run it on a quiet machine); bench-quick a
+# smoke run of every part in under 3 minutes, results in bench/results/quick/.
 bench: build
 	bench/run.sh
+
+bench-quick: build
+	bench/run.sh --quick
+
+bench-datapath: build
+	bench/run.sh datapath charts
+
+bench-rulescale: build
+	bench/run.sh rulescale charts
+
+# Redraw the charts from the JSON results without measuring again.
+bench-charts:
+	$(GO) run ./bench/charts -dir bench/results
 
 clean:
 	rm -rf $(BIN)

@@ -144,13 +144,13 @@ func shortLabel(name string) string {
 		re  *regexp.Regexp
 		fmt string
 	}{
-		{regexp.MustCompile(`^API add farm x (\d+) backends, (\d+) farms`), "xlb add x$1\\n@$2 farms"},
-		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms`), "nft -f x$1\\n@$2 farms"},
-		{regexp.MustCompile(`^API bulk POST (\d+) farms x (\d+)`), "xlb bulk\\n$1x$2"},
-		{regexp.MustCompile(`^nft -f: (\d+) farms x (\d+)`), "nft -f\\n$1x$2"},
-		{regexp.MustCompile(`^xlb dump, (\d+) farms`), "xlb dump\\n$1 farms"},
-		{regexp.MustCompile(`^xlb list -n, (\d+) farms`), "xlb list -n\\n$1 farms"},
-		{regexp.MustCompile(`^nft list table inet xlb \((\d+) farms`), "nft list\\n$1 farms"},
+		{regexp.MustCompile(`^API add farm x (\d+) backends, (\d+) farms.*$`), "xlb add x${1}\\n@${2} farms"},
+		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms.*$`), "nft -f x${1}\\n@${2} farms"},
+		{regexp.MustCompile(`^API bulk POST (\d+) farms x (\d+).*$`), "xlb bulk\\n${1}x${2}"},
+		{regexp.MustCompile(`^nft -f: (\d+) farms x (\d+).*$`), "nft -f\\n${1}x${2}"},
+		{regexp.MustCompile(`^xlb dump, (\d+) farms.*$`), "xlb dump\\n${1} farms"},
+		{regexp.MustCompile(`^xlb list -n, (\d+) farms.*$`), "xlb list -n\\n${1} farms"},
+		{regexp.MustCompile(`^nft list table inet xlb \((\d+) farms.*$`), "nft list\\n${1} farms"},
 	} {
 		if m.re.MatchString(name) {
 			return m.re.ReplaceAllString(name, m.fmt)
@@ -194,8 +194,8 @@ func controlPlane(dir, tmp string, raw []byte) error {
 	abs, _ := filepath.Abs(out)
 	var s strings.Builder
 	fmt.Fprintf(&s, header, max(900, 110*len(rs)), 520, abs)
-	s.WriteString("set title \"Control plane: xlb (blue) and its baseline in the same run (red); boxes p25-p75, whiskers 1.5 IQR\"\n")
-	s.WriteString("set ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\n")
+	s.WriteString("set title \"Control plane: xlb (blue) and its baseline in the same run (red); boxes p25-p75, whiskers 1.5 IQR (fewer than 4 samples: points)\"\n")
+	s.WriteString("set termoption noenhanced\nset ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.5 absolute\n")
 	fmt.Fprintf(&s, "set xrange [0.3:%g]\nset xtics (%s) font \",8\"\n", float64(len(rs))+0.7, strings.Join(tics, ", "))
 	s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")
 	if err := gnuplot(tmp, s.String()); err != nil {
@@ -208,8 +208,9 @@ func controlPlane(dir, tmp string, raw []byte) error {
 func ruleScale(dir, tmp string, raw []byte) error {
 	var rep struct {
 		Rows []struct {
-			Backends int            `json:"backends"`
-			PerFarm  map[string]int `json:"per_farm"`
+			Config   struct{ Mode, Sched string } `json:"config"`
+			Backends int                          `json:"backends"`
+			PerFarm  map[string]int               `json:"per_farm"`
 		} `json:"results"`
 	}
 	if err := json.Unmarshal(raw, &rep); err != nil {
@@ -231,7 +232,7 @@ func ruleScale(dir, tmp string, raw []byte) error {
 	}
 	d.WriteString("\n")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(&d, "\"%d\"", r.Backends)
+		fmt.Fprintf(&d, "\"%s %s\\n%d\"", r.Config.Mode, r.Config.Sched, r.Backends)
 		for _, k := range kinds {
 			fmt.Fprintf(&d, " %d", r.PerFarm[k])
 		}
@@ -245,7 +246,7 @@ func ruleScale(dir, tmp string, raw []byte) error {
 	var s strings.Builder
 	fmt.Fprintf(&s, header, 900, 480, abs)
 	s.WriteString("set title \"Rule scale: kernel objects one farm adds to table inet xlb, by backends in the farm\"\n")
-	s.WriteString("set key top left\nset xlabel \"backends in the farm\"\nset ylabel \"objects (log scale)\"\nset logscale y\nset yrange [0.8:*]\n")
+	s.WriteString("set key top left\nset bmargin 5\nset xlabel \"mode, scheduler, backends in the farm\" offset 0,-1\nset ylabel \"objects (log scale)\"\nset logscale y\nset yrange [0.8:*]\n")
 	s.WriteString("set style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.6 border -1\n")
 	var plots []string
 	for i := range kinds {
