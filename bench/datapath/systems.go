@@ -20,10 +20,10 @@ type system struct {
 
 func newSystem(name string, o options) *system {
 	desc := map[string]string{
-		"direct":       "no balancer: client to backend 10.200.0.11:8080, routed through the lb namespace",
+		"direct":       "no balancer: client to backend 10.200.0.11:8080 only (one backend serves all, the others idle), routed through the lb namespace",
 		"xlb-nft":      "xlb daemon, nft data plane, farm rr over 3 backends, mode snat (driven with the xlb CLI)",
 		"xlb-nft-dnat": "xlb daemon, nft data plane, farm rr over 3 backends, mode dnat (the same NAT work as the nft and iptables baselines)",
-		"xlb-ebpf":     "xlb daemon, eBPF data plane, farm rr over 3 backends, mode snat",
+		"xlb-ebpf":     "xlb daemon, eBPF data plane (tcx ingress on every lb interface; pins on a bpffs private to the daemon, gone with it), farm rr over 3 backends, mode snat",
 		"nft":          "plain nftables: one prerouting rule, dnat to numgen inc mod 3 map",
 		"iptables":     "iptables DNAT, -m statistic --mode nth (" + o.iptables + ")",
 		"haproxy":      "HAProxy (Debian package) mode tcp, balance roundrobin, default threads",
