@@ -2,8 +2,9 @@
 // (Debian's gnuplot-nox), from the JSON the benchmarks wrote, so a chart can
 // be redrawn without measuring again:
 //
-//   - datapath.json -> datapath.png: req/s and p99 latency per system, bars
-//     at the median with min/max whiskers, one panel per load;
+//   - datapath.json -> datapath.png: req/s and p99 latency (udp: packets/s
+//     and loss) per system, bars at the median with min/max whiskers, a row
+//     of panels per load;
 //   - control-plane.json -> control-plane.png: a boxplot of every
 //     measurement's samples next to its baseline (log scale);
 //   - rule-scale.json -> rule-scale.png: kernel objects per farm by farm size.
@@ -99,6 +100,7 @@ func datapath(dir, tmp string, raw []byte) error {
 			Load   string  `json:"load"`
 			ReqPS  summary `json:"req_per_sec"`
 			P99    summary `json:"p99_ms"`
+			Loss   summary `json:"udp_loss_percent"`
 		} `json:"results"`
 	}
 	if err := json.Unmarshal(raw, &rep); err != nil {
@@ -121,13 +123,22 @@ func datapath(dir, tmp string, raw []byte) error {
 		var d strings.Builder
 		for _, r := range rep.Rows {
 			if r.Load == load {
-				fmt.Fprintf(&d, "%q %g %g %g %g %g %g\n", r.System, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, r.P99.Median, r.P99.Min, r.P99.Max)
+				second := r.P99
+				if load == "udp" {
+					second = r.Loss
+				}
+				fmt.Fprintf(&d, "%q %g %g %g %g %g %g\n", r.System, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, second.Median, second.Min, second.Max)
 			}
 		}
 		if err := os.WriteFile(filepath.Join(tmp, data), []byte(d.String()), 0o644); err != nil {
 			return err
 		}
-		fmt.Fprintf(&s, "set title %q\nset ylabel \"requests/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", load+": requests per second (higher is better)", data)
+		if load == "udp" {
+			fmt.Fprintf(&s, "set title %q\nset ylabel \"packets/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", "udp: packets per second reaching the backends (higher is better)", data)
+			fmt.Fprintf(&s, "set title %q\nset ylabel \"%%\"\nplot %q using 5:6:7:xtic(1) lc rgb \"#c0504d\"\n", "udp: packets lost (lower is better)", data)
+			continue
+		}
+		fmt.Fprintf(&s, "set title %q\nset ylabel \"requests/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", load+": HTTP requests per second (higher is better)", data)
 		fmt.Fprintf(&s, "set title %q\nset ylabel \"ms\"\nplot %q using 5:6:7:xtic(1) lc rgb \"#c0504d\"\n", load+": p99 latency (lower is better)", data)
 	}
 	s.WriteString("unset multiplot\n")

@@ -18,9 +18,10 @@
 // system, then run 2, ...) and the order rotates, so slow drift of the shared
 // machine spreads over all systems instead of penalizing one.
 //
-// The load is wrk with a fixed duration and a fixed number of connections,
-// twice per measurement: keep-alive connections (forwarding cost) and a new
-// connection per request (connection setup, NAT and scheduling cost).
+// The loads, each with a fixed duration and bounded: wrk with a fixed number
+// of keep-alive connections (forwarding cost), wrk with a new connection per
+// request (connection setup, NAT and scheduling cost), and UDP packets/s from
+// a light generator to sinks that drop cheaply (udp.go).
 //
 // Must run as root in the host namespace: it creates namespaces named
 // xlbb-<pid>-* and deletes them on exit, on error and on SIGINT/SIGTERM.
@@ -72,6 +73,13 @@ var backends = []string{"10.200.0.11", "10.200.0.12", "10.200.0.13"}
 var allSystems = []string{"direct", "xlb-nft", "xlb-nft-dnat", "xlb-ebpf", "nft", "iptables", "haproxy"}
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "udpgen" {
+		if err := udpgen(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o options
 	var systems, loads string
 	flag.StringVar(&o.xlb, "xlb", "bin/xlb", "xlb binary")
@@ -83,7 +91,7 @@ func main() {
 	flag.IntVar(&o.conns, "c", 32, "wrk connections")
 	flag.IntVar(&o.threads, "t", 1, "wrk threads")
 	flag.StringVar(&systems, "systems", strings.Join(allSystems, ","), "systems to measure, comma separated")
-	flag.StringVar(&loads, "loads", "keepalive,close", "keepalive (persistent connections) and/or close (a new connection per request)")
+	flag.StringVar(&loads, "loads", "keepalive,close,udp", "keepalive (persistent HTTP connections), close (a new connection per request), udp (packets/s to sinks that drop)")
 	flag.StringVar(&o.iptables, "iptables", "iptables-legacy", "iptables binary: iptables-legacy measures x_tables; iptables-nft turns statistic nth into nft's numgen")
 	flag.StringVar(&o.prefix, "prefix", fmt.Sprintf("xlbb-%d", os.Getpid()), "prefix of the namespaces it creates (bench/run.sh passes one it can clean up after a crash)")
 	flag.Parse()
@@ -97,7 +105,7 @@ func main() {
 		}
 	}
 	for _, l := range o.loads {
-		if l != "keepalive" && l != "close" {
+		if l != "keepalive" && l != "close" && l != "udp" {
 			log.Fatalf("-loads: unknown load %q", l)
 		}
 	}
@@ -138,6 +146,8 @@ type sample struct {
 	BusyUs     float64 `json:"machine_cpu_us_per_req"`
 	LBProcUs   float64 `json:"lb_process_cpu_us_per_req"`
 	DurationMs float64 `json:"duration_ms"`
+	Sent       float64 `json:"udp_sent,omitempty"`
+	LossPct    float64 `json:"udp_loss_percent,omitempty"`
 }
 
 type measurement struct {
@@ -183,6 +193,9 @@ func run(ctx context.Context, o options) error {
 	var order []string
 	for _, s := range systems {
 		for _, l := range o.loads {
+			if l == "udp" && !s.hasUDP() {
+				continue
+			}
 			k := s.name + "/" + l
 			results[k] = &measurement{System: s.name, Load: l, Desc: s.desc}
 			order = append(order, k)
@@ -201,7 +214,16 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("run %d, %s: %w", r+1, s.name, err)
 			}
 			for _, l := range o.loads {
-				smp := samples[l]
+				smp, ok := samples[l]
+				if !ok {
+					continue
+				}
+				if l == "udp" {
+					log.Printf("run %d/%d %-13s %-9s %8.0f packets/s  loss %.1f %%  softirq %.2f us/packet",
+						r+1, o.runs, s.name, l, smp.ReqPerSec, smp.LossPct, smp.SoftirqUs)
+					results[s.name+"/"+l].Runs = append(results[s.name+"/"+l].Runs, smp)
+					continue
+				}
 				results[s.name+"/"+l].Runs = append(results[s.name+"/"+l].Runs, smp)
 				log.Printf("run %d/%d %-13s %-9s %8.0f req/s  p50 %.2f ms  p99 %.2f ms  softirq %.1f us/req",
 					r+1, o.runs, s.name, l, smp.ReqPerSec, smp.P50ms, smp.P99ms, smp.SoftirqUs)
@@ -212,6 +234,7 @@ func run(ctx context.Context, o options) error {
 		fmt.Sprintf("wrk -t%d -c%d -d%s --latency, %s unrecorded warm-up before each measurement; %d runs per system, interleaved with rotating order; a fresh topology of namespaces for every measurement.", o.threads, o.conns, o.duration, o.warmup, o.runs),
 		"keepalive: persistent connections (forwarding cost). close: `Connection: close`, a new TCP connection per request (NAT and scheduling cost per connection).",
 		"CPU: softirq_us_per_req is the softirq time of the whole machine (/proc/stat, all CPUs) during the run divided by the requests served: with veth every packet of client, LB and backends is processed in softirq, so it includes all hops (and anything else running on the machine); compare it with direct, whose path crosses the same namespaces without balancing. machine_cpu_us_per_req is user+system+irq+softirq of the whole machine per request. lb_process_cpu_us_per_req is the user+system time of the balancer's process (HAProxy, the xlb daemon) per request.",
+		fmt.Sprintf("udp: a Go generator in the client sends 18-byte datagrams over %d flows (fixed source ports) for the same duration, at most 3 million packets per second of run; each backend drops them in nftables at prerouting priority -300 and counts them. req/s means packets/s counted at the sinks, µs/req means µs per packet; the check sends 30 one-packet flows first. Each flow is scheduled once, then forwarded by conntrack. HAProxy does not balance UDP and is left out of this load.", udpFlows),
 		fmt.Sprintf("iptables baseline uses %s.", o.iptables),
 		fmt.Sprintf("total wall time %s.", time.Since(start).Round(time.Second)),
 	)
@@ -238,6 +261,22 @@ func measure(ctx context.Context, o options, s *system) (map[string]sample, erro
 	}
 	out := map[string]sample{}
 	for _, load := range o.loads {
+		if load == "udp" {
+			if !s.hasUDP() {
+				continue
+			}
+			before := readCPU()
+			smp, err := udpLoad(ctx, t, s, o.duration)
+			if err != nil {
+				return nil, err
+			}
+			after := readCPU()
+			tick := 1e6 / clockTicks
+			smp.SoftirqUs = float64(after.softirq-before.softirq) * tick / smp.Requests
+			smp.BusyUs = float64(after.busy-before.busy) * tick / smp.Requests
+			out[load] = smp
+			continue
+		}
 		if o.warmup > 0 {
 			if _, err := wrk(ctx, o, t, s, load, o.warmup); err != nil {
 				return nil, fmt.Errorf("warm-up: %w", err)

@@ -24,6 +24,7 @@ type row struct {
 	Softirq stats.Summary `json:"softirq_us_per_req"`
 	Busy    stats.Summary `json:"machine_cpu_us_per_req"`
 	LBProc  stats.Summary `json:"lb_process_cpu_us_per_req"`
+	Loss    stats.Summary `json:"udp_loss_percent"`
 	// Median req/s divided by the median of direct and of plain nftables
 	// under the same load, in the same run.
 	RatioDirect float64 `json:"ratio_to_direct,omitempty"`
@@ -60,6 +61,7 @@ func write(o options, order []string, ms map[string]*measurement, notes []string
 			Softirq: stats.Summarize(col(m, func(s sample) float64 { return s.SoftirqUs })),
 			Busy:    stats.Summarize(col(m, func(s sample) float64 { return s.BusyUs })),
 			LBProc:  stats.Summarize(col(m, func(s sample) float64 { return s.LBProcUs })),
+			Loss:    stats.Summarize(col(m, func(s sample) float64 { return s.LossPct })),
 		}
 		rps := col(m, func(s sample) float64 { return s.ReqPerSec })
 		if d, ok := ms["direct/"+m.Load]; ok {
@@ -94,21 +96,44 @@ func write(o options, order []string, ms map[string]*measurement, notes []string
 func markdown(rep report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Data path: client -> VIP -> 3 backends\n\nMeasured %s on %s.\n\n", rep.Date, rep.Machine)
-	b.WriteString("| system | load | req/s median | req/s min-max | vs direct | vs nft | vs nft, 95 % conf. | p50 ms | p99 ms | softirq µs/req | machine CPU µs/req | LB process µs/req |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Rows {
-		conf := "n/a"
+		if r.Load != "udp" {
+			b.WriteString("HTTP through wrk:\n\n")
+			b.WriteString("| system | load | req/s median | req/s min-max | vs direct | vs nft | vs nft, 95 % conf. | p50 ms | p99 ms | softirq µs/req | machine CPU µs/req | LB process µs/req |\n")
+			b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+			break
+		}
+	}
+	conf := func(r row) string {
 		if r.VsNft != nil {
-			conf = fmt.Sprintf("%+.1f %% ± %.1f %%", r.VsNft.Percent, r.VsNft.PlusMinus)
+			c := fmt.Sprintf("%+.1f %% ± %.1f %%", r.VsNft.Percent, r.VsNft.PlusMinus)
 			if !r.VsNft.Significant {
-				conf += " (no difference proven)"
+				c += " (no difference proven)"
 			}
+			return c
 		} else if r.System == "nft" {
-			conf = "baseline"
+			return "baseline"
+		}
+		return "n/a"
+	}
+	var udp []row
+	for _, r := range rep.Rows {
+		if r.Load == "udp" {
+			udp = append(udp, r)
+			continue
 		}
 		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f-%.0f | %s | %s | %s | %.2f | %.2f | %.1f | %.1f | %.1f |\n",
-			r.System, r.Load, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, ratio(r.RatioDirect), ratio(r.RatioNft), conf,
+			r.System, r.Load, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, ratio(r.RatioDirect), ratio(r.RatioNft), conf(r),
 			r.P50.Median, r.P99.Median, r.Softirq.Median, r.Busy.Median, r.LBProc.Median)
+	}
+	if len(udp) > 0 {
+		b.WriteString("\nUDP packets/s (64-byte frames, counted where the backends drop them):\n\n")
+		b.WriteString("| system | packets/s median | min-max | vs direct | vs nft | vs nft, 95 % conf. | loss % | softirq µs/packet | machine CPU µs/packet |\n|---|---|---|---|---|---|---|---|---|\n")
+		for _, r := range udp {
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f-%.0f | %s | %s | %s | %.1f | %.2f | %.2f |\n",
+				r.System, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, ratio(r.RatioDirect), ratio(r.RatioNft), conf(r),
+				r.Loss.Median, r.Softirq.Median, r.Busy.Median)
+		}
 	}
 	b.WriteString("\nSystems:\n\n")
 	seen := map[string]bool{}

@@ -108,22 +108,35 @@ func (s *system) setupXLB(ctx context.Context, t *topology) error {
 			return err
 		}
 	}
+	if !slicesContains(s.o.loads, "udp") {
+		return nil
+	}
+	if err := cli("farm", "add", "bench-udp", "--vip", vip, "--ports", fmt.Sprint(udpPort), "--proto", "udp", "--mode", mode, "--sched", "rr"); err != nil {
+		return err
+	}
+	for i, ip := range backends {
+		if err := cli("backend", "add", "bench-udp", fmt.Sprintf("be%d", i+1), "--ip", ip, "--port", fmt.Sprint(udpPort)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // setupNft loads the simplest nftables balancer: one rule, a numgen map.
 func (s *system) setupNft(ctx context.Context, t *topology) error {
-	var m []string
+	var m, mu []string
 	for i, ip := range backends {
 		m = append(m, fmt.Sprintf("%d : %s . 8080", i, ip))
+		mu = append(mu, fmt.Sprintf("%d : %s . %d", i, ip, udpPort))
 	}
 	ruleset := fmt.Sprintf(`table ip bench {
 	chain pre {
 		type nat hook prerouting priority dstnat; policy accept;
 		ip daddr %s tcp dport 80 dnat ip addr . port to numgen inc mod %d map { %s }
+		ip daddr %s udp dport %d dnat ip addr . port to numgen inc mod %d map { %s }
 	}
 }
-`, vip, len(backends), strings.Join(m, ", "))
+`, vip, len(backends), strings.Join(m, ", "), vip, udpPort, len(backends), strings.Join(mu, ", "))
 	var err error
 	if s.tmp, err = os.MkdirTemp("", "xlb-datapath-"); err != nil {
 		return err
@@ -139,14 +152,19 @@ func (s *system) setupNft(ctx context.Context, t *topology) error {
 // (n-k)-th new connection, the last one takes the rest.
 func (s *system) setupIptables(ctx context.Context, t *topology) error {
 	n := len(backends)
-	for i, ip := range backends {
-		args := []string{s.o.iptables, "-w", "-t", "nat", "-A", "PREROUTING", "-d", vip, "-p", "tcp", "--dport", "80"}
-		if i < n-1 {
-			args = append(args, "-m", "statistic", "--mode", "nth", "--every", fmt.Sprint(n-i), "--packet", "0")
-		}
-		args = append(args, "-j", "DNAT", "--to-destination", ip+":8080")
-		if err := t.run(ctx, "lb", args...); err != nil {
-			return err
+	for _, svc := range []struct {
+		proto       string
+		port, bport int
+	}{{"tcp", 80, 8080}, {"udp", udpPort, udpPort}} {
+		for i, ip := range backends {
+			args := []string{s.o.iptables, "-w", "-t", "nat", "-A", "PREROUTING", "-d", vip, "-p", svc.proto, "--dport", fmt.Sprint(svc.port)}
+			if i < n-1 {
+				args = append(args, "-m", "statistic", "--mode", "nth", "--every", fmt.Sprint(n-i), "--packet", "0")
+			}
+			args = append(args, "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", ip, svc.bport))
+			if err := t.run(ctx, "lb", args...); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -75,6 +75,16 @@ func newTopology(ctx context.Context, o options) (t *topology, err error) {
 			}
 		}
 	}
+	if slicesContains(o.loads, "udp") {
+		for i := range backends {
+			be := t.name(fmt.Sprintf("be%d", i+1))
+			cmd := exec.CommandContext(ctx, "ip", "netns", "exec", be, "nft", "-f", "-")
+			cmd.Stdin = strings.NewReader(sinkRules)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("udp sink in %s: %w: %s", be, err, out)
+			}
+		}
+	}
 	for i, ip := range backends {
 		name := fmt.Sprintf("backend-%d", i+1)
 		if _, err := t.start(fmt.Sprintf("be%d", i+1), nil, o.echo, "-name", name, "-listen", ip+":8080"); err != nil {
