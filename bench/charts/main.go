@@ -3,7 +3,7 @@
 // be redrawn without measuring again:
 //
 //   - datapath.json -> datapath.png: req/s and p99 latency (udp: packets/s
-//     and loss) per system, bars at the median with min/max whiskers, a row
+//     and softirq per packet) per system, bars at the median with min/max whiskers, a row
 //     of panels per load;
 //   - control-plane.json -> control-plane.png: a boxplot of every
 //     measurement's samples next to its baseline (log scale);
@@ -96,11 +96,11 @@ func datapath(dir, tmp string, raw []byte) error {
 		Date    string `json:"date"`
 		Machine string `json:"machine"`
 		Rows    []struct {
-			System string  `json:"system"`
-			Load   string  `json:"load"`
-			ReqPS  summary `json:"req_per_sec"`
-			P99    summary `json:"p99_ms"`
-			Loss   summary `json:"udp_loss_percent"`
+			System  string  `json:"system"`
+			Load    string  `json:"load"`
+			ReqPS   summary `json:"req_per_sec"`
+			P99     summary `json:"p99_ms"`
+			Softirq summary `json:"softirq_us_per_req"`
 		} `json:"results"`
 	}
 	if err := json.Unmarshal(raw, &rep); err != nil {
@@ -125,7 +125,7 @@ func datapath(dir, tmp string, raw []byte) error {
 			if r.Load == load {
 				second := r.P99
 				if load == "udp" {
-					second = r.Loss
+					second = r.Softirq
 				}
 				fmt.Fprintf(&d, "%q %g %g %g %g %g %g\n", r.System, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, second.Median, second.Min, second.Max)
 			}
@@ -135,7 +135,7 @@ func datapath(dir, tmp string, raw []byte) error {
 		}
 		if load == "udp" {
 			fmt.Fprintf(&s, "set title %q\nset ylabel \"packets/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", "udp: packets per second reaching the backends (higher is better)", data)
-			fmt.Fprintf(&s, "set title %q\nset ylabel \"%%\"\nplot %q using 5:6:7:xtic(1) lc rgb \"#c0504d\"\n", "udp: packets lost (lower is better)", data)
+			fmt.Fprintf(&s, "set title %q\nset ylabel \"µs\"\nplot %q using 5:6:7:xtic(1) lc rgb \"#c0504d\"\n", "udp: softirq time per packet, whole machine (lower is better)", data)
 			continue
 		}
 		fmt.Fprintf(&s, "set title %q\nset ylabel \"requests/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", load+": HTTP requests per second (higher is better)", data)
