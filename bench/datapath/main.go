@@ -34,6 +34,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/xlb-lb/xlb/bench/internal/topo"
 	"log"
 	"os"
 	"os/exec"
@@ -58,17 +59,10 @@ type options struct {
 	prefix         string
 }
 
-// Addresses of the topology (those of internal/testutil's NewTopology).
 const (
-	clientIP = "10.100.0.2"
-	lbClient = "10.100.0.1"
-	lbBack   = "10.200.0.1"
-	vip      = "10.99.0.1"
-	apiAddr  = "127.0.0.1:5590" // inside the lb namespace
-	apiKey   = "bench-key-not-secret"
+	apiAddr = "127.0.0.1:5590" // inside the lb namespace
+	apiKey  = "bench-key-not-secret"
 )
-
-var backends = []string{"10.200.0.11", "10.200.0.12", "10.200.0.13"}
 
 var allSystems = []string{"direct", "xlb-nft", "xlb-nft-dnat", "xlb-ebpf", "nft", "iptables", "haproxy"}
 
@@ -247,11 +241,18 @@ func run(ctx context.Context, o options) error {
 // measure builds a fresh topology, sets system s up, checks that it balances,
 // runs wrk once per load, and removes everything.
 func measure(ctx context.Context, o options, s *system) (map[string]sample, error) {
-	t, err := newTopology(ctx, o)
+	t, err := topo.New(ctx, topo.Options{Prefix: o.prefix, Echo: o.echo})
 	if err != nil {
 		return nil, err
 	}
-	defer t.close()
+	defer t.Close()
+	if slicesContains(o.loads, "udp") {
+		for i := range topo.Backends {
+			if err := t.RunInput(ctx, fmt.Sprintf("be%d", i+1), sinkRules, "nft", "-f", "-"); err != nil {
+				return nil, fmt.Errorf("udp sink: %w", err)
+			}
+		}
+	}
 	if err := s.setup(ctx, t); err != nil {
 		return nil, fmt.Errorf("set up: %w", err)
 	}
@@ -282,7 +283,7 @@ func measure(ctx context.Context, o options, s *system) (map[string]sample, erro
 				return nil, fmt.Errorf("warm-up: %w", err)
 			}
 		}
-		t.run(ctx, "lb", "conntrack", "-F") // start from an empty table; errors are harmless (no conntrack yet)
+		t.Run(ctx, "lb", "conntrack", "-F") // start from an empty table; errors are harmless (no conntrack yet)
 		before := readCPU()
 		procBefore := procCPU(s.proc)
 		smp, err := wrk(ctx, o, t, s, load, o.duration)
@@ -305,16 +306,16 @@ func measure(ctx context.Context, o options, s *system) (map[string]sample, erro
 // verify makes fresh connections through the system and fails unless every
 // backend it should reach answered: a baseline that does not balance is an
 // error, not a number.
-func verify(ctx context.Context, t *topology, s *system) error {
-	want := backends
+func verify(ctx context.Context, t *topo.Topology, s *system) error {
+	want := topo.Backends
 	if s.name == "direct" {
-		want = backends[:1]
+		want = topo.Backends[:1]
 	}
 	seen := map[string]bool{}
 	var last string
 	deadline := time.Now().Add(5 * time.Second) // daemons and HAProxy may need a moment
 	for len(seen) < len(want) && time.Now().Before(deadline) {
-		out, err := t.output(ctx, "client", "curl", "-s", "--max-time", "1", s.url())
+		out, err := t.Output(ctx, "client", "curl", "-s", "--max-time", "1", s.url())
 		if err != nil {
 			last = err.Error()
 			time.Sleep(100 * time.Millisecond)
@@ -348,7 +349,7 @@ var (
 
 // wrk runs one wrk load from the client namespace and parses its output.
 // wrk stops by itself after d; the context deadline is the backstop.
-func wrk(ctx context.Context, o options, t *topology, s *system, load string, d time.Duration) (sample, error) {
+func wrk(ctx context.Context, o options, t *topo.Topology, s *system, load string, d time.Duration) (sample, error) {
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
 	args := []string{"wrk", "-t", strconv.Itoa(o.threads), "-c", strconv.Itoa(o.conns),
@@ -357,7 +358,7 @@ func wrk(ctx context.Context, o options, t *topology, s *system, load string, d 
 		args = append(args, "-H", "Connection: close")
 	}
 	args = append(args, s.url())
-	out, err := t.output(ctx, "client", args...)
+	out, err := t.Output(ctx, "client", args...)
 	if err != nil {
 		return sample{}, fmt.Errorf("wrk: %w", err)
 	}

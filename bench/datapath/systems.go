@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/xlb-lb/xlb/bench/internal/topo"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,12 +35,12 @@ func newSystem(name string, o options) *system {
 // url is what wrk and the check request.
 func (s *system) url() string {
 	if s.name == "direct" {
-		return "http://" + backends[0] + ":8080/"
+		return "http://" + topo.Backends[0] + ":8080/"
 	}
-	return "http://" + vip + "/"
+	return "http://" + topo.VIP + "/"
 }
 
-func (s *system) setup(ctx context.Context, t *topology) error {
+func (s *system) setup(ctx context.Context, t *topo.Topology) error {
 	switch s.name {
 	case "direct":
 		return nil
@@ -55,7 +56,7 @@ func (s *system) setup(ctx context.Context, t *topology) error {
 	return fmt.Errorf("unknown system %q", s.name)
 }
 
-func (s *system) teardown(*topology) {
+func (s *system) teardown(*topo.Topology) {
 	// The namespaces' deletion removes rules, tables and programs; only the
 	// temporary files are ours to remove.
 	if s.tmp != "" {
@@ -67,7 +68,7 @@ func (s *system) teardown(*topology) {
 
 // setupXLB starts the real daemon in the lb namespace and creates the farm
 // with the CLI, as a user would.
-func (s *system) setupXLB(ctx context.Context, t *topology) error {
+func (s *system) setupXLB(ctx context.Context, t *topo.Topology) error {
 	var err error
 	if s.tmp, err = os.MkdirTemp("", "xlb-datapath-"); err != nil {
 		return err
@@ -80,14 +81,14 @@ func (s *system) setupXLB(ctx context.Context, t *topology) error {
 		plane = "ebpf"
 	}
 	env := []string{"XLB_KEY=" + apiKey, "XLB_API=http://" + apiAddr}
-	cmd, err := t.start("lb", env, s.o.xlb, "daemon", "--listen", apiAddr, "--state-dir", s.tmp, "--dataplane", plane, "--log-level", "warn")
+	cmd, err := t.Start("lb", env, s.o.xlb, "daemon", "--listen", apiAddr, "--state-dir", s.tmp, "--dataplane", plane, "--log-level", "warn")
 	if err != nil {
 		return err
 	}
 	s.proc = cmd.Process.Pid
 	cli := func(args ...string) error {
 		c := append([]string{"env", "XLB_KEY=" + apiKey, "XLB_API=http://" + apiAddr, s.o.xlb}, args...)
-		return t.run(ctx, "lb", c...)
+		return t.Run(ctx, "lb", c...)
 	}
 	ready := false
 	for range 100 {
@@ -100,10 +101,10 @@ func (s *system) setupXLB(ctx context.Context, t *topology) error {
 	if !ready {
 		return fmt.Errorf("xlb daemon (--dataplane %s) did not become ready", plane)
 	}
-	if err := cli("farm", "add", "bench", "--vip", vip, "--ports", "80", "--proto", "tcp", "--mode", mode, "--sched", "rr"); err != nil {
+	if err := cli("farm", "add", "bench", "--vip", topo.VIP, "--ports", "80", "--proto", "tcp", "--mode", mode, "--sched", "rr"); err != nil {
 		return err
 	}
-	for i, ip := range backends {
+	for i, ip := range topo.Backends {
 		if err := cli("backend", "add", "bench", fmt.Sprintf("be%d", i+1), "--ip", ip, "--port", "8080"); err != nil {
 			return err
 		}
@@ -111,10 +112,10 @@ func (s *system) setupXLB(ctx context.Context, t *topology) error {
 	if !slicesContains(s.o.loads, "udp") {
 		return nil
 	}
-	if err := cli("farm", "add", "bench-udp", "--vip", vip, "--ports", fmt.Sprint(udpPort), "--proto", "udp", "--mode", mode, "--sched", "rr"); err != nil {
+	if err := cli("farm", "add", "bench-udp", "--vip", topo.VIP, "--ports", fmt.Sprint(udpPort), "--proto", "udp", "--mode", mode, "--sched", "rr"); err != nil {
 		return err
 	}
-	for i, ip := range backends {
+	for i, ip := range topo.Backends {
 		if err := cli("backend", "add", "bench-udp", fmt.Sprintf("be%d", i+1), "--ip", ip, "--port", fmt.Sprint(udpPort)); err != nil {
 			return err
 		}
@@ -123,9 +124,9 @@ func (s *system) setupXLB(ctx context.Context, t *topology) error {
 }
 
 // setupNft loads the simplest nftables balancer: one rule, a numgen map.
-func (s *system) setupNft(ctx context.Context, t *topology) error {
+func (s *system) setupNft(ctx context.Context, t *topo.Topology) error {
 	var m, mu []string
-	for i, ip := range backends {
+	for i, ip := range topo.Backends {
 		m = append(m, fmt.Sprintf("%d : %s . 8080", i, ip))
 		mu = append(mu, fmt.Sprintf("%d : %s . %d", i, ip, udpPort))
 	}
@@ -136,7 +137,7 @@ func (s *system) setupNft(ctx context.Context, t *topology) error {
 		ip daddr %s udp dport %d dnat ip addr . port to numgen inc mod %d map { %s }
 	}
 }
-`, vip, len(backends), strings.Join(m, ", "), vip, udpPort, len(backends), strings.Join(mu, ", "))
+`, topo.VIP, len(topo.Backends), strings.Join(m, ", "), topo.VIP, udpPort, len(topo.Backends), strings.Join(mu, ", "))
 	var err error
 	if s.tmp, err = os.MkdirTemp("", "xlb-datapath-"); err != nil {
 		return err
@@ -145,24 +146,24 @@ func (s *system) setupNft(ctx context.Context, t *topology) error {
 	if err := os.WriteFile(f, []byte(ruleset), 0o644); err != nil {
 		return err
 	}
-	return t.run(ctx, "lb", "nft", "-f", f)
+	return t.Run(ctx, "lb", "nft", "-f", f)
 }
 
 // setupIptables is the classic iptables balancer: rule k of n takes every
 // (n-k)-th new connection, the last one takes the rest.
-func (s *system) setupIptables(ctx context.Context, t *topology) error {
-	n := len(backends)
+func (s *system) setupIptables(ctx context.Context, t *topo.Topology) error {
+	n := len(topo.Backends)
 	for _, svc := range []struct {
 		proto       string
 		port, bport int
 	}{{"tcp", 80, 8080}, {"udp", udpPort, udpPort}} {
-		for i, ip := range backends {
-			args := []string{s.o.iptables, "-w", "-t", "nat", "-A", "PREROUTING", "-d", vip, "-p", svc.proto, "--dport", fmt.Sprint(svc.port)}
+		for i, ip := range topo.Backends {
+			args := []string{s.o.iptables, "-w", "-t", "nat", "-A", "PREROUTING", "-d", topo.VIP, "-p", svc.proto, "--dport", fmt.Sprint(svc.port)}
 			if i < n-1 {
 				args = append(args, "-m", "statistic", "--mode", "nth", "--every", fmt.Sprint(n-i), "--packet", "0")
 			}
 			args = append(args, "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", ip, svc.bport))
-			if err := t.run(ctx, "lb", args...); err != nil {
+			if err := t.Run(ctx, "lb", args...); err != nil {
 				return err
 			}
 		}
@@ -172,12 +173,12 @@ func (s *system) setupIptables(ctx context.Context, t *topology) error {
 
 // setupHAProxy runs HAProxy in the foreground, in TCP mode, on the VIP
 // (added to the lb namespace's loopback: a proxy terminates connections).
-func (s *system) setupHAProxy(ctx context.Context, t *topology) error {
-	if err := t.run(ctx, "lb", "ip", "addr", "add", vip+"/32", "dev", "lo"); err != nil {
+func (s *system) setupHAProxy(ctx context.Context, t *topo.Topology) error {
+	if err := t.Run(ctx, "lb", "ip", "addr", "add", topo.VIP+"/32", "dev", "lo"); err != nil {
 		return err
 	}
 	var servers strings.Builder
-	for i, ip := range backends {
+	for i, ip := range topo.Backends {
 		fmt.Fprintf(&servers, "\tserver be%d %s:8080\n", i+1, ip)
 	}
 	cfg := fmt.Sprintf(`global
@@ -192,7 +193,7 @@ frontend bench
 	default_backend backends
 backend backends
 	balance roundrobin
-%s`, vip, servers.String())
+%s`, topo.VIP, servers.String())
 	var err error
 	if s.tmp, err = os.MkdirTemp("", "xlb-datapath-"); err != nil {
 		return err
@@ -201,10 +202,10 @@ backend backends
 	if err := os.WriteFile(f, []byte(cfg), 0o644); err != nil {
 		return err
 	}
-	if err := t.run(ctx, "lb", "haproxy", "-c", "-q", "-f", f); err != nil {
+	if err := t.Run(ctx, "lb", "haproxy", "-c", "-q", "-f", f); err != nil {
 		return fmt.Errorf("haproxy config: %w", err)
 	}
-	cmd, err := t.start("lb", nil, "haproxy", "-db", "-q", "-f", f)
+	cmd, err := t.Start("lb", nil, "haproxy", "-db", "-q", "-f", f)
 	if err != nil {
 		return err
 	}

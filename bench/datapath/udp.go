@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/xlb-lb/xlb/bench/internal/topo"
 	"net"
 	"os"
 	"regexp"
@@ -34,10 +35,10 @@ var sinkRules = fmt.Sprintf(`table ip sink {
 var reCounter = regexp.MustCompile(`counter packets (\d+)`)
 
 // sinkCounts returns the packets each backend's sink dropped so far.
-func sinkCounts(ctx context.Context, t *topology) ([]float64, error) {
+func sinkCounts(ctx context.Context, t *topo.Topology) ([]float64, error) {
 	var n []float64
-	for i := range backends {
-		out, err := t.output(ctx, fmt.Sprintf("be%d", i+1), "nft", "list", "table", "ip", "sink")
+	for i := range topo.Backends {
+		out, err := t.Output(ctx, fmt.Sprintf("be%d", i+1), "nft", "list", "table", "ip", "sink")
 		if err != nil {
 			return nil, err
 		}
@@ -54,9 +55,9 @@ func sinkCounts(ctx context.Context, t *topology) ([]float64, error) {
 // udpTarget is where the generator sends for system s.
 func (s *system) udpTarget() string {
 	if s.name == "direct" {
-		return fmt.Sprintf("%s:%d", backends[0], udpPort)
+		return fmt.Sprintf("%s:%d", topo.Backends[0], udpPort)
 	}
-	return fmt.Sprintf("%s:%d", vip, udpPort)
+	return fmt.Sprintf("%s:%d", topo.VIP, udpPort)
 }
 
 // hasUDP says whether system s balances UDP (HAProxy is a TCP/HTTP proxy).
@@ -64,13 +65,13 @@ func (s *system) hasUDP() bool { return s.name != "haproxy" }
 
 // udpLoad checks that new UDP flows reach every backend they should, then
 // runs the generator for d and returns packets/s and loss.
-func udpLoad(ctx context.Context, t *topology, s *system, d time.Duration) (sample, error) {
+func udpLoad(ctx context.Context, t *topo.Topology, s *system, d time.Duration) (sample, error) {
 	gen := func(flows, count int, d time.Duration) (float64, float64, error) {
 		self, err := os.Executable()
 		if err != nil {
 			return 0, 0, err
 		}
-		out, err := t.output(ctx, "client", self, "udpgen", s.udpTarget(), strconv.Itoa(flows), strconv.Itoa(count), d.String())
+		out, err := t.Output(ctx, "client", self, "udpgen", s.udpTarget(), strconv.Itoa(flows), strconv.Itoa(count), d.String())
 		if err != nil {
 			return 0, 0, err
 		}
@@ -86,7 +87,7 @@ func udpLoad(ctx context.Context, t *topology, s *system, d time.Duration) (samp
 		return sample{}, err
 	}
 	var after []float64
-	want := len(backends)
+	want := len(topo.Backends)
 	if s.name == "direct" {
 		want = 1
 	}
