@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt demo bench bench-quick bench-datapath bench-rulescale bench-charts clean
+.PHONY: all deps build test vet fmt check-fmt demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts clean
 
 all: build
 
@@ -43,6 +43,9 @@ bench-quick: build
 
 bench-datapath: build
 	bench/run.sh datapath charts
+
+bench-converge: build
+	bench/run.sh converge charts
 
 bench-rulescale: build
 	bench/run.sh rulescale charts

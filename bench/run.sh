@@ -4,10 +4,10 @@
 # --quick to bench/results/quick/ (not committed).
 #
 # usage: bench/run.sh [--quick] [PART...]
-#   PART: ctlplane datapath rulescale gobench charts (default: all, in that order)
+#   PART: ctlplane converge datapath rulescale gobench charts (default: all, in that order)
 #   --quick: tiny sizes, one or a few runs each: a smoke run of every part in
 #            under 3 minutes, to check that the harness works, not to measure.
-# More flags for a part: CTLPLANE_FLAGS, DATAPATH_FLAGS, RULESCALE_FLAGS
+# More flags for a part: CTLPLANE_FLAGS, CONVERGE_FLAGS, DATAPATH_FLAGS, RULESCALE_FLAGS
 # (e.g. DATAPATH_FLAGS="-runs 10 -d 10s"), GOBENCH_FLAGS.
 #
 # Every namespace made here is named xlbb-<pid of this script>-*; the trap
@@ -21,17 +21,18 @@ parts=()
 for a in "$@"; do
 	case $a in
 	--quick) quick=1 ;;
-	ctlplane | datapath | rulescale | gobench | charts) parts+=("$a") ;;
-	*) echo "usage: bench/run.sh [--quick] [ctlplane|datapath|rulescale|gobench|charts]..." >&2; exit 2 ;;
+	ctlplane | converge | datapath | rulescale | gobench | charts) parts+=("$a") ;;
+	*) echo "usage: bench/run.sh [--quick] [ctlplane|converge|datapath|rulescale|gobench|charts]..." >&2; exit 2 ;;
 	esac
 done
-[ ${#parts[@]} -gt 0 ] || parts=(ctlplane datapath rulescale gobench charts)
+[ ${#parts[@]} -gt 0 ] || parts=(ctlplane converge datapath rulescale gobench charts)
 
 OUT=bench/results
 if [ $quick -eq 1 ]; then
 	OUT=bench/results/quick
 	# Smallest sizes that still exercise every code path.
 	CTLPLANE_FLAGS="-runs 4 -existing 0,1000 -dump-farms 1000 ${CTLPLANE_FLAGS:-}"
+	CONVERGE_FLAGS="-runs 4 -existing 0,1000 -backends 10,100 ${CONVERGE_FLAGS:-}"
 	DATAPATH_FLAGS="-runs 1 -d 1s -warmup 0 ${DATAPATH_FLAGS:-}"
 	GOBENCH_FLAGS="-benchtime 1x -count 1 ${GOBENCH_FLAGS:-}"
 fi
@@ -60,7 +61,7 @@ in_ns() {
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
-for p in ctlplane datapath rulescale charts; do
+for p in ctlplane converge datapath rulescale charts; do
 	go build -o "bin/$p" "./bench/$p"
 done
 
@@ -70,6 +71,12 @@ for part in "${parts[@]}"; do
 		step "control plane"
 		# shellcheck disable=SC2086 # flags are meant to split
 		in_ns ctlplane bin/ctlplane -xlb bin/xlb -out "$OUT" ${CTLPLANE_FLAGS:-}
+		;;
+	converge)
+		step "control plane: time until traffic follows"
+		# It makes its own namespaces (client, lb, 3 backends) under our prefix.
+		# shellcheck disable=SC2086
+		bin/converge -xlb bin/xlb -echo bin/xlb-echo -out "$OUT" -prefix "$P" ${CONVERGE_FLAGS:-}
 		;;
 	datapath)
 		step "data path"

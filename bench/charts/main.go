@@ -7,7 +7,10 @@
 //     of panels per load;
 //   - control-plane.json -> control-plane.png: a boxplot of every
 //     measurement's samples next to its baseline (log scale);
-//   - rule-scale.json -> rule-scale.png: kernel objects per farm by farm size.
+//   - rule-scale.json -> rule-scale.png: kernel objects per farm by farm size;
+//   - converge.json -> converge.png: boxplots of the time until traffic
+//     follows a farm's add and delete, by backends and farms present, xlb
+//     next to nft -f (the kube-nftlb charts).
 //
 // A missing JSON file is reported and skipped (each benchmark can run alone);
 // a gnuplot failure is an error.
@@ -47,6 +50,7 @@ func main() {
 		{"datapath.json", datapath},
 		{"control-plane.json", controlPlane},
 		{"rule-scale.json", ruleScale},
+		{"converge.json", converge},
 	} {
 		raw, err := os.ReadFile(filepath.Join(*dir, c.json))
 		if err != nil {
@@ -264,6 +268,79 @@ func ruleScale(dir, tmp string, raw []byte) error {
 		plots = append(plots, fmt.Sprintf("'rs.dat' using %d:xtic(1) title columnhead", i+2))
 	}
 	s.WriteString("plot " + strings.Join(plots, ", ") + "\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+func converge(dir, tmp string, raw []byte) error {
+	var doc struct {
+		Machine string `json:"machine"`
+		Results []struct {
+			System   string    `json:"system"`
+			Op       string    `json:"op"`
+			Existing int       `json:"existing_farms"`
+			Backends int       `json:"backends"`
+			Traffic  []float64 `json:"until_traffic_ms"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "converge.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 1300, 900, abs)
+	s.WriteString("set termoption noenhanced\n")
+	fmt.Fprintf(&s, "set multiplot layout 2,1 title %q\n", "Time from the API call (or nft -f) until traffic follows: xlb (blue), nft -f (red); boxes p25-p75 - "+doc.Machine)
+	s.WriteString("set ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.35 absolute\n")
+	block := 0
+	var d strings.Builder
+	for _, op := range []string{"add", "delete"} {
+		var plots, tics []string
+		x := 0.0
+		var lastKey string
+		for _, r := range doc.Results {
+			if r.Op != op || r.System != "xlb" {
+				continue
+			}
+			key := fmt.Sprintf("%d backends\\n%d farms", r.Backends, r.Existing)
+			if key == lastKey {
+				continue
+			}
+			lastKey = key
+			x++
+			tics = append(tics, fmt.Sprintf("\"%s\" %g", key, x))
+			for _, sys := range []struct {
+				name, color string
+				off         float64
+			}{{"xlb", "#4878a8", -0.2}, {"nft -f", "#c0504d", 0.2}} {
+				for _, q := range doc.Results {
+					if q.Op == op && q.System == sys.name && q.Existing == r.Existing && q.Backends == r.Backends {
+						if block > 0 {
+							d.WriteString("\n\n")
+						}
+						for _, v := range q.Traffic {
+							fmt.Fprintf(&d, "%g\n", v)
+						}
+						plots = append(plots, fmt.Sprintf("'cv.dat' index %d using (%g):1 with boxplot lc rgb %q", block, x+sys.off, sys.color))
+						block++
+					}
+				}
+			}
+		}
+		if len(plots) == 0 {
+			continue
+		}
+		fmt.Fprintf(&s, "set title %q\nset xrange [0.4:%g]\nset xtics (%s) font \",8\"\n", op+" a farm", x+0.6, strings.Join(tics, ", "))
+		s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")
+	}
+	s.WriteString("unset multiplot\n")
+	if err := os.WriteFile(filepath.Join(tmp, "cv.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
 	if err := gnuplot(tmp, s.String()); err != nil {
 		return err
 	}
