@@ -163,9 +163,11 @@ func shortLabel(name string) string {
 		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms.*$`), "nft -f x${1}\\n@${2} farms"},
 		{regexp.MustCompile(`^API bulk POST (\d+) farms x (\d+).*$`), "xlb bulk\\n${1}x${2}"},
 		{regexp.MustCompile(`^nft -f: (\d+) farms x (\d+).*$`), "nft -f\\n${1}x${2}"},
-		{regexp.MustCompile(`^xlb dump, (\d+) farms.*$`), "xlb dump\\n${1} farms"},
-		{regexp.MustCompile(`^xlb list -n, (\d+) farms.*$`), "xlb list -n\\n${1} farms"},
+		{regexp.MustCompile(`^xlb (dump|list -n|save -f|restore -f), (\d+) farms x (\d+) backends.*$`), "xlb ${1}\\n${2}x${3}"},
+		{regexp.MustCompile(`^xlb (dump|list -n), (\d+) farms.*$`), "xlb ${1}\\n${2} farms"},
+		{regexp.MustCompile(`^nft list table inet xlb \((\d+) farms x (\d+) backends.*$`), "nft list\\n${1}x${2}"},
 		{regexp.MustCompile(`^nft list table inet xlb \((\d+) farms.*$`), "nft list\\n${1} farms"},
+		{regexp.MustCompile(`^nft -f \(restore baseline\): (\d+) farms x (\d+) backends.*$`), "nft -f\\n${1}x${2}"},
 	} {
 		if m.re.MatchString(name) {
 			return m.re.ReplaceAllString(name, m.fmt)
@@ -177,15 +179,37 @@ func shortLabel(name string) string {
 	return name
 }
 
+type cpResult struct {
+	Name     string    `json:"name"`
+	Samples  []float64 `json:"samples"`
+	Baseline string    `json:"baseline"`
+}
+
+// controlPlane draws two charts: single changes (control-plane.png) and the
+// whole-process bulk matrix (control-plane-bulk.png).
 func controlPlane(dir, tmp string, raw []byte) error {
-	var rs []struct {
-		Name     string    `json:"name"`
-		Samples  []float64 `json:"samples"`
-		Baseline string    `json:"baseline"`
-	}
+	var rs []cpResult
 	if err := json.Unmarshal(raw, &rs); err != nil {
 		return err
 	}
+	var single, bulk []cpResult
+	for _, r := range rs {
+		if strings.Contains(r.Name, "(whole process") || strings.HasPrefix(r.Name, "nft list table") || strings.HasPrefix(r.Name, "nft -f (restore baseline)") {
+			bulk = append(bulk, r)
+		} else {
+			single = append(single, r)
+		}
+	}
+	if err := boxplots(dir, tmp, "control-plane.png", "Control plane: xlb API calls (blue) and the nft -f baseline in the same run (red)", single); err != nil {
+		return err
+	}
+	if len(bulk) == 0 {
+		return nil
+	}
+	return boxplots(dir, tmp, "control-plane-bulk.png", "Bulk, whole processes (hyperfine), farms x backends: xlb (blue) and nft (red) in the same run", bulk)
+}
+
+func boxplots(dir, tmp, name, title string, rs []cpResult) error {
 	var d strings.Builder
 	var plots, tics []string
 	for i, r := range rs {
@@ -205,11 +229,11 @@ func controlPlane(dir, tmp string, raw []byte) error {
 	if err := os.WriteFile(filepath.Join(tmp, "cp.dat"), []byte(d.String()), 0o644); err != nil {
 		return err
 	}
-	out := filepath.Join(dir, "control-plane.png")
+	out := filepath.Join(dir, name)
 	abs, _ := filepath.Abs(out)
 	var s strings.Builder
-	fmt.Fprintf(&s, header, max(900, 110*len(rs)), 520, abs)
-	s.WriteString("set title \"Control plane: xlb (blue) and its baseline in the same run (red); boxes p25-p75, whiskers 1.5 IQR (fewer than 4 samples: points)\"\n")
+	fmt.Fprintf(&s, header, max(900, 80*len(rs)), 520, abs)
+	fmt.Fprintf(&s, "set title %q\n", title+"\nboxes p25-p75, whiskers 1.5 IQR (fewer than 4 samples: points)")
 	s.WriteString("set termoption noenhanced\nset ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.5 absolute\n")
 	fmt.Fprintf(&s, "set xrange [0.3:%g]\nset xtics (%s) font \",8\"\n", float64(len(rs))+0.7, strings.Join(tics, ", "))
 	s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")

@@ -6,8 +6,12 @@
 //     (what a tool that drives the nft binary, as nftlb's scripts do, pays);
 //   - one bulk POST of 1,000 farms x 4 backends; baseline: one `nft -f` of the
 //     same 1,000 farms;
-//   - `xlb dump` and `xlb list -n` as whole processes with 16,000 farms x 1
-//     backend (hyperfine); baseline: `nft list table inet xlb` of that state.
+//   - `xlb dump`, `xlb list -n`, `xlb save` and `xlb restore` as whole
+//     processes (hyperfine) for the patched ipvsadm's matrix of farms x
+//     backends (-matrix: 1000x4, 2000x2, 8000x2, 16000x1, 100x100); baseline:
+//     `nft list table inet xlb` of that state, and for restore one `nft -f`
+//     of the same farms. (The matrix's 8000 VIP + 8000
+//     firewall-mark farms wait for fwmark farms in the nft data plane.)
 //
 // It must run inside a network namespace of its own (bench/run.sh does that):
 // it starts an xlb daemon there and programs that namespace's nftables.
@@ -34,7 +38,8 @@ var (
 	out     = flag.String("out", "bench/results", "results directory")
 	runs    = flag.Int("runs", 30, "samples per measurement")
 	sizes   = flag.String("existing", "0,1000,10000", "farm counts present while adding one farm")
-	dumpN   = flag.Int("dump-farms", 16000, "farms present for the dump/list measurement")
+	dumpN   = flag.Int("dump-farms", 0, "deprecated: same as -matrix Nx1")
+	matrix  = flag.String("matrix", "1000x4,2000x2,8000x2,16000x1,100x100", "farms x backends states for dump, list -n, save and restore")
 	apiAddr = "127.0.0.1:5590"
 	key     = "bench-key-not-secret"
 )
@@ -113,8 +118,19 @@ func main() {
 	results = append(results, withBaseline(summarize("API bulk POST 1000 farms x 4 backends", bulk), bb), bb)
 	log.Printf("bulk 1000x4: median %.1f ms", results[len(results)-2].Median)
 
-	restore(*dumpN, 1)
-	results = append(results, hyperfine(*dumpN)...)
+	m := *matrix
+	if *dumpN > 0 {
+		m = fmt.Sprintf("%dx1", *dumpN)
+	}
+	for _, e := range strings.Split(m, ",") {
+		var n, b int
+		if _, err := fmt.Sscanf(e, "%dx%d", &n, &b); err != nil || n < 1 || b < 1 {
+			log.Fatalf("-matrix: %q is not FARMSxBACKENDS", e)
+		}
+		restore(n, b)
+		results = append(results, hyperfine(n, b)...)
+	}
+	restore(0, 1)
 
 	must(os.MkdirAll(*out, 0o755))
 	js, _ := json.MarshalIndent(results, "", "  ")
@@ -204,15 +220,19 @@ func nftBaseline(tag string, n, b int) float64 {
 	return d
 }
 
-func hyperfine(n int) []result {
+func hyperfine(n, b int) []result {
 	env := os.Environ()
 	env = append(env, "XLB_KEY="+key, "XLB_API=http://"+apiAddr)
 	tmp, err := os.MkdirTemp("", "hf")
 	must(err)
 	defer os.RemoveAll(tmp)
-	runOne := func(name, cmd string) result {
+	runOne := func(name, cmd string, runs int, prepare string) result {
 		js := filepath.Join(tmp, "out.json")
-		hf := exec.Command("hyperfine", "-N", "--warmup", "3", "--runs", fmt.Sprint(*runs), "--export-json", js, "--output", "null", cmd)
+		args := []string{"-N", "--warmup", "3", "--runs", fmt.Sprint(runs), "--export-json", js, "--output", "null"}
+		if prepare != "" {
+			args = append(args, "--prepare", prepare)
+		}
+		hf := exec.Command("hyperfine", append(args, cmd)...)
 		hf.Env = env
 		if out, err := hf.CombinedOutput(); err != nil {
 			log.Fatalf("hyperfine %s: %v: %s", cmd, err, out)
@@ -232,11 +252,29 @@ func hyperfine(n int) []result {
 		return summarize(name, samples)
 	}
 	abs, _ := filepath.Abs(*xlbBin)
-	base := runOne(fmt.Sprintf("nft list table inet xlb (%d farms)", n), "nft list table inet xlb")
-	dump := runOne(fmt.Sprintf("xlb dump, %d farms x 1 backend (whole process)", n), abs+" dump")
-	list := runOne(fmt.Sprintf("xlb list -n, %d farms x 1 backend (whole process)", n), abs+" list -n")
-	log.Printf("dump %.1f ms, list -n %.1f ms, nft list %.1f ms", dump.Median, list.Median, base.Median)
-	return []result{withBaseline(dump, base), withBaseline(list, base), base}
+	size := fmt.Sprintf("%d farms x %d backends", n, b)
+	base := runOne(fmt.Sprintf("nft list table inet xlb (%s)", size), "nft list table inet xlb", *runs, "")
+	dump := runOne(fmt.Sprintf("xlb dump, %s (whole process)", size), abs+" dump", *runs, "")
+	list := runOne(fmt.Sprintf("xlb list -n, %s (whole process)", size), abs+" list -n", *runs, "")
+	saved := filepath.Join(tmp, "state.json")
+	save := runOne(fmt.Sprintf("xlb save -f, %s (whole process)", size), abs+" save -f "+saved, *runs, "")
+
+	// restore: from an empty state each time (--prepare), so every run
+	// creates the whole state. Baseline: one nft -f of the same farms in a
+	// table of its own (nftBaseline; the listing of table xlb does not load
+	// back: nft prints its numgen-keyed maps with "type 0").
+	empty := filepath.Join(tmp, "empty.json")
+	must(os.WriteFile(empty, []byte(`{"farms":[]}`), 0o644))
+	rruns := min(*runs, 10) // each run rebuilds the whole state
+	var nb []float64
+	for i := range rruns {
+		nb = append(nb, nftBaseline(fmt.Sprintf("r%d", i), n, b))
+	}
+	nftRestore := summarize(fmt.Sprintf("nft -f (restore baseline): %s", size), nb)
+	rest := runOne(fmt.Sprintf("xlb restore -f, %s (whole process, from empty)", size), abs+" restore -f "+saved, rruns, abs+" restore -f "+empty)
+	log.Printf("%s: dump %.1f ms, list -n %.1f ms, save %.1f ms, nft list %.1f ms; restore %.1f ms, nft -f %.1f ms",
+		size, dump.Median, list.Median, save.Median, base.Median, rest.Median, nftRestore.Median)
+	return []result{withBaseline(dump, base), withBaseline(list, base), withBaseline(save, base), base, withBaseline(rest, nftRestore), nftRestore}
 }
 
 var client = &http.Client{Timeout: 5 * time.Minute}
