@@ -31,6 +31,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/xlb-lb/xlb/bench/internal/stats"
 )
 
 var (
@@ -142,12 +144,24 @@ func main() {
 func markdown(rs []result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured %s on %s (2 cores), %d samples each unless noted.\n\n", time.Now().UTC().Format("2006-01-02"), kernel(), *runs)
-	b.WriteString("| measurement | median ms | p25-p75 ms | min-max ms | baseline (same run) | baseline median ms | ratio |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| measurement | median ms | p25-p75 ms | min-max ms | baseline (same run) | baseline median ms | ratio | difference, 95 % conf. |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		if r.Baseline == "" {
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f-%.2f | %.2f-%.2f | %s | %.2f | %.3f |\n", r.Name, r.Median, r.P25, r.P75, r.Min, r.Max, r.Baseline, r.BaseMed, r.Ratio)
+		conf := "n/a"
+		for _, base := range rs {
+			if base.Name != r.Baseline {
+				continue
+			}
+			if d, ok := stats.Compare(r.Samples, base.Samples); ok {
+				conf = fmt.Sprintf("%+.1f %% ± %.1f %%", d.Percent, d.PlusMinus)
+				if !d.Significant {
+					conf += " (no difference proven)"
+				}
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f-%.2f | %.2f-%.2f | %s | %.2f | %.3f | %s |\n", r.Name, r.Median, r.P25, r.P75, r.Min, r.Max, r.Baseline, r.BaseMed, r.Ratio, conf)
 	}
 	return b.String()
 }
