@@ -204,6 +204,14 @@ func restore(n, b int) {
 // nftBaseline times one `nft -f` that creates n farms x b backends the way a
 // script-driven balancer would, in a table of its own, then removes it.
 func nftBaseline(tag string, n, b int) float64 {
+	d, _ := nftBaselineLimit(tag, n, b, 0)
+	return d
+}
+
+// nftBaselineLimit is nftBaseline stopped after limit (0: none): a killed
+// `nft -f` applies nothing (one transaction), and the sample is then limit,
+// a lower bound, with timedOut set.
+func nftBaselineLimit(tag string, n, b int, limit time.Duration) (d float64, timedOut bool) {
 	var s strings.Builder
 	fmt.Fprintf(&s, "table ip bench_%s {\n map svc { type ipv4_addr . inet_proto . inet_service : verdict; }\n", tag)
 	for i := range n {
@@ -225,13 +233,23 @@ func nftBaseline(tag string, n, b int) float64 {
 	defer os.Remove(f.Name())
 	f.WriteString(s.String())
 	f.Close()
+	ctx := context.Background()
+	if limit > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, limit)
+		defer cancel()
+	}
 	t := time.Now()
-	if out, err := exec.Command("nft", "-f", f.Name()).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "nft", "-f", f.Name()).CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			exec.Command("nft", "delete", "table", "ip", "bench_"+tag).Run()
+			return ms(limit), true
+		}
 		log.Fatalf("baseline nft -f: %v: %s", err, out)
 	}
-	d := ms(time.Since(t))
+	d = ms(time.Since(t))
 	exec.Command("nft", "delete", "table", "ip", "bench_"+tag).Run()
-	return d
+	return d, false
 }
 
 func hyperfine(n, b int) []result {
@@ -244,7 +262,9 @@ func hyperfine(n, b int) []result {
 		js := filepath.Join(tmp, "out.json")
 		args := []string{"-N", "--warmup", "3", "--runs", fmt.Sprint(runs), "--export-json", js, "--output", "null"}
 		if prepare != "" {
+			// Each run rebuilds a whole state: no warm-up runs.
 			args = append(args, "--prepare", prepare)
+			args[2] = "0"
 		}
 		hf := exec.Command("hyperfine", append(args, cmd)...)
 		hf.Env = env
@@ -279,12 +299,29 @@ func hyperfine(n, b int) []result {
 	// back: nft prints its numgen-keyed maps with "type 0").
 	empty := filepath.Join(tmp, "empty.json")
 	must(os.WriteFile(empty, []byte(`{"farms":[]}`), 0o644))
-	rruns := min(*runs, 10) // each run rebuilds the whole state
-	var nb []float64
-	for i := range rruns {
-		nb = append(nb, nftBaseline(fmt.Sprintf("r%d", i), n, b))
+	//
+	// Both are slow at the top of the matrix (on a 2-core box, xlb restore
+	// of 16,000 farms took ~35 s and emptying them ~20 s; nft -f of 16,000
+	// chains with their maps over 2 minutes), so: fewer runs there, and the
+	// baseline stops at 60 s and at its first sample over 10 s.
+	rruns := min(*runs, 5)
+	if n*b >= 8000 {
+		rruns = min(rruns, 2)
 	}
-	nftRestore := summarize(fmt.Sprintf("nft -f (restore baseline): %s", size), nb)
+	var nb []float64
+	baseName := fmt.Sprintf("nft -f (restore baseline): %s", size)
+	for i := range rruns {
+		d, timedOut := nftBaselineLimit(fmt.Sprintf("r%d", i), n, b, time.Minute)
+		nb = append(nb, d)
+		if timedOut {
+			baseName += " (timed out at 60 s: a lower bound)"
+			break
+		}
+		if d > 10000 {
+			break
+		}
+	}
+	nftRestore := summarize(baseName, nb)
 	rest := runOne(fmt.Sprintf("xlb restore -f, %s (whole process, from empty)", size), abs+" restore -f "+saved, rruns, abs+" restore -f "+empty)
 	log.Printf("%s: dump %.1f ms, list -n %.1f ms, save %.1f ms, nft list %.1f ms; restore %.1f ms, nft -f %.1f ms",
 		size, dump.Median, list.Median, save.Median, base.Median, rest.Median, nftRestore.Median)
