@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts clean
+.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts bench-ebpf bench-kube clean
 
 all: build
 
@@ -24,9 +24,27 @@ fmt:
 check-fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# The whole suite. Privileged tests (namespaces, nftables) run as root; with
-# XLB_PRIVILEGED_TESTS=1 (as in CI) they fail instead of skipping.
-test: build vet check-fmt
+# The eBPF objects (bpf/*.c -> internal/dataplane/ebpf/xlb_bpfel.{go,o}) with
+# bpf2go; the generated files are committed.
+generate: deps
+	$(GO) generate ./internal/dataplane/ebpf
+
+# Fails when the committed generated files differ from what the sources give.
+check-generate: generate
+	@git diff --exit-code --stat -- 'internal/dataplane/ebpf/*_bpfel.*' || { echo "generated eBPF files are stale: run make generate and commit"; exit 1; }
+	@out=$$(git status --porcelain --untracked-files=all -- 'internal/dataplane/ebpf/*_bpfel.*'); if [ -n "$$out" ]; then echo "untracked generated files:"; echo "$$out"; exit 1; fi
+
+# etcd and kube-apiserver for test/kube, built from the Go module proxy into
+# ~/.cache/xlb/kube/<version>/ (a cold build takes ~8-10 minutes, a warm run
+# well under a second).
+kube-binaries:
+	@scripts/kube-binaries.sh etcd kube-apiserver >/dev/null
+
+# The whole suite. Privileged tests (namespaces, nftables, eBPF, a real
+# kube-apiserver) run as root; with XLB_PRIVILEGED_TESTS=1 (as in CI) they fail
+# instead of skipping. check-generate fails when the committed bpf2go output
+# differs from what bpf/*.c gives.
+test: build vet check-fmt check-generate kube-binaries
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
 demo: build
@@ -53,6 +71,15 @@ bench-rulescale: build
 # Redraw the charts from the JSON results without measuring again.
 bench-charts:
 	$(GO) run ./bench/charts -dir bench/results
+
+# ns/packet of the eBPF program (BPF_PROG_TEST_RUN) at 1k..4M connections;
+# writes bench/results/ebpf-conntrack.md. Root.
+bench-ebpf: deps
+	bench/ebpf.sh
+
+# Kubernetes service proxy: endpoint change -> live at 1k/10k Services.
+bench-kube: build
+	bench/kube.sh
 
 clean:
 	rm -rf $(BIN)

@@ -45,6 +45,11 @@
 #endif
 #define XLB_SNAT_PORT_MIN 1024
 
+/* Persistence records (client, service) -> backend. */
+#ifndef XLB_MAX_PERSIST
+#define XLB_MAX_PERSIST 262144
+#endif
+
 /* Seed of the hash scheduler: fixed so a restart keeps the mapping. */
 #define XLB_HASH_SEED 0x786c6221
 
@@ -61,11 +66,15 @@
 /* struct svc_val.mode */
 #define XLB_MODE_DNAT 0
 #define XLB_MODE_SNAT 1
+#define XLB_MODE_DSR 2 /* destination MAC only: backends hold the VIP and answer clients directly */
+#define XLB_MODE_STLSDNAT 3 /* dnat without conntrack: each packet scheduled, replies mapped back by xlb_stateless */
 
 /* struct svc_val.sched */
 #define XLB_SCHED_RR 0     /* round robin over slots, one atomic counter per service */
 #define XLB_SCHED_WEIGHT 1 /* random over weighted slots */
 #define XLB_SCHED_HASH 2   /* jhash of hash_keys over weighted slots */
+#define XLB_SCHED_SYMHASH 3 /* jhash of address and/or port pairs, the same both ways */
+#define XLB_SCHED_MAGLEV 4  /* jhash of hash_keys over a Maglev table (computed in Go) */
 
 /* struct svc_val.hash_keys */
 #define XLB_HASH_SRCIP 1
@@ -74,6 +83,14 @@
 /* struct ct_val.dir */
 #define XLB_CT_FWD 0   /* client -> VIP */
 #define XLB_CT_REPLY 1 /* backend -> client (or LB snat address) */
+
+/* struct ct_val.state: where a flow is, which picks its idle timeout
+ * (set at load time, see xlb_lb.c; defaults like IPVS's). */
+#define XLB_CT_STATE_SYN 0   /* TCP: SYN seen, handshake not completed */
+#define XLB_CT_STATE_EST 1   /* TCP: established */
+#define XLB_CT_STATE_FIN 2   /* TCP: FIN seen in either direction */
+#define XLB_CT_STATE_CLOSE 3 /* TCP: RST seen */
+#define XLB_CT_STATE_UDP 4   /* UDP */
 
 /* Per-CPU counters in xlb_stats. */
 enum xlb_stat {
@@ -94,6 +111,10 @@ enum xlb_stat {
 	XLB_STAT_FIB_PASS,     /* rewritten, handed to the stack (no fib result) */
 	XLB_STAT_FIB_DROP,     /* blackhole/unreachable/prohibit route: dropped */
 	XLB_STAT_ERROR,        /* helper failure: dropped */
+	XLB_STAT_CT_EXPIRED,   /* conntrack entry idle past its timeout: removed */
+	XLB_STAT_PERSIST_HIT,  /* new flow sent to its client's persistent backend */
+	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
+	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
 	XLB_STAT_MAX,
 };
 

@@ -17,8 +17,28 @@
 #include "xlb_csum.h"
 
 #define AF_INET 2
+#define AF_INET6 10
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* Idle timeouts per conntrack state, in ns. Set by the loader before the
+ * program is loaded (Options.Timeouts); the verifier sees constants. The
+ * defaults are IPVS's: tcp 900 s, tcpfin 120 s, udp 300 s (ipvsadm --set),
+ * SYN_RECV 60 s, CLOSE 10 s. */
+volatile const __u64 xlb_timeout_syn = 60000000000ULL;
+volatile const __u64 xlb_timeout_tcp = 900000000000ULL;
+volatile const __u64 xlb_timeout_fin = 120000000000ULL;
+volatile const __u64 xlb_timeout_close = 10000000000ULL;
+volatile const __u64 xlb_timeout_udp = 300000000000ULL;
+
+/* How often a live entry refreshes its timestamp, checks its peer and
+ * re-resolves its next hop (XLB_CT_REFRESH_NS; benchmarks raise it to keep
+ * the FIB out of the conntrack-hit measurement). */
+volatile const __u64 xlb_ct_refresh_ns = XLB_CT_REFRESH_NS;
+
+/* Returned by lb4_ct_hit() when the entry is gone (expired, or a new
+ * connection reuses the tuple): schedule the packet as a new flow. */
+#define XLB_CT_MISS (-100)
 
 static __always_inline void stat_inc(__u32 idx)
 {
@@ -26,6 +46,19 @@ static __always_inline void stat_inc(__u32 idx)
 
 	if (c)
 		*c += 1;
+}
+
+/* ct_peer_key() - the key of the other direction of entry (k, v). */
+static __always_inline void ct_peer_key(const struct ct_key *k, const struct ct_val *v,
+					struct ct_key *pk)
+{
+	__builtin_memcpy(pk->src, v->dst, sizeof(pk->src));
+	__builtin_memcpy(pk->dst, v->src, sizeof(pk->dst));
+	pk->sport = v->dport;
+	pk->dport = v->sport;
+	pk->proto = k->proto;
+	pk->family = k->family;
+	pk->pad = 0;
 }
 
 /* ct_peer() - the key and value of the other direction of entry (k, v). */
@@ -45,12 +78,87 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->sport = k->dport;
 	pv->dport = k->sport;
 	pv->dir = v->dir == XLB_CT_FWD ? XLB_CT_REPLY : XLB_CT_FWD;
-	pv->flags = v->flags;
+	pv->state = v->state;
+	pv->mode = v->mode;
 	pv->pad = 0;
 	pv->svc = v->svc;
 	pv->backend = v->backend;
 	pv->seen = v->seen;
 	pv->ifindex = 0;
+}
+
+static __always_inline __u64 ct_timeout(__u8 state)
+{
+	switch (state) {
+	case XLB_CT_STATE_SYN:
+		return xlb_timeout_syn;
+	case XLB_CT_STATE_EST:
+		return xlb_timeout_tcp;
+	case XLB_CT_STATE_FIN:
+		return xlb_timeout_fin;
+	case XLB_CT_STATE_CLOSE:
+		return xlb_timeout_close;
+	default:
+		return xlb_timeout_udp;
+	}
+}
+
+/* ct_next_state() - the state a TCP flow in @s moves to on a packet with
+ * @flags (either direction). */
+static __always_inline __u8 ct_next_state(__u8 s, __u8 flags)
+{
+	if (flags & XLB_TCP_RST)
+		return XLB_CT_STATE_CLOSE;
+	if (flags & XLB_TCP_FIN)
+		return s == XLB_CT_STATE_CLOSE ? s : XLB_CT_STATE_FIN;
+	if (s == XLB_CT_STATE_SYN && (flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_ACK)
+		return XLB_CT_STATE_EST;
+	return s;
+}
+
+/* ct_delete() - remove both entries of the flow of (k, v). */
+static __always_inline void ct_delete(const struct ct_key *k, const struct ct_val *v)
+{
+	struct ct_key pk;
+
+	ct_peer_key(k, v, &pk);
+	bpf_map_delete_elem(&xlb_ct, &pk);
+	bpf_map_delete_elem(&xlb_ct, k);
+}
+
+/**
+ * ct_expired() - whether the flow of (k, v) has been idle longer than its
+ * state's timeout. A direction carrying no packets (one-way UDP) does not
+ * expire while its peer is live, so the peer is asked before giving up.
+ */
+static __always_inline int ct_expired(const struct ct_key *k, const struct ct_val *v, __u64 now)
+{
+	__u64 to = ct_timeout(v->state);
+	struct ct_key pk;
+	struct ct_val *peer;
+
+	if (now - v->seen <= to)
+		return 0;
+	ct_peer_key(k, v, &pk);
+	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
+	return !peer || now - peer->seen > to;
+}
+
+/* ct_set_state() - move the flow of (k, v) to @state, in both entries. */
+static __always_inline void ct_set_state(const struct ct_key *k, struct ct_val *v, __u8 state,
+					 __u64 now)
+{
+	struct ct_key pk;
+	struct ct_val *peer;
+
+	v->state = state;
+	v->seen = now;
+	ct_peer_key(k, v, &pk);
+	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
+	if (peer) {
+		peer->state = state;
+		peer->seen = now;
+	}
 }
 
 /**
@@ -65,6 +173,8 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
 	struct ct_val pv = {};
 
 	v->seen = now;
+	if (v->mode == XLB_MODE_DSR)
+		return; /* no reply entry: replies do not pass through us */
 	ct_peer(k, v, &pk, &pv);
 	if (bpf_map_lookup_elem(&xlb_ct, &pk))
 		return;
@@ -73,69 +183,96 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
 }
 
 /**
- * lb4_forward() - send a rewritten packet towards its new destination.
- * @skb: the packet, already rewritten to @v's tuple
- * @p: the packet's original tuple (for TTL)
+ * lb4_nat() - rewrite a packet to @v's tuple and send it on.
+ * @skb: the packet
+ * @p: its parsed tuple
  * @v: conntrack entry; its cached next hop is used, or filled
  * @fresh: ignore the cached next hop and resolve it again
  *
- * Return: XLB_REDIRECT (bpf_redirect/bpf_redirect_neigh), XLB_PASS when the
- * FIB has no forwarding answer (the stack routes the rewritten packet),
+ * The next hop (interface and MACs) is cached in the entry, so a packet of a
+ * tracked flow costs no FIB lookup; it is resolved on a flow's first packet
+ * and again whenever the entry is refreshed (xlb_ct_refresh_ns).
+ *
+ * Return: XLB_REDIRECT (bpf_redirect, or bpf_redirect_neigh when the
+ * neighbour is not resolved yet), XLB_PASS when the TTL expires or the FIB
+ * has no forwarding answer (the stack handles the rewritten packet),
  * XLB_DROP for blackhole/unreachable/prohibit routes or errors.
  */
-static __always_inline int lb4_forward(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
-				       int fresh)
+static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
 {
 	struct bpf_fib_lookup fib = {};
+	struct bpf_redir_neigh nh = {};
+	const __u32 *dst;
 	__u32 ifindex;
 	int rc;
 
 	if (p->ttl <= 1) {
 		stat_inc(XLB_STAT_FIB_PASS);
-		return XLB_PASS; /* the stack sends ICMP time exceeded */
+		goto pass; /* the stack sends ICMP time exceeded */
 	}
 	if (v->ifindex && !fresh) {
-		if (lb4_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, v->dmac, 6, 0) ||
-		    bpf_skb_store_bytes(skb, 6, v->smac, 6, 0)) {
-			stat_inc(XLB_STAT_ERROR);
-			return XLB_DROP;
-		}
+		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
+			goto err;
 		stat_inc(XLB_STAT_FIB_REDIRECT);
 		return bpf_redirect(v->ifindex, 0);
 	}
 
 	ifindex = skb->ingress_ifindex ?: skb->ifindex;
-	fib.family = AF_INET;
 	fib.l4_protocol = p->k.proto;
 	fib.sport = v->sport;
 	fib.dport = v->dport;
-	fib.tot_len = 0; /* let the helper check the MTU (GSO aware) */
+	fib.tot_len = 0; /* no MTU check here: the stack's on the way out */
 	fib.ifindex = ifindex;
-	fib.ipv4_src = v->src[0];
-	fib.ipv4_dst = v->dst[0];
+	/* dsr: the packet keeps the VIP; its next hop is the backend. */
+	dst = v->dst;
+	if (v->mode == XLB_MODE_DSR) {
+		__u32 bid = v->backend;
+		struct backend *be = bpf_map_lookup_elem(&xlb_backends, &bid);
+
+		if (!be)
+			goto err;
+		dst = be->addr;
+		__builtin_memcpy(nh.ipv6_nh, be->addr, 16);
+	}
+	if (p->k.family == XLB_AF_INET6) {
+		fib.family = AF_INET6;
+		nh.nh_family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, v->src, 16);
+		__builtin_memcpy(fib.ipv6_dst, dst, 16);
+	} else {
+		fib.family = AF_INET;
+		nh.nh_family = AF_INET;
+		fib.ipv4_src = v->src[0];
+		fib.ipv4_dst = dst[0];
+	}
 
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 		v->ifindex = 0;
-		__builtin_memcpy(v->smac, fib.smac, 6);
 		__builtin_memcpy(v->dmac, fib.dmac, 6);
+		__builtin_memcpy(v->smac, fib.smac, 6);
 		v->ifindex = fib.ifindex;
-		if (lb4_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) ||
-		    bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0)) {
-			stat_inc(XLB_STAT_ERROR);
-			return XLB_DROP;
-		}
+		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
+			goto err;
 		stat_inc(XLB_STAT_FIB_REDIRECT);
 		return bpf_redirect(fib.ifindex, 0);
-	case BPF_FIB_LKUP_RET_NO_NEIGH:
+	case BPF_FIB_LKUP_RET_NO_NEIGH: {
+		/* bpf_redirect_neigh() fills in the MACs later. */
+		__u8 macs[12];
+		void *data = (void *)(long)skb->data;
+
+		if (data + 12 > (void *)(long)skb->data_end)
+			goto err;
+		__builtin_memcpy(macs, data, 12);
 		v->ifindex = 0;
-		if (lb4_dec_ttl(skb, p)) {
-			stat_inc(XLB_STAT_ERROR);
-			return XLB_DROP;
-		}
+		if (lb4_rewrite(skb, p, v, macs, macs + 6))
+			goto err;
 		stat_inc(XLB_STAT_FIB_NEIGH);
+		if (v->mode == XLB_MODE_DSR)
+			return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	}
 	case BPF_FIB_LKUP_RET_BLACKHOLE:
 	case BPF_FIB_LKUP_RET_UNREACHABLE:
 	case BPF_FIB_LKUP_RET_PROHIBIT:
@@ -143,18 +280,23 @@ static __always_inline int lb4_forward(struct __sk_buff *skb, struct pkt *p, str
 		return XLB_DROP;
 	default:
 		stat_inc(XLB_STAT_FIB_PASS);
-		return XLB_PASS;
+		goto pass;
 	}
+pass:
+	if (lb4_rewrite(skb, p, v, NULL, NULL))
+		goto err;
+	return XLB_PASS;
+err:
+	stat_inc(XLB_STAT_ERROR);
+	return XLB_DROP;
 }
 
-/* lb4_nat() - rewrite to v's tuple and forward. */
-static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
+/* lb4_nat_call() - lb4_nat() in a frame of its own, for the new-flow path
+ * (the conntrack-hit path inlines it; both inlined exceed the stack). */
+static __attribute__((noinline)) int lb4_nat_call(struct __sk_buff *skb, struct pkt *p,
+						  struct ct_val *v, int fresh)
 {
-	if (lb4_rewrite(skb, p, v)) {
-		stat_inc(XLB_STAT_ERROR);
-		return XLB_DROP;
-	}
-	return lb4_forward(skb, p, v, fresh);
+	return lb4_nat(skb, p, v, fresh);
 }
 
 /**
@@ -176,8 +318,31 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 	case XLB_SCHED_WEIGHT:
 		sk.idx = bpf_get_prandom_u32() % svc->slots;
 		break;
-	default:
-		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? p->k.src[0] : 0,
+	case XLB_SCHED_SYMHASH: {
+		/* The same value for the tuple and its reverse: both
+		 * addresses (XLB_HASH_SRCIP) and/or both ports
+		 * (XLB_HASH_SRCPORT), each pair in sorted order. */
+		__u32 a = addr_fold(p->k.src), b = addr_fold(p->k.dst);
+		__u16 x = bpf_ntohs(p->k.sport), y = bpf_ntohs(p->k.dport);
+
+		if (a > b) {
+			a = addr_fold(p->k.dst);
+			b = addr_fold(p->k.src);
+		}
+		if (x > y) {
+			x = bpf_ntohs(p->k.dport);
+			y = bpf_ntohs(p->k.sport);
+		}
+		if (!(svc->hash_keys & XLB_HASH_SRCIP))
+			a = b = 0;
+		if (!(svc->hash_keys & XLB_HASH_SRCPORT))
+			x = y = 0;
+		h = xlb_jhash_3words(a, b, ((__u32)x << 16) | y, XLB_HASH_SEED ^ p->k.proto);
+		sk.idx = h % svc->slots;
+		break;
+	}
+	default: /* XLB_SCHED_HASH, XLB_SCHED_MAGLEV: the table makes the difference */
+		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? addr_fold(p->k.src) : 0,
 				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
 				     XLB_HASH_SEED);
 		sk.idx = h % svc->slots;
@@ -185,6 +350,143 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 	}
 	bid = bpf_map_lookup_elem(&xlb_slots, &sk);
 	return bid ? *bid : 0;
+}
+
+/**
+ * lb4_persistent() - the backend a persistent client of @svc was last sent
+ * to, if that was less than the service's TTL ago and the backend is still
+ * in the service's current generation.
+ * Return: the backend id, 0 if none.
+ */
+static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_val *svc, __u64 now)
+{
+	struct be_index_key ik = { .svc = svc->id };
+	struct persist_val *pv;
+	__u32 *bid;
+
+	pv = bpf_map_lookup_elem(&xlb_persist, pk);
+	if (!pv || now - pv->seen > (__u64)svc->persist_ttl * 1000000000ULL)
+		return 0;
+	__builtin_memcpy(ik.addr, pv->addr, 16);
+	ik.port = pv->port;
+	bid = bpf_map_lookup_elem(&xlb_be_index, &ik);
+	if (!bid)
+		return 0;
+	stat_inc(XLB_STAT_PERSIST_HIT);
+	return *bid;
+}
+
+/**
+ * lb4_pick() - the backend for a new flow of service @svc (found under
+ * @key): the client's persistent one if any, else the scheduler's choice,
+ * which is then recorded for persistence. A function of its own (not
+ * inlined) to keep its stack out of the caller's.
+ * Return: the backend id, 0 if none.
+ */
+static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *svc,
+						 struct svc_key *key, __u64 now)
+{
+	struct persist_key pk = {};
+	struct backend *be;
+	__u32 bid = 0;
+
+	if (!svc->persist)
+		return lb4_schedule(p, svc);
+	__builtin_memcpy(&pk.svc, key, sizeof(*key));
+	if (svc->persist & XLB_HASH_SRCIP)
+		__builtin_memcpy(pk.src, p->k.src, 16);
+	if (svc->persist & XLB_HASH_SRCPORT)
+		pk.sport = p->k.sport;
+	bid = lb4_persistent(&pk, svc, now);
+	if (!bid)
+		bid = lb4_schedule(p, svc);
+	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
+	if (be) {
+		struct persist_val pv = { .port = be->port, .seen = now };
+
+		__builtin_memcpy(pv.addr, be->addr, 16);
+		bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY);
+	}
+	return bid;
+}
+
+/**
+ * lb4_stateless() - stlsdnat: translate a packet to a VIP without
+ * conntrack. Every packet is scheduled (use a hash scheduler to keep a
+ * connection on one backend) and its next hop resolved (no entry to cache
+ * it in).
+ */
+static __attribute__((noinline)) int lb4_stateless(struct __sk_buff *skb, struct pkt *p,
+					 struct svc_val *svc, struct svc_key *key)
+{
+	struct backend *be;
+	struct scratch *sc;
+	struct ct_val *fv;
+	__u32 bid, zero = 0;
+
+	if (svc->slots == 0) {
+		stat_inc(XLB_STAT_NO_BACKEND);
+		return XLB_DROP;
+	}
+	bid = lb4_pick(p, svc, key, bpf_ktime_get_coarse_ns());
+	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
+	if (!be) {
+		stat_inc(XLB_STAT_NO_BACKEND);
+		return XLB_DROP;
+	}
+	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+	if (!sc)
+		return XLB_DROP;
+	fv = &sc->rv; /* on no stack: the frames of this call chain fill it */
+	__builtin_memset(fv, 0, sizeof(*fv));
+	__builtin_memcpy(fv->src, p->k.src, 16);
+	__builtin_memcpy(fv->dst, be->addr, 16);
+	fv->sport = p->k.sport;
+	fv->dport = be->port ?: p->k.dport;
+	fv->mode = XLB_MODE_STLSDNAT;
+	fv->backend = bid;
+	stat_inc(XLB_STAT_STATELESS);
+	return lb4_nat_call(skb, p, fv, 1);
+}
+
+/**
+ * lb4_stateless_reply() - a packet for no VIP: if it comes from a backend
+ * of a stlsdnat farm, give it the VIP as its source; otherwise it is not
+ * ours.
+ */
+static __attribute__((noinline)) int lb4_stateless_reply(struct __sk_buff *skb, struct pkt *p)
+{
+	struct stl_key sk = {};
+	struct stl_val *m;
+	struct scratch *sc;
+	struct ct_val *fv;
+	__u32 zero = 0;
+
+	__builtin_memcpy(sk.addr, p->k.src, 16);
+	sk.port = p->k.sport;
+	sk.proto = p->k.proto;
+	sk.family = p->k.family;
+	m = bpf_map_lookup_elem(&xlb_stateless, &sk);
+	if (!m) {
+		sk.port = 0;
+		m = bpf_map_lookup_elem(&xlb_stateless, &sk);
+	}
+	if (!m) {
+		stat_inc(XLB_STAT_NOT_VIP);
+		return XLB_NEXT;
+	}
+	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+	if (!sc)
+		return XLB_DROP;
+	fv = &sc->rv;
+	__builtin_memset(fv, 0, sizeof(*fv));
+	__builtin_memcpy(fv->src, m->addr, 16);
+	__builtin_memcpy(fv->dst, p->k.dst, 16);
+	fv->sport = m->port ?: p->k.sport;
+	fv->dport = p->k.dport;
+	fv->mode = XLB_MODE_STLSDNAT;
+	stat_inc(XLB_STAT_STATELESS);
+	return lb4_nat_call(skb, p, fv, 1);
 }
 
 /**
@@ -200,24 +502,27 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	struct svc_key key = {};
 	struct svc_val *svc;
 	struct backend *be;
-	struct ct_key rk;
-	struct ct_val fv = {}, rv = {}, *v;
+	struct ct_val fv = {}, *v;
+	struct scratch *sc;
+	__u32 zero = 0;
 	__u32 bid, i;
 	__u16 port;
+	__u64 now;
+	int fresh;
 
-	key.addr[0] = p->k.dst[0];
+	__builtin_memcpy(key.addr, p->k.dst, 16);
 	key.port = p->k.dport;
 	key.proto = p->k.proto;
-	key.family = XLB_AF_INET;
+	key.family = p->k.family;
 	svc = bpf_map_lookup_elem(&xlb_services, &key);
 	if (!svc) {
 		key.port = 0;
 		svc = bpf_map_lookup_elem(&xlb_services, &key);
-		if (!svc) {
-			stat_inc(XLB_STAT_NOT_VIP);
-			return XLB_NEXT;
-		}
+		if (!svc)
+			return lb4_stateless_reply(skb, p);
 	}
+	if (svc->mode == XLB_MODE_STLSDNAT)
+		return lb4_stateless(skb, p, svc, &key);
 	if (p->k.proto == IPPROTO_TCP &&
 	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN) {
 		stat_inc(XLB_STAT_NOT_SYN);
@@ -227,32 +532,42 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return XLB_DROP;
 	}
-	bid = lb4_schedule(p, svc);
+	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+	if (!sc)
+		return XLB_DROP;
+	now = bpf_ktime_get_coarse_ns();
+	bid = lb4_pick(p, svc, &key, now);
 	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
 	if (!be) {
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return XLB_DROP;
 	}
 
-	fv.src[0] = p->k.src[0];
-	fv.dst[0] = be->addr[0];
+	__builtin_memcpy(fv.src, p->k.src, 16);
+	__builtin_memcpy(fv.dst, be->addr, 16);
 	fv.sport = p->k.sport;
 	fv.dport = be->port ?: p->k.dport;
 	fv.dir = XLB_CT_FWD;
+	fv.state = p->k.proto == IPPROTO_TCP ? XLB_CT_STATE_SYN : XLB_CT_STATE_UDP;
+	fv.mode = svc->mode;
 	fv.svc = svc->id;
 	fv.backend = bid;
-	fv.seen = bpf_ktime_get_coarse_ns();
+	fv.seen = now;
 
-	if (svc->mode == XLB_MODE_SNAT) {
+	if (svc->mode == XLB_MODE_DSR) {
+		/* The packet keeps its tuple; only the next hop changes. */
+		__builtin_memcpy(fv.dst, p->k.dst, 16);
+		fv.dport = p->k.dport;
+	} else if (svc->mode == XLB_MODE_SNAT) {
 		/* The reply entry's key is the allocation: inserting it with
 		 * BPF_NOEXIST claims (backend, port, snat address, port)
 		 * atomically across CPUs. First try the client's own port. */
-		fv.src[0] = be->snat[0];
+		__builtin_memcpy(fv.src, be->snat, 16);
 		port = p->k.sport;
 		for (i = 0; i < XLB_SNAT_TRIES; i++) {
 			fv.sport = port;
-			ct_peer(&p->k, &fv, &rk, &rv);
-			if (bpf_map_update_elem(&xlb_ct, &rk, &rv, BPF_NOEXIST) == 0)
+			ct_peer(&p->k, &fv, &sc->rk, &sc->rv);
+			if (bpf_map_update_elem(&xlb_ct, &sc->rk, &sc->rv, BPF_NOEXIST) == 0)
 				break;
 			port = bpf_htons(XLB_SNAT_PORT_MIN +
 					 bpf_get_prandom_u32() % (65536 - XLB_SNAT_PORT_MIN));
@@ -262,65 +577,291 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 			return XLB_DROP;
 		}
 	} else {
-		ct_peer(&p->k, &fv, &rk, &rv);
-		if (bpf_map_update_elem(&xlb_ct, &rk, &rv, BPF_ANY)) {
+		ct_peer(&p->k, &fv, &sc->rk, &sc->rv);
+		if (bpf_map_update_elem(&xlb_ct, &sc->rk, &sc->rv, BPF_ANY)) {
 			stat_inc(XLB_STAT_ERROR);
 			return XLB_DROP;
 		}
 	}
 
+	fresh = 1;
 	if (bpf_map_update_elem(&xlb_ct, &p->k, &fv, BPF_NOEXIST)) {
 		/* Another CPU created this flow first: drop our reply entry
 		 * (unless it is the same as the winner's) and use the winner. */
 		stat_inc(XLB_STAT_CT_RACE);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
-			bpf_map_delete_elem(&xlb_ct, &rk);
+			if (svc->mode != XLB_MODE_DSR)
+				bpf_map_delete_elem(&xlb_ct, &sc->rk);
 			stat_inc(XLB_STAT_ERROR);
 			return XLB_DROP;
 		}
-		if (v->dst[0] != fv.dst[0] || v->src[0] != fv.src[0] || v->sport != fv.sport ||
-		    v->dport != fv.dport)
-			bpf_map_delete_elem(&xlb_ct, &rk);
-		return lb4_nat(skb, p, v, 0);
+		if (svc->mode != XLB_MODE_DSR &&
+		    (!addr_eq(v->dst, fv.dst) || !addr_eq(v->src, fv.src) || v->sport != fv.sport ||
+		     v->dport != fv.dport))
+			bpf_map_delete_elem(&xlb_ct, &sc->rk);
+		fresh = 0;
+	} else {
+		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
+		if (!v) {
+			/* Evicted at once (table far too small): forward uncached. */
+			v = &fv;
+		}
+		stat_inc(XLB_STAT_NEW_FLOW);
 	}
-	v = bpf_map_lookup_elem(&xlb_ct, &p->k);
-	if (!v) {
-		/* Evicted at once (table far too small): forward uncached. */
-		v = &fv;
-	}
-	stat_inc(XLB_STAT_NEW_FLOW);
-	return lb4_nat(skb, p, v, 1);
+	return lb4_nat_call(skb, p, v, fresh);
 }
 
-/* lb4_ct_hit() - a packet of a tracked flow. */
+/**
+ * lb4_ct_hit() - a packet of a tracked flow: track its TCP state, then
+ * translate it.
+ *
+ * Return: a tcx verdict, or XLB_CT_MISS after removing the flow when it has
+ * expired or a SYN opens a new connection on its tuple (the client reused
+ * its port after FIN/RST, or the backend no longer exists).
+ */
 static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, struct ct_val *v)
 {
-	struct ct_key pk;
-	struct ct_val pv;
 	__u64 now = bpf_ktime_get_coarse_ns();
 	int fresh = 0;
 
-	if (v->dir == XLB_CT_FWD && p->k.proto == IPPROTO_TCP &&
-	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
-		/* A SYN on a tracked tuple: a retransmission keeps its backend;
-		 * a reused client port whose backend no longer exists (its
-		 * service changed) is scheduled afresh. */
-		__u32 bid = v->backend;
-
-		if (!bpf_map_lookup_elem(&xlb_backends, &bid)) {
-			ct_peer(&p->k, v, &pk, &pv);
-			bpf_map_delete_elem(&xlb_ct, &pk);
-			bpf_map_delete_elem(&xlb_ct, &p->k);
-			return lb4_new_flow(skb, p);
+	if (now - v->seen > xlb_ct_refresh_ns) {
+		if (ct_expired(&p->k, v, now)) {
+			stat_inc(XLB_STAT_CT_EXPIRED);
+			ct_delete(&p->k, v);
+			return XLB_CT_MISS;
 		}
-	}
-	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
-	if (now - v->seen > XLB_CT_REFRESH_NS) {
 		ct_refresh(&p->k, v, now);
 		fresh = 1;
 	}
+	if (p->k.proto == IPPROTO_TCP) {
+		__u8 st;
+
+		if (v->dir == XLB_CT_FWD && (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
+			/* A SYN on a tracked tuple: a retransmission keeps its
+			 * backend; a new connection on a closed tuple, or one
+			 * whose backend is gone (its service changed), is
+			 * scheduled afresh. */
+			__u32 bid = v->backend;
+
+			if (v->state == XLB_CT_STATE_FIN || v->state == XLB_CT_STATE_CLOSE ||
+			    !bpf_map_lookup_elem(&xlb_backends, &bid)) {
+				ct_delete(&p->k, v);
+				return XLB_CT_MISS;
+			}
+		}
+		st = ct_next_state(v->state, p->tcp_flags);
+		if (st != v->state)
+			ct_set_state(&p->k, v, st, now);
+	}
+	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
 	return lb4_nat(skb, p, v, fresh);
+}
+
+/**
+ * lb4_icmp() - translate an ICMP error (destination unreachable, e.g.
+ * fragmentation needed or port unreachable; time exceeded) about a packet
+ * of a tracked flow, so its sender recognises it: the quoted packet gets the
+ * tuple its sender used (e.g. client -> VIP instead of client -> backend),
+ * the message goes to that sender (the client instead of the snat address).
+ * The ICMP checksum and both IPv4 checksums are updated; the quoted TCP/UDP
+ * checksum is not (ICMP quotes are not checked by receivers, and a TCP
+ * checksum is often not quoted at all).
+ *
+ * Return: a tcx verdict; XLB_NEXT for anything else (other ICMP types,
+ * quotes of untracked flows, quotes with IPv4 options, truncated quotes).
+ */
+static __always_inline int lb4_icmp(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 l4off = p->l4off & 0x7f;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	struct xlb_icmphdr *ic = data + l4off;
+	struct bpf_fib_lookup fib = {};
+	struct iphdr *in;
+	struct ct_key k = {};
+	struct ct_val *v;
+	__u32 osrc, odst, isrc, idst;
+	__u16 *ports, isport, idport, icheck, nw;
+	int rc;
+
+	if ((void *)(ip + 1) > end || (void *)(ic + 1) > end)
+		return XLB_NEXT;
+	if (ic->type != XLB_ICMP_DEST_UNREACH && ic->type != XLB_ICMP_TIME_EXCEEDED)
+		return XLB_NEXT;
+	in = (void *)(ic + 1);
+	if ((void *)(in + 1) > end)
+		return XLB_NEXT;
+	ports = (void *)(in + 1);
+	if ((void *)(ports + 2) > end || in->version != 4 || in->ihl != 5 ||
+	    (in->protocol != IPPROTO_TCP && in->protocol != IPPROTO_UDP))
+		return XLB_NEXT;
+
+	/* The quoted packet went from its sender to the ICMP's source side;
+	 * its reverse is a packet coming back, whose entry we look up. */
+	k.src[0] = in->daddr;
+	k.dst[0] = in->saddr;
+	k.sport = ports[1];
+	k.dport = ports[0];
+	k.proto = in->protocol;
+	k.family = XLB_AF_INET;
+	v = bpf_map_lookup_elem(&xlb_ct, &k);
+	if (!v)
+		return XLB_NEXT;
+	if (p->ttl <= 1)
+		return XLB_NEXT;
+
+	/* Where the message goes: the sender as it knows itself. */
+	odst = v->dst[0];
+	osrc = ip->saddr == in->daddr ? v->src[0] : ip->saddr;
+	fib.family = AF_INET;
+	fib.l4_protocol = IPPROTO_ICMP;
+	fib.ifindex = skb->ingress_ifindex ?: skb->ifindex;
+	fib.ipv4_src = osrc;
+	fib.ipv4_dst = odst;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return XLB_NEXT;
+
+	/* Re-derive after the helper (packet pointers are invalid). */
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip = data + sizeof(struct ethhdr);
+	ic = data + l4off;
+	in = (void *)(ic + 1);
+	ports = (void *)(in + 1);
+	if ((void *)(ip + 1) > end || (void *)(ic + 1) > end || (void *)(in + 1) > end ||
+	    (void *)(ports + 2) > end)
+		return XLB_NEXT;
+
+	/* The quoted packet. */
+	isrc = in->saddr;
+	idst = in->daddr;
+	isport = ports[0];
+	idport = ports[1];
+	icheck = in->check;
+	in->saddr = v->dst[0];
+	in->daddr = v->src[0];
+	ports[0] = v->dport;
+	ports[1] = v->sport;
+	csum32_replace(&in->check, isrc, in->saddr);
+	csum32_replace(&in->check, idst, in->daddr);
+	csum32_replace(&ic->checksum, isrc, in->saddr);
+	csum32_replace(&ic->checksum, idst, in->daddr);
+	csum16_replace(&ic->checksum, isport, ports[0]);
+	csum16_replace(&ic->checksum, idport, ports[1]);
+	csum16_replace(&ic->checksum, icheck, in->check);
+
+	/* The message itself: addresses, TTL, MACs. */
+	nw = p->ttl_word;
+	((__u8 *)&nw)[0] = p->ttl - 1;
+	ip->ttl = p->ttl - 1;
+	csum16_replace(&ip->check, p->ttl_word, nw);
+	csum32_replace(&ip->check, ip->saddr, osrc);
+	csum32_replace(&ip->check, ip->daddr, odst);
+	ip->saddr = osrc;
+	ip->daddr = odst;
+	if (data + 12 > end)
+		return XLB_DROP;
+	__builtin_memcpy(data, fib.dmac, 6);
+	__builtin_memcpy(data + 6, fib.smac, 6);
+	stat_inc(XLB_STAT_ICMP_NAT);
+	return bpf_redirect(fib.ifindex, 0);
+}
+
+/**
+ * lb6_icmp() - lb4_icmp() for ICMPv6 errors (destination unreachable,
+ * packet too big, time exceeded). The ICMPv6 checksum covers the IPv6
+ * pseudo header too, so the new outer addresses go into it as well.
+ * Neighbour discovery and every other ICMPv6 message: XLB_NEXT.
+ */
+static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+	struct xlb_icmphdr *ic = (void *)(ip6 + 1);
+	struct xlb_ipv6hdr *in = (void *)(ic + 1);
+	__u16 *ports = (void *)(in + 1);
+	struct bpf_fib_lookup fib = {};
+	struct ct_key k = {};
+	struct ct_val *v;
+	__u32 osrc[4], odst[4], old[4];
+	__u16 isport, idport;
+	int rc, i;
+
+	if ((void *)(ports + 2) > end)
+		return XLB_NEXT;
+	if (ic->type != XLB_ICMPV6_DEST_UNREACH && ic->type != XLB_ICMPV6_PKT_TOOBIG &&
+	    ic->type != XLB_ICMPV6_TIME_EXCEED)
+		return XLB_NEXT;
+	if ((in->vtc >> 4) != 6 || (in->nexthdr != IPPROTO_TCP && in->nexthdr != IPPROTO_UDP))
+		return XLB_NEXT;
+
+	__builtin_memcpy(k.src, in->daddr, 16);
+	__builtin_memcpy(k.dst, in->saddr, 16);
+	k.sport = ports[1];
+	k.dport = ports[0];
+	k.proto = in->nexthdr;
+	k.family = XLB_AF_INET6;
+	v = bpf_map_lookup_elem(&xlb_ct, &k);
+	if (!v || p->ttl <= 1)
+		return XLB_NEXT;
+
+	__builtin_memcpy(odst, v->dst, 16);
+	if (addr_eq(ip6->saddr, in->daddr))
+		__builtin_memcpy(osrc, v->src, 16);
+	else
+		__builtin_memcpy(osrc, ip6->saddr, 16);
+	fib.family = AF_INET6;
+	fib.l4_protocol = XLB_NEXTHDR_ICMPV6;
+	fib.ifindex = skb->ingress_ifindex ?: skb->ifindex;
+	__builtin_memcpy(fib.ipv6_src, osrc, 16);
+	__builtin_memcpy(fib.ipv6_dst, odst, 16);
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return XLB_NEXT;
+
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip6 = data + sizeof(struct ethhdr);
+	ic = (void *)(ip6 + 1);
+	in = (void *)(ic + 1);
+	ports = (void *)(in + 1);
+	if ((void *)(ports + 2) > end)
+		return XLB_NEXT;
+
+	/* The quoted packet (no IPv6 header checksum). */
+	isport = ports[0];
+	idport = ports[1];
+	for (i = 0; i < 4; i++) {
+		old[i] = in->saddr[i];
+		in->saddr[i] = v->dst[i];
+		csum32_replace(&ic->checksum, old[i], in->saddr[i]);
+		old[i] = in->daddr[i];
+		in->daddr[i] = v->src[i];
+		csum32_replace(&ic->checksum, old[i], in->daddr[i]);
+	}
+	ports[0] = v->dport;
+	ports[1] = v->sport;
+	csum16_replace(&ic->checksum, isport, ports[0]);
+	csum16_replace(&ic->checksum, idport, ports[1]);
+
+	/* The message: addresses (in the pseudo header), hop limit, MACs. */
+	for (i = 0; i < 4; i++) {
+		csum32_replace(&ic->checksum, ip6->saddr[i], osrc[i]);
+		csum32_replace(&ic->checksum, ip6->daddr[i], odst[i]);
+		ip6->saddr[i] = osrc[i];
+		ip6->daddr[i] = odst[i];
+	}
+	ip6->hop_limit = p->ttl - 1;
+	if (data + 12 > end)
+		return XLB_DROP;
+	__builtin_memcpy(data, fib.dmac, 6);
+	__builtin_memcpy(data + 6, fib.smac, 6);
+	stat_inc(XLB_STAT_ICMP_NAT);
+	return bpf_redirect(fib.ifindex, 0);
 }
 
 SEC("tcx/ingress")
@@ -328,20 +869,28 @@ int xlb_ingress(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	struct ct_val *v;
+	int rc;
 
 	stat_inc(XLB_STAT_RX);
-	switch (lb4_parse(skb, &p)) {
+	switch (lb_parse(skb, &p)) {
 	case XLB_PARSE_OK:
 		break;
 	case XLB_PARSE_FRAGMENT:
 		stat_inc(XLB_STAT_FRAGMENT);
 		return XLB_NEXT;
+	case XLB_PARSE_ICMP:
+		if (p.k.family == XLB_AF_INET6)
+			return lb6_icmp(skb, &p);
+		return lb4_icmp(skb, &p);
 	default:
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
 	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
-	if (v)
-		return lb4_ct_hit(skb, &p, v);
+	if (v) {
+		rc = lb4_ct_hit(skb, &p, v);
+		if (rc != XLB_CT_MISS)
+			return rc;
+	}
 	return lb4_new_flow(skb, &p);
 }

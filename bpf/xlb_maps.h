@@ -63,6 +63,48 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_ct SEC(".maps");
 
+/* Persistence (farm persistence, persist-ttl): the last backend of each
+ * client of a service. LRU: the oldest clients go first when full; an
+ * entry older than the service's TTL is ignored and overwritten. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct persist_key);
+	__type(value, struct persist_val);
+	__uint(max_entries, XLB_MAX_PERSIST);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_persist SEC(".maps");
+
+/* (generation, backend address, port) -> backend id: finds a persistent
+ * client's backend in the current generation of its service. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct be_index_key);
+	__type(value, __u32);
+	__uint(max_entries, XLB_MAX_BACKENDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_be_index SEC(".maps");
+
+/* stlsdnat: backend (address, port, proto) -> (VIP, port) its replies
+ * leave with. A backend serves at most one stlsdnat farm. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct stl_key);
+	__type(value, struct stl_val);
+	__uint(max_entries, XLB_MAX_BACKENDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_stateless SEC(".maps");
+
+/* Per-CPU scratch space (the 512-byte BPF stack is too small for all of
+ * a new flow's entries). Not pinned: it holds nothing between packets. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct scratch);
+	__uint(max_entries, 1);
+} xlb_scratch SEC(".maps");
+
 /* Per-CPU counters indexed by enum xlb_stat. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

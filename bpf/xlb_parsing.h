@@ -22,12 +22,54 @@
 #define XLB_TCP_RST 0x04
 #define XLB_TCP_ACK 0x10
 
+/* ICMP header (linux/icmp.h drags in libc headers). */
+struct xlb_icmphdr {
+	__u8 type;
+	__u8 code;
+	__u16 checksum; /* net */
+	__u32 rest;     /* type-specific (e.g. next-hop MTU) */
+};
+
+#define XLB_ICMP_DEST_UNREACH 3
+#define XLB_ICMP_TIME_EXCEEDED 11
+
+/* IPv6 header (linux/ipv6.h drags in libc headers). */
+struct xlb_ipv6hdr {
+	__u8 vtc;       /* version (4 bits), traffic class (high 4 bits) */
+	__u8 tc_flow;   /* traffic class (low 4 bits), flow label */
+	__u16 flow_lbl; /* flow label */
+	__u16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__u32 saddr[4];
+	__u32 daddr[4];
+};
+
+#define XLB_NEXTHDR_FRAGMENT 44
+#define XLB_NEXTHDR_ICMPV6 58
+
+#define XLB_ICMPV6_DEST_UNREACH 1
+#define XLB_ICMPV6_PKT_TOOBIG 2
+#define XLB_ICMPV6_TIME_EXCEED 3
+
+static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* addr_fold() - an address folded to 32 bits for hashing (an IPv4 address
+ * is itself). */
+static __always_inline __u32 addr_fold(const __u32 *a)
+{
+	return a[0] ^ a[1] ^ a[2] ^ a[3];
+}
+
 /* What the program needs from a packet. */
 struct pkt {
 	struct ct_key k; /* tuple as it arrived */
 	__u32 l4off;     /* offset of the TCP/UDP header from skb->data */
 	__u16 ttl_word;  /* raw (memory order) 16 bits holding TTL and protocol */
-	__u8 ttl;
+	__u8 ttl;        /* IPv4 TTL or IPv6 hop limit */
 	__u8 tcp_flags;
 };
 
@@ -35,18 +77,79 @@ enum xlb_parse {
 	XLB_PARSE_OK = 0,
 	XLB_PARSE_NOT_OURS, /* not IPv4 TCP/UDP, truncated or malformed */
 	XLB_PARSE_FRAGMENT, /* an IPv4 fragment */
+	XLB_PARSE_ICMP,     /* an ICMP message (p->l4off, p->ttl*, addresses set) */
 };
 
+/* lb_ports() - read the TCP/UDP ports (and TCP flags) at p->l4off. */
+static __always_inline int lb_ports(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 l4off = p->l4off & 0x7f;
+
+	if (p->k.proto == IPPROTO_TCP) {
+		struct tcphdr *th = data + l4off;
+
+		if ((void *)(th + 1) > end)
+			return XLB_PARSE_NOT_OURS;
+		p->k.sport = th->source;
+		p->k.dport = th->dest;
+		p->tcp_flags = ((__u8 *)th)[13];
+	} else {
+		struct udphdr *uh = data + l4off;
+
+		if ((void *)(uh + 1) > end)
+			return XLB_PARSE_NOT_OURS;
+		p->k.sport = uh->source;
+		p->k.dport = uh->dest;
+	}
+	return XLB_PARSE_OK;
+}
+
 /**
- * lb4_parse() - parse an Ethernet IPv4 TCP/UDP packet.
+ * lb6_parse() - parse an Ethernet IPv6 TCP/UDP packet (no extension
+ * headers: those, and ICMPv6, are not ours; a fragment header is a
+ * fragment).
+ */
+static __always_inline int lb6_parse(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+	if ((void *)(ip6 + 1) > end)
+		return XLB_PARSE_NOT_OURS;
+	if ((ip6->vtc >> 4) != 6)
+		return XLB_PARSE_NOT_OURS;
+	if (ip6->nexthdr == XLB_NEXTHDR_FRAGMENT)
+		return XLB_PARSE_FRAGMENT;
+	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP &&
+	    ip6->nexthdr != XLB_NEXTHDR_ICMPV6)
+		return XLB_PARSE_NOT_OURS;
+	p->k.family = XLB_AF_INET6;
+	p->k.proto = ip6->nexthdr;
+	__builtin_memcpy(p->k.src, ip6->saddr, 16);
+	__builtin_memcpy(p->k.dst, ip6->daddr, 16);
+	p->ttl = ip6->hop_limit;
+	p->l4off = sizeof(struct ethhdr) + sizeof(struct xlb_ipv6hdr);
+	if (ip6->nexthdr == XLB_NEXTHDR_ICMPV6)
+		return XLB_PARSE_ICMP;
+	return lb_ports(skb, p);
+}
+
+/**
+ * lb_parse() - parse an Ethernet IPv4 or IPv6 TCP/UDP packet.
  * @skb: the packet
  * @p: filled on XLB_PARSE_OK
  *
  * Return: XLB_PARSE_OK, XLB_PARSE_NOT_OURS for anything else (other
  * protocols, truncated headers, IHL < 5, total length shorter than the
- * header), XLB_PARSE_FRAGMENT for any fragment (first or later).
+ * header), XLB_PARSE_FRAGMENT for any fragment (first or later),
+ * XLB_PARSE_ICMP for an unfragmented ICMP or ICMPv6 message (only its IP
+ * header is parsed: p->k.family/src/dst, p->ttl, p->ttl_word (IPv4) and
+ * p->l4off are set).
  */
-static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int lb_parse(struct __sk_buff *skb, struct pkt *p)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -56,6 +159,8 @@ static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
 
 	if ((void *)(eth + 1) > end)
 		return XLB_PARSE_NOT_OURS;
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return lb6_parse(skb, p);
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return XLB_PARSE_NOT_OURS;
 	ip = (void *)(eth + 1);
@@ -66,7 +171,8 @@ static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
 	ihl = ip->ihl * 4;
 	if (bpf_ntohs(ip->tot_len) < ihl)
 		return XLB_PARSE_NOT_OURS;
-	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP &&
+	    ip->protocol != IPPROTO_ICMP)
 		return XLB_PARSE_NOT_OURS;
 	if (ip->frag_off & bpf_htons(XLB_IP_MF | XLB_IP_OFFSET))
 		return XLB_PARSE_FRAGMENT;
@@ -78,24 +184,10 @@ static __always_inline int lb4_parse(struct __sk_buff *skb, struct pkt *p)
 	p->ttl = ip->ttl;
 	p->ttl_word = *(__u16 *)&ip->ttl;
 	p->l4off = sizeof(struct ethhdr) + ihl;
+	if (ip->protocol == IPPROTO_ICMP)
+		return XLB_PARSE_ICMP;
 
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *th = data + p->l4off;
-
-		if ((void *)(th + 1) > end)
-			return XLB_PARSE_NOT_OURS;
-		p->k.sport = th->source;
-		p->k.dport = th->dest;
-		p->tcp_flags = ((__u8 *)th)[13];
-	} else {
-		struct udphdr *uh = data + p->l4off;
-
-		if ((void *)(uh + 1) > end)
-			return XLB_PARSE_NOT_OURS;
-		p->k.sport = uh->source;
-		p->k.dport = uh->dest;
-	}
-	return XLB_PARSE_OK;
+	return lb_ports(skb, p);
 }
 
 #endif /* XLB_PARSING_H */

@@ -25,7 +25,49 @@ struct svc_val {
 	__u8 mode;      /* XLB_MODE_* */
 	__u8 sched;     /* XLB_SCHED_* */
 	__u8 hash_keys; /* XLB_HASH_* */
-	__u8 flags;     /* reserved */
+	__u8 persist;   /* XLB_HASH_* of the persistence key; 0 = none */
+	__u32 persist_ttl; /* host: persistence timeout in seconds */
+};
+
+/* xlb_persist key: a client of a service (the matched service key). */
+struct persist_key {
+	struct svc_key svc;
+	__u32 src[4]; /* net: client address (if XLB_HASH_SRCIP) */
+	__u16 sport;  /* net: client port (if XLB_HASH_SRCPORT) */
+	__u16 pad;
+};
+
+/* xlb_persist value: the backend the client was sent to, by address so it
+ * stays valid across service generations. */
+struct persist_val {
+	__u32 addr[4]; /* net */
+	__u16 port;    /* net */
+	__u16 pad;
+	__u32 pad2;
+	__u64 seen; /* host: bpf_ktime_get_coarse_ns() of the last new flow */
+};
+
+/* xlb_stateless key: a backend of a stlsdnat farm as its replies show it. */
+struct stl_key {
+	__u32 addr[4]; /* net: backend address */
+	__u16 port;    /* net: backend port; 0 = the port the client used */
+	__u8 proto;
+	__u8 family;
+};
+
+/* xlb_stateless value: what the backend's replies are rewritten to. */
+struct stl_val {
+	__u32 addr[4]; /* net: VIP */
+	__u16 port;    /* net: virtual port; 0 = keep the reply's source port */
+	__u16 pad;
+};
+
+/* xlb_be_index key: a backend of a service generation by address. */
+struct be_index_key {
+	__u32 svc;     /* host: generation id */
+	__u32 addr[4]; /* net */
+	__u16 port;    /* net */
+	__u16 pad;
 };
 
 /* xlb_slots key: slot idx of service generation svc. */
@@ -64,14 +106,21 @@ struct ct_val {
 	__u16 sport;  /* net */
 	__u16 dport;  /* net */
 	__u8 dir;     /* XLB_CT_FWD or XLB_CT_REPLY */
-	__u8 flags;   /* reserved */
-	__u16 pad;
+	__u8 state;   /* XLB_CT_STATE_*: the flow's, kept the same in both entries */
+	__u8 mode;    /* XLB_MODE_*; dsr flows have a forward entry only */
+	__u8 pad;
 	__u32 svc;     /* host: service generation that created the flow */
 	__u32 backend; /* host: backend id that was chosen */
 	__u64 seen;    /* host: bpf_ktime_get_coarse_ns() of the last refresh */
 	__u32 ifindex; /* host: cached next hop (0 = none) */
 	__u8 smac[6];  /* cached next hop source MAC */
 	__u8 dmac[6];  /* cached next hop destination MAC */
+};
+
+/* xlb_scratch value: per-CPU room for what does not fit the BPF stack. */
+struct scratch {
+	struct ct_key rk; /* a new flow's reply entry */
+	struct ct_val rv;
 };
 
 #endif /* XLB_STRUCTS_H */

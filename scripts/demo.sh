@@ -88,9 +88,8 @@ count 60
 step "xlb list -n"
 at lb "$XLB" list -n
 
-step "the kernel's view: the service map and the farm's chain"
-at lb nft list map inet xlb svc4
-at lb nft list table inet xlb | sed -n '/chain f-/,/}/p'
+step "the kernel's view: the farm's service element and chain (farms are spread over xlb's tables)"
+at lb nft list ruleset | awk '/^table/ { t = $0 } /goto f-|numgen|jhash/ { if (t != shown) { print t; shown = t } print }'
 
 echo
 echo "demo done; removing namespaces"

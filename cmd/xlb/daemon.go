@@ -18,16 +18,25 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xlb-lb/xlb/internal/api"
+	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
+	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/store"
 )
 
 type daemonOptions struct {
-	listen    string
-	stateDir  string
-	dataplane string
-	logLevel  string
+	listen   string
+	stateDir string
+	dp       dataplaneConfig
+	logLevel string
 }
+
+// Bounds of --conn-table-size (connections; the table holds two entries
+// per connection).
+const (
+	defaultConnTableSize = 131072
+	maxConnTableSize     = 1 << 26
+)
 
 func (a *app) daemonCmd() *cobra.Command {
 	var o daemonOptions
@@ -39,16 +48,28 @@ func (a *app) daemonCmd() *cobra.Command {
 API on --listen until SIGINT or SIGTERM. Stopping leaves the kernel's rules in
 place.
 
+--dataplane ebpf attaches xlb's eBPF program at tcx ingress of --interfaces
+(default: every interface of the namespace but loopback) and pins its maps
+and links under --pin-path (bpffs is mounted at /sys/fs/bpf if it is not): a
+restarted or upgraded daemon adopts them, and tracked connections keep
+flowing meanwhile. --conn-table-size (like IPVS's conn_tab_bits, fixed at
+start-up; changing it drops tracked connections) and the --ct-timeout-*
+flags (like ipvsadm --set) apply to it only. See docs/dataplane-ebpf.md.
+
 The API key comes from --key-file, else XLB_KEY; with neither, a random key is
 generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later starts.`,
 		Example: `  xlb daemon
   xlb daemon --state-dir /var/lib/xlb --listen 127.0.0.1:5555 --log-level debug
-  XLB_KEY=s3cret xlb daemon --listen 10.0.0.1:5555`,
+  XLB_KEY=s3cret xlb daemon --listen 10.0.0.1:5555
+  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			keyFile := ""
 			if cmd.Flags().Changed("key-file") {
 				keyFile = a.keyFile
+			}
+			if err := checkDataplaneFlags(cmd, &o.dp); err != nil {
+				return err
 			}
 			return a.runDaemon(cmd.Context(), o, keyFile)
 		},
@@ -56,7 +77,17 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", defaultListen, "address:port the API listens on")
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
-	f.StringVar(&o.dataplane, "dataplane", "nft", "kernel data plane: "+dataplaneNames)
+	f.StringVar(&o.dp.name, "dataplane", "nft", "kernel data plane: "+dataplaneNames)
+	f.IntVar(&o.dp.nftTables, "nft-tables", nft.DefaultShards, "nft: tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
+	f.StringSliceVar(&o.dp.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback)")
+	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
+	f.StringVar(&o.dp.pinPath, "pin-path", ebpf.DefaultPinPath, "ebpf: bpffs directory where maps and links are pinned")
+	d := ebpf.DefaultTimeouts
+	f.DurationVar(&o.dp.timeouts.TCP, "ct-timeout-tcp", d.TCP, "ebpf: idle timeout of established TCP connections")
+	f.DurationVar(&o.dp.timeouts.TCPFin, "ct-timeout-tcpfin", d.TCPFin, "ebpf: idle timeout of TCP connections after a FIN")
+	f.DurationVar(&o.dp.timeouts.UDP, "ct-timeout-udp", d.UDP, "ebpf: idle timeout of UDP flows")
+	f.DurationVar(&o.dp.timeouts.SYN, "ct-timeout-syn", d.SYN, "ebpf: idle timeout of TCP connections before the handshake completes")
+	f.DurationVar(&o.dp.timeouts.Close, "ct-timeout-close", d.Close, "ebpf: idle timeout of TCP connections after a RST")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
@@ -79,9 +110,9 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
-	dp, err := a.openDataplane(ctx, log, o.dataplane)
+	dp, err := a.openDataplane(ctx, log, o.dp)
 	if err != nil {
-		return fmt.Errorf("open %s data plane: %w", o.dataplane, err)
+		return fmt.Errorf("open %s data plane: %w", o.dp.name, err)
 	}
 	defer dp.Close() // leaves the kernel's rules in place
 	eng, err := engine.New(ctx, log, dp, st)
@@ -115,6 +146,43 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("API shutdown", "err", err)
+	}
+	return nil
+}
+
+// checkDataplaneFlags validates the data plane flags: ebpf-only flags need
+// --dataplane ebpf, and sizes and timeouts must be in range.
+func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
+	ebpfOnly := []string{"interfaces", "conn-table-size", "pin-path",
+		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
+	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
+		return fmt.Errorf("--nft-tables: only with --dataplane nft")
+	}
+	if c.nftTables < 1 || c.nftTables > 256 {
+		return fmt.Errorf("--nft-tables %d: allowed values are 1 to 256", c.nftTables)
+	}
+	if c.name != "ebpf" {
+		for _, n := range ebpfOnly {
+			if cmd.Flags().Changed(n) {
+				return fmt.Errorf("--%s: only with --dataplane ebpf", n)
+			}
+		}
+		return nil
+	}
+	if c.connTableSize < 1 || c.connTableSize > maxConnTableSize {
+		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)
+	}
+	for _, t := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"ct-timeout-tcp", c.timeouts.TCP}, {"ct-timeout-tcpfin", c.timeouts.TCPFin},
+		{"ct-timeout-udp", c.timeouts.UDP}, {"ct-timeout-syn", c.timeouts.SYN},
+		{"ct-timeout-close", c.timeouts.Close},
+	} {
+		if t.v < time.Second || t.v > 30*24*time.Hour {
+			return fmt.Errorf("--%s %s: allowed values are 1s to 720h", t.flag, t.v)
+		}
 	}
 	return nil
 }

@@ -6,22 +6,44 @@ import (
 	"log/slog"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 )
 
 // dataplaneNames are the values --dataplane accepts.
-const dataplaneNames = "nft"
+const dataplaneNames = "nft, ebpf"
+
+// dataplaneConfig is what the daemon's flags say about the data plane.
+type dataplaneConfig struct {
+	name string
+	// nft only.
+	nftTables int // farms are spread over this many tables (1: one table "xlb")
+	// ebpf only.
+	interfaces    []string // empty: every interface but loopback
+	connTableSize int      // tracked connections (two conntrack entries each)
+	pinPath       string
+	timeouts      ebpf.Timeouts
+}
 
 // openDataplane opens the data plane the daemon was asked for.
-func openDataplane(ctx context.Context, log *slog.Logger, name string) (dataplane.Dataplane, error) {
-	switch name {
+func openDataplane(ctx context.Context, log *slog.Logger, c dataplaneConfig) (dataplane.Dataplane, error) {
+	switch c.name {
 	case "nft":
-		// The current network namespace, table "xlb".
-		p, err := nft.New(ctx, log, nft.Options{})
+		// The current network namespace; tables "xlb-00", "xlb-01", ...
+		// (or one table "xlb" with --nft-tables 1).
+		return nft.Open(ctx, log, nft.Options{Shards: c.nftTables})
+	case "ebpf":
+		// The current network namespace.
+		p, err := ebpf.New(ctx, log, ebpf.Options{
+			Interfaces:    c.interfaces,
+			ConnTableSize: 2 * c.connTableSize,
+			PinPath:       c.pinPath,
+			Timeouts:      c.timeouts,
+		})
 		if err != nil {
 			return nil, err
 		}
 		return p, nil
 	}
-	return nil, fmt.Errorf("--dataplane %q: allowed values are %s", name, dataplaneNames)
+	return nil, fmt.Errorf("--dataplane %q: allowed values are %s", c.name, dataplaneNames)
 }

@@ -301,9 +301,9 @@ func TestDaemonCommand(t *testing.T) {
 		ready := make(chan net.Addr, 1)
 		var logs bytes.Buffer
 		a := &app{in: strings.NewReader(""), out: io.Discard, errOut: &logs, getenv: func(string) string { return "" },
-			openDataplane: func(_ context.Context, _ *slog.Logger, name string) (dataplane.Dataplane, error) {
-				if name != "nft" {
-					return nil, fmt.Errorf("unexpected data plane %q", name)
+			openDataplane: func(_ context.Context, _ *slog.Logger, c dataplaneConfig) (dataplane.Dataplane, error) {
+				if c.name != "nft" {
+					return nil, fmt.Errorf("unexpected data plane %q", c.name)
 				}
 				return fake.New(), nil
 			},
@@ -361,7 +361,10 @@ func TestDaemonFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf"}, `--dataplane "ebpf": allowed values are nft`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "xdp"}, `--dataplane "xdp": allowed values are nft, ebpf`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--conn-table-size", "0"}, `--conn-table-size 0: allowed values are 1 to`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--conn-table-size", "1000"}, `--conn-table-size: only with --dataplane ebpf`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--ct-timeout-udp", "-1s"}, `--ct-timeout-udp -1s: allowed values are`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--log-level", "loud"}, `--log-level "loud"`},
 	} {
 		r := runCLI(t, map[string]string{}, "", c.args...)

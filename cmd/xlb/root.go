@@ -31,7 +31,7 @@ type app struct {
 	out, errOut   io.Writer
 	getenv        func(string) string
 	httpClient    *http.Client // nil: http.DefaultClient
-	openDataplane func(ctx context.Context, log *slog.Logger, name string) (dataplane.Dataplane, error)
+	openDataplane func(ctx context.Context, log *slog.Logger, c dataplaneConfig) (dataplane.Dataplane, error)
 	daemonReady   func(addr net.Addr) // tests: called once the daemon's API serves
 
 	apiURL  string
@@ -64,7 +64,7 @@ key from --key, --key-file, XLB_KEY, XLB_KEY_FILE, or ` + defaultStateDir + `/` 
 	pf.StringVar(&a.apiURL, "api", defaultAPI, "daemon API base URL (env XLB_API)")
 	pf.StringVar(&a.key, "key", "", "API key (env XLB_KEY)")
 	pf.StringVar(&a.keyFile, "key-file", "", "file holding the API key (env XLB_KEY_FILE; default "+defaultStateDir+"/"+keyFileName+" if readable)")
-	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd())
+	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.kubeProxyCmd())
 	return root
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/xlb-lb/xlb/internal/model"
@@ -252,3 +253,55 @@ func (c *Client) Version(ctx context.Context) (map[string]string, error) {
 }
 
 type plainWriter struct{ io.Writer }
+
+// Session is one persistence session as the API lists it.
+type Session struct {
+	Client  string `json:"client"`
+	Backend string `json:"backend"`
+	Expires string `json:"expires"` // seconds left
+}
+
+// Sessions lists a farm's persistence sessions.
+func (c *Client) Sessions(ctx context.Context, farm string) ([]Session, error) {
+	body, err := c.call(ctx, http.MethodGet, farmPath(farm)+"/sessions", nil)
+	if err != nil {
+		return nil, err
+	}
+	var out struct {
+		Sessions []Session `json:"sessions"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return nil, fmt.Errorf("decode sessions from the daemon: %w", err)
+	}
+	return out.Sessions, nil
+}
+
+// DeleteClientSession deletes one client's session of a farm and returns
+// how many sessions were deleted (0 or 1).
+func (c *Client) DeleteClientSession(ctx context.Context, farm, client string) (int, error) {
+	return c.deleteSessions(ctx, farmPath(farm)+"/sessions/"+url.PathEscape(client))
+}
+
+// DeleteBackendSessions deletes a farm's sessions that point at backend
+// and returns how many were deleted.
+func (c *Client) DeleteBackendSessions(ctx context.Context, farm, backend string) (int, error) {
+	return c.deleteSessions(ctx, farmPath(farm)+"/backends/"+url.PathEscape(backend)+"/sessions")
+}
+
+func (c *Client) deleteSessions(ctx context.Context, path string) (int, error) {
+	body, err := c.call(ctx, http.MethodDelete, path, nil)
+	if err != nil {
+		return 0, err
+	}
+	var out struct {
+		Deleted string `json:"deleted"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return 0, fmt.Errorf("decode answer from the daemon: %w", err)
+	}
+	n, err := strconv.Atoi(out.Deleted)
+	if err != nil {
+		return 0, fmt.Errorf("decode answer from the daemon: deleted %q", out.Deleted)
+	}
+	return n, nil
+}

@@ -6,6 +6,7 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -62,4 +63,29 @@ func Unsupported(plane string, f *model.Farm, field, value string) error {
 		Value:   value,
 		Problem: fmt.Sprintf("is not implemented by the %s data plane yet", plane),
 	}
+}
+
+// Session is one persistence entry of a farm: a client key and the backend
+// its new connections go to.
+type Session struct {
+	// Client is the persistence key as text: its fields (e.g. source
+	// address, port) joined by "-", in the order srcip, dstip, srcport,
+	// dstport, srcmac ("10.0.0.7", "10.0.0.7-443").
+	Client string
+	// Backend is the backend's name ("" if no backend of the farm has
+	// that address any more).
+	Backend string
+	// Expires is how long the session lives without a new connection.
+	Expires time.Duration
+}
+
+// SessionStore is implemented by data planes that keep persistence
+// sessions in the kernel.
+type SessionStore interface {
+	// Sessions lists the farm's live sessions.
+	Sessions(ctx context.Context, f *model.Farm) ([]Session, error)
+	// DeleteSessions deletes the farm's sessions of client (when not
+	// "") or of the backend named backend (when not ""), and returns how
+	// many it deleted.
+	DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error)
 }

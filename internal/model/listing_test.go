@@ -62,8 +62,8 @@ func TestListing(t *testing.T) {
 		},
 		{
 			name: "firewall mark, stateless, off",
-			body: `{"name":"fwm","mark":"0x10","mode":"stlsdnat","state":"off","helper":"ftp","backends":[{"name":"b1","ip-addr":"10.200.0.11"}]}`,
-			numeric: "FWM  16 rr helper ftp off\n" +
+			body: `{"name":"fwm","mark":"0x10","mode":"stlsdnat","state":"off","backends":[{"name":"b1","ip-addr":"10.200.0.11"}]}`,
+			numeric: "FWM  16 rr off\n" +
 				"  -> 10.200.0.11:0                Stls    1      up\n",
 		},
 		{

@@ -82,6 +82,9 @@ func (f *Farm) Validate() error {
 	if f.Persistence != 0 && f.PersistTTL == 0 {
 		return bad("persist-ttl", "0", "persistence needs a ttl of 1 second or more")
 	}
+	if err := f.validateCombinations(); err != nil {
+		return err
+	}
 	if len(f.LogPrefix) > MaxLogPrefixLen {
 		return bad("log-prefix", f.LogPrefix, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
 	}
@@ -111,6 +114,78 @@ func (f *Farm) Validate() error {
 	for _, p := range f.Policies {
 		if !ValidName(p.Name) {
 			return bad("policies", p.Name, "policy names must be "+nameRule)
+		}
+	}
+	return nil
+}
+
+// helperProtocols are the transport protocols each conntrack helper
+// watches (the kernel's nf_conntrack_* helpers).
+var helperProtocols = map[Helper][]Protocol{
+	HelperAmanda:    {ProtoUDP},
+	HelperFTP:       {ProtoTCP},
+	HelperH323:      {ProtoTCP, ProtoUDP},
+	HelperIRC:       {ProtoTCP},
+	HelperNetbiosNS: {ProtoUDP},
+	HelperPPTP:      {ProtoTCP},
+	HelperSane:      {ProtoTCP},
+	HelperSIP:       {ProtoTCP, ProtoUDP},
+	HelperSNMP:      {ProtoUDP},
+	HelperTFTP:      {ProtoUDP},
+}
+
+// HelperProtocols returns the protocols a helper works with.
+func HelperProtocols(h Helper) []Protocol { return helperProtocols[h] }
+
+// validateCombinations refuses fields that are valid alone but not
+// together.
+func (f *Farm) validateCombinations() error {
+	obj := farmObject(f.Name)
+	bad := func(field, value, problem string) error {
+		return &FieldError{Object: obj, Field: field, Value: value, Problem: problem}
+	}
+	const ports = KeySrcPort | KeyDstPort
+	if f.Persistence&ports != 0 && f.Protocol == ProtoAll {
+		return bad("persistence", persistenceName(f.Persistence), "keys srcport and dstport need a protocol with ports (tcp, udp or sctp); this farm has protocol all")
+	}
+	if f.Scheduler == SchedHash && f.SchedParam&ports != 0 && f.Protocol == ProtoAll {
+		return bad("sched-param", f.SchedParam.String(), "keys srcport and dstport need a protocol with ports (tcp, udp or sctp); this farm has protocol all")
+	}
+	if f.Mode == ModeStlsDNAT {
+		// Stateless: no conntrack entry to hang anything on.
+		switch {
+		case f.Persistence != 0:
+			return bad("persistence", persistenceName(f.Persistence), "mode stlsdnat keeps no state; persistence needs mode snat, dnat or dsr")
+		case f.Helper != HelperNone:
+			return bad("helper", f.Helper.String(), "mode stlsdnat bypasses conntrack; helpers need mode snat or dnat")
+		case f.EstConnLimit != 0:
+			return bad("est-connlimit", fmt.Sprint(f.EstConnLimit), "mode stlsdnat bypasses conntrack; est-connlimit needs mode snat, dnat or dsr")
+		case f.TCPStrict:
+			return bad("tcp-strict", "on", "mode stlsdnat bypasses conntrack; tcp-strict needs mode snat, dnat or dsr")
+		}
+	}
+	if f.Helper != HelperNone {
+		allowed := helperProtocols[f.Helper]
+		ok := false
+		var names []string
+		for _, p := range allowed {
+			ok = ok || p == f.Protocol
+			names = append(names, p.String())
+		}
+		if !ok {
+			return bad("helper", f.Helper.String(), fmt.Sprintf("works with protocol %s; this farm has protocol %s", strings.Join(names, " or "), f.Protocol))
+		}
+		if f.Mode == ModeDSR {
+			return bad("helper", f.Helper.String(), "mode dsr does not see the replies a helper must read; helpers need mode snat or dnat")
+		}
+	}
+	if f.Mode == ModeDSR {
+		single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+		for _, b := range f.Backends {
+			if b.Port != 0 && (!single || b.Port != f.VirtualPorts[0].First) {
+				return &FieldError{Object: backendObject(f.Name, b.Name), Field: "port", Value: fmt.Sprint(b.Port),
+					Problem: "mode dsr forwards frames unchanged above layer 2, so the backend port must be empty or equal the farm's single virtual port"}
+			}
 		}
 	}
 	return nil

@@ -6,7 +6,9 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -58,11 +60,15 @@ type lbEnv struct {
 	state   string
 	daemon  *exec.Cmd
 	logFile string
+	args    []string // extra daemon flags (e.g. the data plane's)
 }
 
-func newEnv(t *testing.T) *lbEnv {
+func newEnv(t *testing.T) *lbEnv { return newEnvWith(t, nil) }
+
+// newEnvWith is newEnv with extra daemon flags.
+func newEnvWith(t *testing.T, args []string) *lbEnv {
 	testutil.RequireRoot(t)
-	e := &lbEnv{t: t, bin: xlbBinary(t), state: t.TempDir()}
+	e := &lbEnv{t: t, bin: xlbBinary(t), state: t.TempDir(), args: args}
 	e.topo = testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3})
 	for i, b := range e.topo.Backends {
 		testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8080), fmt.Sprintf("backend-%d", i+1))
@@ -86,8 +92,8 @@ func (e *lbEnv) start() {
 		e.t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command("ip", "netns", "exec", e.topo.LB.Name, e.bin, "daemon",
-		"--listen", "127.0.0.1:5555", "--state-dir", e.state, "--log-level", "debug")
+	cmd := exec.Command("ip", append([]string{"netns", "exec", e.topo.LB.Name, e.bin, "daemon",
+		"--listen", "127.0.0.1:5555", "--state-dir", e.state, "--log-level", "debug"}, e.args...)...)
 	cmd.Env = append(os.Environ(), "XLB_KEY="+testKey)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -138,7 +144,7 @@ func (e *lbEnv) mustCLI(args ...string) string {
 
 func (e *lbEnv) nftList() string {
 	e.t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "list", "table", "inet", "xlb").CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "list", "ruleset").CombinedOutput()
 	if err != nil {
 		e.t.Fatalf("nft list: %v: %s", err, out)
 	}
@@ -249,7 +255,7 @@ func TestRestartRepairsDrift(t *testing.T) {
 	e.addWebFarm(vip.Addr())
 	want := e.nftList()
 	e.kill()
-	if out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "delete", "table", "inet", "xlb").CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", e.topo.LB.Name, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
 		t.Fatalf("delete table by hand: %v: %s", err, out)
 	}
 	if _, err := testutil.AskTCP(e.topo.Client.NS, vip); err == nil {
@@ -292,6 +298,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{[]string{"backend", "add", "web", "be9", "--ip", "fd00::9"}, []string{"ip-addr", "family"}},
 		{[]string{"farm", "add", "other", "--vip", vip.Addr().String(), "--ports", "80"}, []string{"already served", "web"}},
 		{[]string{"farm", "del", "nosuchfarm"}, []string{"nosuchfarm", "does not exist"}},
+		// Combinations valid field by field but not together.
+		{[]string{"farm", "set", "web", "--helper", "tftp"}, []string{"helper", "tftp", "protocol udp", "has protocol tcp"}},
+		{[]string{"farm", "set", "web", "--mode", "stlsdnat", "--persistence", "srcip"}, []string{"persistence", "srcip", "stlsdnat"}},
+		{[]string{"farm", "set", "web", "--mode", "dsr"}, []string{"port", "8080", "dsr"}},
+		{[]string{"farm", "set", "web", "--mode", "stlsdnat"}, []string{"scheduler", "rr", "hash, symhash or maglev"}},
 	} {
 		out, err := e.cli(c.args...)
 		if err == nil {
@@ -321,5 +332,55 @@ func TestDeleteFarmStopsTraffic(t *testing.T) {
 	e.mustCLI("farm", "del", "web")
 	if reply, err := testutil.AskTCP(e.topo.Client.NS, vip); err == nil {
 		t.Errorf("deleted farm still answered: %q", reply)
+	}
+}
+
+// TestSessionsAPI: a farm with persistence lists its sessions over the API
+// and deletes one client's.
+func TestSessionsAPI(t *testing.T) {
+	e := newEnv(t)
+	vip := netip.AddrPortFrom(testutil.VIP4(5), 80)
+	e.addWebFarm(vip.Addr())
+	e.mustCLI("farm", "set", "web", "--persistence", "srcip", "--persist-ttl", "120")
+	got, err := e.answers(vip, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("one client with persistence reached %v", got)
+	}
+	var backend string
+	for b := range got {
+		backend = b
+	}
+	hc := testutil.HTTPClient(e.topo.LB.NS)
+	call := func(method, path string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://127.0.0.1:5555"+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Key", testKey)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	client := e.topo.Client.IPv4.String()
+	status, body := call("GET", "/farms/web/sessions")
+	// The servers answer "backend-N"; the farm's backends are be1..be3 on
+	// the same hosts.
+	want := fmt.Sprintf(`{"client":"%s","backend":"be%s"`, client, strings.TrimPrefix(backend, "backend-"))
+	if status != 200 || !strings.Contains(body, want) {
+		t.Fatalf("GET sessions: %d %s, want %s", status, body, want)
+	}
+	if status, body := call("DELETE", "/farms/web/sessions/"+client); status != 200 || !strings.Contains(body, `"deleted":"1"`) {
+		t.Fatalf("DELETE session: %d %s", status, body)
+	}
+	if status, body := call("GET", "/farms/web/sessions"); status != 200 || !strings.Contains(body, `"sessions":[]`) {
+		t.Fatalf("GET sessions after delete: %d %s", status, body)
 	}
 }

@@ -19,31 +19,47 @@ func unsupported(f *model.Farm, field, value string) error {
 func (p *Plane) Check(f *model.Farm) error { return check(f) }
 
 func check(f *model.Farm) error {
-	if f.Family != model.FamilyIPv4 {
+	if f.Family != model.FamilyIPv4 && f.Family != model.FamilyIPv6 {
+		// dual would take translation between families (NAT64).
 		return unsupported(f, "family", f.Family.String())
 	}
 	if f.IsMarkFarm() || f.Mark != 0 {
 		return unsupported(f, "mark", fmt.Sprint(f.Mark))
 	}
-	if !f.VirtualAddr.Is4() {
+	v6 := f.Family == model.FamilyIPv6
+	if f.VirtualAddr.Is6() != v6 {
 		return unsupported(f, "virtual-addr", f.VirtualAddr.String())
 	}
 	if f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP {
 		return unsupported(f, "protocol", f.Protocol.String())
 	}
-	if f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT {
+	switch f.Mode {
+	case model.ModeSNAT, model.ModeDNAT, model.ModeDSR:
+	case model.ModeStlsDNAT:
+		// Without conntrack every packet is scheduled: only a hash keeps a
+		// TCP connection on one backend.
+		if f.Protocol == model.ProtoTCP && (f.Scheduler == model.SchedRR || f.Scheduler == model.SchedWeight) {
+			return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
+				Problem: "stlsdnat schedules every packet: with tcp use hash, symhash or maglev so a connection stays on one backend"}
+		}
+	default:
 		return unsupported(f, "mode", f.Mode.String())
 	}
 	switch f.Scheduler {
 	case model.SchedRR, model.SchedWeight:
-	case model.SchedHash:
+	case model.SchedHash, model.SchedMaglev:
 		if f.SchedParam&^(model.KeySrcIP|model.KeySrcPort) != 0 {
+			return unsupported(f, "sched-param", f.SchedParam.String())
+		}
+	case model.SchedSymhash:
+		// Address and port pairs, the same both ways.
+		if f.SchedParam&model.KeySrcMAC != 0 {
 			return unsupported(f, "sched-param", f.SchedParam.String())
 		}
 	default:
 		return unsupported(f, "scheduler", f.Scheduler.String())
 	}
-	if f.Persistence != 0 {
+	if f.Persistence&^(model.KeySrcIP|model.KeySrcPort) != 0 {
 		return unsupported(f, "persistence", f.Persistence.String())
 	}
 	if f.Helper != model.HelperNone {
@@ -76,7 +92,7 @@ func check(f *model.Farm) error {
 	if len(f.Policies) > 0 {
 		return unsupported(f, "policies", f.Policies[0].Name)
 	}
-	if f.SourceAddr.IsValid() && !f.SourceAddr.Is4() {
+	if f.SourceAddr.IsValid() && f.SourceAddr.Is6() != v6 {
 		return unsupported(f, "source-addr", f.SourceAddr.String())
 	}
 	ports := 0
@@ -93,9 +109,19 @@ func check(f *model.Farm) error {
 	}
 	for _, b := range f.Backends {
 		obj := fmt.Sprintf("farm %q backend %q", f.Name, b.Name)
-		if !b.Addr.Is4() {
+		if b.Addr.Is6() != v6 {
 			return &model.FieldError{Object: obj, Field: "ip-addr", Value: b.Addr.String(),
-				Problem: "is not implemented by the ebpf data plane yet (IPv4 only)"}
+				Problem: "must be of the farm's family with the ebpf data plane (no translation between IPv4 and IPv6)"}
+		}
+		if f.Mode == model.ModeDSR && b.Port != 0 &&
+			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last || f.VirtualPorts[0].First != b.Port) {
+			return &model.FieldError{Object: obj, Field: "port", Value: fmt.Sprint(b.Port),
+				Problem: "dsr keeps the packet's destination port: leave it 0, or make it the farm's one virtual port"}
+		}
+		if f.Mode == model.ModeStlsDNAT && b.Port != 0 &&
+			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last) {
+			return &model.FieldError{Object: obj, Field: "port", Value: fmt.Sprint(b.Port),
+				Problem: "stlsdnat maps replies back statelessly: a backend port needs a farm with one virtual port (or leave it 0)"}
 		}
 		if b.Mark != 0 {
 			return &model.FieldError{Object: obj, Field: "mark", Value: fmt.Sprint(b.Mark),

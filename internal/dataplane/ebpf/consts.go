@@ -7,21 +7,33 @@ const (
 	maxSvcIDs   = 16384
 	maxBackends = 262144
 	maxSlots    = 1048576
+	maxPersist  = 262144
 
-	afInet = 4
+	afInet  = 4
+	afInet6 = 6
 
 	modeDNAT = 0
 	modeSNAT = 1
+	modeDSR  = 2
+	modeSTL  = 3
 
-	schedRR     = 0
-	schedWeight = 1
-	schedHash   = 2
+	schedRR      = 0
+	schedWeight  = 1
+	schedHash    = 2
+	schedSymhash = 3
+	schedMaglev  = 4
 
 	hashSrcIP   = 1
 	hashSrcPort = 2
 
 	ctFwd   = 0
 	ctReply = 1
+
+	ctStateSYN   = 0
+	ctStateEST   = 1
+	ctStateFIN   = 2
+	ctStateClose = 3
+	ctStateUDP   = 4
 
 	// Verdicts of the program (tcx return codes).
 	verdictNext     = -1
@@ -34,7 +46,7 @@ const (
 var statNames = []string{
 	"rx", "not_parsed", "fragment", "ct_fwd", "ct_reply", "not_vip", "not_syn",
 	"new_flow", "no_backend", "snat_full", "ct_race", "peer_repair",
-	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error",
+	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired", "persist_hit", "icmp_nat", "stateless",
 }
 
 // maxSlotsPerService bounds the weighted slots of one service: weights are

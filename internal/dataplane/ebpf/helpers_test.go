@@ -2,11 +2,15 @@ package ebpf
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -98,19 +102,37 @@ func fixtureNS(tb testing.TB) netns.NsHandle {
 	}
 	front := add("front", macFront, "10.100.0.1/24")
 	back := add("back", macBack, "10.200.0.1/24")
+	for _, a := range []struct {
+		l    netlink.Link
+		addr string
+	}{{front, "fd00:100::1/64"}, {back, "fd00:200::1/64"}} {
+		pa, _ := netlink.ParseAddr(a.addr)
+		pa.Flags = unix.IFA_F_NODAD
+		if err := nh.AddrAdd(a.l, pa); err != nil {
+			tb.Fatalf("address %s: %v", a.addr, err)
+		}
+	}
 	neigh := func(l netlink.Link, ip string, mac net.HardwareAddr) {
+		fam := unix.AF_INET
+		if strings.Contains(ip, ":") {
+			fam = unix.AF_INET6
+		}
 		err := nh.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT,
-			IP: net.ParseIP(ip), HardwareAddr: mac, Family: unix.AF_INET})
+			IP: net.ParseIP(ip), HardwareAddr: mac, Family: fam})
 		if err != nil {
 			tb.Fatalf("neighbour %s: %v", ip, err)
 		}
 	}
 	neigh(front, "10.100.0.2", macClient)
+	neigh(front, "fd00:100::2", macClient)
 	for i := range 3 {
 		neigh(back, netip.AddrFrom4([4]byte{10, 200, 0, byte(11 + i)}).String(), macBackend(i))
+		neigh(back, fmt.Sprintf("fd00:200::%d", 11+i), macBackend(i))
 	}
-	if err := testutil.WriteSysctl(ns, "net/ipv4/ip_forward", "1"); err != nil {
-		tb.Fatal(err)
+	for _, sc := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := testutil.WriteSysctl(ns, sc, "1"); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	return ns
 }
@@ -128,6 +150,9 @@ func farm(tb testing.TB, name, vip string, port uint16, proto model.Protocol, mo
 	f.Scheduler = sched
 	if sched == model.SchedHash {
 		f.SchedParam = model.KeySrcIP
+	}
+	if sched == model.SchedSymhash {
+		f.SchedParam = model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort
 	}
 	for i, b := range backends {
 		ap := netip.MustParseAddrPort(b)
@@ -149,3 +174,36 @@ type (
 	dataplaneDiff   = dataplane.Diff
 	dataplaneChange = dataplane.FarmChange
 )
+
+// setTxChecksum turns transmit checksum offload of ifname in ns on or off
+// (ethtool -K ifname tx on|off). Off, the kernel completes every checksum
+// in software before the packet leaves, so a wrong checksum seed written by
+// the program turns into a packet the receiver drops: veth peers otherwise
+// trust offloaded (CHECKSUM_PARTIAL) checksums without ever computing them.
+func setTxChecksum(tb testing.TB, ns netns.NsHandle, ifname string, on bool) {
+	tb.Helper()
+	const ethtoolSTXCSUM = 0x17
+	val := struct{ cmd, data uint32 }{cmd: ethtoolSTXCSUM}
+	if on {
+		val.data = 1
+	}
+	err := testutil.Do(ns, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		var ifr [40]byte
+		copy(ifr[:unix.IFNAMSIZ-1], ifname)
+		*(*uintptr)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = uintptr(unsafe.Pointer(&val))
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr[0])))
+		runtime.KeepAlive(&val)
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("set tx checksumming of %s: %v", ifname, err)
+	}
+}

@@ -29,6 +29,7 @@ type pktSpec struct {
 	fragOff        uint16 // raw flags+offset field (0x2000 = MF)
 	payload        []byte
 	udpNoCsum      bool
+	nextHdr        uint8 // IPv6: next header to write instead of proto (e.g. 44, a fragment header)
 }
 
 var (
@@ -54,10 +55,9 @@ func csumAdd(sum uint32, b []byte) uint32 {
 }
 
 func l4Csum(src, dst netip.Addr, proto uint8, l4 []byte) uint16 {
-	s, d := src.As4(), dst.As4()
 	var sum uint32
-	sum = csumAdd(sum, s[:])
-	sum = csumAdd(sum, d[:])
+	sum = csumAdd(sum, src.AsSlice())
+	sum = csumAdd(sum, dst.AsSlice())
 	sum += uint32(proto) + uint32(len(l4))
 	sum = csumAdd(sum, l4)
 	return csumFold(sum)
@@ -94,6 +94,24 @@ func (s pktSpec) build() []byte {
 	} else if !s.udpNoCsum {
 		binary.BigEndian.PutUint16(l4[6:], l4Csum(s.src, s.dst, s.proto, l4))
 	}
+	if s.src.Is6() {
+		ip := make([]byte, 40)
+		ip[0] = 0x60
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(l4)))
+		ip[6] = s.proto
+		if s.nextHdr != 0 {
+			ip[6] = s.nextHdr
+		}
+		ip[7] = s.ttl
+		copy(ip[8:], s.src.AsSlice())
+		copy(ip[24:], s.dst.AsSlice())
+		out := make([]byte, 0, 14+len(ip)+len(l4))
+		out = append(out, s.dstMAC...)
+		out = append(out, s.srcMAC...)
+		out = append(out, 0x86, 0xdd)
+		out = append(out, ip...)
+		return append(out, l4...)
+	}
 	ihl := 20 + len(s.ipOptions)
 	ip := make([]byte, ihl)
 	ip[0] = 0x40 | byte(ihl/4)
@@ -129,6 +147,9 @@ type parsedPkt struct {
 // checksums.
 func parse(b []byte) (parsedPkt, error) {
 	var p parsedPkt
+	if len(b) >= 54 && binary.BigEndian.Uint16(b[12:]) == 0x86dd {
+		return parse6(b)
+	}
 	if len(b) < 34 || binary.BigEndian.Uint16(b[12:]) != 0x0800 {
 		return p, fmt.Errorf("not an IPv4 packet")
 	}
@@ -162,5 +183,97 @@ func parse(b []byte) (parsedPkt, error) {
 	if l4Csum(p.src, p.dst, proto, l4) != 0 {
 		return p, fmt.Errorf("bad %d checksum", proto)
 	}
+	return p, nil
+}
+
+// parse6 is parse for IPv6 (no extension headers): ttl is the hop limit.
+func parse6(b []byte) (parsedPkt, error) {
+	var p parsedPkt
+	p.dstMAC, p.srcMAC = net.HardwareAddr(b[0:6]), net.HardwareAddr(b[6:12])
+	ip := b[14:]
+	p.ttl = ip[7]
+	p.src = netip.AddrFrom16([16]byte(ip[8:24]))
+	p.dst = netip.AddrFrom16([16]byte(ip[24:40]))
+	plen := int(binary.BigEndian.Uint16(ip[4:]))
+	if len(ip) < 40+plen {
+		return p, fmt.Errorf("payload length %d beyond the packet", plen)
+	}
+	l4 := ip[40 : 40+plen]
+	p.sport = binary.BigEndian.Uint16(l4[0:])
+	p.dport = binary.BigEndian.Uint16(l4[2:])
+	off := 16
+	if ip[6] == protoUDP {
+		off = 6
+	} else if ip[6] != protoTCP {
+		return p, fmt.Errorf("next header %d", ip[6])
+	}
+	p.l4Csum = binary.BigEndian.Uint16(l4[off:])
+	if l4Csum(p.src, p.dst, ip[6], l4) != 0 {
+		return p, fmt.Errorf("bad %d checksum", ip[6])
+	}
+	return p, nil
+}
+
+// icmpError builds an ICMP error (type, code) from src to dst quoting the
+// first 28 bytes (IPv4 header + 8) of the packet quoted.
+func icmpError(srcMAC, dstMAC net.HardwareAddr, src, dst netip.Addr, typ, code uint8, quoted []byte) []byte {
+	q := quoted[14:]
+	if len(q) > 28 {
+		q = q[:28]
+	}
+	icmp := make([]byte, 8, 8+len(q))
+	icmp[0], icmp[1] = typ, code
+	if typ == 3 && code == 4 {
+		binary.BigEndian.PutUint16(icmp[6:], 1400) // next-hop MTU
+	}
+	icmp = append(icmp, q...)
+	binary.BigEndian.PutUint16(icmp[2:], csumFold(csumAdd(0, icmp)))
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(icmp)))
+	ip[8] = 64
+	ip[9] = 1
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:], s[:])
+	copy(ip[16:], d[:])
+	binary.BigEndian.PutUint16(ip[10:], csumFold(csumAdd(0, ip)))
+	out := append([]byte{}, dstMAC...)
+	out = append(out, srcMAC...)
+	out = append(out, 0x08, 0x00)
+	out = append(out, ip...)
+	return append(out, icmp...)
+}
+
+// parsedICMP is an ICMP error's outer and quoted tuple, checksums verified.
+type parsedICMP struct {
+	dstMAC       net.HardwareAddr
+	src, dst     netip.Addr
+	ttl          uint8
+	qsrc, qdst   netip.Addr
+	qsport, qdpt uint16
+}
+
+func parseICMP(b []byte) (parsedICMP, error) {
+	var p parsedICMP
+	if len(b) < 14+20+8+28 || b[14+9] != 1 {
+		return p, fmt.Errorf("not an ICMP packet")
+	}
+	ip := b[14:]
+	if csumFold(csumAdd(0, ip[:20])) != 0 {
+		return p, fmt.Errorf("bad IPv4 header checksum")
+	}
+	tot := int(binary.BigEndian.Uint16(ip[2:]))
+	if csumFold(csumAdd(0, ip[20:tot])) != 0 {
+		return p, fmt.Errorf("bad ICMP checksum")
+	}
+	q := ip[28:]
+	if csumFold(csumAdd(0, q[:20])) != 0 {
+		return p, fmt.Errorf("bad quoted IPv4 header checksum")
+	}
+	p.dstMAC = net.HardwareAddr(b[0:6])
+	p.ttl = ip[8]
+	p.src, p.dst = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	p.qsrc, p.qdst = netip.AddrFrom4([4]byte(q[12:16])), netip.AddrFrom4([4]byte(q[16:20]))
+	p.qsport, p.qdpt = binary.BigEndian.Uint16(q[20:]), binary.BigEndian.Uint16(q[22:])
 	return p, nil
 }

@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -48,6 +49,45 @@ type Options struct {
 	// PinPath is a directory on a bpf file system. Default
 	// /sys/fs/bpf/xlb; bpffs is mounted at /sys/fs/bpf if it is not.
 	PinPath string
+	// Timeouts are the conntrack idle timeouts; zero fields take the
+	// defaults (DefaultTimeouts). They are constants of the loaded program:
+	// changing them takes a restart, which is hitless.
+	Timeouts Timeouts
+
+	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
+	ctRefresh time.Duration
+}
+
+// Timeouts are the idle timeouts of tracked connections by state, like
+// IPVS's (ipvsadm --set tcp tcpfin udp).
+type Timeouts struct {
+	TCP    time.Duration // established
+	TCPFin time.Duration // after a FIN in either direction
+	UDP    time.Duration
+	SYN    time.Duration // SYN seen, handshake not completed
+	Close  time.Duration // after a RST
+}
+
+// DefaultTimeouts are IPVS's defaults.
+var DefaultTimeouts = Timeouts{
+	TCP:    900 * time.Second,
+	TCPFin: 120 * time.Second,
+	UDP:    300 * time.Second,
+	SYN:    60 * time.Second,
+	Close:  10 * time.Second,
+}
+
+// withDefaults fills zero fields from DefaultTimeouts.
+func (t Timeouts) withDefaults() Timeouts {
+	d := DefaultTimeouts
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&t.TCP, &d.TCP}, {&t.TCPFin, &d.TCPFin}, {&t.UDP, &d.UDP}, {&t.SYN, &d.SYN}, {&t.Close, &d.Close},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	return t
 }
 
 // Plane is the eBPF data plane.
@@ -64,6 +104,9 @@ type Plane struct {
 	svcIDs
 	backendIDs
 	pending []*generation // replaced generations, freed at the next change
+	// stlOwner: the farm whose stlsdnat reply mapping each xlb_stateless
+	// key is.
+	stlOwner map[xlbStlKey]string
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -78,16 +121,23 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	if opts.ConnTableSize <= 0 {
 		opts.ConnTableSize = DefaultConnTableSize
 	}
-	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{}}
+	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{},
+		stlOwner: map[xlbStlKey]string{}}
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {
 		p.ns = opts.NetNS
 	}
-	if err := ensureBPFFS(opts.PinPath); err != nil {
+	mounted, err := ensureBPFFS(opts.PinPath)
+	if err != nil {
 		return nil, err
 	}
-	var err error
+	if mounted {
+		// Under `ip netns exec` this mount, and every pin on it, lives
+		// only as long as this process's mount namespace.
+		log.Warn("mounted bpffs at /sys/fs/bpf: pins (and the attached program) last as long as this mount; "+
+			"run in the host's mount namespace or pass a pin path on a lasting bpffs", "pin_path", opts.PinPath)
+	}
 	if p.ns >= 0 {
 		p.nl, err = netlink.NewHandleAt(p.ns)
 	} else {
@@ -120,7 +170,24 @@ func (p *Plane) load() error {
 		return fmt.Errorf("load ebpf spec: %w", err)
 	}
 	spec.Maps[xlbMapXlbCt].MaxEntries = uint32(p.opts.ConnTableSize)
+	to := p.opts.Timeouts.withDefaults()
+	for name, d := range map[string]time.Duration{
+		xlbVarXlbTimeoutTcp: to.TCP, xlbVarXlbTimeoutFin: to.TCPFin, xlbVarXlbTimeoutUdp: to.UDP,
+		xlbVarXlbTimeoutSyn: to.SYN, xlbVarXlbTimeoutClose: to.Close,
+	} {
+		if err := spec.Variables[name].Set(uint64(d.Nanoseconds())); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if p.opts.ctRefresh > 0 {
+		if err := spec.Variables[xlbVarXlbCtRefreshNs].Set(uint64(p.opts.ctRefresh.Nanoseconds())); err != nil {
+			return fmt.Errorf("set %s: %w", xlbVarXlbCtRefreshNs, err)
+		}
+	}
 	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue // .rodata: the program's constants, loaded anew each time
+		}
 		path := filepath.Join(p.opts.PinPath, name)
 		m, err := ebpf.LoadPinnedMap(path, nil)
 		if errors.Is(err, os.ErrNotExist) {
@@ -277,23 +344,24 @@ func (p *Plane) inNS(fn func() error) error {
 // ensureBPFFS makes sure dir exists on a bpf file system, mounting bpffs at
 // /sys/fs/bpf when dir is below it and nothing is mounted there (as after
 // `ip netns exec`, which remounts /sys).
-func ensureBPFFS(dir string) error {
+func ensureBPFFS(dir string) (mounted bool, err error) {
 	dir = filepath.Clean(dir)
 	if strings.HasPrefix(dir+"/", "/sys/fs/bpf/") && !isBPFFS("/sys/fs/bpf") {
 		if err := os.MkdirAll("/sys/fs/bpf", 0o700); err != nil {
-			return fmt.Errorf("create /sys/fs/bpf: %w", err)
+			return false, fmt.Errorf("create /sys/fs/bpf: %w", err)
 		}
 		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
-			return fmt.Errorf("mount bpffs at /sys/fs/bpf: %w", err)
+			return false, fmt.Errorf("mount bpffs at /sys/fs/bpf: %w", err)
 		}
+		mounted = true
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create pin path: %w", err)
+		return mounted, fmt.Errorf("create pin path: %w", err)
 	}
 	if !isBPFFS(dir) {
-		return fmt.Errorf("pin path %q is not on a bpf file system", dir)
+		return mounted, fmt.Errorf("pin path %q is not on a bpf file system", dir)
 	}
-	return nil
+	return mounted, nil
 }
 
 func isBPFFS(dir string) bool {
@@ -331,7 +399,7 @@ func (p *Plane) Destroy() error {
 		}
 	}
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
-		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats} {
+		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

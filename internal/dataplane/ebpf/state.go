@@ -26,6 +26,18 @@ type generation struct {
 	bes   []xlbBackend // distinct active backends
 	slots []int        // slot -> index into bes
 	ids   []uint32     // backend ids, parallel to bes, once written
+	// stlsdnat: reply mappings (backend -> VIP), parallel slices.
+	stlKeys []xlbStlKey
+	stlVals []xlbStlVal
+}
+
+func (g *generation) hasStl(k xlbStlKey) bool {
+	for _, x := range g.stlKeys {
+		if x == k {
+			return true
+		}
+	}
+	return false
 }
 
 // svcIDs allocates generation ids (indexes of xlb_rr, 1..maxSvcIDs-1).
@@ -82,6 +94,27 @@ func ne32(a netip.Addr) uint32 {
 	return binary.NativeEndian.Uint32(b[:])
 }
 
+// addrWords returns an address as a key's 4 x 32 bits (memory in network
+// order): an IPv4 address in word 0, the rest zero.
+func addrWords(a netip.Addr) [4]uint32 {
+	if a.Is4() {
+		return [4]uint32{ne32(a)}
+	}
+	b := a.As16()
+	var w [4]uint32
+	for i := range w {
+		w[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+func familyOf(a netip.Addr) uint8 {
+	if a.Is4() {
+		return afInet
+	}
+	return afInet6
+}
+
 // ne16 returns the uint16 whose memory holds v in network order.
 func ne16(v uint16) uint16 {
 	var b [2]byte
@@ -97,9 +130,9 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	}
 	g := &generation{farm: f.Name}
 	proto := f.Protocol.Number()
-	vip := ne32(f.VirtualAddr)
+	vip, fam := addrWords(f.VirtualAddr), familyOf(f.VirtualAddr)
 	addKey := func(port uint16) {
-		g.keys = append(g.keys, xlbSvcKey{Addr: [4]uint32{vip}, Port: ne16(port), Proto: proto, Family: afInet})
+		g.keys = append(g.keys, xlbSvcKey{Addr: vip, Port: ne16(port), Proto: proto, Family: fam})
 	}
 	if len(f.VirtualPorts) == 0 {
 		addKey(0)
@@ -109,32 +142,66 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			addKey(uint16(port))
 		}
 	}
-	g.val.Mode = modeDNAT
-	if f.Mode == model.ModeSNAT {
+	switch f.Mode {
+	case model.ModeSNAT:
 		g.val.Mode = modeSNAT
+	case model.ModeDSR:
+		g.val.Mode = modeDSR
+	case model.ModeStlsDNAT:
+		g.val.Mode = modeSTL
+		// Replies of every backend (active or not: in-flight packets)
+		// leave as the VIP; a backend port maps back to the farm's one
+		// virtual port (check makes sure there is one), port 0 keeps it.
+		seen := map[xlbStlKey]bool{}
+		for _, b := range f.Backends {
+			k := xlbStlKey{Addr: addrWords(b.Addr), Port: ne16(b.Port), Proto: proto, Family: familyOf(b.Addr)}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			v := xlbStlVal{Addr: vip}
+			if b.Port != 0 {
+				v.Port = ne16(f.VirtualPorts[0].First)
+			}
+			g.stlKeys = append(g.stlKeys, k)
+			g.stlVals = append(g.stlVals, v)
+		}
+	default:
+		g.val.Mode = modeDNAT
 	}
 	switch f.Scheduler {
 	case model.SchedWeight:
 		g.val.Sched = schedWeight
-	case model.SchedHash:
+	case model.SchedHash, model.SchedMaglev:
 		g.val.Sched = schedHash
+		if f.Scheduler == model.SchedMaglev {
+			g.val.Sched = schedMaglev
+		}
 		g.val.HashKeys = hashSrcIP
 		if f.SchedParam != 0 {
-			g.val.HashKeys = 0
-			if f.SchedParam&model.KeySrcIP != 0 {
-				g.val.HashKeys |= hashSrcIP
-			}
-			if f.SchedParam&model.KeySrcPort != 0 {
-				g.val.HashKeys |= hashSrcPort
-			}
+			g.val.HashKeys = hashKeys(f.SchedParam)
+		}
+	case model.SchedSymhash:
+		// Symmetric: any address key hashes both addresses, any port
+		// key both ports.
+		g.val.Sched = schedSymhash
+		if f.SchedParam&(model.KeySrcIP|model.KeyDstIP) != 0 {
+			g.val.HashKeys |= hashSrcIP
+		}
+		if f.SchedParam&(model.KeySrcPort|model.KeyDstPort) != 0 {
+			g.val.HashKeys |= hashSrcPort
 		}
 	default:
 		g.val.Sched = schedRR
 	}
+	if f.Persistence != 0 {
+		g.val.Persist = hashKeys(f.Persistence)
+		g.val.PersistTtl = f.PersistTTL
+	}
 	active := f.ActiveBackends()
 	weights := make([]uint32, len(active))
 	for i, b := range active {
-		be := xlbBackend{Addr: [4]uint32{ne32(b.Addr)}, Port: ne16(b.Port), Family: afInet}
+		be := xlbBackend{Addr: addrWords(b.Addr), Port: ne16(b.Port), Family: familyOf(b.Addr)}
 		if f.Mode == model.ModeSNAT {
 			src := f.SourceAddr
 			if !src.IsValid() {
@@ -143,7 +210,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 					return nil, fmt.Errorf("farm %q backend %q: %w", f.Name, b.Name, err)
 				}
 			}
-			be.Snat = [4]uint32{ne32(src)}
+			be.Snat = addrWords(src)
 		}
 		g.bes = append(g.bes, be)
 		weights[i] = b.Weight
@@ -153,9 +220,96 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			weights[i] = 1
 		}
 	}
-	g.slots = weightedSlots(weights, maxSlotsPerService)
+	if f.Scheduler == model.SchedMaglev {
+		names := make([]string, len(active))
+		for i, b := range active {
+			names[i] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
+		g.slots = maglevTable(names, weights, maglevSize(len(active)))
+	} else {
+		g.slots = weightedSlots(weights, maxSlotsPerService)
+	}
 	g.val.Slots = uint32(len(g.slots))
 	return g, nil
+}
+
+func hashKeys(k model.HashKey) uint8 {
+	var out uint8
+	if k&model.KeySrcIP != 0 {
+		out |= hashSrcIP
+	}
+	if k&model.KeySrcPort != 0 {
+		out |= hashSrcPort
+	}
+	return out
+}
+
+// indexKey is g's be_index key of backend i.
+func (g *generation) indexKey(i int) xlbBeIndexKey {
+	return xlbBeIndexKey{Svc: g.val.Id, Addr: g.bes[i].Addr, Port: g.bes[i].Port}
+}
+
+// writeStateless writes g's stlsdnat reply mappings, refusing a backend
+// that another farm's mapping holds.
+func (p *Plane) writeStateless(g *generation) error {
+	for i, k := range g.stlKeys {
+		if o, ok := p.stlOwner[k]; ok && o != g.farm && p.farms[o] != nil && p.farms[o].hasStl(k) {
+			return &model.FieldError{Object: fmt.Sprintf("farm %q", g.farm), Field: "backends",
+				Value:   fmt.Sprintf("%s port %d", wordsAddr(k.Addr, k.Family), be16(k.Port)),
+				Problem: fmt.Sprintf("already serves stlsdnat farm %q: its replies could not be told apart", o)}
+		}
+		if err := p.objs.XlbStateless.Update(k, g.stlVals[i], ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write stlsdnat mapping: %w", err)
+		}
+		p.stlOwner[k] = g.farm
+	}
+	return nil
+}
+
+// freeStateless removes g's stlsdnat mappings that no current generation
+// of its farm holds (another farm's are left alone).
+func (p *Plane) freeStateless(g *generation) {
+	cur := p.farms[g.farm]
+	for _, k := range g.stlKeys {
+		if p.stlOwner[k] != g.farm || (cur != nil && cur.hasStl(k)) {
+			continue
+		}
+		_ = p.objs.XlbStateless.Delete(k)
+		delete(p.stlOwner, k)
+	}
+}
+
+// wordsAddr is addrWords reversed.
+func wordsAddr(w [4]uint32, family uint8) netip.Addr {
+	var b [16]byte
+	for i := range w {
+		binary.NativeEndian.PutUint32(b[4*i:], w[i])
+	}
+	if family == afInet {
+		return netip.AddrFrom4([4]byte(b[:4]))
+	}
+	return netip.AddrFrom16(b)
+}
+
+func be16(v uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], v)
+	return binary.BigEndian.Uint16(b[:])
+}
+
+// writeIndex writes g's backend index (address -> id), used by persistence.
+func (p *Plane) writeIndex(g *generation) error {
+	if len(g.ids) == 0 {
+		return nil
+	}
+	keys := make([]xlbBeIndexKey, len(g.ids))
+	for i := range g.ids {
+		keys[i] = g.indexKey(i)
+	}
+	if _, err := p.objs.XlbBeIndex.BatchUpdate(keys, g.ids, nil); err != nil {
+		return fmt.Errorf("write backend index: %w", err)
+	}
+	return nil
 }
 
 // sourceFor returns the address the LB's namespace uses towards dst (the
@@ -166,7 +320,7 @@ func (p *Plane) sourceFor(dst netip.Addr) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("route to %s: %w", dst, err)
 	}
 	for _, r := range routes {
-		if a, ok := netip.AddrFromSlice(r.Src); ok && a.Unmap().Is4() {
+		if a, ok := netip.AddrFromSlice(r.Src); ok && a.Unmap().Is4() == dst.Is4() {
 			return a.Unmap(), nil
 		}
 	}
@@ -237,6 +391,14 @@ func (p *Plane) write(g *generation) error {
 			return fmt.Errorf("write backends: %w", err)
 		}
 	}
+	if err := p.writeIndex(g); err != nil {
+		p.free(g)
+		return err
+	}
+	if err := p.writeStateless(g); err != nil {
+		p.free(g)
+		return err
+	}
 	if len(g.slots) > 0 {
 		keys := make([]xlbSlotKey, len(g.slots))
 		vals := make([]uint32, len(g.slots))
@@ -259,14 +421,18 @@ func (p *Plane) write(g *generation) error {
 // free deletes g's slots and backends and releases its ids. g must no
 // longer be referenced by any service key.
 func (p *Plane) free(g *generation) {
+	p.freeStateless(g)
 	if g.val.Id != 0 {
 		for i := range g.slots {
 			_ = p.objs.XlbSlots.Delete(xlbSlotKey{Svc: g.val.Id, Idx: uint32(i)})
 		}
 		delete(p.used, g.val.Id)
 	}
-	for _, id := range g.ids {
+	for i, id := range g.ids {
 		if id != 0 {
+			if g.val.Id != 0 {
+				_ = p.objs.XlbBeIndex.Delete(g.indexKey(i))
+			}
 			_ = p.objs.XlbBackends.Delete(id)
 			delete(p.usedBE, id)
 		}
@@ -471,6 +637,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	}
 
 	p.farms = map[string]*generation{}
+	p.stlOwner = map[xlbStlKey]string{}
 	adopted := map[uint32]bool{}
 	for _, f := range farms {
 		if err := ctx.Err(); err != nil {
@@ -486,6 +653,14 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if adopt(g, svcs, slots, bes) && !adopted[g.val.Id] {
 			adopted[g.val.Id] = true
 			p.farms[f.Name] = g
+			// The index and the stlsdnat mappings may predate this
+			// version: write them again.
+			if err := p.writeIndex(g); err != nil {
+				return fmt.Errorf("farm %q: %w", f.Name, err)
+			}
+			if err := p.writeStateless(g); err != nil {
+				return fmt.Errorf("farm %q: %w", f.Name, err)
+			}
 			continue
 		}
 		if err := p.write(g); err != nil {
@@ -525,6 +700,40 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for id := range bes {
 		if !liveBE[id] {
 			_ = p.objs.XlbBackends.Delete(id)
+		}
+	}
+	{
+		var k xlbStlKey
+		var v xlbStlVal
+		var stale []xlbStlKey
+		it := p.objs.XlbStateless.Iterate()
+		for it.Next(&k, &v) {
+			if _, ok := p.stlOwner[k]; !ok {
+				stale = append(stale, k)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("read stlsdnat mappings: %w", err)
+		}
+		for _, k := range stale {
+			_ = p.objs.XlbStateless.Delete(k)
+		}
+	}
+	{
+		var k xlbBeIndexKey
+		var v uint32
+		var stale []xlbBeIndexKey
+		it := p.objs.XlbBeIndex.Iterate()
+		for it.Next(&k, &v) {
+			if !liveSvc[k.Svc] || !liveBE[v] {
+				stale = append(stale, k)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("read backend index: %w", err)
+		}
+		for _, k := range stale {
+			_ = p.objs.XlbBeIndex.Delete(k)
 		}
 	}
 	p.svcIDs.init()

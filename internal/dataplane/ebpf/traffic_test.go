@@ -2,10 +2,15 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -303,5 +308,156 @@ func TestTrafficRestart(t *testing.T) {
 	counts := ask(t, 6, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.LBBack4)
 	if len(counts) != 3 {
 		t.Errorf("after restart: %v", counts)
+	}
+}
+
+// TestTrafficSchedulers: symhash and maglev spread one client's
+// connections (their keys include the port); maglev over srcip and
+// persistence srcip keep them on one backend.
+func TestTrafficSchedulers(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	bes := backendsOf(topo, 8080)
+	vips := map[string]netip.AddrPort{}
+	var farms []*model.Farm
+	for i, c := range []struct {
+		name  string
+		sched model.Scheduler
+		param model.HashKey
+		pers  model.HashKey
+	}{
+		{"sym", model.SchedSymhash, model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort, 0},
+		{"mag-port", model.SchedMaglev, model.KeySrcIP | model.KeySrcPort, 0},
+		{"mag-ip", model.SchedMaglev, model.KeySrcIP, 0},
+		{"persist", model.SchedRR, 0, model.KeySrcIP},
+	} {
+		vip := netip.AddrPortFrom(testutil.VIP4(30+i), 80)
+		f := farm(t, c.name, vip.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, c.sched, bes...)
+		if c.param != 0 {
+			f.SchedParam = c.param
+		}
+		f.Persistence = c.pers
+		if err := check(f); err != nil {
+			t.Fatal(err)
+		}
+		vips[c.name] = vip
+		farms = append(farms, f)
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"sym": 3, "mag-port": 3, "mag-ip": 1, "persist": 1} {
+		vip := vips[name]
+		counts := ask(t, 30, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.Client.IPv4)
+		if len(counts) != want {
+			t.Errorf("%s: 30 connections from one client reached %v, want %d backends", name, counts, want)
+		}
+	}
+}
+
+// TestTrafficICMPPortUnreachable: a backend's ICMP port unreachable about a
+// NATed UDP flow reaches the client translated, so the client's connected
+// socket sees "connection refused" (untranslated, it would quote the
+// backend's address and the client would wait for a timeout).
+func TestTrafficICMPPortUnreachable(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	var farms []*model.Farm
+	vips := map[model.Mode]netip.AddrPort{}
+	for i, mode := range []model.Mode{model.ModeDNAT, model.ModeSNAT} {
+		vip := netip.AddrPortFrom(testutil.VIP4(40+i), 53)
+		vips[mode] = vip
+		farms = append(farms, farm(t, "closed-"+mode.String(), vip.Addr().String(), 53, model.ProtoUDP, mode, model.SchedRR, backendsOf(topo, 8099)...))
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	for mode, vip := range vips {
+		err := testutil.Do(topo.Client.NS, func() error {
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(vip))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte("hello\n")); err != nil {
+				return err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(make([]byte, 64))
+			return err
+		})
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			st, _ := p.Stats()
+			t.Errorf("%s: read from a VIP whose backends have no server: %v, want connection refused (counters %v)", mode, err, st)
+		}
+	}
+	if st, _ := p.Stats(); st["icmp_nat"] < 2 {
+		t.Errorf("icmp_nat = %d, want 2", st["icmp_nat"])
+	}
+}
+
+// TestTrafficDSR: direct server return. The backends hold the VIP on
+// loopback and answer the client themselves (their route to the client
+// passes the LB's stack, not the program); the LB only rewrites MACs.
+func TestTrafficDSR(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3})
+	vip := netip.AddrPortFrom(testutil.VIP4(60), 80)
+	for i, b := range topo.Backends {
+		err := testutil.Do(b.NS, func() error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			return netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: vip.Addr().AsSlice(), Mask: net.CIDRMask(32, 32)}})
+		})
+		if err != nil {
+			t.Fatalf("VIP on the loopback of backend %d: %v", i, err)
+		}
+		testutil.StartTCPServer(t, b.NS, vip, fmt.Sprintf("be%d", i))
+	}
+	p := newPlane(t, topo.LB.NS, mountBPFFS(t), nil, 16384)
+	var bes []string
+	for _, b := range topo.Backends {
+		bes = append(bes, netip.AddrPortFrom(b.IPv4, 0).String())
+	}
+	f := farm(t, "dsr", vip.Addr().String(), 80, model.ProtoTCP, model.ModeDSR, model.SchedRR, bes...)
+	if err := p.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	counts := ask(t, n, func() (string, error) { return testutil.AskTCP(topo.Client.NS, vip) }, topo.Client.IPv4)
+	checkSpread(t, counts, n, 3)
+	if st, _ := p.Stats(); st["ct_reply"] != 0 {
+		t.Errorf("dsr replies went through the program: %v", st)
+	}
+}
+
+// TestTrafficStateless: stlsdnat with real TCP (hash over the client's
+// address and port: each connection stays on one backend) and UDP (rr per
+// packet), no conntrack entries made.
+func TestTrafficStateless(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	tcpVIP := netip.AddrPortFrom(testutil.VIP4(70), 80)
+	udpVIP := netip.AddrPortFrom(testutil.VIP4(71), 53)
+	tcpFarm := farm(t, "stl-tcp", tcpVIP.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedHash, backendsOf(topo, 8080)...)
+	tcpFarm.SchedParam = model.KeySrcIP | model.KeySrcPort
+	tcpFarm.Mode = model.ModeStlsDNAT
+	udpFarm := farm(t, "stl-udp", udpVIP.Addr().String(), 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR, backendsOf(topo, 8053)...)
+	udpFarm.Mode = model.ModeStlsDNAT
+	for _, f := range []*model.Farm{tcpFarm, udpFarm} {
+		if err := check(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Reconcile(context.Background(), []*model.Farm{tcpFarm, udpFarm}); err != nil {
+		t.Fatal(err)
+	}
+	counts := ask(t, 30, func() (string, error) { return testutil.AskTCP(topo.Client.NS, tcpVIP) }, topo.Client.IPv4)
+	if len(counts) != 3 {
+		t.Errorf("30 stlsdnat connections reached %v, want all 3 backends", counts)
+	}
+	counts = ask(t, 30, func() (string, error) { return testutil.AskUDP(topo.Client.NS, udpVIP) }, topo.Client.IPv4)
+	checkSpread(t, counts, 30, 3)
+	if n := countMap(t, p).ct; n != 0 {
+		t.Errorf("stlsdnat traffic made %d conntrack entries", n)
 	}
 }

@@ -22,6 +22,14 @@ type xlbBackend struct {
 	Flags  uint8
 }
 
+type xlbBeIndexKey struct {
+	_    structs.HostLayout
+	Svc  uint32
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
+}
+
 type xlbCtKey struct {
 	_      structs.HostLayout
 	Src    [4]uint32
@@ -40,8 +48,9 @@ type xlbCtVal struct {
 	Sport   uint16
 	Dport   uint16
 	Dir     uint8
-	Flags   uint8
-	Pad     uint16
+	State   uint8
+	Mode    uint8
+	Pad     uint8
 	Svc     uint32
 	Backend uint32
 	Seen    uint64
@@ -50,10 +59,48 @@ type xlbCtVal struct {
 	Dmac    [6]uint8
 }
 
+type xlbPersistKey struct {
+	_     structs.HostLayout
+	Svc   xlbSvcKey
+	Src   [4]uint32
+	Sport uint16
+	Pad   uint16
+}
+
+type xlbPersistVal struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
+	Pad2 uint32
+	Seen uint64
+}
+
+type xlbScratch struct {
+	_  structs.HostLayout
+	Rk xlbCtKey
+	Rv xlbCtVal
+}
+
 type xlbSlotKey struct {
 	_   structs.HostLayout
 	Svc uint32
 	Idx uint32
+}
+
+type xlbStlKey struct {
+	_      structs.HostLayout
+	Addr   [4]uint32
+	Port   uint16
+	Proto  uint8
+	Family uint8
+}
+
+type xlbStlVal struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+	Port uint16
+	Pad  uint16
 }
 
 type xlbSvcKey struct {
@@ -65,26 +112,37 @@ type xlbSvcKey struct {
 }
 
 type xlbSvcVal struct {
-	_        structs.HostLayout
-	Id       uint32
-	Slots    uint32
-	Mode     uint8
-	Sched    uint8
-	HashKeys uint8
-	Flags    uint8
+	_          structs.HostLayout
+	Id         uint32
+	Slots      uint32
+	Mode       uint8
+	Sched      uint8
+	HashKeys   uint8
+	Persist    uint8
+	PersistTtl uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xlbMapXlbBackends = "xlb_backends"
-	xlbMapXlbCt       = "xlb_ct"
-	xlbMapXlbRr       = "xlb_rr"
-	xlbMapXlbServices = "xlb_services"
-	xlbMapXlbSlots    = "xlb_slots"
-	xlbMapXlbStats    = "xlb_stats"
-	xlbProgXlbIngress = "xlb_ingress"
+	xlbMapXlbBackends     = "xlb_backends"
+	xlbMapXlbBeIndex      = "xlb_be_index"
+	xlbMapXlbCt           = "xlb_ct"
+	xlbMapXlbPersist      = "xlb_persist"
+	xlbMapXlbRr           = "xlb_rr"
+	xlbMapXlbScratch      = "xlb_scratch"
+	xlbMapXlbServices     = "xlb_services"
+	xlbMapXlbSlots        = "xlb_slots"
+	xlbMapXlbStateless    = "xlb_stateless"
+	xlbMapXlbStats        = "xlb_stats"
+	xlbProgXlbIngress     = "xlb_ingress"
+	xlbVarXlbCtRefreshNs  = "xlb_ct_refresh_ns"
+	xlbVarXlbTimeoutClose = "xlb_timeout_close"
+	xlbVarXlbTimeoutFin   = "xlb_timeout_fin"
+	xlbVarXlbTimeoutSyn   = "xlb_timeout_syn"
+	xlbVarXlbTimeoutTcp   = "xlb_timeout_tcp"
+	xlbVarXlbTimeoutUdp   = "xlb_timeout_udp"
 )
 
 // loadXlb returns the embedded CollectionSpec for xlb.
@@ -136,18 +194,28 @@ type xlbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbMapSpecs struct {
-	XlbBackends *ebpf.MapSpec `ebpf:"xlb_backends"`
-	XlbCt       *ebpf.MapSpec `ebpf:"xlb_ct"`
-	XlbRr       *ebpf.MapSpec `ebpf:"xlb_rr"`
-	XlbServices *ebpf.MapSpec `ebpf:"xlb_services"`
-	XlbSlots    *ebpf.MapSpec `ebpf:"xlb_slots"`
-	XlbStats    *ebpf.MapSpec `ebpf:"xlb_stats"`
+	XlbBackends  *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
+	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
+	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
+	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
+	XlbScratch   *ebpf.MapSpec `ebpf:"xlb_scratch"`
+	XlbServices  *ebpf.MapSpec `ebpf:"xlb_services"`
+	XlbSlots     *ebpf.MapSpec `ebpf:"xlb_slots"`
+	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
+	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
 }
 
 // xlbVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbVariableSpecs struct {
+	XlbCtRefreshNs  *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
+	XlbTimeoutClose *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin   *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn   *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp   *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp   *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
 }
 
 // xlbObjects contains all objects after they have been loaded into the kernel.
@@ -170,21 +238,29 @@ func (o *xlbObjects) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbMaps struct {
-	XlbBackends *ebpf.Map `ebpf:"xlb_backends"`
-	XlbCt       *ebpf.Map `ebpf:"xlb_ct"`
-	XlbRr       *ebpf.Map `ebpf:"xlb_rr"`
-	XlbServices *ebpf.Map `ebpf:"xlb_services"`
-	XlbSlots    *ebpf.Map `ebpf:"xlb_slots"`
-	XlbStats    *ebpf.Map `ebpf:"xlb_stats"`
+	XlbBackends  *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
+	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
+	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
+	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
+	XlbScratch   *ebpf.Map `ebpf:"xlb_scratch"`
+	XlbServices  *ebpf.Map `ebpf:"xlb_services"`
+	XlbSlots     *ebpf.Map `ebpf:"xlb_slots"`
+	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
+	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
 }
 
 func (m *xlbMaps) Close() error {
 	return _XlbClose(
 		m.XlbBackends,
+		m.XlbBeIndex,
 		m.XlbCt,
+		m.XlbPersist,
 		m.XlbRr,
+		m.XlbScratch,
 		m.XlbServices,
 		m.XlbSlots,
+		m.XlbStateless,
 		m.XlbStats,
 	)
 }
@@ -193,6 +269,12 @@ func (m *xlbMaps) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbVariables struct {
+	XlbCtRefreshNs  *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
+	XlbTimeoutClose *ebpf.Variable `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin   *ebpf.Variable `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn   *ebpf.Variable `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp   *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp   *ebpf.Variable `ebpf:"xlb_timeout_udp"`
 }
 
 // xlbPrograms contains all programs after they have been loaded into the kernel.

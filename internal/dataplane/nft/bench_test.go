@@ -32,33 +32,43 @@ func benchFarm(i, n int) *model.Farm {
 // iteration sees the same table size.
 func BenchmarkApplyAddFarm100Backends(b *testing.B) {
 	testutil.RequireRoot(b)
-	for _, existing := range []int{0, 1000, 10000} {
-		b.Run(fmt.Sprintf("existing=%d", existing), func(b *testing.B) {
-			_, ns := testutil.NewNetNS(b)
-			p := newPlane(b, ns)
-			ctx := context.Background()
-			const chunk = 500
-			for i := 0; i < existing; i += chunk {
-				var d dataplane.Diff
-				for j := i; j < min(i+chunk, existing); j++ {
-					d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, 1+j%2)})
-				}
-				if err := p.Apply(ctx, d); err != nil {
-					b.Fatalf("setup: %v", err)
-				}
-			}
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				f := benchFarm(existing+1+i%1000, 100)
-				if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: f}}}); err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-			}
-		})
+	for _, shards := range []int{1, DefaultShards} {
+		for _, existing := range []int{0, 1000, 10000} {
+			b.Run(fmt.Sprintf("tables=%d/existing=%d", shards, existing), func(b *testing.B) {
+				benchAddFarm(b, shards, existing)
+			})
+		}
+	}
+}
+
+func benchAddFarm(b *testing.B, shards, existing int) {
+	_, ns := testutil.NewNetNS(b)
+	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Close() })
+	ctx := context.Background()
+	const chunk = 500
+	for i := 0; i < existing; i += chunk {
+		var d dataplane.Diff
+		for j := i; j < min(i+chunk, existing); j++ {
+			d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, 1+j%2)})
+		}
+		if err := p.Apply(ctx, d); err != nil {
+			b.Fatalf("setup: %v", err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		f := benchFarm(existing+1+i%1000, 100)
+		if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: f}}}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
 	}
 }

@@ -22,19 +22,37 @@ const (
 	chainOutput      = "output"
 	chainPostrouting = "postrouting"
 
-	setSvc4   = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
-	setSvc6   = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
-	setMasq4  = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
-	setMasq6  = "masq6"  // same for IPv6
-	setSnat4  = "snat4"  // same key -> source address (farm source-addr)
-	setSnat6  = "snat6"  // same for IPv6
-	farmChain = "f-"     // farm chain: f-<hash>
-	farmMap   = "m-"     // farm backend map: m-<hash>-<generation>
-	hashLen   = 16       // hex digits of the name hash (64 bits)
-	elemChunk = 200      // set elements per netlink message (attributes are < 64 KiB)
-	anyPort   = 0xffff   // last port of "every port"
-	anyProto  = 0xff     // last protocol number of "every protocol"
-	protoNone = uint8(0) // first protocol number of "every protocol"
+	setSvc4     = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
+	setSvc6     = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
+	setMasq4    = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
+	setMasq6    = "masq6"  // same for IPv6
+	setSnat4    = "snat4"  // same key -> source address (farm source-addr)
+	setSnat6    = "snat6"  // same for IPv6
+	setFwm4     = "fwm4"   // meta mark -> goto farm chain (firewall-mark farms, IPv4)
+	setFwm6     = "fwm6"   // same for IPv6
+	setMasqM    = "masqm"  // meta mark: masquerade (snat firewall-mark farms)
+	setSnatM4   = "snatm4" // meta mark -> source address (snat firewall-mark farms with source-addr)
+	setSnatM6   = "snatm6" // same for IPv6
+	setFsvc4    = "fsvc4"  // like svc4, -> goto farm filter chain (farms with filters only)
+	setFsvc6    = "fsvc6"  // same for IPv6
+	setLog4     = "log4"   // like svc4 (ct original keys), -> jump farm log chain (farms with log only)
+	setLog6     = "log6"   // same for IPv6
+	farmLog     = "l-"     // farm log chain: l-<hash>
+	setStls4    = "stls4"  // like svc4: -> goto stateless farm chain (mode stlsdnat)
+	setStls6    = "stls6"  // same for IPv6
+	setStlsR4   = "stlsr4" // backend addr . l4proto . port -> goto the farm's reverse chain
+	setStlsR6   = "stlsr6" // same for IPv6
+	farmRev     = "r-"     // stateless reverse chain: r-<hash>
+	chainRaw    = "raw"    // filter hook prerouting priority raw: stateless farms
+	chainFilter = "filter" // filter hook prerouting, after conntrack: per-farm filters
+	farmFilter  = "g-"     // farm filter chain: g-<hash>
+	farmChain   = "f-"     // farm chain: f-<hash>
+	farmMap     = "m-"     // farm backend map: m-<hash>-<generation>
+	hashLen     = 16       // hex digits of the name hash (64 bits)
+	elemChunk   = 200      // set elements per netlink message (attributes are < 64 KiB)
+	anyPort     = 0xffff   // last port of "every port"
+	anyProto    = 0xff     // last protocol number of "every protocol"
+	protoNone   = uint8(0) // first protocol number of "every protocol"
 )
 
 // Registers. Concatenations are laid out from NFT_REG_1 (the 32-bit
@@ -95,6 +113,19 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		set(setMasq6, typeSvc6),
 		snat(setSnat4, typeSvc4, nftables.TypeIPAddr),
 		snat(setSnat6, typeSvc6, nftables.TypeIP6Addr),
+		svc(setFsvc4, typeSvc4),
+		svc(setFsvc6, typeSvc6),
+		{Table: t, Name: setFwm4, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setFwm6, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setMasqM, KeyType: nftables.TypeMark, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setSnatM4, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeIPAddr, KeyByteOrder: binaryutil.NativeEndian},
+		{Table: t, Name: setSnatM6, IsMap: true, KeyType: nftables.TypeMark, DataType: nftables.TypeIP6Addr, KeyByteOrder: binaryutil.NativeEndian},
+		svc(setLog4, typeSvc4),
+		svc(setLog6, typeSvc6),
+		svc(setStls4, typeSvc4),
+		svc(setStls6, typeSvc6),
+		svc(setStlsR4, typeSvc4),
+		svc(setStlsR6, typeSvc6),
 	}
 }
 
@@ -117,11 +148,37 @@ func addrWords(v6 bool) uint32 {
 	return 1
 }
 
-// svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 form).
-func svcRule(v6 bool) []expr.Any {
-	off, alen, set := uint32(16), uint32(4), setSvc4
+// fwmRule: meta nfproto ipv4 meta mark vmap @fwm4 (or the ipv6 form).
+func fwmRule(v6 bool) []expr.Any {
+	return append(nfproto(v6),
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setFwm4, setFwm6), IsDestRegSet: true, DestRegister: regVerdict},
+	)
+}
+
+// revRule: ip saddr . meta l4proto . th sport vmap @stlsr4 (or the ip6 form).
+func revRule(v6 bool) []expr.Any {
+	off, alen := uint32(12), uint32(4)
 	if v6 {
-		off, alen, set = 24, 16, setSvc6
+		off, alen = 8, 16
+	}
+	w := addrWords(v6)
+	return append(nfproto(v6),
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
+		&expr.Payload{DestRegister: reg32 + w + 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+		&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setStlsR4, setStlsR6), IsDestRegSet: true, DestRegister: regVerdict},
+	)
+}
+
+// svcRule: ip daddr . meta l4proto . th dport vmap @svc4 (or the ip6 form).
+func svcRule(v6 bool) []expr.Any { return vmapRule(v6, pick(v6, setSvc4, setSvc6)) }
+
+// vmapRule: ip daddr . meta l4proto . th dport vmap @set (or the ip6 form).
+func vmapRule(v6 bool, set string) []expr.Any {
+	off, alen := uint32(16), uint32(4)
+	if v6 {
+		off, alen = 24, 16
 	}
 	w := addrWords(v6)
 	return append(nfproto(v6),
@@ -144,18 +201,22 @@ type elem struct {
 	Key, KeyEnd []byte
 	Val         []byte // map data (snat source address)
 	Chain       string // verdict map: goto this chain
+	Jump        bool   // jump to Chain instead of goto
 }
 
 func (e elem) id() string { return string(e.Key) + "\x00" + string(e.KeyEnd) }
 
 func (e elem) same(o elem) bool {
-	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain
+	return e.id() == o.id() && string(e.Val) == string(o.Val) && e.Chain == o.Chain && e.Jump == o.Jump
 }
 
 func (e elem) setElement() nftables.SetElement {
 	se := nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd, Val: e.Val}
 	if e.Chain != "" {
 		se.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Chain}
+		if e.Jump {
+			se.VerdictData.Kind = expr.VerdictJump
+		}
 	}
 	return se
 }
@@ -216,10 +277,55 @@ type farmPlan struct {
 	post   []elem // in masq4/6 (no Val) or snat4/6 (Val)
 	active []model.Backend
 	port   uint16 // substitute for backend port 0 when kind is kindAddrPort
+	// fchain is the farm's filter chain ("" when it needs none) and
+	// filt its elements in fsvc4/fsvc6.
+	fchain string
+	filt   []elem
+	// mark: a firewall-mark farm (svc and post are keyed by the mark).
+	mark bool
+	// marks: some serving backend has a mark. ids: backends are named
+	// by id through the ct mark (persistence or marks; see persist.go).
+	marks, ids bool
+	// limits: backend est-connlimit -> ids of the serving backends with
+	// it; lsets are the kernel sets built for them (see limits.go).
+	limits map[uint32][]uint32
+	lsets  []limitSets
+	// stls: mode stlsdnat (svc elements in stls4/6, reverse chain rchain
+	// with elements rev in stlsr4/6).
+	stls     bool
+	stlsPort uint16 // the backends' common port (0: keep the client's)
+	rchain   string
+	rev      []elem
+	// lchain is the farm's log chain ("" without log) and logs its
+	// elements in log4/log6 (jump).
+	lchain string
+	logs   []elem
+	// helper names the farm's ct helper object ("" without a helper).
+	helper string
+	// persist names the persistence map ("" without persistence or
+	// without serving backends); see persist.go.
+	persist string
 }
 
-func (p *farmPlan) svcSet() string { return pick(p.v6, setSvc4, setSvc6) }
+func (p *farmPlan) svcSet() string {
+	if p.stls {
+		return pick(p.v6, setStls4, setStls6)
+	}
+	if p.mark {
+		return pick(p.v6, setFwm4, setFwm6)
+	}
+	return pick(p.v6, setSvc4, setSvc6)
+}
+func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
+func (p *farmPlan) logSet() string  { return pick(p.v6, setLog4, setLog6) }
+func (p *farmPlan) revSet() string  { return pick(p.v6, setStlsR4, setStlsR6) }
 func (p *farmPlan) postSet() string {
+	if p.mark {
+		if len(p.post) > 0 && p.post[0].Val != nil {
+			return pick(p.v6, setSnatM4, setSnatM6)
+		}
+		return setMasqM
+	}
 	return postSetName(p.v6, len(p.post) > 0 && p.post[0].Val != nil)
 }
 
@@ -245,7 +351,39 @@ func plan(f *model.Farm) *farmPlan {
 		return nil
 	}
 	p := &farmPlan{name: f.Name, v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}
+	if f.IsMarkFarm() {
+		p.mark, p.v6 = true, f.Family == model.FamilyIPv6
+		key := binaryutil.NativeEndian.PutUint32(f.Mark)
+		p.svc = []elem{{Key: key, Chain: p.chain}}
+		if f.Mode == model.ModeSNAT {
+			p.post = []elem{{Key: key}}
+			if f.SourceAddr.IsValid() {
+				p.post[0].Val = f.SourceAddr.AsSlice()
+			}
+		}
+		return p.backends(f)
+	}
 	p.svc = svcElems(f, p.chain, nil)
+	if f.Mode == model.ModeStlsDNAT {
+		p.stls = true
+		p.rchain = farmRev + nameHash(f.Name)
+		p.rev = revElems(f, p.rchain)
+		return p.backends(f)
+	}
+	if f.Helper != model.HelperNone {
+		p.helper = helperObjName(f)
+	}
+	if f.Log != 0 {
+		p.lchain = farmLog + nameHash(f.Name)
+		p.logs = svcElems(f, p.lchain, nil)
+		for i := range p.logs {
+			p.logs[i].Jump = true
+		}
+	}
+	if len(filterRules(f, p.helper)) > 0 {
+		p.fchain = farmFilter + nameHash(f.Name)
+		p.filt = svcElems(f, p.fchain, nil)
+	}
 	if f.Mode == model.ModeSNAT {
 		if f.SourceAddr.IsValid() {
 			p.post = svcElems(f, "", f.SourceAddr.AsSlice())
@@ -253,6 +391,11 @@ func plan(f *model.Farm) *farmPlan {
 			p.post = svcElems(f, "", nil)
 		}
 	}
+	return p.backends(f)
+}
+
+// backends fills in the serving backends and the backend map's shape.
+func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	p.active = f.ActiveBackends()
 	if len(p.active) == 0 {
 		return p
@@ -266,6 +409,30 @@ func plan(f *model.Farm) *farmPlan {
 	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
 		p.port = f.VirtualPorts[0].First
 	}
+	if p.stls && p.kind == kindAddrPort {
+		// Check makes every backend of a stateless farm share a port:
+		// the map holds addresses and the port is a constant, so nft
+		// can list the rewrite.
+		p.kind = kindAddr
+		for _, b := range p.active {
+			p.stlsPort = max(p.stlsPort, b.Port)
+		}
+	}
+	if f.Persistence != 0 && p.kind != kindNone {
+		p.persist = persistName(f)
+	}
+	for _, b := range p.active {
+		p.marks = p.marks || b.Mark != 0
+	}
+	for _, b := range p.active {
+		if b.EstConnLimit != 0 {
+			if p.limits == nil {
+				p.limits = map[uint32][]uint32{}
+			}
+			p.limits[b.EstConnLimit] = append(p.limits[b.EstConnLimit], backendID(b))
+		}
+	}
+	p.ids = p.persist != "" || p.marks || len(p.limits) > 0
 	return p
 }
 
@@ -279,13 +446,20 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 		s.Interval = true
 		s.KeyByteOrder = binaryutil.BigEndian
 	}
-	switch {
-	case p.kind == kindAddr:
-		s.DataType = pick(p.v6, nftables.TypeIPAddr, nftables.TypeIP6Addr)
-	default:
-		s.DataType = pick(p.v6, typeDst4, typeDst6)
+	s.DataType = p.dataType()
+	if p.ids {
+		s.DataType = nftables.TypeMark // backend id, see persist.go
 	}
 	return s
+}
+
+// slotData is a slot's data in the backend map: the backend, or its id in
+// farms with persistence or backend marks.
+func (p *farmPlan) slotData(b model.Backend) []byte {
+	if p.ids {
+		return binaryutil.NativeEndian.PutUint32(backendID(b))
+	}
+	return p.backendData(b)
 }
 
 func (p *farmPlan) backendData(b model.Backend) []byte {
@@ -304,9 +478,16 @@ func (p *farmPlan) backendData(b model.Backend) []byte {
 // scheduling expression.
 func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	var out []nftables.SetElement
+	if f.Scheduler == model.SchedMaglev {
+		table := maglevTable(p.active, len(f.Backends))
+		for i, bi := range table {
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(p.active[bi])})
+		}
+		return out, uint32(len(table))
+	}
 	if f.Scheduler != model.SchedWeight {
 		for i, b := range p.active {
-			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.backendData(b)})
+			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(b)})
 		}
 		return out, uint32(len(p.active))
 	}
@@ -316,48 +497,72 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	var total uint32
 	for _, b := range p.active {
 		out = append(out,
-			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.backendData(b)},
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.slotData(b)},
 			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + b.Weight), IntervalEnd: true})
 		total += b.Weight
 	}
 	return out, total
 }
 
-// hashLoads loads the farm's hash keys into consecutive registers from
-// NFT_REG_1 and returns the expressions and the number of bytes loaded.
-func hashLoads(f *model.Farm, v6 bool) ([]expr.Any, uint32) {
-	var out []expr.Any
-	reg := uint32(reg32)
-	alen, saddr, daddr := uint32(4), uint32(12), uint32(16)
-	if v6 {
-		alen, saddr, daddr = 16, 8, 24
-	}
-	load := func(base expr.PayloadBase, off, n uint32) {
-		out = append(out, &expr.Payload{DestRegister: reg, Base: base, Offset: off, Len: n})
-		reg += (n + 3) / 4
-	}
-	k := f.SchedParam
-	if k&model.KeySrcIP != 0 {
-		load(expr.PayloadBaseNetworkHeader, saddr, alen)
-	}
-	if k&model.KeyDstIP != 0 {
-		load(expr.PayloadBaseNetworkHeader, daddr, alen)
-	}
-	if k&model.KeySrcPort != 0 {
-		load(expr.PayloadBaseTransportHeader, 0, 2)
-	}
-	if k&model.KeyDstPort != 0 {
-		load(expr.PayloadBaseTransportHeader, 2, 2)
-	}
-	return out, (reg - reg32) * 4
-}
+// connlimitOver is NFT_CONNLIMIT_F_INV: "ct count over N".
+const connlimitOver = 1
 
-// farmRules returns the rules of a farm's chain.
-func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32) [][]expr.Any {
+// farmRules returns the rules of a farm's chain. pset and aset are the
+// persistence map and the active map (nil without persistence).
+func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32, pset, aset *nftables.Set) [][]expr.Any {
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	if p.kind == kindNone {
 		return [][]expr.Any{drop}
 	}
+	if p.stls {
+		r, _ := p.schedRule(f, f.SchedParam, mapName, mapID, modulus)
+		return [][]expr.Any{p.stlsForward(f, r[:len(r)-2]), drop}
+	}
+	var pre [][]expr.Any
+	if p.mark && f.Protocol != model.ProtoAll {
+		// A mark selects packets of any protocol: others go on to the
+		// VIP farms.
+		pre = append(pre, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{f.Protocol.Number()}},
+			&expr.Verdict{Kind: expr.VerdictReturn}})
+	}
+	if f.NewRTLimit != 0 {
+		// The nat chain sees only the first packet of a connection, so
+		// this limits new connections.
+		pre = append(pre, []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.NewRTLimit), Unit: expr.LimitTimeSecond, Burst: f.NewRTBurst, Over: true},
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
+	}
+	if f.EstConnLimit != 0 {
+		pre = append(pre, []expr.Any{
+			&expr.Connlimit{Count: f.EstConnLimit, Flags: connlimitOver},
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
+	}
+	r, n := p.schedRule(f, f.SchedParam, mapName, mapID, modulus)
+	var rules [][]expr.Any
+	switch {
+	case pset != nil:
+		rules = p.persistRules(f, r, n, pset, aset)
+	case aset != nil:
+		rules = p.markRules(r, n, aset)
+		if len(p.lsets) > 0 {
+			rules = p.limitRules(r, n, aset)
+		}
+	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0 && f.SchedParam != model.KeySrcMAC:
+		// Packets without a link-layer header (local clients) hash the
+		// other keys.
+		r2, _ := p.schedRule(f, f.SchedParam&^model.KeySrcMAC, mapName, mapID, modulus)
+		rules = [][]expr.Any{r, r2}
+	default:
+		rules = [][]expr.Any{r}
+	}
+	return append(append(pre, rules...), drop)
+}
+
+// schedRule returns the rule that picks a backend (hash keys for the hash
+// scheduler) and dnats to it, and its nat expression.
+func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, mapID uint32, modulus uint32) ([]expr.Any, *expr.NAT) {
 	var r []expr.Any
 	switch f.Scheduler {
 	case model.SchedRR:
@@ -367,14 +572,19 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 			&expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus},
 			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		)
-	case model.SchedHash:
-		loads, n := hashLoads(f, p.v6)
+	case model.SchedHash, model.SchedMaglev:
+		if f.Scheduler == model.SchedMaglev {
+			keys = maglevKeys(f)
+		}
+		loads, _, n := keyLoads(keys, p.v6, reg32)
 		// The family match is implied by the service map, but lets nft
 		// list the loads as ip saddr/ip6 saddr instead of raw offsets.
 		r = append(r, nfproto(p.v6)...)
 		r = append(r, loads...)
 		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
 			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
+	case model.SchedSymhash:
+		r = append(r, &expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym})
 	}
 	n := &expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(p.v6), RegAddrMin: reg1}
 	if p.kind == kindAddrPort {
@@ -387,5 +597,146 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	)
 	// A lookup miss cannot happen (slots cover the modulus), but if it
 	// did the packet must not reach local sockets: drop.
-	return [][]expr.Any{r, drop}
+	return r, n
+}
+
+// filterRules returns the rules of a farm's filter chain: what must see
+// every packet of the farm's connections from clients, not only the first
+// (the nat chains see only that one).
+//
+//	ct state invalid counter drop                                        (tcp-strict)
+//	tcp flags & rst == rst limit rate over N/second burst B counter drop (rst-rtlimit)
+//	ct helper set "h-<hash>-<helper>-<proto>"                            (helper)
+//
+// helper is the name of the farm's ct helper object.
+func filterRules(f *model.Farm, helper string) [][]expr.Any {
+	var out [][]expr.Any
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	if f.TCPStrict {
+		out = append(out, append([]expr.Any{
+			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitINVALID), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+		}, drop...))
+	}
+	if f.RstRTLimit != 0 {
+		out = append(out, append([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0}},
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.RstRTLimit), Unit: expr.LimitTimeSecond, Burst: f.RstRTBurst, Over: true},
+		}, drop...))
+	}
+	if helper != "" {
+		out = append(out, []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_CT_HELPER, Name: helper}})
+	}
+	return out
+}
+
+// logPrefix is the prefix of a farm's log lines: the farm's log-prefix,
+// then "xlb farm=<name> ". The logged packet is the connection's first,
+// after dnat: its destination is the backend chosen.
+func logPrefix(f *model.Farm) string {
+	p := "xlb farm=" + f.Name + " "
+	if f.LogPrefix != "" {
+		p = f.LogPrefix + " " + p
+	}
+	return p
+}
+
+// logRules returns the rules of a farm's log chain, reached from the
+// postrouting chain (nat: the first packet of each new connection, after
+// the backend was chosen): `log prefix "..." [group N]`, then back.
+func logRules(f *model.Farm, group uint16) [][]expr.Any {
+	l := &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(logPrefix(f))}
+	if group != 0 {
+		l.Key |= 1 << unix.NFTA_LOG_GROUP
+		l.Group = group
+	}
+	return [][]expr.Any{{l}}
+}
+
+// Mode stlsdnat: stateless DNAT both ways, before conntrack. The raw chain
+// (prerouting, priority raw) sends a client's packet for the VIP to the
+// farm's chain, which marks it untracked, picks a backend per packet (so
+// only hash schedulers: hash, symhash, maglev) and rewrites destination
+// address and port (checksums fixed up); the kernel then routes it to the
+// backend. A backend's reply (source backend . protocol . port, in
+// stlsr4/6) goes to the farm's reverse chain, which marks it untracked and
+// rewrites its source back to the VIP and virtual port. Backends must route
+// replies through the LB (as in dnat mode). Nothing is kept per connection.
+
+// revElems are the reverse keys: each backend . protocol . its port (or
+// the virtual ports when it keeps the client's port).
+func revElems(f *model.Farm, chain string) []elem {
+	var out []elem
+	seen := map[string]bool{}
+	for _, b := range f.Backends {
+		ports := []model.PortRange{{First: b.Port, Last: b.Port}}
+		if b.Port == 0 {
+			ports = f.VirtualPorts
+		}
+		for _, r := range ports {
+			e := elem{Key: pad4(svcKey(b.Addr, f.Protocol.Number(), r.First)), KeyEnd: pad4(svcKey(b.Addr, f.Protocol.Number(), r.Last)), Chain: chain}
+			if !seen[e.id()] {
+				seen[e.id()] = true
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}
+
+// l4csum is the offset of the transport checksum.
+func l4csum(p model.Protocol) uint32 {
+	if p == model.ProtoUDP {
+		return 6
+	}
+	return 16
+}
+
+// writeAddrPort rewrites the destination (or source) address from reg1
+// and, when port is not 0, the port to it, fixing the IP and transport
+// checksums.
+func writeAddrPort(v6 bool, proto model.Protocol, src bool, port uint16) []expr.Any {
+	off := pick(v6, uint32(16), 24)
+	poff := uint32(2)
+	if src {
+		off, poff = pick(v6, uint32(12), 8), 0
+	}
+	// IPv4 only: google/nftables v0.3.0 sends the pseudo-header flag
+	// only with a checksum type, and IPv6 has no header checksum (Check
+	// refuses IPv6 stlsdnat farms).
+	a := &expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1, Base: expr.PayloadBaseNetworkHeader,
+		Offset: off, Len: pick(v6, uint32(4), 16), CsumType: expr.CsumTypeInet, CsumOffset: 10, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR}
+	out := []expr.Any{a}
+	if port != 0 {
+		out = append(out,
+			&expr.Immediate{Register: reg1, Data: binary.BigEndian.AppendUint16(nil, port)},
+			&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1,
+				Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2, CsumType: expr.CsumTypeInet, CsumOffset: l4csum(proto)})
+	}
+	return out
+}
+
+// stlsForward: notrack; <scheduler> map @m -> backend; rewrite; accept.
+func (p *farmPlan) stlsForward(f *model.Farm, head []expr.Any) []expr.Any {
+	r := append([]expr.Any{&expr.Notrack{}}, head...)
+	r = append(r, writeAddrPort(p.v6, f.Protocol, false, p.stlsPort)...)
+	return append(r, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+// stlsReverse: notrack; ip saddr set VIP [th sport set virtual port]; accept.
+func stlsReverse(f *model.Farm, rewritePort bool) [][]expr.Any {
+	v6 := f.VirtualAddr.Is6()
+	r := append(nfproto(v6), &expr.Notrack{}, &expr.Immediate{Register: reg1, Data: f.VirtualAddr.AsSlice()})
+	var port uint16
+	if rewritePort {
+		port = f.VirtualPorts[0].First
+	}
+	r = append(r, writeAddrPort(v6, f.Protocol, true, port)...)
+	return [][]expr.Any{append(r, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept})}
 }

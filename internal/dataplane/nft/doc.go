@@ -1,11 +1,27 @@
-// Package nft is xlb's nftables data plane. It programs the kernel over
+// Package nft is xlb's nftables data plane. docs/dataplane-nft.md describes
+// every object and each mode's requirements; persist.go, helper.go,
+// maglev.go and filterRules (build.go) describe persistence, helpers,
+// Maglev and the per-farm filter chains. It programs the kernel over
 // netlink only (google/nftables), one batch per change, so every Apply and
 // Reconcile is atomic in the kernel. The nft binary is never run here; tests
 // use `nft list` as an oracle.
 //
+// # Tables
+//
+// The daemon spreads farms over 32 tables, inet xlb-00 ... xlb-1f (Sharded,
+// --nft-tables), each a complete copy of the ruleset below holding the
+// farms whose name hashes to it; a change is still one netlink batch over
+// all of them. The kernel's cost of a commit grows with the tables it
+// touches (set lookups by name walk a list; every chain reachable from a
+// table's base chains is re-validated when a NAT rule or goto is added), so
+// a change pays for about 1/32 of the farms: adding a farm with 100
+// backends next to 10,000 farms took 32 ms in one table and 1.3 ms over 32
+// tables (BenchmarkApplyAddFarm100Backends). xlb never touches a table it
+// does not own.
+//
 // # Ruleset
 //
-// xlb owns one table, inet xlb (Options.Table), and never touches another:
+// Each of xlb's tables (one, inet xlb, when not sharded):
 //
 //	table inet xlb {
 //	  map svc4  { type ipv4_addr . inet_proto . inet_service : verdict; flags interval; }

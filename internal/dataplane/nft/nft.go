@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
@@ -37,8 +39,15 @@ type Options struct {
 	// means the current one. The handle must stay open while the Plane
 	// is in use.
 	NetNS netns.NsHandle
-	// Table is the name of the inet table xlb owns (default "xlb").
+	// Table is the name of the inet table xlb owns (default "xlb"). With
+	// Shards > 1 it is the prefix of the tables: xlb-00, xlb-01, ...
 	Table string
+	// Shards spreads farms over this many tables (Open; at most 256).
+	// 0 or 1: one table. See Sharded for why.
+	Shards int
+	// LogGroup, when not 0, sends the log lines of farms with "log" to
+	// this NFLOG group instead of the kernel log.
+	LogGroup uint16
 }
 
 // Plane is the nftables data plane. It owns one inet table and never
@@ -55,12 +64,68 @@ type Plane struct {
 	farms  map[string]*farmState // what the kernel holds, by farm name
 	gen    uint64                // generation of backend maps (unique names)
 	setID  uint32
+
+	// shared is set when this Plane is one table of a Sharded plane: the
+	// netlink connection belongs to the Sharded plane, which redials it.
+	shared *Sharded
+
+	// hooks says which per-packet base chains the table has (see
+	// hookState); only Apply and Reconcile change it.
+	hooks hookState
+}
+
+// hookState is which of the table's per-packet base chains exist. The NAT
+// chains see only a connection's first packet, but the raw (stateless
+// farms) and filter (per-farm filters) chains see every packet, so a table
+// has them only while one of its farms needs them: with farms spread over
+// many tables, idle ones would otherwise cost every packet a few lookups
+// per table.
+type hookState struct{ raw, filter bool }
+
+// wantHooks returns the base chains the farms of the table need.
+func wantHooks(farms func(yield func(*farmState) bool)) hookState {
+	var h hookState
+	for s := range farms {
+		if s == nil || s.plan == nil {
+			continue
+		}
+		h.raw = h.raw || s.plan.stls
+		h.filter = h.filter || s.plan.fchain != ""
+		if h.raw && h.filter {
+			break
+		}
+	}
+	return h
+}
+
+// pending is what a queued batch will have put in the kernel once flushed.
+type pending struct {
+	farms map[string]*farmState // nil value: the farm is gone
+	hooks hookState
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
 type farmState struct {
 	plan    *farmPlan // nil: the farm is known but not in the kernel (not up)
 	mapName string    // "" when the chain only drops
+}
+
+// sets returns the names of the farm's sets and maps in the kernel.
+func (s *farmState) sets() []string {
+	if s == nil || s.plan == nil || s.mapName == "" {
+		return nil
+	}
+	out := []string{s.mapName}
+	if s.plan.ids {
+		out = append(out, activeName(s.mapName))
+	}
+	if s.plan.persist != "" {
+		out = append(out, s.plan.persist)
+	}
+	for _, l := range s.plan.limitList() {
+		out = append(out, idsName(s.mapName, l), countName(s.plan.name, l))
+	}
+	return out
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -70,6 +135,12 @@ var _ dataplane.Dataplane = (*Plane)(nil)
 // Reconcile for that). It replaces the base chains' rules atomically, so
 // traffic through existing farms keeps flowing.
 func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
+	return newTablePlane(ctx, log, opts, nil)
+}
+
+// newTablePlane is New; with shared, the Plane is one table of a Sharded plane
+// and uses its connection.
+func newTablePlane(ctx context.Context, log *slog.Logger, opts Options, shared *Sharded) (*Plane, error) {
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
@@ -87,7 +158,10 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	for _, s := range staticSets(p.table) {
 		p.static[s.Name] = s
 	}
-	if err := p.dial(); err != nil {
+	if shared != nil {
+		p.shared, p.conn = shared, shared.conn
+		p.setID = shared.nextIDBase()
+	} else if err := p.dial(); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -108,16 +182,25 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 }
 
 func (p *Plane) dial() error {
-	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
-	if p.opts.NetNS.IsOpen() {
-		opts = append(opts, nftables.WithNetNSFd(int(p.opts.NetNS)))
-	}
-	c, err := nftables.New(opts...)
+	c, err := dialNFT(p.opts.NetNS)
 	if err != nil {
-		return fmt.Errorf("connect to nftables: %w", err)
+		return err
 	}
 	p.conn = c
 	return nil
+}
+
+// dialNFT opens a lasting nftables netlink connection in namespace ns.
+func dialNFT(ns netns.NsHandle) (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
+	if ns.IsOpen() {
+		opts = append(opts, nftables.WithNetNSFd(int(ns)))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nftables: %w", err)
+	}
+	return c, nil
 }
 
 // setBuffers raises the socket buffers past the sysctl limits (root only),
@@ -154,6 +237,10 @@ func (p *Plane) Close() error {
 	if p.conn == nil {
 		return nil
 	}
+	if p.shared != nil { // the Sharded plane closes the connection
+		p.conn = nil
+		return nil
+	}
 	err := p.conn.CloseLasting()
 	p.conn = nil
 	return err
@@ -163,53 +250,56 @@ func (p *Plane) Close() error {
 func (p *Plane) Check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
 	switch {
-	case f.IsMarkFarm() || !f.VirtualAddr.IsValid():
-		return no("mark", fmt.Sprint(f.Mark)) // firewall-mark farms
+	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
+		return no("virtual-addr", "")
+	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
+			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
 		return no("family", f.Family.String())
-	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT:
+	case f.Mode == model.ModeDSR:
 		return no("mode", f.Mode.String())
-	case f.Scheduler != model.SchedRR && f.Scheduler != model.SchedWeight && f.Scheduler != model.SchedHash:
-		return no("scheduler", f.Scheduler.String())
-	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0:
-		return no("sched-param", f.SchedParam.String())
-	case f.Persistence != 0:
-		return no("persistence", f.Persistence.String())
-	case f.Helper != model.HelperNone:
-		return no("helper", f.Helper.String())
-	case f.Log != 0:
-		return no("log", f.Log.String())
-	case f.LogPrefix != "":
-		return no("log-prefix", f.LogPrefix)
-	case f.Mark != 0:
+	case f.Mode == model.ModeStlsDNAT && (f.VirtualAddr.Is6() || f.IsMarkFarm()):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
+			Problem: "the " + PlaneName + " data plane does stlsdnat for IPv4 VIP farms only yet"}
+	case f.Mode == model.ModeStlsDNAT && f.Scheduler != model.SchedHash && f.Scheduler != model.SchedSymhash && f.Scheduler != model.SchedMaglev:
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
+			Problem: "mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev"}
+	case f.Mode == model.ModeStlsDNAT && (f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "protocol", Value: f.Protocol.String(),
+			Problem: "mode stlsdnat rewrites ports and checksums of tcp or udp only"}
+	case f.Mode == model.ModeStlsDNAT && (f.NewRTLimit != 0 || f.RstRTLimit != 0 || f.Log != 0 || len(f.Backends) > 0 && stlsPortProblem(f)):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
+			Problem: "stlsdnat farms in the " + PlaneName + " data plane take no new-rtlimit, rst-rtlimit, log, backend marks or backend est-connlimit; all backends need the same port, and a port needs a single virtual port"}
+	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
+			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
+	case f.Mark != 0 && !f.IsMarkFarm():
 		return no("mark", fmt.Sprint(f.Mark))
 	case f.Priority != 1:
 		// Backend priority groups follow model.Farm.ActiveBackends; a farm
 		// priority other than the default has no meaning here yet.
 		return no("priority", fmt.Sprint(f.Priority))
-	case f.NewRTLimit != 0:
-		return no("new-rtlimit", fmt.Sprint(f.NewRTLimit))
-	case f.RstRTLimit != 0:
-		return no("rst-rtlimit", fmt.Sprint(f.RstRTLimit))
-	case f.EstConnLimit != 0:
-		return no("est-connlimit", fmt.Sprint(f.EstConnLimit))
-	case f.TCPStrict:
-		return no("tcp-strict", "true")
 	case len(f.Policies) > 0:
 		return no("policies", f.Policies[0].Name)
 	}
 	var zeroPort, port bool
+	marks := map[uint32]string{}
 	for i := range f.Backends {
 		b := &f.Backends[i]
+		if b.Mark != 0 && marks[b.Mark] == "" {
+			marks[b.Mark] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
 		bno := func(field, value string) error {
 			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: field, Value: value,
 				Problem: "is not implemented by the " + PlaneName + " data plane yet"}
 		}
 		switch {
-		case b.Mark != 0:
-			return bno("mark", fmt.Sprint(b.Mark))
-		case b.EstConnLimit != 0:
-			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit))
+		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
+			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "mark", Value: fmt.Sprint(b.Mark),
+				Problem: "is already the mark of another backend of this farm; in the " + PlaneName + " data plane a backend mark names the backend, so marks must be unique per farm"}
+		case b.EstConnLimit != 0 && f.Persistence != 0:
+			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit)+" with persistence")
 		}
 		zeroPort = zeroPort || b.Port == 0
 		port = port || b.Port != 0
@@ -235,6 +325,17 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		return errors.New("nft data plane is closed")
 	}
 	b := p.newBatch()
+	pd := p.queue(b, d)
+	if err := b.flush(); err != nil {
+		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
+	}
+	p.commit(pd)
+	return nil
+}
+
+// queue adds the messages of d to batch b (nothing is sent) and returns the
+// farms' states to commit once the batch is in the kernel.
+func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
 	next := map[string]*farmState{}
 	cur := func(name string) *farmState {
 		if s, ok := next[name]; ok {
@@ -260,17 +361,32 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		}
 		next[name] = b.putFarm(old, c.New)
 	}
-	if err := b.flush(); err != nil {
-		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
-	}
-	for name, s := range next {
+	want := wantHooks(func(yield func(*farmState) bool) {
+		for _, s := range next {
+			if !yield(s) {
+				return
+			}
+		}
+		for name, s := range p.farms {
+			if _, changed := next[name]; !changed && !yield(s) {
+				return
+			}
+		}
+	})
+	b.syncHooks(p.hooks, want)
+	return &pending{farms: next, hooks: want}
+}
+
+// commit records what a queued batch put in the kernel.
+func (p *Plane) commit(pd *pending) {
+	for name, s := range pd.farms {
 		if s == nil {
 			delete(p.farms, name)
 		} else {
 			p.farms[name] = s
 		}
 	}
-	return nil
+	p.hooks = pd.hooks
 }
 
 // Reconcile implements dataplane.Dataplane. It reads xlb's table from the
@@ -300,7 +416,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		wantElems[s.Name] = map[string]elem{}
 	}
 	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true}
-	keepSets := map[string]bool{}
+	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
 	}
@@ -314,8 +430,22 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			continue
 		}
 		keepChains[pl.chain] = true
+		if pl.helper != "" {
+			keepHelpers[pl.helper] = true
+		}
+		for _, x := range auxes {
+			if name := x.chain(pl); name != "" {
+				keepChains[name] = true
+				b.buildAux(x, pl, f, k.chains[name])
+				for _, e := range x.elems(pl) {
+					wantElems[x.set(pl)][e.id()] = e
+				}
+			}
+		}
 		s := b.buildFarm(pl, f, k.chains[pl.chain])
-		keepSets[s.mapName] = true
+		for _, name := range s.sets() {
+			keepSets[name] = true
+		}
 		next[f.Name] = s
 		for _, e := range pl.svc {
 			wantElems[pl.svcSet()][e.id()] = e
@@ -323,6 +453,22 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		for _, e := range pl.post {
 			wantElems[pl.postSet()][e.id()] = e
 		}
+	}
+	// Per-packet base chains: (re)made if a farm needs them, else strays.
+	hooks := wantHooks(func(yield func(*farmState) bool) {
+		for _, s := range next {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+	if hooks.raw {
+		keepChains[chainRaw] = true
+		b.addHook(chainRaw)
+	}
+	if hooks.filter {
+		keepChains[chainFilter] = true
+		b.addHook(chainFilter)
 	}
 	// Service and snat elements: remove what is wrong, add what is missing.
 	for name, want := range wantElems {
@@ -357,22 +503,30 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			b.c.DelSet(&nftables.Set{Table: p.table, Name: name})
 		}
 	}
+	for _, name := range k.helpers {
+		if !keepHelpers[name] {
+			b.c.DeleteObject(&nftables.NamedObj{Table: p.table, Name: name, Type: nftables.ObjTypeCtHelper})
+		}
+	}
 	if err := b.flush(); err != nil {
 		return fmt.Errorf("reconcile %d farms: %w", len(farms), err)
 	}
 	p.farms = next
+	p.hooks = hooks
 	if err := p.programPostrouting(); err != nil {
 		return fmt.Errorf("reconcile postrouting chain: %w", err)
 	}
+
 	p.log.Debug("nft reconciled", "farms", len(farms), "stray_chains", len(strayChains))
 	return nil
 }
 
 // kernelState is what Reconcile read from xlb's table.
 type kernelState struct {
-	chains map[string]bool
-	sets   []string
-	elems  map[string]map[string]elem // static set -> id -> element
+	chains  map[string]bool
+	sets    []string
+	helpers []string                   // ct helper objects
+	elems   map[string]map[string]elem // static set -> id -> element
 }
 
 func (p *Plane) readKernel() (*kernelState, error) {
@@ -399,6 +553,11 @@ func (p *Plane) readKernel() (*kernelState, error) {
 			k.chains[c.Name] = true
 		}
 	}
+	helpers, err := p.listHelperObjects()
+	if err != nil {
+		return nil, fmt.Errorf("list objects: %w", err)
+	}
+	k.helpers = helpers
 	sets, err := p.conn.GetSets(p.table)
 	if err != nil {
 		p.redial()
@@ -420,7 +579,11 @@ func (p *Plane) readKernel() (*kernelState, error) {
 			if s.IsMap {
 				if se.VerdictData != nil {
 					e.Chain = se.VerdictData.Chain
-					if se.VerdictData.Kind != expr.VerdictGoto {
+					switch se.VerdictData.Kind {
+					case expr.VerdictGoto:
+					case expr.VerdictJump:
+						e.Jump = true
+					default:
 						e.Chain = "\x00wrong verdict"
 					}
 				} else {
@@ -437,6 +600,10 @@ func (p *Plane) readKernel() (*kernelState, error) {
 // redial replaces the netlink connection after an error: a failed batch can
 // leave unread acks on the socket that would confuse the next one.
 func (p *Plane) redial() {
+	if p.shared != nil {
+		p.shared.redial()
+		return
+	}
 	if p.conn != nil {
 		_ = p.conn.CloseLasting()
 		p.conn = nil
@@ -504,12 +671,61 @@ func (b *batch) ensureStatic() {
 			b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 		}
 	}
-	svc := [][]expr.Any{svcRule(false), svcRule(true)}
+	// Firewall-mark farms first, as IPVS looks up fwmark services first.
+	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
-	// The postrouting chain's rules are sent by programPostrouting.
+	// The raw and filter base chains come and go with the farms that need
+	// them (syncHooks). The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+}
+
+// syncHooks adds or deletes the per-packet base chains so the table has
+// want (see hookState); have is what it has now.
+func (b *batch) syncHooks(have, want hookState) {
+	if want.raw && !have.raw {
+		b.addHook(chainRaw)
+	}
+	if want.filter && !have.filter {
+		b.addHook(chainFilter)
+	}
+	for _, gone := range []struct {
+		name string
+		drop bool
+	}{{chainRaw, have.raw && !want.raw}, {chainFilter, have.filter && !want.filter}} {
+		if gone.drop {
+			ch := &nftables.Chain{Table: b.p.table, Name: gone.name}
+			b.c.FlushChain(ch)
+			b.c.DelChain(ch)
+		}
+	}
+}
+
+// addHook adds (or, if it exists, re-fills) the raw or filter base chain.
+func (b *batch) addHook(name string) {
+	t := b.p.table
+	accept := nftables.ChainPolicyAccept
+	switch name {
+	case chainRaw:
+		// Stateless farms, before conntrack.
+		raw := b.c.AddChain(&nftables.Chain{Table: t, Name: chainRaw, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
+		b.c.FlushChain(raw)
+		for _, v6 := range []bool{false, true} {
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: vmapRule(v6, pick(v6, setStls4, setStls6))})
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: revRule(v6)})
+		}
+	case chainFilter:
+		// Per-farm filters, after conntrack (-200) so ct state is known and
+		// before dnat (-100) so the VIP is still the destination.
+		filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+		b.c.FlushChain(filt)
+		for _, v6 := range []bool{false, true} {
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: vmapRule(v6, pick(v6, setFsvc4, setFsvc6))})
+		}
+	}
 }
 
 func (b *batch) addElems(s *nftables.Set, els []elem) {
@@ -563,10 +779,40 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 		}
 	}
 	var id uint32
+	var pset, aset *nftables.Set
 	if set != nil {
 		id = set.ID
+		if pl.ids {
+			aset = pl.activeSet(t, activeName(s.mapName), b.nextID())
+			_ = b.c.AddSet(aset, nil)
+			_ = b.c.SetAddElements(aset, pl.activeElems())
+		}
+		pl.lsets = nil
+		for _, l := range pl.limitList() {
+			ls := limitSets{limit: l}
+			ls.ids = &nftables.Set{Table: t, Name: idsName(s.mapName, l), ID: b.nextID(), KeyType: nftables.TypeMark,
+				KeyByteOrder: binaryutil.NativeEndian}
+			_ = b.c.AddSet(ls.ids, nil)
+			var els []nftables.SetElement
+			for _, id := range pl.limits[l] {
+				els = append(els, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(id)})
+			}
+			_ = b.c.SetAddElements(ls.ids, els)
+			// Idempotent, like the persistence map: counts survive
+			// rebuilds of the farm.
+			ls.count = &nftables.Set{Table: t, Name: countName(f.Name, l), ID: b.nextID(), KeyType: nftables.TypeMark,
+				KeyByteOrder: binaryutil.NativeEndian, Dynamic: true}
+			_ = b.c.AddSet(ls.count, nil)
+			pl.lsets = append(pl.lsets, ls)
+		}
+		if pl.persist != "" {
+			// Idempotent: an existing map of the same name (same shape)
+			// keeps its sessions.
+			pset = pl.persistSet(t, f, b.nextID())
+			_ = b.c.AddSet(pset, nil)
+		}
 	}
-	for _, r := range pl.farmRules(f, s.mapName, id, modulus) {
+	for _, r := range pl.farmRules(f, s.mapName, id, modulus, pset, aset) {
 		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 	}
 	return s
@@ -586,8 +832,14 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		oldPlan = old.plan
 	}
 	s := b.buildFarm(pl, f, oldPlan != nil)
-	if oldPlan != nil && old.mapName != "" {
-		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	keep := map[string]bool{pl.persist: true}
+	for _, name := range s.sets() {
+		keep[name] = true
+	}
+	for _, name := range old.sets() {
+		if !keep[name] {
+			b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
+		}
 	}
 	// Removed keys first: a farm that moves a port to another set or
 	// changes a key must not collide with itself.
@@ -602,7 +854,95 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	}
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, (*farmPlan).svcSet)
 	b.diffElems(oldPlan, pl, oldPost, pl.post, (*farmPlan).postSet)
+	for _, x := range auxes {
+		b.putAux(x, oldPlan, pl, f)
+	}
+	if oldPlan != nil && oldPlan.helper != "" && oldPlan.helper != pl.helper {
+		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: oldPlan.helper, Type: nftables.ObjTypeCtHelper})
+	}
 	return s
+}
+
+// aux is a per-farm side chain reached through a static verdict map:
+// the filter chain (g-) and the log chain (l-).
+type aux struct {
+	chain func(*farmPlan) string // "" when the farm needs none
+	elems func(*farmPlan) []elem
+	set   func(*farmPlan) string
+	rules func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any // may add objects
+}
+
+var auxes = []aux{
+	{
+		chain: func(p *farmPlan) string { return p.fchain },
+		elems: func(p *farmPlan) []elem { return p.filt },
+		set:   (*farmPlan).filtSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			if pl.helper != "" {
+				// Idempotent: an object that exists is left as it is
+				// (its name says everything about it).
+				b.c.AddObj(helperObj(b.p.table, f, pl.helper))
+			}
+			return filterRules(f, pl.helper)
+		},
+	},
+	{
+		chain: func(p *farmPlan) string { return p.rchain },
+		elems: func(p *farmPlan) []elem { return p.rev },
+		set:   (*farmPlan).revSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			return stlsReverse(f, pl.stlsPort != 0)
+		},
+	},
+	{
+		chain: func(p *farmPlan) string { return p.lchain },
+		elems: func(p *farmPlan) []elem { return p.logs },
+		set:   (*farmPlan).logSet,
+		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			return logRules(f, b.p.opts.LogGroup)
+		},
+	},
+}
+
+// buildAux (re)creates a farm's side chain.
+func (b *batch) buildAux(x aux, pl *farmPlan, f *model.Farm, existing bool) {
+	ch := &nftables.Chain{Table: b.p.table, Name: x.chain(pl)}
+	if existing {
+		b.c.FlushChain(ch)
+	} else {
+		b.c.AddChain(ch)
+	}
+	for _, r := range x.rules(b, pl, f) {
+		b.c.AddRule(&nftables.Rule{Table: b.p.table, Chain: ch, Exprs: r})
+	}
+}
+
+// putAux updates a farm's side chain and its elements from oldPlan (nil:
+// new farm) to pl.
+func (b *batch) putAux(x aux, oldPlan, pl *farmPlan, f *model.Farm) {
+	had := oldPlan != nil && x.chain(oldPlan) != ""
+	want := x.chain(pl) != ""
+	old := map[string]elem{}
+	if had {
+		for _, e := range x.elems(oldPlan) {
+			old[e.id()] = e
+		}
+	}
+	if want {
+		b.buildAux(x, pl, f, had)
+	}
+	if had || want {
+		var op *farmPlan
+		if had {
+			op = oldPlan
+		}
+		b.diffElems(op, pl, old, x.elems(pl), x.set)
+	}
+	if had && !want {
+		ch := &nftables.Chain{Table: b.p.table, Name: x.chain(oldPlan)}
+		b.c.FlushChain(ch)
+		b.c.DelChain(ch)
+	}
 }
 
 func (b *batch) diffElems(oldPlan, pl *farmPlan, old map[string]elem, want []elem, set func(*farmPlan) string) {
@@ -640,7 +980,31 @@ func (b *batch) removeFarm(old *farmState) {
 	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
 	b.c.FlushChain(ch)
 	b.c.DelChain(ch)
-	if old.mapName != "" {
-		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: old.mapName})
+	for _, x := range auxes {
+		if name := x.chain(pl); name != "" {
+			b.delElems(b.p.static[x.set(pl)], x.elems(pl))
+			ch := &nftables.Chain{Table: b.p.table, Name: name}
+			b.c.FlushChain(ch)
+			b.c.DelChain(ch)
+		}
 	}
+	if pl.helper != "" {
+		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: pl.helper, Type: nftables.ObjTypeCtHelper})
+	}
+	for _, name := range old.sets() {
+		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
+	}
+}
+
+// stlsPortProblem: the backends of a stateless farm share one port (the
+// rewrite is a constant), and a farm whose backends change the port has
+// one virtual port (the reverse rewrite needs to know it); no marks.
+func stlsPortProblem(f *model.Farm) bool {
+	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+	for _, b := range f.Backends {
+		if b.Port != 0 && !single || b.Mark != 0 || b.EstConnLimit != 0 || b.Port != f.Backends[0].Port {
+			return true
+		}
+	}
+	return false
 }

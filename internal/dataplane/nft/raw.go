@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -54,6 +55,24 @@ func encode(e expr.Any) (rawExpr, error) {
 // conntrack entry's original direction, so no mark is needed.
 func postRulesRaw() ([][]rawExpr, error) {
 	var rules [][]rawExpr
+	// First: ct original ip daddr . meta l4proto . ct original proto-dst
+	// vmap @log4 (jump to the farm's log chain, which returns).
+	for _, v6 := range []bool{false, true} {
+		w := addrWords(v6)
+		r := []rawExpr{ctOrigDaddr(v6)}
+		for _, e := range []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
+			&expr.Ct{Register: reg32 + w + 1, Key: expr.CtKeyPROTODST, Direction: 0},
+			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setLog4, setLog6), IsDestRegSet: true, DestRegister: regVerdict},
+		} {
+			b, err := encode(e)
+			if err != nil {
+				return nil, err
+			}
+			r = append(r, b)
+		}
+		rules = append(rules, r)
+	}
 	for _, v6 := range []bool{false, true} {
 		w := addrWords(v6)
 		masq, snat := pick(v6, setMasq4, setMasq6), pick(v6, setSnat4, setSnat6)
@@ -82,7 +101,36 @@ func postRulesRaw() ([][]rawExpr, error) {
 			rules = append(rules, r)
 		}
 	}
-	return rules, nil
+	// meta nfproto ipv4 snat ip to meta mark map @snatm4 (and IPv6), then
+	// meta mark @masqm masquerade (firewall-mark farms in snat mode).
+	for _, v6 := range []bool{false, true} {
+		var r []rawExpr
+		for _, e := range append(nfproto(v6),
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setSnatM4, setSnatM6), IsDestRegSet: true, DestRegister: reg1},
+			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
+		) {
+			b, err := encode(e)
+			if err != nil {
+				return nil, err
+			}
+			r = append(r, b)
+		}
+		rules = append(rules, r)
+	}
+	var r []rawExpr
+	for _, e := range []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Lookup{SourceRegister: reg1, SetName: setMasqM},
+		&expr.Masq{},
+	} {
+		b, err := encode(e)
+		if err != nil {
+			return nil, err
+		}
+		r = append(r, b)
+	}
+	return append(rules, r), nil
 }
 
 func nftMsg(typ int, flags netlink.HeaderFlags, attrs []netlink.Attribute) (netlink.Message, error) {
@@ -168,4 +216,63 @@ func (p *Plane) sendRaw(msgs []netlink.Message) error {
 		}
 	}
 	return nil
+}
+
+// listHelperObjects returns the names of the ct helper objects in xlb's
+// table. google/nftables v0.3.0 cannot parse ct helper objects
+// (GetObjects fails with "malformed stateful object"), so this is a raw
+// NFT_MSG_GETOBJ dump that reads only the names.
+func (p *Plane) listHelperObjects() ([]string, error) {
+	cfg := &netlink.Config{}
+	if p.opts.NetNS.IsOpen() {
+		cfg.NetNS = int(p.opts.NetNS)
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nftables: %w", err)
+	}
+	defer c.Close()
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return nil, err
+	}
+	req, err := nftMsg(unix.NFT_MSG_GETOBJ, netlink.Request|netlink.Dump, []netlink.Attribute{
+		{Type: unix.NFTA_OBJ_TABLE, Data: []byte(p.table.Name + "\x00")},
+		{Type: unix.NFTA_OBJ_TYPE, Data: binaryutil.BigEndian.PutUint32(unix.NFT_OBJECT_CT_HELPER)},
+	})
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := c.Execute(req)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		var name, table string
+		var typ uint32
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_OBJ_NAME:
+				name = ad.String()
+			case unix.NFTA_OBJ_TABLE:
+				table = ad.String()
+			case unix.NFTA_OBJ_TYPE:
+				typ = binary.BigEndian.Uint32(ad.Bytes())
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		if table == p.table.Name && typ == unix.NFT_OBJECT_CT_HELPER {
+			names = append(names, name)
+		}
+	}
+	return names, nil
 }

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/netip"
@@ -395,4 +396,147 @@ func TestFarmState(t *testing.T) {
 	}
 	e.put(t, prev, f)
 	e.askTCP(t, netip.AddrPortFrom(vip, 80))
+}
+
+// TestPersistenceSurvivesRestart: sessions live in the kernel, so a new
+// plane that reconciles the same farms keeps every client on its backend
+// (a fresh rr would hand them out again from the first backend).
+func TestPersistenceSurvivesRestart(t *testing.T) {
+	e := newEnv(t, 3, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
+	prev := map[string]*model.Farm{}
+	f := e.farm("sticky", vip.Addr(), 80, model.ProtoTCP, 8080)
+	f.Persistence, f.PersistTTL = model.KeySrcIP, 300
+	e.put(t, prev, f)
+	e.askTCP(t, vip) // the client's own address takes b0: the others get b1, b2, b0
+	var clients []netip.Addr
+	want := map[netip.Addr]string{}
+	for i := range 3 {
+		a := netip.AddrFrom4([4]byte{10, 100, 0, byte(20 + i)})
+		e.Client.AddAddr(t, netip.PrefixFrom(a, 24))
+		clients = append(clients, a)
+		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[a], _, _ = testutil.ParseReply(got)
+	}
+	if want[clients[0]] != "b1" || want[clients[1]] != "b2" || want[clients[2]] != "b0" {
+		t.Fatalf("rr before restart: %v", want)
+	}
+	if err := e.p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newPlane(t, e.LB.NS)
+	if err := p2.Reconcile(context.Background(), []*model.Farm{prev["sticky"]}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range clients {
+		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name, _, _ := testutil.ParseReply(got); name != want[a] {
+			t.Errorf("after restart client %s went to %s, before to %s", a, name, want[a])
+		}
+	}
+	out := e.nft(t, "list", "map", "inet", "xlb", persistName(prev["sticky"]))
+	if n := strings.Count(out, "expires"); n != 4 {
+		t.Errorf("persistence map holds %d sessions, want 4:\n%s", n, out)
+	}
+}
+
+// TestSessions lists a farm's sessions, deletes one client's (its next
+// connection is scheduled again) and one backend's.
+func TestSessions(t *testing.T) {
+	e := newEnv(t, 3, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
+	prev := map[string]*model.Farm{}
+	f := e.farm("sticky", vip.Addr(), 80, model.ProtoTCP, 8080)
+	f.Persistence, f.PersistTTL = model.KeySrcIP|model.KeyDstPort, 300
+	e.put(t, prev, f)
+	ask := func(a netip.Addr) string {
+		t.Helper()
+		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _, _ := testutil.ParseReply(got)
+		return name
+	}
+	var clients []netip.Addr
+	for i := range 3 {
+		a := netip.AddrFrom4([4]byte{10, 100, 0, byte(20 + i)})
+		e.Client.AddAddr(t, netip.PrefixFrom(a, 24))
+		clients = append(clients, a)
+	}
+	got := map[string]string{} // client key -> backend
+	for _, a := range clients {
+		got[a.String()+"-80"] = ask(a) // rr: b0, b1, b2
+	}
+	ctx := context.Background()
+	ss, err := e.p.Sessions(ctx, prev["sticky"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 3 {
+		t.Fatalf("sessions %+v, want 3", ss)
+	}
+	for _, s := range ss {
+		if got[s.Client] != s.Backend || s.Expires <= 290*time.Second || s.Expires > 300*time.Second {
+			t.Errorf("session %+v, want backend %q and about 300s left (all: %v)", s, got[s.Client], got)
+		}
+	}
+	// Delete client 0's session: its next connection is scheduled anew
+	// (rr's next slot is b0 again, so first move rr on by one).
+	key0 := clients[0].String() + "-80"
+	if n, err := e.p.DeleteSessions(ctx, prev["sticky"], key0, ""); err != nil || n != 1 {
+		t.Fatalf("delete %s: %d, %v", key0, n, err)
+	}
+	if b := ask(e.Client.IPv4); b != "b0" {
+		t.Fatalf("a new client went to %s, want b0 (rr)", b)
+	}
+	if b := ask(clients[0]); b != "b1" {
+		t.Errorf("after its session was deleted client 0 went to %s, want b1 (rr's next)", b)
+	}
+	// Delete b2's sessions (client 2): counted and gone from the list.
+	if n, err := e.p.DeleteSessions(ctx, prev["sticky"], "", "b2"); err != nil || n != 1 {
+		t.Fatalf("delete b2's sessions: %d, %v", n, err)
+	}
+	ss, err = e.p.Sessions(ctx, prev["sticky"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss {
+		if s.Backend == "b2" {
+			t.Errorf("b2's session still there: %+v", ss)
+		}
+	}
+	if len(ss) != 3 { // client 0 (b1), client 1 (b1), the LB-side client (b0)
+		t.Errorf("sessions %+v, want 3", ss)
+	}
+}
+
+// TestMarkFarmSourceAddr: a firewall-mark farm in snat mode with
+// source-addr: the backends see that address.
+func TestMarkFarmSourceAddr(t *testing.T) {
+	e := newEnv(t, 1, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	src := netip.MustParseAddr("10.200.0.250")
+	testutil.Run(t, e.LB.Name, "ip", "addr", "add", src.String()+"/24", "dev", "br0")
+	dst := testutil.VIP4(50)
+	testutil.Run(t, e.LB.Name, "nft", "add", "table", "ip", "user")
+	testutil.Run(t, e.LB.Name, "nft", "add", "chain", "ip", "user", "pre", "{ type filter hook prerouting priority mangle; }")
+	testutil.Run(t, e.LB.Name, "nft", "add", "rule", "ip", "user", "pre", "ip", "daddr", dst.String(), "meta", "mark", "set", "0x20")
+	f := e.farm("fwm", dst, 0, model.ProtoTCP, 8080)
+	f.VirtualAddr, f.VirtualPorts, f.Mark, f.SourceAddr = netip.Addr{}, nil, 0x20, src
+	e.put(t, map[string]*model.Farm{}, f)
+	if _, from := e.askTCP(t, netip.AddrPortFrom(dst, 80)); from.Addr() != src {
+		t.Errorf("backend saw %s, want the farm's source-addr %s", from, src)
+	}
 }

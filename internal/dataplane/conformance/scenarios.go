@@ -1,0 +1,875 @@
+package conformance
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// scenarios is the suite. Names are stable: planes refer to them in
+// Plane.Refuses.
+var scenarios = []scenario{
+	{name: "snat-tcp-ipv4", backends: 2, farm: func(e *Env) model.Farm { return e.Farm("snat", model.ProtoTCP) }, run: runSNAT},
+	{name: "snat-udp-ipv6", backends: 2, v6: true, farm: func(e *Env) model.Farm { return e.Farm("snat", model.ProtoUDP) }, run: runSNAT},
+	{name: "dnat-tcp-ipv6", backends: 2, v6: true, farm: dnatFarm(model.ProtoTCP), run: runDNAT},
+	{name: "dnat-udp-ipv4", backends: 2, farm: dnatFarm(model.ProtoUDP), run: runDNAT},
+	{name: "sched-rr", backends: 3, farm: func(e *Env) model.Farm { return e.Farm("rr", model.ProtoTCP) }, run: runRR},
+	{name: "sched-weight", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("weight", model.ProtoUDP)
+		f.Scheduler = model.SchedWeight
+		f.Backends[0].Weight, f.Backends[1].Weight = 1, 3
+		return f
+	}, run: runWeight},
+	{name: "sched-hash-srcip", backends: 3, farm: hashFarm(model.SchedHash, model.KeySrcIP), run: runHashSrcIP},
+	{name: "sched-hash-srcip-ipv6", backends: 3, v6: true, farm: hashFarm(model.SchedHash, model.KeySrcIP), run: runHashSrcIP},
+	{name: "sched-hash-srcmac", backends: 3, farm: hashFarm(model.SchedHash, model.KeySrcMAC), run: runSameBackend},
+	{name: "sched-symhash", backends: 3, farm: hashFarm(model.SchedSymhash, model.KeySrcIP|model.KeySrcPort), run: runFlowHash},
+	{name: "sched-maglev", backends: 5, farm: func(e *Env) model.Farm {
+		f := e.Farm("maglev", model.ProtoUDP)
+		f.Scheduler = model.SchedMaglev
+		return f
+	}, run: runMaglev},
+	{name: "backend-priority", backends: 3, farm: func(e *Env) model.Farm {
+		f := e.Farm("prio", model.ProtoTCP)
+		f.Backends[2].Priority = 2
+		return f
+	}, run: runPriority},
+	{name: "protocol-all", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("all", model.ProtoAll)
+		f.VirtualPorts = nil
+		for i := range f.Backends {
+			f.Backends[i].Port = 0
+		}
+		return f
+	}, run: runProtocolAll},
+	{name: "backend-drain-down", backends: 3, farm: func(e *Env) model.Farm { return e.Farm("drain", model.ProtoTCP) }, run: runDrainDown},
+	{name: "persistence-srcip", backends: 3, farm: persistFarm(model.KeySrcIP, model.ProtoTCP), run: runPersistence},
+	{name: "persistence-srcip-ipv6", backends: 3, v6: true, farm: persistFarm(model.KeySrcIP, model.ProtoTCP), run: runPersistence},
+	{name: "persistence-srcport", backends: 3, farm: persistFarm(model.KeySrcPort, model.ProtoUDP), run: runPersistence},
+	{name: "persistence-srcmac", backends: 3, farm: persistFarm(model.KeySrcMAC, model.ProtoTCP), run: runPersistence},
+	{name: "persistence-srcip-srcport", backends: 3, farm: persistFarm(model.KeySrcIP|model.KeySrcPort, model.ProtoUDP), run: runPersistence},
+	{name: "persistence-srcip-dstport", backends: 3, farm: persistFarm(model.KeySrcIP|model.KeyDstPort, model.ProtoTCP), run: runPersistence},
+	{name: "persistence-ttl", backends: 3, farm: func(e *Env) model.Farm {
+		f := persistFarm(model.KeySrcIP, model.ProtoTCP)(e)
+		f.PersistTTL = 1
+		return f
+	}, run: runPersistTTL},
+	{name: "limit-new-rtlimit", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("rtlimit", model.ProtoUDP)
+		f.NewRTLimit, f.NewRTBurst = 5, 5
+		return f
+	}, run: runNewRTLimit},
+	{name: "limit-est-connlimit", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("connlimit", model.ProtoTCP)
+		f.EstConnLimit = 3
+		return f
+	}, run: runEstConnLimit},
+	{name: "limit-rst-rtlimit", backends: 1, farm: func(e *Env) model.Farm {
+		f := e.Farm("rst", model.ProtoTCP)
+		f.RstRTLimit, f.RstRTBurst = 5, 5
+		return f
+	}, run: runRstRTLimit},
+	{name: "limit-backend-est-connlimit", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("bconnlimit", model.ProtoTCP)
+		f.Backends[0].EstConnLimit = 2
+		return f
+	}, run: runBackendConnLimit},
+	{name: "tcp-strict", backends: 1, farm: func(e *Env) model.Farm {
+		f := e.Farm("strict", model.ProtoTCP)
+		f.TCPStrict = true
+		return f
+	}, run: runTCPStrict},
+	{name: "helper-ftp", backends: 1, farm: func(e *Env) model.Farm {
+		f := e.farmOn("ftp", e.VIP(), ftpVPort, model.ProtoTCP)
+		f.Backends[0].Port = ftpBPort
+		f.Helper = model.HelperFTP
+		return f
+	}, run: runFTP},
+	{name: "helper-tftp", backends: 1, farm: helperFarm(model.HelperTFTP, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-sip", backends: 1, farm: helperFarm(model.HelperSIP, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-amanda", backends: 1, farm: helperFarm(model.HelperAmanda, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-h323", backends: 1, farm: helperFarm(model.HelperH323, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-irc", backends: 1, farm: helperFarm(model.HelperIRC, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-netbios-ns", backends: 1, farm: helperFarm(model.HelperNetbiosNS, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-pptp", backends: 1, farm: helperFarm(model.HelperPPTP, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-sane", backends: 1, farm: helperFarm(model.HelperSane, model.ProtoTCP), run: runHelperAttached},
+	{name: "helper-snmp", backends: 1, farm: helperFarm(model.HelperSNMP, model.ProtoUDP), run: runHelperAttached},
+	{name: "log", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("logged", model.ProtoTCP)
+		f.Log, f.LogPrefix = model.LogForward, "conf"
+		return f
+	}, run: runLog},
+	{name: "mark-backend", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("bmark", model.ProtoTCP)
+		f.Backends[0].Mark = 0x100
+		return f
+	}, run: runBackendMark},
+	{name: "fwmark-farm", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("fwmark", model.ProtoTCP)
+		f.VirtualAddr, f.VirtualPorts, f.Mark = netip.Addr{}, nil, 7
+		return f
+	}, run: runFwmark},
+	{name: "family-dual", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("dual", model.ProtoTCP)
+		f.Family = model.FamilyDual
+		b6 := f.Backends[1]
+		b6.Name, b6.Addr = "b1-v6", e.Backends[1].IPv6
+		f.Backends = append(f.Backends, b6)
+		return f
+	}},
+	{name: "mode-dsr", backends: 1, farm: func(e *Env) model.Farm {
+		f := e.Farm("dsr", model.ProtoTCP)
+		f.Mode = model.ModeDSR
+		f.Backends[0].Port = VPort
+		return f
+	}},
+	{name: "mode-stlsdnat", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("stls", model.ProtoUDP)
+		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		return f
+	}, run: runStateless},
+	{name: "mode-stlsdnat-ipv6", backends: 2, v6: true, farm: func(e *Env) model.Farm {
+		f := e.Farm("stls", model.ProtoUDP)
+		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		return f
+	}, run: runStateless},
+	{name: "mode-stlsdnat-tcp", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("stls", model.ProtoTCP)
+		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		return f
+	}, run: runStateless},
+}
+
+func dnatFarm(proto model.Protocol) func(e *Env) model.Farm {
+	return func(e *Env) model.Farm {
+		f := e.Farm("dnat", proto)
+		f.Mode = model.ModeDNAT
+		return f
+	}
+}
+
+func hashFarm(s model.Scheduler, keys model.HashKey) func(e *Env) model.Farm {
+	return func(e *Env) model.Farm {
+		f := e.Farm("hash", model.ProtoUDP)
+		f.Scheduler, f.SchedParam = s, keys
+		return f
+	}
+}
+
+func persistFarm(keys model.HashKey, proto model.Protocol) func(e *Env) model.Farm {
+	return func(e *Env) model.Farm {
+		f := e.Farm("persist", proto)
+		f.Persistence, f.PersistTTL = keys, 30
+		return f
+	}
+}
+
+func helperFarm(h model.Helper, proto model.Protocol) func(e *Env) model.Farm {
+	return func(e *Env) model.Farm {
+		f := e.Farm("helper", proto)
+		f.Helper = h
+		return f
+	}
+}
+
+func (e *Env) vipPort(f model.Farm) netip.AddrPort {
+	return netip.AddrPortFrom(f.VirtualAddr, f.VirtualPorts[0].First)
+}
+
+// ask opens a new flow of the farm's protocol from local (zero: any).
+func (e *Env) ask(t testing.TB, f model.Farm, local netip.AddrPort) (string, netip.AddrPort) {
+	t.Helper()
+	if f.Protocol == model.ProtoUDP {
+		return e.AskUDP(t, local, e.vipPort(f))
+	}
+	return e.AskTCP(t, local, e.vipPort(f))
+}
+
+func (e *Env) lbBack() netip.Addr {
+	if e.v6 {
+		return e.LBBack6
+	}
+	return e.LBBack4
+}
+
+func runSNAT(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	seen := map[string]bool{}
+	for range 6 {
+		name, from := e.ask(t, f, netip.AddrPort{})
+		seen[name] = true
+		if from.Addr() != e.lbBack() {
+			t.Errorf("snat: backend saw %s, want the LB's %s", from, e.lbBack())
+		}
+	}
+	if len(seen) != len(e.Backends) {
+		t.Errorf("answers from %v, want every backend", seen)
+	}
+}
+
+func runDNAT(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	for range 4 {
+		_, from := e.ask(t, f, netip.AddrPort{})
+		if from.Addr() != e.Client.Addr(e.v6) {
+			t.Errorf("dnat: backend saw %s, want the client's %s", from, e.Client.Addr(e.v6))
+		}
+	}
+}
+
+func runRR(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	c := Count(30, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
+	for i := range e.Backends {
+		if b := fmt.Sprintf("b%d", i); c[b] < 8 || c[b] > 12 {
+			t.Errorf("rr: %s got %d of 30, want 10 ± 2 (all: %v)", b, c[b], c)
+		}
+	}
+}
+
+// runWeight: weights 1 and 3 over 200 flows: b1 expects 150; ± 30 is
+// about 4.9 standard deviations.
+func runWeight(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	c := Count(200, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
+	if c["b1"] < 120 || c["b1"] > 180 {
+		t.Errorf("weight 1:3: got %v, want b1 150 ± 30 of 200", c)
+	}
+}
+
+// runHashSrcIP: each client address always reaches the same backend (also
+// after conntrack forgot it), and 8 addresses do not all land on one.
+func runHashSrcIP(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	addrs := e.ClientAddrs(t, 8)
+	first := map[netip.Addr]string{}
+	used := map[string]bool{}
+	for round := range 3 {
+		for _, a := range addrs {
+			name, _ := e.ask(t, f, netip.AddrPortFrom(a, 0))
+			if round == 0 {
+				first[a] = name
+				used[name] = true
+			} else if name != first[a] {
+				t.Errorf("client %s went to %s, earlier to %s", a, name, first[a])
+			}
+		}
+		e.FlushConntrack(t)
+	}
+	if len(used) < 2 {
+		t.Errorf("8 client addresses all hashed to %v", used)
+	}
+}
+
+// runSameBackend: every flow of the one client (one MAC) reaches one backend.
+func runSameBackend(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	c := Count(12, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
+	if len(c) != 1 {
+		t.Errorf("flows of one client spread over %v, want one backend", c)
+	}
+}
+
+// runFlowHash: a flow (fixed source port) is hashed to the same backend
+// every time, and 24 flows spread over more than one backend.
+func runFlowHash(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	used := map[string]bool{}
+	src := e.Client.Addr(e.v6)
+	for i := range 24 {
+		local := netip.AddrPortFrom(src, uint16(40000+i))
+		a, _ := e.ask(t, f, local)
+		e.FlushConntrack(t)
+		b, _ := e.ask(t, f, local)
+		if a != b {
+			t.Errorf("flow from %s went to %s, then %s", local, a, b)
+		}
+		used[a] = true
+	}
+	if len(used) < 2 {
+		t.Errorf("24 flows all hashed to %v", used)
+	}
+}
+
+// runMaglev: flows stick to their backend, and removing one backend of 5
+// moves only the flows it had (about 1/5) plus little else.
+func runMaglev(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	const flows = 150
+	src := e.Client.Addr(e.v6)
+	local := func(i int) netip.AddrPort { return netip.AddrPortFrom(src, uint16(41000+i)) }
+	before := make([]string, flows)
+	c := map[string]int{}
+	for i := range flows {
+		before[i], _ = e.ask(t, f, local(i))
+		c[before[i]]++
+	}
+	if len(c) != len(e.Backends) {
+		t.Fatalf("maglev: %d flows reached %v, want every backend", flows, c)
+	}
+	e.FlushConntrack(t)
+	g := f.Clone()
+	g.Backends[2].State = model.StateDown
+	e.Put(t, g)
+	moved, movedOther := 0, 0
+	for i := range flows {
+		now, _ := e.ask(t, f, local(i))
+		if now == "b2" {
+			t.Errorf("flow %d reached the down backend", i)
+		}
+		if now != before[i] {
+			moved++
+			if before[i] != "b2" {
+				movedOther++
+			}
+		}
+	}
+	share := float64(moved) / flows
+	t.Logf("maglev: removing 1 of 5 backends moved %d of %d flows (%.2f), %d not on it", moved, flows, share, movedOther)
+	if moved != c["b2"]+movedOther || share > 0.35 || movedOther > flows/20 {
+		t.Errorf("maglev: removing 1 of 5 backends moved %d of %d flows (%d not on it), want about 1/5 and almost none of the others", moved, flows, movedOther)
+	}
+}
+
+func runPriority(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	count := func(n int) map[string]int {
+		return Count(n, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
+	}
+	if c := count(10); c["b0"] != 5 || c["b1"] != 5 {
+		t.Errorf("priority 1 level: got %v, want 5 each on b0, b1", c)
+	}
+	down := f.Clone()
+	down.Backends[0].State, down.Backends[1].State = model.StateDown, model.StateDown
+	e.Put(t, down)
+	if c := count(5); c["b2"] != 5 {
+		t.Errorf("failover: got %v, want all on b2", c)
+	}
+	e.Put(t, f)
+	if c := count(10); c["b2"] != 0 {
+		t.Errorf("failback: got %v, want none on b2", c)
+	}
+}
+
+func runDrainDown(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	// Hold a connection to b0 (rr: the first one).
+	held, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if line, err := testutil.ReadLine(held, time.Second); err != nil || !strings.HasPrefix(line, "b0 ") {
+		t.Fatalf("first connection: %q, %v (want b0)", line, err)
+	}
+	g := f.Clone()
+	g.Backends[0].Weight = 0
+	g.Backends[1].State = model.StateDown
+	e.Put(t, g)
+	if c := Count(10, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n }); c["b2"] != 10 {
+		t.Errorf("with b0 drained and b1 down: got %v, want all on b2", c)
+	}
+	// The drained backend's established connection goes on.
+	if _, err := fmt.Fprintf(held, "still there\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := testutil.ReadLine(held, time.Second); err != nil || line != "still there" {
+		t.Errorf("connection to the drained backend: %q, %v", line, err)
+	}
+}
+
+// runProtocolAll: a farm for every protocol and port balances TCP and UDP
+// on any port, each to the same port on the backends.
+func runProtocolAll(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	to := netip.AddrPortFrom(f.VirtualAddr, BPort)
+	seen := map[string]bool{}
+	for range 4 {
+		n, _ := e.AskTCP(t, netip.AddrPort{}, to)
+		seen[n] = true
+		n, _ = e.AskUDP(t, netip.AddrPort{}, to)
+		seen[n] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("tcp and udp to %s reached %v, want both backends", to, seen)
+	}
+}
+
+// runPersistence: the farm schedules rr, so without persistence successive
+// flows would spread. Flows with the same persistence key reach one
+// backend, also after an unrelated change of the farm; when that backend
+// goes down its clients move to another one and stay there.
+func runPersistence(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	src := e.Client.Addr(e.v6)
+	local := netip.AddrPortFrom(src, 0)
+	if f.Persistence&model.KeySrcPort != 0 {
+		local = netip.AddrPortFrom(src, 42000)
+	}
+	askN := func(n int) map[string]int {
+		return Count(n, func() string {
+			name, _ := e.ask(t, f, local)
+			if local.Port() != 0 {
+				e.FlushConntrack(t) // same 5-tuple again: make it a new connection
+			}
+			return name
+		})
+	}
+	c := askN(6)
+	if len(c) != 1 {
+		t.Fatalf("persistence %s: flows of one key spread over %v", f.Persistence, c)
+	}
+	var first string
+	for b := range c {
+		first = b
+	}
+	// Other keys still spread (rr): another source address or port.
+	if f.Persistence&(model.KeySrcIP|model.KeySrcPort) != 0 {
+		others := map[string]bool{}
+		var addrs []netip.Addr
+		if f.Persistence&model.KeySrcPort == 0 {
+			addrs = e.ClientAddrs(t, 6)
+		}
+		for i := range 6 {
+			var l netip.AddrPort
+			if f.Persistence&model.KeySrcPort != 0 {
+				l = netip.AddrPortFrom(src, uint16(42100+i))
+			} else {
+				l = netip.AddrPortFrom(addrs[i], 0)
+			}
+			n, _ := e.ask(t, f, l)
+			others[n] = true
+		}
+		if len(others) < 2 {
+			t.Errorf("6 other keys all went to %v, want rr to spread them", others)
+		}
+	}
+	// An unrelated change of the farm (another backend's weight) keeps
+	// the sessions.
+	g := f.Clone()
+	for i := range g.Backends {
+		if g.Backends[i].Name != first {
+			g.Backends[i].Weight = 2
+			break
+		}
+	}
+	e.Put(t, g)
+	if c := askN(3); c[first] != 3 {
+		t.Errorf("after an unrelated change flows went to %v, want all on %s", c, first)
+	}
+	g = g.Clone()
+	for i := range g.Backends {
+		if g.Backends[i].Name == first {
+			g.Backends[i].State = model.StateDown
+		}
+	}
+	e.Put(t, g)
+	c = askN(6)
+	if len(c) != 1 || c[first] != 0 {
+		t.Errorf("after %s went down: flows went to %v, want one other backend", first, c)
+	}
+}
+
+// quickUDP sends one datagram from a new socket and waits at most timeout
+// for an answer; it reports whether one came.
+func (e *Env) quickUDP(to netip.AddrPort, timeout time.Duration) bool {
+	return e.sendUDP(to, []byte("x"), timeout)
+}
+
+// sendUDP is quickUDP with a payload.
+func (e *Env) sendUDP(to netip.AddrPort, payload []byte, timeout time.Duration) bool {
+	var c *net.UDPConn
+	err := testutil.Do(e.Client.NS, func() error {
+		var err error
+		c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
+		return err
+	})
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(payload); err != nil {
+		return false
+	}
+	buf := make([]byte, 512)
+	_, err = c.Read(buf)
+	return err == nil
+}
+
+// runNewRTLimit: 5 new flows per second, burst 5. 40 new flows sent within
+// about a second: some answered (burst + rate), the excess dropped. After
+// a pause new flows pass again.
+func runNewRTLimit(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	start := time.Now()
+	ok := 0
+	for range 40 {
+		if e.quickUDP(e.vipPort(f), 25*time.Millisecond) {
+			ok++
+		}
+	}
+	el := time.Since(start)
+	max := 5 + 1 + int(5*el.Seconds()+0.999) + 2
+	t.Logf("new-rtlimit 5/s burst 5: %d of 40 answered in %v", ok, el)
+	if ok < 5 || ok > max {
+		t.Errorf("new-rtlimit 5/s burst 5: %d of 40 answered in %v, want 5 to %d", ok, el, max)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if !e.quickUDP(e.vipPort(f), time.Second) {
+		t.Errorf("after a pause a new flow was dropped")
+	}
+}
+
+// runEstConnLimit: with est-connlimit 3, three connections held open pass,
+// the fourth is dropped; closing one lets a new one in.
+func runEstConnLimit(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := range 3 {
+		c, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), time.Second)
+		if err != nil {
+			t.Fatalf("connection %d of 3: %v", i+1, err)
+		}
+		if _, err := testutil.ReadLine(c, time.Second); err != nil {
+			t.Fatalf("connection %d of 3: %v", i+1, err)
+		}
+		held = append(held, c)
+	}
+	if c, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), 700*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatalf("fourth connection accepted, want it dropped by est-connlimit 3")
+	}
+	held[0].Close()
+	held = held[1:]
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		c, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), 500*time.Millisecond)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after closing one of 3: new connection still refused: %v", err)
+		}
+	}
+}
+
+// runTCPStrict: the VIP is also a local address of the LB (as on many
+// LBs), so a segment conntrack calls invalid (SYN+FIN) is not balanced but
+// reaches the LB's own TCP stack, which answers with a reset. First
+// without tcp-strict, to show the probe works; then with it: no answer,
+// while normal connections still pass.
+func runTCPStrict(t *testing.T, e *Env, f model.Farm) {
+	e.LB.AddAddr(t, netip.PrefixFrom(f.VirtualAddr, 32))
+	loose := f.Clone()
+	loose.TCPStrict = false
+	e.Put(t, loose)
+	l, err := testutil.ListenTCPSegments(e.Client.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	probe := func(port uint16) bool {
+		src := netip.AddrPortFrom(e.Client.IPv4, port)
+		if err := testutil.SendTCPSegment(e.Client.NS, src, e.vipPort(f), testutil.TCPSyn|testutil.TCPFin, 1); err != nil {
+			t.Fatal(err)
+		}
+		flags, ok := l.Wait(e.vipPort(f), port, 700*time.Millisecond)
+		return ok && flags&testutil.TCPRst != 0
+	}
+	if !probe(45001) {
+		t.Fatalf("without tcp-strict: no reset for SYN+FIN, the probe cannot show a drop")
+	}
+	e.Put(t, f)
+	if probe(45002) {
+		t.Errorf("with tcp-strict: SYN+FIN (invalid) got an answer, want it dropped")
+	}
+	if name, _ := e.ask(t, f, netip.AddrPort{}); name != "b0" {
+		t.Errorf("with tcp-strict: normal connection answered by %q", name)
+	}
+}
+
+// established counts the TCP connections of the backend server on BPort
+// that are established.
+func (e *Env) established(t *testing.T, b testutil.Host) int {
+	out := testutil.Run(t, b.Name, "ss", "-Htn", "state", "established", fmt.Sprintf("( sport = :%d )", BPort))
+	n := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.TrimSpace(l) != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// runRstRTLimit: 30 connections are aborted at once (each sends a reset).
+// With rst-rtlimit 5/s burst 5 about the first 5 resets pass and the
+// backend closes those connections; the rest are dropped, so the backend
+// still holds them.
+func runRstRTLimit(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	const n = 30
+	var conns []*net.TCPConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		c, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns = append(conns, c.(*net.TCPConn))
+		if _, err := testutil.ReadLine(c, time.Second); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+	if got := e.established(t, e.Backends[0]); got != n {
+		t.Fatalf("backend holds %d connections, want %d", got, n)
+	}
+	for _, c := range conns {
+		_ = c.SetLinger(0) // close sends a reset
+		c.Close()
+	}
+	conns = nil
+	time.Sleep(300 * time.Millisecond)
+	left := e.established(t, e.Backends[0])
+	t.Logf("rst-rtlimit 5/s burst 5: %d of %d resets dropped", left, n)
+	if left < n-15 || left > n-3 {
+		t.Errorf("after %d resets at once the backend still holds %d connections, want %d to %d (about 5 resets pass)", n, left, n-15, n-3)
+	}
+}
+
+// kernelHelperName is the name conntrack shows for a helper on a protocol.
+func kernelHelperName(h model.Helper, p model.Protocol) string {
+	if h == model.HelperH323 {
+		if p == model.ProtoUDP {
+			return "RAS"
+		}
+		return "Q.931"
+	}
+	return h.String()
+}
+
+// runHelperAttached: a connection through the farm carries the farm's
+// conntrack helper (conntrack -L shows helper=NAME), and traffic passes.
+// Except for snmp: under NAT, nf_nat_snmp_basic decodes every packet and
+// drops what is not SNMP, so the client sends a real SNMPv1 GetRequest and
+// the backend's non-SNMP answer is dropped: there only the helper is
+// checked.
+func runHelperAttached(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	if f.Helper == model.HelperSNMP {
+		e.sendUDP(e.vipPort(f), snmpGet, 300*time.Millisecond)
+	} else if name, _ := e.ask(t, f, netip.AddrPort{}); name != "b0" {
+		t.Fatalf("answer from %q", name)
+	}
+	want := "helper=" + kernelHelperName(f.Helper, f.Protocol)
+	out, err := testutil.RunErr(e.LB.Name, "conntrack", "-L", "-p", f.Protocol.String())
+	if err != nil && !strings.Contains(out, "flow entries") {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, want) {
+		t.Errorf("conntrack entries do not carry %s:\n%s", want, out)
+	}
+}
+
+// snmpGet is an SNMPv1 GetRequest for sysDescr.0, community "public".
+var snmpGet = []byte{
+	0x30, 0x26, 0x02, 0x01, 0x00, 0x04, 0x06, 'p', 'u', 'b', 'l', 'i', 'c',
+	0xa0, 0x19, 0x02, 0x01, 0x01, 0x02, 0x01, 0x00, 0x02, 0x01, 0x00,
+	0x30, 0x0e, 0x30, 0x0c, 0x06, 0x08, 0x2b, 0x06, 0x01, 0x02, 0x01, 0x01, 0x01, 0x00, 0x05, 0x00,
+}
+
+// runFwmark: the user's own firewall marks TCP to 10.99.0.50:80 with 7 (an
+// nftables rule at prerouting, mangle priority, the IPVS -f setup); the
+// farm keyed by mark 7 balances it (snat), and unmarked traffic to the
+// same address is not handled.
+func runFwmark(t *testing.T, e *Env, f model.Farm) {
+	dst := testutil.VIP4(50)
+	for _, cmd := range [][]string{
+		{"nft", "add", "table", "ip", "user"},
+		{"nft", "add", "chain", "ip", "user", "pre", "{ type filter hook prerouting priority mangle; }"},
+		{"nft", "add", "rule", "ip", "user", "pre", "ip", "daddr", dst.String(), "tcp", "dport", "80", "meta", "mark", "set", "7"},
+	} {
+		testutil.Run(t, e.LB.Name, cmd...)
+	}
+	e.Put(t, f)
+	seen := map[string]bool{}
+	for range 4 {
+		name, from := e.AskTCP(t, netip.AddrPort{}, netip.AddrPortFrom(dst, 80))
+		seen[name] = true
+		if from.Addr() != e.LBBack4 {
+			t.Errorf("mark farm (snat): backend saw %s, want %s", from, e.LBBack4)
+		}
+	}
+	if len(seen) != 2 {
+		t.Errorf("marked connections reached %v, want both backends", seen)
+	}
+	if c, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(dst, 81), 500*time.Millisecond); err == nil {
+		c.Close()
+		t.Errorf("unmarked port 81 answered, want no service")
+	}
+}
+
+// runBackendMark: connections to a backend with a mark carry that mark in
+// conntrack (mark=256), so the user's policy routing and reply rules can
+// use it; both backends still serve.
+func runBackendMark(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	c := Count(6, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
+	if c["b0"] != 3 || c["b1"] != 3 {
+		t.Errorf("rr with a marked backend: %v, want 3 each", c)
+	}
+	out := testutil.Run(t, e.LB.Name, "conntrack", "-L", "-p", "tcp")
+	marked := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "src="+f.Backends[0].Addr.String()+" ") {
+			if !strings.Contains(l, "mark=256") {
+				t.Errorf("connection to the marked backend without mark=256: %s", l)
+			}
+			marked++
+		}
+	}
+	if marked != 3 {
+		t.Errorf("%d conntrack entries to the marked backend, want 3:\n%s", marked, out)
+	}
+}
+
+// runLog: each new connection of a farm with log is logged (to NFLOG group
+// LogGroup) with the farm's log-prefix and name, and the logged packet is
+// addressed to the backend that answered.
+func runLog(t *testing.T, e *Env, f model.Farm) {
+	l := testutil.ListenNFLOG(t, e.LB.NS, LogGroup)
+	e.Put(t, f)
+	for range 2 {
+		name, _ := e.ask(t, f, netip.AddrPort{})
+		entry, err := l.Wait("farm="+f.Name+" ", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(entry.Prefix, f.LogPrefix) {
+			t.Errorf("log prefix %q does not start with the farm's log-prefix %q", entry.Prefix, f.LogPrefix)
+		}
+		var want netip.Addr
+		for _, b := range f.Backends {
+			if b.Name == name {
+				want = b.Addr
+			}
+		}
+		if entry.Dst != want || entry.Src != e.Client.IPv4 {
+			t.Errorf("logged packet %s -> %s, want %s -> %s (the backend that answered, %s)", entry.Src, entry.Dst, e.Client.IPv4, want, name)
+		}
+	}
+}
+
+// runStateless: stateless DNAT both ways. The backend sees the client's
+// address, the client gets its answers from the VIP (its socket accepts
+// nothing else), flows spread over the backends, and the LB keeps no
+// conntrack entry for them.
+func runStateless(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	seen := map[string]bool{}
+	for range 12 {
+		name, from := e.ask(t, f, netip.AddrPort{})
+		seen[name] = true
+		if from.Addr() != e.Client.Addr(e.v6) {
+			t.Errorf("stlsdnat: backend saw %s, want the client's %s", from, e.Client.Addr(e.v6))
+		}
+	}
+	if len(seen) != len(e.Backends) {
+		t.Errorf("12 flows reached %v, want every backend", seen)
+	}
+	out, _ := testutil.RunErr(e.LB.Name, "conntrack", "-L")
+	if strings.Contains(out, f.VirtualAddr.String()) {
+		t.Errorf("stateless farm left conntrack entries:\n%s", out)
+	}
+}
+
+// runBackendConnLimit: b0 has est-connlimit 2, b1 none; rr alternates.
+// Of 6 connections held open, the third one scheduled to b0 (the fifth) is
+// dropped, the others pass. Closing one of b0's lets a new one reach b0.
+func runBackendConnLimit(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	var onB0 []net.Conn
+	c := map[string]int{}
+	for i := range 6 {
+		// Shorter than the first SYN retransmission (1 s): a dropped
+		// connection fails instead of being scheduled again.
+		conn, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), 700*time.Millisecond)
+		if err != nil {
+			c["dropped"]++
+			if i != 4 {
+				t.Errorf("connection %d dropped, want only the fifth (b0's third)", i+1)
+			}
+			continue
+		}
+		held = append(held, conn)
+		line, err := testutil.ReadLine(conn, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _, _ := testutil.ParseReply(line)
+		c[name]++
+		if name == "b0" {
+			onB0 = append(onB0, conn)
+		}
+	}
+	if c["b0"] != 2 || c["b1"] != 3 || c["dropped"] != 1 {
+		t.Fatalf("6 connections: %v, want b0 2, b1 3, dropped 1", c)
+	}
+	onB0[0].Close()
+	time.Sleep(200 * time.Millisecond)
+	// rr: the next one goes to b0 (slot after the last to b1).
+	conn, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), 700*time.Millisecond)
+	if err != nil {
+		t.Fatalf("after closing one of b0's connections a new one was dropped: %v", err)
+	}
+	held = append(held, conn)
+	line, _ := testutil.ReadLine(conn, time.Second)
+	if name, _, _ := testutil.ParseReply(line); name != "b0" {
+		t.Errorf("new connection went to %q, want b0", name)
+	}
+}
+
+// runPersistTTL: persist-ttl 1 s. New connections within the ttl stay on
+// the client's backend; after the ttl without one, the client is
+// scheduled again (rr: the next backend).
+func runPersistTTL(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	first, _ := e.ask(t, f, netip.AddrPort{})
+	// 4 x 400 ms outlasts the ttl: only the renewal by each new
+	// connection keeps the session.
+	for range 4 {
+		time.Sleep(400 * time.Millisecond)
+		if n, _ := e.ask(t, f, netip.AddrPort{}); n != first {
+			t.Fatalf("within the ttl the client went to %s, first to %s", n, first)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if n, _ := e.ask(t, f, netip.AddrPort{}); n == first {
+		t.Errorf("after the ttl the client still went to %s, want it scheduled again (rr: another backend)", n)
+	}
+}

@@ -1,0 +1,136 @@
+package nft
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/google/nftables"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+var _ dataplane.SessionStore = (*Plane)(nil)
+
+// sessionKey formats a persistence map key: its fields joined by "-".
+func sessionKey(k model.HashKey, v6 bool, key []byte) string {
+	var parts []string
+	for _, f := range persistFields {
+		if k&f.key == 0 {
+			continue
+		}
+		n := int(f.bytes(v6))
+		if len(key) < n {
+			break
+		}
+		b := key[:n]
+		switch f.key {
+		case model.KeySrcIP, model.KeyDstIP:
+			a, _ := netip.AddrFromSlice(b)
+			parts = append(parts, a.String())
+		case model.KeySrcPort, model.KeyDstPort:
+			parts = append(parts, strconv.Itoa(int(binary.BigEndian.Uint16(b))))
+		case model.KeySrcMAC:
+			parts = append(parts, net.HardwareAddr(b).String())
+		}
+		key = key[min(len(key), (n+3)/4*4):]
+	}
+	return strings.Join(parts, "-")
+}
+
+// sessionElems lists a farm's persistence map. It returns nil without
+// persistence or serving backends (then the farm has no map).
+func (p *Plane) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftables.SetElement, error) {
+	if p.conn == nil {
+		return nil, nil, nil, errors.New("nft data plane is closed")
+	}
+	s := p.farms[f.Name]
+	if s == nil || s.plan == nil || s.plan.persist == "" {
+		return nil, nil, nil, nil
+	}
+	set := s.plan.persistSet(p.table, f, 0)
+	els, err := p.conn.GetSetElements(set)
+	if err != nil {
+		p.redial()
+		return nil, nil, nil, fmt.Errorf("list sessions of farm %q: %w", f.Name, err)
+	}
+	return s.plan, set, els, nil
+}
+
+// Sessions implements dataplane.SessionStore.
+func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl, _, els, err := p.sessionElems(f)
+	if err != nil || pl == nil {
+		return nil, err
+	}
+	names := map[uint32]string{}
+	for _, b := range f.Backends {
+		names[backendID(b)] = b.Name
+	}
+	out := make([]dataplane.Session, 0, len(els))
+	for _, e := range els {
+		var id uint32
+		if len(e.Val) >= 4 {
+			id = binary.NativeEndian.Uint32(e.Val)
+		}
+		out = append(out, dataplane.Session{Client: sessionKey(f.Persistence, pl.v6, e.Key), Backend: names[id], Expires: e.Expires})
+	}
+	return out, nil
+}
+
+// DeleteSessions implements dataplane.SessionStore: one batch deletes the
+// matching sessions.
+func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl, set, els, err := p.sessionElems(f)
+	if err != nil || pl == nil {
+		return 0, err
+	}
+	var id uint32
+	hasID := false
+	if backend != "" {
+		b, i := f.Backend(backend)
+		if i < 0 {
+			return 0, fmt.Errorf("farm %q has no backend %q", f.Name, backend)
+		}
+		id, hasID = backendID(*b), true
+	}
+	var del []nftables.SetElement
+	for _, e := range els {
+		match := client != "" && sessionKey(f.Persistence, pl.v6, e.Key) == client
+		if hasID && len(e.Val) >= 4 && binary.NativeEndian.Uint32(e.Val) == id {
+			match = true
+		}
+		if match {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	if len(del) == 0 {
+		return 0, nil
+	}
+	b := p.newBatch()
+	for i := 0; i < len(del); i += elemChunk {
+		_ = b.c.SetDeleteElements(set, del[i:min(i+elemChunk, len(del))])
+	}
+	if err := b.flush(); err != nil {
+		// A session that expired since the listing makes the batch
+		// fail (ENOENT); the caller may retry.
+		return 0, fmt.Errorf("delete sessions of farm %q: %w", f.Name, err)
+	}
+	return len(del), nil
+}

@@ -1,0 +1,55 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// sessionFarm returns the farm whose sessions are asked for and the data
+// plane's session store, or why there is none.
+func (e *Engine) sessionFarm(farm, backend string) (*model.Farm, dataplane.SessionStore, error) {
+	f, ok := e.Snapshot().Farm(farm)
+	if !ok {
+		return nil, nil, &NotFoundError{What: fmt.Sprintf("farm %q", farm)}
+	}
+	if backend != "" {
+		if _, i := f.Backend(backend); i < 0 {
+			return nil, nil, &NotFoundError{What: fmt.Sprintf("farm %q backend %q", farm, backend)}
+		}
+	}
+	if f.Persistence == 0 {
+		return nil, nil, &model.FieldError{Object: fmt.Sprintf("farm %q", farm), Field: "persistence", Value: "none",
+			Problem: "the farm keeps no sessions: set persistence (srcip, srcport, srcmac, srcip-srcport, srcip-dstport, ...)"}
+	}
+	ss, ok := e.dp.(dataplane.SessionStore)
+	if !ok {
+		return nil, nil, &model.FieldError{Object: fmt.Sprintf("farm %q", farm), Field: "persistence", Value: f.Persistence.String(),
+			Problem: fmt.Sprintf("the %s data plane cannot list or delete sessions", e.dp.Name())}
+	}
+	return f, ss, nil
+}
+
+// Sessions lists a farm's persistence sessions as the data plane holds
+// them. Sessions are kernel state, not desired state: reading them takes
+// no lock of the engine.
+func (e *Engine) Sessions(ctx context.Context, farm string) ([]dataplane.Session, error) {
+	f, ss, err := e.sessionFarm(farm, "")
+	if err != nil {
+		return nil, err
+	}
+	return ss.Sessions(ctx, f)
+}
+
+// DeleteSessions deletes a farm's sessions of one client (client not "")
+// or of one backend (backend not ""), so those clients are scheduled again
+// on their next connection. It returns how many were deleted.
+func (e *Engine) DeleteSessions(ctx context.Context, farm, client, backend string) (int, error) {
+	f, ss, err := e.sessionFarm(farm, backend)
+	if err != nil {
+		return 0, err
+	}
+	return ss.DeleteSessions(ctx, f, client, backend)
+}

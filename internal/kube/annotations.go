@@ -1,0 +1,155 @@
+package kube
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Annotation prefixes. Keys under xlbPrefix are xlb's own; keys under
+// nftlbPrefix are kube-nftlb's, accepted with the same meanings so its users
+// can switch without editing manifests.
+const (
+	xlbPrefix   = "xlb.io/"
+	nftlbPrefix = "service.kubernetes.io/kube-nftlb-load-balancer-"
+)
+
+// annotationKeys are the settings both prefixes accept, and the farm field
+// each one sets (its values are nftlb's, see docs/kube-proxy.md).
+var annotationKeys = []string{"mode", "scheduler", "sched-param", "persistence", "persist-ttl", "helper", "log", "est-connlimit"}
+
+// AnnotationError says which annotation of a Service has a bad value.
+type AnnotationError struct {
+	Key     string
+	Value   string
+	Problem string
+}
+
+func (e *AnnotationError) Error() string {
+	return fmt.Sprintf("annotation %q value %q: %s", e.Key, e.Value, e.Problem)
+}
+
+// settings are the farm fields a Service's annotations override. A nil
+// pointer keeps the default.
+type settings struct {
+	mode         *model.Mode
+	scheduler    *model.Scheduler
+	schedParam   *model.HashKey
+	persistence  *model.HashKey
+	persistTTL   *uint32
+	helper       *model.Helper
+	log          *model.LogHook
+	estConnLimit *uint32
+}
+
+// parseAnnotations reads the xlb.io/ and kube-nftlb annotations. The xlb.io/
+// key wins when both spell the same setting; an unknown xlb.io/ key is an
+// error (a typo would otherwise be ignored silently).
+func parseAnnotations(ann map[string]string) (settings, error) {
+	var s settings
+	// Sorted keys: the first error reported is the same on every run.
+	keys := make([]string, 0, len(ann))
+	for k := range ann {
+		if strings.HasPrefix(k, xlbPrefix) || strings.HasPrefix(k, nftlbPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	known := func(name string) bool {
+		for _, k := range annotationKeys {
+			if k == name {
+				return true
+			}
+		}
+		return false
+	}
+	for _, k := range keys {
+		name, own := strings.CutPrefix(k, xlbPrefix)
+		if !own {
+			name = strings.TrimPrefix(k, nftlbPrefix)
+			if _, dup := ann[xlbPrefix+name]; dup && known(name) {
+				continue // the xlb.io/ key wins
+			}
+		}
+		if !known(name) {
+			if own {
+				return s, &AnnotationError{Key: k, Value: ann[k], Problem: "unknown xlb.io annotation; allowed: " + allowedKeys()}
+			}
+			continue // another kube-nftlb key xlb has no use for
+		}
+		if err := s.set(name, strings.TrimSpace(ann[k])); err != nil {
+			return s, &AnnotationError{Key: k, Value: ann[k], Problem: err.Error()}
+		}
+	}
+	return s, nil
+}
+
+func allowedKeys() string {
+	out := make([]string, len(annotationKeys))
+	for i, k := range annotationKeys {
+		out[i] = xlbPrefix + k
+	}
+	return strings.Join(out, ", ")
+}
+
+// set parses one setting with the model's own parser, so the allowed values
+// and their texts are the model's.
+func (s *settings) set(name, v string) error {
+	f := model.NewFarm("annotation")
+	if err := f.SetField(name, v); err != nil {
+		return err
+	}
+	switch name {
+	case "mode":
+		s.mode = &f.Mode
+	case "scheduler":
+		s.scheduler = &f.Scheduler
+		if (f.Scheduler == model.SchedHash || f.Scheduler == model.SchedSymhash) && s.schedParam == nil {
+			k := model.KeySrcIP // nftlb's default keys for the hash schedulers
+			s.schedParam = &k
+		}
+	case "sched-param":
+		s.schedParam = &f.SchedParam
+	case "persistence":
+		s.persistence = &f.Persistence
+	case "persist-ttl":
+		s.persistTTL = &f.PersistTTL
+	case "helper":
+		s.helper = &f.Helper
+	case "log":
+		s.log = &f.Log
+	case "est-connlimit":
+		s.estConnLimit = &f.EstConnLimit
+	}
+	return nil
+}
+
+// apply sets the overridden fields on a farm.
+func (s *settings) apply(f *model.Farm) {
+	if s.mode != nil {
+		f.Mode = *s.mode
+	}
+	if s.scheduler != nil {
+		f.Scheduler = *s.scheduler
+	}
+	if s.schedParam != nil {
+		f.SchedParam = *s.schedParam
+	}
+	if s.persistence != nil {
+		f.Persistence = *s.persistence
+	}
+	if s.persistTTL != nil {
+		f.PersistTTL = *s.persistTTL
+	}
+	if s.helper != nil {
+		f.Helper = *s.helper
+	}
+	if s.log != nil {
+		f.Log = *s.log
+	}
+	if s.estConnLimit != nil {
+		f.EstConnLimit = *s.estConnLimit
+	}
+}

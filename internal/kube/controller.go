@@ -1,0 +1,692 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Labels kube-proxy honours: a Service with service-proxy-name belongs to
+// another proxy; EndpointSlices name their Service with service-name; headless
+// Services' slices carry the headless label and need no proxying.
+const (
+	labelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	labelHeadless         = "service.kubernetes.io/headless"
+	sliceIndex            = "xlb-service"
+)
+
+// Event reasons recorded on Services.
+const (
+	ReasonInvalidAnnotation = "XLBInvalidAnnotation"
+	ReasonRejected          = "XLBRejected"
+	ReasonSynced            = "XLBSynced"
+)
+
+// Config configures a Controller.
+type Config struct {
+	Client kubernetes.Interface
+	Engine *engine.Engine
+	Log    *slog.Logger
+	// NodeName is this node's name (--hostname-override): it picks local
+	// endpoints and the Node whose addresses serve NodePorts.
+	NodeName string
+	// NodePortAddresses restricts NodePorts to node addresses inside these
+	// prefixes; empty means every address in the Node's status.
+	NodePortAddresses []netip.Prefix
+	// Metrics, if set, receives sync timings.
+	Metrics *Metrics
+	// Conntrack, if set, deletes the UDP conntrack entries of endpoints
+	// that went away (in the data plane's namespace).
+	Conntrack Conntrack
+	// Listen opens the health check node port listeners (default
+	// net.Listen).
+	Listen ListenFunc
+	// ErrorBackoff bounds how long a failed sync waits before the full
+	// reconcile that follows it (default 1s to 30s, doubling).
+	ErrorBackoffMax time.Duration
+}
+
+// Controller keeps the engine's farms in step with the API server: every
+// change of a Service or its EndpointSlices becomes one engine transaction on
+// that Service's farms only. A full reconcile (every Service in one
+// transaction that replaces the whole state) runs at start and after a
+// failure that may have left the kernel out of step; there is no periodic
+// resync.
+type Controller struct {
+	cfg          Config
+	log          *slog.Logger
+	factory      informers.SharedInformerFactory
+	sliceFactory informers.SharedInformerFactory
+	nodeInf      informers.SharedInformerFactory
+	services     corelisters.ServiceLister
+	slices       cache.Indexer
+	synced       []cache.InformerSynced
+	queue        workqueue.TypedRateLimitingInterface[string]
+	recorder     record.EventRecorder
+	bcast        record.EventBroadcaster
+	hc           *healthChecks
+
+	nodeMu sync.Mutex
+	node   Node
+
+	// Owned by the worker goroutine.
+	owned     map[string][]string // Service key -> farm names in the engine
+	lastErr   map[string]string   // Service key -> last error reported as an Event
+	needFull  bool
+	fullDelay time.Duration
+
+	stateMu   sync.Mutex
+	ready     bool // first full reconcile done
+	lastSync  time.Time
+	onSynced  func(key string, st *engine.State)
+	pendingAt map[string]time.Time
+}
+
+// New builds a controller; Run starts it.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Client == nil || cfg.Engine == nil || cfg.Log == nil {
+		return nil, errors.New("kube controller: Client, Engine and Log are required")
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("kube controller: the node name is required (--hostname-override)")
+	}
+	if cfg.ErrorBackoffMax <= 0 {
+		cfg.ErrorBackoffMax = 30 * time.Second
+	}
+	c := &Controller{
+		cfg:       cfg,
+		log:       cfg.Log,
+		node:      Node{Name: cfg.NodeName},
+		owned:     map[string][]string{},
+		lastErr:   map[string]string{},
+		pendingAt: map[string]time.Time{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, cfg.ErrorBackoffMax),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "xlb-kube-proxy"}),
+	}
+	// No resync period: the informers deliver changes only.
+	c.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = "!" + labelServiceProxyName
+		}))
+	svcInf := c.factory.Core().V1().Services()
+	c.services = svcInf.Lister()
+	sliceFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = discoveryv1.LabelServiceName + ",!" + labelHeadless
+		}))
+	sliceInf := sliceFactory.Discovery().V1().EndpointSlices().Informer()
+	if err := sliceInf.AddIndexers(cache.Indexers{sliceIndex: func(obj any) ([]string, error) {
+		s, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			return nil, nil
+		}
+		return []string{s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]}, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("index endpoint slices: %w", err)
+	}
+	c.slices = sliceInf.GetIndexer()
+	c.nodeInf = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
+		}))
+	nodeInf := c.nodeInf.Core().V1().Nodes().Informer()
+
+	if _, err := svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.enqueueObj(obj) },
+		UpdateFunc: func(_, obj any) { c.enqueueObj(obj) },
+		DeleteFunc: func(obj any) { c.enqueueObj(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.enqueueSlice(obj) },
+		UpdateFunc: func(_, obj any) { c.enqueueSlice(obj) },
+		DeleteFunc: func(obj any) { c.enqueueSlice(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.nodeChanged(obj) },
+		UpdateFunc: func(_, obj any) { c.nodeChanged(obj) },
+		DeleteFunc: func(any) { c.nodeChanged(nil) },
+	}); err != nil {
+		return nil, err
+	}
+	c.synced = []cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.HasSynced, nodeInf.HasSynced}
+	c.sliceFactory = sliceFactory
+
+	c.hc = newHealthChecks(cfg.Log, cfg.Listen)
+	c.bcast = record.NewBroadcaster()
+	c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "xlb-kube-proxy", Host: cfg.NodeName})
+	return c, nil
+}
+
+// Run starts the informers, waits for their caches, reconciles every
+// Service in one transaction, then applies changes as they come until ctx
+// ends. It returns nil when ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	defer c.queue.ShutDown()
+	defer c.hc.close()
+	c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
+	defer c.bcast.Shutdown()
+	c.factory.Start(ctx.Done())
+	c.sliceFactory.Start(ctx.Done())
+	c.nodeInf.Start(ctx.Done())
+	defer c.factory.Shutdown()
+	defer c.sliceFactory.Shutdown()
+	defer c.nodeInf.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("wait for the informer caches")
+	}
+	c.log.Info("informer caches synced")
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	c.needFull = true
+	for {
+		if c.needFull {
+			if err := c.fullSync(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				c.fullDelay = min(max(2*c.fullDelay, time.Second), c.cfg.ErrorBackoffMax)
+				c.log.Error("full reconcile failed; retrying", "err", err, "retry_in", c.fullDelay)
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(c.fullDelay):
+				}
+				continue
+			}
+			c.fullDelay = 0
+		}
+		key, quit := c.queue.Get()
+		if quit {
+			return nil
+		}
+		err := c.syncService(ctx, key)
+		c.queue.Done(key)
+		if err != nil && ctx.Err() == nil {
+			// The data plane or the store failed: the kernel may be out
+			// of step, so reconcile everything before going on.
+			c.log.Error("sync failed; full reconcile follows", "service", key, "err", err)
+			c.cfg.Metrics.syncError()
+			c.needFull = true
+		}
+	}
+}
+
+// Ready reports whether the first full reconcile has been done.
+func (c *Controller) Ready() bool {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	return c.ready
+}
+
+// Healthy reports whether the controller keeps up: ready, and either nothing
+// is pending or the last sync is recent (kube-proxy's /healthz rule).
+func (c *Controller) Healthy(maxAge time.Duration) (bool, string) {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	if !c.ready {
+		return false, "initial sync not done"
+	}
+	if n := c.queue.Len(); n > 0 && time.Since(c.lastSync) > maxAge {
+		return false, fmt.Sprintf("%d changes pending, last sync %s ago", n, time.Since(c.lastSync).Round(time.Millisecond))
+	}
+	return true, "ok"
+}
+
+// OnSynced registers fn, called from the worker after each Service sync
+// (key "" after a full reconcile) with the state it published. For tests
+// and benchmarks; set it before Run.
+func (c *Controller) OnSynced(fn func(key string, st *engine.State)) { c.onSynced = fn }
+
+func (c *Controller) enqueueObj(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		c.log.Warn("bad object from informer", "err", err)
+		return
+	}
+	c.enqueue(key)
+}
+
+func (c *Controller) enqueueSlice(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	name := s.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return
+	}
+	c.enqueue(s.Namespace + "/" + name)
+}
+
+func (c *Controller) enqueue(key string) {
+	c.stateMu.Lock()
+	if _, ok := c.pendingAt[key]; !ok {
+		c.pendingAt[key] = time.Now()
+	}
+	c.stateMu.Unlock()
+	c.queue.Add(key)
+	c.cfg.Metrics.setPending(c.queue.Len())
+}
+
+// nodeChanged updates the NodePort addresses; if they changed, every
+// Service with a NodePort is synced again.
+func (c *Controller) nodeChanged(obj any) {
+	var addrs []netip.Addr
+	if n, ok := obj.(*corev1.Node); ok {
+		addrs = NodeAddrs(n, c.cfg.NodePortAddresses)
+	}
+	c.nodeMu.Lock()
+	same := slices.Equal(addrs, c.node.Addrs)
+	c.node.Addrs = addrs
+	c.nodeMu.Unlock()
+	if same {
+		return
+	}
+	c.log.Info("node addresses changed", "node", c.cfg.NodeName, "addrs", fmt.Sprint(addrs))
+	svcs, err := c.services.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, s := range svcs {
+		if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			c.enqueue(s.Namespace + "/" + s.Name)
+		}
+	}
+}
+
+// NodeAddrs returns the addresses of a Node that serve NodePorts: its
+// InternalIP and ExternalIP status addresses, restricted to within if not
+// empty, in the order the Node lists them.
+func NodeAddrs(n *corev1.Node, within []netip.Prefix) []netip.Addr {
+	var out []netip.Addr
+	for _, na := range n.Status.Addresses {
+		if na.Type != corev1.NodeInternalIP && na.Type != corev1.NodeExternalIP {
+			continue
+		}
+		a, err := netip.ParseAddr(na.Address)
+		if err != nil {
+			continue
+		}
+		a = a.Unmap()
+		if len(within) > 0 && !slices.ContainsFunc(within, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			continue
+		}
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func (c *Controller) currentNode() Node {
+	c.nodeMu.Lock()
+	defer c.nodeMu.Unlock()
+	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs)}
+}
+
+// desired computes the farms of one Service from the informer caches. svc
+// is nil when the Service is gone.
+func (c *Controller) desired(key string) (*corev1.Service, []*discoveryv1.EndpointSlice, []model.Farm, error) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	svc, err := c.services.Services(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	objs, err := c.slices.ByIndex(sliceIndex, key)
+	if err != nil {
+		return svc, nil, nil, err
+	}
+	eps := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			eps = append(eps, s)
+		}
+	}
+	farms, err := Farms(svc, eps, c.currentNode())
+	return svc, eps, farms, err
+}
+
+// isRejection reports whether err is the engine refusing a farm (a bad
+// value, something the data plane cannot do, a clash with another farm) as
+// opposed to a failure of the kernel or the disk.
+func isRejection(err error) bool {
+	var fe *model.FieldError
+	var ce *engine.ConflictError
+	var ae *AnnotationError
+	var ue *UnsupportedError
+	return errors.As(err, &fe) || errors.As(err, &ce) || errors.As(err, &ae) || errors.As(err, &ue)
+}
+
+// syncService makes the engine hold exactly the farms of one Service, in
+// one transaction. A rejected Service keeps its previous farms and gets an
+// Event; the returned error is only for failures of the kernel or the disk.
+func (c *Controller) syncService(ctx context.Context, key string) error {
+	start := time.Now()
+	c.stateMu.Lock()
+	queued, ok := c.pendingAt[key]
+	delete(c.pendingAt, key)
+	c.stateMu.Unlock()
+	if !ok {
+		queued = start
+	}
+	svc, eps, farms, terr := c.desired(key)
+	if terr != nil {
+		if isRejection(terr) {
+			c.reject(key, svc, ReasonInvalidAnnotation, terr)
+			c.finish(key, start, queued, nil)
+			return nil
+		}
+		return terr
+	}
+	names := make([]string, len(farms))
+	for i := range farms {
+		names[i] = farms[i].Name
+	}
+	base := c.cfg.Engine.Snapshot() // this controller is the engine's only writer
+	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
+		for _, old := range c.owned[key] {
+			if !slices.Contains(names, old) {
+				if _, ok := tx.Get(old); ok {
+					if err := tx.Delete(old); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for i := range farms {
+			if err := tx.Put(farms[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if isRejection(err) {
+			c.reject(key, svc, ReasonRejected, err)
+			c.finish(key, start, queued, nil)
+			return nil
+		}
+		return err
+	}
+	c.flushStale(key, base, st, c.owned[key])
+	c.hc.update(key, svc, eps, c.cfg.NodeName)
+	if svc == nil {
+		delete(c.owned, key)
+		delete(c.lastErr, key)
+	} else {
+		c.owned[key] = names
+		if _, had := c.lastErr[key]; had {
+			delete(c.lastErr, key)
+			c.recorder.Event(svc, corev1.EventTypeNormal, ReasonSynced, "xlb programs this Service again")
+		}
+	}
+	c.finish(key, start, queued, st)
+	return nil
+}
+
+// flushStale deletes the UDP conntrack entries of backends that the
+// Service's farms had in base and no longer have in next.
+func (c *Controller) flushStale(key string, base, next *engine.State, farmNames []string) {
+	if c.cfg.Conntrack == nil || next == nil {
+		return
+	}
+	var stale []StaleFlow
+	for _, n := range farmNames {
+		old, ok := base.Farm(n)
+		if !ok || old.Protocol != model.ProtoUDP || len(old.VirtualPorts) != 1 {
+			continue
+		}
+		cur, _ := next.Farm(n)
+		for _, b := range old.Backends {
+			if cur != nil && slices.ContainsFunc(cur.Backends, func(x model.Backend) bool { return x.Addr == b.Addr && x.Port == b.Port }) {
+				continue
+			}
+			stale = append(stale, StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
+		}
+	}
+	if len(stale) == 0 {
+		return
+	}
+	n, err := c.cfg.Conntrack.DeleteUDP(stale)
+	if err != nil {
+		c.log.Warn("flush stale udp conntrack entries", "service", key, "err", err)
+		return
+	}
+	c.log.Debug("stale udp conntrack entries deleted", "service", key, "entries", n, "endpoints", len(stale))
+}
+
+func (c *Controller) finish(key string, start, queued time.Time, st *engine.State) {
+	now := time.Now()
+	c.stateMu.Lock()
+	c.lastSync = now
+	c.stateMu.Unlock()
+	c.cfg.Metrics.synced(now.Sub(start), now.Sub(queued), now, c.queue.Len())
+	if st == nil {
+		st = c.cfg.Engine.Snapshot()
+	}
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.farms.Set(float64(st.Len()))
+	}
+	if c.onSynced != nil {
+		c.onSynced(key, st)
+	}
+}
+
+// reject reports a Service the engine refused: a log line, and an Event on
+// the Service unless the same error was already reported.
+func (c *Controller) reject(key string, svc *corev1.Service, reason string, err error) {
+	c.cfg.Metrics.rejected()
+	msg := err.Error()
+	if c.lastErr[key] == msg {
+		return
+	}
+	c.lastErr[key] = msg
+	c.log.Warn("service rejected; its previous rules stay", "service", key, "reason", reason, "err", msg)
+	if svc != nil {
+		c.recorder.Eventf(svc, corev1.EventTypeWarning, reason, "xlb keeps this Service's previous rules: %s", msg)
+	}
+}
+
+// fullSync replaces the engine's whole state with the farms of every
+// Service, in one transaction. A Service that is rejected keeps its farms as
+// they were. If the transaction as a whole fails (two Services claiming the
+// same address and port, or the kernel failing), it falls back to one
+// transaction per Service, so one bad Service cannot hold the others back.
+func (c *Controller) fullSync(ctx context.Context) error {
+	start := time.Now()
+	svcs, err := c.services.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	type plan struct {
+		key   string
+		svc   *corev1.Service
+		eps   []*discoveryv1.EndpointSlice
+		farms []model.Farm
+		err   error
+		prev  []string // farm names this Service may already own
+	}
+	node := c.currentNode()
+	plans := make([]plan, 0, len(svcs))
+	for _, svc := range svcs {
+		key := svc.Namespace + "/" + svc.Name
+		p := plan{key: key, svc: svc}
+		_, p.eps, p.farms, p.err = c.desired(key)
+		p.prev = append(FarmNames(svc, node), c.owned[key]...)
+		plans = append(plans, p)
+	}
+	rejected := map[string]error{}
+	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
+		base := c.cfg.Engine.Snapshot() // the transaction's base: writers are serialized
+		tx.ReplaceAll()
+		for _, p := range plans {
+			if p.err == nil {
+				p.err = putAll(tx, base, p.farms, p.prev)
+			}
+			if p.err != nil {
+				if !isRejection(p.err) {
+					return p.err
+				}
+				rejected[p.key] = p.err
+				// Keep what this Service had.
+				for _, n := range p.prev {
+					if f, ok := base.Farm(n); ok {
+						if err := tx.Put(*f); err != nil {
+							return fmt.Errorf("keep farm %q of rejected service %s: %w", n, p.key, err)
+						}
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		c.log.Warn("full reconcile in one transaction failed; syncing services one by one", "err", err)
+		return c.fullSyncOneByOne(ctx, plans2keys(len(plans), func(i int) string { return plans[i].key }))
+	}
+	for _, p := range plans {
+		if rerr, bad := rejected[p.key]; bad {
+			reason := ReasonRejected
+			var ae *AnnotationError
+			if errors.As(rerr, &ae) {
+				reason = ReasonInvalidAnnotation
+			}
+			c.reject(p.key, p.svc, reason, rerr)
+			kept := []string{}
+			for _, n := range p.prev {
+				if _, ok := st.Farm(n); ok {
+					kept = append(kept, n)
+				}
+			}
+			c.owned[p.key] = kept
+			continue
+		}
+		names := make([]string, len(p.farms))
+		for i := range p.farms {
+			names[i] = p.farms[i].Name
+		}
+		c.owned[p.key] = names
+		delete(c.lastErr, p.key)
+		c.hc.update(p.key, p.svc, p.eps, c.cfg.NodeName)
+	}
+	c.finishFull(start, st, len(plans))
+	return nil
+}
+
+func plans2keys(n int, key func(int) string) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = key(i)
+	}
+	return out
+}
+
+// putAll puts one Service's farms into tx; if one is refused, the farms put
+// so far are taken back (to what base had), so the Service changes all or
+// nothing.
+func putAll(tx *engine.Txn, base *engine.State, farms []model.Farm, prev []string) error {
+	for i := range farms {
+		if err := tx.Put(farms[i]); err != nil {
+			for _, f := range farms[:i] {
+				if old, ok := base.Farm(f.Name); ok && slices.Contains(prev, f.Name) {
+					_ = tx.Put(*old)
+				} else if _, ok := tx.Get(f.Name); ok {
+					_ = tx.Delete(f.Name)
+				}
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// fullSyncOneByOne syncs each Service in its own transaction, then deletes
+// farms that belong to no Service.
+func (c *Controller) fullSyncOneByOne(ctx context.Context, keys []string) error {
+	start := time.Now()
+	for _, key := range keys {
+		if err := c.syncService(ctx, key); err != nil {
+			return err
+		}
+	}
+	keep := map[string]bool{}
+	for _, names := range c.owned {
+		for _, n := range names {
+			keep[n] = true
+		}
+	}
+	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
+		for _, f := range c.cfg.Engine.Snapshot().Farms() {
+			if !keep[f.Name] {
+				if err := tx.Delete(f.Name); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.finishFull(start, st, len(keys))
+	return nil
+}
+
+func (c *Controller) finishFull(start time.Time, st *engine.State, services int) {
+	now := time.Now()
+	c.needFull = false
+	c.stateMu.Lock()
+	c.ready = true
+	c.lastSync = now
+	c.stateMu.Unlock()
+	c.cfg.Metrics.fullSynced(now.Sub(start), now)
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.farms.Set(float64(st.Len()))
+	}
+	c.log.Info("full reconcile done", "services", services, "farms", st.Len(), "took", now.Sub(start).Round(time.Microsecond))
+	if c.onSynced != nil {
+		c.onSynced("", st)
+	}
+}

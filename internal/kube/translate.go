@@ -1,0 +1,373 @@
+// Package kube turns Kubernetes Services, EndpointSlices and Nodes into xlb
+// farms (translate.go: pure functions) and keeps the engine in step with the
+// API server (controller.go: client-go informers, one engine transaction per
+// changed Service). See docs/kube-proxy.md for the mapping.
+package kube
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// DefaultAffinityTimeout is Kubernetes' default
+// sessionAffinityConfig.clientIP.timeoutSeconds (3 hours).
+const DefaultAffinityTimeout = 10800
+
+// Node is what translation needs to know about the node xlb runs on.
+type Node struct {
+	// Name is the node's name as endpoints' nodeName spell it
+	// (--hostname-override).
+	Name string
+	// Addrs are the addresses NodePorts are served on.
+	Addrs []netip.Addr
+}
+
+// Kind says which address of a Service a farm serves.
+type Kind string
+
+// Farm kinds; each is the middle part of the farm's name.
+const (
+	KindCluster  Kind = "cluster"  // spec.clusterIPs
+	KindExternal Kind = "external" // spec.externalIPs
+	KindLB       Kind = "lb"       // status.loadBalancer.ingress[].ip
+	KindNodePort Kind = "node"     // the node's addresses, port spec.ports[].nodePort
+)
+
+// FarmName returns the name of the farm that serves one address of one port
+// of a Service:
+//
+//	<namespace>.<service>.<port>.<kind>-<address>
+//
+// where <port> is the port's name, or its number when the Service has one
+// unnamed port, and <address> has ':' written as '-'. Farm names are limited
+// to 64 characters of [A-Za-z0-9_.-] (they appear in URLs and log
+// prefixes), so '/' and ':' are not used; '.' cannot appear in namespace,
+// Service or port names, so the parts stay unambiguous. A name longer than
+// 64 characters keeps its end (kind and address) and replaces the end of its
+// first part with '-' and 8 hex digits of a SHA-256 of the whole name.
+func FarmName(namespace, service, port string, kind Kind, addr netip.Addr) string {
+	head := namespace + "." + service + "." + port
+	tail := "." + string(kind) + "-" + strings.ReplaceAll(addr.String(), ":", "-")
+	name := head + tail
+	if len(name) <= model.MaxNameLen {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	keep := model.MaxNameLen - len(tail) - 9
+	return head[:keep] + "-" + hex.EncodeToString(sum[:4]) + tail
+}
+
+// portID names a Service port inside farm names.
+func portID(sp *corev1.ServicePort) string {
+	if sp.Name != "" {
+		return sp.Name
+	}
+	return strconv.Itoa(int(sp.Port))
+}
+
+// endpoint is one address and port of an EndpointSlice, with its conditions
+// as kube-proxy reads them.
+type endpoint struct {
+	addr        netip.Addr
+	port        uint16
+	ready       bool
+	serving     bool
+	terminating bool
+	local       bool
+}
+
+// endpointsFor collects the endpoints of one Service port in one address
+// family from the Service's EndpointSlices, as kube-proxy does: the port is
+// matched by name and protocol; an endpoint is its first address; a nil
+// ready condition means ready, a nil serving condition means "as ready",
+// and a nil terminating condition means not terminating. An address that
+// appears in several slices (while slices are being rewritten) counts once,
+// ready if any copy is.
+func endpointsFor(sp *corev1.ServicePort, v6 bool, eps []*discoveryv1.EndpointSlice, nodeName string) []endpoint {
+	want := discoveryv1.AddressTypeIPv4
+	if v6 {
+		want = discoveryv1.AddressTypeIPv6
+	}
+	var out []endpoint
+	index := map[netip.AddrPort]int{}
+	for _, s := range eps {
+		if s == nil || s.AddressType != want {
+			continue
+		}
+		var port uint16
+		found := false
+		for _, p := range s.Ports {
+			name := ""
+			if p.Name != nil {
+				name = *p.Name
+			}
+			proto := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				proto = *p.Protocol
+			}
+			if name == sp.Name && proto == sp.Protocol && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
+				port, found = uint16(*p.Port), true
+				break
+			}
+		}
+		if !found {
+			continue
+		}
+		for i := range s.Endpoints {
+			e := &s.Endpoints[i]
+			if len(e.Addresses) == 0 {
+				continue
+			}
+			a, err := netip.ParseAddr(e.Addresses[0])
+			if err != nil || a.Is6() != v6 || a.Zone() != "" {
+				continue
+			}
+			a = a.Unmap()
+			c := e.Conditions
+			ep := endpoint{addr: a, port: port, ready: c.Ready == nil || *c.Ready}
+			ep.serving = ep.ready
+			if c.Serving != nil {
+				ep.serving = *c.Serving
+			}
+			ep.terminating = c.Terminating != nil && *c.Terminating
+			ep.local = e.NodeName != nil && *e.NodeName == nodeName && nodeName != ""
+			key := netip.AddrPortFrom(a, port)
+			if j, dup := index[key]; dup {
+				o := &out[j]
+				o.ready = o.ready || ep.ready
+				o.serving = o.serving || ep.serving
+				o.terminating = o.terminating && ep.terminating
+				o.local = o.local || ep.local
+				continue
+			}
+			index[key] = len(out)
+			out = append(out, ep)
+		}
+	}
+	slices.SortFunc(out, func(a, b endpoint) int {
+		return cmp.Or(a.addr.Compare(b.addr), cmp.Compare(a.port, b.port))
+	})
+	return out
+}
+
+// usable picks the endpoints that take new connections, as kube-proxy does:
+// the ready ones; if none is ready, the serving terminating ones (so
+// connections drain into Pods that are shutting down rather than failing).
+// With localOnly only endpoints on this node count.
+func usable(eps []endpoint, localOnly bool) []endpoint {
+	var ready, terminating []endpoint
+	for _, e := range eps {
+		if localOnly && !e.local {
+			continue
+		}
+		switch {
+		case e.ready:
+			ready = append(ready, e)
+		case e.serving && e.terminating:
+			terminating = append(terminating, e)
+		}
+	}
+	if len(ready) > 0 {
+		return ready
+	}
+	return terminating
+}
+
+// BackendName is the backend name of an endpoint: its address (':' written
+// as '-') and port joined by '_', e.g. "10.244.1.5_8080".
+func BackendName(a netip.Addr, port uint16) string {
+	return strings.ReplaceAll(a.String(), ":", "-") + "_" + strconv.Itoa(int(port))
+}
+
+func backends(eps []endpoint) []model.Backend {
+	out := make([]model.Backend, 0, len(eps))
+	for _, e := range eps {
+		b := model.NewBackend(BackendName(e.addr, e.port))
+		b.Addr = e.addr
+		b.Port = e.port
+		out = append(out, b)
+	}
+	return out
+}
+
+// ServiceAddr is one address a Service is reachable on, and what kind of
+// address it is.
+type ServiceAddr struct {
+	Kind Kind
+	Addr netip.Addr
+}
+
+// serviceAddrs lists the addresses of a Service for one Service port,
+// in a fixed order: cluster IPs, external IPs, load balancer IPs, node
+// addresses (for the port's nodePort). Addresses that do not parse are
+// skipped (the API server validates them; "None" is a headless Service).
+func serviceAddrs(svc *corev1.Service, sp *corev1.ServicePort, node Node) []ServiceAddr {
+	var out []ServiceAddr
+	seen := map[ServiceAddr]bool{}
+	add := func(k Kind, s string) {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil || a.Zone() != "" || a.IsUnspecified() {
+			return
+		}
+		sa := ServiceAddr{k, a.Unmap()}
+		if !seen[sa] {
+			seen[sa] = true
+			out = append(out, sa)
+		}
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	for _, ip := range ips {
+		add(KindCluster, ip)
+	}
+	for _, ip := range svc.Spec.ExternalIPs {
+		add(KindExternal, ip)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			// ipMode Proxy: the load balancer proxies to the node; traffic
+			// never arrives for the LB IP, so kube-proxy does not program it.
+			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			add(KindLB, in.IP)
+		}
+	}
+	if sp.NodePort != 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+		for _, a := range node.Addrs {
+			add(KindNodePort, a.String())
+		}
+	}
+	return out
+}
+
+// FarmNames returns the names of the farms a Service maps to on this node,
+// whatever its annotations say (names never depend on them).
+func FarmNames(svc *corev1.Service, node Node) []string {
+	var out []string
+	for i := range svc.Spec.Ports {
+		sp := &svc.Spec.Ports[i]
+		for _, sa := range serviceAddrs(svc, sp, node) {
+			out = append(out, FarmName(svc.Namespace, svc.Name, portID(sp), sa.Kind, sa.Addr))
+		}
+	}
+	return out
+}
+
+// UnsupportedError says a Service uses something xlb cannot serve.
+type UnsupportedError struct {
+	Field, Value, Problem string
+}
+
+func (e *UnsupportedError) Error() string {
+	return fmt.Sprintf("field %q value %q: %s", e.Field, e.Value, e.Problem)
+}
+
+// Farms translates one Service and its EndpointSlices into the farms that
+// serve it on node: one farm per Service port and address (cluster IP,
+// external IP, load balancer IP, node address for NodePorts).
+//
+//   - Backends are the usable endpoints of the port in the farm's family
+//     (see usable); with internalTrafficPolicy Local (cluster IPs) or
+//     externalTrafficPolicy Local (the other kinds), only this node's.
+//   - Mode: dnat for cluster IPs and for external traffic with
+//     externalTrafficPolicy Local (the client's address is kept); snat for
+//     other external traffic (replies must come back through this node).
+//   - sessionAffinity ClientIP sets persistence srcip with the Service's
+//     timeout (default 10800 s).
+//   - Annotations (see parseAnnotations) override mode, scheduler,
+//     sched-param, persistence, persist-ttl, helper, log and est-connlimit.
+//
+// On an invalid annotation Farms returns an *AnnotationError (and farms with
+// the names the Service maps to, built without the annotations, so a caller
+// can tell which farms belong to it).
+func Farms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) ([]model.Farm, error) {
+	set, aerr := parseAnnotations(svc.Annotations)
+	var out []model.Farm
+	for i := range svc.Spec.Ports {
+		sp := &svc.Spec.Ports[i]
+		var proto model.Protocol
+		switch sp.Protocol {
+		case corev1.ProtocolTCP, "":
+			proto = model.ProtoTCP
+		case corev1.ProtocolUDP:
+			proto = model.ProtoUDP
+		case corev1.ProtocolSCTP:
+			proto = model.ProtoSCTP
+		default:
+			return nil, &UnsupportedError{Field: fmt.Sprintf("spec.ports[%d].protocol", i), Value: string(sp.Protocol), Problem: "allowed values are TCP, UDP, SCTP"}
+		}
+		if sp.Port <= 0 || sp.Port > 65535 {
+			continue
+		}
+		addrs := serviceAddrs(svc, sp, node)
+		if len(addrs) == 0 {
+			continue
+		}
+		var eps4, eps6 []endpoint
+		for _, sa := range addrs {
+			if sa.Addr.Is4() && eps4 == nil {
+				eps4 = endpointsFor(sp, false, eps, node.Name)
+			}
+			if sa.Addr.Is6() && eps6 == nil {
+				eps6 = endpointsFor(sp, true, eps, node.Name)
+			}
+		}
+		for _, sa := range addrs {
+			f := model.NewFarm(FarmName(svc.Namespace, svc.Name, portID(sp), sa.Kind, sa.Addr))
+			f.VirtualAddr = sa.Addr
+			f.Family = model.FamilyIPv4
+			all := eps4
+			if sa.Addr.Is6() {
+				f.Family = model.FamilyIPv6
+				all = eps6
+			}
+			port := uint16(sp.Port)
+			if sa.Kind == KindNodePort {
+				port = uint16(sp.NodePort)
+			}
+			f.VirtualPorts = []model.PortRange{{First: port, Last: port}}
+			f.Protocol = proto
+			var local bool
+			if sa.Kind == KindCluster {
+				local = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+				f.Mode = model.ModeDNAT
+			} else {
+				local = svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+				f.Mode = model.ModeSNAT
+				if local {
+					f.Mode = model.ModeDNAT
+				}
+			}
+			f.Backends = backends(usable(all, local))
+			if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+				f.Persistence = model.KeySrcIP
+				f.PersistTTL = DefaultAffinityTimeout
+				if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+					f.PersistTTL = uint32(*c.ClientIP.TimeoutSeconds)
+				}
+			}
+			if aerr == nil {
+				set.apply(&f)
+			}
+			out = append(out, f)
+		}
+	}
+	return out, aerr
+}

@@ -1,0 +1,99 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/store"
+)
+
+func wbFarm(name string, backends int) *model.Farm {
+	f := model.NewFarm(name)
+	f.VirtualAddr = netip.MustParseAddr("10.96.0.1")
+	for i := range backends {
+		b := model.NewBackend(BackendName(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), 80))
+		b.Addr = netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)})
+		f.Backends = append(f.Backends, b)
+	}
+	f.Seal()
+	return &f
+}
+
+type flakyStore struct {
+	store.Store
+	fail atomic.Int32
+}
+
+func (s *flakyStore) Apply(ctx context.Context, d dataplane.Diff) error {
+	if s.fail.Load() > 0 {
+		s.fail.Add(-1)
+		return errors.New("disk full")
+	}
+	return s.Store.Apply(ctx, d)
+}
+
+// TestWriteBehind: changes are saved in the background, merged per farm,
+// kept and retried when a write fails, and all saved by Close.
+func TestWriteBehind(t *testing.T) {
+	dir := t.TempDir()
+	bolt, err := store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &flakyStore{Store: bolt}
+	inner.fail.Store(2)
+	w := NewWriteBehind(inner, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
+	a1, a2, b, c := wbFarm("a", 1), wbFarm("a", 2), wbFarm("b", 1), wbFarm("c", 1)
+	for _, d := range []dataplane.Diff{
+		{Changes: []dataplane.FarmChange{{New: a1}, {New: b}}},
+		{Changes: []dataplane.FarmChange{{Old: a1, New: a2}, {New: c}}},
+		{Changes: []dataplane.FarmChange{{Old: b}}},
+	} {
+		if err := w.Apply(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first two background writes fail; a retry a second later saves.
+	deadline := time.Now().Add(10 * time.Second)
+	for inner.fail.Load() > 0 || w.pendingLen() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("pending changes not saved after 10s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := w.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: c}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: c}}}); err == nil {
+		t.Error("Apply after Close succeeded")
+	}
+	bolt, err = store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bolt.Close()
+	farms, err := bolt.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range farms {
+		names = append(names, f.Name)
+	}
+	if !slices.Equal(names, []string{"a"}) || len(farms[0].Backends) != 2 {
+		t.Errorf("saved farms %v, want only a with 2 backends", names)
+	}
+}
