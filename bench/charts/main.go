@@ -165,8 +165,8 @@ func shortLabel(name string) string {
 		{regexp.MustCompile(`^nft -f: (\d+) farms x (\d+).*$`), "nft -f\\n${1}x${2}"},
 		{regexp.MustCompile(`^xlb (dump|list -n|save -f|restore -f), (\d+) farms x (\d+) backends.*$`), "xlb ${1}\\n${2}x${3}"},
 		{regexp.MustCompile(`^xlb (dump|list -n), (\d+) farms.*$`), "xlb ${1}\\n${2} farms"},
-		{regexp.MustCompile(`^nft list table inet xlb \((\d+) farms x (\d+) backends.*$`), "nft list\\n${1}x${2}"},
-		{regexp.MustCompile(`^nft list table inet xlb \((\d+) farms.*$`), "nft list\\n${1} farms"},
+		{regexp.MustCompile(`^nft list (?:table inet xlb|ruleset) \((\d+) farms x (\d+) backends.*$`), "nft list\\n${1}x${2}"},
+		{regexp.MustCompile(`^nft list (?:table inet xlb|ruleset) \((\d+) farms.*$`), "nft list\\n${1} farms"},
 		{regexp.MustCompile(`^nft -f \(restore baseline\): (\d+) farms x (\d+) backends.*$`), "nft -f\\n${1}x${2}"},
 	} {
 		if m.re.MatchString(name) {
@@ -194,7 +194,7 @@ func controlPlane(dir, tmp string, raw []byte) error {
 	}
 	var single, bulk []cpResult
 	for _, r := range rs {
-		if strings.Contains(r.Name, "(whole process") || strings.HasPrefix(r.Name, "nft list table") || strings.HasPrefix(r.Name, "nft -f (restore baseline)") {
+		if strings.Contains(r.Name, "(whole process") || strings.HasPrefix(r.Name, "nft list ") || strings.HasPrefix(r.Name, "nft -f (restore baseline)") {
 			bulk = append(bulk, r)
 		} else {
 			single = append(single, r)
@@ -284,7 +284,7 @@ func ruleScale(dir, tmp string, raw []byte) error {
 	abs, _ := filepath.Abs(out)
 	var s strings.Builder
 	fmt.Fprintf(&s, header, 900, 480, abs)
-	s.WriteString("set title \"Rule scale: kernel objects one farm adds to table inet xlb, by backends in the farm\"\n")
+	s.WriteString("set title \"Rule scale: kernel objects one farm adds to xlb's tables, by backends in the farm\"\n")
 	s.WriteString("set key top left\nset bmargin 5\nset xlabel \"mode, scheduler, backends in the farm\" offset 0,-1\nset ylabel \"objects (log scale)\"\nset logscale y\nset yrange [0.8:*]\n")
 	s.WriteString("set style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.6 border -1\n")
 	var plots []string

@@ -9,7 +9,8 @@
 //   - `xlb dump`, `xlb list -n`, `xlb save` and `xlb restore` as whole
 //     processes (hyperfine) for the patched ipvsadm's matrix of farms x
 //     backends (-matrix: 1000x4, 2000x2, 8000x2, 16000x1, 100x100); baseline:
-//     `nft list table inet xlb` of that state, and for restore one `nft -f`
+//     `nft list ruleset` of that state (xlb's tables: the namespace holds
+//     nothing else), and for restore one `nft -f`
 //     of the same farms. (The matrix's 8000 VIP + 8000
 //     firewall-mark farms wait for fwmark farms in the nft data plane.)
 //
@@ -287,7 +288,7 @@ func hyperfine(n, b int) []result {
 	}
 	abs, _ := filepath.Abs(*xlbBin)
 	size := fmt.Sprintf("%d farms x %d backends", n, b)
-	base := runOne(fmt.Sprintf("nft list table inet xlb (%s)", size), "nft list table inet xlb", *runs, "")
+	base := runOne(fmt.Sprintf("nft list ruleset (%s)", size), "nft list ruleset", *runs, "")
 	dump := runOne(fmt.Sprintf("xlb dump, %s (whole process)", size), abs+" dump", *runs, "")
 	list := runOne(fmt.Sprintf("xlb list -n, %s (whole process)", size), abs+" list -n", *runs, "")
 	saved := filepath.Join(tmp, "state.json")

@@ -2,7 +2,10 @@
 // farm and per backend (kube-nftlb's "rules by count type"): it starts the
 // real xlb daemon, adds farms of 1, 10 and 100 backends through the API and
 // counts rules, chains, sets, maps and their elements in
-// `nft -j list table inet xlb` before and after each farm.
+// `nft -j list ruleset` (xlb's tables: the namespace holds nothing else)
+// before and after each farm. The nft plane spreads farms over tables
+// (--nft-tables, default 32), so a farm's numbers include what the first farm
+// of a table adds to it; the second farm shows the marginal cost.
 //
 // Each farm is added twice and both differences are reported: the second
 // farm shows the marginal cost once shared objects exist (they match when
@@ -133,7 +136,7 @@ func run(xlb, out, sizes string) error {
 		}
 	}
 	rep.Notes = append(rep.Notes,
-		"Counted from `nft -j list table inet xlb`: every rule, chain, set and map object, and the elements of sets and maps (\"set elements\", \"map elements\"); a farm's numbers are the difference to the table before it was added.",
+		"Counted from `nft -j list ruleset` in a namespace holding only xlb's tables: every table, rule, chain, set and map object, and the elements of sets and maps (\"set elements\", \"map elements\"); a farm's numbers are the difference to the ruleset before it was added. The daemon runs with its default --nft-tables, so farms land in different tables.",
 		"Farms: one VIP, TCP port 80, backends with weight 1 (scheduler weight: weights 1..n cycling 1-5).",
 	)
 	if err := os.MkdirAll(out, 0o755); err != nil {
@@ -148,12 +151,12 @@ func run(xlb, out, sizes string) error {
 	return os.WriteFile(filepath.Join(out, "rule-scale.md"), []byte(md), 0o644)
 }
 
-var kinds = []string{"rule", "chain", "map", "set", "map elements", "set elements"}
+var kinds = []string{"table", "rule", "chain", "map", "set", "map elements", "set elements"}
 
 func markdown(rep report) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Rule scale: kernel objects per farm (nft data plane)\n\nMeasured %s. Empty table (no farms): %s.\n\n", rep.Date, format(rep.Base))
-	b.WriteString("| mode / scheduler | backends | rules | chains | maps | sets | map elements | set elements | 2nd farm of the same size | per backend (from the previous size) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "# Rule scale: kernel objects per farm (nft data plane)\n\nMeasured %s. Empty state (no farms): %s.\n\n", rep.Date, format(rep.Base))
+	b.WriteString("| mode / scheduler | backends | tables | rules | chains | maps | sets | map elements | set elements | 2nd farm of the same size | per backend (from the previous size) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var prev *row
 	for i := range rep.Rows {
 		r := &rep.Rows[i]
@@ -228,11 +231,12 @@ func diff(now, before map[string]int) map[string]int {
 	return d
 }
 
-// count returns the objects of table inet xlb by kind.
+// count returns the objects of the namespace's ruleset (xlb's tables) by
+// kind.
 func count(ctx context.Context) (map[string]int, error) {
-	out, err := exec.CommandContext(ctx, "nft", "-j", "list", "table", "inet", "xlb").Output()
+	out, err := exec.CommandContext(ctx, "nft", "-j", "list", "ruleset").Output()
 	if err != nil {
-		return nil, fmt.Errorf("nft -j list table inet xlb: %w", err)
+		return nil, fmt.Errorf("nft -j list ruleset: %w", err)
 	}
 	var doc struct {
 		Nftables []map[string]json.RawMessage `json:"nftables"`
@@ -243,7 +247,7 @@ func count(ctx context.Context) (map[string]int, error) {
 	c := map[string]int{}
 	for _, obj := range doc.Nftables {
 		for kind, body := range obj {
-			if kind == "metainfo" || kind == "table" {
+			if kind == "metainfo" {
 				continue
 			}
 			c[kind]++
