@@ -160,7 +160,7 @@ func run(ctx context.Context, xlb, echo, out, prefix string, p params) error {
 		"notes": []string{
 			"until_traffic: from just before the API call (or the nft process start) until a new TCP connection to the VIP is accepted by a backend (add) or is no longer served (delete); probes are connects with a 50 ms timeout, back to back, from the client namespace.",
 			"until_call_returns: from the API call until its response (xlb only).",
-			"nft -f baseline: `ip netns exec <lb> nft -f` of one table with a numgen map of the same backends (add), `nft delete table` (delete); the xlb farms present stay in the kernel meanwhile.",
+			"nft -f baseline: `ip netns exec <lb> nft -f` of one table with a numgen map of the same backends (add), `nft delete table` (delete); the xlb farms present stay in the kernel meanwhile, and nft reads them into its cache on every start (with the default 32 tables, even at 0 farms: 32 tables, 512 maps), so the baseline pays for xlb's objects as well as its own; a script-driven balancer holding N farms of its own would pay for those instead.",
 			fmt.Sprintf("wall time %s.", time.Since(start).Round(time.Second)),
 		},
 		"results": rs,
