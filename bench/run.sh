@@ -31,7 +31,7 @@ OUT=bench/results
 if [ $quick -eq 1 ]; then
 	OUT=bench/results/quick
 	# Smallest sizes that still exercise every code path.
-	CTLPLANE_FLAGS="-runs 4 -existing 0,1000 -matrix 1000x4,100x10 ${CTLPLANE_FLAGS:-}"
+	CTLPLANE_FLAGS="-runs 4 -existing 0,1000 -matrix 1000x4,100x10+100fw ${CTLPLANE_FLAGS:-}"
 	CONVERGE_FLAGS="-runs 4 -existing 0,1000 -backends 10,100 ${CONVERGE_FLAGS:-}"
 	DATAPATH_FLAGS="-runs 1 -d 1s -warmup 0 ${DATAPATH_FLAGS:-}"
 	GOBENCH_FLAGS="-benchtime 1x -count 1 ${GOBENCH_FLAGS:-}"

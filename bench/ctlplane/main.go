@@ -8,11 +8,11 @@
 //     same 1,000 farms;
 //   - `xlb dump`, `xlb list -n`, `xlb save` and `xlb restore` as whole
 //     processes (hyperfine) for the patched ipvsadm's matrix of farms x
-//     backends (-matrix: 1000x4, 2000x2, 8000x2, 16000x1, 100x100); baseline:
+//     backends (-matrix: 1000x4, 2000x2, 8000x2, 16000x1, 100x100, and 8000
+//     VIP + 8000 firewall-mark farms); baseline:
 //     `nft list ruleset` of that state (xlb's tables: the namespace holds
 //     nothing else), and for restore one `nft -f`
-//     of the same farms. (The matrix's 8000 VIP + 8000
-//     firewall-mark farms wait for fwmark farms in the nft data plane.)
+//     of the same farms.
 //
 // It must run inside a network namespace of its own (bench/run.sh does that):
 // it starts an xlb daemon there and programs that namespace's nftables.
@@ -42,7 +42,7 @@ var (
 	runs    = flag.Int("runs", 30, "samples per measurement")
 	sizes   = flag.String("existing", "0,1000,10000", "farm counts present while adding one farm")
 	dumpN   = flag.Int("dump-farms", 0, "deprecated: same as -matrix Nx1")
-	matrix  = flag.String("matrix", "1000x4,2000x2,8000x2,16000x1,100x100", "farms x backends states for dump, list -n, save and restore")
+	matrix  = flag.String("matrix", "1000x4,2000x2,8000x2,16000x1,100x100,8000x1+8000fw", "farms x backends states for dump, list -n, save and restore; +Nfw adds N firewall-mark farms with as many backends")
 	apiAddr = "127.0.0.1:5590"
 	key     = "bench-key-not-secret"
 )
@@ -126,12 +126,18 @@ func main() {
 		m = fmt.Sprintf("%dx1", *dumpN)
 	}
 	for _, e := range strings.Split(m, ",") {
-		var n, b int
-		if _, err := fmt.Sscanf(e, "%dx%d", &n, &b); err != nil || n < 1 || b < 1 {
-			log.Fatalf("-matrix: %q is not FARMSxBACKENDS", e)
+		var n, b, fw int
+		vip, mark, _ := strings.Cut(e, "+")
+		if _, err := fmt.Sscanf(vip, "%dx%d", &n, &b); err != nil || n < 1 || b < 1 {
+			log.Fatalf("-matrix: %q is not FARMSxBACKENDS[+MARKFARMSfw]", e)
 		}
-		restore(n, b)
-		results = append(results, hyperfine(n, b)...)
+		if mark != "" {
+			if _, err := fmt.Sscanf(mark, "%dfw", &fw); err != nil || fw < 1 {
+				log.Fatalf("-matrix: %q is not FARMSxBACKENDS[+MARKFARMSfw]", e)
+			}
+		}
+		restoreMixed(n, b, fw)
+		results = append(results, hyperfine(n, b, fw)...)
 	}
 	restore(0, 1)
 
@@ -202,6 +208,30 @@ func restore(n, b int) {
 	call("PUT", "/state", body)
 }
 
+// restoreMixed replaces the whole state with n farms x b backends on VIPs
+// and fw firewall-mark farms (marks 1..fw, protocol all) x b backends.
+func restoreMixed(n, b, fw int) {
+	if fw == 0 {
+		restore(n, b)
+		return
+	}
+	body := farmsJSON("g", n, b, 64)
+	var s bytes.Buffer
+	s.Write(body[:len(body)-2]) // without the closing "]}"
+	for i := range fw {
+		fmt.Fprintf(&s, `,{"name":"m%05d","mark":"0x%x","protocol":"all","backends":[`, i, i+1)
+		for j := range b {
+			if j > 0 {
+				s.WriteByte(',')
+			}
+			fmt.Fprintf(&s, `{"name":"b%d","ip-addr":"172.%d.%d.%d"}`, j, 16+j>>8, j&255, i%250+1)
+		}
+		s.WriteString("]}")
+	}
+	s.WriteString("]}")
+	call("PUT", "/state", s.Bytes())
+}
+
 // nftBaseline times one `nft -f` that creates n farms x b backends the way a
 // script-driven balancer would, in a table of its own, then removes it.
 func nftBaseline(tag string, n, b int) float64 {
@@ -253,7 +283,7 @@ func nftBaselineLimit(tag string, n, b int, limit time.Duration) (d float64, tim
 	return d, false
 }
 
-func hyperfine(n, b int) []result {
+func hyperfine(n, b, fw int) []result {
 	env := os.Environ()
 	env = append(env, "XLB_KEY="+key, "XLB_API=http://"+apiAddr)
 	tmp, err := os.MkdirTemp("", "hf")
@@ -288,6 +318,10 @@ func hyperfine(n, b int) []result {
 	}
 	abs, _ := filepath.Abs(*xlbBin)
 	size := fmt.Sprintf("%d farms x %d backends", n, b)
+	if fw > 0 {
+		// The restore baseline below builds VIP farms only: n+fw of them.
+		size = fmt.Sprintf("%d VIP + %d fwmark farms x %d backends", n, fw, b)
+	}
 	base := runOne(fmt.Sprintf("nft list ruleset (%s)", size), "nft list ruleset", *runs, "")
 	dump := runOne(fmt.Sprintf("xlb dump, %s (whole process)", size), abs+" dump", *runs, "")
 	list := runOne(fmt.Sprintf("xlb list -n, %s (whole process)", size), abs+" list -n", *runs, "")
@@ -306,13 +340,13 @@ func hyperfine(n, b int) []result {
 	// chains with their maps over 2 minutes), so: fewer runs there, and the
 	// baseline stops at 60 s and at its first sample over 10 s.
 	rruns := min(*runs, 5)
-	if n*b >= 8000 {
+	if (n+fw)*b >= 8000 {
 		rruns = min(rruns, 2)
 	}
 	var nb []float64
 	baseName := fmt.Sprintf("nft -f (restore baseline): %s", size)
 	for i := range rruns {
-		d, timedOut := nftBaselineLimit(fmt.Sprintf("r%d", i), n, b, time.Minute)
+		d, timedOut := nftBaselineLimit(fmt.Sprintf("r%d", i), n+fw, b, time.Minute)
 		nb = append(nb, d)
 		if timedOut {
 			baseName += " (timed out at 60 s: a lower bound)"
