@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-ebpf bench-kube clean
+.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts bench-ebpf bench-kube clean
 
 all: build
 
@@ -50,8 +50,27 @@ test: build vet check-fmt check-generate kube-binaries
 demo: build
 	scripts/demo.sh
 
+# Benchmarks (bench/run.sh; results and charts in bench/results/). bench is
+# the whole suite (tens of minutes, run it on a quiet machine); bench-quick a
+# smoke run of every part in under 3 minutes, results in bench/results/quick/.
 bench: build
 	bench/run.sh
+
+bench-quick: build
+	bench/run.sh --quick
+
+bench-datapath: build
+	bench/run.sh datapath charts
+
+bench-converge: build
+	bench/run.sh converge charts
+
+bench-rulescale: build
+	bench/run.sh rulescale charts
+
+# Redraw the charts from the JSON results without measuring again.
+bench-charts:
+	$(GO) run ./bench/charts -dir bench/results
 
 # ns/packet of the eBPF program (BPF_PROG_TEST_RUN) at 1k..4M connections;
 # writes bench/results/ebpf-conntrack.md. Root.

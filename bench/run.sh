@@ -1,15 +1,104 @@
 #!/usr/bin/env bash
-# make bench: control-plane benchmarks in a network namespace of their own,
-# plus the Go benchmarks. Results go to bench/results/ (committed).
+# make bench, bench-quick, bench-datapath: the benchmark suite (see
+# DESIGN.md, Benchmarks). Results go to bench/results/ (committed); with
+# --quick to bench/results/quick/ (not committed).
+#
+# usage: bench/run.sh [--quick] [PART...]
+#   PART: ctlplane converge datapath rulescale gobench charts (default: all, in that order)
+#   --quick: tiny sizes, one or a few runs each: a smoke run of every part in
+#            under 3 minutes, to check that the harness works, not to measure.
+# More flags for a part: CTLPLANE_FLAGS, CONVERGE_FLAGS, DATAPATH_FLAGS, RULESCALE_FLAGS
+# (e.g. DATAPATH_FLAGS="-runs 10 -d 10s"), GOBENCH_FLAGS.
+#
+# Every namespace made here is named xlbb-<pid of this script>-*; the trap
+# kills what runs in them and deletes them on exit, also on failure or ^C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ "$(id -u)" -eq 0 ] || { echo "bench: run as root (it creates a network namespace)" >&2; exit 1; }
-NS=xlb-bench-$$
-ip netns add "$NS"
-trap 'ip netns pids "$NS" 2>/dev/null | xargs -r kill -9; ip netns del "$NS"' EXIT
-ip netns exec "$NS" ip link set lo up
-go build -o bin/ctlplane ./bench/ctlplane
-ip netns exec "$NS" bin/ctlplane -xlb bin/xlb -out bench/results "$@"
-echo
-echo "Go benchmarks (engine, nft data plane):"
-XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench . -benchtime 100x -count 5 ./internal/engine/ ./internal/dataplane/nft/ | tee bench/results/go-bench.txt
+[ "$(id -u)" -eq 0 ] || { echo "bench: run as root (it creates network namespaces)" >&2; exit 1; }
+
+quick=0
+parts=()
+for a in "$@"; do
+	case $a in
+	--quick) quick=1 ;;
+	ctlplane | converge | datapath | rulescale | gobench | charts) parts+=("$a") ;;
+	*) echo "usage: bench/run.sh [--quick] [ctlplane|converge|datapath|rulescale|gobench|charts]..." >&2; exit 2 ;;
+	esac
+done
+[ ${#parts[@]} -gt 0 ] || parts=(ctlplane converge datapath rulescale gobench charts)
+
+OUT=bench/results
+if [ $quick -eq 1 ]; then
+	OUT=bench/results/quick
+	# Smallest sizes that still exercise every code path.
+	CTLPLANE_FLAGS="-runs 4 -existing 0,1000 -matrix 1000x4,100x10+100fw ${CTLPLANE_FLAGS:-}"
+	CONVERGE_FLAGS="-runs 4 -existing 0,1000 -backends 10,100 ${CONVERGE_FLAGS:-}"
+	DATAPATH_FLAGS="-runs 1 -d 1s -warmup 0 ${DATAPATH_FLAGS:-}"
+	GOBENCH_FLAGS="-benchtime 1x -count 1 ${GOBENCH_FLAGS:-}"
+fi
+mkdir -p "$OUT"
+
+P=xlbb-$$
+cleanup() {
+	set +e
+	for ns in $(ip netns list | awk '{print $1}' | grep "^$P-"); do
+		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+		ip netns del "$ns"
+	done
+}
+trap cleanup EXIT
+
+# in_ns NAME CMD...: runs CMD in a fresh namespace of its own, then removes it.
+in_ns() {
+	local ns=$P-$1
+	shift
+	ip netns add "$ns"
+	ip netns exec "$ns" ip link set lo up
+	ip netns exec "$ns" "$@"
+	ip netns pids "$ns" | xargs -r kill -9
+	ip netns del "$ns"
+}
+
+step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+for p in ctlplane converge datapath rulescale charts; do
+	go build -o "bin/$p" "./bench/$p"
+done
+
+for part in "${parts[@]}"; do
+	case $part in
+	ctlplane)
+		step "control plane"
+		# shellcheck disable=SC2086 # flags are meant to split
+		in_ns ctlplane bin/ctlplane -xlb bin/xlb -out "$OUT" ${CTLPLANE_FLAGS:-}
+		;;
+	converge)
+		step "control plane: time until traffic follows"
+		# It makes its own namespaces (client, lb, 3 backends) under our prefix.
+		# shellcheck disable=SC2086
+		bin/converge -xlb bin/xlb -echo bin/xlb-echo -out "$OUT" -prefix "$P" ${CONVERGE_FLAGS:-}
+		;;
+	datapath)
+		step "data path"
+		# It makes its own namespaces (client, lb, 3 backends) under our prefix.
+		# shellcheck disable=SC2086
+		bin/datapath -xlb bin/xlb -echo bin/xlb-echo -out "$OUT" -prefix "$P" ${DATAPATH_FLAGS:-}
+		;;
+	rulescale)
+		step "rule scale"
+		# shellcheck disable=SC2086
+		in_ns rulescale bin/rulescale -xlb bin/xlb -out "$OUT" ${RULESCALE_FLAGS:-}
+		;;
+	gobench)
+		step "Go benchmarks (engine, nft data plane)"
+		# shellcheck disable=SC2086
+		XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench . ${GOBENCH_FLAGS:--benchtime 100x -count 5} \
+			./internal/engine/ ./internal/dataplane/nft/ | tee "$OUT/go-bench.txt"
+		;;
+	charts)
+		step "charts"
+		bin/charts -dir "$OUT"
+		;;
+	esac
+done
+step "done: results in $OUT"

@@ -6,8 +6,13 @@
 //     (what a tool that drives the nft binary, as nftlb's scripts do, pays);
 //   - one bulk POST of 1,000 farms x 4 backends; baseline: one `nft -f` of the
 //     same 1,000 farms;
-//   - `xlb dump` and `xlb list -n` as whole processes with 16,000 farms x 1
-//     backend (hyperfine); baseline: `nft list table inet xlb` of that state.
+//   - `xlb dump`, `xlb list -n`, `xlb save` and `xlb restore` as whole
+//     processes (hyperfine) for the patched ipvsadm's matrix of farms x
+//     backends (-matrix: 1000x4, 2000x2, 8000x2, 16000x1, 100x100, and 8000
+//     VIP + 8000 firewall-mark farms); baseline:
+//     `nft list ruleset` of that state (xlb's tables: the namespace holds
+//     nothing else), and for restore one `nft -f`
+//     of the same farms.
 //
 // It must run inside a network namespace of its own (bench/run.sh does that):
 // it starts an xlb daemon there and programs that namespace's nftables.
@@ -27,6 +32,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/xlb-lb/xlb/bench/internal/stats"
 )
 
 var (
@@ -34,7 +41,8 @@ var (
 	out     = flag.String("out", "bench/results", "results directory")
 	runs    = flag.Int("runs", 30, "samples per measurement")
 	sizes   = flag.String("existing", "0,1000,10000", "farm counts present while adding one farm")
-	dumpN   = flag.Int("dump-farms", 16000, "farms present for the dump/list measurement")
+	dumpN   = flag.Int("dump-farms", 0, "deprecated: same as -matrix Nx1")
+	matrix  = flag.String("matrix", "1000x4,2000x2,8000x2,16000x1,100x100,8000x1+8000fw", "farms x backends states for dump, list -n, save and restore; +Nfw adds N firewall-mark farms with as many backends")
 	apiAddr = "127.0.0.1:5590"
 	key     = "bench-key-not-secret"
 )
@@ -113,8 +121,25 @@ func main() {
 	results = append(results, withBaseline(summarize("API bulk POST 1000 farms x 4 backends", bulk), bb), bb)
 	log.Printf("bulk 1000x4: median %.1f ms", results[len(results)-2].Median)
 
-	restore(*dumpN, 1)
-	results = append(results, hyperfine(*dumpN)...)
+	m := *matrix
+	if *dumpN > 0 {
+		m = fmt.Sprintf("%dx1", *dumpN)
+	}
+	for _, e := range strings.Split(m, ",") {
+		var n, b, fw int
+		vip, mark, _ := strings.Cut(e, "+")
+		if _, err := fmt.Sscanf(vip, "%dx%d", &n, &b); err != nil || n < 1 || b < 1 {
+			log.Fatalf("-matrix: %q is not FARMSxBACKENDS[+MARKFARMSfw]", e)
+		}
+		if mark != "" {
+			if _, err := fmt.Sscanf(mark, "%dfw", &fw); err != nil || fw < 1 {
+				log.Fatalf("-matrix: %q is not FARMSxBACKENDS[+MARKFARMSfw]", e)
+			}
+		}
+		restoreMixed(n, b, fw)
+		results = append(results, hyperfine(n, b, fw)...)
+	}
+	restore(0, 1)
 
 	must(os.MkdirAll(*out, 0o755))
 	js, _ := json.MarshalIndent(results, "", "  ")
@@ -126,12 +151,24 @@ func main() {
 func markdown(rs []result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured %s on %s (2 cores), %d samples each unless noted.\n\n", time.Now().UTC().Format("2006-01-02"), kernel(), *runs)
-	b.WriteString("| measurement | median ms | p25-p75 ms | min-max ms | baseline (same run) | baseline median ms | ratio |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| measurement | median ms | p25-p75 ms | min-max ms | baseline (same run) | baseline median ms | ratio | difference, 95 % conf. |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		if r.Baseline == "" {
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f-%.2f | %.2f-%.2f | %s | %.2f | %.3f |\n", r.Name, r.Median, r.P25, r.P75, r.Min, r.Max, r.Baseline, r.BaseMed, r.Ratio)
+		conf := "n/a"
+		for _, base := range rs {
+			if base.Name != r.Baseline {
+				continue
+			}
+			if d, ok := stats.Compare(r.Samples, base.Samples); ok {
+				conf = fmt.Sprintf("%+.1f %% ± %.1f %%", d.Percent, d.PlusMinus)
+				if !d.Significant {
+					conf += " (no difference proven)"
+				}
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f-%.2f | %.2f-%.2f | %s | %.2f | %.3f | %s |\n", r.Name, r.Median, r.P25, r.P75, r.Min, r.Max, r.Baseline, r.BaseMed, r.Ratio, conf)
 	}
 	return b.String()
 }
@@ -171,9 +208,41 @@ func restore(n, b int) {
 	call("PUT", "/state", body)
 }
 
+// restoreMixed replaces the whole state with n farms x b backends on VIPs
+// and fw firewall-mark farms (marks 1..fw, protocol all) x b backends.
+func restoreMixed(n, b, fw int) {
+	if fw == 0 {
+		restore(n, b)
+		return
+	}
+	body := farmsJSON("g", n, b, 64)
+	var s bytes.Buffer
+	s.Write(body[:len(body)-2]) // without the closing "]}"
+	for i := range fw {
+		fmt.Fprintf(&s, `,{"name":"m%05d","mark":"0x%x","protocol":"all","backends":[`, i, i+1)
+		for j := range b {
+			if j > 0 {
+				s.WriteByte(',')
+			}
+			fmt.Fprintf(&s, `{"name":"b%d","ip-addr":"172.%d.%d.%d"}`, j, 16+j>>8, j&255, i%250+1)
+		}
+		s.WriteString("]}")
+	}
+	s.WriteString("]}")
+	call("PUT", "/state", s.Bytes())
+}
+
 // nftBaseline times one `nft -f` that creates n farms x b backends the way a
 // script-driven balancer would, in a table of its own, then removes it.
 func nftBaseline(tag string, n, b int) float64 {
+	d, _ := nftBaselineLimit(tag, n, b, 0)
+	return d
+}
+
+// nftBaselineLimit is nftBaseline stopped after limit (0: none): a killed
+// `nft -f` applies nothing (one transaction), and the sample is then limit,
+// a lower bound, with timedOut set.
+func nftBaselineLimit(tag string, n, b int, limit time.Duration) (d float64, timedOut bool) {
 	var s strings.Builder
 	fmt.Fprintf(&s, "table ip bench_%s {\n map svc { type ipv4_addr . inet_proto . inet_service : verdict; }\n", tag)
 	for i := range n {
@@ -195,24 +264,40 @@ func nftBaseline(tag string, n, b int) float64 {
 	defer os.Remove(f.Name())
 	f.WriteString(s.String())
 	f.Close()
+	ctx := context.Background()
+	if limit > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, limit)
+		defer cancel()
+	}
 	t := time.Now()
-	if out, err := exec.Command("nft", "-f", f.Name()).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "nft", "-f", f.Name()).CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			exec.Command("nft", "delete", "table", "ip", "bench_"+tag).Run()
+			return ms(limit), true
+		}
 		log.Fatalf("baseline nft -f: %v: %s", err, out)
 	}
-	d := ms(time.Since(t))
+	d = ms(time.Since(t))
 	exec.Command("nft", "delete", "table", "ip", "bench_"+tag).Run()
-	return d
+	return d, false
 }
 
-func hyperfine(n int) []result {
+func hyperfine(n, b, fw int) []result {
 	env := os.Environ()
 	env = append(env, "XLB_KEY="+key, "XLB_API=http://"+apiAddr)
 	tmp, err := os.MkdirTemp("", "hf")
 	must(err)
 	defer os.RemoveAll(tmp)
-	runOne := func(name, cmd string) result {
+	runOne := func(name, cmd string, runs int, prepare string) result {
 		js := filepath.Join(tmp, "out.json")
-		hf := exec.Command("hyperfine", "-N", "--warmup", "3", "--runs", fmt.Sprint(*runs), "--export-json", js, "--output", "null", cmd)
+		args := []string{"-N", "--warmup", "3", "--runs", fmt.Sprint(runs), "--export-json", js, "--output", "null"}
+		if prepare != "" {
+			// Each run rebuilds a whole state: no warm-up runs.
+			args = append(args, "--prepare", prepare)
+			args[2] = "0"
+		}
+		hf := exec.Command("hyperfine", append(args, cmd)...)
 		hf.Env = env
 		if out, err := hf.CombinedOutput(); err != nil {
 			log.Fatalf("hyperfine %s: %v: %s", cmd, err, out)
@@ -232,11 +317,50 @@ func hyperfine(n int) []result {
 		return summarize(name, samples)
 	}
 	abs, _ := filepath.Abs(*xlbBin)
-	base := runOne(fmt.Sprintf("nft list table inet xlb (%d farms)", n), "nft list table inet xlb")
-	dump := runOne(fmt.Sprintf("xlb dump, %d farms x 1 backend (whole process)", n), abs+" dump")
-	list := runOne(fmt.Sprintf("xlb list -n, %d farms x 1 backend (whole process)", n), abs+" list -n")
-	log.Printf("dump %.1f ms, list -n %.1f ms, nft list %.1f ms", dump.Median, list.Median, base.Median)
-	return []result{withBaseline(dump, base), withBaseline(list, base), base}
+	size := fmt.Sprintf("%d farms x %d backends", n, b)
+	if fw > 0 {
+		// The restore baseline below builds VIP farms only: n+fw of them.
+		size = fmt.Sprintf("%d VIP + %d fwmark farms x %d backends", n, fw, b)
+	}
+	base := runOne(fmt.Sprintf("nft list ruleset (%s)", size), "nft list ruleset", *runs, "")
+	dump := runOne(fmt.Sprintf("xlb dump, %s (whole process)", size), abs+" dump", *runs, "")
+	list := runOne(fmt.Sprintf("xlb list -n, %s (whole process)", size), abs+" list -n", *runs, "")
+	saved := filepath.Join(tmp, "state.json")
+	save := runOne(fmt.Sprintf("xlb save -f, %s (whole process)", size), abs+" save -f "+saved, *runs, "")
+
+	// restore: from an empty state each time (--prepare), so every run
+	// creates the whole state. Baseline: one nft -f of the same farms in a
+	// table of its own (nftBaseline; the listing of table xlb does not load
+	// back: nft prints its numgen-keyed maps with "type 0").
+	empty := filepath.Join(tmp, "empty.json")
+	must(os.WriteFile(empty, []byte(`{"farms":[]}`), 0o644))
+	//
+	// Both are slow at the top of the matrix (on a 2-core box, xlb restore
+	// of 16,000 farms took ~35 s and emptying them ~20 s; nft -f of 16,000
+	// chains with their maps over 2 minutes), so: fewer runs there, and the
+	// baseline stops at 60 s and at its first sample over 10 s.
+	rruns := min(*runs, 5)
+	if (n+fw)*b >= 8000 {
+		rruns = min(rruns, 2)
+	}
+	var nb []float64
+	baseName := fmt.Sprintf("nft -f (restore baseline): %s", size)
+	for i := range rruns {
+		d, timedOut := nftBaselineLimit(fmt.Sprintf("r%d", i), n+fw, b, time.Minute)
+		nb = append(nb, d)
+		if timedOut {
+			baseName += " (timed out at 60 s: a lower bound)"
+			break
+		}
+		if d > 10000 {
+			break
+		}
+	}
+	nftRestore := summarize(baseName, nb)
+	rest := runOne(fmt.Sprintf("xlb restore -f, %s (whole process, from empty)", size), abs+" restore -f "+saved, rruns, abs+" restore -f "+empty)
+	log.Printf("%s: dump %.1f ms, list -n %.1f ms, save %.1f ms, nft list %.1f ms; restore %.1f ms, nft -f %.1f ms",
+		size, dump.Median, list.Median, save.Median, base.Median, rest.Median, nftRestore.Median)
+	return []result{withBaseline(dump, base), withBaseline(list, base), withBaseline(save, base), base, withBaseline(rest, nftRestore), nftRestore}
 }
 
 var client = &http.Client{Timeout: 5 * time.Minute}

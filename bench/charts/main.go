@@ -1,0 +1,376 @@
+// Command charts draws the benchmark results as PNG charts with gnuplot
+// (Debian's gnuplot-nox), from the JSON the benchmarks wrote, so a chart can
+// be redrawn without measuring again:
+//
+//   - datapath.json -> datapath.png: req/s and p99 latency (udp: packets/s
+//     and softirq per packet) per system, bars at the median with min/max whiskers, a row
+//     of panels per load;
+//   - control-plane.json -> control-plane.png: a boxplot of every
+//     measurement's samples next to its baseline (log scale);
+//   - rule-scale.json -> rule-scale.png: kernel objects per farm by farm size;
+//   - converge.json -> converge.png: boxplots of the time until traffic
+//     follows a farm's add and delete, by backends and farms present, xlb
+//     next to nft -f (the kube-nftlb charts).
+//
+// A missing JSON file is reported and skipped (each benchmark can run alone);
+// a gnuplot failure is an error.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+func main() {
+	dir := flag.String("dir", "bench/results", "directory of the JSON results; the PNGs are written there")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("charts: ")
+	if _, err := exec.LookPath("gnuplot"); err != nil {
+		log.Fatal("gnuplot not found (scripts/install-deps.sh installs gnuplot-nox)")
+	}
+	tmp, err := os.MkdirTemp("", "xlb-charts-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	drawn := 0
+	for _, c := range []struct {
+		json string
+		draw func(dir, tmp string, raw []byte) error
+	}{
+		{"datapath.json", datapath},
+		{"control-plane.json", controlPlane},
+		{"rule-scale.json", ruleScale},
+		{"converge.json", converge},
+	} {
+		raw, err := os.ReadFile(filepath.Join(*dir, c.json))
+		if err != nil {
+			log.Printf("skip %s: %v", c.json, err)
+			continue
+		}
+		if err := c.draw(*dir, tmp, raw); err != nil {
+			log.Fatalf("chart of %s: %v", c.json, err)
+		}
+		drawn++
+	}
+	if drawn == 0 {
+		log.Fatalf("no results in %s to draw", *dir)
+	}
+}
+
+// gnuplot runs script, with data files already written to tmp.
+func gnuplot(tmp, script string) error {
+	f := filepath.Join(tmp, "chart.gp")
+	if err := os.WriteFile(f, []byte(script), 0o644); err != nil {
+		return err
+	}
+	cmd := exec.Command("gnuplot", f)
+	cmd.Dir = tmp
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("gnuplot: %w: %s", err, out)
+	}
+	return nil
+}
+
+const header = `set terminal pngcairo size %d,%d font "sans,10"
+set output %q
+set grid ytics
+set border 3
+set tics nomirror
+set key off
+`
+
+type summary struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+func datapath(dir, tmp string, raw []byte) error {
+	var rep struct {
+		Date    string `json:"date"`
+		Machine string `json:"machine"`
+		Rows    []struct {
+			System  string  `json:"system"`
+			Load    string  `json:"load"`
+			ReqPS   summary `json:"req_per_sec"`
+			P99     summary `json:"p99_ms"`
+			Softirq summary `json:"softirq_us_per_req"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return err
+	}
+	var loads []string
+	for _, r := range rep.Rows {
+		if !slices.Contains(loads, r.Load) {
+			loads = append(loads, r.Load)
+		}
+	}
+	out := filepath.Join(dir, "datapath.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 1200, 420*len(loads), abs)
+	fmt.Fprintf(&s, "set multiplot layout %d,2 title %q\n", len(loads), "Data path, client -> VIP -> 3 backends (bars: median, whiskers: min-max) - "+rep.Machine)
+	s.WriteString("set style data histogram\nset style histogram errorbars gap 1 lw 1\nset style fill solid 0.6 border -1\nset boxwidth 0.8\nset yrange [0:*]\nset xtics rotate by -25\n")
+	for i, load := range loads {
+		data := fmt.Sprintf("dp-%d.dat", i)
+		var d strings.Builder
+		for _, r := range rep.Rows {
+			if r.Load == load {
+				second := r.P99
+				if load == "udp" {
+					second = r.Softirq
+				}
+				fmt.Fprintf(&d, "%q %g %g %g %g %g %g\n", r.System, r.ReqPS.Median, r.ReqPS.Min, r.ReqPS.Max, second.Median, second.Min, second.Max)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(tmp, data), []byte(d.String()), 0o644); err != nil {
+			return err
+		}
+		if load == "udp" {
+			fmt.Fprintf(&s, "set title %q\nset ylabel \"packets/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", "udp: packets per second reaching the backends (higher is better)", data)
+			fmt.Fprintf(&s, "set title %q\nset ylabel \"µs\"\nplot %q using 5:6:7:xtic(1) lc rgb \"#c0504d\"\n", "udp: softirq time per packet, whole machine (lower is better)", data)
+			continue
+		}
+		fmt.Fprintf(&s, "set title %q\nset ylabel \"requests/s\"\nplot %q using 2:3:4:xtic(1) lc rgb \"#4878a8\"\n", load+": HTTP requests per second (higher is better)", data)
+		fmt.Fprintf(&s, "set title %q\nset ylabel \"ms\"\nplot %q using 5:6:7:xtic(1) lc rgb \"#c0504d\"\n", load+": p99 latency (lower is better)", data)
+	}
+	s.WriteString("unset multiplot\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+// shortLabel turns control-plane measurement names into axis labels.
+func shortLabel(name string) string {
+	for _, m := range []struct {
+		re  *regexp.Regexp
+		fmt string
+	}{
+		{regexp.MustCompile(`^API add farm x (\d+) backends, (\d+) farms.*$`), "xlb add x${1}\\n@${2} farms"},
+		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms.*$`), "nft -f x${1}\\n@${2} farms"},
+		{regexp.MustCompile(`^API bulk POST (\d+) farms x (\d+).*$`), "xlb bulk\\n${1}x${2}"},
+		{regexp.MustCompile(`^nft -f: (\d+) farms x (\d+).*$`), "nft -f\\n${1}x${2}"},
+		{regexp.MustCompile(`^xlb (dump|list -n|save -f|restore -f), (\d+) VIP \+ (\d+) fwmark farms x (\d+) backends.*$`), "xlb ${1}\\n${2}+${3}fw x${4}"},
+		{regexp.MustCompile(`^nft list ruleset \((\d+) VIP \+ (\d+) fwmark farms x (\d+) backends.*$`), "nft list\\n${1}+${2}fw x${3}"},
+		{regexp.MustCompile(`^nft -f \(restore baseline\): (\d+) VIP \+ (\d+) fwmark farms x (\d+) backends.*$`), "nft -f\\n${1}+${2}fw x${3}"},
+		{regexp.MustCompile(`^xlb (dump|list -n|save -f|restore -f), (\d+) farms x (\d+) backends.*$`), "xlb ${1}\\n${2}x${3}"},
+		{regexp.MustCompile(`^xlb (dump|list -n), (\d+) farms.*$`), "xlb ${1}\\n${2} farms"},
+		{regexp.MustCompile(`^nft list (?:table inet xlb|ruleset) \((\d+) farms x (\d+) backends.*$`), "nft list\\n${1}x${2}"},
+		{regexp.MustCompile(`^nft list (?:table inet xlb|ruleset) \((\d+) farms.*$`), "nft list\\n${1} farms"},
+		{regexp.MustCompile(`^nft -f \(restore baseline\): (\d+) farms x (\d+) backends.*$`), "nft -f\\n${1}x${2}"},
+	} {
+		if m.re.MatchString(name) {
+			return m.re.ReplaceAllString(name, m.fmt)
+		}
+	}
+	if len(name) > 24 {
+		name = name[:24]
+	}
+	return name
+}
+
+type cpResult struct {
+	Name     string    `json:"name"`
+	Samples  []float64 `json:"samples"`
+	Baseline string    `json:"baseline"`
+}
+
+// controlPlane draws two charts: single changes (control-plane.png) and the
+// whole-process bulk matrix (control-plane-bulk.png).
+func controlPlane(dir, tmp string, raw []byte) error {
+	var rs []cpResult
+	if err := json.Unmarshal(raw, &rs); err != nil {
+		return err
+	}
+	var single, bulk []cpResult
+	for _, r := range rs {
+		if strings.Contains(r.Name, "(whole process") || strings.HasPrefix(r.Name, "nft list ") || strings.HasPrefix(r.Name, "nft -f (restore baseline)") {
+			bulk = append(bulk, r)
+		} else {
+			single = append(single, r)
+		}
+	}
+	if err := boxplots(dir, tmp, "control-plane.png", "Control plane: xlb API calls (blue) and the nft -f baseline in the same run (red)", single); err != nil {
+		return err
+	}
+	if len(bulk) == 0 {
+		return nil
+	}
+	return boxplots(dir, tmp, "control-plane-bulk.png", "Bulk, whole processes (hyperfine), farms x backends: xlb (blue) and nft (red) in the same run", bulk)
+}
+
+func boxplots(dir, tmp, name, title string, rs []cpResult) error {
+	var d strings.Builder
+	var plots, tics []string
+	for i, r := range rs {
+		if i > 0 {
+			d.WriteString("\n\n") // gnuplot data blocks, addressed with "index"
+		}
+		for _, v := range r.Samples {
+			fmt.Fprintf(&d, "%g\n", v)
+		}
+		color := "#c0504d" // baseline
+		if r.Baseline != "" {
+			color = "#4878a8" // xlb, measured against the baseline that follows it
+		}
+		plots = append(plots, fmt.Sprintf("'cp.dat' index %d using (%d):1 with boxplot lc rgb %q", i, i+1, color))
+		tics = append(tics, fmt.Sprintf("\"%s\" %d", shortLabel(r.Name), i+1))
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "cp.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, name)
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, max(900, 80*len(rs)), 520, abs)
+	fmt.Fprintf(&s, "set title %q\n", title+"\nboxes p25-p75, whiskers 1.5 IQR (fewer than 4 samples: points)")
+	s.WriteString("set termoption noenhanced\nset ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.5 absolute\n")
+	fmt.Fprintf(&s, "set xrange [0.3:%g]\nset xtics (%s) font \",8\"\n", float64(len(rs))+0.7, strings.Join(tics, ", "))
+	s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+func ruleScale(dir, tmp string, raw []byte) error {
+	var rep struct {
+		Rows []struct {
+			Config   struct{ Mode, Sched string } `json:"config"`
+			Backends int                          `json:"backends"`
+			PerFarm  map[string]int               `json:"per_farm"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return err
+	}
+	var kinds []string
+	for _, r := range rep.Rows {
+		for k := range r.PerFarm {
+			if !slices.Contains(kinds, k) {
+				kinds = append(kinds, k)
+			}
+		}
+	}
+	slices.Sort(kinds)
+	var d strings.Builder
+	d.WriteString("backends")
+	for _, k := range kinds {
+		fmt.Fprintf(&d, " %q", k)
+	}
+	d.WriteString("\n")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(&d, "\"%s %s\\n%d\"", r.Config.Mode, r.Config.Sched, r.Backends)
+		for _, k := range kinds {
+			fmt.Fprintf(&d, " %d", r.PerFarm[k])
+		}
+		d.WriteString("\n")
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "rs.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "rule-scale.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 900, 480, abs)
+	s.WriteString("set title \"Rule scale: kernel objects one farm adds to xlb's tables, by backends in the farm\"\n")
+	s.WriteString("set key top left\nset bmargin 5\nset xlabel \"mode, scheduler, backends in the farm\" offset 0,-1\nset ylabel \"objects (log scale)\"\nset logscale y\nset yrange [0.8:*]\n")
+	s.WriteString("set style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.6 border -1\n")
+	var plots []string
+	for i := range kinds {
+		plots = append(plots, fmt.Sprintf("'rs.dat' using %d:xtic(1) title columnhead", i+2))
+	}
+	s.WriteString("plot " + strings.Join(plots, ", ") + "\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+func converge(dir, tmp string, raw []byte) error {
+	var doc struct {
+		Machine string `json:"machine"`
+		Results []struct {
+			System   string    `json:"system"`
+			Op       string    `json:"op"`
+			Existing int       `json:"existing_farms"`
+			Backends int       `json:"backends"`
+			Traffic  []float64 `json:"until_traffic_ms"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "converge.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 1300, 900, abs)
+	s.WriteString("set termoption noenhanced\n")
+	fmt.Fprintf(&s, "set multiplot layout 2,1 title %q\n", "Time from the API call (or nft -f) until traffic follows: xlb (blue), nft -f (red); boxes p25-p75 - "+doc.Machine)
+	s.WriteString("set ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.35 absolute\n")
+	block := 0
+	var d strings.Builder
+	for _, op := range []string{"add", "delete"} {
+		var plots, tics []string
+		x := 0.0
+		var lastKey string
+		for _, r := range doc.Results {
+			if r.Op != op || r.System != "xlb" {
+				continue
+			}
+			key := fmt.Sprintf("%d backends\\n%d farms", r.Backends, r.Existing)
+			if key == lastKey {
+				continue
+			}
+			lastKey = key
+			x++
+			tics = append(tics, fmt.Sprintf("\"%s\" %g", key, x))
+			for _, sys := range []struct {
+				name, color string
+				off         float64
+			}{{"xlb", "#4878a8", -0.2}, {"nft -f", "#c0504d", 0.2}} {
+				for _, q := range doc.Results {
+					if q.Op == op && q.System == sys.name && q.Existing == r.Existing && q.Backends == r.Backends {
+						if block > 0 {
+							d.WriteString("\n\n")
+						}
+						for _, v := range q.Traffic {
+							fmt.Fprintf(&d, "%g\n", v)
+						}
+						plots = append(plots, fmt.Sprintf("'cv.dat' index %d using (%g):1 with boxplot lc rgb %q", block, x+sys.off, sys.color))
+						block++
+					}
+				}
+			}
+		}
+		if len(plots) == 0 {
+			continue
+		}
+		fmt.Fprintf(&s, "set title %q\nset xrange [0.4:%g]\nset xtics (%s) font \",8\"\n", op+" a farm", x+0.6, strings.Join(tics, ", "))
+		s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")
+	}
+	s.WriteString("unset multiplot\n")
+	if err := os.WriteFile(filepath.Join(tmp, "cv.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
