@@ -14,6 +14,7 @@ import (
 // are netfilter conntrack, which this plane bypasses.
 var ebpfRefuses = map[string]string{
 	"family-dual":                 `"family" value "dual"`,
+	"protocol-all":                `"protocol" value "all"`,
 	"sched-hash-srcmac":           `"sched-param" value "srcmac"`,
 	"persistence-srcmac":          `"persistence" value "srcmac"`,
 	"persistence-srcip-dstport":   `"persistence" value "srcip dstport"`,
