@@ -48,6 +48,7 @@ var (
 	sizesFlag = flag.String("services", "1000,10000", "Service counts present while one endpoint changes")
 	endpoints = flag.Int("endpoints", 10, "endpoints per Service")
 	runs      = flag.Int("runs", 30, "endpoint changes measured per size")
+	tables    = flag.Int("nft-tables", nft.DefaultShards, "nft tables the farms are spread over, as xlb kube-proxy --nft-tables")
 	out       = flag.String("out", "bench/results", "results directory")
 	workers   = flag.Int("workers", 16, "parallel API calls while creating Services")
 	kpModes   = flag.String("kube-proxy", "nftables", "kube-proxy modes measured side by side on the same API server (comma-separated; empty: none)")
@@ -112,7 +113,8 @@ func run(ctx context.Context, sizes []int) error {
 	}
 
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	plane, err := nft.New(ctx, quiet, nft.Options{Table: "xlb-kubebench"})
+	// As `xlb kube-proxy` runs it: farms spread over nft.DefaultShards tables.
+	plane, err := nft.Open(ctx, quiet, nft.Options{Table: "xlb-kubebench", Shards: *tables})
 	if err != nil {
 		return err
 	}

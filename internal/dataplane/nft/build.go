@@ -262,7 +262,7 @@ func svcElems(f *model.Farm, chain string, val []byte) []elem {
 type mapKind uint8
 
 const (
-	kindNone     mapKind = iota // no serving backend: the chain drops
+	kindNone     mapKind = iota // no serving backend: the chain rejects new connections
 	kindAddr                    // slot -> address (dnat keeps the client's port)
 	kindAddrPort                // slot -> address . port
 )
@@ -511,8 +511,20 @@ const connlimitOver = 1
 // persistence map and the active map (nil without persistence).
 func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulus uint32, pset, aset *nftables.Set) [][]expr.Any {
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
-	if p.kind == kindNone {
+	if p.kind == kindNone && p.stls {
 		return [][]expr.Any{drop}
+	}
+	if p.kind == kindNone {
+		// No backend can serve: refuse new connections at once (TCP reset,
+		// else ICMP port unreachable) rather than let clients time out, as
+		// IPVS answers when it finds no destination and as kube-proxy does
+		// for Services without endpoints.
+		return [][]expr.Any{
+			{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
+				&expr.Counter{}, &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}},
+			{&expr.Counter{}, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}},
+		}
 	}
 	if p.stls {
 		r, _ := p.schedRule(f, f.SchedParam, mapName, mapID, modulus)

@@ -345,7 +345,8 @@ table inet xlb {
 		counter packets 0 bytes 0 drop
 	}
 	chain EMPTY {
-		counter packets 0 bytes 0 drop
+		meta l4proto tcp counter packets 0 bytes 0 reject with tcp reset
+		counter packets 0 bytes 0 reject
 	}
 	map fsvc4 {
 		type ipv4_addr . inet_proto . inet_service : verdict

@@ -2,10 +2,12 @@ package nft
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -279,12 +281,17 @@ func TestPriorityGroups(t *testing.T) {
 	f = f.Clone()
 	f.Backends[2].State = model.StateDown
 	e.put(t, prev, f)
-	conn, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(vip, 80), 500*time.Millisecond)
+	// No serving backend: the client is refused at once (a TCP reset, as
+	// IPVS answers), not left to time out.
+	conn, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(vip, 80), 2*time.Second)
 	if err == nil {
 		conn.Close()
-		t.Fatalf("no serving backend: connection accepted, want it dropped")
+		t.Fatalf("no serving backend: connection accepted, want it refused")
 	}
-	if out := e.nft(t, "list", "chain", "inet", "xlb", chainName("prio")); !strings.Contains(out, "drop") {
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("no serving backend: %v, want connection refused (a reset)", err)
+	}
+	if out := e.nft(t, "list", "chain", "inet", "xlb", chainName("prio")); !strings.Contains(out, "reject with tcp reset") {
 		t.Errorf("farm chain without backends:\n%s", out)
 	}
 }
