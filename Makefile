@@ -13,6 +13,7 @@ deps:
 
 build: deps
 	$(GO) build -o $(BIN)/xlb ./cmd/xlb
+	$(GO) build -o $(BIN)/xlb-kube-proxy ./cmd/xlb-kube-proxy
 	$(GO) build -o $(BIN)/xlb-echo ./test/cmd/xlb-echo
 
 vet:

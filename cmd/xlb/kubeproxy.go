@@ -1,220 +1,60 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/netip"
 	"os"
-	"strings"
-	"time"
+	"os/exec"
+	"path/filepath"
+	"syscall"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"github.com/vishvananda/netns"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-
-	"github.com/xlb-lb/xlb/internal/dataplane/nft"
-	"github.com/xlb-lb/xlb/internal/engine"
-	"github.com/xlb-lb/xlb/internal/kube"
-	"github.com/xlb-lb/xlb/internal/store"
 )
 
-type kubeProxyOptions struct {
-	kubeconfig        string
-	hostname          string
-	dataplane         string
-	nftTable          string
-	nftTables         int
-	stateDir          string
-	nodePortAddresses []string
-	metricsAddr       string
-	healthzAddr       string
-	logLevel          string
-}
+// kubeProxyBinary is the program behind `xlb kube-proxy`. It is separate
+// because linking client-go costs every process milliseconds of package
+// initialisation (measured: ~12 ms of `xlb --help` before the split), which
+// `xlb dump` and `xlb list` must not pay.
+const kubeProxyBinary = "xlb-kube-proxy"
 
-// kubeProxyDataplanes are the values --dataplane accepts for kube-proxy.
-const kubeProxyDataplanes = "nft"
-
+// kubeProxyCmd runs xlb-kube-proxy (next to this binary, else on PATH) in
+// place of this process, with the same arguments, so signals and the
+// process id stay the same.
 func (a *app) kubeProxyCmd() *cobra.Command {
-	var o kubeProxyOptions
-	cmd := &cobra.Command{
-		Use:   "kube-proxy",
-		Short: "Run as a Kubernetes service proxy (replaces kube-proxy)",
-		Long: `Watch Services, EndpointSlices and this node's Node object and program every
-Service as xlb farms: ClusterIP, NodePort (on the node's addresses),
-LoadBalancer status IPs and externalIPs; TCP, UDP, SCTP; IPv4, IPv6 and
-dual-stack. Each change of a Service or its EndpointSlices is one kernel
-transaction on that Service's farms only. Annotations under xlb.io/ (and
-kube-nftlb's service.kubernetes.io/kube-nftlb-load-balancer-*) set mode,
-scheduler, persistence, helper, log and limits; an invalid one becomes an
-Event on the Service, which keeps its previous rules. See docs/kube-proxy.md.
+	return &cobra.Command{
+		Use:   "kube-proxy [flags]",
+		Short: "Run as the Kubernetes service proxy (replaces kube-proxy)",
+		Long: `Run as the Kubernetes service proxy: watch Services, EndpointSlices and this
+node through the Kubernetes API and program them as xlb farms.
 
-Farms are named <namespace>.<service>.<port>.<kind>-<address> and live in
-their own nftables table (--nft-table), apart from "xlb daemon"'s. The state
-is saved in --state-dir, so a restart keeps the rules in place until the
-first sync replaces them.
-
-Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
-/healthz) on --metrics-bind-address. Uses the in-cluster configuration when
---kubeconfig is not given.`,
+This runs the ` + kubeProxyBinary + ` program installed next to xlb (or on PATH)
+with the same arguments; see "xlb kube-proxy --help" for its flags.`,
 		Example: `  xlb kube-proxy --kubeconfig /etc/kubernetes/proxy.conf --hostname-override node1
   xlb kube-proxy --hostname-override "$NODE_NAME" --nodeport-addresses 192.168.0.0/16`,
-		Args: args(),
+		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.runKubeProxy(cmd.Context(), o)
+			bin, err := findKubeProxy()
+			if err != nil {
+				return err
+			}
+			return syscall.Exec(bin, append([]string{bin}, argv...), os.Environ())
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the in-cluster configuration)")
-	f.StringVar(&o.hostname, "hostname-override", "", "this node's name (default: $NODE_NAME, else the host name)")
-	f.StringVar(&o.dataplane, "dataplane", "nft", "kernel data plane: "+kubeProxyDataplanes)
-	f.StringVar(&o.nftTable, "nft-table", "xlb-kube", "nftables table (inet) this proxy owns; with --nft-tables > 1 the prefix of its tables (xlb-kube-00, ...)")
-	f.IntVar(&o.nftTables, "nft-tables", nft.DefaultShards, "tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
-	f.StringVar(&o.stateDir, "state-dir", defaultStateDir+"/kube-proxy", "directory of the saved state")
-	f.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts only on node addresses inside these CIDRs (default: every InternalIP and ExternalIP of the Node)")
-	f.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address:port of /metrics and /healthz (empty: off)")
-	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
-	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	return cmd
 }
 
-func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level %q: allowed values are debug, info, warn, error", o.logLevel)
-	}
-	log := slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
-	if o.dataplane != "nft" {
-		return fmt.Errorf("--dataplane %q: allowed values are %s", o.dataplane, kubeProxyDataplanes)
-	}
-	node := o.hostname
-	if node == "" {
-		node = a.getenv("NODE_NAME")
-	}
-	if node == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return fmt.Errorf("no --hostname-override and no host name: %w", err)
-		}
-		node = strings.ToLower(h)
-	}
-	var within []netip.Prefix
-	for _, s := range o.nodePortAddresses {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("--nodeport-addresses %q: must be CIDRs such as 192.168.0.0/16 or 2001:db8::/64", s)
-		}
-		within = append(within, p.Masked())
-	}
-	var cfg *rest.Config
-	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-		if errors.Is(err, rest.ErrNotInCluster) {
-			err = errors.New("not running in a cluster: give --kubeconfig")
+func findKubeProxy() (string, error) {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), kubeProxyBinary)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
 		}
 	}
+	p, err := exec.LookPath(kubeProxyBinary)
 	if err != nil {
-		return fmt.Errorf("kubernetes client configuration: %w", err)
-	}
-	cfg.UserAgent = "xlb-kube-proxy"
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-
-	bolt, err := store.OpenBolt(o.stateDir)
-	if err != nil {
-		return err
-	}
-	// Saved behind the kernel: the API server is the source of truth, the
-	// saved state only bridges restarts (see kube.WriteBehind).
-	st := kube.NewWriteBehind(bolt, log)
-	defer st.Close()
-	if o.nftTables < 1 || o.nftTables > 256 {
-		return fmt.Errorf("--nft-tables %d: allowed values are 1 to 256", o.nftTables)
-	}
-	dp, err := nft.Open(ctx, log, nft.Options{Table: o.nftTable, Shards: o.nftTables})
-	if err != nil {
-		return fmt.Errorf("open nft data plane: %w", err)
-	}
-	defer dp.Close() // leaves the kernel's rules in place
-	eng, err := engine.New(ctx, log, dp, st)
-	if err != nil {
-		return err
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ctl, err := kube.New(kube.Config{
-		Client: client, Engine: eng, Log: log, NodeName: node,
-		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
-		Conntrack: kube.NetlinkConntrack{NS: netns.None()},
-	})
-	if err != nil {
-		return err
-	}
-
-	healthz := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ok, why := ctl.Healthy(60 * time.Second)
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !ok {
-			w.WriteHeader(http.StatusServiceUnavailable)
+		if errors.Is(err, exec.ErrNotFound) {
+			return "", fmt.Errorf("kube-proxy: %s is not installed next to xlb or on PATH (make build puts it in bin/)", kubeProxyBinary)
 		}
-		fmt.Fprintln(w, why)
-	})
-	var servers []*http.Server
-	serve := func(addr string, mux *http.ServeMux) error {
-		if addr == "" {
-			return nil
-		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("listen on %s: %w", addr, err)
-		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		servers = append(servers, srv)
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server", "addr", addr, "err", err)
-			}
-		}()
-		log.Info("serving", "addr", ln.Addr().String())
-		return nil
+		return "", err
 	}
-	mm := http.NewServeMux()
-	mm.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mm.Handle("/healthz", healthz)
-	hm := http.NewServeMux()
-	hm.Handle("/healthz", healthz)
-	if err := serve(o.metricsAddr, mm); err != nil {
-		return err
-	}
-	if o.healthzAddr != o.metricsAddr {
-		if err := serve(o.healthzAddr, hm); err != nil {
-			return err
-		}
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		for _, s := range servers {
-			_ = s.Shutdown(sctx)
-		}
-	}()
-	log.Info("xlb kube-proxy starting", "node", node, "dataplane", dp.Name(), "nft_table", o.nftTable, "state_dir", o.stateDir, "api", cfg.Host)
-	err = ctl.Run(ctx)
-	log.Info("xlb kube-proxy stopping; kernel rules stay in place")
-	return err
+	return p, nil
 }

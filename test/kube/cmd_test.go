@@ -36,7 +36,8 @@ var (
 	buildErr  error
 )
 
-// xlbBinary builds cmd/xlb once per test run.
+// xlbBinary builds cmd/xlb once per test run, with xlb-kube-proxy next to
+// it (what `xlb kube-proxy` runs).
 func xlbBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -46,9 +47,12 @@ func xlbBinary(t *testing.T) string {
 			return
 		}
 		xlbPath = filepath.Join(dir, "xlb")
-		out, err := exec.Command("go", "build", "-o", xlbPath, "../../cmd/xlb").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		for _, b := range [][2]string{{xlbPath, "../../cmd/xlb"}, {filepath.Join(dir, "xlb-kube-proxy"), "../../cmd/xlb-kube-proxy"}} {
+			out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("go build %s: %v: %s", b[1], err, out)
+				return
+			}
 		}
 	})
 	if buildErr != nil {

@@ -1,0 +1,55 @@
+// Command xlb-kube-proxy is `xlb kube-proxy`: xlb as the Kubernetes service
+// proxy. It is a binary of its own, which `xlb kube-proxy` runs, because
+// client-go and its API types take milliseconds to initialise in every
+// process that links them, and `xlb dump` or `xlb list` should not pay
+// for that on each call.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	a := &app{errOut: os.Stderr, getenv: os.Getenv}
+	cmd := a.kubeProxyCmd()
+	cmd.Use = "xlb kube-proxy"
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	cmd.SetArgs(os.Args[1:])
+	err := cmd.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "xlb kube-proxy: %s\n", err)
+		os.Exit(1)
+	}
+}
+
+// app is what the command needs from its process.
+type app struct {
+	errOut io.Writer
+	getenv func(string) string
+}
+
+// args accepts exactly the named positional arguments (none here).
+func args(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, got []string) error {
+		if len(got) == len(names) {
+			return nil
+		}
+		if len(got) < len(names) {
+			return fmt.Errorf("%s needs %s (see %s --help)", cmd.CommandPath(), strings.Join(names[len(got):], " "), cmd.CommandPath())
+		}
+		return fmt.Errorf("%s: unexpected argument %q (see %s --help)", cmd.CommandPath(), got[len(names)], cmd.CommandPath())
+	}
+}
+
+// defaultStateDir is xlb daemon's default; the proxy keeps its state below.
+const defaultStateDir = "/var/lib/xlb"
