@@ -67,7 +67,7 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 --kubeconfig is not given.`,
 		Example: `  xlb kube-proxy --kubeconfig /etc/kubernetes/proxy.conf --hostname-override node1
   xlb kube-proxy --hostname-override "$NODE_NAME" --nodeport-addresses 192.168.0.0/16`,
-		Args: args(),
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			return a.runKubeProxy(cmd.Context(), o)
 		},
@@ -141,8 +141,8 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	// saved state only bridges restarts (see kube.WriteBehind).
 	st := kube.NewWriteBehind(bolt, log)
 	defer st.Close()
-	if o.nftTables < 1 || o.nftTables > 256 {
-		return fmt.Errorf("--nft-tables %d: allowed values are 1 to 256", o.nftTables)
+	if o.nftTables < 1 || o.nftTables > nft.MaxShards {
+		return fmt.Errorf("--nft-tables %d: allowed values are 1 to %d", o.nftTables, nft.MaxShards)
 	}
 	dp, err := nft.Open(ctx, log, nft.Options{Table: o.nftTable, Shards: o.nftTables})
 	if err != nil {

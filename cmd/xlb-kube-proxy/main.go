@@ -11,17 +11,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-
-	"github.com/spf13/cobra"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	a := &app{errOut: os.Stderr, getenv: os.Getenv}
 	cmd := a.kubeProxyCmd()
-	cmd.Use = "xlb kube-proxy"
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	cmd.SetArgs(os.Args[1:])
 	err := cmd.ExecuteContext(ctx)
@@ -36,19 +32,6 @@ func main() {
 type app struct {
 	errOut io.Writer
 	getenv func(string) string
-}
-
-// args accepts exactly the named positional arguments (none here).
-func args(names ...string) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, got []string) error {
-		if len(got) == len(names) {
-			return nil
-		}
-		if len(got) < len(names) {
-			return fmt.Errorf("%s needs %s (see %s --help)", cmd.CommandPath(), strings.Join(names[len(got):], " "), cmd.CommandPath())
-		}
-		return fmt.Errorf("%s: unexpected argument %q (see %s --help)", cmd.CommandPath(), got[len(names)], cmd.CommandPath())
-	}
 }
 
 // defaultStateDir is xlb daemon's default; the proxy keeps its state below.

@@ -158,8 +158,8 @@ func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
 	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
 		return fmt.Errorf("--nft-tables: only with --dataplane nft")
 	}
-	if c.nftTables < 1 || c.nftTables > 256 {
-		return fmt.Errorf("--nft-tables %d: allowed values are 1 to 256", c.nftTables)
+	if c.nftTables < 1 || c.nftTables > nft.MaxShards {
+		return fmt.Errorf("--nft-tables %d: allowed values are 1 to %d", c.nftTables, nft.MaxShards)
 	}
 	if c.name != "ebpf" {
 		for _, n := range ebpfOnly {

@@ -18,9 +18,9 @@ import (
 // DefaultShards is the number of tables the daemon spreads farms over.
 const DefaultShards = 32
 
-// maxShards bounds Options.Shards: each shard's set IDs live in a range of
+// MaxShards bounds Options.Shards: each shard's set IDs live in a range of
 // their own (nextIDBase), 2^24 apart.
-const maxShards = 256
+const MaxShards = 256
 
 // Sharded is the nftables data plane spread over several tables, each a
 // complete Plane (static sets, base chains, its farms), with a farm's table
@@ -62,8 +62,8 @@ func Open(ctx context.Context, log *slog.Logger, opts Options) (dataplane.Datapl
 // NewSharded makes sure the opts.Shards tables exist (see New) and returns
 // the plane spread over them.
 func NewSharded(ctx context.Context, log *slog.Logger, opts Options) (*Sharded, error) {
-	if opts.Shards < 2 || opts.Shards > maxShards {
-		return nil, fmt.Errorf("nft shards %d: allowed 2-%d", opts.Shards, maxShards)
+	if opts.Shards < 2 || opts.Shards > MaxShards {
+		return nil, fmt.Errorf("nft shards %d: allowed 2-%d", opts.Shards, MaxShards)
 	}
 	if opts.Table == "" {
 		opts.Table = DefaultTable
