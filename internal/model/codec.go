@@ -496,6 +496,15 @@ func (f *Farm) AppendJSON(dst []byte) []byte {
 	return append(dst, f.enc.json...)
 }
 
+// JSONLen is the length of what AppendJSON appends.
+func (f *Farm) JSONLen() int {
+	if f.enc == nil {
+		return len(f.appendJSON(nil))
+	}
+	f.enc.once.Do(func() { f.enc.json = f.appendJSON(nil) })
+	return len(f.enc.json)
+}
+
 // Seal marks a farm as immutable and enables its encoding cache. The engine
 // seals every farm it publishes.
 func (f *Farm) Seal() {
