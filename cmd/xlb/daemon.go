@@ -26,6 +26,7 @@ import (
 
 type daemonOptions struct {
 	listen   string
+	socket   string // "" = <state-dir>/api.sock, "none" = no socket
 	stateDir string
 	dp       dataplaneConfig
 	logLevel string
@@ -47,6 +48,11 @@ func (a *app) daemonCmd() *cobra.Command {
 (without flushing: traffic keeps flowing across restarts), and serve the REST
 API on --listen until SIGINT or SIGTERM. Stopping leaves the kernel's rules in
 place.
+
+The API is also served on a Unix socket, --socket (default
+<state-dir>/` + socketFileName + `, mode 0600; "none" turns it off). Client commands on
+the same machine use it when it exists at the default state directory, so
+local use needs no TCP port. The key is required on both.
 
 --dataplane ebpf attaches xlb's eBPF program at tcx ingress of --interfaces
 (default: every interface of the namespace but loopback) and pins its maps
@@ -76,6 +82,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", defaultListen, "address:port the API listens on")
+	f.StringVar(&o.socket, "socket", "", `Unix socket the API is also served on (default <state-dir>/`+socketFileName+`; "none": no socket)`)
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
 	f.StringVar(&o.dp.name, "dataplane", "nft", "kernel data plane: "+dataplaneNames)
 	f.IntVar(&o.dp.nftTables, "nft-tables", nft.DefaultShards, "nft: tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
@@ -130,9 +137,21 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("xlb daemon serving", "addr", ln.Addr().String(), "state_dir", o.stateDir, "dataplane", dp.Name(), "version", api.Version())
+	sock, err := listenSocket(log, o)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if sock != nil {
+		go func() { errc <- srv.Serve(sock) }()
+	}
+	sockAt := ""
+	if sock != nil {
+		sockAt = sock.Addr().String()
+	}
+	log.Info("xlb daemon serving", "addr", ln.Addr().String(), "socket", sockAt, "state_dir", o.stateDir, "dataplane", dp.Name(), "version", api.Version())
 	if a.daemonReady != nil {
 		a.daemonReady(ln.Addr())
 	}
@@ -148,6 +167,58 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		log.Warn("API shutdown", "err", err)
 	}
 	return nil
+}
+
+// socketPath is where the API's Unix socket lives ("" for none).
+func socketPath(o daemonOptions) string {
+	switch o.socket {
+	case "":
+		return filepath.Join(o.stateDir, socketFileName)
+	case "none":
+		return ""
+	}
+	return o.socket
+}
+
+// listenSocket opens the API's Unix socket, mode 0600 (the key is still
+// required on it). A socket file left by a daemon that died is replaced:
+// the state directory's lock, held by now, says no other daemon serves it.
+func listenSocket(log *slog.Logger, o daemonOptions) (net.Listener, error) {
+	path := socketPath(o)
+	if path == "" {
+		return nil, nil
+	}
+	// sun_path holds 107 bytes and a NUL.
+	if len(path) > 107 {
+		if o.socket == "" {
+			log.Warn("no API socket: the state directory's path is too long for one (107 bytes at most); set --socket", "path", path)
+			return nil, nil
+		}
+		return nil, fmt.Errorf("--socket %q: a Unix socket path has at most 107 bytes", path)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("--socket %q: exists and is not a socket", path)
+		}
+		if o.socket != "" {
+			// Only the default path is known to belong to this state
+			// directory; a socket elsewhere may be another daemon's.
+			if c, err := net.Dial("unix", path); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("--socket %q: another process serves it", path)
+			}
+		}
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen for the API on --socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("--socket %q: %w", path, err)
+	}
+	return ln, nil
 }
 
 // checkDataplaneFlags validates the data plane flags: ebpf-only flags need

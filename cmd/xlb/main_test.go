@@ -346,6 +346,23 @@ func TestDaemonCommand(t *testing.T) {
 	if r := runCLI(t, env, "", "farm", "list"); r.code != 0 || r.out != "web\n" {
 		t.Fatalf("after restart: %+v", r)
 	}
+
+	// The same API on the Unix socket in the state directory, mode 0600,
+	// key still required.
+	sock := filepath.Join(stateDir, socketFileName)
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("API socket %s: %v %v, want a socket with mode 0600", sock, fi, err)
+	}
+	env["XLB_API"] = "unix:" + sock
+	if r := runCLI(t, env, "", "list", "-n"); r.code != 0 || !strings.Contains(r.out, "10.0.0.1:80") {
+		t.Fatalf("list -n over the socket: %+v", r)
+	}
+	if r := runCLI(t, map[string]string{"XLB_API": "unix:" + sock, "XLB_KEY": "bad"}, "", "farm", "list"); r.code != 1 || !strings.Contains(r.err, "wrong API key") {
+		t.Fatalf("wrong key over the socket: %+v", r)
+	}
+	if r := runCLI(t, map[string]string{"XLB_API": "unix:" + sock + ".missing", "XLB_KEY": "k"}, "", "farm", "list"); r.code != 1 || !strings.Contains(r.err, "cannot reach the xlb daemon at unix:"+sock+".missing") {
+		t.Fatalf("missing socket: %+v", r)
+	}
 }
 
 func readKey(t *testing.T, dir string) string {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -22,18 +23,30 @@ const KeyHeader = "Key"
 
 // Client calls one xlb daemon.
 type Client struct {
-	base string
-	key  string
-	hc   *http.Client
+	base  string // URL prefix of every request
+	where string // the daemon's address, for errors
+	key   string
+	hc    *http.Client
 }
 
-// New returns a client of the daemon at baseURL (e.g. http://127.0.0.1:5555)
-// authenticating with key. A nil httpClient uses http.DefaultClient.
+// New returns a client of the daemon at baseURL (e.g. http://127.0.0.1:5555,
+// or unix:/var/lib/xlb/api.sock for the daemon's Unix socket) authenticating
+// with key. A nil httpClient uses http.DefaultClient (a Unix socket gets a
+// client of its own).
 func New(baseURL, key string, httpClient *http.Client) *Client {
+	if path, ok := strings.CutPrefix(baseURL, "unix:"); ok {
+		path = strings.TrimPrefix(path, "//")
+		var d net.Dialer
+		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", path)
+		}}
+		return &Client{base: "http://xlb", where: "unix:" + path, key: key, hc: &http.Client{Transport: tr}}
+	}
 	if httpClient == nil {
 		httpClient = http.DefaultClient
 	}
-	return &Client{base: strings.TrimRight(baseURL, "/"), key: key, hc: httpClient}
+	base := strings.TrimRight(baseURL, "/")
+	return &Client{base: base, where: base, key: key, hc: httpClient}
 }
 
 // APIError is an error answered by the daemon.
@@ -71,7 +84,7 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("cannot reach the xlb daemon at %s (is it running? see --api): %w", c.base, unwrapURLError(err))
+		return nil, fmt.Errorf("cannot reach the xlb daemon at %s (is it running? see --api): %w", c.where, unwrapURLError(err))
 	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil
