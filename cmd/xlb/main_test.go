@@ -340,6 +340,14 @@ func TestDaemonCommand(t *testing.T) {
 	}
 	stop()
 
+	// A socket file left behind by a daemon killed with -9 is replaced.
+	stale, err := net.Listen("unix", filepath.Join(stateDir, socketFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	stale.Close()
+
 	addr, stop = start()
 	defer stop()
 	env["XLB_API"] = addr
