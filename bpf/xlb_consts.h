@@ -50,6 +50,13 @@
 #define XLB_MAX_PERSIST 262144
 #endif
 
+/* Bytes of the connection log ring buffer (xlb_events): 4 MiB holds about
+ * 50,000 records; when the reader falls behind, records are lost and
+ * counted (log_lost). A power of 2, a multiple of the page size. */
+#ifndef XLB_EVENTS_SIZE
+#define XLB_EVENTS_SIZE 4194304
+#endif
+
 /* Seed of the hash scheduler: fixed so a restart keeps the mapping. */
 #define XLB_HASH_SEED 0x786c6221
 
@@ -82,6 +89,9 @@
 
 /* struct backend.flags */
 #define XLB_BE_F_GONE 1 /* down or off in its farm: its tracked flows expire (expire_nodest_conn) */
+
+/* xlb_svc_flags value (per service generation id) */
+#define XLB_SVC_F_LOG 1 /* farm log: one xlb_events record per new connection */
 
 /* struct ct_val.dir */
 #define XLB_CT_FWD 0   /* client -> VIP */
@@ -119,6 +129,7 @@ enum xlb_stat {
 	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
 	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
 	XLB_STAT_CT_NODEST,    /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
+	XLB_STAT_LOG_LOST,     /* connection log record lost: the ring buffer was full */
 	XLB_STAT_MAX,
 };
 

@@ -48,6 +48,66 @@ static __always_inline void stat_inc(__u32 idx)
 		*c += 1;
 }
 
+/**
+ * be_count() - count a packet of a flow of backend @bid in xlb_be_stats.
+ * @bid: backend id (backends without an entry, e.g. removed ones, are not
+ *       counted)
+ * @dir: XLB_CT_FWD (client -> backend, "in") or XLB_CT_REPLY ("out")
+ * @len: skb->len, with the Ethernet header
+ * @conn: 1 on a new connection's first packet
+ */
+static __always_inline void be_count(__u32 bid, __u8 dir, __u32 len, int conn)
+{
+	struct be_stats *s = bpf_map_lookup_elem(&xlb_be_stats, &bid);
+
+	if (!s)
+		return;
+	len = len > ETH_HLEN ? len - ETH_HLEN : 0;
+	if (dir == XLB_CT_FWD) {
+		s->conns += conn;
+		s->in_pkts++;
+		s->in_bytes += len;
+	} else {
+		s->out_pkts++;
+		s->out_bytes += len;
+	}
+}
+
+/**
+ * lb_log() - emit a conn_event for the new flow @fv (of packet @p, to
+ * backend @be) if its farm logs connections (XLB_SVC_F_LOG). A full ring
+ * buffer loses the record (log_lost). Not inlined: its stack stays out of
+ * the new-flow path's.
+ * Return: 0.
+ */
+static __attribute__((noinline)) int lb_log(struct pkt *p, struct ct_val *fv, struct backend *be)
+{
+	__u32 sid = fv->svc;
+	__u32 *fl = bpf_map_lookup_elem(&xlb_svc_flags, &sid);
+	struct conn_event *e;
+
+	if (!fl || !(*fl & XLB_SVC_F_LOG))
+		return 0;
+	e = bpf_ringbuf_reserve(&xlb_events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(XLB_STAT_LOG_LOST);
+		return 0;
+	}
+	e->svc = sid;
+	e->backend = fv->backend;
+	__builtin_memcpy(e->src, p->k.src, 16);
+	__builtin_memcpy(e->vip, p->k.dst, 16);
+	__builtin_memcpy(e->dst, be->addr, 16);
+	e->sport = p->k.sport;
+	e->vport = p->k.dport;
+	e->dport = be->port ?: p->k.dport;
+	e->proto = p->k.proto;
+	e->family = p->k.family;
+	e->ts = bpf_ktime_get_coarse_ns();
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
 /* ct_peer_key() - the key of the other direction of entry (k, v). */
 static __always_inline void ct_peer_key(const struct ct_key *k, const struct ct_val *v,
 					struct ct_key *pk)
@@ -446,6 +506,7 @@ static __attribute__((noinline)) int lb4_stateless(struct __sk_buff *skb, struct
 	fv->mode = XLB_MODE_STLSDNAT;
 	fv->backend = bid;
 	stat_inc(XLB_STAT_STATELESS);
+	be_count(bid, XLB_CT_FWD, skb->len, 0);
 	return lb4_nat_call(skb, p, fv, 1);
 }
 
@@ -601,13 +662,16 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		     v->dport != fv.dport))
 			bpf_map_delete_elem(&xlb_ct, &sc->rk);
 		fresh = 0;
+		be_count(v->backend, XLB_CT_FWD, skb->len, 0);
 	} else {
+		stat_inc(XLB_STAT_NEW_FLOW);
+		be_count(bid, XLB_CT_FWD, skb->len, 1);
+		lb_log(p, &fv, be);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */
 			v = &fv;
 		}
-		stat_inc(XLB_STAT_NEW_FLOW);
 	}
 	return lb4_nat_call(skb, p, v, fresh);
 }
@@ -676,6 +740,7 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 			ct_set_state(&p->k, v, st, now);
 	}
 	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
+	be_count(v->backend, v->dir, skb->len, 0);
 	return lb4_nat(skb, p, v, fresh);
 }
 

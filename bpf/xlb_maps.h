@@ -126,4 +126,36 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_stats SEC(".maps");
 
+/* backend id -> per-CPU packet, byte and connection counters (ipvsadm
+ * --stats). The loader creates an entry when it allocates a backend id and
+ * deletes it with the id; the program only increments existing ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, __u32);
+	__type(value, struct be_stats);
+	__uint(max_entries, XLB_MAX_BACKENDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_be_stats SEC(".maps");
+
+/* generation id -> XLB_SVC_F_* (an array: inlined, read on new flows). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, XLB_MAX_SVC_IDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_svc_flags SEC(".maps");
+
+/* Connection log: a struct conn_event per new connection of a farm with
+ * XLB_SVC_F_LOG, read by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, XLB_EVENTS_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_events SEC(".maps");
+
+/* Keeps struct conn_event in the BTF for bpf2go (-type conn_event). */
+const struct conn_event *xlb_unused_conn_event __attribute__((unused));
+
 #endif /* XLB_MAPS_H */

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -107,6 +108,16 @@ type Plane struct {
 	// stlOwner: the farm whose stlsdnat reply mapping each xlb_stateless
 	// key is.
 	stlOwner map[xlbStlKey]string
+	// bySvc: the generation of each generation id in the maps (current
+	// or pending), to name the farm and backend of a log record.
+	bySvc map[uint32]*generation
+	// carry: counters of backends removed from a farm (their xlb_be_stats
+	// entries are gone), so a farm's totals do not go backwards.
+	carry map[string]dataplane.Counters
+	// events reads the connection log; evDone is closed when its
+	// goroutine ends.
+	events *ringbuf.Reader
+	evDone chan struct{}
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -122,7 +133,7 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		opts.ConnTableSize = DefaultConnTableSize
 	}
 	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{},
-		stlOwner: map[xlbStlKey]string{}}
+		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}}
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {
@@ -151,6 +162,12 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		return nil, err
 	}
 	if err := p.attach(); err != nil {
+		p.closeLinks()
+		p.objs.Close()
+		p.nl.Close()
+		return nil, err
+	}
+	if err := p.startEvents(); err != nil {
 		p.closeLinks()
 		p.objs.Close()
 		p.nl.Close()
@@ -380,6 +397,7 @@ func (p *Plane) closeLinks() {
 // the program keeps balancing, and tracked connections keep flowing, until
 // a new Plane adopts them (or Destroy removes them).
 func (p *Plane) Close() error {
+	p.stopEvents()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closeLinks()
@@ -399,7 +417,8 @@ func (p *Plane) Destroy() error {
 		}
 	}
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
-		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags} {
+		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
+		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

@@ -32,6 +32,7 @@ type generation struct {
 	keys  []xlbSvcKey
 	val   xlbSvcVal    // val.Id is the generation id once written
 	bes   []xlbBackend // distinct backends: the active ones first
+	names []string     // backend names, parallel to bes (the first of duplicates)
 	slots []int        // slot -> index into bes
 	ids   []uint32     // backend ids, parallel to bes, once written
 	// active: bes[:active] take new flows (slots, persistence); the
@@ -42,6 +43,10 @@ type generation struct {
 	// stlsdnat: reply mappings (backend -> VIP), parallel slices.
 	stlKeys []xlbStlKey
 	stlVals []xlbStlVal
+	// log: the farm logs new connections (xlb_svc_flags), with this
+	// prefix.
+	log       bool
+	logPrefix string
 }
 
 func (g *generation) hasStl(k xlbStlKey) bool {
@@ -153,7 +158,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	if f.State != model.StateUp {
 		return nil, nil
 	}
-	g := &generation{farm: f.Name}
+	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix}
 	proto := f.Protocol.Number()
 	vip, fam := addrWords(f.VirtualAddr), familyOf(f.VirtualAddr)
 	addKey := func(port uint16) {
@@ -252,6 +257,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			return nil, err
 		}
 		g.bes = append(g.bes, be)
+		g.names = append(g.names, b.Name)
 		weights[i] = b.Weight
 		isActive[b.Name] = true
 	}
@@ -275,6 +281,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			}
 			if !dup {
 				g.bes = append(g.bes, be)
+				g.names = append(g.names, b.Name)
 			}
 		}
 	}
@@ -467,6 +474,11 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 		newIDs = append(newIDs, g.ids[i])
 		newBes = append(newBes, g.bes[i])
 	}
+	p.bySvc[id] = g
+	if err := p.setSvcFlags(g); err != nil {
+		p.free(g)
+		return err
+	}
 	if len(newIDs) > 0 {
 		if _, err := p.objs.XlbBackends.BatchUpdate(newIDs, newBes, nil); err != nil {
 			p.free(g)
@@ -474,6 +486,10 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 		}
 		for i, id := range newIDs {
 			if err := p.setFlags(id, newBes[i].Flags); err != nil {
+				p.free(g)
+				return err
+			}
+			if err := p.newBackendStats(id); err != nil {
 				p.free(g)
 				return err
 			}
@@ -515,6 +531,9 @@ func (p *Plane) free(g *generation) {
 			_ = p.objs.XlbSlots.Delete(xlbSlotKey{Svc: g.val.Id, Idx: uint32(i)})
 		}
 		delete(p.used, g.val.Id)
+		if p.bySvc[g.val.Id] == g {
+			delete(p.bySvc, g.val.Id)
+		}
 	}
 	for i, id := range g.ids {
 		if id != 0 {
@@ -524,6 +543,7 @@ func (p *Plane) free(g *generation) {
 			if p.unrefBackend(id) {
 				_ = p.objs.XlbBackends.Delete(id)
 				_ = p.setFlags(id, 0)
+				p.dropBackendStats(g.farm, id)
 			}
 		}
 	}
@@ -816,6 +836,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	}
 
 	p.farms = map[string]*generation{}
+	p.bySvc = map[uint32]*generation{}
 	p.stlOwner = map[xlbStlKey]string{}
 	adopted := map[uint32]bool{}
 	// Farms already in the maps are adopted first, so that a farm
@@ -841,6 +862,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			taken[id] = true
 		}
 		p.farms[f.Name] = g
+		p.bySvc[g.val.Id] = g
+		if err := p.setSvcFlags(g); err != nil {
+			return fmt.Errorf("farm %q: %w", f.Name, err)
+		}
 		// The index and the stlsdnat mappings may predate this
 		// version: write them again.
 		if err := p.writeIndex(g); err != nil {
@@ -927,6 +952,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		for _, k := range stale {
 			_ = p.objs.XlbBeIndex.Delete(k)
 		}
+	}
+	if err := p.syncBackendStats(liveBE); err != nil {
+		return err
 	}
 	p.svcIDs.init()
 	p.backendIDs.init()
