@@ -22,6 +22,12 @@
 #define XLB_MAX_BACKENDS 262144
 #endif
 
+/* Counter slots (xlb_be_stats): backends counted at once. 40 bytes per
+ * slot and CPU: 2.5 MiB per CPU. */
+#ifndef XLB_MAX_STAT_SLOTS
+#define XLB_MAX_STAT_SLOTS 65536
+#endif
+
 /* Scheduling slots over all service generations. */
 #ifndef XLB_MAX_SLOTS
 #define XLB_MAX_SLOTS 1048576
@@ -87,8 +93,11 @@
 #define XLB_HASH_SRCIP 1
 #define XLB_HASH_SRCPORT 2
 
-/* struct backend.flags */
+/* struct backend.flags, and the low 8 bits of an xlb_be_flags value */
 #define XLB_BE_F_GONE 1 /* down or off in its farm: its tracked flows expire (expire_nodest_conn) */
+/* An xlb_be_flags value's bits above XLB_BE_SLOT_SHIFT: the backend's
+ * counter slot in xlb_be_stats (0: not counted). */
+#define XLB_BE_SLOT_SHIFT 8
 
 /* xlb_svc_flags value (per service generation id) */
 #define XLB_SVC_F_LOG 1 /* farm log: one xlb_events record per new connection */

@@ -50,16 +50,24 @@ static __always_inline void stat_inc(__u32 idx)
 
 /**
  * be_count() - count a packet of a flow of backend @bid in xlb_be_stats.
- * @bid: backend id (backends without an entry, e.g. removed ones, are not
- *       counted)
+ * @bid: backend id (backends without a counter slot, e.g. removed ones, are
+ *       not counted)
  * @dir: XLB_CT_FWD (client -> backend, "in") or XLB_CT_REPLY ("out")
  * @len: skb->len, with the Ethernet header
  * @conn: 1 on a new connection's first packet
  */
 static __always_inline void be_count(__u32 bid, __u8 dir, __u32 len, int conn)
 {
-	struct be_stats *s = bpf_map_lookup_elem(&xlb_be_stats, &bid);
+	__u32 *fl = bpf_map_lookup_elem(&xlb_be_flags, &bid);
+	struct be_stats *s;
+	__u32 slot;
 
+	if (!fl)
+		return;
+	slot = *fl >> XLB_BE_SLOT_SHIFT;
+	if (!slot)
+		return;
+	s = bpf_map_lookup_elem(&xlb_be_stats, &slot);
 	if (!s)
 		return;
 	len = len > ETH_HLEN ? len - ETH_HLEN : 0;

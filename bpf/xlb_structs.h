@@ -117,7 +117,7 @@ struct ct_val {
 	__u8 dmac[6];  /* cached next hop destination MAC */
 };
 
-/* xlb_be_stats value (per CPU; key: __u32 backend id, host order): what
+/* xlb_be_stats value (per CPU; key: __u32 counter slot, host order): what
  * ipvsadm --stats shows per real server. "in" is client -> backend, "out"
  * backend -> client; bytes are the IP packet's (no Ethernet header). */
 struct be_stats {

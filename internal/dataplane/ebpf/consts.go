@@ -26,7 +26,10 @@ const (
 	hashSrcIP   = 1
 	hashSrcPort = 2
 
-	beFlagGone = 1
+	beFlagGone   = 1
+	beFlagMask   = 0xff
+	beSlotShift  = 8
+	maxStatSlots = 65536
 
 	svcFlagLog = 1
 

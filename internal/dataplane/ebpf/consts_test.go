@@ -28,6 +28,7 @@ func TestConstsMatchHeader(t *testing.T) {
 		"XLB_SCHED_RR": schedRR, "XLB_SCHED_WEIGHT": schedWeight, "XLB_SCHED_HASH": schedHash,
 		"XLB_SCHED_SYMHASH": schedSymhash, "XLB_SCHED_MAGLEV": schedMaglev, "XLB_MAX_PERSIST": maxPersist,
 		"XLB_HASH_SRCIP": hashSrcIP, "XLB_HASH_SRCPORT": hashSrcPort, "XLB_BE_F_GONE": beFlagGone, "XLB_SVC_F_LOG": svcFlagLog,
+		"XLB_BE_SLOT_SHIFT": beSlotShift, "XLB_MAX_STAT_SLOTS": maxStatSlots,
 		"XLB_CT_FWD": ctFwd, "XLB_CT_REPLY": ctReply,
 		"XLB_CT_STATE_SYN": ctStateSYN, "XLB_CT_STATE_EST": ctStateEST, "XLB_CT_STATE_FIN": ctStateFIN,
 		"XLB_CT_STATE_CLOSE": ctStateClose, "XLB_CT_STATE_UDP": ctStateUDP,

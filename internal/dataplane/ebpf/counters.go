@@ -2,7 +2,6 @@ package ebpf
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -13,6 +12,43 @@ import (
 
 var _ dataplane.CounterReader = (*Plane)(nil)
 
+// statSlots allocates counter slots (indexes of xlb_be_stats,
+// 1..maxStatSlots-1), lowest free first.
+type statSlots struct {
+	free  []uint32 // released slots
+	next  uint32   // never given yet: next .. maxStatSlots-1
+	taken map[uint32]bool
+}
+
+func (a *statSlots) init() { a.free, a.next, a.taken = nil, 1, map[uint32]bool{} }
+
+func (a *statSlots) alloc() (uint32, bool) {
+	for len(a.free) > 0 {
+		s := a.free[len(a.free)-1]
+		a.free = a.free[:len(a.free)-1]
+		if !a.taken[s] {
+			a.taken[s] = true
+			return s, true
+		}
+	}
+	for a.next < maxStatSlots {
+		s := a.next
+		a.next++
+		if !a.taken[s] {
+			a.taken[s] = true
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+func (a *statSlots) release(s uint32) {
+	if a.taken[s] {
+		delete(a.taken, s)
+		a.free = append(a.free, s)
+	}
+}
+
 // zeroStats returns a zero per-CPU value of xlb_be_stats.
 func zeroStats() ([]xlbBeStats, error) {
 	n, err := ebpf.PossibleCPU()
@@ -22,39 +58,53 @@ func zeroStats() ([]xlbBeStats, error) {
 	return make([]xlbBeStats, n), nil
 }
 
-// newBackendStats creates backend id's (zero) counters: the program counts
-// only into existing entries.
+// newBackendStats gives backend id a zeroed counter slot (the caller then
+// writes its flags, which publishes the slot to the program). With every
+// slot taken, the backend is not counted (logged).
 func (p *Plane) newBackendStats(id uint32) error {
+	if id >= maxBackends {
+		return nil
+	}
+	s, ok := p.statSlots.alloc()
+	if !ok {
+		p.log.Warn("out of ebpf counter slots: backend not counted", "backend_id", id, "slots", maxStatSlots-1)
+		return nil
+	}
 	z, err := zeroStats()
 	if err != nil {
+		p.statSlots.release(s)
 		return err
 	}
-	if err := p.objs.XlbBeStats.Update(id, z, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("create backend counters: %w", err)
+	if err := p.objs.XlbBeStats.Update(s, z, ebpf.UpdateAny); err != nil {
+		p.statSlots.release(s)
+		return fmt.Errorf("reset backend counters: %w", err)
 	}
+	p.statSlot[id] = s
 	return nil
 }
 
 // backendStats reads backend id's counters summed over CPUs (zero if it has
-// none).
+// no slot).
 func (p *Plane) backendStats(id uint32) (dataplane.Counters, error) {
+	s, ok := p.statSlot[id]
+	if !ok {
+		return dataplane.Counters{}, nil
+	}
 	var per []xlbBeStats
-	if err := p.objs.XlbBeStats.Lookup(id, &per); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return dataplane.Counters{}, nil
-		}
+	if err := p.objs.XlbBeStats.Lookup(s, &per); err != nil {
 		return dataplane.Counters{}, fmt.Errorf("read backend counters: %w", err)
 	}
 	var c dataplane.Counters
-	for _, s := range per {
-		c.Add(dataplane.Counters{Connections: s.Conns, InPackets: s.InPkts, InBytes: s.InBytes,
-			OutPackets: s.OutPkts, OutBytes: s.OutBytes})
+	for _, x := range per {
+		c.Add(dataplane.Counters{Connections: x.Conns, InPackets: x.InPkts, InBytes: x.InBytes,
+			OutPackets: x.OutPkts, OutBytes: x.OutBytes})
 	}
 	return c, nil
 }
 
-// dropBackendStats deletes a freed backend id's counters, adding them to
-// its farm's carry while the farm exists.
+// dropBackendStats takes a freed backend id's counter slot back, adding its
+// counts to its farm's carry while the farm exists. The caller then
+// rewrites the id's flags (without the slot).
 func (p *Plane) dropBackendStats(farm string, id uint32) {
 	if _, ok := p.farms[farm]; ok {
 		if c, err := p.backendStats(id); err == nil {
@@ -63,35 +113,55 @@ func (p *Plane) dropBackendStats(farm string, id uint32) {
 			p.carry[farm] = cc
 		}
 	}
-	_ = p.objs.XlbBeStats.Delete(id)
+	if s, ok := p.statSlot[id]; ok {
+		p.statSlots.release(s)
+		delete(p.statSlot, id)
+	}
 }
 
-// syncBackendStats makes xlb_be_stats hold an entry for exactly the live
-// backend ids (entries of a restarted daemon's backends are kept, with
-// their counts).
-func (p *Plane) syncBackendStats(live map[uint32]bool) error {
-	var stale []uint32
-	var k uint32
-	var v []xlbBeStats
-	have := map[uint32]bool{}
-	it := p.objs.XlbBeStats.Iterate()
-	for it.Next(&k, &v) {
-		have[k] = true
-		if !live[k] {
-			stale = append(stale, k)
+// adoptStatSlots reads the counter slots of the backends in the maps from
+// their xlb_be_flags values (a restarted daemon keeps their counts).
+func (p *Plane) adoptStatSlots(bes map[uint32]xlbBackend) error {
+	p.statSlot = map[uint32]uint32{}
+	p.statSlots.init()
+	for id := range bes {
+		if id >= maxBackends {
+			continue
+		}
+		var v uint32
+		if err := p.objs.XlbBeFlags.Lookup(id, &v); err != nil {
+			return fmt.Errorf("read backend flags: %w", err)
+		}
+		if s := v >> beSlotShift; s != 0 && s < maxStatSlots && !p.statSlots.taken[s] {
+			p.statSlots.taken[s] = true
+			p.statSlot[id] = s
 		}
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read backend counters: %w", err)
-	}
-	for _, id := range stale {
-		_ = p.objs.XlbBeStats.Delete(id)
+	return nil
+}
+
+// syncBackendStats, at the end of Reconcile: live backend ids without a
+// counter slot get one, and the slots of ids no longer live are taken back.
+func (p *Plane) syncBackendStats(live map[uint32]bool) error {
+	for id := range p.statSlot {
+		if !live[id] {
+			p.dropBackendStats("", id)
+			_ = p.setFlags(id, 0)
+		}
 	}
 	for id := range live {
-		if !have[id] {
-			if err := p.newBackendStats(id); err != nil {
-				return err
-			}
+		if _, ok := p.statSlot[id]; ok || id >= maxBackends {
+			continue
+		}
+		if err := p.newBackendStats(id); err != nil {
+			return err
+		}
+		var v uint32
+		if err := p.objs.XlbBeFlags.Lookup(id, &v); err != nil {
+			return fmt.Errorf("read backend flags: %w", err)
+		}
+		if err := p.setFlags(id, uint8(v&beFlagMask)); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -114,6 +114,10 @@ type Plane struct {
 	// carry: counters of backends removed from a farm (their xlb_be_stats
 	// entries are gone), so a farm's totals do not go backwards.
 	carry map[string]dataplane.Counters
+	// statSlot: each backend id's counter slot in xlb_be_stats (kept in
+	// its xlb_be_flags value too); statSlots allocates them.
+	statSlot map[uint32]uint32
+	statSlots
 	// events reads the connection log; evDone is closed when its
 	// goroutine ends.
 	events *ringbuf.Reader
@@ -133,7 +137,8 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		opts.ConnTableSize = DefaultConnTableSize
 	}
 	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{},
-		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}}
+		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{}}
+	p.statSlots.init()
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {

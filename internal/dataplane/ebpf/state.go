@@ -485,11 +485,11 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 			return fmt.Errorf("write backends: %w", err)
 		}
 		for i, id := range newIDs {
-			if err := p.setFlags(id, newBes[i].Flags); err != nil {
+			if err := p.newBackendStats(id); err != nil {
 				p.free(g)
 				return err
 			}
-			if err := p.newBackendStats(id); err != nil {
+			if err := p.setFlags(id, newBes[i].Flags); err != nil {
 				p.free(g)
 				return err
 			}
@@ -542,8 +542,8 @@ func (p *Plane) free(g *generation) {
 			}
 			if p.unrefBackend(id) {
 				_ = p.objs.XlbBackends.Delete(id)
-				_ = p.setFlags(id, 0)
 				p.dropBackendStats(g.farm, id)
+				_ = p.setFlags(id, 0)
 			}
 		}
 	}
@@ -571,13 +571,14 @@ func reuseFrom(old *generation) func(xlbBackend) uint32 {
 	}
 }
 
-// setFlags writes a backend id's flags to xlb_be_flags (ids beyond the
-// array, from an older daemon, have none).
+// setFlags writes a backend id's flags to xlb_be_flags, with its counter
+// slot (ids beyond the array, from an older daemon, have neither).
 func (p *Plane) setFlags(id uint32, flags uint8) error {
 	if id >= maxBackends {
 		return nil
 	}
-	if err := p.objs.XlbBeFlags.Update(id, uint32(flags), ebpf.UpdateAny); err != nil {
+	v := uint32(flags) | p.statSlot[id]<<beSlotShift
+	if err := p.objs.XlbBeFlags.Update(id, v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write backend flags: %w", err)
 	}
 	return nil
@@ -790,6 +791,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 	}
 
+	// Counter slots of the backends in the maps (a restarted daemon's).
+	if err := p.adoptStatSlots(bes); err != nil {
+		return err
+	}
 	// Everything in the maps counts as used until the sweep below.
 	p.svcIDs.init()
 	p.backendIDs.init()
