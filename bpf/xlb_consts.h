@@ -139,6 +139,7 @@ enum xlb_stat {
 	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
 	XLB_STAT_CT_NODEST,    /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
 	XLB_STAT_LOG_LOST,     /* connection log record lost: the ring buffer was full */
+	XLB_STAT_XDP_FWD,      /* dsr packet forwarded by the XDP fast path */
 	XLB_STAT_MAX,
 };
 

@@ -36,6 +36,11 @@ volatile const __u64 xlb_timeout_udp = 300000000000ULL;
  * the FIB out of the conntrack-hit measurement). */
 volatile const __u64 xlb_ct_refresh_ns = XLB_CT_REFRESH_NS;
 
+/* XDP fast path: 1 when it runs in generic mode, where a redirect to any
+ * interface works (the frame is an skb); 0 in native mode, where it
+ * redirects only to interfaces in xlb_xdp_tx. Set by the loader. */
+volatile const __u32 xlb_xdp_any_tx = 0;
+
 /* Returned by lb4_ct_hit() when the entry is gone (expired, or a new
  * connection reuses the tuple): schedule the packet as a new flow. */
 #define XLB_CT_MISS (-100)
@@ -956,6 +961,67 @@ static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(data + 6, fib.smac, 6);
 	stat_inc(XLB_STAT_ICMP_NAT);
 	return bpf_redirect(fib.ifindex, 0);
+}
+
+/**
+ * xlb_xdp() - the XDP fast path: a forward packet of a tracked dsr flow
+ * whose next hop is cached leaves at once (MACs and TTL rewritten,
+ * XDP_REDIRECT), before the kernel builds an skb for it in native mode.
+ * Everything else — new flows, replies, other modes, TCP state changes
+ * (SYN, FIN, RST, the handshake's ACK), entries due for their periodic
+ * refresh, backends gone, TTL 1, next hops XDP cannot transmit to —
+ * goes on (XDP_PASS) to the tcx program, which does the full work.
+ */
+SEC("xdp")
+int xlb_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct pkt p = {};
+	struct ct_val *v;
+	__u32 bid, ifindex, *fl;
+
+	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
+		return XDP_PASS;
+	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
+	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
+		return XDP_PASS;
+	if (bpf_ktime_get_coarse_ns() - v->seen > xlb_ct_refresh_ns)
+		return XDP_PASS; /* tcx refreshes the entry, or expires it */
+	if (p.k.proto == IPPROTO_TCP && ((p.tcp_flags & (XLB_TCP_SYN | XLB_TCP_RST | XLB_TCP_FIN)) ||
+					 ct_next_state(v->state, p.tcp_flags) != v->state))
+		return XDP_PASS;
+	bid = v->backend;
+	fl = bpf_map_lookup_elem(&xlb_be_flags, &bid);
+	if (fl && (*fl & XLB_BE_F_GONE))
+		return XDP_PASS;
+	ifindex = v->ifindex;
+	if (!xlb_xdp_any_tx && !bpf_map_lookup_elem(&xlb_xdp_tx, &ifindex))
+		return XDP_PASS;
+
+	if (data + sizeof(struct ethhdr) > end)
+		return XDP_PASS;
+	if (p.k.family == XLB_AF_INET) {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		__u16 nw = p.ttl_word;
+
+		if ((void *)(ip + 1) > end)
+			return XDP_PASS;
+		((__u8 *)&nw)[0] = p.ttl - 1;
+		ip->ttl = p.ttl - 1;
+		csum16_replace(&ip->check, p.ttl_word, nw);
+	} else {
+		struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+		if ((void *)(ip6 + 1) > end)
+			return XDP_PASS;
+		ip6->hop_limit = p.ttl - 1;
+	}
+	__builtin_memcpy(data, v->dmac, 6);
+	__builtin_memcpy(data + 6, v->smac, 6);
+	be_count(bid, XLB_CT_FWD, end - data, 0);
+	stat_inc(XLB_STAT_XDP_FWD);
+	return bpf_redirect(ifindex, 0);
 }
 
 SEC("tcx/ingress")

@@ -156,6 +156,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_events SEC(".maps");
 
+/* ifindex -> 1 for the interfaces the XDP fast path may redirect to in
+ * native mode (those with an XDP program of ours: their driver transmits
+ * XDP frames); see xlb_xdp_any_tx. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_xdp_tx SEC(".maps");
+
 /* Keeps struct conn_event in the BTF for bpf2go (-type conn_event). */
 const struct conn_event *xlb_unused_conn_event __attribute__((unused));
 

@@ -50,6 +50,9 @@ type Options struct {
 	// PinPath is a directory on a bpf file system. Default
 	// /sys/fs/bpf/xlb; bpffs is mounted at /sys/fs/bpf if it is not.
 	PinPath string
+	// XDP attaches the XDP fast path for dsr flows to the same
+	// interfaces (off when empty); see XDPMode.
+	XDP XDPMode
 	// Timeouts are the conntrack idle timeouts; zero fields take the
 	// defaults (DefaultTimeouts). They are constants of the loaded program:
 	// changing them takes a restart, which is hitless.
@@ -99,9 +102,10 @@ type Plane struct {
 	nl   *netlink.Handle
 	objs xlbObjects
 
-	mu    sync.Mutex
-	links map[string]link.Link // by interface name
-	farms map[string]*generation
+	mu       sync.Mutex
+	links    map[string]link.Link // by interface name
+	xdpLinks map[string]link.Link // by interface name
+	farms    map[string]*generation
 	svcIDs
 	backendIDs
 	pending []*generation // replaced generations, freed at the next change
@@ -136,7 +140,13 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	if opts.ConnTableSize <= 0 {
 		opts.ConnTableSize = DefaultConnTableSize
 	}
-	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{},
+	if opts.XDP == "" {
+		opts.XDP = XDPOff
+	}
+	if _, err := ParseXDPMode(string(opts.XDP)); err != nil {
+		return nil, err
+	}
+	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, xdpLinks: map[string]link.Link{}, farms: map[string]*generation{},
 		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{}}
 	p.statSlots.init()
 	p.svcIDs.init()
@@ -199,6 +209,11 @@ func (p *Plane) load() error {
 	} {
 		if err := spec.Variables[name].Set(uint64(d.Nanoseconds())); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if p.opts.XDP == XDPGeneric {
+		if err := spec.Variables[xlbVarXlbXdpAnyTx].Set(uint32(1)); err != nil {
+			return fmt.Errorf("set %s: %w", xlbVarXlbXdpAnyTx, err)
 		}
 	}
 	if p.opts.ctRefresh > 0 {
@@ -289,6 +304,9 @@ func (p *Plane) attach() error {
 			return fmt.Errorf("pin link of %q: %w", name, err)
 		}
 		p.links[name] = l
+	}
+	if err := p.attachXDP(ifaces); err != nil {
+		return err
 	}
 	entries, err := os.ReadDir(p.opts.PinPath)
 	if err != nil {
@@ -396,6 +414,10 @@ func (p *Plane) closeLinks() {
 		l.Close()
 		delete(p.links, n)
 	}
+	for n, l := range p.xdpLinks {
+		l.Close()
+		delete(p.xdpLinks, n)
+	}
 }
 
 // Close releases the plane's file descriptors. Links and maps stay pinned:
@@ -421,9 +443,14 @@ func (p *Plane) Destroy() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, l := range p.xdpLinks {
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
 		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
-		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents} {
+		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

@@ -164,7 +164,9 @@ const (
 	xlbMapXlbStateless       = "xlb_stateless"
 	xlbMapXlbStats           = "xlb_stats"
 	xlbMapXlbSvcFlags        = "xlb_svc_flags"
+	xlbMapXlbXdpTx           = "xlb_xdp_tx"
 	xlbProgXlbIngress        = "xlb_ingress"
+	xlbProgXlbXdp            = "xlb_xdp"
 	xlbVarXlbCtRefreshNs     = "xlb_ct_refresh_ns"
 	xlbVarXlbTimeoutClose    = "xlb_timeout_close"
 	xlbVarXlbTimeoutFin      = "xlb_timeout_fin"
@@ -172,6 +174,7 @@ const (
 	xlbVarXlbTimeoutTcp      = "xlb_timeout_tcp"
 	xlbVarXlbTimeoutUdp      = "xlb_timeout_udp"
 	xlbVarXlbUnusedConnEvent = "xlb_unused_conn_event"
+	xlbVarXlbXdpAnyTx        = "xlb_xdp_any_tx"
 )
 
 // loadXlb returns the embedded CollectionSpec for xlb.
@@ -217,6 +220,7 @@ type xlbSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
 	XlbIngress *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
+	XlbXdp     *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
 
 // xlbMapSpecs contains maps before they are loaded into the kernel.
@@ -237,6 +241,7 @@ type xlbMapSpecs struct {
 	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
 // xlbVariableSpecs contains global variables before they are loaded into the kernel.
@@ -250,6 +255,7 @@ type xlbVariableSpecs struct {
 	XlbTimeoutTcp      *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
 	XlbTimeoutUdp      *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
 	XlbUnusedConnEvent *ebpf.VariableSpec `ebpf:"xlb_unused_conn_event"`
+	XlbXdpAnyTx        *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbObjects contains all objects after they have been loaded into the kernel.
@@ -286,6 +292,7 @@ type xlbMaps struct {
 	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
 func (m *xlbMaps) Close() error {
@@ -304,6 +311,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbStateless,
 		m.XlbStats,
 		m.XlbSvcFlags,
+		m.XlbXdpTx,
 	)
 }
 
@@ -318,6 +326,7 @@ type xlbVariables struct {
 	XlbTimeoutTcp      *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
 	XlbTimeoutUdp      *ebpf.Variable `ebpf:"xlb_timeout_udp"`
 	XlbUnusedConnEvent *ebpf.Variable `ebpf:"xlb_unused_conn_event"`
+	XlbXdpAnyTx        *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbPrograms contains all programs after they have been loaded into the kernel.
@@ -325,11 +334,13 @@ type xlbVariables struct {
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
 	XlbIngress *ebpf.Program `ebpf:"xlb_ingress"`
+	XlbXdp     *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
 	return _XlbClose(
 		p.XlbIngress,
+		p.XlbXdp,
 	)
 }
 
