@@ -740,6 +740,9 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		if s.old != nil {
 			p.pending = append(p.pending, s.old)
 		}
+		if s.oldName != "" && s.oldName != s.newName {
+			delete(p.carry, s.oldName) // deleted (or renamed): its counts go
+		}
 	}
 	return nil
 }
@@ -960,6 +963,15 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	}
 	if err := p.syncBackendStats(liveBE); err != nil {
 		return err
+	}
+	known := map[string]bool{}
+	for _, f := range farms {
+		known[f.Name] = true
+	}
+	for name := range p.carry {
+		if !known[name] {
+			delete(p.carry, name)
+		}
 	}
 	p.svcIDs.init()
 	p.backendIDs.init()
