@@ -134,6 +134,16 @@ func TestTrafficCountersAndLog(t *testing.T) {
 	if after.Counters != before.Counters || len(after.Backends) != 2 {
 		t.Errorf("after removing b1: farm counters %+v (%d backends), before %+v", after.Counters, len(after.Backends), before.Counters)
 	}
+	// A farm deleted and added again starts from zero.
+	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: &web2}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: web}}}); err != nil {
+		t.Fatal(err)
+	}
+	if fc, err := p.Counters(context.Background(), web); err != nil || fc.Counters != (dataplane.Counters{}) {
+		t.Errorf("farm deleted and added again: counters %+v, %v; want zero", fc.Counters, err)
+	}
 	st, _ := p.Stats()
 	if st["log_lost"] != 0 {
 		t.Errorf("log_lost %d", st["log_lost"])
