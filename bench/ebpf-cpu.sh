@@ -4,7 +4,9 @@
 # four systems (local, direct, nft, ebpf) send in turn, 10,000 packets at a
 # time, PKTS packets each per round; ROUNDS rounds. Writes the medians and
 # spreads over rounds, and the nft/ebpf ratio of the LB's CPU per packet, to
-# bench/results/ebpf-vs-nft-cpu.md (raw output next to it). Needs root.
+# bench/results/ebpf-vs-nft-cpu.md (raw output next to it). Each round also
+# runs BenchmarkLBCPUXDP: the same over a chain of veth pairs, with dsr
+# through tcx and through the native XDP fast path. Needs root.
 #   bench/ebpf-cpu.sh
 #   ROUNDS=3 PKTS=100000 bench/ebpf-cpu.sh
 set -euo pipefail
@@ -14,17 +16,21 @@ ROUNDS=${ROUNDS:-5}
 PKTS=${PKTS:-300000}
 out=bench/results/ebpf-vs-nft-cpu.md
 raw=bench/results/ebpf-vs-nft-cpu.txt
+xraw=bench/results/ebpf-xdp-cpu.txt
 bin=$(mktemp -d)/ebpf.test
 trap 'rm -rf "$(dirname "$bin")"' EXIT
 go test -c -o "$bin" ./internal/dataplane/ebpf
 : >"$raw"
+: >"$xraw"
 for r in $(seq "$ROUNDS"); do
 	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 timeout 600 "$bin" -test.run '^$' -test.bench '^BenchmarkLBCPU$' \
 		-test.benchtime "${PKTS}x" -test.count 1) | grep -E '^BenchmarkLBCPU' | tee -a "$raw"
+	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 timeout 600 "$bin" -test.run '^$' -test.bench '^BenchmarkLBCPUXDP$' \
+		-test.benchtime "${PKTS}x" -test.count 1) | grep -E '^BenchmarkLBCPUXDP' | tee -a "$xraw"
 done
 # Median and min - max over rounds of each metric (each already a median
 # over the round's chunks).
-stats=$(awk '
+medians() { awk '
 { for (i = 3; i < NF; i += 2) { m = $(i+1); n[m]++; v[m, n[m]] = $i } }
 END {
 	for (m in n) {
@@ -34,8 +40,17 @@ END {
 		med = (k % 2) ? a[(k+1)/2] : (a[k/2] + a[k/2+1]) / 2
 		printf "%s %.4g %.4g %.4g %d\n", m, med, a[1], a[k], k
 	}
-}' "$raw")
+}' "$1"; }
+stats=$(medians "$raw")
+xstats=$(medians "$xraw")
 get() { echo "$stats" | awk -v m="$1" -v f="$2" '$1 == m { print $f }'; }
+xget() { echo "$xstats" | awk -v m="$1" -v f="$2" '$1 == m { print $f }'; }
+xrow() { # system
+	local lb="-" lbr="-" bpf="-"
+	if [ "$1" != local ]; then lb=$(xget "$1-lb-ns/pkt" 2); lbr="$(xget "$1-lb-ns/pkt" 3) - $(xget "$1-lb-ns/pkt" 4)"; fi
+	case $1 in ebpf*) bpf="$(xget "$1-bpf-ns/pkt" 2) ($(xget "$1-bpf-ns/pkt" 3) - $(xget "$1-bpf-ns/pkt" 4))" ;; esac
+	echo "| $1 | $(xget "$1-cpu-ns/pkt" 2) | $lb | $lbr | $bpf |"
+}
 row() { # system
 	local lb="-" lbr="-"
 	if [ "$1" != local ]; then lb=$(get "$1-lb-ns/pkt" 2); lbr="$(get "$1-lb-ns/pkt" 3) - $(get "$1-lb-ns/pkt" 4)"; fi
@@ -64,6 +79,17 @@ n=$(get nft/ebpf 5)
 	echo "- **LB CPU per packet, nft / ebpf: $(get nft/ebpf 2)** (median over rounds of the per-round median of per-chunk ratios; rounds $(get nft/ebpf 3) - $(get nft/ebpf 4))."
 	echo "- The eBPF program itself (kernel BPF statistics, run time / run count): $(get bpf-ns/pkt 2) ns per packet ($(get bpf-ns/pkt 3) - $(get bpf-ns/pkt 4)); the rest of eBPF's LB cost is the veth receive up to tcx and the redirect's transmit."
 	echo
-	echo "Raw output: \`bench/results/ebpf-vs-nft-cpu.txt\`."
+	echo "## The XDP fast path on veth"
+	echo
+	echo "\`BenchmarkLBCPUXDP\`, the same rounds: a chain of veth pairs (client -- LB -- backend, no bridge: native XDP cannot transmit to a bridge), transmit checksum offload off on the client and GRO on the backend's veth in every chain (native XDP on veth needs both). **nft**: dnat. **ebpf-tcx**: dsr through the tcx program. **ebpf-xdp**: dsr with \`--xdp native\` (the fast path forwards the tracked flow; about one packet a second takes the tcx path). bpf ns/pkt: the programs' run time per packet (kernel BPF statistics)."
+	echo
+	echo "| system | cpu ns/pkt | LB ns/pkt | min - max | bpf ns/pkt |"
+	echo "|---|---|---|---|---|"
+	xrow local; xrow nft; xrow ebpf-tcx; xrow ebpf-xdp
+	echo
+	echo "- nft / ebpf-tcx: $(xget nft/ebpf-tcx 2) ($(xget nft/ebpf-tcx 3) - $(xget nft/ebpf-tcx 4)); nft / ebpf-xdp: $(xget nft/ebpf-xdp 2) ($(xget nft/ebpf-xdp 3) - $(xget nft/ebpf-xdp 4))."
+	echo "- Native XDP on veth costs more than tcx: veth hands XDP an skb that exists already (and converts it to an XDP buffer, copying it when its headroom is short of XDP's 256 bytes), and the redirected frame is turned into an skb again on the backend's side (an explanation from how veth works, not a profile). Its gain — no skb at all — needs a NIC with a native XDP driver, which this machine does not have."
+	echo
+	echo "Raw output: \`bench/results/ebpf-vs-nft-cpu.txt\`, \`bench/results/ebpf-xdp-cpu.txt\`."
 } >"$out"
 echo "wrote $out"

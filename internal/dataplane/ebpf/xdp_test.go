@@ -23,15 +23,16 @@ import (
 // backend holds the VIP on its loopback (dsr) and routes via the LB.
 type xdpChain struct {
 	client, lb, backend netns.NsHandle
+	backendName         string
 	clientIP, beIP      netip.Addr
 }
 
-func newXDPChain(t *testing.T, vip netip.Addr) *xdpChain {
+func newXDPChain(t testing.TB, vip netip.Addr) *xdpChain {
 	t.Helper()
 	_, cns := testutil.NewNetNS(t)
 	_, lns := testutil.NewNetNS(t)
-	_, bns := testutil.NewNetNS(t)
-	c := &xdpChain{client: cns, lb: lns, backend: bns,
+	bname, bns := testutil.NewNetNS(t)
+	c := &xdpChain{client: cns, lb: lns, backend: bns, backendName: bname,
 		clientIP: netip.MustParseAddr("10.110.0.2"), beIP: netip.MustParseAddr("10.210.0.11")}
 	lh, err := netlink.NewHandleAt(lns)
 	if err != nil {
@@ -110,7 +111,7 @@ func newXDPChain(t *testing.T, vip netip.Addr) *xdpChain {
 
 // setGRO turns generic receive offload of ifname in ns on or off
 // (ethtool -K ifname gro on|off).
-func setGRO(t *testing.T, ns netns.NsHandle, ifname string, on bool) {
+func setGRO(t testing.TB, ns netns.NsHandle, ifname string, on bool) {
 	t.Helper()
 	const ethtoolSGRO = 0x2c
 	val := struct{ cmd, data uint32 }{cmd: ethtoolSGRO}
