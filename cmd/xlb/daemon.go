@@ -60,14 +60,18 @@ and links under --pin-path (bpffs is mounted at /sys/fs/bpf if it is not): a
 restarted or upgraded daemon adopts them, and tracked connections keep
 flowing meanwhile. --conn-table-size (like IPVS's conn_tab_bits, fixed at
 start-up; changing it drops tracked connections) and the --ct-timeout-*
-flags (like ipvsadm --set) apply to it only. See docs/dataplane-ebpf.md.
+flags (like ipvsadm --set) apply to it only. --xdp generic|native also
+attaches the XDP fast path for tracked dsr flows to the same interfaces
+(native: for NICs with XDP drivers; list --interfaces then). See
+docs/dataplane-ebpf.md.
 
 The API key comes from --key-file, else XLB_KEY; with neither, a random key is
 generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later starts.`,
 		Example: `  xlb daemon
   xlb daemon --state-dir /var/lib/xlb --listen 127.0.0.1:5555 --log-level debug
   XLB_KEY=s3cret xlb daemon --listen 10.0.0.1:5555
-  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576`,
+  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576
+  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --xdp native`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			keyFile := ""
@@ -89,6 +93,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.StringSliceVar(&o.dp.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback)")
 	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
 	f.StringVar(&o.dp.pinPath, "pin-path", ebpf.DefaultPinPath, "ebpf: bpffs directory where maps and links are pinned")
+	f.StringVar(&o.dp.xdp, "xdp", string(ebpf.XDPOff), "ebpf: XDP fast path for tracked dsr flows: off, generic (any driver), native (XDP drivers)")
 	d := ebpf.DefaultTimeouts
 	f.DurationVar(&o.dp.timeouts.TCP, "ct-timeout-tcp", d.TCP, "ebpf: idle timeout of established TCP connections")
 	f.DurationVar(&o.dp.timeouts.TCPFin, "ct-timeout-tcpfin", d.TCPFin, "ebpf: idle timeout of TCP connections after a FIN")
@@ -224,7 +229,7 @@ func listenSocket(log *slog.Logger, o daemonOptions) (net.Listener, error) {
 // checkDataplaneFlags validates the data plane flags: ebpf-only flags need
 // --dataplane ebpf, and sizes and timeouts must be in range.
 func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
-	ebpfOnly := []string{"interfaces", "conn-table-size", "pin-path",
+	ebpfOnly := []string{"interfaces", "conn-table-size", "pin-path", "xdp",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
 	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
 		return fmt.Errorf("--nft-tables: only with --dataplane nft")
@@ -239,6 +244,9 @@ func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
 			}
 		}
 		return nil
+	}
+	if _, err := ebpf.ParseXDPMode(c.xdp); err != nil {
+		return err
 	}
 	if c.connTableSize < 1 || c.connTableSize > maxConnTableSize {
 		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)

@@ -22,6 +22,7 @@ type dataplaneConfig struct {
 	interfaces    []string // empty: every interface but loopback
 	connTableSize int      // tracked connections (two conntrack entries each)
 	pinPath       string
+	xdp           string // off, generic, native
 	timeouts      ebpf.Timeouts
 }
 
@@ -33,8 +34,13 @@ func openDataplane(ctx context.Context, log *slog.Logger, c dataplaneConfig) (da
 		// (or one table "xlb" with --nft-tables 1).
 		return nft.Open(ctx, log, nft.Options{Shards: c.nftTables})
 	case "ebpf":
+		xdp, err := ebpf.ParseXDPMode(c.xdp)
+		if err != nil {
+			return nil, err
+		}
 		// The current network namespace.
 		p, err := ebpf.New(ctx, log, ebpf.Options{
+			XDP:           xdp,
 			Interfaces:    c.interfaces,
 			ConnTableSize: 2 * c.connTableSize,
 			PinPath:       c.pinPath,

@@ -98,6 +98,13 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
+		stats, err := boolParam(r, "stats")
+		if err != nil {
+			return err
+		}
+		if stats {
+			return s.writeStatsListing(w, r, numeric)
+		}
 		writeListing(w, farms, numeric)
 	case "names":
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

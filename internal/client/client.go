@@ -236,6 +236,49 @@ func (c *Client) ListText(ctx context.Context, w io.Writer, numeric bool) error 
 	return err
 }
 
+// ListStatsText streams the listing with counters (ipvsadm -L --stats) to w.
+func (c *Client) ListStatsText(ctx context.Context, w io.Writer, numeric bool) error {
+	path := "/farms?format=ipvsadm&stats=1"
+	if numeric {
+		path += "&numeric=1"
+	}
+	_, err := c.stream(ctx, path, w)
+	return err
+}
+
+// Counters are a farm's or backend's traffic counters as the API sends
+// them (decimal strings).
+type Counters struct {
+	Connections string `json:"connections"`
+	InPackets   string `json:"in-packets"`
+	OutPackets  string `json:"out-packets"`
+	InBytes     string `json:"in-bytes"`
+	OutBytes    string `json:"out-bytes"`
+}
+
+// FarmCounters are a farm's counters and its backends'.
+type FarmCounters struct {
+	Name string `json:"name"`
+	Counters
+	Backends []struct {
+		Name string `json:"name"`
+		Counters
+	} `json:"backends"`
+}
+
+// Counters reads a farm's traffic counters.
+func (c *Client) Counters(ctx context.Context, farm string) (*FarmCounters, error) {
+	body, err := c.call(ctx, http.MethodGet, farmPath(farm)+"/counters", nil)
+	if err != nil {
+		return nil, err
+	}
+	var out FarmCounters
+	if err := json.Unmarshal(body, &out); err != nil {
+		return nil, fmt.Errorf("decode counters from the daemon: %w", err)
+	}
+	return &out, nil
+}
+
 func (c *Client) stream(ctx context.Context, path string, w io.Writer) (int64, error) {
 	resp, err := c.do(ctx, http.MethodGet, path, nil)
 	if err != nil {

@@ -825,14 +825,19 @@ func runBackendMark(t *testing.T, e *Env, f model.Farm) {
 }
 
 // runLog: each new connection of a farm with log is logged (to NFLOG group
-// LogGroup) with the farm's log-prefix and name, and the logged packet is
-// addressed to the backend that answered.
+// LogGroup, or where Plane.ConnLog reads) with the farm's log-prefix and
+// name, and the logged packet is addressed to the backend that answered.
 func runLog(t *testing.T, e *Env, f model.Farm) {
-	l := testutil.ListenNFLOG(t, e.LB.NS, LogGroup)
+	var wait func(string, time.Duration) (testutil.NFLogEntry, error)
+	if e.plane.ConnLog != nil {
+		wait = e.plane.ConnLog(t, "/run/netns/"+e.LB.Name)
+	} else {
+		wait = testutil.ListenNFLOG(t, e.LB.NS, LogGroup).Wait
+	}
 	e.Put(t, f)
 	for range 2 {
 		name, _ := e.ask(t, f, netip.AddrPort{})
-		entry, err := l.Wait("farm="+f.Name+" ", 2*time.Second)
+		entry, err := wait("farm="+f.Name+" ", 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -71,8 +71,10 @@ func check(f *model.Farm) error {
 				"netfilter's connection tracking, which this data plane bypasses; use the nft data plane",
 		}
 	}
-	if f.Log != 0 {
-		return unsupported(f, "log", f.Log.String())
+	if f.Log != 0 && f.Mode == model.ModeStlsDNAT {
+		// The connection log is a record per new connection.
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "log", Value: f.Log.String(),
+			Problem: "stlsdnat keeps no connections to log with the ebpf data plane: use dnat, or log none"}
 	}
 	for _, l := range []struct {
 		field string
