@@ -124,6 +124,35 @@ func addrField[T any](name string, ptr func(*T) *netip.Addr) scalarField[T] {
 	}
 }
 
+func etherField[T any](ptr func(*T) *EtherAddr) scalarField[T] {
+	return scalarField[T]{
+		name: "ether-addr",
+		decode: func(t *T, v string) error {
+			a, err := ParseEtherAddr(strings.TrimSpace(v))
+			if err != nil {
+				return err
+			}
+			*ptr(t) = a
+			return nil
+		},
+		encode: func(t *T) string { return ptr(t).String() },
+	}
+}
+
+func ifaceField(name string, ptr func(*Farm) *string) scalarField[Farm] {
+	return scalarField[Farm]{
+		name: name,
+		decode: func(f *Farm, v string) error {
+			if v != "" && !ValidIfName(v) {
+				return fmt.Errorf("must be an interface name: 1 to 15 characters, no '/', ':' or white space")
+			}
+			*ptr(f) = v
+			return nil
+		},
+		encode: func(f *Farm) string { return *ptr(f) },
+	}
+}
+
 var farmFields = []scalarField[Farm]{
 	{name: "name", encode: func(f *Farm) string { return f.Name }}, // decoded by DecodeFarms
 	enumField("family", familySpec, func(f *Farm) *Family { return &f.Family }),
@@ -215,6 +244,9 @@ var farmFields = []scalarField[Farm]{
 			return "off"
 		},
 	},
+	ifaceField("iface", func(f *Farm) *string { return &f.Iface }),
+	ifaceField("oface", func(f *Farm) *string { return &f.Oface }),
+	etherField(func(f *Farm) *EtherAddr { return &f.EtherAddr }),
 }
 
 var backendFields = []scalarField[Backend]{
@@ -246,6 +278,7 @@ var backendFields = []scalarField[Backend]{
 	markField(func(b *Backend) *uint32 { return &b.Mark }),
 	uintField("est-connlimit", 1<<31-1, func(b *Backend) *uint32 { return &b.EstConnLimit }),
 	enumField("state", stateSpec, func(b *Backend) *State { return &b.State }),
+	etherField(func(b *Backend) *EtherAddr { return &b.EtherAddr }),
 }
 
 // ParsePorts parses nftlb's virtual-ports: "80,443,1000-2000"; "" means every port.
