@@ -305,9 +305,17 @@ type farmPlan struct {
 	// persist names the persistence map ("" without persistence or
 	// without serving backends); see persist.go.
 	persist string
+	// dsrMode: mode dsr (dsr.go). The chain and map live in the netdev
+	// table; svc elements are in dsr4/6 (jump), post elements in
+	// dsrif4/6 (the oface's index); dsr holds the resolved links.
+	dsrMode bool
+	dsr     *dsrLink
 }
 
 func (p *farmPlan) svcSet() string {
+	if p.dsrMode {
+		return pick(p.v6, setDsr4, setDsr6)
+	}
 	if p.stls {
 		return pick(p.v6, setStls4, setStls6)
 	}
@@ -320,6 +328,9 @@ func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
 func (p *farmPlan) logSet() string  { return pick(p.v6, setLog4, setLog6) }
 func (p *farmPlan) revSet() string  { return pick(p.v6, setStlsR4, setStlsR6) }
 func (p *farmPlan) postSet() string {
+	if p.dsrMode {
+		return pick(p.v6, setDsrIf4, setDsrIf6)
+	}
 	if p.mark {
 		if len(p.post) > 0 && p.post[0].Val != nil {
 			return pick(p.v6, setSnatM4, setSnatM6)
@@ -360,6 +371,16 @@ func plan(f *model.Farm) *farmPlan {
 			if f.SourceAddr.IsValid() {
 				p.post[0].Val = f.SourceAddr.AsSlice()
 			}
+		}
+		return p.backends(f)
+	}
+	if f.Mode == model.ModeDSR {
+		// The links (and so the post elements) are set by setDSR.
+		p.dsrMode = true
+		p.chain = farmDsr + nameHash(f.Name)
+		p.svc = svcElems(f, p.chain, nil)
+		for i := range p.svc {
+			p.svc[i].Jump = true
 		}
 		return p.backends(f)
 	}
@@ -409,6 +430,10 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
 		p.port = f.VirtualPorts[0].First
 	}
+	if p.dsrMode {
+		// The map holds MACs: ports never change in dsr.
+		p.kind = kindAddr
+	}
 	if p.stls && p.kind == kindAddrPort {
 		// Check makes every backend of a stateless farm share a port:
 		// the map holds addresses and the port is a constant, so nft
@@ -447,6 +472,9 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 		s.KeyByteOrder = binaryutil.BigEndian
 	}
 	s.DataType = p.dataType()
+	if p.dsrMode {
+		s.DataType = nftables.TypeEtherAddr
+	}
 	if p.ids {
 		s.DataType = nftables.TypeMark // backend id, see persist.go
 	}
@@ -456,6 +484,9 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 // slotData is a slot's data in the backend map: the backend, or its id in
 // farms with persistence or backend marks.
 func (p *farmPlan) slotData(b model.Backend) []byte {
+	if p.dsrMode {
+		return p.macData(b)
+	}
 	if p.ids {
 		return binaryutil.NativeEndian.PutUint32(backendID(b))
 	}

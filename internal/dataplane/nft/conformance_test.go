@@ -16,7 +16,6 @@ import (
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
 	"family-dual":        `"family" value "dual"`,
-	"mode-dsr":           `"mode" value "dsr"`,
 	"mode-stlsdnat-ipv6": `"mode" value "stlsdnat": the nft data plane does stlsdnat for IPv4 VIP farms only`,
 }
 

@@ -39,7 +39,23 @@ func TestCheck(t *testing.T) {
 		field string
 		edit  func(f *model.Farm)
 	}{
-		{"mode", func(f *model.Farm) { f.Mode = model.ModeDSR }},
+		// dsr: per-packet schedulers only for udp; nothing that needs conntrack.
+		{"scheduler", func(f *model.Farm) { f.Mode = model.ModeDSR }},
+		{"persistence", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam, f.Persistence = model.ModeDSR, model.SchedHash, model.KeySrcIP, model.KeySrcIP
+		}},
+		{"est-connlimit", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam, f.EstConnLimit = model.ModeDSR, model.SchedHash, model.KeySrcIP, 5
+		}},
+		{"new-rtlimit", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam, f.NewRTLimit = model.ModeDSR, model.SchedMaglev, 0, 5
+		}},
+		{"log", func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Log = model.ModeDSR, model.ProtoUDP, model.LogForward
+		}},
+		{"mark", func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Backends[0].Mark = model.ModeDSR, model.ProtoUDP, 3
+		}},
 		{"scheduler", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
 		{"mode", func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
@@ -100,6 +116,21 @@ func TestCheck(t *testing.T) {
 		func(f *model.Farm) { f.Protocol = model.ProtoSCTP },
 		func(f *model.Farm) { f.Protocol = model.ProtoAll; f.VirtualPorts = nil },
 		func(f *model.Farm) { f.Scheduler = model.SchedWeight; f.Mode = model.ModeDNAT },
+		func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeDSR, model.SchedHash, model.KeySrcIP
+		},
+		func(f *model.Farm) {
+			f.Mode, f.Scheduler = model.ModeDSR, model.SchedSymhash
+			f.SchedParam = model.KeySrcIP
+		},
+		func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Scheduler = model.ModeDSR, model.ProtoUDP, model.SchedWeight
+		},
+		func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Iface, f.Oface = model.ModeDSR, model.ProtoUDP, "eth0", "eth1"
+			f.EtherAddr = model.EtherAddr{2, 0, 0, 0, 0, 1}
+			f.Backends[0].EtherAddr = model.EtherAddr{2, 0, 0, 0, 0, 2}
+		},
 		func(f *model.Farm) {
 			b := f.Backends[0]
 			b.Name, b.Port = "b2", 8080
