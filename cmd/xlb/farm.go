@@ -21,7 +21,7 @@ type fieldFlag struct {
 
 func farmFlags() []fieldFlag {
 	return []fieldFlag{
-		{"virtual-addr", "vip", "virtual IPv4 or IPv6 address"},
+		{"virtual-addr", "vip", "virtual IPv4 or IPv6 address (family dual: one of each, comma separated)"},
 		{"virtual-ports", "ports", "ports and ranges, e.g. 80,443,1000-2000 (empty: every port)"},
 		{"protocol", "proto", "tcp, udp, sctp or all"},
 		{"family", "", "ipv4, ipv6 or dual"},

@@ -156,7 +156,41 @@ func ifaceField(name string, ptr func(*Farm) *string) scalarField[Farm] {
 var farmFields = []scalarField[Farm]{
 	{name: "name", encode: func(f *Farm) string { return f.Name }}, // decoded by DecodeFarms
 	enumField("family", familySpec, func(f *Farm) *Family { return &f.Family }),
-	addrField("virtual-addr", func(f *Farm) *netip.Addr { return &f.VirtualAddr }),
+	{
+		// One address, or (family dual) an IPv4 and an IPv6 address
+		// separated by a comma.
+		name: "virtual-addr",
+		decode: func(f *Farm, v string) error {
+			first, second, two := strings.Cut(v, ",")
+			first, second = strings.TrimSpace(first), strings.TrimSpace(second)
+			f.VirtualAddr, f.VirtualAddr2 = netip.Addr{}, netip.Addr{}
+			if first == "" && !two {
+				return nil
+			}
+			a, err := netip.ParseAddr(first)
+			if err != nil {
+				return fmt.Errorf("must be an IPv4 or IPv6 address, or (family dual) one of each separated by a comma")
+			}
+			f.VirtualAddr = a
+			if two {
+				b, err := netip.ParseAddr(second)
+				if err != nil || strings.Contains(second, ",") {
+					return fmt.Errorf("must be an IPv4 or IPv6 address, or (family dual) one of each separated by a comma")
+				}
+				f.VirtualAddr2 = b
+			}
+			return nil
+		},
+		encode: func(f *Farm) string {
+			switch {
+			case !f.VirtualAddr.IsValid():
+				return ""
+			case f.VirtualAddr2.IsValid():
+				return f.VirtualAddr.String() + "," + f.VirtualAddr2.String()
+			}
+			return f.VirtualAddr.String()
+		},
+	},
 	{
 		name: "virtual-ports",
 		decode: func(f *Farm, v string) error {

@@ -28,9 +28,13 @@ func (r PortRange) Overlaps(o PortRange) bool { return r.First <= o.Last && o.Fi
 // Farm is a virtual service: a VIP with ports and protocol, how it forwards,
 // how it schedules, and its backends. Field names follow nftlb.
 type Farm struct {
-	Name         string
-	Family       Family
-	VirtualAddr  netip.Addr  // invalid (zero) for firewall-mark farms
+	Name        string
+	Family      Family
+	VirtualAddr netip.Addr // invalid (zero) for firewall-mark farms
+	// VirtualAddr2 is a family dual farm's second VIP, of the other
+	// family ("virtual-addr": "10.0.0.1,fd00::1"); each VIP is served by
+	// the backends of its family. Invalid when there is none.
+	VirtualAddr2 netip.Addr
 	VirtualPorts []PortRange // empty: every port
 	SourceAddr   netip.Addr  // snat: fixed source instead of masquerade
 	Protocol     Protocol
@@ -169,6 +173,18 @@ func (f *Farm) Backend(name string) (*Backend, int) {
 // IsMarkFarm reports whether the farm is selected by a firewall mark (IPVS -f)
 // rather than by virtual address and port.
 func (f *Farm) IsMarkFarm() bool { return !f.VirtualAddr.IsValid() && f.Mark != 0 }
+
+// VirtualAddrs returns the farm's VIPs: none (firewall-mark farms), one,
+// or two (family dual).
+func (f *Farm) VirtualAddrs() []netip.Addr {
+	switch {
+	case !f.VirtualAddr.IsValid():
+		return nil
+	case f.VirtualAddr2.IsValid():
+		return []netip.Addr{f.VirtualAddr, f.VirtualAddr2}
+	}
+	return []netip.Addr{f.VirtualAddr}
+}
 
 // Serving reports whether a backend may take new connections.
 func (b *Backend) Serving() bool { return b.State == StateUp && b.Weight > 0 }

@@ -62,6 +62,19 @@ func (f *Farm) Validate() error {
 	case f.Mark == 0:
 		return bad("virtual-addr", "", "is required (or set \"mark\" for a firewall-mark farm)")
 	}
+	if a := f.VirtualAddr2; a.IsValid() {
+		both := f.VirtualAddr.String() + "," + a.String()
+		switch {
+		case f.Family != FamilyDual:
+			return bad("virtual-addr", both, "two addresses need family dual (this farm has family "+f.Family.String()+")")
+		case !f.VirtualAddr.IsValid():
+			return bad("virtual-addr", both, "the second address needs a first")
+		case a.Zone() != "" || a.Is4In6():
+			return bad("virtual-addr", both, "must be plain addresses without a zone, IPv4 in dotted form")
+		case a.Is4() == f.VirtualAddr.Is4():
+			return bad("virtual-addr", both, "the two addresses of a dual farm must be one IPv4 and one IPv6 address")
+		}
+	}
 	if f.SourceAddr.IsValid() {
 		if err := f.checkFamily("source-addr", f.SourceAddr.Is4()); err != nil {
 			return err

@@ -24,9 +24,8 @@
 // not listed must pass. Run fails on a Refuses key that names no scenario,
 // so the list cannot silently go stale.
 //
-// Two scenarios have no traffic check yet, mode-dsr and family-dual (the
-// model has no second virtual address): a plane must refuse them until one
-// is written. Scenarios that log expect the plane to send its log lines to
+// A scenario without a traffic check can only be refused (none today).
+// Scenarios that log expect the plane to send its log lines to
 // NFLOG group LogGroup (see Plane.Open).
 //
 // Scenarios run in parallel, each in its own namespaces; the whole suite

@@ -270,7 +270,7 @@ func (p *Plane) Check(f *model.Farm) error {
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
 			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
-		return no("family", f.Family.String())
+		return p.checkDual(f)
 	case f.Mode == model.ModeStlsDNAT && (f.VirtualAddr.Is6() || f.IsMarkFarm()):
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
 			Problem: "the " + PlaneName + " data plane does stlsdnat for IPv4 VIP farms only yet"}
@@ -336,7 +336,7 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	links, err := resolveDSR(p.opts.NetNS, diffFarms(d))
+	links, err := resolveDSR(p.opts.NetNS, diffFarms(expandDiff(d)))
 	if err != nil {
 		return err
 	}
@@ -358,6 +358,7 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 // queue adds the messages of d to batch b (nothing is sent) and returns the
 // farms' states to commit once the batch is in the kernel.
 func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
+	d = expandDiff(d)
 	next := map[string]*farmState{}
 	cur := func(name string) *farmState {
 		if s, ok := next[name]; ok {
@@ -427,6 +428,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if p.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
+	farms = expandFarms(farms)
 	links, err := resolveDSR(p.opts.NetNS, farms)
 	if err != nil {
 		return err

@@ -81,6 +81,12 @@ func TestCheck(t *testing.T) {
 		{"mark", func(f *model.Farm) { f.Mark = 7 }},
 		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{}; f.Helper = model.HelperFTP }},
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
+		// Each half of a dual farm is checked: here the IPv6 half's
+		// persistence key is too long.
+		{"persistence", func(f *model.Farm) {
+			f.Family, f.VirtualAddr2 = model.FamilyDual, netip.MustParseAddr("fd00::1")
+			f.Persistence = model.KeySrcIP | model.KeyDstIP
+		}},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
 		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
 		{"mark", func(f *model.Farm) {
@@ -116,6 +122,12 @@ func TestCheck(t *testing.T) {
 		func(f *model.Farm) { f.Protocol = model.ProtoSCTP },
 		func(f *model.Farm) { f.Protocol = model.ProtoAll; f.VirtualPorts = nil },
 		func(f *model.Farm) { f.Scheduler = model.SchedWeight; f.Mode = model.ModeDNAT },
+		func(f *model.Farm) {
+			f.Family, f.VirtualAddr2 = model.FamilyDual, netip.MustParseAddr("fd00::1")
+			b := f.Backends[0]
+			b.Name, b.Addr = "b6", netip.MustParseAddr("fd00:1::1")
+			f.Backends = append(f.Backends, b)
+		},
 		func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeDSR, model.SchedHash, model.KeySrcIP
 		},

@@ -120,7 +120,7 @@ func (s *Sharded) Apply(ctx context.Context, d dataplane.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	links, err := resolveDSR(s.opts.NetNS, diffFarms(d))
+	links, err := resolveDSR(s.opts.NetNS, diffFarms(expandDiff(d)))
 	if err != nil {
 		return err
 	}
