@@ -158,6 +158,12 @@ var scenarios = []scenario{
 		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
 		return f
 	}, run: runStateless},
+	{name: "mode-stlsdnat-tcp-ipv6", backends: 2, v6: true, farm: func(e *Env) model.Farm {
+		f := e.Farm("stls", model.ProtoTCP)
+		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		return f
+	}, run: runStateless},
 	{name: "mode-stlsdnat-tcp", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("stls", model.ProtoTCP)
 		f.Mode = model.ModeStlsDNAT

@@ -750,11 +750,25 @@ func writeAddrPort(v6 bool, proto model.Protocol, src bool, port uint16) []expr.
 	if src {
 		off, poff = pick(v6, uint32(12), 8), 0
 	}
-	// IPv4 only: google/nftables v0.3.0 sends the pseudo-header flag
-	// only with a checksum type, and IPv6 has no header checksum (Check
-	// refuses IPv6 stlsdnat farms).
+	// IPv4: fix the header checksum (offset 10) and, as the address is
+	// in the pseudo header, the transport checksum (L4CSUM_PSEUDOHDR).
+	//
+	// IPv6 has no header checksum: only the transport checksum is to be
+	// fixed, i.e. checksum type none with the pseudo-header flag, which
+	// the kernel takes but google/nftables v0.3.0 cannot send (it sends
+	// the flags only with a checksum type). So the inet checksum offset
+	// points into the address field being written: the kernel
+	// (nft_payload_set_eval) updates that 16-bit "checksum", then the
+	// transport checksum, then stores the new address over both bytes,
+	// so the net effect is type none plus the flag. (A transport
+	// checksum offset would be wrong for CHECKSUM_PARTIAL packets, which
+	// only the pseudo-header path handles.)
+	csumOff := uint32(10)
+	if v6 {
+		csumOff = off
+	}
 	a := &expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1, Base: expr.PayloadBaseNetworkHeader,
-		Offset: off, Len: pick(v6, uint32(4), 16), CsumType: expr.CsumTypeInet, CsumOffset: 10, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR}
+		Offset: off, Len: pick(v6, uint32(4), 16), CsumType: expr.CsumTypeInet, CsumOffset: csumOff, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR}
 	out := []expr.Any{a}
 	if port != 0 {
 		out = append(out,

@@ -15,7 +15,6 @@ import (
 // nftRefuses is what the nft plane refuses; keep it in step with Check and
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
-	"mode-stlsdnat-ipv6": `"mode" value "stlsdnat": the nft data plane does stlsdnat for IPv4 VIP farms only`,
 }
 
 // TestConformance runs the data-plane conformance suite against nft, in

@@ -66,3 +66,30 @@ func TestDualChanges(t *testing.T) {
 		t.Errorf("deleted dual farm left chains:\n%s", out)
 	}
 }
+
+// TestStlsIPv6Listing: the IPv6 stateless rewrite (checksum offset inside
+// the written address, see writeAddrPort) lists as plain payload writes.
+func TestStlsIPv6Listing(t *testing.T) {
+	testutil.RequireRoot(t)
+	t.Parallel()
+	name, ns := testutil.NewNetNS(t)
+	p := newPlane(t, ns)
+	f := model.NewFarm("stls6")
+	f.Family, f.VirtualAddr = model.FamilyIPv6, netip.MustParseAddr("fd00:99::6")
+	f.VirtualPorts = []model.PortRange{{First: 53, Last: 53}}
+	f.Protocol, f.Mode = model.ProtoUDP, model.ModeStlsDNAT
+	f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP
+	b := model.NewBackend("a")
+	b.Addr, b.Port = netip.MustParseAddr("fd00:200::11"), 5353
+	f.Backends = []model.Backend{b}
+	nf := mustValid(t, p, &f)
+	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: nf}}}); err != nil {
+		t.Fatal(err)
+	}
+	out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb")
+	for _, want := range []string{"ip6 daddr set jhash ip6 saddr", "th dport set 5353", "ip6 saddr set fd00:99::6 th sport set 53"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("listing lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -271,9 +271,9 @@ func (p *Plane) Check(f *model.Farm) error {
 			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
 		return p.checkDual(f)
-	case f.Mode == model.ModeStlsDNAT && (f.VirtualAddr.Is6() || f.IsMarkFarm()):
+	case f.Mode == model.ModeStlsDNAT && f.IsMarkFarm():
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
-			Problem: "the " + PlaneName + " data plane does stlsdnat for IPv4 VIP farms only yet"}
+			Problem: "the " + PlaneName + " data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)"}
 	case f.Mode == model.ModeStlsDNAT && f.Scheduler != model.SchedHash && f.Scheduler != model.SchedSymhash && f.Scheduler != model.SchedMaglev:
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
 			Problem: "mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev"}

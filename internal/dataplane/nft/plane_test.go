@@ -59,8 +59,7 @@ func TestCheck(t *testing.T) {
 		{"scheduler", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
 		{"mode", func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
-			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
-			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
+			f.VirtualAddr, f.VirtualPorts, f.Mark = netip.Addr{}, nil, 7
 		}},
 		{"mode", func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
@@ -120,6 +119,11 @@ func TestCheck(t *testing.T) {
 			f.SchedParam = model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort
 		},
 		func(f *model.Farm) { f.Protocol = model.ProtoSCTP },
+		func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
+			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
+			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
+		},
 		func(f *model.Farm) { f.Protocol = model.ProtoAll; f.VirtualPorts = nil },
 		func(f *model.Farm) { f.Scheduler = model.SchedWeight; f.Mode = model.ModeDNAT },
 		func(f *model.Farm) {
