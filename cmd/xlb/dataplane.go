@@ -28,8 +28,8 @@ type dataplaneConfig struct {
 	connTableSet  bool
 	// ebpf only.
 	interfaces []string // empty: every interface but loopback
-	pinPath       string
-	timeouts      ebpf.Timeouts
+	pinPath    string
+	timeouts   ebpf.Timeouts
 }
 
 // openDataplane opens the data plane the daemon was asked for.
