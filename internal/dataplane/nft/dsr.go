@@ -1,7 +1,9 @@
 package nft
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -410,8 +412,12 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 		}
 		if time.Now().After(deadline) {
 			b := still[0]
-			return nil, &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "ether-addr",
-				Problem: fmt.Sprintf("not set, and %s has no neighbour entry on %s after probing for %v: is the backend up on that link? set ether-addr to skip the lookup", b.Addr, l.oface, probeWait)}
+			e := &missingMACs{FieldError: model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "ether-addr",
+				Problem: fmt.Sprintf("not set, and %s has no neighbour entry on %s after probing for %v: is the backend up on that link? set ether-addr to skip the lookup", b.Addr, l.oface, probeWait)}}
+			for _, b := range still {
+				e.backends = append(e.backends, b.Name)
+			}
+			return nil, e
 		}
 		if !probed {
 			for _, b := range still {
@@ -425,6 +431,61 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 			return nil, err
 		}
 	}
+}
+
+// missingMACs is the error of a farm some of whose serving backends have
+// no MAC; it reads as the first one's.
+type missingMACs struct {
+	model.FieldError
+	backends []string
+}
+
+func (e *missingMACs) Unwrap() error { return &e.FieldError }
+
+// resolveLenient is resolveDSR for Reconcile (start-up), where one farm must
+// not keep the others out of the kernel: a farm whose backends' MACs cannot
+// be found is programmed without them (as if they were down), and a farm
+// whose interfaces cannot be found is not programmed (as if it were down);
+// each is logged. It returns the farms to program and their links.
+func resolveLenient(log *slog.Logger, ns netns.NsHandle, farms []*model.Farm) ([]*model.Farm, map[string]*dsrLink, error) {
+	out := map[string]*dsrLink{}
+	next := make([]*model.Farm, 0, len(farms))
+	for _, f := range farms {
+		if f.Mode != model.ModeDSR || f.State != model.StateUp {
+			next = append(next, f)
+			continue
+		}
+		for {
+			links, err := resolveDSR(ns, []*model.Farm{f})
+			if err == nil {
+				out[f.Name] = links[f.Name]
+				break
+			}
+			var mm *missingMACs
+			var fe *model.FieldError
+			c := f.Clone()
+			switch {
+			case errors.As(err, &mm):
+				log.Error("dsr backends without a MAC are left out until the farm is applied again", "farm", f.Name, "backends", mm.backends, "err", err)
+				for _, name := range mm.backends {
+					if b, _ := c.Backend(name); b != nil {
+						b.State = model.StateDown
+					}
+				}
+				f = &c
+				continue
+			case errors.As(err, &fe):
+				log.Error("dsr farm left out until it is applied again", "farm", f.Name, "err", err)
+				c.State = model.StateDown
+				f = &c
+			default:
+				return nil, nil, err
+			}
+			break
+		}
+		next = append(next, f)
+	}
+	return next, out, nil
 }
 
 // vipIface returns the interface that holds vip, or else the one vip is

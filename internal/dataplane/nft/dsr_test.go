@@ -113,7 +113,7 @@ func newFlatL2(t *testing.T, backends int) *flatL2 {
 			}
 		}
 		testutil.Run(t, b.name, "ip", "addr", "add", l.vip4.String()+"/32", "dev", "lo")
-		testutil.Run(t, b.name, "ip", "addr", "add", l.vip6.String()+"/128", "dev", "lo")
+		testutil.Run(t, b.name, "ip", "addr", "add", l.vip6.String()+"/128", "dev", "lo", "nodad")
 		name := fmt.Sprintf("b%d", i)
 		for _, vip := range []netip.Addr{l.vip4, l.vip6} {
 			testutil.StartTCPServer(t, b.ns, netip.AddrPortFrom(vip, 80), name)
@@ -358,6 +358,32 @@ func TestDSRResolveErrors(t *testing.T) {
 	}
 	if out := testutil.Run(t, l.lb.name, "nft", "list", "table", "netdev", DefaultTable); !strings.Contains(out, "ether saddr set 02:aa:00:00:00:01") {
 		t.Errorf("farm ether-addr not used:\n%s", out)
+	}
+
+	// On start-up (Reconcile) one bad farm does not keep the others out:
+	// a backend without a MAC is left out, a farm without its interface
+	// is not programmed, the rest is.
+	partial := l.farm("partial", l.vip4, 80, model.ProtoTCP, model.SchedHash, model.KeySrcIP|model.KeySrcPort)
+	ghost := partial.Backends[0]
+	ghost.Name, ghost.Addr = "ghost", netip.MustParseAddr("10.50.0.99")
+	partial.Backends = append(partial.Backends, ghost)
+	noIface := l.farm("noiface", l.vip4, 55, model.ProtoUDP, model.SchedRR, 0)
+	noIface.Iface = "gone0"
+	if err := p.Reconcile(context.Background(), []*model.Farm{prev["given"], &partial, &noIface}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	out := testutil.Run(t, l.lb.name, "nft", "list", "table", "netdev", DefaultTable)
+	if !strings.Contains(out, farmDsr+nameHash("partial")) || strings.Contains(out, farmDsr+nameHash("noiface")) {
+		t.Errorf("after reconcile want partial's chain and no noiface chain:\n%s", out)
+	}
+	for range 4 {
+		got, err := testutil.AskTCP(l.client.ns, netip.AddrPortFrom(l.vip4, 80))
+		if err != nil || !strings.HasPrefix(got, "b0 ") {
+			t.Errorf("partial farm: %q, %v; want b0, its reachable backend", got, err)
+		}
+	}
+	if _, err := testutil.AskUDP(l.client.ns, netip.AddrPortFrom(l.vip4, 53)); err != nil {
+		t.Errorf("given farm after reconcile: %v", err)
 	}
 }
 

@@ -428,8 +428,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if p.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
-	farms = expandFarms(farms)
-	links, err := resolveDSR(p.opts.NetNS, farms)
+	farms, links, err := resolveLenient(p.log, p.opts.NetNS, expandFarms(farms))
 	if err != nil {
 		return err
 	}
