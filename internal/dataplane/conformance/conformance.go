@@ -12,7 +12,7 @@
 //			Name: "nft",
 //			Open: func(t testing.TB, netnsPath string) dataplane.Dataplane { ... },
 //			Snapshot: func(t testing.TB, netnsPath string) string { ... },
-//			Refuses: map[string]string{"mode-dsr": `"mode" value "dsr"`},
+//			Refuses: map[string]string{"helper-ftp": `"helper" value "ftp"`},
 //		})
 //	}
 //
