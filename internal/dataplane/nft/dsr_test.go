@@ -434,3 +434,50 @@ func TestDSRModeChange(t *testing.T) {
 		t.Errorf("dnat farm has no inet chain:\n%s", out)
 	}
 }
+
+// TestDSRSchedulers: weight, symhash and maglev dsr farms carry traffic to
+// every backend and nft lists them.
+func TestDSRSchedulers(t *testing.T) {
+	l := newFlatL2(t, 2)
+	p := newPlane(t, l.lb.ns)
+	prev := map[string]*model.Farm{}
+	w := l.farm("w", l.vip4, 53, model.ProtoUDP, model.SchedWeight, 0)
+	w.Backends[1].Weight = 3
+	sym := l.farm("sym", l.vip4, 80, model.ProtoTCP, model.SchedSymhash, model.KeySrcIP|model.KeySrcPort)
+	mag := l.farm("mag", l.vip6, 80, model.ProtoTCP, model.SchedMaglev, 0)
+	if err := apply(t, p, prev, w, sym, mag); err != nil {
+		t.Fatal(err)
+	}
+	ask := func(proto string, to netip.AddrPort) map[string]int {
+		seen := map[string]int{}
+		for range 40 {
+			var got string
+			var err error
+			if proto == "udp" {
+				got, err = testutil.AskUDP(l.client.ns, to)
+			} else {
+				got, err = testutil.AskTCP(l.client.ns, to)
+			}
+			if err != nil {
+				t.Fatalf("%s %s: %v", proto, to, err)
+			}
+			name, _, _ := testutil.ParseReply(got)
+			seen[name]++
+		}
+		return seen
+	}
+	if c := ask("udp", netip.AddrPortFrom(l.vip4, 53)); c["b1"] < 20 || c["b0"] == 0 {
+		t.Errorf("weight 1:3 over 40 datagrams: %v", c)
+	}
+	for _, to := range []netip.AddrPort{netip.AddrPortFrom(l.vip4, 80), netip.AddrPortFrom(l.vip6, 80)} {
+		if c := ask("tcp", to); c["b0"] == 0 || c["b1"] == 0 {
+			t.Errorf("tcp %s: %v, want both backends", to, c)
+		}
+	}
+	out := testutil.Run(t, l.lb.name, "nft", "list", "table", "netdev", DefaultTable)
+	for _, want := range []string{"numgen random mod 4", "symhash mod 2", "jhash ip6 saddr . ip6 daddr . th sport . th dport mod 251"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("listing lacks %q:\n%s", want, out)
+		}
+	}
+}
