@@ -102,15 +102,6 @@ func netdevSets(t *nftables.Table) []*nftables.Set {
 	}
 }
 
-// isNetdevSet reports whether a static set lives in the netdev table.
-func isNetdevSet(name string) bool {
-	switch name {
-	case setDsr4, setDsr6, setDsrIf4, setDsrIf6:
-		return true
-	}
-	return false
-}
-
 // netdevKey: meta protocol ip, then ip daddr . meta l4proto . th dport
 // into reg1 (or the ip6 forms). meta nfproto is "netdev" here, so the
 // family is told by the Ethernet protocol.

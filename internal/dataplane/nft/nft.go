@@ -50,9 +50,10 @@ type Options struct {
 	LogGroup uint16
 }
 
-// Plane is the nftables data plane. It owns one inet table and never
-// touches any other. Its methods are safe for concurrent use, but the
-// engine calls them from one goroutine.
+// Plane is the nftables data plane. It owns one inet table (and its netdev
+// twin of the same name, for mode dsr) and never touches any other. Its
+// methods are safe for concurrent use, but the engine calls them from one
+// goroutine.
 type Plane struct {
 	log   *slog.Logger
 	opts  Options
