@@ -481,3 +481,41 @@ func TestDSRSchedulers(t *testing.T) {
 		}
 	}
 }
+
+// TestDSRDual: a family dual dsr farm forwards each VIP to the backends of
+// its family.
+func TestDSRDual(t *testing.T) {
+	l := newFlatL2(t, 2)
+	p := newPlane(t, l.lb.ns)
+	f := l.farm("dual", l.vip4, 80, model.ProtoTCP, model.SchedHash, model.KeySrcIP|model.KeySrcPort)
+	f.Family, f.VirtualAddr2 = model.FamilyDual, l.vip6
+	for i, b := range l.backends {
+		b6 := model.NewBackend(fmt.Sprintf("b%d-v6", i))
+		b6.Addr = b.v6
+		f.Backends = append(f.Backends, b6)
+	}
+	if err := apply(t, p, map[string]*model.Farm{}, f); err != nil {
+		t.Fatal(err)
+	}
+	for _, vip := range []netip.Addr{l.vip4, l.vip6} {
+		client := l.client.v4
+		if vip.Is6() {
+			client = l.client.v6
+		}
+		seen := map[string]bool{}
+		for range 16 {
+			got, err := testutil.AskTCP(l.client.ns, netip.AddrPortFrom(vip, 80))
+			if err != nil {
+				t.Fatalf("%s: %v", vip, err)
+			}
+			name, from, _ := testutil.ParseReply(got)
+			seen[name] = true
+			if from.Addr() != client {
+				t.Errorf("%s: backend saw %s, want %s", vip, from, client)
+			}
+		}
+		if !seen["b0"] || !seen["b1"] {
+			t.Errorf("%s: answers from %v, want b0 and b1", vip, seen)
+		}
+	}
+}
