@@ -59,11 +59,18 @@ local use needs no TCP port. The key is required on both.
 and links under --pin-path (bpffs is mounted at /sys/fs/bpf if it is not): a
 restarted or upgraded daemon adopts them, and tracked connections keep
 flowing meanwhile. --conn-table-size (like IPVS's conn_tab_bits, fixed at
-start-up; changing it drops tracked connections) and the --ct-timeout-*
-flags (like ipvsadm --set) apply to it only. --xdp generic|native also
-attaches the XDP fast path for tracked dsr flows to the same interfaces
-(native: for NICs with XDP drivers; list --interfaces then). See
-docs/dataplane-ebpf.md.
+start-up; changing it drops tracked connections) sizes its conntrack table;
+the --ct-timeout-* flags (like ipvsadm --set) apply to it only. --xdp
+generic|native also attaches the XDP fast path for tracked dsr flows to the
+same interfaces (native: for NICs with XDP drivers; list --interfaces then).
+See docs/dataplane-ebpf.md.
+
+--dataplane nft relies on the kernel's conntrack: given --conn-table-size N it
+sets net.netfilter.nf_conntrack_max to N and nf_conntrack_buckets to N
+(rounded up to 512) at start-up, which the kernel allows only in the initial
+network namespace (the values are global); elsewhere the daemon refuses to
+start, naming the sysctl. Without the flag it leaves both alone. See
+docs/dataplane-nft.md.
 
 The API key comes from --key-file, else XLB_KEY; with neither, a random key is
 generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later starts.`,
@@ -91,7 +98,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.StringVar(&o.dp.name, "dataplane", "nft", "kernel data plane: "+dataplaneNames)
 	f.IntVar(&o.dp.nftTables, "nft-tables", nft.DefaultShards, "nft: tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
 	f.StringSliceVar(&o.dp.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback)")
-	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
+	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
 	f.StringVar(&o.dp.pinPath, "pin-path", ebpf.DefaultPinPath, "ebpf: bpffs directory where maps and links are pinned")
 	f.StringVar(&o.dp.xdp, "xdp", string(ebpf.XDPOff), "ebpf: XDP fast path for tracked dsr flows: off, generic (any driver), native (XDP drivers)")
 	d := ebpf.DefaultTimeouts
@@ -229,7 +236,11 @@ func listenSocket(log *slog.Logger, o daemonOptions) (net.Listener, error) {
 // checkDataplaneFlags validates the data plane flags: ebpf-only flags need
 // --dataplane ebpf, and sizes and timeouts must be in range.
 func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
-	ebpfOnly := []string{"interfaces", "conn-table-size", "pin-path", "xdp",
+	c.connTableSet = cmd.Flags().Changed("conn-table-size")
+	if c.connTableSet && (c.connTableSize < 1 || c.connTableSize > maxConnTableSize) {
+		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)
+	}
+	ebpfOnly := []string{"interfaces", "pin-path", "xdp",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
 	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
 		return fmt.Errorf("--nft-tables: only with --dataplane nft")

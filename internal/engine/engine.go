@@ -284,8 +284,9 @@ func (tx *Txn) validate() error {
 	changedByKey := make(map[string][]string)
 	for _, name := range tx.order {
 		if f := tx.farms[name]; f != nil {
-			k := string(listenerKey(f))
-			changedByKey[k] = append(changedByKey[k], name)
+			for _, k := range listenerKeys(f) {
+				changedByKey[string(k)] = append(changedByKey[string(k)], name)
+			}
 		}
 	}
 	for _, name := range tx.order {
@@ -293,22 +294,23 @@ func (tx *Txn) validate() error {
 		if f == nil || f.State == model.StateOff {
 			continue
 		}
-		key := listenerKey(f)
-		// Farms on this listener as this transaction leaves them: those
-		// already there (unless changed away) and those put here.
-		others, _ := tx.base.listeners.Get(key)
-		for _, list := range [][]string{others, changedByKey[string(key)]} {
-			for _, other := range list {
-				if other == name {
-					continue
-				}
-				g, ok := tx.Get(other)
-				if !ok || g.State == model.StateOff || string(listenerKey(g)) != string(key) {
-					continue
-				}
-				if clash, where := overlap(f, g); clash {
-					return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
-						name, describeListener(f), f.Protocol, where, other)}
+		for _, key := range listenerKeys(f) {
+			// Farms on this listener as this transaction leaves them: those
+			// already there (unless changed away) and those put here.
+			others, _ := tx.base.listeners.Get(key)
+			for _, list := range [][]string{others, changedByKey[string(key)]} {
+				for _, other := range list {
+					if other == name {
+						continue
+					}
+					g, ok := tx.Get(other)
+					if !ok || g.State == model.StateOff || !listensOn(g, key) {
+						continue
+					}
+					if clash, where := overlap(f, g); clash {
+						return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
+							name, describeListener(f, key), f.Protocol, where, other)}
+					}
 				}
 			}
 		}
@@ -344,13 +346,16 @@ func (tx *Txn) build() *State {
 				continue
 			}
 			farms.Delete([]byte(name))
-			removeListener(listeners, listenerKey(old), name)
+			for _, k := range listenerKeys(old) {
+				removeListener(listeners, k, name)
+			}
 		}
 		if nf != nil {
 			farms.Insert([]byte(name), nf)
-			k := listenerKey(nf)
-			cur, _ := listeners.Get(k)
-			listeners.Insert(k, append(slices.Clone(cur), name))
+			for _, k := range listenerKeys(nf) {
+				cur, _ := listeners.Get(k)
+				listeners.Insert(k, append(slices.Clone(cur), name))
+			}
 		}
 	}
 	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -441,5 +442,31 @@ func BenchmarkChangeOneFarm(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A family dual farm holds both of its VIPs: a farm on either clashes,
+// and freeing one frees it.
+func TestConflictsDual(t *testing.T) {
+	e, _, _, _ := newEngine(t)
+	dual := farm(t, `{"name":"dual","family":"dual","virtual-addr":"10.0.0.1,fd00::1","virtual-ports":"80"}`)
+	if err := put(e, dual); err != nil {
+		t.Fatal(err)
+	}
+	v6 := farm(t, `{"name":"v6","family":"ipv6","virtual-addr":"fd00::1","virtual-ports":"80"}`)
+	var ce *ConflictError
+	if err := put(e, v6); !errors.As(err, &ce) || !strings.Contains(err.Error(), "fd00::1") || !strings.Contains(err.Error(), `farm "dual"`) {
+		t.Errorf("farm on the dual farm's IPv6 VIP: %v", err)
+	}
+	if err := put(e, webFarm(t, "v4", "10.0.0.1", "80")); !errors.As(err, &ce) {
+		t.Errorf("farm on the dual farm's IPv4 VIP: %v", err)
+	}
+	single := dual.Clone()
+	single.VirtualAddr2 = netip.Addr{}
+	if err := put(e, single); err != nil {
+		t.Fatal(err)
+	}
+	if err := put(e, v6); err != nil {
+		t.Errorf("the IPv6 VIP was freed: %v", err)
 	}
 }

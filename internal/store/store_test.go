@@ -232,3 +232,37 @@ func TestDecodeUndoRejectsGarbage(t *testing.T) {
 		}
 	}
 }
+
+// Every farm field survives a save and load, including the dsr ones
+// (iface, oface, ether-addr of the farm and its backends).
+func TestDSRFieldsRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, err := model.DecodeFarms([]byte(`{"name":"d","virtual-addr":"10.0.0.1","virtual-ports":"80","mode":"dsr","scheduler":"hash",
+		"iface":"eth0","oface":"eth1","ether-addr":"02:00:00:00:00:01","backends":[{"name":"b","ip-addr":"10.1.0.1","ether-addr":"02:00:00:00:00:02"}]}`),
+		func(string) (*model.Farm, bool) { return nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: &fs[0]}}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Iface != "eth0" || got[0].Oface != "eth1" || got[0].EtherAddr != fs[0].EtherAddr ||
+		got[0].Backends[0].EtherAddr != fs[0].Backends[0].EtherAddr {
+		t.Errorf("loaded %+v, want %+v", got, fs[0])
+	}
+}
