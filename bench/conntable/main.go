@@ -90,9 +90,16 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 5, "measurements of every load at every size")
 	flag.IntVar(&o.hot, "hot", 64, "flows of the hot load")
 	flag.DurationVar(&o.duration, "d", 3*time.Second, "duration of each measurement")
+	rewriteMD := flag.Bool("rewrite", false, "only write conntable.md again from conntable.json in -out, no measuring")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("conntable: ")
+	if *rewriteMD {
+		if err := rewrite(o.out); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	var err error
 	if o.sizes, err = ints(sizes); err != nil {
 		log.Fatalf("-sizes: %v", err)

@@ -47,10 +47,10 @@ type row struct {
 	Softirq       stats.Summary `json:"softirq_ns_per_packet"`
 	Loss          stats.Summary `json:"loss_percent"`
 	NewFlow       stats.Summary `json:"new_flow_percent"`
-	// Median ratio to the reference divided by the same at the smallest
-	// size of this config and load: 1 is flat.
-	VsSmallest float64  `json:"ratio_vs_smallest,omitempty"`
-	Runs       []sample `json:"runs"`
+	// Median CPU per packet divided by the same at the smallest size of
+	// this config and load: 1 is flat, above 1 costs more.
+	CPUVsSmallest float64  `json:"cpu_vs_smallest,omitempty"`
+	Runs          []sample `json:"runs"`
 }
 
 type report struct {
@@ -75,7 +75,22 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
-func write(o options, rows []*row, notes []string) error {
+// rewrite writes conntable.md again from conntable.json (-rewrite).
+func rewrite(dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "conntable.json"))
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return err
+	}
+	summarize(rep.Rows)
+	return os.WriteFile(filepath.Join(dir, "conntable.md"), []byte(markdown(rep)), 0o644)
+}
+
+// summarize fills the summaries of rows from their runs.
+func summarize(rows []*row) {
 	col := func(r *row, f func(sample) float64) stats.Summary {
 		var v []float64
 		for _, s := range r.Runs {
@@ -94,12 +109,16 @@ func write(o options, rows []*row, notes []string) error {
 		r.NewFlow = col(r, func(s sample) float64 { return s.NewFlowPct })
 		k := r.Config + "/" + r.Load
 		if _, ok := smallest[k]; !ok {
-			smallest[k] = r.Ratio.Median // rows come smallest size first
+			smallest[k] = r.CPU.Median // rows come smallest size first
 		}
 		if s := smallest[k]; s > 0 {
-			r.VsSmallest = r.Ratio.Median / s
+			r.CPUVsSmallest = r.CPU.Median / s
 		}
 	}
+}
+
+func write(o options, rows []*row, notes []string) error {
+	summarize(rows)
 	rep := report{
 		Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(),
 		LoadBefore: loadAtStart, LoadAfter: loadavg(),
@@ -128,8 +147,9 @@ func markdown(rep report) string {
 	fmt.Fprintf(&b, "Measured %s on %s (`bench/conntable`, `bench/run.sh conntable`). Load average (1/5/15 min) %s at the start, %s at the end: the machine is shared, read the spread before small differences.\n\n",
 		rep.Date, rep.Machine, rep.LoadBefore, rep.LoadAfter)
 	b.WriteString("client -> lb (xlb daemon, UDP farm on the VIP, dnat, rr) -> 3 backends that drop the packets before conntrack. ")
-	b.WriteString("**ratio to ref**: packets/s divided by the paired reference run's (the same hot flows through a topology with plain forwarding, no balancer); **vs smallest**: that ratio divided by the same at the smallest size of the same plane and load (1.000: flat). ")
-	b.WriteString("**cpu ns/pkt**: CPU of the sending thread per packet received (client, LB and sink run there); **LB adds**: that minus the reference's. Median of the runs, min-max after it.\n\n")
+	b.WriteString("**ratio to ref**: packets/s divided by the paired reference run's (the same hot flows through a topology with plain forwarding, no balancer). ")
+	b.WriteString("**cpu ns/pkt**: CPU of the sending thread per packet received (client, LB and sink run there); **cpu vs smallest**: its median divided by the same at the smallest size of the same plane and load (1.000: flat); **LB adds**: cpu ns/pkt minus the paired reference run's. Median of the runs, min-max after it. ")
+	b.WriteString("On a busy shared machine packets/s follows the CPU share the generator gets more than the path's cost: read the CPU per packet first.\n\n")
 	for _, load := range []string{"hot", "spread"} {
 		var rs []*row
 		for _, r := range rep.Rows {
@@ -145,20 +165,30 @@ func markdown(rep report) string {
 		} else {
 			b.WriteString("## spread: every packet another tracked connection (round robin over all N)\n\n")
 		}
-		b.WriteString("| plane | connections | tracked (filled / after) | packets/s median | min-max | ratio to ref | min-max | vs smallest | cpu ns/pkt | LB adds ns/pkt | softirq ns/pkt (machine) | loss % | new flows % |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| plane | connections | tracked (filled / after) | packets/s median | min-max | ratio to ref | min-max | cpu ns/pkt | min-max | cpu vs smallest | LB adds ns/pkt | softirq ns/pkt (machine) | loss % | new flows % |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, r := range rs {
 			nf := "-"
 			if r.Plane == "ebpf" {
 				nf = fmt.Sprintf("%.1f", r.NewFlow.Median)
 			}
-			fmt.Fprintf(&b, "| %s | %d | %d / %d | %.0f | %.0f-%.0f | %.3f | %.3f-%.3f | %.3f | %.0f | %+.0f | %.0f | %.1f | %s |\n",
+			fmt.Fprintf(&b, "| %s | %d | %d / %d | %.0f | %.0f-%.0f | %.3f | %.3f-%.3f | %.0f | %.0f-%.0f | %.3f | %+.0f | %.0f | %.1f | %s |\n",
 				r.Config, r.Connections, r.EntriesFilled, r.EntriesAfter, r.PPS.Median, r.PPS.Min, r.PPS.Max,
-				r.Ratio.Median, r.Ratio.Min, r.Ratio.Max, r.VsSmallest, r.CPU.Median, r.Added.Median,
+				r.Ratio.Median, r.Ratio.Min, r.Ratio.Max, r.CPU.Median, r.CPU.Min, r.CPU.Max, r.CPUVsSmallest, r.Added.Median,
 				r.Softirq.Median, r.Loss.Median, nf)
 		}
 		b.WriteString("\n")
 	}
+	b.WriteString("## Fill: N new flows into the table\n\n")
+	b.WriteString("| plane | connections | tracked after the fill | passes | seconds | new flows/s |\n|---|---|---|---|---|---|\n")
+	for _, r := range rep.Rows {
+		if r.Load != rep.Rows[0].Load || r.FillSeconds <= 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %.1f | %.0f |\n", r.Config, r.Connections, r.EntriesFilled, r.FillPasses, r.FillSeconds,
+			float64(r.Connections*r.FillPasses)/r.FillSeconds)
+	}
+	b.WriteString("\n")
 	b.WriteString("How it was measured:\n\n")
 	for _, n := range rep.Notes {
 		fmt.Fprintf(&b, "- %s\n", n)
