@@ -405,8 +405,8 @@ func conntable(dir, tmp string, raw []byte) error {
 	}
 	colors := []string{"#c0504d", "#4878a8", "#2e8b57", "#8064a2", "#f79646"}
 	title := map[string]string{
-		"hot":    "hot flows, N idle",
-		"spread": "spread over all N",
+		"hot":    "a few busy flows next to N idle",
+		"spread": "each packet another of the N",
 	}
 	// One data block per (load, config): connections, median, min, max of
 	// the CPU per packet, then of the ratio to the reference.
@@ -434,7 +434,7 @@ func conntable(dir, tmp string, raw []byte) error {
 	abs, _ := filepath.Abs(out)
 	var s strings.Builder
 	fmt.Fprintf(&s, header, 600*len(loads), 860, abs)
-	s.WriteString("set termoption noenhanced\nset key top left\nset logscale x\nset xlabel \"tracked connections (log scale)\"\nset pointsize 0.8\n")
+	s.WriteString("set termoption noenhanced\nset key top left\nset logscale x\nset xrange [500:2e6]\nset xlabel \"tracked connections (log scale)\"\nset pointsize 0.8\n")
 	fmt.Fprintf(&s, "set multiplot layout 2,%d title %q\n", len(loads), "Per-packet cost by tracked connections, client -> xlb (UDP, dnat) -> sinks; median, whiskers min-max\n"+doc.Machine+", load average "+doc.LoadA)
 	for _, what := range []struct{ cols, ylabel, title string }{
 		{"1:2:3:4", "ns per packet", "CPU per packet (lower: better)"},
