@@ -4,7 +4,11 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
+<<<<<<< HEAD
 .PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube clean
+=======
+.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-rulescale bench-charts bench-ebpf bench-kube clean
+>>>>>>> bench6
 
 all: build
 
@@ -52,10 +56,15 @@ demo: build
 	scripts/demo.sh
 
 # Benchmarks (bench/run.sh; results and charts in bench/results/). bench is
-# the whole suite (tens of minutes, run it on a quiet machine); bench-quick a
-# smoke run of every part in under 3 minutes, results in bench/results/quick/.
-bench: build
+# the whole suite: every part of bench/run.sh, then the eBPF program's
+# ns/packet (bench/ebpf.sh) and the Kubernetes service proxy (bench/kube.sh)
+# (an hour or more, run it on a quiet machine); bench-quick a smoke run of
+# every bench/run.sh part in under 3 minutes, results in bench/results/quick/.
+bench: build kube-binaries
 	bench/run.sh
+	bench/ebpf.sh
+	bench/ebpf-cpu.sh
+	bench/kube.sh
 
 bench-quick: build
 	bench/run.sh --quick
@@ -65,6 +74,9 @@ bench-datapath: build
 
 bench-converge: build
 	bench/run.sh converge charts
+
+bench-conntable: build
+	bench/run.sh conntable charts
 
 bench-rulescale: build
 	bench/run.sh rulescale charts

@@ -4,11 +4,12 @@
 # --quick to bench/results/quick/ (not committed).
 #
 # usage: bench/run.sh [--quick] [PART...]
-#   PART: ctlplane converge datapath rulescale gobench charts (default: all, in that order)
+#   PART: ctlplane converge datapath conntable rulescale gobench charts (default: all, in that order)
 #   --quick: tiny sizes, one or a few runs each: a smoke run of every part in
 #            under 3 minutes, to check that the harness works, not to measure.
-# More flags for a part: CTLPLANE_FLAGS, CONVERGE_FLAGS, DATAPATH_FLAGS, RULESCALE_FLAGS
-# (e.g. DATAPATH_FLAGS="-runs 10 -d 10s"), GOBENCH_FLAGS.
+# More flags for a part: CTLPLANE_FLAGS, CONVERGE_FLAGS, DATAPATH_FLAGS,
+# CONNTABLE_FLAGS, RULESCALE_FLAGS (e.g. DATAPATH_FLAGS="-runs 10 -d 10s"),
+# GOBENCH_FLAGS.
 #
 # Every namespace made here is named xlbb-<pid of this script>-*; the trap
 # kills what runs in them and deletes them on exit, also on failure or ^C.
@@ -21,11 +22,11 @@ parts=()
 for a in "$@"; do
 	case $a in
 	--quick) quick=1 ;;
-	ctlplane | converge | datapath | rulescale | gobench | charts) parts+=("$a") ;;
-	*) echo "usage: bench/run.sh [--quick] [ctlplane|converge|datapath|rulescale|gobench|charts]..." >&2; exit 2 ;;
+	ctlplane | converge | datapath | conntable | rulescale | gobench | charts) parts+=("$a") ;;
+	*) echo "usage: bench/run.sh [--quick] [ctlplane|converge|datapath|conntable|rulescale|gobench|charts]..." >&2; exit 2 ;;
 	esac
 done
-[ ${#parts[@]} -gt 0 ] || parts=(ctlplane converge datapath rulescale gobench charts)
+[ ${#parts[@]} -gt 0 ] || parts=(ctlplane converge datapath conntable rulescale gobench charts)
 
 OUT=bench/results
 if [ $quick -eq 1 ]; then
@@ -34,6 +35,9 @@ if [ $quick -eq 1 ]; then
 	CTLPLANE_FLAGS="-runs 4 -existing 0,1000 -matrix 1000x4,100x10+100fw ${CTLPLANE_FLAGS:-}"
 	CONVERGE_FLAGS="-runs 4 -existing 0,1000 -backends 10,100 ${CONVERGE_FLAGS:-}"
 	DATAPATH_FLAGS="-runs 1 -d 1s -warmup 0 ${DATAPATH_FLAGS:-}"
+	# 40000 one-way flows overfill a table of 16384 connections (32768
+	# entries): the fill, the count and the LRU's evictions all run.
+	CONNTABLE_FLAGS="-runs 1 -d 0.5s -sizes 1000,40000 -tables 16384 ${CONNTABLE_FLAGS:-}"
 	GOBENCH_FLAGS="-benchtime 1x -count 1 ${GOBENCH_FLAGS:-}"
 fi
 mkdir -p "$OUT"
@@ -44,6 +48,10 @@ cleanup() {
 	for ns in $(ip netns list | awk '{print $1}' | grep "^$P-"); do
 		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
 		ip netns del "$ns"
+	done
+	# conntable's bpffs, if it could not unmount it itself (killed).
+	for m in $(awk -v p="/$P-bpffs-" 'index($2, p) { print $2 }' /proc/mounts); do
+		umount -l "$m" && rmdir "$m"
 	done
 }
 trap cleanup EXIT
@@ -61,7 +69,7 @@ in_ns() {
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
-for p in ctlplane converge datapath rulescale charts; do
+for p in ctlplane converge datapath conntable rulescale charts; do
 	go build -o "bin/$p" "./bench/$p"
 done
 
@@ -83,6 +91,13 @@ for part in "${parts[@]}"; do
 		# It makes its own namespaces (client, lb, 3 backends) under our prefix.
 		# shellcheck disable=SC2086
 		bin/datapath -xlb bin/xlb -echo bin/xlb-echo -out "$OUT" -prefix "$P" ${DATAPATH_FLAGS:-}
+		;;
+	conntable)
+		step "connection table: per-packet cost by tracked connections"
+		# Its own namespaces under our prefix, and a bpffs it mounts in a
+		# temporary directory (ebpf) and unmounts on exit.
+		# shellcheck disable=SC2086
+		bin/conntable -xlb bin/xlb -echo bin/xlb-echo -out "$OUT" -prefix "$P" ${CONNTABLE_FLAGS:-}
 		;;
 	rulescale)
 		step "rule scale"

@@ -10,7 +10,10 @@
 //   - rule-scale.json -> rule-scale.png: kernel objects per farm by farm size;
 //   - converge.json -> converge.png: boxplots of the time until traffic
 //     follows a farm's add and delete, by backends and farms present, xlb
-//     next to nft -f (the kube-nftlb charts).
+//     next to nft -f (the kube-nftlb charts);
+//   - conntable.json -> conntable.png: CPU per packet and packets/s relative
+//     to the plain-forwarding reference, by tracked connections (log scale),
+//     a line per data plane and table size, a column per load.
 //
 // A missing JSON file is reported and skipped (each benchmark can run alone);
 // a gnuplot failure is an error.
@@ -51,6 +54,7 @@ func main() {
 		{"control-plane.json", controlPlane},
 		{"rule-scale.json", ruleScale},
 		{"converge.json", converge},
+		{"conntable.json", conntable},
 	} {
 		raw, err := os.ReadFile(filepath.Join(*dir, c.json))
 		if err != nil {
@@ -370,6 +374,84 @@ func converge(dir, tmp string, raw []byte) error {
 	if err := os.WriteFile(filepath.Join(tmp, "cv.dat"), []byte(d.String()), 0o644); err != nil {
 		return err
 	}
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+func conntable(dir, tmp string, raw []byte) error {
+	var doc struct {
+		Machine string `json:"machine"`
+		LoadA   string `json:"loadavg_before"`
+		Rows    []struct {
+			Config      string  `json:"config"`
+			Connections int     `json:"connections"`
+			Load        string  `json:"load"`
+			CPU         summary `json:"cpu_ns_per_packet"`
+			Ratio       summary `json:"ratio_to_ref"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	var loads, configs []string
+	for _, r := range doc.Rows {
+		if !slices.Contains(loads, r.Load) {
+			loads = append(loads, r.Load)
+		}
+		if !slices.Contains(configs, r.Config) {
+			configs = append(configs, r.Config)
+		}
+	}
+	colors := []string{"#c0504d", "#4878a8", "#2e8b57", "#8064a2", "#f79646"}
+	title := map[string]string{
+		"hot":    "a few busy flows next to N idle",
+		"spread": "each packet another of the N",
+	}
+	// One data block per (load, config): connections, median, min, max of
+	// the CPU per packet, then of the ratio to the reference.
+	var d strings.Builder
+	block := map[string]int{}
+	nb := 0
+	for _, l := range loads {
+		for _, c := range configs {
+			if nb > 0 {
+				d.WriteString("\n\n")
+			}
+			for _, r := range doc.Rows {
+				if r.Load == l && r.Config == c {
+					fmt.Fprintf(&d, "%d %g %g %g %g %g %g\n", r.Connections, r.CPU.Median, r.CPU.Min, r.CPU.Max, r.Ratio.Median, r.Ratio.Min, r.Ratio.Max)
+				}
+			}
+			block[l+"/"+c] = nb
+			nb++
+		}
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "ct.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "conntable.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 600*len(loads), 860, abs)
+	s.WriteString("set termoption noenhanced\nset key top left\nset logscale x\nset xrange [500:2e6]\nset xlabel \"tracked connections (log scale)\"\nset pointsize 0.8\n")
+	fmt.Fprintf(&s, "set multiplot layout 2,%d title %q\n", len(loads), "Per-packet cost by tracked connections, client -> xlb (UDP, dnat) -> sinks; median, whiskers min-max\n"+doc.Machine+", load average "+doc.LoadA)
+	for _, what := range []struct{ cols, ylabel, title string }{
+		{"1:2:3:4", "ns per packet", "CPU per packet (lower: better)"},
+		{"1:5:6:7", "ratio", "packets/s / reference (higher: better)"},
+	} {
+		for _, l := range loads {
+			var plots []string
+			for i, c := range configs {
+				plots = append(plots, fmt.Sprintf("'ct.dat' index %d using %s with yerrorlines lc rgb %q pt 7 title %q", block[l+"/"+c], what.cols, colors[i%len(colors)], c))
+			}
+			fmt.Fprintf(&s, "set title %q\nset ylabel %q\nset yrange [0:*]\n", l+" ("+title[l]+"): "+what.title, what.ylabel)
+			s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")
+		}
+	}
+	s.WriteString("unset multiplot\n")
 	if err := gnuplot(tmp, s.String()); err != nil {
 		return err
 	}
