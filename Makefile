@@ -4,11 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-<<<<<<< HEAD
-.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube clean
-=======
-.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-rulescale bench-charts bench-ebpf bench-kube clean
->>>>>>> bench6
+.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube clean
 
 all: build
 
