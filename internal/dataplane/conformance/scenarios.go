@@ -92,7 +92,12 @@ var scenarios = []scenario{
 		f.Helper = model.HelperFTP
 		return f
 	}, run: runFTP},
-	{name: "helper-tftp", backends: 1, farm: helperFarm(model.HelperTFTP, model.ProtoUDP), run: runHelperAttached},
+	{name: "helper-tftp", backends: 1, farm: func(e *Env) model.Farm {
+		f := e.farmOn("tftp", e.VIP(), tftpVPort, model.ProtoUDP)
+		f.Backends[0].Port = tftpBPort
+		f.Helper = model.HelperTFTP
+		return f
+	}, run: runTFTP},
 	{name: "helper-sip", backends: 1, farm: helperFarm(model.HelperSIP, model.ProtoUDP), run: runHelperAttached},
 	{name: "helper-amanda", backends: 1, farm: helperFarm(model.HelperAmanda, model.ProtoUDP), run: runHelperAttached},
 	{name: "helper-h323", backends: 1, farm: helperFarm(model.HelperH323, model.ProtoTCP), run: runHelperAttached},
