@@ -49,6 +49,7 @@ var scenarios = []scenario{
 		}
 		return f
 	}, run: runProtocolAll},
+	{name: "protocol-sctp", backends: 2, farm: func(e *Env) model.Farm { return e.Farm("sctp", model.ProtoSCTP) }, run: runSCTP},
 	{name: "backend-drain-down", backends: 3, farm: func(e *Env) model.Farm { return e.Farm("drain", model.ProtoTCP) }, run: runDrainDown},
 	{name: "persistence-srcip", backends: 3, farm: persistFarm(model.KeySrcIP, model.ProtoTCP), run: runPersistence},
 	{name: "persistence-srcip-ipv6", backends: 3, v6: true, farm: persistFarm(model.KeySrcIP, model.ProtoTCP), run: runPersistence},

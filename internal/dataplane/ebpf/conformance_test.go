@@ -17,6 +17,7 @@ import (
 var ebpfRefuses = map[string]string{
 	"family-dual":                 `"family" value "dual"`,
 	"protocol-all":                `"protocol" value "all"`,
+	"protocol-sctp":               `"protocol" value "sctp"`,
 	"sched-hash-srcmac":           `"sched-param" value "srcmac"`,
 	"persistence-srcmac":          `"persistence" value "srcmac"`,
 	"persistence-srcip-dstport":   `"persistence" value "srcip dstport"`,
