@@ -24,10 +24,12 @@ const (
 )
 
 // startFTPServer serves a scripted FTP conversation on [::]:ftpBPort in the
-// backend's namespace: 220 on connect; PASV opens a data listener on the
-// backend's address and sends "passive-data" on it; PORT a,b,c,d,p,q
-// records the address, connects to it and sends "active-data"; QUIT ends.
-// The addresses seen in PORT commands are sent on ports.
+// backend's namespace, enough for curl and for runFTP's own client: 220 on
+// connect; USER, PASS, PWD, CWD, TYPE answer success; PASV opens a data
+// listener on the backend's address; PORT a,b,c,d,p,q records the client's
+// data address (and sends it on ports); SIZE gives the file's size; RETR
+// sends "passive-data" on the passive connection or "active-data" on a
+// connection to the PORT address, between 150 and 226; QUIT ends.
 func startFTPServer(t *testing.T, b testutil.Host, ports chan<- netip.AddrPort) {
 	var ln net.Listener
 	err := testutil.Do(b.NS, func() error {
@@ -55,6 +57,19 @@ func serveFTP(ns netns.NsHandle, self netip.Addr, c net.Conn, ports chan<- netip
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	fmt.Fprint(c, "220 xlb scripted ftp\r\n")
 	r := bufio.NewReader(c)
+	var pasv net.Listener // set by PASV, used by the next RETR
+	var active netip.AddrPort
+	defer func() {
+		if pasv != nil {
+			pasv.Close()
+		}
+	}()
+	content := func() string {
+		if pasv != nil {
+			return "passive-data\n"
+		}
+		return "active-data\n"
+	}
 	for {
 		line, err := r.ReadString('\n')
 		if err != nil {
@@ -62,29 +77,32 @@ func serveFTP(ns netns.NsHandle, self netip.Addr, c net.Conn, ports chan<- netip
 		}
 		cmd, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
 		switch strings.ToUpper(cmd) {
+		case "USER":
+			fmt.Fprint(c, "331 any password\r\n")
+		case "PASS":
+			fmt.Fprint(c, "230 logged in\r\n")
+		case "PWD":
+			fmt.Fprint(c, "257 \"/\"\r\n")
+		case "CWD", "TYPE":
+			fmt.Fprint(c, "200 ok\r\n")
+		case "SIZE":
+			fmt.Fprintf(c, "213 %d\r\n", len(content()))
 		case "PASV":
-			var dl net.Listener
+			if pasv != nil {
+				pasv.Close()
+			}
 			if err := testutil.Do(ns, func() error {
 				var err error
-				dl, err = net.Listen("tcp4", netip.AddrPortFrom(self, 0).String())
+				pasv, err = net.Listen("tcp4", netip.AddrPortFrom(self, 0).String())
 				return err
 			}); err != nil {
 				fmt.Fprint(c, "425 no listener\r\n")
 				continue
 			}
-			port := netip.MustParseAddrPort(dl.Addr().String()).Port()
+			_ = pasv.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+			port := netip.MustParseAddrPort(pasv.Addr().String()).Port()
 			a := self.As4()
 			fmt.Fprintf(c, "227 Entering Passive Mode (%d,%d,%d,%d,%d,%d).\r\n", a[0], a[1], a[2], a[3], port>>8, port&0xff)
-			go func() {
-				defer dl.Close()
-				_ = dl.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
-				d, err := dl.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprint(d, "passive-data\n")
-				d.Close()
-			}()
 		case "PORT":
 			ap, err := parseFTPAddr(arg)
 			if err != nil {
@@ -92,13 +110,31 @@ func serveFTP(ns netns.NsHandle, self netip.Addr, c net.Conn, ports chan<- netip
 				continue
 			}
 			ports <- ap
+			active = ap
+			if pasv != nil {
+				pasv.Close()
+				pasv = nil
+			}
 			fmt.Fprint(c, "200 PORT ok\r\n")
-			d, err := testutil.DialTCP(ns, ap, 3*time.Second)
+		case "RETR":
+			body := content()
+			fmt.Fprint(c, "150 opening data connection\r\n")
+			var d net.Conn
+			var err error
+			if pasv != nil {
+				d, err = pasv.Accept()
+				pasv.Close()
+				pasv = nil
+			} else {
+				d, err = testutil.DialTCP(ns, active, 3*time.Second)
+			}
 			if err != nil {
+				fmt.Fprint(c, "425 no data connection\r\n")
 				continue
 			}
-			fmt.Fprint(d, "active-data\n")
+			fmt.Fprint(d, body)
 			d.Close()
+			fmt.Fprint(c, "226 transfer complete\r\n")
 		case "QUIT":
 			fmt.Fprint(c, "221 bye\r\n")
 			return
@@ -168,8 +204,20 @@ func runFTP(t *testing.T, e *Env, f model.Farm) {
 	if data.Addr() != f.VirtualAddr {
 		t.Errorf("PASV reply names %s, want the VIP %s (helper rewrite)", data.Addr(), f.VirtualAddr)
 	}
-	if got, err := testutil.AskTCP(e.Client.NS, data); err != nil || got != "passive-data" {
-		t.Errorf("passive data connection to %s: %q, %v", data, got, err)
+	pd, err := testutil.DialTCP(e.Client.NS, data, 2*time.Second)
+	if err != nil {
+		t.Fatalf("passive data connection to %s: %v", data, err)
+	}
+	fmt.Fprint(c, "RETR file\r\n")
+	if l := reply(); !strings.HasPrefix(l, "150") {
+		t.Fatalf("RETR reply %q", l)
+	}
+	if got, err := testutil.ReadLine(pd, 2*time.Second); err != nil || got != "passive-data" {
+		t.Errorf("passive data from %s: %q, %v", data, got, err)
+	}
+	pd.Close()
+	if l := reply(); !strings.HasPrefix(l, "226") {
+		t.Fatalf("end of passive transfer %q", l)
 	}
 	// Active.
 	var ln net.Listener
@@ -195,6 +243,10 @@ func runFTP(t *testing.T, e *Env, f model.Farm) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("backend never got the PORT command")
 	}
+	fmt.Fprint(c, "RETR file\r\n")
+	if l := reply(); !strings.HasPrefix(l, "150") {
+		t.Fatalf("RETR reply %q", l)
+	}
 	_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
 	d, err := ln.Accept()
 	if err != nil {
@@ -204,5 +256,36 @@ func runFTP(t *testing.T, e *Env, f model.Farm) {
 	if got, err := testutil.ReadLine(d, 2*time.Second); err != nil || got != "active-data" {
 		t.Errorf("active data: %q, %v", got, err)
 	}
+	if l := reply(); !strings.HasPrefix(l, "226") {
+		t.Fatalf("end of active transfer %q", l)
+	}
 	fmt.Fprint(c, "QUIT\r\n")
+
+	// The same with curl, a real FTP client: passive with PASV
+	// (--disable-epsv: EPSV names only a port, so no address to rewrite)
+	// and active with PORT naming the client's own address (-P -,
+	// --disable-eprt).
+	url := fmt.Sprintf("ftp://%s/file", vip)
+	for _, m := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"passive", []string{"--disable-epsv"}, "passive-data"},
+		{"active", []string{"--disable-eprt", "-P", "-"}, "active-data"},
+	} {
+		args := append([]string{"curl", "-sS", "--max-time", "8"}, m.args...)
+		out, err := testutil.RunErr(e.Client.Name, append(args, url)...)
+		if err != nil || strings.TrimSpace(out) != m.want {
+			t.Errorf("curl %s FTP through the farm: %q, %v", m.name, out, err)
+		}
+	}
+	select {
+	case seen := <-ports:
+		if seen.Addr() != e.LBBack4 {
+			t.Errorf("curl's PORT reached the backend as %s, want the LB's address %s", seen, e.LBBack4)
+		}
+	default:
+		t.Error("the backend never got curl's PORT command")
+	}
 }
