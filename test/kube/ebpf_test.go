@@ -1,8 +1,10 @@
 package kube_test
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,8 +21,8 @@ import (
 // Service is spread round robin over its three endpoints on both cluster
 // IPs (TCP and UDP) and on the node's address (masqueraded); a
 // sessionAffinity ClientIP Service keeps the client on one endpoint; an
-// endpoint removal takes it out; a Service without endpoints serves no
-// connection; a Service with an SCTP port, which the eBPF plane does not
+// endpoint removal takes it out; a Service without endpoints refuses new
+// connections (TCP and UDP, IPv4 and IPv6); a Service with an SCTP port, which the eBPF plane does not
 // implement, gets an XLBRejected Event while the others keep working; and
 // deleting a Service stops its traffic.
 func TestEBPFServices(t *testing.T) {
@@ -100,13 +102,27 @@ func TestEBPFServices(t *testing.T) {
 		t.Errorf("after removing b1: answers %v", got)
 	}
 
-	// No endpoints: new connections are not served (dropped).
-	empty := e.createService(service("empty", corev1.ServiceTypeClusterIP))
-	ecip := netip.MustParseAddr(empty.Spec.ClusterIP)
-	e.waitFarm(kube.FarmName(e.ns, "empty", "tcp", kube.KindCluster, ecip), hasBackends(0))
-	if c, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(ecip, 80), time.Second); err == nil {
-		c.Close()
-		t.Errorf("a Service without endpoints accepted a connection")
+	// No endpoints: new connections are refused at once (ICMP port
+	// unreachable from the cluster IP), TCP and UDP, IPv4 and IPv6.
+	es := service("empty", corev1.ServiceTypeClusterIP)
+	es.Spec.IPFamilyPolicy = &pol
+	es.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	empty := e.createService(es)
+	for _, ip := range empty.Spec.ClusterIPs {
+		ecip := netip.MustParseAddr(ip)
+		e.waitFarm(kube.FarmName(e.ns, "empty", "tcp", kube.KindCluster, ecip), hasBackends(0))
+		e.waitFarm(kube.FarmName(e.ns, "empty", "udp", kube.KindCluster, ecip), hasBackends(0))
+		to := netip.AddrPortFrom(ecip, 80)
+		start := time.Now()
+		if c, err := testutil.DialTCP(e.Client.NS, to, 2*time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s without endpoints accepted a connection", to)
+		} else if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("tcp %s without endpoints: %v after %s, want connection refused", to, err, time.Since(start).Round(time.Millisecond))
+		}
+		if got, err := testutil.AskUDP(e.Client.NS, to); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("udp %s without endpoints: %q, %v; want connection refused", to, got, err)
+		}
 	}
 
 	// SCTP is not implemented by the eBPF plane: an Event on that Service,
