@@ -76,10 +76,10 @@ Farms are named <namespace>.<service>.<port>.<kind>-<address> and live in
 their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
 --dataplane ebpf they are programmed into xlb's eBPF program instead,
 attached at tcx ingress of --interfaces, with its maps pinned under
---pin-path; Service features that plane does not implement (SCTP, the
+--pin-path. It balances what arrives on those interfaces (not what the
+node itself sends), and Service features it does not implement (SCTP, the
 helper, log and est-connlimit annotations) are refused per Service with an
-Event, and a Service without endpoints drops new connections there instead
-of refusing them (see docs/kube-proxy.md). The state
+Event (see docs/kube-proxy.md). The state
 is saved in --state-dir, so a restart keeps the rules in place until the
 first sync replaces them.
 
