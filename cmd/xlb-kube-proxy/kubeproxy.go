@@ -180,9 +180,11 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
 	}
-	if o.dataplane == "nft" {
-		// The ebpf plane keeps its own conntrack, not netfilter's.
-		kc.Conntrack = kube.NetlinkConntrack{NS: netns.None()}
+	// Stale UDP flows of removed endpoints are deleted from netfilter's
+	// conntrack (nft) or from the ebpf plane's own table.
+	kc.Conntrack = kube.NetlinkConntrack{NS: netns.None()}
+	if p, ok := dp.(*ebpf.Plane); ok {
+		kc.Conntrack = kube.EBPFConntrack{Plane: p}
 	}
 	ctl, err := kube.New(kc)
 	if err != nil {

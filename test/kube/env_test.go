@@ -176,8 +176,10 @@ func (e *env) startController(planeName string) {
 	case "nft":
 		plane, err = nft.New(ctx, log, nft.Options{NetNS: e.LB.NS})
 	case "ebpf":
-		plane, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384})
-		conntrack = nil // as xlb kube-proxy --dataplane ebpf: netfilter's conntrack is not in the path
+		var p *ebpf.Plane
+		p, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384})
+		plane = p
+		conntrack = kube.EBPFConntrack{Plane: p} // as xlb kube-proxy --dataplane ebpf
 	default:
 		t.Fatalf("data plane %q", planeName)
 	}
