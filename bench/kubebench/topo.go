@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/kube/kubetest"
 )
 
 // topo is the traffic side of the benchmark. The bench runs in a network
@@ -174,6 +176,16 @@ func newTopo(prefix string, npods int) (_ *topo, err error) {
 	_, podNet, _ := net.ParseCIDR("10.129.0.0/16")
 	if err := node.RouteAdd(&netlink.Route{Dst: podNet, Gw: podsAddr.AsSlice()}); err != nil {
 		return nil, fmt.Errorf("route to the pods: %w", err)
+	}
+	// Cluster IPs that no proxy serves (yet, or any more) are refused by
+	// the node with ICMP "administratively prohibited", which fails a TCP
+	// connect at once: a net or host unreachable (no route) is a soft
+	// error that TCP retries until the probe's timeout, which would add
+	// the timeout to every delete measurement. Served ones are translated
+	// before the route lookup (prerouting, tcx ingress).
+	_, svcNet, _ := net.ParseCIDR(kubetest.ServiceCIDR4)
+	if err := node.RouteAdd(&netlink.Route{Dst: svcNet, Type: unix.RTN_PROHIBIT}); err != nil {
+		return nil, fmt.Errorf("prohibit route for the cluster IPs: %w", err)
 	}
 	// The node forwards. A probe to an address not (yet) served gets an
 	// ICMP unreachable from the node (it has no route there), which
