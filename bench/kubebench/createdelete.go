@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -25,7 +26,9 @@ import (
 var (
 	cdSizes = flag.String("create-delete", "10,50,100", "endpoints per Service of the create/delete benchmark (empty: skip it)")
 	cdRuns  = flag.Int("create-delete-runs", 30, "Services created and deleted per size and proxy")
-	cdProbe = flag.Duration("probe-timeout", 50*time.Millisecond, "how long one probe connection may take")
+	cdDebug = flag.Bool("debug", false, "log each create/delete run")
+	cdProbe = flag.Duration("probe-timeout", 200*time.Millisecond, "how long one probe connection may take")
+	cdEvery = flag.Duration("probe-every", 2*time.Millisecond, "how often a probe connection is opened")
 )
 
 // cdNamespace holds the create/delete benchmark's Services, apart from the
@@ -122,10 +125,14 @@ func createDelete(ctx context.Context, env *kubetest.Env, tp *topo, dir string) 
 }
 
 // createDeleteOne creates Service name with n endpoints, waits for
-// traffic, deletes it and waits until it is no longer served.
+// traffic, deletes it and waits until it is no longer served. A run's time
+// is from the API call until the first probe connection that was served
+// (create) or not served (delete) was opened: probes run back to back from
+// the moment the cluster IP is known, while the EndpointSlice is created
+// (deleted) next to them.
 func createDeleteOne(ctx context.Context, env *kubetest.Env, tp *topo, name string, n int) (create, del time.Duration, err error) {
 	svcs := env.Client.CoreV1().Services(cdNamespace)
-	slices_ := env.Client.DiscoveryV1().EndpointSlices(cdNamespace)
+	eps := env.Client.DiscoveryV1().EndpointSlices(cdNamespace)
 	sl := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -135,6 +142,69 @@ func createDeleteOne(ctx context.Context, env *kubetest.Env, tp *topo, name stri
 		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{podAddr(i).String()},
 			NodeName: ptr.To("bench-node"), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
 	}
+	// probeUntil opens a probe connection to addr every -probe-every,
+	// each in its own goroutine, until one has the outcome wanted (served,
+	// or refused at once: a probe that times out says nothing, it may be
+	// the machine's load), and returns the earliest time after t0 at which
+	// a probe with that outcome was opened (waiting for the probes opened
+	// before it to finish). Probes overlap, so a slow or lost probe does
+	// not delay the next.
+	probeUntil := func(addr netip.AddrPort, t0 time.Time, served bool) (time.Duration, error) {
+		type outcome struct {
+			start time.Time
+			ok    bool
+			err   error
+		}
+		results := make(chan outcome, 4096)
+		deadline := t0.Add(30 * time.Second)
+		inflight := 0
+		var best time.Time
+		var lastErr error
+		tick := time.NewTicker(*cdEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				if !best.IsZero() || time.Now().After(deadline) {
+					break
+				}
+				inflight++
+				go func(start time.Time) {
+					got, err := tp.probe(ctx, addr, *cdProbe)
+					if err == nil && !strings.HasPrefix(got, "10.129.") {
+						err = fmt.Errorf("%s answered %q, not from an endpoint", addr, got)
+						results <- outcome{start: start, err: err}
+						return
+					}
+					results <- outcome{start: start, ok: err == nil, err: err}
+				}(time.Now())
+			case o := <-results:
+				inflight--
+				if o.err != nil && strings.Contains(o.err.Error(), "not from an endpoint") {
+					return 0, o.err
+				}
+				want := o.ok == served
+				if !served && !o.ok && errors.Is(o.err, os.ErrDeadlineExceeded) {
+					want = false // a timeout is not a refusal
+				}
+				if want && (best.IsZero() || o.start.Before(best)) {
+					best = o.start
+				}
+				if !want {
+					lastErr = o.err
+				}
+			}
+			if !best.IsZero() && inflight == 0 {
+				if *cdDebug {
+					log.Printf("%s served=%v after %s", addr, served, best.Sub(t0))
+				}
+				return best.Sub(t0), nil
+			}
+			if best.IsZero() && inflight == 0 && time.Now().After(deadline) {
+				return 0, fmt.Errorf("%s: served=%v not reached 30s after the call (last probe: %v)", addr, served, lastErr)
+			}
+		}
+	}
 	t0 := time.Now()
 	svc, err := svcs.Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -143,47 +213,46 @@ func createDeleteOne(ctx context.Context, env *kubetest.Env, tp *topo, name stri
 	if err != nil {
 		return 0, 0, fmt.Errorf("create service %s: %w", name, err)
 	}
-	if _, err := slices_.Create(ctx, sl, metav1.CreateOptions{}); err != nil {
-		return 0, 0, fmt.Errorf("create endpointslice %s: %w", name, err)
-	}
 	addr := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
-	deadline := t0.Add(30 * time.Second)
-	for {
-		got, err := tp.probe(ctx, addr, *cdProbe)
-		if err == nil {
-			if !strings.HasPrefix(got, "10.129.") {
-				return 0, 0, fmt.Errorf("%s answered %q, not from an endpoint", addr, got)
-			}
-			create = time.Since(t0)
-			break
-		}
-		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("%s (%s) not served 30s after its creation: %v", name, addr, err)
-		}
-		time.Sleep(time.Millisecond)
+	slErr := make(chan error, 1)
+	go func() {
+		_, err := eps.Create(ctx, sl, metav1.CreateOptions{})
+		slErr <- err
+	}()
+	create, err = probeUntil(addr, t0, true)
+	if serr := <-slErr; serr != nil {
+		return 0, 0, fmt.Errorf("create endpointslice %s: %w", name, serr)
+	}
+	if err != nil {
+		return 0, 0, err
 	}
 	time.Sleep(20 * time.Millisecond)
+
+	// Probing starts before the delete call: the rules may be gone before
+	// the call returns.
 	t0 = time.Now()
+	type res struct {
+		d   time.Duration
+		err error
+	}
+	gone := make(chan res, 1)
+	go func() {
+		d, err := probeUntil(addr, t0, false)
+		gone <- res{d, err}
+	}()
 	if err := svcs.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		return 0, 0, fmt.Errorf("delete service %s: %w", name, err)
 	}
 	// As the garbage collector would (there is no controller-manager).
-	if err := slices_.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+	if err := eps.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		return 0, 0, fmt.Errorf("delete endpointslice %s: %w", name, err)
 	}
-	deadline = t0.Add(30 * time.Second)
-	for {
-		if _, err := tp.probe(ctx, addr, *cdProbe); err != nil {
-			del = time.Since(t0)
-			break
-		}
-		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("%s (%s) still served 30s after its deletion", name, addr)
-		}
-		time.Sleep(time.Millisecond)
+	r := <-gone
+	if r.err != nil {
+		return 0, 0, r.err
 	}
 	time.Sleep(50 * time.Millisecond)
-	return create, del, nil
+	return create, r.d, nil
 }
 
 func medianF(v []float64) float64 {
@@ -219,14 +288,18 @@ func cdReport(rs []cdResult) error {
 	fmt.Fprintf(&b, "# xlb kube-proxy: Service create and delete until traffic\n\n")
 	fmt.Fprintf(&b, "Measured by `bench/kube.sh` (bench/kubebench) on %s, %s, %d cores.\n\n", host, time.Now().UTC().Format("2006-01-02 15:04 MST"), numCPU())
 	fmt.Fprintf(&b, "kube-nftlb's method: **create** is the time from the Service create call\n")
-	fmt.Fprintf(&b, "(followed at once by its EndpointSlice's) until a new TCP connection from a\n")
-	fmt.Fprintf(&b, "client namespace to the cluster IP is answered by an endpoint; **delete** is the\n")
-	fmt.Fprintf(&b, "time from the Service delete call (followed by its EndpointSlice's, as the\n")
-	fmt.Fprintf(&b, "garbage collector would) until a new connection is no longer answered. The\n")
+	fmt.Fprintf(&b, "(its EndpointSlice is created as soon as the call returns) until a new TCP\n")
+	fmt.Fprintf(&b, "connection from a client namespace to the cluster IP is answered by an endpoint;\n")
+	fmt.Fprintf(&b, "**delete** is the time from the Service delete call (its EndpointSlice's follows,\n")
+	fmt.Fprintf(&b, "as the garbage collector's would) until a new connection is no longer answered.\n")
+	fmt.Fprintf(&b, "Both count until the first probe with that outcome was opened. The\n")
 	fmt.Fprintf(&b, "endpoints are real: every endpoint address is on one pods namespace, behind\n")
 	fmt.Fprintf(&b, "the node namespace the proxies program, with a listener answering on all of\n")
-	fmt.Fprintf(&b, "them. A probe is one new connection (%s timeout), repeated every\n", *cdProbe)
-	fmt.Fprintf(&b, "millisecond. Real kube-apiserver and etcd (v1.37.2, etcd --unsafe-no-fsync) on\n")
+	fmt.Fprintf(&b, "them. A probe is one new connection (%s timeout); one is opened every %s\n", *cdProbe, *cdEvery)
+	fmt.Fprintf(&b, "from the create call's return (the delete call) on, each in its own goroutine, so a\n")
+	fmt.Fprintf(&b, "slow one does not hold the next back. The node refuses cluster IPs no proxy serves\n")
+	fmt.Fprintf(&b, "(a prohibit route), so an unserved probe fails at once; a probe that times out counts\n")
+	fmt.Fprintf(&b, "as neither served nor refused. Real kube-apiserver and etcd (v1.37.2, etcd --unsafe-no-fsync) on\n")
 	fmt.Fprintf(&b, "the same machine; the proxies run one after the other on the same API server,\n")
 	fmt.Fprintf(&b, "each alone, with no other Service present: xlb's controller in the benchmark's\n")
 	fmt.Fprintf(&b, "process as `xlb kube-proxy` runs it (nft: %d tables; ebpf: attached to the\n", *tables)

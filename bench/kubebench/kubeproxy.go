@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log"
@@ -21,6 +22,8 @@ import (
 )
 
 const kpMetrics = "http://127.0.0.1:10249/metrics"
+
+var kpSyncTimeout = flag.Duration("kube-proxy-sync-timeout", 5*time.Minute, "how long kube-proxy may take for its first full sync")
 
 // measureKubeProxy runs the real kube-proxy (built by
 // scripts/kube-binaries.sh kube-proxy) in mode against the same API server
@@ -99,7 +102,7 @@ func startKubeProxy(ctx context.Context, env *kubetest.Env, dir, mode string) (s
 		flushRuleset()
 	}
 	// Ready: a full sync done with every Service.
-	deadline := time.Now().Add(5 * time.Minute)
+	deadline := time.Now().Add(*kpSyncTimeout)
 	for {
 		m, err := scrape(ctx)
 		if err == nil && m["kubeproxy_sync_proxy_rules_last_timestamp_seconds"] > 0 {
@@ -114,7 +117,7 @@ func startKubeProxy(ctx context.Context, env *kubetest.Env, dir, mode string) (s
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("kube-proxy did not sync in 5 minutes (log %s)", logf.Name())
+			return nil, fmt.Errorf("kube-proxy did not sync in %s (log %s)", *kpSyncTimeout, logf.Name())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
