@@ -411,7 +411,7 @@ func kubeCreateDelete(dir, tmp string, raw []byte) error {
 	fmt.Fprintf(&s, header, 1300, 900, abs)
 	s.WriteString("set termoption noenhanced\n")
 	fmt.Fprintf(&s, "set multiplot layout 2,1 title %q\n", "Service create / delete until traffic: xlb nft (blue), xlb ebpf (green), kube-proxy nftables (red), kube-proxy iptables (orange); boxes p25-p75 - "+doc.Machine+", "+doc.Date)
-	s.WriteString("set ylabel \"ms (log scale)\"\nset logscale y\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.18 absolute\n")
+	s.WriteString("set ylabel \"ms (log scale)\"\nset logscale y\nset yrange [1:5000]\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.18 absolute\n")
 	var counts []int
 	for _, r := range doc.Results {
 		if !slices.Contains(counts, r.Endpoints) {
