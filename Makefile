@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts bench-ebpf bench-kube clean
+.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-converge bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube clean
 
 all: build
 
@@ -77,6 +77,11 @@ bench-charts:
 # writes bench/results/ebpf-conntrack.md. Root.
 bench-ebpf: deps
 	bench/ebpf.sh
+
+# CPU per packet in the LB, eBPF plane vs nft plane, in the same run; writes
+# bench/results/ebpf-vs-nft-cpu.md. Root.
+bench-ebpf-cpu: deps
+	bench/ebpf-cpu.sh
 
 # Kubernetes service proxy: endpoint change -> live at 1k/10k Services.
 bench-kube: build

@@ -22,6 +22,12 @@
 #define XLB_MAX_BACKENDS 262144
 #endif
 
+/* Counter slots (xlb_be_stats): backends counted at once. 40 bytes per
+ * slot and CPU: 2.5 MiB per CPU. */
+#ifndef XLB_MAX_STAT_SLOTS
+#define XLB_MAX_STAT_SLOTS 65536
+#endif
+
 /* Scheduling slots over all service generations. */
 #ifndef XLB_MAX_SLOTS
 #define XLB_MAX_SLOTS 1048576
@@ -48,6 +54,13 @@
 /* Persistence records (client, service) -> backend. */
 #ifndef XLB_MAX_PERSIST
 #define XLB_MAX_PERSIST 262144
+#endif
+
+/* Bytes of the connection log ring buffer (xlb_events): 4 MiB holds about
+ * 50,000 records; when the reader falls behind, records are lost and
+ * counted (log_lost). A power of 2, a multiple of the page size. */
+#ifndef XLB_EVENTS_SIZE
+#define XLB_EVENTS_SIZE 4194304
 #endif
 
 /* Seed of the hash scheduler: fixed so a restart keeps the mapping. */
@@ -80,8 +93,14 @@
 #define XLB_HASH_SRCIP 1
 #define XLB_HASH_SRCPORT 2
 
-/* struct backend.flags */
+/* struct backend.flags, and the low 8 bits of an xlb_be_flags value */
 #define XLB_BE_F_GONE 1 /* down or off in its farm: its tracked flows expire (expire_nodest_conn) */
+/* An xlb_be_flags value's bits above XLB_BE_SLOT_SHIFT: the backend's
+ * counter slot in xlb_be_stats (0: not counted). */
+#define XLB_BE_SLOT_SHIFT 8
+
+/* xlb_svc_flags value (per service generation id) */
+#define XLB_SVC_F_LOG 1 /* farm log: one xlb_events record per new connection */
 
 /* struct ct_val.dir */
 #define XLB_CT_FWD 0   /* client -> VIP */
@@ -119,6 +138,8 @@ enum xlb_stat {
 	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
 	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
 	XLB_STAT_CT_NODEST,    /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
+	XLB_STAT_LOG_LOST,     /* connection log record lost: the ring buffer was full */
+	XLB_STAT_XDP_FWD,      /* dsr packet forwarded by the XDP fast path */
 	XLB_STAT_MAX,
 };
 

@@ -36,6 +36,11 @@ volatile const __u64 xlb_timeout_udp = 300000000000ULL;
  * the FIB out of the conntrack-hit measurement). */
 volatile const __u64 xlb_ct_refresh_ns = XLB_CT_REFRESH_NS;
 
+/* XDP fast path: 1 when it runs in generic mode, where a redirect to any
+ * interface works (the frame is an skb); 0 in native mode, where it
+ * redirects only to interfaces in xlb_xdp_tx. Set by the loader. */
+volatile const __u32 xlb_xdp_any_tx = 0;
+
 /* Returned by lb4_ct_hit() when the entry is gone (expired, or a new
  * connection reuses the tuple): schedule the packet as a new flow. */
 #define XLB_CT_MISS (-100)
@@ -46,6 +51,74 @@ static __always_inline void stat_inc(__u32 idx)
 
 	if (c)
 		*c += 1;
+}
+
+/**
+ * be_count() - count a packet of a flow of backend @bid in xlb_be_stats.
+ * @bid: backend id (backends without a counter slot, e.g. removed ones, are
+ *       not counted)
+ * @dir: XLB_CT_FWD (client -> backend, "in") or XLB_CT_REPLY ("out")
+ * @len: skb->len, with the Ethernet header
+ * @conn: 1 on a new connection's first packet
+ */
+static __always_inline void be_count(__u32 bid, __u8 dir, __u32 len, int conn)
+{
+	__u32 *fl = bpf_map_lookup_elem(&xlb_be_flags, &bid);
+	struct be_stats *s;
+	__u32 slot;
+
+	if (!fl)
+		return;
+	slot = *fl >> XLB_BE_SLOT_SHIFT;
+	if (!slot)
+		return;
+	s = bpf_map_lookup_elem(&xlb_be_stats, &slot);
+	if (!s)
+		return;
+	len = len > ETH_HLEN ? len - ETH_HLEN : 0;
+	if (dir == XLB_CT_FWD) {
+		s->conns += conn;
+		s->in_pkts++;
+		s->in_bytes += len;
+	} else {
+		s->out_pkts++;
+		s->out_bytes += len;
+	}
+}
+
+/**
+ * lb_log() - emit a conn_event for the new flow @fv (of packet @p, to
+ * backend @be) if its farm logs connections (XLB_SVC_F_LOG). A full ring
+ * buffer loses the record (log_lost). Not inlined: its stack stays out of
+ * the new-flow path's.
+ * Return: 0.
+ */
+static __attribute__((noinline)) int lb_log(struct pkt *p, struct ct_val *fv, struct backend *be)
+{
+	__u32 sid = fv->svc;
+	__u32 *fl = bpf_map_lookup_elem(&xlb_svc_flags, &sid);
+	struct conn_event *e;
+
+	if (!fl || !(*fl & XLB_SVC_F_LOG))
+		return 0;
+	e = bpf_ringbuf_reserve(&xlb_events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(XLB_STAT_LOG_LOST);
+		return 0;
+	}
+	e->svc = sid;
+	e->backend = fv->backend;
+	__builtin_memcpy(e->src, p->k.src, 16);
+	__builtin_memcpy(e->vip, p->k.dst, 16);
+	__builtin_memcpy(e->dst, be->addr, 16);
+	e->sport = p->k.sport;
+	e->vport = p->k.dport;
+	e->dport = be->port ?: p->k.dport;
+	e->proto = p->k.proto;
+	e->family = p->k.family;
+	e->ts = bpf_ktime_get_coarse_ns();
+	bpf_ringbuf_submit(e, 0);
+	return 0;
 }
 
 /* ct_peer_key() - the key of the other direction of entry (k, v). */
@@ -446,6 +519,7 @@ static __attribute__((noinline)) int lb4_stateless(struct __sk_buff *skb, struct
 	fv->mode = XLB_MODE_STLSDNAT;
 	fv->backend = bid;
 	stat_inc(XLB_STAT_STATELESS);
+	be_count(bid, XLB_CT_FWD, skb->len, 0);
 	return lb4_nat_call(skb, p, fv, 1);
 }
 
@@ -757,13 +831,16 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		     v->dport != fv.dport))
 			bpf_map_delete_elem(&xlb_ct, &sc->rk);
 		fresh = 0;
+		be_count(v->backend, XLB_CT_FWD, skb->len, 0);
 	} else {
+		stat_inc(XLB_STAT_NEW_FLOW);
+		be_count(bid, XLB_CT_FWD, skb->len, 1);
+		lb_log(p, &fv, be);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */
 			v = &fv;
 		}
-		stat_inc(XLB_STAT_NEW_FLOW);
 	}
 	return lb4_nat_call(skb, p, v, fresh);
 }
@@ -832,6 +909,7 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 			ct_set_state(&p->k, v, st, now);
 	}
 	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
+	be_count(v->backend, v->dir, skb->len, 0);
 	return lb4_nat(skb, p, v, fresh);
 }
 
@@ -1039,6 +1117,67 @@ static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
 	__builtin_memcpy(data + 6, fib.smac, 6);
 	stat_inc(XLB_STAT_ICMP_NAT);
 	return bpf_redirect(fib.ifindex, 0);
+}
+
+/**
+ * xlb_xdp() - the XDP fast path: a forward packet of a tracked dsr flow
+ * whose next hop is cached leaves at once (MACs and TTL rewritten,
+ * XDP_REDIRECT), before the kernel builds an skb for it in native mode.
+ * Everything else — new flows, replies, other modes, TCP state changes
+ * (SYN, FIN, RST, the handshake's ACK), entries due for their periodic
+ * refresh, backends gone, TTL 1, next hops XDP cannot transmit to —
+ * goes on (XDP_PASS) to the tcx program, which does the full work.
+ */
+SEC("xdp")
+int xlb_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct pkt p = {};
+	struct ct_val *v;
+	__u32 bid, ifindex, *fl;
+
+	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
+		return XDP_PASS;
+	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
+	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
+		return XDP_PASS;
+	if (bpf_ktime_get_coarse_ns() - v->seen > xlb_ct_refresh_ns)
+		return XDP_PASS; /* tcx refreshes the entry, or expires it */
+	if (p.k.proto == IPPROTO_TCP && ((p.tcp_flags & (XLB_TCP_SYN | XLB_TCP_RST | XLB_TCP_FIN)) ||
+					 ct_next_state(v->state, p.tcp_flags) != v->state))
+		return XDP_PASS;
+	bid = v->backend;
+	fl = bpf_map_lookup_elem(&xlb_be_flags, &bid);
+	if (fl && (*fl & XLB_BE_F_GONE))
+		return XDP_PASS;
+	ifindex = v->ifindex;
+	if (!xlb_xdp_any_tx && !bpf_map_lookup_elem(&xlb_xdp_tx, &ifindex))
+		return XDP_PASS;
+
+	if (data + sizeof(struct ethhdr) > end)
+		return XDP_PASS;
+	if (p.k.family == XLB_AF_INET) {
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		__u16 nw = p.ttl_word;
+
+		if ((void *)(ip + 1) > end)
+			return XDP_PASS;
+		((__u8 *)&nw)[0] = p.ttl - 1;
+		ip->ttl = p.ttl - 1;
+		csum16_replace(&ip->check, p.ttl_word, nw);
+	} else {
+		struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+		if ((void *)(ip6 + 1) > end)
+			return XDP_PASS;
+		ip6->hop_limit = p.ttl - 1;
+	}
+	__builtin_memcpy(data, v->dmac, 6);
+	__builtin_memcpy(data + 6, v->smac, 6);
+	be_count(bid, XLB_CT_FWD, end - data, 0);
+	stat_inc(XLB_STAT_XDP_FWD);
+	return bpf_redirect(ifindex, 0);
 }
 
 SEC("tcx/ingress")

@@ -43,10 +43,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_backends SEC(".maps");
 
-/* backend id -> XLB_BE_F_* (0: up), what the conntrack-hit path checks on
- * every forward packet: an array, so the lookup is inlined and costs a few
- * ns where a hash lookup in xlb_backends costs tens. Ids beyond the array
- * have no flags. */
+/* backend id -> XLB_BE_F_* (0: up) | counter slot << XLB_BE_SLOT_SHIFT,
+ * what the conntrack-hit path checks on every packet: an array, so the
+ * lookup is inlined and costs a few ns where a hash lookup in xlb_backends
+ * costs tens. Ids beyond the array have no flags and no counters. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -125,5 +125,49 @@ struct {
 	__uint(max_entries, XLB_STAT_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_stats SEC(".maps");
+
+/* counter slot -> per-CPU packet, byte and connection counters of a
+ * backend (ipvsadm --stats). The loader gives each backend id a slot (in
+ * its xlb_be_flags value), zeroed, and takes it back with the id. A per-CPU
+ * array, so counting costs an inlined lookup (a per-CPU hash by backend id
+ * cost ~27 ns per packet). Slot 0 is never given. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct be_stats);
+	__uint(max_entries, XLB_MAX_STAT_SLOTS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_be_stats SEC(".maps");
+
+/* generation id -> XLB_SVC_F_* (an array: inlined, read on new flows). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, XLB_MAX_SVC_IDS);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_svc_flags SEC(".maps");
+
+/* Connection log: a struct conn_event per new connection of a farm with
+ * XLB_SVC_F_LOG, read by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, XLB_EVENTS_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_events SEC(".maps");
+
+/* ifindex -> 1 for the interfaces the XDP fast path may redirect to in
+ * native mode (those with an XDP program of ours: their driver transmits
+ * XDP frames); see xlb_xdp_any_tx. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_xdp_tx SEC(".maps");
+
+/* Keeps struct conn_event in the BTF for bpf2go (-type conn_event). */
+const struct conn_event *xlb_unused_conn_event __attribute__((unused));
 
 #endif /* XLB_MAPS_H */

@@ -80,11 +80,10 @@ enum xlb_parse {
 	XLB_PARSE_ICMP,     /* an ICMP message (p->l4off, p->ttl*, addresses set) */
 };
 
-/* lb_ports() - read the TCP/UDP ports (and TCP flags) at p->l4off. */
-static __always_inline int lb_ports(struct __sk_buff *skb, struct pkt *p)
+/* lb_ports() - read the TCP/UDP ports (and TCP flags) at p->l4off of the
+ * packet data .. end. */
+static __always_inline int lb_ports(void *data, void *end, struct pkt *p)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
 	__u32 l4off = p->l4off & 0x7f;
 
 	if (p->k.proto == IPPROTO_TCP) {
@@ -111,10 +110,8 @@ static __always_inline int lb_ports(struct __sk_buff *skb, struct pkt *p)
  * headers: those, and ICMPv6, are not ours; a fragment header is a
  * fragment).
  */
-static __always_inline int lb6_parse(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int lb6_parse(void *data, void *end, struct pkt *p)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
 	struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
 
 	if ((void *)(ip6 + 1) > end)
@@ -134,12 +131,13 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct pkt *p)
 	p->l4off = sizeof(struct ethhdr) + sizeof(struct xlb_ipv6hdr);
 	if (ip6->nexthdr == XLB_NEXTHDR_ICMPV6)
 		return XLB_PARSE_ICMP;
-	return lb_ports(skb, p);
+	return lb_ports(data, end, p);
 }
 
 /**
- * lb_parse() - parse an Ethernet IPv4 or IPv6 TCP/UDP packet.
- * @skb: the packet
+ * lb_parse_data() - parse an Ethernet IPv4 or IPv6 TCP/UDP packet.
+ * @data: its first byte (skb->data, xdp_md->data)
+ * @end: past its last byte
  * @p: filled on XLB_PARSE_OK
  *
  * Return: XLB_PARSE_OK, XLB_PARSE_NOT_OURS for anything else (other
@@ -149,10 +147,8 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct pkt *p)
  * header is parsed: p->k.family/src/dst, p->ttl, p->ttl_word (IPv4) and
  * p->l4off are set).
  */
-static __always_inline int lb_parse(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int lb_parse_data(void *data, void *end, struct pkt *p)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
 	__u32 ihl;
@@ -160,7 +156,7 @@ static __always_inline int lb_parse(struct __sk_buff *skb, struct pkt *p)
 	if ((void *)(eth + 1) > end)
 		return XLB_PARSE_NOT_OURS;
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
-		return lb6_parse(skb, p);
+		return lb6_parse(data, end, p);
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return XLB_PARSE_NOT_OURS;
 	ip = (void *)(eth + 1);
@@ -187,7 +183,13 @@ static __always_inline int lb_parse(struct __sk_buff *skb, struct pkt *p)
 	if (ip->protocol == IPPROTO_ICMP)
 		return XLB_PARSE_ICMP;
 
-	return lb_ports(skb, p);
+	return lb_ports(data, end, p);
+}
+
+/* lb_parse() - lb_parse_data() of an skb. */
+static __always_inline int lb_parse(struct __sk_buff *skb, struct pkt *p)
+{
+	return lb_parse_data((void *)(long)skb->data, (void *)(long)skb->data_end, p);
 }
 
 #endif /* XLB_PARSING_H */

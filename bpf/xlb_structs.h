@@ -117,6 +117,32 @@ struct ct_val {
 	__u8 dmac[6];  /* cached next hop destination MAC */
 };
 
+/* xlb_be_stats value (per CPU; key: __u32 counter slot, host order): what
+ * ipvsadm --stats shows per real server. "in" is client -> backend, "out"
+ * backend -> client; bytes are the IP packet's (no Ethernet header). */
+struct be_stats {
+	__u64 conns;     /* new connections scheduled to the backend */
+	__u64 in_pkts;
+	__u64 in_bytes;
+	__u64 out_pkts;
+	__u64 out_bytes;
+};
+
+/* xlb_events record: a new connection of a farm with log set. */
+struct conn_event {
+	__u32 svc;     /* host: service generation id */
+	__u32 backend; /* host: backend id */
+	__u32 src[4];  /* net: client address */
+	__u32 vip[4];  /* net: address the client connected to */
+	__u32 dst[4];  /* net: backend address */
+	__u16 sport;   /* net: client port */
+	__u16 vport;   /* net: virtual port */
+	__u16 dport;   /* net: backend port */
+	__u8 proto;
+	__u8 family;
+	__u64 ts; /* host: bpf_ktime_get_coarse_ns() */
+};
+
 /* xlb_scratch value: per-CPU room for what does not fit the BPF stack. */
 struct scratch {
 	struct ct_key rk; /* a new flow's reply entry */

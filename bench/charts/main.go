@@ -172,6 +172,8 @@ func shortLabel(name string) string {
 		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms.*$`), "nft -f x${1}\\n@${2} farms"},
 		{regexp.MustCompile(`^API bulk POST (\d+) farms x (\d+).*$`), "xlb bulk\\n${1}x${2}"},
 		{regexp.MustCompile(`^nft -f: (\d+) farms x (\d+).*$`), "nft -f\\n${1}x${2}"},
+		{regexp.MustCompile(`^xlb (dump|list -n) over the Unix socket, (\d+) VIP \+ (\d+) fwmark farms x (\d+) backends.*$`), "xlb ${1} (sock)\\n${2}+${3}fw x${4}"},
+		{regexp.MustCompile(`^xlb (dump|list -n) over the Unix socket, (\d+) farms x (\d+) backends.*$`), "xlb ${1} (sock)\\n${2}x${3}"},
 		{regexp.MustCompile(`^xlb (dump|list -n|save -f|restore -f), (\d+) VIP \+ (\d+) fwmark farms x (\d+) backends.*$`), "xlb ${1}\\n${2}+${3}fw x${4}"},
 		{regexp.MustCompile(`^nft list ruleset \((\d+) VIP \+ (\d+) fwmark farms x (\d+) backends.*$`), "nft list\\n${1}+${2}fw x${3}"},
 		{regexp.MustCompile(`^nft -f \(restore baseline\): (\d+) VIP \+ (\d+) fwmark farms x (\d+) backends.*$`), "nft -f\\n${1}+${2}fw x${3}"},

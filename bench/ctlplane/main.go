@@ -44,7 +44,9 @@ var (
 	dumpN   = flag.Int("dump-farms", 0, "deprecated: same as -matrix Nx1")
 	matrix  = flag.String("matrix", "1000x4,2000x2,8000x2,16000x1,100x100,8000x1+8000fw", "farms x backends states for dump, list -n, save and restore; +Nfw adds N firewall-mark farms with as many backends")
 	apiAddr = "127.0.0.1:5590"
-	key     = "bench-key-not-secret"
+	// sockPath is the daemon's API socket, in its state directory (set in main).
+	sockPath string
+	key      = "bench-key-not-secret"
 )
 
 type result struct {
@@ -83,7 +85,8 @@ func main() {
 	must(err)
 	defer os.RemoveAll(state)
 
-	daemon := exec.CommandContext(ctx, *xlbBin, "daemon", "--listen", apiAddr, "--state-dir", state, "--log-level", "error")
+	sockPath = filepath.Join(state, "api.sock")
+	daemon := exec.CommandContext(ctx, *xlbBin, "daemon", "--listen", apiAddr, "--socket", sockPath, "--state-dir", state, "--log-level", "error")
 	daemon.Env = append(os.Environ(), "XLB_KEY="+key)
 	daemon.Stderr = os.Stderr
 	must(daemon.Start())
@@ -325,6 +328,10 @@ func hyperfine(n, b, fw int) []result {
 	base := runOne(fmt.Sprintf("nft list ruleset (%s)", size), "nft list ruleset", *runs, "")
 	dump := runOne(fmt.Sprintf("xlb dump, %s (whole process)", size), abs+" dump", *runs, "")
 	list := runOne(fmt.Sprintf("xlb list -n, %s (whole process)", size), abs+" list -n", *runs, "")
+	// The same over the daemon's Unix socket (what the CLI uses on the
+	// daemon's machine by default).
+	sockDump := runOne(fmt.Sprintf("xlb dump over the Unix socket, %s (whole process)", size), abs+" --api unix:"+sockPath+" dump", *runs, "")
+	sockList := runOne(fmt.Sprintf("xlb list -n over the Unix socket, %s (whole process)", size), abs+" --api unix:"+sockPath+" list -n", *runs, "")
 	saved := filepath.Join(tmp, "state.json")
 	save := runOne(fmt.Sprintf("xlb save -f, %s (whole process)", size), abs+" save -f "+saved, *runs, "")
 
@@ -360,7 +367,8 @@ func hyperfine(n, b, fw int) []result {
 	rest := runOne(fmt.Sprintf("xlb restore -f, %s (whole process, from empty)", size), abs+" restore -f "+saved, rruns, abs+" restore -f "+empty)
 	log.Printf("%s: dump %.1f ms, list -n %.1f ms, save %.1f ms, nft list %.1f ms; restore %.1f ms, nft -f %.1f ms",
 		size, dump.Median, list.Median, save.Median, base.Median, rest.Median, nftRestore.Median)
-	return []result{withBaseline(dump, base), withBaseline(list, base), withBaseline(save, base), base, withBaseline(rest, nftRestore), nftRestore}
+	return []result{withBaseline(dump, base), withBaseline(list, base), withBaseline(sockDump, base), withBaseline(sockList, base),
+		withBaseline(save, base), base, withBaseline(rest, nftRestore), nftRestore}
 }
 
 var client = &http.Client{Timeout: 5 * time.Minute}

@@ -26,6 +26,7 @@ import (
 
 type daemonOptions struct {
 	listen   string
+	socket   string // "" = <state-dir>/api.sock, "none" = no socket
 	stateDir string
 	dp       dataplaneConfig
 	logLevel string
@@ -48,20 +49,36 @@ func (a *app) daemonCmd() *cobra.Command {
 API on --listen until SIGINT or SIGTERM. Stopping leaves the kernel's rules in
 place.
 
+The API is also served on a Unix socket, --socket (default
+<state-dir>/` + socketFileName + `, mode 0600; "none" turns it off). Client commands on
+the same machine use it when it exists at the default state directory, so
+local use needs no TCP port. The key is required on both.
+
 --dataplane ebpf attaches xlb's eBPF program at tcx ingress of --interfaces
 (default: every interface of the namespace but loopback) and pins its maps
 and links under --pin-path (bpffs is mounted at /sys/fs/bpf if it is not): a
 restarted or upgraded daemon adopts them, and tracked connections keep
 flowing meanwhile. --conn-table-size (like IPVS's conn_tab_bits, fixed at
-start-up; changing it drops tracked connections) and the --ct-timeout-*
-flags (like ipvsadm --set) apply to it only. See docs/dataplane-ebpf.md.
+start-up; changing it drops tracked connections) sizes its conntrack table;
+the --ct-timeout-* flags (like ipvsadm --set) apply to it only. --xdp
+generic|native also attaches the XDP fast path for tracked dsr flows to the
+same interfaces (native: for NICs with XDP drivers; list --interfaces then).
+See docs/dataplane-ebpf.md.
+
+--dataplane nft relies on the kernel's conntrack: given --conn-table-size N it
+sets net.netfilter.nf_conntrack_max to N and nf_conntrack_buckets to N
+(rounded up to 512) at start-up, which the kernel allows only in the initial
+network namespace (the values are global); elsewhere the daemon refuses to
+start, naming the sysctl. Without the flag it leaves both alone. See
+docs/dataplane-nft.md.
 
 The API key comes from --key-file, else XLB_KEY; with neither, a random key is
 generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later starts.`,
 		Example: `  xlb daemon
   xlb daemon --state-dir /var/lib/xlb --listen 127.0.0.1:5555 --log-level debug
   XLB_KEY=s3cret xlb daemon --listen 10.0.0.1:5555
-  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576`,
+  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576
+  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --xdp native`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			keyFile := ""
@@ -76,12 +93,14 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", defaultListen, "address:port the API listens on")
+	f.StringVar(&o.socket, "socket", "", `Unix socket the API is also served on (default <state-dir>/`+socketFileName+`; "none": no socket)`)
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
 	f.StringVar(&o.dp.name, "dataplane", "nft", "kernel data plane: "+dataplaneNames)
 	f.IntVar(&o.dp.nftTables, "nft-tables", nft.DefaultShards, "nft: tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
 	f.StringSliceVar(&o.dp.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback)")
-	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
+	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
 	f.StringVar(&o.dp.pinPath, "pin-path", ebpf.DefaultPinPath, "ebpf: bpffs directory where maps and links are pinned")
+	f.StringVar(&o.dp.xdp, "xdp", string(ebpf.XDPOff), "ebpf: XDP fast path for tracked dsr flows: off, generic (any driver), native (XDP drivers)")
 	d := ebpf.DefaultTimeouts
 	f.DurationVar(&o.dp.timeouts.TCP, "ct-timeout-tcp", d.TCP, "ebpf: idle timeout of established TCP connections")
 	f.DurationVar(&o.dp.timeouts.TCPFin, "ct-timeout-tcpfin", d.TCPFin, "ebpf: idle timeout of TCP connections after a FIN")
@@ -130,9 +149,21 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("xlb daemon serving", "addr", ln.Addr().String(), "state_dir", o.stateDir, "dataplane", dp.Name(), "version", api.Version())
+	sock, err := listenSocket(log, o)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if sock != nil {
+		go func() { errc <- srv.Serve(sock) }()
+	}
+	sockAt := ""
+	if sock != nil {
+		sockAt = sock.Addr().String()
+	}
+	log.Info("xlb daemon serving", "addr", ln.Addr().String(), "socket", sockAt, "state_dir", o.stateDir, "dataplane", dp.Name(), "version", api.Version())
 	if a.daemonReady != nil {
 		a.daemonReady(ln.Addr())
 	}
@@ -150,10 +181,66 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	return nil
 }
 
+// socketPath is where the API's Unix socket lives ("" for none).
+func socketPath(o daemonOptions) string {
+	switch o.socket {
+	case "":
+		return filepath.Join(o.stateDir, socketFileName)
+	case "none":
+		return ""
+	}
+	return o.socket
+}
+
+// listenSocket opens the API's Unix socket, mode 0600 (the key is still
+// required on it). A socket file left by a daemon that died is replaced:
+// the state directory's lock, held by now, says no other daemon serves it.
+func listenSocket(log *slog.Logger, o daemonOptions) (net.Listener, error) {
+	path := socketPath(o)
+	if path == "" {
+		return nil, nil
+	}
+	// sun_path holds 107 bytes and a NUL.
+	if len(path) > 107 {
+		if o.socket == "" {
+			log.Warn("no API socket: the state directory's path is too long for one (107 bytes at most); set --socket", "path", path)
+			return nil, nil
+		}
+		return nil, fmt.Errorf("--socket %q: a Unix socket path has at most 107 bytes", path)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("--socket %q: exists and is not a socket", path)
+		}
+		if o.socket != "" {
+			// Only the default path is known to belong to this state
+			// directory; a socket elsewhere may be another daemon's.
+			if c, err := net.Dial("unix", path); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("--socket %q: another process serves it", path)
+			}
+		}
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen for the API on --socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("--socket %q: %w", path, err)
+	}
+	return ln, nil
+}
+
 // checkDataplaneFlags validates the data plane flags: ebpf-only flags need
 // --dataplane ebpf, and sizes and timeouts must be in range.
 func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
-	ebpfOnly := []string{"interfaces", "conn-table-size", "pin-path",
+	c.connTableSet = cmd.Flags().Changed("conn-table-size")
+	if c.connTableSet && (c.connTableSize < 1 || c.connTableSize > maxConnTableSize) {
+		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)
+	}
+	ebpfOnly := []string{"interfaces", "pin-path", "xdp",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
 	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
 		return fmt.Errorf("--nft-tables: only with --dataplane nft")
@@ -168,6 +255,9 @@ func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
 			}
 		}
 		return nil
+	}
+	if _, err := ebpf.ParseXDPMode(c.xdp); err != nil {
+		return err
 	}
 	if c.connTableSize < 1 || c.connTableSize > maxConnTableSize {
 		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)

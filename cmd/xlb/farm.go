@@ -21,7 +21,7 @@ type fieldFlag struct {
 
 func farmFlags() []fieldFlag {
 	return []fieldFlag{
-		{"virtual-addr", "vip", "virtual IPv4 or IPv6 address"},
+		{"virtual-addr", "vip", "virtual IPv4 or IPv6 address (family dual: one of each, comma separated)"},
 		{"virtual-ports", "ports", "ports and ranges, e.g. 80,443,1000-2000 (empty: every port)"},
 		{"protocol", "proto", "tcp, udp, sctp or all"},
 		{"family", "", "ipv4, ipv6 or dual"},
@@ -43,6 +43,9 @@ func farmFlags() []fieldFlag {
 		{"rst-rtlimit-burst", "", "burst of TCP resets"},
 		{"est-connlimit", "", "established connections (0: unlimited)"},
 		{"tcp-strict", "", "on or off"},
+		{"iface", "", "mode dsr: interface where the VIP's traffic arrives (empty: found by the data plane)"},
+		{"oface", "", "mode dsr: interface towards the backends (empty: found by the data plane)"},
+		{"ether-addr", "", "mode dsr: source MAC of forwarded frames (empty: oface's MAC)"},
 	}
 }
 
@@ -55,6 +58,7 @@ func backendFlags() []fieldFlag {
 		{"state", "", "up, down or off"},
 		{"mark", "", "32-bit mark set on the backend's packets, e.g. 0x1"},
 		{"est-connlimit", "", "established connections (0: unlimited)"},
+		{"ether-addr", "", "mode dsr: the backend's MAC (empty: looked up in the LB's neighbour table)"},
 	}
 }
 

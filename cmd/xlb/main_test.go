@@ -340,11 +340,36 @@ func TestDaemonCommand(t *testing.T) {
 	}
 	stop()
 
+	// A socket file left behind by a daemon killed with -9 is replaced.
+	stale, err := net.Listen("unix", filepath.Join(stateDir, socketFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	stale.Close()
+
 	addr, stop = start()
 	defer stop()
 	env["XLB_API"] = addr
 	if r := runCLI(t, env, "", "farm", "list"); r.code != 0 || r.out != "web\n" {
 		t.Fatalf("after restart: %+v", r)
+	}
+
+	// The same API on the Unix socket in the state directory, mode 0600,
+	// key still required.
+	sock := filepath.Join(stateDir, socketFileName)
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("API socket %s: %v %v, want a socket with mode 0600", sock, fi, err)
+	}
+	env["XLB_API"] = "unix:" + sock
+	if r := runCLI(t, env, "", "list", "-n"); r.code != 0 || !strings.Contains(r.out, "10.0.0.1:80") {
+		t.Fatalf("list -n over the socket: %+v", r)
+	}
+	if r := runCLI(t, map[string]string{"XLB_API": "unix:" + sock, "XLB_KEY": "bad"}, "", "farm", "list"); r.code != 1 || !strings.Contains(r.err, "wrong API key") {
+		t.Fatalf("wrong key over the socket: %+v", r)
+	}
+	if r := runCLI(t, map[string]string{"XLB_API": "unix:" + sock + ".missing", "XLB_KEY": "k"}, "", "farm", "list"); r.code != 1 || !strings.Contains(r.err, "cannot reach the xlb daemon at unix:"+sock+".missing") {
+		t.Fatalf("missing socket: %+v", r)
 	}
 }
 
@@ -363,8 +388,11 @@ func TestDaemonFlags(t *testing.T) {
 	}{
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "xdp"}, `--dataplane "xdp": allowed values are nft, ebpf`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--conn-table-size", "0"}, `--conn-table-size 0: allowed values are 1 to`},
-		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--conn-table-size", "1000"}, `--conn-table-size: only with --dataplane ebpf`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--conn-table-size", "0"}, `--conn-table-size 0: allowed values are 1 to`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--pin-path", "/x"}, `--pin-path: only with --dataplane ebpf`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--ct-timeout-udp", "-1s"}, `--ct-timeout-udp -1s: allowed values are`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--xdp", "fast"}, `--xdp "fast": allowed values are off, generic, native`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--xdp", "native"}, `--xdp: only with --dataplane ebpf`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--log-level", "loud"}, `--log-level "loud"`},
 	} {
 		r := runCLI(t, map[string]string{}, "", c.args...)

@@ -22,6 +22,7 @@ const (
 	defaultListen   = "127.0.0.1:5555"
 	defaultStateDir = "/var/lib/xlb"
 	keyFileName     = "api.key"
+	socketFileName  = "api.sock"
 )
 
 // app is one invocation of the command: its streams, environment and global
@@ -46,7 +47,9 @@ func (a *app) rootCmd() *cobra.Command {
 		Long: `xlb balances TCP, UDP and SCTP with the Linux kernel. "xlb daemon" runs it and
 serves nftlb's REST API; every other command talks to the daemon through that API.
 
-The API address comes from --api or XLB_API (default ` + defaultAPI + `), the
+The API address comes from --api or XLB_API (http://HOST:PORT, or unix:PATH for
+the daemon's Unix socket); by default the socket ` + defaultStateDir + `/` + socketFileName + ` if it
+exists, else ` + defaultAPI + `. The
 key from --key, --key-file, XLB_KEY, XLB_KEY_FILE, or ` + defaultStateDir + `/` + keyFileName + ` if readable.`,
 		Example: `  xlb daemon --state-dir /var/lib/xlb
   xlb farm add web --vip 192.0.2.10 --ports 80,443 --proto tcp --mode snat --sched rr
@@ -61,7 +64,7 @@ key from --key, --key-file, XLB_KEY, XLB_KEY_FILE, or ` + defaultStateDir + `/` 
 	root.SetOut(a.out)
 	root.SetErr(a.errOut)
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.apiURL, "api", defaultAPI, "daemon API base URL (env XLB_API)")
+	pf.StringVar(&a.apiURL, "api", defaultAPI, "daemon API: http://HOST:PORT or unix:PATH (env XLB_API; default "+defaultStateDir+"/"+socketFileName+" if it exists)")
 	pf.StringVar(&a.key, "key", "", "API key (env XLB_KEY)")
 	pf.StringVar(&a.keyFile, "key-file", "", "file holding the API key (env XLB_KEY_FILE; default "+defaultStateDir+"/"+keyFileName+" if readable)")
 	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.kubeProxyCmd())
@@ -74,9 +77,11 @@ func (a *app) client(cmd *cobra.Command) (*client.Client, error) {
 	if !cmd.Flags().Changed("api") {
 		if v := a.getenv("XLB_API"); v != "" {
 			base = v
+		} else if sock := defaultStateDir + "/" + socketFileName; fileIsSocket(sock) {
+			base = "unix:" + sock
 		}
 	}
-	if !strings.Contains(base, "://") {
+	if !strings.Contains(base, "://") && !strings.HasPrefix(base, "unix:") {
 		base = "http://" + base
 	}
 	key, err := a.clientKey(cmd)
@@ -106,6 +111,11 @@ func (a *app) clientKey(cmd *cobra.Command) (string, error) {
 		return key, nil
 	}
 	return "", fmt.Errorf("no API key: give --key or --key-file, or set XLB_KEY or XLB_KEY_FILE (the daemon writes a generated key to <state-dir>/%s; %s is not readable)", keyFileName, def)
+}
+
+func fileIsSocket(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().Type() == os.ModeSocket
 }
 
 func readKeyFile(path string) (string, error) {

@@ -11,26 +11,36 @@ import (
 )
 
 func (a *app) listCmd() *cobra.Command {
-	var numeric bool
+	var numeric, stats bool
 	cmd := &cobra.Command{
-		Use:   "list [-n]",
+		Use:   "list [-n] [--stats]",
 		Short: "List farms and backends as ipvsadm -L does",
 		Long: `List every farm and its backends as a table like ipvsadm -L. The Forward
 column shows the mode: Masq (snat), Dnat (dnat), Route (dsr), Stls (stlsdnat).
 Without -n, well-known ports are shown by their /etc/services names (addresses
-are never looked up).`,
+are never looked up).
+
+With --stats, the table shows counters instead, as ipvsadm -L --stats --exact:
+connections, packets and bytes in (client to backend) and out (backend to
+client) of each farm and backend. The ebpf data plane keeps them; with the nft
+data plane the daemon answers that it keeps none.`,
 		Example: `  xlb list -n
-  xlb list`,
+  xlb list
+  xlb list -n --stats`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			c, err := a.client(cmd)
 			if err != nil {
 				return err
 			}
+			if stats {
+				return c.ListStatsText(cmd.Context(), a.out, numeric)
+			}
 			return c.ListText(cmd.Context(), a.out, numeric)
 		},
 	}
 	cmd.Flags().BoolVarP(&numeric, "numeric", "n", false, "numeric ports (no /etc/services names)")
+	cmd.Flags().BoolVar(&stats, "stats", false, "counters per farm and backend (connections, packets, bytes)")
 	return cmd
 }
 

@@ -58,6 +58,7 @@ var routes = []Route{
 	{Method: http.MethodPost, Path: "/farms/{name}/backends", Write: true, handle: (*Server).putBackends},
 	{Method: http.MethodPut, Path: "/farms/{name}/backends", Write: true, handle: (*Server).putBackends},
 	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}", Write: true, handle: (*Server).deleteBackend},
+	{Method: http.MethodGet, Path: "/farms/{name}/counters", handle: (*Server).getCounters},
 	{Method: http.MethodGet, Path: "/farms/{name}/sessions", handle: (*Server).getSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/sessions/{client}", Write: true, handle: (*Server).deleteClientSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}/sessions", Write: true, handle: (*Server).deleteBackendSessions},
@@ -173,6 +174,7 @@ func statusOf(err error) int {
 		fe  *model.FieldError
 		nf  *engine.NotFoundError
 		ce  *engine.ConflictError
+		nse *engine.NotSupportedError
 	)
 	switch {
 	case errors.As(err, &mbe):
@@ -183,6 +185,8 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.As(err, &ce):
 		return http.StatusConflict
+	case errors.As(err, &nse):
+		return http.StatusNotImplemented
 	case errors.As(err, &fe):
 		return http.StatusBadRequest
 	}

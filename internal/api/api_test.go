@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -456,6 +457,15 @@ func TestDumpRestoreRoundTrip(t *testing.T) {
 		"backends":[{"name":"a","ip-addr":"2001:db8::10","mark":"0x20","est-connlimit":"9","priority":"2","state":"off"}]}`)
 	e.must("PUT", "/farms/fwm", `{"mark":"0x10","protocol":"all"}`)
 	dump := e.must("GET", "/state", "")
+	for _, path := range []string{"/state", "/farms"} {
+		r := e.do("GET", path, "")
+		if cl := r.header.Get("Content-Length"); cl != strconv.Itoa(len(r.body)) {
+			t.Errorf("GET %s: Content-Length %q, body %d bytes", path, cl, len(r.body))
+		}
+	}
+	if r := newEnv(t).do("GET", "/state", ""); r.body != "{\"farms\":[]}\n" || r.header.Get("Content-Length") != "13" {
+		t.Errorf("empty dump %q, Content-Length %q", r.body, r.header.Get("Content-Length"))
+	}
 
 	other := newEnv(t)
 	other.must("POST", "/farms", bulkBody(3, 900)) // replaced by the restore

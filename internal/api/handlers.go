@@ -37,8 +37,17 @@ const writeChunk = 256 << 10
 // large writes that bypass the server's small output buffer.
 func writeFarms(w http.ResponseWriter, farms []*model.Farm) {
 	w.Header().Set("Content-Type", "application/json")
-	buf := make([]byte, 0, writeChunk+8192)
-	buf = append(buf, `{"farms":[`...)
+	// The length is known up front (the farms' encodings are cached), so the
+	// body goes out with a Content-Length instead of chunked framing, which
+	// costs a whole-state dump ~10 % on loopback.
+	const head, tail = `{"farms":[`, "]}\n"
+	size := len(head) + len(tail) + max(len(farms)-1, 0)
+	for _, f := range farms {
+		size += f.JSONLen()
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(size))
+	buf := make([]byte, 0, min(size, writeChunk+8192))
+	buf = append(buf, head...)
 	for i, f := range farms {
 		if i > 0 {
 			buf = append(buf, ',')
@@ -51,7 +60,7 @@ func writeFarms(w http.ResponseWriter, farms []*model.Farm) {
 			buf = buf[:0]
 		}
 	}
-	buf = append(buf, "]}\n"...)
+	buf = append(buf, tail...)
 	w.Write(buf)
 }
 
@@ -88,6 +97,13 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 		numeric, err := boolParam(r, "numeric")
 		if err != nil {
 			return err
+		}
+		stats, err := boolParam(r, "stats")
+		if err != nil {
+			return err
+		}
+		if stats {
+			return s.writeStatsListing(w, r, numeric)
 		}
 		writeListing(w, farms, numeric)
 	case "names":

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -22,18 +23,30 @@ const KeyHeader = "Key"
 
 // Client calls one xlb daemon.
 type Client struct {
-	base string
-	key  string
-	hc   *http.Client
+	base  string // URL prefix of every request
+	where string // the daemon's address, for errors
+	key   string
+	hc    *http.Client
 }
 
-// New returns a client of the daemon at baseURL (e.g. http://127.0.0.1:5555)
-// authenticating with key. A nil httpClient uses http.DefaultClient.
+// New returns a client of the daemon at baseURL (e.g. http://127.0.0.1:5555,
+// or unix:/var/lib/xlb/api.sock for the daemon's Unix socket) authenticating
+// with key. A nil httpClient uses http.DefaultClient (a Unix socket gets a
+// client of its own).
 func New(baseURL, key string, httpClient *http.Client) *Client {
+	if path, ok := strings.CutPrefix(baseURL, "unix:"); ok {
+		path = strings.TrimPrefix(path, "//")
+		var d net.Dialer
+		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", path)
+		}}
+		return &Client{base: "http://xlb", where: "unix:" + path, key: key, hc: &http.Client{Transport: tr}}
+	}
 	if httpClient == nil {
 		httpClient = http.DefaultClient
 	}
-	return &Client{base: strings.TrimRight(baseURL, "/"), key: key, hc: httpClient}
+	base := strings.TrimRight(baseURL, "/")
+	return &Client{base: base, where: base, key: key, hc: httpClient}
 }
 
 // APIError is an error answered by the daemon.
@@ -71,7 +84,7 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("cannot reach the xlb daemon at %s (is it running? see --api): %w", c.base, unwrapURLError(err))
+		return nil, fmt.Errorf("cannot reach the xlb daemon at %s (is it running? see --api): %w", c.where, unwrapURLError(err))
 	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil
@@ -221,6 +234,49 @@ func (c *Client) ListText(ctx context.Context, w io.Writer, numeric bool) error 
 	}
 	_, err := c.stream(ctx, path, w)
 	return err
+}
+
+// ListStatsText streams the listing with counters (ipvsadm -L --stats) to w.
+func (c *Client) ListStatsText(ctx context.Context, w io.Writer, numeric bool) error {
+	path := "/farms?format=ipvsadm&stats=1"
+	if numeric {
+		path += "&numeric=1"
+	}
+	_, err := c.stream(ctx, path, w)
+	return err
+}
+
+// Counters are a farm's or backend's traffic counters as the API sends
+// them (decimal strings).
+type Counters struct {
+	Connections string `json:"connections"`
+	InPackets   string `json:"in-packets"`
+	OutPackets  string `json:"out-packets"`
+	InBytes     string `json:"in-bytes"`
+	OutBytes    string `json:"out-bytes"`
+}
+
+// FarmCounters are a farm's counters and its backends'.
+type FarmCounters struct {
+	Name string `json:"name"`
+	Counters
+	Backends []struct {
+		Name string `json:"name"`
+		Counters
+	} `json:"backends"`
+}
+
+// Counters reads a farm's traffic counters.
+func (c *Client) Counters(ctx context.Context, farm string) (*FarmCounters, error) {
+	body, err := c.call(ctx, http.MethodGet, farmPath(farm)+"/counters", nil)
+	if err != nil {
+		return nil, err
+	}
+	var out FarmCounters
+	if err := json.Unmarshal(body, &out); err != nil {
+		return nil, fmt.Errorf("decode counters from the daemon: %w", err)
+	}
+	return &out, nil
 }
 
 func (c *Client) stream(ctx context.Context, path string, w io.Writer) (int64, error) {

@@ -89,3 +89,44 @@ type SessionStore interface {
 	// many it deleted.
 	DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error)
 }
+
+// Counters are traffic counters of a farm or a backend, what
+// `ipvsadm -L --stats` shows: connections, and packets and bytes in each
+// direction ("in": client -> backend, "out": backend -> client; bytes of
+// the IP packets).
+type Counters struct {
+	Connections uint64
+	InPackets   uint64
+	InBytes     uint64
+	OutPackets  uint64
+	OutBytes    uint64
+}
+
+// Add adds o to c.
+func (c *Counters) Add(o Counters) {
+	c.Connections += o.Connections
+	c.InPackets += o.InPackets
+	c.InBytes += o.InBytes
+	c.OutPackets += o.OutPackets
+	c.OutBytes += o.OutBytes
+}
+
+// BackendCounters are one backend's counters.
+type BackendCounters struct {
+	Name string
+	Counters
+}
+
+// FarmCounters are a farm's counters (its own, which include what its
+// backends counted) and its backends', in the farm's order.
+type FarmCounters struct {
+	Counters
+	Backends []BackendCounters
+}
+
+// CounterReader is implemented by data planes that count traffic per farm
+// and backend.
+type CounterReader interface {
+	// Counters reads the farm's counters from the kernel.
+	Counters(ctx context.Context, f *model.Farm) (FarmCounters, error)
+}

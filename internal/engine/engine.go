@@ -48,9 +48,45 @@ type Engine struct {
 
 // New loads the saved state, checks it, and reconciles the kernel with it
 // (without flushing anything, so traffic through existing farms never stops).
+//
+// If the kernel refuses the saved state and the store remembers its last
+// change, that change is taken back and the rest started: Change writes the
+// disk while the kernel applies, so a crash can leave a last change on disk
+// that the kernel never took (and whose caller never got an answer).
 func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store.Store) (*Engine, error) {
 	e := &Engine{log: log, dp: dp, store: st}
-	farms, err := st.Load(ctx)
+	s, err := e.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := dp.Reconcile(ctx, s.Farms()); err != nil {
+		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
+		u, ok := st.(store.Undoer)
+		if !ok {
+			return nil, err
+		}
+		names, uerr := u.UndoLast(ctx)
+		if uerr != nil || len(names) == 0 {
+			return nil, errors.Join(err, uerr)
+		}
+		log.Warn("the kernel refused the saved state; taking back the last saved change, which a crash left unconfirmed",
+			"farms", names, "err", err)
+		if s, err = e.load(ctx); err != nil {
+			return nil, err
+		}
+		if err := dp.Reconcile(ctx, s.Farms()); err != nil {
+			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
+		}
+	}
+	log.Info("state loaded", "farms", s.Len(), "dataplane", dp.Name(), "reconcile", time.Since(start))
+	e.cur.Store(s)
+	return e, nil
+}
+
+// load reads and checks the saved state.
+func (e *Engine) load(ctx context.Context) (*State, error) {
+	farms, err := e.store.Load(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -63,14 +99,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 	if err := tx.validate(); err != nil {
 		return nil, fmt.Errorf("saved state: %w", err)
 	}
-	s := tx.build()
-	start := time.Now()
-	if err := dp.Reconcile(ctx, s.Farms()); err != nil {
-		return nil, fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
-	}
-	log.Info("state loaded", "farms", s.Len(), "dataplane", dp.Name(), "reconcile", time.Since(start))
-	e.cur.Store(s)
-	return e, nil
+	return tx.build(), nil
 }
 
 // Snapshot returns the current state. It never blocks.
@@ -102,12 +131,27 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	if diff.Empty() {
 		return base, nil
 	}
+	// The disk and the kernel take the change at the same time: the commit
+	// costs the slower of the two, not their sum. Whichever fails, the other
+	// is taken back, so the caller's error means nothing changed.
 	t0 := time.Now()
-	if err := e.dp.Apply(ctx, diff); err != nil {
-		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), err)
-	}
+	saved := make(chan error, 1)
+	var diskTime time.Duration
+	go func() {
+		err := e.store.Apply(ctx, diff)
+		diskTime = time.Since(t0)
+		saved <- err
+	}()
+	kerr := e.dp.Apply(ctx, diff)
 	t1 := time.Now()
-	if err := e.store.Apply(ctx, diff); err != nil {
+	derr := <-saved
+	switch {
+	case kerr != nil && derr != nil:
+		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
+	case kerr != nil:
+		e.revertDisk(ctx, diff)
+		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
+	case derr != nil:
 		// The kernel has the change but the disk does not: undo the kernel
 		// side so both agree with what the caller is told (nothing changed).
 		if rerr := e.dp.Apply(context.WithoutCancel(ctx), diff.Inverse()); rerr != nil {
@@ -116,7 +160,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 				e.log.Error("reconcile after failed rollback failed", "err", rerr)
 			}
 		}
-		return base, err
+		return base, derr
 	}
 	t2 := time.Now()
 	next := tx.build()
@@ -125,8 +169,24 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	// Phase timings at debug level: where a slow change spends its time
 	// (kernel transaction, fsync, snapshot build) without a profiler.
 	e.log.Debug("change committed", "farms_changed", len(diff.Changes),
-		"kernel", t1.Sub(t0), "disk", t2.Sub(t1), "publish", time.Since(t2))
+		"kernel", t1.Sub(t0), "disk", diskTime, "commit", t2.Sub(t0), "publish", time.Since(t2))
 	return next, nil
+}
+
+// revertDisk takes back a diff the disk saved but the kernel refused.
+func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff) {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	if u, ok := e.store.(store.Undoer); ok {
+		err = u.Revert(ctx, diff)
+	} else {
+		err = e.store.Apply(ctx, diff.Inverse())
+	}
+	if err != nil {
+		// The disk keeps a change the kernel refused; a restart tries it
+		// again, and if the kernel refuses it then, takes it back (New).
+		e.log.Error("taking back a change the kernel refused from the saved state failed", "err", err)
+	}
 }
 
 func (e *Engine) publish(s *State) {
@@ -224,8 +284,9 @@ func (tx *Txn) validate() error {
 	changedByKey := make(map[string][]string)
 	for _, name := range tx.order {
 		if f := tx.farms[name]; f != nil {
-			k := string(listenerKey(f))
-			changedByKey[k] = append(changedByKey[k], name)
+			for _, k := range listenerKeys(f) {
+				changedByKey[string(k)] = append(changedByKey[string(k)], name)
+			}
 		}
 	}
 	for _, name := range tx.order {
@@ -233,22 +294,23 @@ func (tx *Txn) validate() error {
 		if f == nil || f.State == model.StateOff {
 			continue
 		}
-		key := listenerKey(f)
-		// Farms on this listener as this transaction leaves them: those
-		// already there (unless changed away) and those put here.
-		others, _ := tx.base.listeners.Get(key)
-		for _, list := range [][]string{others, changedByKey[string(key)]} {
-			for _, other := range list {
-				if other == name {
-					continue
-				}
-				g, ok := tx.Get(other)
-				if !ok || g.State == model.StateOff || string(listenerKey(g)) != string(key) {
-					continue
-				}
-				if clash, where := overlap(f, g); clash {
-					return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
-						name, describeListener(f), f.Protocol, where, other)}
+		for _, key := range listenerKeys(f) {
+			// Farms on this listener as this transaction leaves them: those
+			// already there (unless changed away) and those put here.
+			others, _ := tx.base.listeners.Get(key)
+			for _, list := range [][]string{others, changedByKey[string(key)]} {
+				for _, other := range list {
+					if other == name {
+						continue
+					}
+					g, ok := tx.Get(other)
+					if !ok || g.State == model.StateOff || !listensOn(g, key) {
+						continue
+					}
+					if clash, where := overlap(f, g); clash {
+						return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
+							name, describeListener(f, key), f.Protocol, where, other)}
+					}
 				}
 			}
 		}
@@ -284,13 +346,16 @@ func (tx *Txn) build() *State {
 				continue
 			}
 			farms.Delete([]byte(name))
-			removeListener(listeners, listenerKey(old), name)
+			for _, k := range listenerKeys(old) {
+				removeListener(listeners, k, name)
+			}
 		}
 		if nf != nil {
 			farms.Insert([]byte(name), nf)
-			k := listenerKey(nf)
-			cur, _ := listeners.Get(k)
-			listeners.Insert(k, append(slices.Clone(cur), name))
+			for _, k := range listenerKeys(nf) {
+				cur, _ := listeners.Get(k)
+				listeners.Insert(k, append(slices.Clone(cur), name))
+			}
 		}
 	}
 	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1}

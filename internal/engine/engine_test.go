@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -41,6 +42,15 @@ func (s *failingStore) Apply(ctx context.Context, d dataplane.Diff) error {
 		return errors.New("injected disk failure")
 	}
 	return s.Store.Apply(ctx, d)
+}
+
+// Revert and UndoLast pass through to the bbolt store (store.Undoer).
+func (s *failingStore) Revert(ctx context.Context, d dataplane.Diff) error {
+	return s.Store.(store.Undoer).Revert(ctx, d)
+}
+
+func (s *failingStore) UndoLast(ctx context.Context) ([]string, error) {
+	return s.Store.(store.Undoer).UndoLast(ctx)
 }
 
 func newEngine(t *testing.T) (*Engine, *fake.Plane, *failingStore, string) {
@@ -296,6 +306,100 @@ func TestRestartReconciles(t *testing.T) {
 	}
 }
 
+// A crash can leave the last change on disk with its kernel outcome unseen
+// (the disk and the kernel take a change at the same time). If the kernel
+// refuses the saved state at start, that change is taken back and the rest
+// starts; a kernel that refuses older state still stops the start.
+func TestStartTakesBackALastChangeTheKernelRefuses(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(context.Background(), quiet, fake.New(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := put(e, webFarm(t, "a", "10.0.0.1", "80")); err != nil {
+		t.Fatal(err)
+	}
+	a2 := webFarm(t, "a", "10.0.0.1", "80,81")
+	if err := put(e, a2, webFarm(t, "bad", "10.0.0.2", "80")); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	refuseBad := func(farms []*model.Farm) error {
+		for _, f := range farms {
+			if f.Name == "bad" {
+				return errors.New("kernel says no to farm bad")
+			}
+		}
+		return nil
+	}
+	st2, err := store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp := fake.New()
+	dp.FailReconcile = refuseBad
+	e2, err := New(context.Background(), quiet, dp, st2)
+	if err != nil {
+		t.Fatalf("start with a refused last change: %v", err)
+	}
+	if got := savedNames(t, st2); got != "a" {
+		t.Errorf("saved after start %q, want a", got)
+	}
+	if f, ok := e2.Snapshot().Farm("a"); !ok || f.VirtualPorts[len(f.VirtualPorts)-1].Last != 80 {
+		t.Errorf("farm a after start: %+v, want its version before the last change (port 80 only)", f)
+	}
+	if len(dp.Farms()) != 1 {
+		t.Errorf("kernel holds %d farms, want 1", len(dp.Farms()))
+	}
+	st2.Close()
+
+	// The undo is spent: a kernel that now refuses farm a stops the start.
+	st3, err := store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st3.Close()
+	dp3 := fake.New()
+	dp3.FailReconcile = func([]*model.Farm) error { return errors.New("kernel refuses everything") }
+	if _, err := New(context.Background(), quiet, dp3, st3); err == nil || !strings.Contains(err.Error(), "kernel refuses everything") {
+		t.Errorf("start against a refusing kernel: %v, want its error", err)
+	}
+	if got := savedNames(t, st3); got != "a" {
+		t.Errorf("saved state changed by a failed start: %q", got)
+	}
+}
+
+// A kernel failure after the disk took the change reverts the disk without
+// leaving an undo behind that a later start could replay.
+func TestKernelFailureLeavesNoUndo(t *testing.T) {
+	e, dp, st, dir := newEngine(t)
+	if err := put(e, webFarm(t, "a", "10.0.0.1", "80")); err != nil {
+		t.Fatal(err)
+	}
+	dp.FailApply = func(dataplane.Diff) error { return fake.ErrInjected }
+	if err := put(e, webFarm(t, "b", "10.0.0.2", "80")); !errors.Is(err, fake.ErrInjected) {
+		t.Fatalf("error %v", err)
+	}
+	st.Store.Close()
+	st2, err := store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	names, err := st2.UndoLast(context.Background())
+	if err != nil || len(names) != 0 {
+		t.Errorf("undo left after a reverted change: %v %v", names, err)
+	}
+	if got := savedNames(t, st2); got != "a" {
+		t.Errorf("saved %q", got)
+	}
+}
+
 func TestSnapshotsAreImmutable(t *testing.T) {
 	e, _, _, _ := newEngine(t)
 	if err := put(e, webFarm(t, "a", "10.0.0.1", "80")); err != nil {
@@ -338,5 +442,31 @@ func BenchmarkChangeOneFarm(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A family dual farm holds both of its VIPs: a farm on either clashes,
+// and freeing one frees it.
+func TestConflictsDual(t *testing.T) {
+	e, _, _, _ := newEngine(t)
+	dual := farm(t, `{"name":"dual","family":"dual","virtual-addr":"10.0.0.1,fd00::1","virtual-ports":"80"}`)
+	if err := put(e, dual); err != nil {
+		t.Fatal(err)
+	}
+	v6 := farm(t, `{"name":"v6","family":"ipv6","virtual-addr":"fd00::1","virtual-ports":"80"}`)
+	var ce *ConflictError
+	if err := put(e, v6); !errors.As(err, &ce) || !strings.Contains(err.Error(), "fd00::1") || !strings.Contains(err.Error(), `farm "dual"`) {
+		t.Errorf("farm on the dual farm's IPv6 VIP: %v", err)
+	}
+	if err := put(e, webFarm(t, "v4", "10.0.0.1", "80")); !errors.As(err, &ce) {
+		t.Errorf("farm on the dual farm's IPv4 VIP: %v", err)
+	}
+	single := dual.Clone()
+	single.VirtualAddr2 = netip.Addr{}
+	if err := put(e, single); err != nil {
+		t.Fatal(err)
+	}
+	if err := put(e, v6); err != nil {
+		t.Errorf("the IPv6 VIP was freed: %v", err)
 	}
 }

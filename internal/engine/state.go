@@ -44,13 +44,28 @@ func (s *State) Farms() []*model.Farm {
 	return out
 }
 
-// listenerKey is the index key of what a farm listens on.
-func listenerKey(f *model.Farm) []byte {
+// listenerKeys are the index keys of what a farm listens on: its mark, or
+// its VIPs (two for a family dual farm).
+func listenerKeys(f *model.Farm) [][]byte {
 	if f.IsMarkFarm() {
-		return fmt.Appendf(nil, "m%08x", f.Mark)
+		return [][]byte{fmt.Appendf(nil, "m%08x", f.Mark)}
 	}
-	a := f.VirtualAddr.As16()
-	return append([]byte{'a'}, a[:]...)
+	var out [][]byte
+	for _, v := range f.VirtualAddrs() {
+		a := v.As16()
+		out = append(out, append([]byte{'a'}, a[:]...))
+	}
+	return out
+}
+
+// listensOn reports whether f listens on key.
+func listensOn(f *model.Farm, key []byte) bool {
+	for _, k := range listenerKeys(f) {
+		if string(k) == string(key) {
+			return true
+		}
+	}
+	return false
 }
 
 // overlap reports whether two farms on the same listener key would both claim
@@ -72,9 +87,11 @@ func overlap(a, b *model.Farm) (bool, string) {
 	return false, ""
 }
 
-func describeListener(f *model.Farm) string {
+// describeListener names the listener of f with key.
+func describeListener(f *model.Farm, key []byte) string {
 	if f.IsMarkFarm() {
 		return fmt.Sprintf("mark 0x%x", f.Mark)
 	}
-	return netip.AddrPortFrom(f.VirtualAddr, 0).Addr().String()
+	a, _ := netip.AddrFromSlice(key[1:])
+	return a.Unmap().String()
 }

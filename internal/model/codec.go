@@ -124,10 +124,73 @@ func addrField[T any](name string, ptr func(*T) *netip.Addr) scalarField[T] {
 	}
 }
 
+func etherField[T any](ptr func(*T) *EtherAddr) scalarField[T] {
+	return scalarField[T]{
+		name: "ether-addr",
+		decode: func(t *T, v string) error {
+			a, err := ParseEtherAddr(strings.TrimSpace(v))
+			if err != nil {
+				return err
+			}
+			*ptr(t) = a
+			return nil
+		},
+		encode: func(t *T) string { return ptr(t).String() },
+	}
+}
+
+func ifaceField(name string, ptr func(*Farm) *string) scalarField[Farm] {
+	return scalarField[Farm]{
+		name: name,
+		decode: func(f *Farm, v string) error {
+			if v != "" && !ValidIfName(v) {
+				return fmt.Errorf("must be an interface name: 1 to 15 characters, no '/', ':' or white space")
+			}
+			*ptr(f) = v
+			return nil
+		},
+		encode: func(f *Farm) string { return *ptr(f) },
+	}
+}
+
 var farmFields = []scalarField[Farm]{
 	{name: "name", encode: func(f *Farm) string { return f.Name }}, // decoded by DecodeFarms
 	enumField("family", familySpec, func(f *Farm) *Family { return &f.Family }),
-	addrField("virtual-addr", func(f *Farm) *netip.Addr { return &f.VirtualAddr }),
+	{
+		// One address, or (family dual) an IPv4 and an IPv6 address
+		// separated by a comma.
+		name: "virtual-addr",
+		decode: func(f *Farm, v string) error {
+			first, second, two := strings.Cut(v, ",")
+			first, second = strings.TrimSpace(first), strings.TrimSpace(second)
+			f.VirtualAddr, f.VirtualAddr2 = netip.Addr{}, netip.Addr{}
+			if first == "" && !two {
+				return nil
+			}
+			a, err := netip.ParseAddr(first)
+			if err != nil {
+				return fmt.Errorf("must be an IPv4 or IPv6 address, or (family dual) one of each separated by a comma")
+			}
+			f.VirtualAddr = a
+			if two {
+				b, err := netip.ParseAddr(second)
+				if err != nil || strings.Contains(second, ",") {
+					return fmt.Errorf("must be an IPv4 or IPv6 address, or (family dual) one of each separated by a comma")
+				}
+				f.VirtualAddr2 = b
+			}
+			return nil
+		},
+		encode: func(f *Farm) string {
+			switch {
+			case !f.VirtualAddr.IsValid():
+				return ""
+			case f.VirtualAddr2.IsValid():
+				return f.VirtualAddr.String() + "," + f.VirtualAddr2.String()
+			}
+			return f.VirtualAddr.String()
+		},
+	},
 	{
 		name: "virtual-ports",
 		decode: func(f *Farm, v string) error {
@@ -215,6 +278,9 @@ var farmFields = []scalarField[Farm]{
 			return "off"
 		},
 	},
+	ifaceField("iface", func(f *Farm) *string { return &f.Iface }),
+	ifaceField("oface", func(f *Farm) *string { return &f.Oface }),
+	etherField(func(f *Farm) *EtherAddr { return &f.EtherAddr }),
 }
 
 var backendFields = []scalarField[Backend]{
@@ -246,6 +312,7 @@ var backendFields = []scalarField[Backend]{
 	markField(func(b *Backend) *uint32 { return &b.Mark }),
 	uintField("est-connlimit", 1<<31-1, func(b *Backend) *uint32 { return &b.EstConnLimit }),
 	enumField("state", stateSpec, func(b *Backend) *State { return &b.State }),
+	etherField(func(b *Backend) *EtherAddr { return &b.EtherAddr }),
 }
 
 // ParsePorts parses nftlb's virtual-ports: "80,443,1000-2000"; "" means every port.
@@ -494,6 +561,15 @@ func (f *Farm) AppendJSON(dst []byte) []byte {
 	}
 	f.enc.once.Do(func() { f.enc.json = f.appendJSON(nil) })
 	return append(dst, f.enc.json...)
+}
+
+// JSONLen is the length of what AppendJSON appends.
+func (f *Farm) JSONLen() int {
+	if f.enc == nil {
+		return len(f.appendJSON(nil))
+	}
+	f.enc.once.Do(func() { f.enc.json = f.appendJSON(nil) })
+	return len(f.enc.json)
 }
 
 // Seal marks a farm as immutable and enables its encoding cache. The engine

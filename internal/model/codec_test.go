@@ -84,6 +84,51 @@ func TestEncodeDefaults(t *testing.T) {
 	}
 }
 
+// A family dual farm may have an IPv4 and an IPv6 VIP.
+func TestDualVirtualAddrs(t *testing.T) {
+	f := decodeOne(t, `{"name":"d","family":"dual","virtual-addr":"fd00::1, 10.0.0.1","virtual-ports":"80",
+		"backends":[{"name":"b4","ip-addr":"10.1.0.1"},{"name":"b6","ip-addr":"fd00:1::1"}]}`)
+	if f.VirtualAddr.String() != "fd00::1" || f.VirtualAddr2.String() != "10.0.0.1" || len(f.VirtualAddrs()) != 2 {
+		t.Fatalf("decoded %v %v", f.VirtualAddr, f.VirtualAddr2)
+	}
+	enc := f.AppendJSON(nil)
+	if !strings.Contains(string(enc), `"virtual-addr":"fd00::1,10.0.0.1"`) {
+		t.Errorf("encoded %s", enc)
+	}
+	if g := decodeOne(t, string(enc)); string(g.AppendJSON(nil)) != string(enc) {
+		t.Errorf("round trip differs")
+	}
+	// A patch with one address drops the second.
+	one, err := DecodeFarms([]byte(`{"name":"d","virtual-addr":"10.0.0.1"}`), func(string) (*Farm, bool) { return &f, true })
+	if err != nil || one[0].VirtualAddr2.IsValid() {
+		t.Errorf("patch to one address: %v %v", err, one)
+	}
+}
+
+// The dsr fields (nftlb's iface, oface, ether-addr) survive a round trip.
+func TestRoundTripDSR(t *testing.T) {
+	f := decodeOne(t, `{"name":"d","virtual-addr":"10.0.0.1","virtual-ports":"80","mode":"dsr","iface":"eth0","oface":"eth1",
+		"ether-addr":"02:AA:00:00:00:01","backends":[{"name":"b1","ip-addr":"10.1.0.1","ether-addr":"02-00-00-00-00-0b"}]}`)
+	if f.Iface != "eth0" || f.Oface != "eth1" || f.EtherAddr.String() != "02:aa:00:00:00:01" || f.Backends[0].EtherAddr.String() != "02:00:00:00:00:0b" {
+		t.Fatalf("decoded %+v", f)
+	}
+	enc := f.AppendJSON(nil)
+	for _, w := range []string{`"iface":"eth0"`, `"oface":"eth1"`, `"ether-addr":"02:aa:00:00:00:01"`, `"ether-addr":"02:00:00:00:00:0b"`} {
+		if !strings.Contains(string(enc), w) {
+			t.Errorf("%s lacks %s", enc, w)
+		}
+	}
+	g := decodeOne(t, string(enc))
+	if got := string(g.AppendJSON(nil)); got != string(enc) {
+		t.Errorf("round trip differs:\n%s\n%s", enc, got)
+	}
+	// Clearing them works (empty string), so the farm can leave mode dsr.
+	h := decodeOne(t, `{"name":"d","virtual-addr":"10.0.0.1","mode":"dsr","iface":"","ether-addr":""}`)
+	if h.Iface != "" || !h.EtherAddr.IsZero() {
+		t.Errorf("not cleared: %+v", h)
+	}
+}
+
 // Encoding then decoding gives the same farm, byte for byte.
 func TestRoundTrip(t *testing.T) {
 	f := decodeOne(t, `{"name":"web","family":"ipv6","virtual-addr":"fd00::1","virtual-ports":"80,8000-8100","scheduler":"weight",
@@ -164,6 +209,17 @@ func TestFieldErrors(t *testing.T) {
 		{farm, "est-connlimit", `"est-connlimit":"5","mode":"stlsdnat"`, []string{`"est-connlimit"`, "stlsdnat"}},
 		{farm, "tcp-strict", `"tcp-strict":"on","mode":"stlsdnat"`, []string{`"tcp-strict"`, "stlsdnat"}},
 		{`{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80","mode":"dsr","backends":[{"name":"b1","ip-addr":"10.1.0.1",%s}]}`, "dsr port", `"port":"8080"`, []string{`backend "b1"`, `"port"`, `"8080"`, "dsr"}},
+		{farm, "virtual-addr", `"family":"dual","virtual-addr":"10.0.0.1,10.0.0.2"`, []string{`"virtual-addr"`, `"10.0.0.1,10.0.0.2"`, "one IPv4 and one IPv6"}},
+		{farm, "virtual-addr", `"virtual-addr":"10.0.0.1,fd00::1"`, []string{`"virtual-addr"`, "need family dual", "family ipv4"}},
+		{farm, "virtual-addr", `"family":"dual","virtual-addr":"10.0.0.1,fd00::1,fd00::2"`, []string{`"virtual-addr"`, "one of each separated by a comma"}},
+		{farm, "iface", `"iface":"eth0"`, []string{`"iface"`, `"eth0"`, "only used by mode dsr"}},
+		{farm, "oface", `"mode":"dsr","oface":"a/b"`, []string{`"oface"`, `"a/b"`, "interface name"}},
+		{farm, "iface", `"mode":"dsr","iface":"0123456789abcdef"`, []string{`"iface"`, "1 to 15 characters"}},
+		{farm, "ether-addr", `"mode":"dsr","ether-addr":"02:00:00:00:00"`, []string{`"ether-addr"`, `"02:00:00:00:00"`, "aa:bb:cc:dd:ee:ff"}},
+		{farm, "ether-addr", `"mode":"dsr","ether-addr":"ff:ff:ff:ff:ff:ff"`, []string{`"ether-addr"`, "unicast"}},
+		{farm, "ether-addr", `"ether-addr":"02:00:00:00:00:01"`, []string{`"ether-addr"`, "only used by mode dsr"}},
+		{backend, "ether-addr", `"ether-addr":"02:00:00:00:00:01"`, []string{`backend "b1"`, `"ether-addr"`, "only used by mode dsr"}},
+		{backend, "ether-addr", `"ether-addr":"01:00:5e:00:00:01"`, []string{`backend "b1"`, `"ether-addr"`, "unicast"}},
 		{farm, "log", `"log":"everywhere"`, []string{`"log"`, "input, forward, output"}},
 		{farm, "log-prefix", `"log-prefix":"0123456789012345678901234567"`, []string{`"log-prefix"`, "at most 24"}},
 		{farm, "mark", `"mark":"0x1ffffffff"`, []string{`"mark"`, "32-bit"}},

@@ -7,6 +7,7 @@ package model
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 )
@@ -27,9 +28,13 @@ func (r PortRange) Overlaps(o PortRange) bool { return r.First <= o.Last && o.Fi
 // Farm is a virtual service: a VIP with ports and protocol, how it forwards,
 // how it schedules, and its backends. Field names follow nftlb.
 type Farm struct {
-	Name         string
-	Family       Family
-	VirtualAddr  netip.Addr  // invalid (zero) for firewall-mark farms
+	Name        string
+	Family      Family
+	VirtualAddr netip.Addr // invalid (zero) for firewall-mark farms
+	// VirtualAddr2 is a family dual farm's second VIP, of the other
+	// family ("virtual-addr": "10.0.0.1,fd00::1"); each VIP is served by
+	// the backends of its family. Invalid when there is none.
+	VirtualAddr2 netip.Addr
 	VirtualPorts []PortRange // empty: every port
 	SourceAddr   netip.Addr  // snat: fixed source instead of masquerade
 	Protocol     Protocol
@@ -50,8 +55,14 @@ type Farm struct {
 	RstRTBurst   uint32
 	EstConnLimit uint32 // established connections, 0 = unlimited
 	TCPStrict    bool
-	Backends     []Backend
-	Policies     []PolicyRef
+	// Mode dsr (nftlb's names): Iface is the interface where the VIP's
+	// traffic arrives, Oface the one towards the backends, EtherAddr the
+	// source MAC of forwarded frames. Empty: the data plane finds them.
+	Iface     string
+	Oface     string
+	EtherAddr EtherAddr
+	Backends  []Backend
+	Policies  []PolicyRef
 
 	enc *encoded // cached wire forms; see codec.go
 }
@@ -66,6 +77,42 @@ type Backend struct {
 	Mark         uint32
 	EstConnLimit uint32
 	State        State
+	// EtherAddr is the backend's MAC (mode dsr); zero: the data plane
+	// looks it up in the neighbour table.
+	EtherAddr EtherAddr
+}
+
+// EtherAddr is an Ethernet (MAC) address; the zero value means unset.
+type EtherAddr [6]byte
+
+// IsZero reports whether the address is unset.
+func (a EtherAddr) IsZero() bool { return a == EtherAddr{} }
+
+// String returns the address as aa:bb:cc:dd:ee:ff, or "" when unset.
+func (a EtherAddr) String() string {
+	if a.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", a[0], a[1], a[2], a[3], a[4], a[5])
+}
+
+// ParseEtherAddr parses aa:bb:cc:dd:ee:ff (or aa-bb-...); "" is the zero
+// address. Multicast and broadcast addresses are refused: a frame is sent
+// to one host.
+func ParseEtherAddr(s string) (EtherAddr, error) {
+	var a EtherAddr
+	if s == "" {
+		return a, nil
+	}
+	hw, err := net.ParseMAC(s)
+	if err != nil || len(hw) != 6 {
+		return a, fmt.Errorf("must be an Ethernet address aa:bb:cc:dd:ee:ff")
+	}
+	copy(a[:], hw)
+	if a[0]&1 != 0 || a.IsZero() {
+		return EtherAddr{}, fmt.Errorf("must be a unicast Ethernet address (not zero, multicast or broadcast)")
+	}
+	return a, nil
 }
 
 // PolicyRef attaches a named table (allow or deny list) to a farm.
@@ -126,6 +173,18 @@ func (f *Farm) Backend(name string) (*Backend, int) {
 // IsMarkFarm reports whether the farm is selected by a firewall mark (IPVS -f)
 // rather than by virtual address and port.
 func (f *Farm) IsMarkFarm() bool { return !f.VirtualAddr.IsValid() && f.Mark != 0 }
+
+// VirtualAddrs returns the farm's VIPs: none (firewall-mark farms), one,
+// or two (family dual).
+func (f *Farm) VirtualAddrs() []netip.Addr {
+	switch {
+	case !f.VirtualAddr.IsValid():
+		return nil
+	case f.VirtualAddr2.IsValid():
+		return []netip.Addr{f.VirtualAddr, f.VirtualAddr2}
+	}
+	return []netip.Addr{f.VirtualAddr}
+}
 
 // Serving reports whether a backend may take new connections.
 func (b *Backend) Serving() bool { return b.State == StateUp && b.Weight > 0 }

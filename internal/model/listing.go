@@ -66,6 +66,10 @@ func (f *Farm) appendListing(dst []byte, numeric bool, svc serviceLookup) []byte
 			dst = append(dst, ')')
 		}
 	}
+	if f.VirtualAddr2.IsValid() {
+		dst = append(dst, " dual "...)
+		dst = f.VirtualAddr2.AppendTo(dst)
+	}
 	if f.SourceAddr.IsValid() {
 		dst = append(dst, " source-addr "...)
 		dst = f.SourceAddr.AppendTo(dst)

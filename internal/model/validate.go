@@ -21,6 +21,21 @@ func ValidName(s string) bool {
 	return true
 }
 
+// ValidIfName reports whether s may name a network interface: 1-15
+// bytes (IFNAMSIZ less the NUL), not "." or "..", without '/', ':' or
+// white space (the kernel's dev_valid_name, and ':' which marks aliases).
+func ValidIfName(s string) bool {
+	if len(s) == 0 || len(s) > 15 || s == "." || s == ".." {
+		return false
+	}
+	for _, c := range s {
+		if c == '/' || c == ':' || c <= ' ' || c == 0x7f || c >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
 const nameRule = "1 to 64 characters of A-Z, a-z, 0-9, '_', '.', '-'"
 
 // Validate checks a farm on its own (cross-farm conflicts are the engine's job)
@@ -47,6 +62,19 @@ func (f *Farm) Validate() error {
 	case f.Mark == 0:
 		return bad("virtual-addr", "", "is required (or set \"mark\" for a firewall-mark farm)")
 	}
+	if a := f.VirtualAddr2; a.IsValid() {
+		both := f.VirtualAddr.String() + "," + a.String()
+		switch {
+		case f.Family != FamilyDual:
+			return bad("virtual-addr", both, "two addresses need family dual (this farm has family "+f.Family.String()+")")
+		case !f.VirtualAddr.IsValid():
+			return bad("virtual-addr", both, "the second address needs a first")
+		case a.Zone() != "" || a.Is4In6():
+			return bad("virtual-addr", both, "must be plain addresses without a zone, IPv4 in dotted form")
+		case a.Is4() == f.VirtualAddr.Is4():
+			return bad("virtual-addr", both, "the two addresses of a dual farm must be one IPv4 and one IPv6 address")
+		}
+	}
 	if f.SourceAddr.IsValid() {
 		if err := f.checkFamily("source-addr", f.SourceAddr.Is4()); err != nil {
 			return err
@@ -54,6 +82,21 @@ func (f *Farm) Validate() error {
 		if f.Mode != ModeSNAT {
 			return bad("source-addr", f.SourceAddr.String(), "is only used by mode snat (this farm has mode "+f.Mode.String()+")")
 		}
+	}
+	if f.Mode != ModeDSR {
+		for _, x := range []struct{ field, value string }{{"iface", f.Iface}, {"oface", f.Oface}, {"ether-addr", f.EtherAddr.String()}} {
+			if x.value != "" {
+				return bad(x.field, x.value, "is only used by mode dsr (this farm has mode "+f.Mode.String()+")")
+			}
+		}
+	}
+	for _, x := range []struct{ field, value string }{{"iface", f.Iface}, {"oface", f.Oface}} {
+		if x.value != "" && !ValidIfName(x.value) {
+			return bad(x.field, x.value, "must be an interface name: 1 to 15 characters, no '/', ':' or white space")
+		}
+	}
+	if f.EtherAddr[0]&1 != 0 {
+		return bad("ether-addr", f.EtherAddr.String(), "must be a unicast Ethernet address (not multicast or broadcast)")
 	}
 	if len(f.VirtualPorts) > MaxPortRanges {
 		return bad("virtual-ports", formatPorts(f.VirtualPorts), fmt.Sprintf("at most %d ports or ranges", MaxPortRanges))
@@ -232,6 +275,12 @@ func (f *Farm) validateBackend(b *Backend) error {
 	}
 	if b.Port != 0 && f.Protocol == ProtoAll {
 		return bad("port", fmt.Sprint(b.Port), "protocol \"all\" has no ports: leave port empty")
+	}
+	if b.EtherAddr[0]&1 != 0 {
+		return bad("ether-addr", b.EtherAddr.String(), "must be a unicast Ethernet address (not multicast or broadcast)")
+	}
+	if !b.EtherAddr.IsZero() && f.Mode != ModeDSR {
+		return bad("ether-addr", b.EtherAddr.String(), "is only used by mode dsr (this farm has mode "+f.Mode.String()+")")
 	}
 	return nil
 }

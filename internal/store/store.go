@@ -1,10 +1,18 @@
 // Package store keeps xlb's desired state durable on local disk in an
 // embedded bbolt database: one key per farm, so a change writes only the farms
 // it touches, and every write is fsynced before the engine acknowledges it.
+//
+// With each change the store also keeps what undoes it (the previous version
+// of every farm it touched). The engine writes the disk while the kernel
+// applies the same change, so a crash can leave a change on disk whose kernel
+// outcome nobody saw; if the kernel then refuses the saved state at start,
+// the engine takes that last change back with UndoLast instead of failing to
+// start.
 package store
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -17,7 +25,12 @@ import (
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
-var farmsBucket = []byte("farms")
+var (
+	farmsBucket = []byte("farms")
+	metaBucket  = []byte("meta")
+	// undoKey holds the undo of the last Apply (see encodeUndo).
+	undoKey = []byte("undo-last")
+)
 
 // Store is the durable copy of the desired state.
 type Store interface {
@@ -26,6 +39,20 @@ type Store interface {
 	// Apply saves a diff atomically (all of it or none of it).
 	Apply(ctx context.Context, d dataplane.Diff) error
 	Close() error
+}
+
+// Undoer is a Store that remembers the undo of its last Apply. The undo is
+// only as good as the Old farms of the diffs given to Apply (the engine's
+// diffs carry them; a store that merges diffs, like the Kubernetes proxy's
+// write-behind, must not offer UndoLast).
+type Undoer interface {
+	// Revert takes back d, the diff of the last Apply, and forgets it: the
+	// kernel refused d after the disk had taken it.
+	Revert(ctx context.Context, d dataplane.Diff) error
+	// UndoLast takes back the last Apply if it is still remembered and
+	// returns the names of the farms it restored (none if there was nothing
+	// to take back).
+	UndoLast(ctx context.Context) ([]string, error)
 }
 
 // Bolt is a Store in a bbolt file.
@@ -52,7 +79,10 @@ func OpenBolt(dir string) (*Bolt, error) {
 		return nil, fmt.Errorf("open state %q: %w", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(farmsBucket)
+		if _, err := tx.CreateBucketIfNotExists(farmsBucket); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucketIfNotExists(metaBucket)
 		return err
 	}); err != nil {
 		db.Close()
@@ -80,29 +110,136 @@ func (s *Bolt) Load(ctx context.Context) ([]model.Farm, error) {
 	return farms, nil
 }
 
-// Apply implements Store.
+// Apply implements Store. The same transaction records the undo of d.
 func (s *Bolt) Apply(ctx context.Context, d dataplane.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(farmsBucket)
-		for _, c := range d.Changes {
-			if c.Old != nil && (c.New == nil || c.New.Name != c.Old.Name) {
-				if err := b.Delete([]byte(c.Old.Name)); err != nil {
-					return err
-				}
-			}
-			if c.New != nil {
-				if err := b.Put([]byte(c.New.Name), c.New.AppendJSON(nil)); err != nil {
-					return err
-				}
-			}
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := writeDiff(tx, d); err != nil {
+			return err
 		}
-		return nil
+		return tx.Bucket(metaBucket).Put(undoKey, encodeUndo(d))
+	}); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// Revert implements Undoer.
+func (s *Bolt) Revert(ctx context.Context, d dataplane.Diff) error {
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := writeDiff(tx, d.Inverse()); err != nil {
+			return err
+		}
+		return tx.Bucket(metaBucket).Delete(undoKey)
+	}); err != nil {
+		return fmt.Errorf("save state: take back a change the kernel refused: %w", err)
+	}
+	return nil
+}
+
+// UndoLast implements Undoer.
+func (s *Bolt) UndoLast(ctx context.Context) ([]string, error) {
+	var names []string
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(metaBucket)
+		raw := meta.Get(undoKey)
+		if raw == nil {
+			return nil
+		}
+		farms := tx.Bucket(farmsBucket)
+		err := decodeUndo(raw, func(name string, old []byte) error {
+			names = append(names, name)
+			if old == nil {
+				return farms.Delete([]byte(name))
+			}
+			return farms.Put([]byte(name), old)
+		})
+		if err != nil {
+			return err
+		}
+		return meta.Delete(undoKey)
 	})
 	if err != nil {
-		return fmt.Errorf("save state: %w", err)
+		return nil, fmt.Errorf("take back the last saved change: %w", err)
+	}
+	return names, nil
+}
+
+// writeDiff puts d's farms into the farms bucket.
+func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
+	b := tx.Bucket(farmsBucket)
+	for _, c := range d.Changes {
+		if c.Old != nil && (c.New == nil || c.New.Name != c.Old.Name) {
+			if err := b.Delete([]byte(c.Old.Name)); err != nil {
+				return err
+			}
+		}
+		if c.New != nil {
+			if err := b.Put([]byte(c.New.Name), c.New.AppendJSON(nil)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// encodeUndo lists, for every farm name d touches, the farm as it was before
+// d (or nothing if it did not exist): records of uvarint name length, name,
+// uvarint (length of the old JSON + 1, 0 for "did not exist"), old JSON.
+// A name touched twice keeps its first (oldest) version.
+func encodeUndo(d dataplane.Diff) []byte {
+	var buf []byte
+	seen := make(map[string]bool, 2*len(d.Changes))
+	rec := func(name string, old []byte, existed bool) {
+		if seen[name] {
+			return
+		}
+		seen[name] = true
+		buf = binary.AppendUvarint(buf, uint64(len(name)))
+		buf = append(buf, name...)
+		if !existed {
+			buf = binary.AppendUvarint(buf, 0)
+			return
+		}
+		buf = binary.AppendUvarint(buf, uint64(len(old))+1)
+		buf = append(buf, old...)
+	}
+	for _, c := range d.Changes {
+		if c.Old != nil {
+			rec(c.Old.Name, c.Old.AppendJSON(nil), true)
+		}
+		if c.New != nil {
+			rec(c.New.Name, nil, false)
+		}
+	}
+	return buf
+}
+
+// decodeUndo calls fn for each record of encodeUndo's output; old is nil for
+// a farm that did not exist.
+func decodeUndo(raw []byte, fn func(name string, old []byte) error) error {
+	for len(raw) > 0 {
+		n, k := binary.Uvarint(raw)
+		if k <= 0 || uint64(len(raw)-k) < n {
+			return errors.New("undo record is corrupt")
+		}
+		name := string(raw[k : k+int(n)])
+		raw = raw[k+int(n):]
+		m, k := binary.Uvarint(raw)
+		if k <= 0 || m > 0 && uint64(len(raw)-k) < m-1 {
+			return errors.New("undo record is corrupt")
+		}
+		raw = raw[k:]
+		var old []byte
+		if m > 0 {
+			old = append([]byte(nil), raw[:m-1]...)
+			raw = raw[m-1:]
+		}
+		if err := fn(name, old); err != nil {
+			return err
+		}
 	}
 	return nil
 }

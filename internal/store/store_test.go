@@ -158,3 +158,111 @@ func TestCrashLosesNoAcknowledgedChange(t *testing.T) {
 		}
 	}
 }
+
+// UndoLast takes back exactly the last Apply: farms it added go, farms it
+// changed or deleted come back as they were; a second UndoLast does nothing.
+func TestUndoLast(t *testing.T) {
+	s, err := OpenBolt(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	a, b, c := testFarm(t, 1), testFarm(t, 2), testFarm(t, 3)
+	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}, {New: b}}}); err != nil {
+		t.Fatal(err)
+	}
+	a2 := a.Clone()
+	a2.Backends[0].Weight = 7
+	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a, New: &a2}, {Old: b}, {New: c}}}); err != nil {
+		t.Fatal(err)
+	}
+	names, err := s.UndoLast(ctx)
+	if err != nil || strings.Join(names, ",") != "f1,f2,f3" {
+		t.Fatalf("UndoLast: %v %v, want f1,f2,f3", names, err)
+	}
+	farms, err := s.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range farms {
+		got[f.Name] = string(f.AppendJSON(nil))
+	}
+	if len(got) != 2 || got["f1"] != string(a.AppendJSON(nil)) || got["f2"] != string(b.AppendJSON(nil)) {
+		t.Errorf("after UndoLast: %v", got)
+	}
+	if names, err := s.UndoLast(ctx); err != nil || len(names) != 0 {
+		t.Errorf("second UndoLast: %v %v, want nothing", names, err)
+	}
+}
+
+// Revert takes back a change the kernel refused and leaves no undo behind.
+func TestRevert(t *testing.T) {
+	s, err := OpenBolt(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	a, b := testFarm(t, 1), testFarm(t, 2)
+	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}}}); err != nil {
+		t.Fatal(err)
+	}
+	d := dataplane.Diff{Changes: []dataplane.FarmChange{{New: b}}}
+	if err := s.Apply(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Revert(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	farms, _ := s.Load(ctx)
+	if len(farms) != 1 || farms[0].Name != "f1" {
+		t.Errorf("after Revert: %d farms", len(farms))
+	}
+	if names, err := s.UndoLast(ctx); err != nil || len(names) != 0 {
+		t.Errorf("UndoLast after Revert: %v %v, want nothing", names, err)
+	}
+}
+
+func TestDecodeUndoRejectsGarbage(t *testing.T) {
+	for _, raw := range [][]byte{{5, 'a'}, {1, 'a', 9, '{'}, {0xff}} {
+		if err := decodeUndo(raw, func(string, []byte) error { return nil }); err == nil {
+			t.Errorf("decodeUndo(%q) accepted garbage", raw)
+		}
+	}
+}
+
+// Every farm field survives a save and load, including the dsr ones
+// (iface, oface, ether-addr of the farm and its backends).
+func TestDSRFieldsRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, err := model.DecodeFarms([]byte(`{"name":"d","virtual-addr":"10.0.0.1","virtual-ports":"80","mode":"dsr","scheduler":"hash",
+		"iface":"eth0","oface":"eth1","ether-addr":"02:00:00:00:00:01","backends":[{"name":"b","ip-addr":"10.1.0.1","ether-addr":"02:00:00:00:00:02"}]}`),
+		func(string) (*model.Farm, bool) { return nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: &fs[0]}}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Iface != "eth0" || got[0].Oface != "eth1" || got[0].EtherAddr != fs[0].EtherAddr ||
+		got[0].Backends[0].EtherAddr != fs[0].Backends[0].EtherAddr {
+		t.Errorf("loaded %+v, want %+v", got, fs[0])
+	}
+}

@@ -200,3 +200,61 @@ func TestEBPFRefusesWhatItCannotDo(t *testing.T) {
 		t.Errorf("refused farms were created: %q", out)
 	}
 }
+
+// Counters and the connection log through the real daemon: n connections
+// to a farm with log set; `xlb list -n --stats` shows n connections for the
+// farm and, per backend, as many as it answered; the daemon's log has one
+// "new connection" line per connection, naming the farm, its prefix and
+// the backend.
+func TestEBPFCountersAndLog(t *testing.T) {
+	e, _ := newEBPFEnv(t)
+	vip := netip.AddrPortFrom(testutil.VIP4(23), 80)
+	e.addWebFarm(vip.Addr())
+	e.mustCLI("farm", "set", "web", "--log", "forward", "--log-prefix", "e2e-web")
+	const n = 9
+	got, err := e.answers(vip, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := e.mustCLI("list", "-n", "--stats")
+	t.Logf("answers %v\n%s", got, stats)
+	lines := strings.Split(stats, "\n")
+	conns := func(prefix string) string {
+		for _, l := range lines {
+			if strings.HasPrefix(l, prefix) {
+				if f := strings.Fields(strings.TrimPrefix(l, prefix)); len(f) == 5 {
+					return f[0]
+				}
+			}
+		}
+		return "?"
+	}
+	if c := conns("TCP  " + vip.String() + " "); c != fmt.Sprint(n) {
+		t.Errorf("farm line shows %s connections, want %d", c, n)
+	}
+	for i, b := range e.topo.Backends {
+		if c := conns("  -> " + netip.AddrPortFrom(b.IPv4, 8080).String() + " "); c != fmt.Sprint(got[fmt.Sprintf("backend-%d", i+1)]) {
+			t.Errorf("backend be%d shows %s connections, answered %d", i+1, c, got[fmt.Sprintf("backend-%d", i+1)])
+		}
+	}
+	// The log lines are written as the daemon reads the ring buffer.
+	var logged int
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		raw, err := os.ReadFile(e.logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		logged = 0
+		for _, l := range strings.Split(string(raw), "\n") {
+			if strings.Contains(l, `msg="new connection"`) && strings.Contains(l, "prefix=e2e-web farm=web backend=be") {
+				logged++
+			}
+		}
+		if logged >= n {
+			break
+		}
+	}
+	if logged != n {
+		t.Errorf("%d connection log lines for farm web, want %d", logged, n)
+	}
+}

@@ -12,7 +12,7 @@
 //			Name: "nft",
 //			Open: func(t testing.TB, netnsPath string) dataplane.Dataplane { ... },
 //			Snapshot: func(t testing.TB, netnsPath string) string { ... },
-//			Refuses: map[string]string{"mode-dsr": `"mode" value "dsr"`},
+//			Refuses: map[string]string{"helper-ftp": `"helper" value "ftp"`},
 //		})
 //	}
 //
@@ -24,10 +24,10 @@
 // not listed must pass. Run fails on a Refuses key that names no scenario,
 // so the list cannot silently go stale.
 //
-// Two scenarios have no traffic check yet, mode-dsr and family-dual (the
-// model has no second virtual address): a plane must refuse them until one
-// is written. Scenarios that log expect the plane to send its log lines to
-// NFLOG group LogGroup (see Plane.Open).
+// A scenario without a traffic check can only be refused (none today).
+// Scenarios that log expect the plane to send its log lines to NFLOG group
+// LogGroup (see Plane.Open), unless Plane.ConnLog says where else to read
+// them.
 //
 // Scenarios run in parallel, each in its own namespaces; the whole suite
 // takes about 25 s against nft on 2 cores.
@@ -40,6 +40,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -66,6 +67,10 @@ type Plane struct {
 	// Refuses maps a scenario name to a substring of the error the plane
 	// must return for it.
 	Refuses map[string]string
+	// ConnLog, when set, is where the log scenario reads the connection
+	// log of the plane opened on netnsPath instead of NFLOG: it returns a
+	// function waiting for the next record that contains substr. Optional.
+	ConnLog func(t testing.TB, netnsPath string) func(substr string, timeout time.Duration) (testutil.NFLogEntry, error)
 }
 
 // Scenarios returns the names of all scenarios, sorted.

@@ -117,17 +117,33 @@ var scenarios = []scenario{
 		return f
 	}, run: runFwmark},
 	{name: "family-dual", backends: 2, farm: func(e *Env) model.Farm {
+		// An IPv4 and an IPv6 VIP, each served by the backends of its
+		// family (every backend namespace has an address of each).
 		f := e.Farm("dual", model.ProtoTCP)
-		f.Family = model.FamilyDual
-		b6 := f.Backends[1]
-		b6.Name, b6.Addr = "b1-v6", e.Backends[1].IPv6
-		f.Backends = append(f.Backends, b6)
+		f.Family, f.VirtualAddr2 = model.FamilyDual, testutil.VIP6(1)
+		for i, b := range e.Backends {
+			b6 := model.NewBackend(fmt.Sprintf("b%d-v6", i))
+			b6.Addr, b6.Port = b.IPv6, BPort
+			f.Backends = append(f.Backends, b6)
+		}
 		return f
-	}},
+	}, run: runDual},
 	{name: "mode-dsr", backends: 1, farm: func(e *Env) model.Farm {
 		f := e.Farm("dsr", model.ProtoTCP)
 		f.Mode = model.ModeDSR
+		// A data plane may pick a backend per packet in dsr (nft does,
+		// at netdev ingress): a flow hash keeps a connection on one.
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
 		f.Backends[0].Port = VPort
+		return f
+	}, run: runDSR},
+	{name: "mode-dsr-udp", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("dsr", model.ProtoUDP)
+		f.Mode = model.ModeDSR
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		for i := range f.Backends {
+			f.Backends[i].Port = 0
+		}
 		return f
 	}, run: runDSR},
 	{name: "mode-stlsdnat", backends: 2, farm: func(e *Env) model.Farm {
@@ -138,6 +154,12 @@ var scenarios = []scenario{
 	}, run: runStateless},
 	{name: "mode-stlsdnat-ipv6", backends: 2, v6: true, farm: func(e *Env) model.Farm {
 		f := e.Farm("stls", model.ProtoUDP)
+		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		return f
+	}, run: runStateless},
+	{name: "mode-stlsdnat-tcp-ipv6", backends: 2, v6: true, farm: func(e *Env) model.Farm {
+		f := e.Farm("stls", model.ProtoTCP)
 		f.Mode = model.ModeStlsDNAT
 		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
 		return f
@@ -233,12 +255,51 @@ func runDNAT(t *testing.T, e *Env, f model.Farm) {
 // VIP only, so a rewritten destination would find no listener), from the
 // client's own address, and the backend answers as the VIP by itself (the
 // client's socket, connected to the VIP, takes only those replies).
+// runDual: over TCP and UDP, each VIP of a dual farm reaches every
+// backend through the backends' address of its own family (snat: the
+// backend sees the LB's address of that family).
+func runDual(t *testing.T, e *Env, f model.Farm) {
+	udp := f.Clone()
+	udp.Name, udp.Protocol = "dual-udp", model.ProtoUDP
+	e.Put(t, f, udp)
+	for _, farm := range []model.Farm{f, udp} {
+		for _, vip := range farm.VirtualAddrs() {
+			lb := e.LBBack4
+			if vip.Is6() {
+				lb = e.LBBack6
+			}
+			seen := map[string]bool{}
+			for range 10 {
+				var name string
+				var from netip.AddrPort
+				to := netip.AddrPortFrom(vip, VPort)
+				if farm.Protocol == model.ProtoUDP {
+					name, from = e.AskUDP(t, netip.AddrPort{}, to)
+				} else {
+					name, from = e.AskTCP(t, netip.AddrPort{}, to)
+				}
+				seen[name] = true
+				if from.Addr() != lb {
+					t.Errorf("%s %s: backend saw %s, want the LB's %s", farm.Protocol, vip, from, lb)
+				}
+			}
+			if !seen["b0"] || !seen["b1"] {
+				t.Errorf("%s %s: answers from %v, want b0 and b1", farm.Protocol, vip, seen)
+			}
+		}
+	}
+}
+
 func runDSR(t *testing.T, e *Env, f model.Farm) {
 	vip := e.vipPort(f)
 	bits := 32
 	if vip.Addr().Is6() {
 		bits = 128
 	}
+	// The LB routes the VIP to its client side, where the VIP's traffic
+	// arrives (as a router announcing the VIP would): a data plane may
+	// find the interface to hook that way.
+	testutil.Run(t, e.LB.Name, "ip", "route", "add", netip.PrefixFrom(vip.Addr(), bits).String(), "dev", e.LB.Link)
 	for i, b := range e.Backends {
 		testutil.Run(t, b.Name, "ip", "addr", "add", netip.PrefixFrom(vip.Addr(), bits).String(), "dev", "lo")
 		name := fmt.Sprintf("b%d", i)
@@ -249,13 +310,18 @@ func runDSR(t *testing.T, e *Env, f model.Farm) {
 		}
 	}
 	e.Put(t, f)
-	for range 4 {
+	seen := map[string]int{}
+	for range 12 * len(e.Backends) {
 		name, from := e.ask(t, f, netip.AddrPort{})
-		if name != "b0" {
-			t.Errorf("dsr: answer from %q, want b0", name)
-		}
+		seen[name]++
 		if from.Addr() != e.Client.Addr(e.v6) {
 			t.Errorf("dsr: backend saw %s, want the client's %s", from, e.Client.Addr(e.v6))
+		}
+	}
+	for i := range e.Backends {
+		// 24 flows over 2 backends: all on one has probability 2^-23.
+		if n := fmt.Sprintf("b%d", i); seen[n] == 0 {
+			t.Errorf("dsr: no answer from %s (answers: %v)", n, seen)
 		}
 	}
 }
@@ -825,14 +891,19 @@ func runBackendMark(t *testing.T, e *Env, f model.Farm) {
 }
 
 // runLog: each new connection of a farm with log is logged (to NFLOG group
-// LogGroup) with the farm's log-prefix and name, and the logged packet is
-// addressed to the backend that answered.
+// LogGroup, or where Plane.ConnLog reads) with the farm's log-prefix and
+// name, and the logged packet is addressed to the backend that answered.
 func runLog(t *testing.T, e *Env, f model.Farm) {
-	l := testutil.ListenNFLOG(t, e.LB.NS, LogGroup)
+	var wait func(string, time.Duration) (testutil.NFLogEntry, error)
+	if e.plane.ConnLog != nil {
+		wait = e.plane.ConnLog(t, "/run/netns/"+e.LB.Name)
+	} else {
+		wait = testutil.ListenNFLOG(t, e.LB.NS, LogGroup).Wait
+	}
 	e.Put(t, f)
 	for range 2 {
 		name, _ := e.ask(t, f, netip.AddrPort{})
-		entry, err := l.Wait("farm="+f.Name+" ", 2*time.Second)
+		entry, err := wait("farm="+f.Name+" ", 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -71,8 +71,10 @@ func check(f *model.Farm) error {
 				"netfilter's connection tracking, which this data plane bypasses; use the nft data plane",
 		}
 	}
-	if f.Log != 0 {
-		return unsupported(f, "log", f.Log.String())
+	if f.Log != 0 && f.Mode == model.ModeStlsDNAT {
+		// The connection log is a record per new connection.
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "log", Value: f.Log.String(),
+			Problem: "stlsdnat keeps no connections to log with the ebpf data plane: use dnat, or log none"}
 	}
 	for _, l := range []struct {
 		field string
@@ -91,6 +93,13 @@ func check(f *model.Farm) error {
 	}
 	if len(f.Policies) > 0 {
 		return unsupported(f, "policies", f.Policies[0].Name)
+	}
+	// nftlb's dsr overrides: this plane finds next hops with
+	// bpf_fib_lookup and has no place to take them from the farm.
+	for _, x := range []struct{ field, value string }{{"iface", f.Iface}, {"oface", f.Oface}, {"ether-addr", f.EtherAddr.String()}} {
+		if x.value != "" {
+			return unsupported(f, x.field, x.value)
+		}
 	}
 	if f.SourceAddr.IsValid() && f.SourceAddr.Is6() != v6 {
 		return unsupported(f, "source-addr", f.SourceAddr.String())
@@ -126,6 +135,10 @@ func check(f *model.Farm) error {
 		if b.Mark != 0 {
 			return &model.FieldError{Object: obj, Field: "mark", Value: fmt.Sprint(b.Mark),
 				Problem: "is not implemented by the ebpf data plane yet"}
+		}
+		if !b.EtherAddr.IsZero() {
+			return &model.FieldError{Object: obj, Field: "ether-addr", Value: b.EtherAddr.String(),
+				Problem: "is not implemented by the ebpf data plane (it finds backend MACs with bpf_fib_lookup)"}
 		}
 		if b.EstConnLimit != 0 {
 			return &model.FieldError{Object: obj, Field: "est-connlimit", Value: fmt.Sprint(b.EstConnLimit),

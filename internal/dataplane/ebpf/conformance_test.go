@@ -1,6 +1,8 @@
 package ebpf
 
 import (
+	"context"
+	"log/slog"
 	"testing"
 
 	"github.com/vishvananda/netns"
@@ -23,7 +25,6 @@ var ebpfRefuses = map[string]string{
 	"limit-rst-rtlimit":           `"rst-rtlimit"`,
 	"limit-backend-est-connlimit": `"est-connlimit"`,
 	"tcp-strict":                  `"tcp-strict"`,
-	"log":                         `"log"`,
 	"mark-backend":                `"mark"`,
 	"fwmark-farm":                 `"mark"`,
 	"helper-ftp":                  `"helper" value "ftp"`,
@@ -49,8 +50,16 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("open namespace %s: %v", path, err)
 			}
 			t.Cleanup(func() { ns.Close() })
-			return newPlane(t, ns, mountBPFFS(t), nil, 16384)
+			sink := newConnLogSink(testLogger(t).Handler())
+			registerConnLog(t, path, sink)
+			p, err := New(context.Background(), slog.New(sink), Options{NetNS: ns, PinPath: mountBPFFS(t), ConnTableSize: 16384})
+			if err != nil {
+				t.Fatalf("new ebpf plane: %v", err)
+			}
+			t.Cleanup(func() { p.Close() })
+			return p
 		},
+		ConnLog: connLogOf,
 		Refuses: ebpfRefuses,
 	})
 }

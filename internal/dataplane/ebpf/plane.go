@@ -20,6 +20,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -49,6 +50,9 @@ type Options struct {
 	// PinPath is a directory on a bpf file system. Default
 	// /sys/fs/bpf/xlb; bpffs is mounted at /sys/fs/bpf if it is not.
 	PinPath string
+	// XDP attaches the XDP fast path for dsr flows to the same
+	// interfaces (off when empty); see XDPMode.
+	XDP XDPMode
 	// Timeouts are the conntrack idle timeouts; zero fields take the
 	// defaults (DefaultTimeouts). They are constants of the loaded program:
 	// changing them takes a restart, which is hitless.
@@ -98,15 +102,30 @@ type Plane struct {
 	nl   *netlink.Handle
 	objs xlbObjects
 
-	mu    sync.Mutex
-	links map[string]link.Link // by interface name
-	farms map[string]*generation
+	mu       sync.Mutex
+	links    map[string]link.Link // by interface name
+	xdpLinks map[string]link.Link // by interface name
+	farms    map[string]*generation
 	svcIDs
 	backendIDs
 	pending []*generation // replaced generations, freed at the next change
 	// stlOwner: the farm whose stlsdnat reply mapping each xlb_stateless
 	// key is.
 	stlOwner map[xlbStlKey]string
+	// bySvc: the generation of each generation id in the maps (current
+	// or pending), to name the farm and backend of a log record.
+	bySvc map[uint32]*generation
+	// carry: counters of backends removed from a farm (their xlb_be_stats
+	// entries are gone), so a farm's totals do not go backwards.
+	carry map[string]dataplane.Counters
+	// statSlot: each backend id's counter slot in xlb_be_stats (kept in
+	// its xlb_be_flags value too); statSlots allocates them.
+	statSlot map[uint32]uint32
+	statSlots
+	// events reads the connection log; evDone is closed when its
+	// goroutine ends.
+	events *ringbuf.Reader
+	evDone chan struct{}
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -121,8 +140,15 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	if opts.ConnTableSize <= 0 {
 		opts.ConnTableSize = DefaultConnTableSize
 	}
-	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, farms: map[string]*generation{},
-		stlOwner: map[xlbStlKey]string{}}
+	if opts.XDP == "" {
+		opts.XDP = XDPOff
+	}
+	if _, err := ParseXDPMode(string(opts.XDP)); err != nil {
+		return nil, err
+	}
+	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, xdpLinks: map[string]link.Link{}, farms: map[string]*generation{},
+		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{}}
+	p.statSlots.init()
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {
@@ -156,6 +182,12 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		p.nl.Close()
 		return nil, err
 	}
+	if err := p.startEvents(); err != nil {
+		p.closeLinks()
+		p.objs.Close()
+		p.nl.Close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -177,6 +209,11 @@ func (p *Plane) load() error {
 	} {
 		if err := spec.Variables[name].Set(uint64(d.Nanoseconds())); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if p.opts.XDP == XDPGeneric {
+		if err := spec.Variables[xlbVarXlbXdpAnyTx].Set(uint32(1)); err != nil {
+			return fmt.Errorf("set %s: %w", xlbVarXlbXdpAnyTx, err)
 		}
 	}
 	if p.opts.ctRefresh > 0 {
@@ -267,6 +304,9 @@ func (p *Plane) attach() error {
 			return fmt.Errorf("pin link of %q: %w", name, err)
 		}
 		p.links[name] = l
+	}
+	if err := p.attachXDP(ifaces); err != nil {
+		return err
 	}
 	entries, err := os.ReadDir(p.opts.PinPath)
 	if err != nil {
@@ -374,12 +414,17 @@ func (p *Plane) closeLinks() {
 		l.Close()
 		delete(p.links, n)
 	}
+	for n, l := range p.xdpLinks {
+		l.Close()
+		delete(p.xdpLinks, n)
+	}
 }
 
 // Close releases the plane's file descriptors. Links and maps stay pinned:
 // the program keeps balancing, and tracked connections keep flowing, until
 // a new Plane adopts them (or Destroy removes them).
 func (p *Plane) Close() error {
+	p.stopEvents()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closeLinks()
@@ -398,8 +443,14 @@ func (p *Plane) Destroy() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, l := range p.xdpLinks {
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
-		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags} {
+		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
+		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

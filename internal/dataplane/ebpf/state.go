@@ -32,6 +32,7 @@ type generation struct {
 	keys  []xlbSvcKey
 	val   xlbSvcVal    // val.Id is the generation id once written
 	bes   []xlbBackend // distinct backends: the active ones first
+	names []string     // backend names, parallel to bes (the first of duplicates)
 	slots []int        // slot -> index into bes
 	ids   []uint32     // backend ids, parallel to bes, once written
 	// active: bes[:active] take new flows (slots, persistence); the
@@ -42,6 +43,10 @@ type generation struct {
 	// stlsdnat: reply mappings (backend -> VIP), parallel slices.
 	stlKeys []xlbStlKey
 	stlVals []xlbStlVal
+	// log: the farm logs new connections (xlb_svc_flags), with this
+	// prefix.
+	log       bool
+	logPrefix string
 }
 
 func (g *generation) hasStl(k xlbStlKey) bool {
@@ -153,7 +158,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	if f.State != model.StateUp {
 		return nil, nil
 	}
-	g := &generation{farm: f.Name}
+	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix}
 	proto := f.Protocol.Number()
 	vip, fam := addrWords(f.VirtualAddr), familyOf(f.VirtualAddr)
 	addKey := func(port uint16) {
@@ -252,6 +257,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			return nil, err
 		}
 		g.bes = append(g.bes, be)
+		g.names = append(g.names, b.Name)
 		weights[i] = b.Weight
 		isActive[b.Name] = true
 	}
@@ -275,6 +281,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			}
 			if !dup {
 				g.bes = append(g.bes, be)
+				g.names = append(g.names, b.Name)
 			}
 		}
 	}
@@ -467,12 +474,21 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 		newIDs = append(newIDs, g.ids[i])
 		newBes = append(newBes, g.bes[i])
 	}
+	p.bySvc[id] = g
+	if err := p.setSvcFlags(g); err != nil {
+		p.free(g)
+		return err
+	}
 	if len(newIDs) > 0 {
 		if _, err := p.objs.XlbBackends.BatchUpdate(newIDs, newBes, nil); err != nil {
 			p.free(g)
 			return fmt.Errorf("write backends: %w", err)
 		}
 		for i, id := range newIDs {
+			if err := p.newBackendStats(id); err != nil {
+				p.free(g)
+				return err
+			}
 			if err := p.setFlags(id, newBes[i].Flags); err != nil {
 				p.free(g)
 				return err
@@ -515,6 +531,9 @@ func (p *Plane) free(g *generation) {
 			_ = p.objs.XlbSlots.Delete(xlbSlotKey{Svc: g.val.Id, Idx: uint32(i)})
 		}
 		delete(p.used, g.val.Id)
+		if p.bySvc[g.val.Id] == g {
+			delete(p.bySvc, g.val.Id)
+		}
 	}
 	for i, id := range g.ids {
 		if id != 0 {
@@ -523,6 +542,7 @@ func (p *Plane) free(g *generation) {
 			}
 			if p.unrefBackend(id) {
 				_ = p.objs.XlbBackends.Delete(id)
+				p.dropBackendStats(g.farm, id)
 				_ = p.setFlags(id, 0)
 			}
 		}
@@ -551,13 +571,14 @@ func reuseFrom(old *generation) func(xlbBackend) uint32 {
 	}
 }
 
-// setFlags writes a backend id's flags to xlb_be_flags (ids beyond the
-// array, from an older daemon, have none).
+// setFlags writes a backend id's flags to xlb_be_flags, with its counter
+// slot (ids beyond the array, from an older daemon, have neither).
 func (p *Plane) setFlags(id uint32, flags uint8) error {
 	if id >= maxBackends {
 		return nil
 	}
-	if err := p.objs.XlbBeFlags.Update(id, uint32(flags), ebpf.UpdateAny); err != nil {
+	v := uint32(flags) | p.statSlot[id]<<beSlotShift
+	if err := p.objs.XlbBeFlags.Update(id, v, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write backend flags: %w", err)
 	}
 	return nil
@@ -719,6 +740,9 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 		if s.old != nil {
 			p.pending = append(p.pending, s.old)
 		}
+		if s.oldName != "" && s.oldName != s.newName {
+			delete(p.carry, s.oldName) // deleted (or renamed): its counts go
+		}
 	}
 	return nil
 }
@@ -770,6 +794,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 	}
 
+	// Counter slots of the backends in the maps (a restarted daemon's).
+	if err := p.adoptStatSlots(bes); err != nil {
+		return err
+	}
 	// Everything in the maps counts as used until the sweep below.
 	p.svcIDs.init()
 	p.backendIDs.init()
@@ -816,6 +844,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	}
 
 	p.farms = map[string]*generation{}
+	p.bySvc = map[uint32]*generation{}
 	p.stlOwner = map[xlbStlKey]string{}
 	adopted := map[uint32]bool{}
 	// Farms already in the maps are adopted first, so that a farm
@@ -841,6 +870,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			taken[id] = true
 		}
 		p.farms[f.Name] = g
+		p.bySvc[g.val.Id] = g
+		if err := p.setSvcFlags(g); err != nil {
+			return fmt.Errorf("farm %q: %w", f.Name, err)
+		}
 		// The index and the stlsdnat mappings may predate this
 		// version: write them again.
 		if err := p.writeIndex(g); err != nil {
@@ -926,6 +959,18 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		for _, k := range stale {
 			_ = p.objs.XlbBeIndex.Delete(k)
+		}
+	}
+	if err := p.syncBackendStats(liveBE); err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, f := range farms {
+		known[f.Name] = true
+	}
+	for name := range p.carry {
+		if !known[name] {
+			delete(p.carry, name)
 		}
 	}
 	p.svcIDs.init()

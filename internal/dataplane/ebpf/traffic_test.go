@@ -309,6 +309,11 @@ func TestTrafficRestart(t *testing.T) {
 	if len(counts) != 3 {
 		t.Errorf("after restart: %v", counts)
 	}
+	// The counters are pinned: the connections before, while no daemon
+	// ran, and after are all counted.
+	if fc, err := p2.Counters(ctx, f); err != nil || fc.Connections != 8 {
+		t.Errorf("counters after restart: %+v, %v; want 8 connections", fc, err)
+	}
 }
 
 // TestTrafficSchedulers: symhash and maglev spread one client's

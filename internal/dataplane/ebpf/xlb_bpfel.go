@@ -30,6 +30,30 @@ type xlbBeIndexKey struct {
 	Pad  uint16
 }
 
+type xlbBeStats struct {
+	_        structs.HostLayout
+	Conns    uint64
+	InPkts   uint64
+	InBytes  uint64
+	OutPkts  uint64
+	OutBytes uint64
+}
+
+type xlbConnEvent struct {
+	_       structs.HostLayout
+	Svc     uint32
+	Backend uint32
+	Src     [4]uint32
+	Vip     [4]uint32
+	Dst     [4]uint32
+	Sport   uint16
+	Vport   uint16
+	Dport   uint16
+	Proto   uint8
+	Family  uint8
+	Ts      uint64
+}
+
 type xlbCtKey struct {
 	_      structs.HostLayout
 	Src    [4]uint32
@@ -126,24 +150,31 @@ type xlbSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xlbMapXlbBackends     = "xlb_backends"
-	xlbMapXlbBeFlags      = "xlb_be_flags"
-	xlbMapXlbBeIndex      = "xlb_be_index"
-	xlbMapXlbCt           = "xlb_ct"
-	xlbMapXlbPersist      = "xlb_persist"
-	xlbMapXlbRr           = "xlb_rr"
-	xlbMapXlbScratch      = "xlb_scratch"
-	xlbMapXlbServices     = "xlb_services"
-	xlbMapXlbSlots        = "xlb_slots"
-	xlbMapXlbStateless    = "xlb_stateless"
-	xlbMapXlbStats        = "xlb_stats"
-	xlbProgXlbIngress     = "xlb_ingress"
-	xlbVarXlbCtRefreshNs  = "xlb_ct_refresh_ns"
-	xlbVarXlbTimeoutClose = "xlb_timeout_close"
-	xlbVarXlbTimeoutFin   = "xlb_timeout_fin"
-	xlbVarXlbTimeoutSyn   = "xlb_timeout_syn"
-	xlbVarXlbTimeoutTcp   = "xlb_timeout_tcp"
-	xlbVarXlbTimeoutUdp   = "xlb_timeout_udp"
+	xlbMapXlbBackends        = "xlb_backends"
+	xlbMapXlbBeFlags         = "xlb_be_flags"
+	xlbMapXlbBeIndex         = "xlb_be_index"
+	xlbMapXlbBeStats         = "xlb_be_stats"
+	xlbMapXlbCt              = "xlb_ct"
+	xlbMapXlbEvents          = "xlb_events"
+	xlbMapXlbPersist         = "xlb_persist"
+	xlbMapXlbRr              = "xlb_rr"
+	xlbMapXlbScratch         = "xlb_scratch"
+	xlbMapXlbServices        = "xlb_services"
+	xlbMapXlbSlots           = "xlb_slots"
+	xlbMapXlbStateless       = "xlb_stateless"
+	xlbMapXlbStats           = "xlb_stats"
+	xlbMapXlbSvcFlags        = "xlb_svc_flags"
+	xlbMapXlbXdpTx           = "xlb_xdp_tx"
+	xlbProgXlbIngress        = "xlb_ingress"
+	xlbProgXlbXdp            = "xlb_xdp"
+	xlbVarXlbCtRefreshNs     = "xlb_ct_refresh_ns"
+	xlbVarXlbTimeoutClose    = "xlb_timeout_close"
+	xlbVarXlbTimeoutFin      = "xlb_timeout_fin"
+	xlbVarXlbTimeoutSyn      = "xlb_timeout_syn"
+	xlbVarXlbTimeoutTcp      = "xlb_timeout_tcp"
+	xlbVarXlbTimeoutUdp      = "xlb_timeout_udp"
+	xlbVarXlbUnusedConnEvent = "xlb_unused_conn_event"
+	xlbVarXlbXdpAnyTx        = "xlb_xdp_any_tx"
 )
 
 // loadXlb returns the embedded CollectionSpec for xlb.
@@ -189,6 +220,7 @@ type xlbSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
 	XlbIngress *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
+	XlbXdp     *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
 
 // xlbMapSpecs contains maps before they are loaded into the kernel.
@@ -198,7 +230,9 @@ type xlbMapSpecs struct {
 	XlbBackends  *ebpf.MapSpec `ebpf:"xlb_backends"`
 	XlbBeFlags   *ebpf.MapSpec `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
+	XlbBeStats   *ebpf.MapSpec `ebpf:"xlb_be_stats"`
 	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
+	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
 	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
 	XlbScratch   *ebpf.MapSpec `ebpf:"xlb_scratch"`
@@ -206,18 +240,22 @@ type xlbMapSpecs struct {
 	XlbSlots     *ebpf.MapSpec `ebpf:"xlb_slots"`
 	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
+	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
 // xlbVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbVariableSpecs struct {
-	XlbCtRefreshNs  *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
-	XlbTimeoutClose *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
-	XlbTimeoutFin   *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
-	XlbTimeoutSyn   *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
-	XlbTimeoutTcp   *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
-	XlbTimeoutUdp   *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
+	XlbCtRefreshNs     *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
+	XlbTimeoutClose    *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin      *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn      *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp      *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp      *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
+	XlbUnusedConnEvent *ebpf.VariableSpec `ebpf:"xlb_unused_conn_event"`
+	XlbXdpAnyTx        *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbObjects contains all objects after they have been loaded into the kernel.
@@ -243,7 +281,9 @@ type xlbMaps struct {
 	XlbBackends  *ebpf.Map `ebpf:"xlb_backends"`
 	XlbBeFlags   *ebpf.Map `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
+	XlbBeStats   *ebpf.Map `ebpf:"xlb_be_stats"`
 	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
+	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
 	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
 	XlbScratch   *ebpf.Map `ebpf:"xlb_scratch"`
@@ -251,6 +291,8 @@ type xlbMaps struct {
 	XlbSlots     *ebpf.Map `ebpf:"xlb_slots"`
 	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
+	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
 func (m *xlbMaps) Close() error {
@@ -258,7 +300,9 @@ func (m *xlbMaps) Close() error {
 		m.XlbBackends,
 		m.XlbBeFlags,
 		m.XlbBeIndex,
+		m.XlbBeStats,
 		m.XlbCt,
+		m.XlbEvents,
 		m.XlbPersist,
 		m.XlbRr,
 		m.XlbScratch,
@@ -266,6 +310,8 @@ func (m *xlbMaps) Close() error {
 		m.XlbSlots,
 		m.XlbStateless,
 		m.XlbStats,
+		m.XlbSvcFlags,
+		m.XlbXdpTx,
 	)
 }
 
@@ -273,12 +319,14 @@ func (m *xlbMaps) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbVariables struct {
-	XlbCtRefreshNs  *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
-	XlbTimeoutClose *ebpf.Variable `ebpf:"xlb_timeout_close"`
-	XlbTimeoutFin   *ebpf.Variable `ebpf:"xlb_timeout_fin"`
-	XlbTimeoutSyn   *ebpf.Variable `ebpf:"xlb_timeout_syn"`
-	XlbTimeoutTcp   *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
-	XlbTimeoutUdp   *ebpf.Variable `ebpf:"xlb_timeout_udp"`
+	XlbCtRefreshNs     *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
+	XlbTimeoutClose    *ebpf.Variable `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin      *ebpf.Variable `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn      *ebpf.Variable `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp      *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp      *ebpf.Variable `ebpf:"xlb_timeout_udp"`
+	XlbUnusedConnEvent *ebpf.Variable `ebpf:"xlb_unused_conn_event"`
+	XlbXdpAnyTx        *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbPrograms contains all programs after they have been loaded into the kernel.
@@ -286,11 +334,13 @@ type xlbVariables struct {
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
 	XlbIngress *ebpf.Program `ebpf:"xlb_ingress"`
+	XlbXdp     *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
 	return _XlbClose(
 		p.XlbIngress,
+		p.XlbXdp,
 	)
 }
 

@@ -19,6 +19,8 @@ type Plane struct {
 	applies int
 	// FailApply, when set, fails the next Apply calls for which it returns an error.
 	FailApply func(d dataplane.Diff) error
+	// FailReconcile, when set, fails Reconcile calls for which it returns an error.
+	FailReconcile func(farms []*model.Farm) error
 	// Refuse, when set, is the plane's Check.
 	Refuse func(f *model.Farm) error
 }
@@ -61,6 +63,11 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.FailReconcile != nil {
+		if err := p.FailReconcile(farms); err != nil {
+			return err
+		}
+	}
 	p.farms = map[string]*model.Farm{}
 	for _, f := range farms {
 		p.farms[f.Name] = f

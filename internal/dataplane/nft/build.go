@@ -305,9 +305,17 @@ type farmPlan struct {
 	// persist names the persistence map ("" without persistence or
 	// without serving backends); see persist.go.
 	persist string
+	// dsrMode: mode dsr (dsr.go). The chain and map live in the netdev
+	// table; svc elements are in dsr4/6 (jump), post elements in
+	// dsrif4/6 (the oface's index); dsr holds the resolved links.
+	dsrMode bool
+	dsr     *dsrLink
 }
 
 func (p *farmPlan) svcSet() string {
+	if p.dsrMode {
+		return pick(p.v6, setDsr4, setDsr6)
+	}
 	if p.stls {
 		return pick(p.v6, setStls4, setStls6)
 	}
@@ -320,6 +328,9 @@ func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
 func (p *farmPlan) logSet() string  { return pick(p.v6, setLog4, setLog6) }
 func (p *farmPlan) revSet() string  { return pick(p.v6, setStlsR4, setStlsR6) }
 func (p *farmPlan) postSet() string {
+	if p.dsrMode {
+		return pick(p.v6, setDsrIf4, setDsrIf6)
+	}
 	if p.mark {
 		if len(p.post) > 0 && p.post[0].Val != nil {
 			return pick(p.v6, setSnatM4, setSnatM6)
@@ -360,6 +371,16 @@ func plan(f *model.Farm) *farmPlan {
 			if f.SourceAddr.IsValid() {
 				p.post[0].Val = f.SourceAddr.AsSlice()
 			}
+		}
+		return p.backends(f)
+	}
+	if f.Mode == model.ModeDSR {
+		// The links (and so the post elements) are set by setDSR.
+		p.dsrMode = true
+		p.chain = farmDsr + nameHash(f.Name)
+		p.svc = svcElems(f, p.chain, nil)
+		for i := range p.svc {
+			p.svc[i].Jump = true
 		}
 		return p.backends(f)
 	}
@@ -409,6 +430,10 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
 		p.port = f.VirtualPorts[0].First
 	}
+	if p.dsrMode {
+		// The map holds MACs: ports never change in dsr.
+		p.kind = kindAddr
+	}
 	if p.stls && p.kind == kindAddrPort {
 		// Check makes every backend of a stateless farm share a port:
 		// the map holds addresses and the port is a constant, so nft
@@ -447,6 +472,9 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 		s.KeyByteOrder = binaryutil.BigEndian
 	}
 	s.DataType = p.dataType()
+	if p.dsrMode {
+		s.DataType = nftables.TypeEtherAddr
+	}
 	if p.ids {
 		s.DataType = nftables.TypeMark // backend id, see persist.go
 	}
@@ -456,6 +484,9 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 // slotData is a slot's data in the backend map: the backend, or its id in
 // farms with persistence or backend marks.
 func (p *farmPlan) slotData(b model.Backend) []byte {
+	if p.dsrMode {
+		return p.macData(b)
+	}
 	if p.ids {
 		return binaryutil.NativeEndian.PutUint32(backendID(b))
 	}
@@ -719,11 +750,25 @@ func writeAddrPort(v6 bool, proto model.Protocol, src bool, port uint16) []expr.
 	if src {
 		off, poff = pick(v6, uint32(12), 8), 0
 	}
-	// IPv4 only: google/nftables v0.3.0 sends the pseudo-header flag
-	// only with a checksum type, and IPv6 has no header checksum (Check
-	// refuses IPv6 stlsdnat farms).
+	// IPv4: fix the header checksum (offset 10) and, as the address is
+	// in the pseudo header, the transport checksum (L4CSUM_PSEUDOHDR).
+	//
+	// IPv6 has no header checksum: only the transport checksum is to be
+	// fixed, i.e. checksum type none with the pseudo-header flag, which
+	// the kernel takes but google/nftables v0.3.0 cannot send (it sends
+	// the flags only with a checksum type). So the inet checksum offset
+	// points into the address field being written: the kernel
+	// (nft_payload_set_eval) updates that 16-bit "checksum", then the
+	// transport checksum, then stores the new address over both bytes,
+	// so the net effect is type none plus the flag. (A transport
+	// checksum offset would be wrong for CHECKSUM_PARTIAL packets, which
+	// only the pseudo-header path handles.)
+	csumOff := uint32(10)
+	if v6 {
+		csumOff = off
+	}
 	a := &expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1, Base: expr.PayloadBaseNetworkHeader,
-		Offset: off, Len: pick(v6, uint32(4), 16), CsumType: expr.CsumTypeInet, CsumOffset: 10, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR}
+		Offset: off, Len: pick(v6, uint32(4), 16), CsumType: expr.CsumTypeInet, CsumOffset: csumOff, CsumFlags: unix.NFT_PAYLOAD_L4CSUM_PSEUDOHDR}
 	out := []expr.Any{a}
 	if port != 0 {
 		out = append(out,

@@ -82,6 +82,11 @@
 // taken from the conntrack entry's original direction, so no packet or
 // connection mark is needed.
 //
+// Mode dsr lives in a netdev table of the same name next to each inet
+// table (dsr.go): an ingress chain per interface in use, MAC rewrite and
+// fwd. A family dual farm is programmed as two farms, one per VIP
+// (dual.go). --conn-table-size sizes the kernel's conntrack (conntrack.go).
+//
 // # Changes
 //
 // Apply sends one batch per diff and lists nothing from the kernel: the

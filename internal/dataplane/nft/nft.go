@@ -50,13 +50,16 @@ type Options struct {
 	LogGroup uint16
 }
 
-// Plane is the nftables data plane. It owns one inet table and never
-// touches any other. Its methods are safe for concurrent use, but the
-// engine calls them from one goroutine.
+// Plane is the nftables data plane. It owns one inet table (and its netdev
+// twin of the same name, for mode dsr) and never touches any other. Its
+// methods are safe for concurrent use, but the engine calls them from one
+// goroutine.
 type Plane struct {
 	log   *slog.Logger
 	opts  Options
 	table *nftables.Table
+	// ntable is the netdev table of the same name: mode dsr (dsr.go).
+	ntable *nftables.Table
 
 	mu     sync.Mutex
 	conn   *nftables.Conn
@@ -80,7 +83,13 @@ type Plane struct {
 // has them only while one of its farms needs them: with farms spread over
 // many tables, idle ones would otherwise cost every packet a few lookups
 // per table.
-type hookState struct{ raw, filter bool }
+//
+// devs lists (sorted, comma-separated) the devices whose ingress the netdev
+// table hooks: the ifaces of its dsr farms.
+type hookState struct {
+	raw, filter bool
+	devs        string
+}
 
 // wantHooks returns the base chains the farms of the table need.
 func wantHooks(farms func(yield func(*farmState) bool)) hookState {
@@ -91,10 +100,8 @@ func wantHooks(farms func(yield func(*farmState) bool)) hookState {
 		}
 		h.raw = h.raw || s.plan.stls
 		h.filter = h.filter || s.plan.fchain != ""
-		if h.raw && h.filter {
-			break
-		}
 	}
+	h.devs = devList(farms)
 	return h
 }
 
@@ -148,14 +155,18 @@ func newTablePlane(ctx context.Context, log *slog.Logger, opts Options, shared *
 		opts.NetNS = netns.None()
 	}
 	p := &Plane{
-		log:   log,
-		opts:  opts,
-		table: &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyINet},
-		farms: map[string]*farmState{},
-		gen:   uint64(time.Now().UnixNano()),
+		log:    log,
+		opts:   opts,
+		table:  &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyINet},
+		ntable: &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyNetdev},
+		farms:  map[string]*farmState{},
+		gen:    uint64(time.Now().UnixNano()),
 	}
 	p.static = map[string]*nftables.Set{}
 	for _, s := range staticSets(p.table) {
+		p.static[s.Name] = s
+	}
+	for _, s := range netdevSets(p.ntable) {
 		p.static[s.Name] = s
 	}
 	if shared != nil {
@@ -177,6 +188,10 @@ func newTablePlane(ctx context.Context, log *slog.Logger, opts Options, shared *
 	if err := p.programPostrouting(); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("program postrouting chain: %w", err)
+	}
+	if err := p.programDSR(); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("program dsr chain of table netdev %s: %w", opts.Table, err)
 	}
 	return p, nil
 }
@@ -256,12 +271,10 @@ func (p *Plane) Check(f *model.Farm) error {
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
 			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet"}
 	case f.Family == model.FamilyDual:
-		return no("family", f.Family.String())
-	case f.Mode == model.ModeDSR:
-		return no("mode", f.Mode.String())
-	case f.Mode == model.ModeStlsDNAT && (f.VirtualAddr.Is6() || f.IsMarkFarm()):
+		return p.checkDual(f)
+	case f.Mode == model.ModeStlsDNAT && f.IsMarkFarm():
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
-			Problem: "the " + PlaneName + " data plane does stlsdnat for IPv4 VIP farms only yet"}
+			Problem: "the " + PlaneName + " data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)"}
 	case f.Mode == model.ModeStlsDNAT && f.Scheduler != model.SchedHash && f.Scheduler != model.SchedSymhash && f.Scheduler != model.SchedMaglev:
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
 			Problem: "mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev"}
@@ -282,6 +295,11 @@ func (p *Plane) Check(f *model.Farm) error {
 		return no("priority", fmt.Sprint(f.Priority))
 	case len(f.Policies) > 0:
 		return no("policies", f.Policies[0].Name)
+	}
+	if f.Mode == model.ModeDSR {
+		if err := dsrCheck(f); err != nil {
+			return err
+		}
 	}
 	var zeroPort, port bool
 	marks := map[uint32]string{}
@@ -319,12 +337,17 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	links, err := resolveDSR(p.opts.NetNS, diffFarms(expandDiff(d)))
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
 	b := p.newBatch()
+	b.links = links
 	pd := p.queue(b, d)
 	if err := b.flush(); err != nil {
 		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
@@ -336,6 +359,7 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 // queue adds the messages of d to batch b (nothing is sent) and returns the
 // farms' states to commit once the batch is in the kernel.
 func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
+	d = expandDiff(d)
 	next := map[string]*farmState{}
 	cur := func(name string) *farmState {
 		if s, ok := next[name]; ok {
@@ -374,6 +398,7 @@ func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
 		}
 	})
 	b.syncHooks(p.hooks, want)
+	b.syncDevs(p.hooks.devs, want.devs)
 	return &pending{farms: next, hooks: want}
 }
 
@@ -404,18 +429,26 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if p.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
+	farms, links, err := resolveLenient(p.log, p.opts.NetNS, expandFarms(farms))
+	if err != nil {
+		return err
+	}
 	k, err := p.readKernel()
 	if err != nil {
 		return err
 	}
 	b := p.newBatch()
+	b.links = links
 	b.ensureStatic()
 	next := map[string]*farmState{}
 	wantElems := map[string]map[string]elem{} // set -> id -> element
 	for _, s := range staticSets(p.table) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true}
+	for _, s := range netdevSets(p.ntable) {
+		wantElems[s.Name] = map[string]elem{}
+	}
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainDsr: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
@@ -424,7 +457,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if _, dup := next[f.Name]; dup {
 			return fmt.Errorf("reconcile: farm %q given twice", f.Name)
 		}
-		pl := plan(f)
+		pl := b.plan(f)
 		if pl == nil {
 			next[f.Name] = &farmState{}
 			continue
@@ -436,13 +469,13 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		for _, x := range auxes {
 			if name := x.chain(pl); name != "" {
 				keepChains[name] = true
-				b.buildAux(x, pl, f, k.chains[name])
+				b.buildAux(x, pl, f, k.chains[name] != nil)
 				for _, e := range x.elems(pl) {
 					wantElems[x.set(pl)][e.id()] = e
 				}
 			}
 		}
-		s := b.buildFarm(pl, f, k.chains[pl.chain])
+		s := b.buildFarm(pl, f, k.chains[pl.chain] == b.tableOf(pl))
 		for _, name := range s.sets() {
 			keepSets[name] = true
 		}
@@ -470,6 +503,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		keepChains[chainFilter] = true
 		b.addHook(chainFilter)
 	}
+	for _, d := range splitDevs(hooks.devs) {
+		keepChains[devChain+d] = true
+		b.addDevChain(d)
+	}
 	// Service and snat elements: remove what is wrong, add what is missing.
 	for name, want := range wantElems {
 		have := k.elems[name]
@@ -488,19 +525,20 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		b.addElems(p.static[name], add)
 	}
 	// Strays: anything else in xlb's table.
-	var strayChains []string
-	for name := range k.chains {
+	var strayChains []*nftables.Chain
+	for name, t := range k.chains {
 		if !keepChains[name] {
-			strayChains = append(strayChains, name)
-			b.c.FlushChain(&nftables.Chain{Table: p.table, Name: name})
+			ch := &nftables.Chain{Table: t, Name: name}
+			strayChains = append(strayChains, ch)
+			b.c.FlushChain(ch)
 		}
 	}
-	for _, name := range strayChains {
-		b.c.DelChain(&nftables.Chain{Table: p.table, Name: name})
+	for _, ch := range strayChains {
+		b.c.DelChain(ch)
 	}
-	for _, name := range k.sets {
+	for name, t := range k.sets {
 		if !keepSets[name] {
-			b.c.DelSet(&nftables.Set{Table: p.table, Name: name})
+			b.c.DelSet(&nftables.Set{Table: t, Name: name})
 		}
 	}
 	for _, name := range k.helpers {
@@ -516,6 +554,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if err := p.programPostrouting(); err != nil {
 		return fmt.Errorf("reconcile postrouting chain: %w", err)
 	}
+	if err := p.programDSR(); err != nil {
+		return fmt.Errorf("reconcile dsr chain: %w", err)
+	}
 
 	p.log.Debug("nft reconciled", "farms", len(farms), "stray_chains", len(strayChains))
 	return nil
@@ -523,55 +564,69 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 
 // kernelState is what Reconcile read from xlb's table.
 type kernelState struct {
-	chains  map[string]bool
-	sets    []string
+	// chains and sets of xlb's inet and netdev tables, by name (names
+	// are unique across the two), with the table each is in.
+	chains  map[string]*nftables.Table
+	sets    map[string]*nftables.Table
 	helpers []string                   // ct helper objects
 	elems   map[string]map[string]elem // static set -> id -> element
 }
 
 func (p *Plane) readKernel() (*kernelState, error) {
-	k := &kernelState{chains: map[string]bool{}, elems: map[string]map[string]elem{}}
-	tables, err := p.conn.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		p.redial()
-		return nil, fmt.Errorf("list tables: %w", err)
-	}
-	found := false
-	for _, t := range tables {
-		found = found || t.Name == p.table.Name
-	}
-	if !found {
-		return k, nil
-	}
-	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		p.redial()
-		return nil, fmt.Errorf("list chains: %w", err)
-	}
-	for _, c := range chains {
-		if c.Table.Name == p.table.Name {
-			k.chains[c.Name] = true
+	k := &kernelState{chains: map[string]*nftables.Table{}, sets: map[string]*nftables.Table{}, elems: map[string]map[string]elem{}}
+	for _, t := range []*nftables.Table{p.table, p.ntable} {
+		if err := p.readTable(k, t); err != nil {
+			return nil, err
 		}
 	}
-	helpers, err := p.listHelperObjects()
-	if err != nil {
-		return nil, fmt.Errorf("list objects: %w", err)
-	}
-	k.helpers = helpers
-	sets, err := p.conn.GetSets(p.table)
+	return k, nil
+}
+
+// readTable adds what table t holds to k.
+func (p *Plane) readTable(k *kernelState, t *nftables.Table) error {
+	tables, err := p.conn.ListTablesOfFamily(t.Family)
 	if err != nil {
 		p.redial()
-		return nil, fmt.Errorf("list sets: %w", err)
+		return fmt.Errorf("list tables: %w", err)
+	}
+	found := false
+	for _, kt := range tables {
+		found = found || kt.Name == t.Name
+	}
+	if !found {
+		return nil
+	}
+	chains, err := p.conn.ListChainsOfTableFamily(t.Family)
+	if err != nil {
+		p.redial()
+		return fmt.Errorf("list chains: %w", err)
+	}
+	for _, c := range chains {
+		if c.Table.Name == t.Name {
+			k.chains[c.Name] = t
+		}
+	}
+	if t.Family == nftables.TableFamilyINet {
+		helpers, err := p.listHelperObjects()
+		if err != nil {
+			return fmt.Errorf("list objects: %w", err)
+		}
+		k.helpers = helpers
+	}
+	sets, err := p.conn.GetSets(t)
+	if err != nil {
+		p.redial()
+		return fmt.Errorf("list sets: %w", err)
 	}
 	for _, s := range sets {
-		k.sets = append(k.sets, s.Name)
-		if _, ok := p.static[s.Name]; !ok {
+		k.sets[s.Name] = t
+		if st, ok := p.static[s.Name]; !ok || st.Table.Family != t.Family {
 			continue
 		}
 		els, err := p.conn.GetSetElements(s)
 		if err != nil {
 			p.redial()
-			return nil, fmt.Errorf("list elements of %s: %w", s.Name, err)
+			return fmt.Errorf("list elements of %s: %w", s.Name, err)
 		}
 		m := map[string]elem{}
 		for _, se := range els {
@@ -594,7 +649,7 @@ func (p *Plane) readKernel() (*kernelState, error) {
 		}
 		k.elems[s.Name] = m
 	}
-	return k, nil
+	return nil
 }
 
 // redial replaces the netlink connection after an error: a failed batch can
@@ -615,9 +670,43 @@ func (p *Plane) redial() {
 
 // batch collects one netlink transaction.
 type batch struct {
-	p *Plane
-	c *nftables.Conn
-	n int // messages queued (roughly), for logs
+	p     *Plane
+	c     *nftables.Conn
+	n     int                 // messages queued (roughly), for logs
+	links map[string]*dsrLink // resolved links of the dsr farms, by farm name
+}
+
+// plan is plan(f), completed with the farm's resolved links in mode dsr.
+func (b *batch) plan(f *model.Farm) *farmPlan {
+	pl := plan(f)
+	if pl != nil && pl.dsrMode {
+		l := b.links[f.Name]
+		if l == nil {
+			// Apply and Reconcile resolve every dsr farm they are given.
+			panic("nft: dsr farm " + f.Name + " applied without resolved links")
+		}
+		pl.setDSR(f, l)
+	}
+	return pl
+}
+
+// tableOf returns the table a farm's chain and maps are in.
+func (b *batch) tableOf(pl *farmPlan) *nftables.Table {
+	if pl.dsrMode {
+		return b.p.ntable
+	}
+	return b.p.table
+}
+
+// diffFarms returns the new farms of a diff.
+func diffFarms(d dataplane.Diff) []*model.Farm {
+	var out []*model.Farm
+	for _, c := range d.Changes {
+		if c.New != nil {
+			out = append(out, c.New)
+		}
+	}
+	return out
 }
 
 func (p *Plane) newBatch() *batch { return &batch{p: p, c: p.conn} }
@@ -679,6 +768,15 @@ func (b *batch) ensureStatic() {
 	// them (syncHooks). The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	// The netdev table (mode dsr): static maps and the regular chain dsr,
+	// whose rules programDSR sends; device chains come and go (syncDevs).
+	b.c.AddTable(b.p.ntable)
+	for _, s := range netdevSets(b.p.ntable) {
+		s.ID = b.nextID()
+		b.p.static[s.Name] = s
+		_ = b.c.AddSet(s, nil)
+	}
+	b.c.AddChain(&nftables.Chain{Table: b.p.ntable, Name: chainDsr})
 }
 
 // syncHooks adds or deletes the per-packet base chains so the table has
@@ -757,7 +855,7 @@ func (b *batch) delElems(s *nftables.Set, els []elem) {
 // name, and points the chain's rules at it. existing says whether the chain
 // is already in the kernel (then its rules are flushed in this batch).
 func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState {
-	t := b.p.table
+	t := b.tableOf(pl)
 	ch := &nftables.Chain{Table: t, Name: pl.chain}
 	if existing {
 		b.c.FlushChain(ch)
@@ -812,7 +910,11 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 			_ = b.c.AddSet(pset, nil)
 		}
 	}
-	for _, r := range pl.farmRules(f, s.mapName, id, modulus, pset, aset) {
+	rules := pl.farmRules(f, s.mapName, id, modulus, pset, aset)
+	if pl.dsrMode {
+		rules = pl.dsrFarmRules(f, s.mapName, id, modulus)
+	}
+	for _, r := range rules {
 		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 	}
 	return s
@@ -822,7 +924,7 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 // rebuilt (O(backends)); service and snat elements are changed only where
 // they differ.
 func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
-	pl := plan(f)
+	pl := b.plan(f)
 	if pl == nil {
 		b.removeFarm(old)
 		return &farmState{}
@@ -831,14 +933,21 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	if old != nil {
 		oldPlan = old.plan
 	}
-	s := b.buildFarm(pl, f, oldPlan != nil)
+	// A farm that enters or leaves mode dsr moves between tables: its
+	// old chain goes (after the elements that point to it, below).
+	moved := oldPlan != nil && oldPlan.chain != pl.chain
+	if moved {
+		// Its rules use the old maps, deleted below.
+		b.c.FlushChain(&nftables.Chain{Table: b.tableOf(oldPlan), Name: oldPlan.chain})
+	}
+	s := b.buildFarm(pl, f, oldPlan != nil && !moved)
 	keep := map[string]bool{pl.persist: true}
 	for _, name := range s.sets() {
 		keep[name] = true
 	}
 	for _, name := range old.sets() {
 		if !keep[name] {
-			b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
+			b.c.DelSet(&nftables.Set{Table: b.tableOf(oldPlan), Name: name})
 		}
 	}
 	// Removed keys first: a farm that moves a port to another set or
@@ -859,6 +968,9 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	}
 	if oldPlan != nil && oldPlan.helper != "" && oldPlan.helper != pl.helper {
 		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: oldPlan.helper, Type: nftables.ObjTypeCtHelper})
+	}
+	if moved {
+		b.c.DelChain(&nftables.Chain{Table: b.tableOf(oldPlan), Name: oldPlan.chain})
 	}
 	return s
 }
@@ -977,7 +1089,7 @@ func (b *batch) removeFarm(old *farmState) {
 	if len(pl.post) > 0 {
 		b.delElems(b.p.static[pl.postSet()], pl.post)
 	}
-	ch := &nftables.Chain{Table: b.p.table, Name: pl.chain}
+	ch := &nftables.Chain{Table: b.tableOf(pl), Name: pl.chain}
 	b.c.FlushChain(ch)
 	b.c.DelChain(ch)
 	for _, x := range auxes {
@@ -992,7 +1104,7 @@ func (b *batch) removeFarm(old *farmState) {
 		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: pl.helper, Type: nftables.ObjTypeCtHelper})
 	}
 	for _, name := range old.sets() {
-		b.c.DelSet(&nftables.Set{Table: b.p.table, Name: name})
+		b.c.DelSet(&nftables.Set{Table: b.tableOf(pl), Name: name})
 	}
 }
 

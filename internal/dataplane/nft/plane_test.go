@@ -39,12 +39,27 @@ func TestCheck(t *testing.T) {
 		field string
 		edit  func(f *model.Farm)
 	}{
-		{"mode", func(f *model.Farm) { f.Mode = model.ModeDSR }},
+		// dsr: per-packet schedulers only for udp; nothing that needs conntrack.
+		{"scheduler", func(f *model.Farm) { f.Mode = model.ModeDSR }},
+		{"persistence", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam, f.Persistence = model.ModeDSR, model.SchedHash, model.KeySrcIP, model.KeySrcIP
+		}},
+		{"est-connlimit", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam, f.EstConnLimit = model.ModeDSR, model.SchedHash, model.KeySrcIP, 5
+		}},
+		{"new-rtlimit", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam, f.NewRTLimit = model.ModeDSR, model.SchedMaglev, 0, 5
+		}},
+		{"log", func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Log = model.ModeDSR, model.ProtoUDP, model.LogForward
+		}},
+		{"mark", func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Backends[0].Mark = model.ModeDSR, model.ProtoUDP, 3
+		}},
 		{"scheduler", func(f *model.Farm) { f.Mode = model.ModeStlsDNAT }},
 		{"mode", func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
-			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
-			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
+			f.VirtualAddr, f.VirtualPorts, f.Mark = netip.Addr{}, nil, 7
 		}},
 		{"mode", func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
@@ -65,6 +80,12 @@ func TestCheck(t *testing.T) {
 		{"mark", func(f *model.Farm) { f.Mark = 7 }},
 		{"mark", func(f *model.Farm) { f.Mark = 7; f.VirtualAddr = netip.Addr{}; f.Helper = model.HelperFTP }},
 		{"family", func(f *model.Farm) { f.Family = model.FamilyDual }},
+		// Each half of a dual farm is checked: here the IPv6 half's
+		// persistence key is too long.
+		{"persistence", func(f *model.Farm) {
+			f.Family, f.VirtualAddr2 = model.FamilyDual, netip.MustParseAddr("fd00::1")
+			f.Persistence = model.KeySrcIP | model.KeyDstIP
+		}},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
 		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
 		{"mark", func(f *model.Farm) {
@@ -98,8 +119,34 @@ func TestCheck(t *testing.T) {
 			f.SchedParam = model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort
 		},
 		func(f *model.Farm) { f.Protocol = model.ProtoSCTP },
+		func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
+			f.VirtualAddr, f.Family = netip.MustParseAddr("fd00::1"), model.FamilyIPv6
+			f.Backends[0].Addr = netip.MustParseAddr("fd00:1::1")
+		},
 		func(f *model.Farm) { f.Protocol = model.ProtoAll; f.VirtualPorts = nil },
 		func(f *model.Farm) { f.Scheduler = model.SchedWeight; f.Mode = model.ModeDNAT },
+		func(f *model.Farm) {
+			f.Family, f.VirtualAddr2 = model.FamilyDual, netip.MustParseAddr("fd00::1")
+			b := f.Backends[0]
+			b.Name, b.Addr = "b6", netip.MustParseAddr("fd00:1::1")
+			f.Backends = append(f.Backends, b)
+		},
+		func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeDSR, model.SchedHash, model.KeySrcIP
+		},
+		func(f *model.Farm) {
+			f.Mode, f.Scheduler = model.ModeDSR, model.SchedSymhash
+			f.SchedParam = model.KeySrcIP
+		},
+		func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Scheduler = model.ModeDSR, model.ProtoUDP, model.SchedWeight
+		},
+		func(f *model.Farm) {
+			f.Mode, f.Protocol, f.Iface, f.Oface = model.ModeDSR, model.ProtoUDP, "eth0", "eth1"
+			f.EtherAddr = model.EtherAddr{2, 0, 0, 0, 0, 1}
+			f.Backends[0].EtherAddr = model.EtherAddr{2, 0, 0, 0, 0, 2}
+		},
 		func(f *model.Farm) {
 			b := f.Backends[0]
 			b.Name, b.Port = "b2", 8080

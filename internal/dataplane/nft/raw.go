@@ -133,12 +133,12 @@ func postRulesRaw() ([][]rawExpr, error) {
 	return append(rules, r), nil
 }
 
-func nftMsg(typ int, flags netlink.HeaderFlags, attrs []netlink.Attribute) (netlink.Message, error) {
+func nftMsg(family byte, typ int, flags netlink.HeaderFlags, attrs []netlink.Attribute) (netlink.Message, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return netlink.Message{}, err
 	}
-	hdr := []byte{byte(nftables.TableFamilyINet), unix.NFNETLINK_V0, 0, 0}
+	hdr := []byte{family, unix.NFNETLINK_V0, 0, 0}
 	return netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: flags},
 		Data:   append(hdr, data...),
@@ -151,12 +151,18 @@ func (p *Plane) programPostrouting() error {
 	if err != nil {
 		return fmt.Errorf("encode postrouting rules: %w", err)
 	}
+	return p.sendRules(byte(nftables.TableFamilyINet), chainPostrouting, rules)
+}
+
+// sendRules replaces the rules of chain (in xlb's table of that family)
+// with rules, in one batch.
+func (p *Plane) sendRules(family byte, chain string, rules [][]rawExpr) error {
 	chainAttrs := []netlink.Attribute{
 		{Type: unix.NFTA_RULE_TABLE, Data: []byte(p.table.Name + "\x00")},
-		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chainPostrouting + "\x00")},
+		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
 	}
 	var msgs []netlink.Message
-	flush, err := nftMsg(unix.NFT_MSG_DELRULE, netlink.Request|netlink.Acknowledge, chainAttrs)
+	flush, err := nftMsg(family, unix.NFT_MSG_DELRULE, netlink.Request|netlink.Acknowledge, chainAttrs)
 	if err != nil {
 		return err
 	}
@@ -170,7 +176,7 @@ func (p *Plane) programPostrouting() error {
 		if err != nil {
 			return err
 		}
-		m, err := nftMsg(unix.NFT_MSG_NEWRULE, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Append,
+		m, err := nftMsg(family, unix.NFT_MSG_NEWRULE, netlink.Request|netlink.Acknowledge|netlink.Create|netlink.Append,
 			append(chainAttrs[:2:2], netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_RULE_EXPRESSIONS, Data: exprs}))
 		if err != nil {
 			return err
@@ -235,7 +241,7 @@ func (p *Plane) listHelperObjects() ([]string, error) {
 	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		return nil, err
 	}
-	req, err := nftMsg(unix.NFT_MSG_GETOBJ, netlink.Request|netlink.Dump, []netlink.Attribute{
+	req, err := nftMsg(byte(nftables.TableFamilyINet), unix.NFT_MSG_GETOBJ, netlink.Request|netlink.Dump, []netlink.Attribute{
 		{Type: unix.NFTA_OBJ_TABLE, Data: []byte(p.table.Name + "\x00")},
 		{Type: unix.NFTA_OBJ_TYPE, Data: binaryutil.BigEndian.PutUint32(unix.NFT_OBJECT_CT_HELPER)},
 	})

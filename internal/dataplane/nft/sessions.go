@@ -68,6 +68,15 @@ func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if hs := halves(f); len(hs) > 1 {
+		var all []dataplane.Session
+		err := dualSessions(f, "", func(h *model.Farm) error {
+			ss, err := p.Sessions(ctx, h)
+			all = append(all, ss...)
+			return err
+		})
+		return all, err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl, _, els, err := p.sessionElems(f)
@@ -94,6 +103,20 @@ func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
+	}
+	if hs := halves(f); len(hs) > 1 {
+		if backend != "" {
+			if _, i := f.Backend(backend); i < 0 {
+				return 0, fmt.Errorf("farm %q has no backend %q", f.Name, backend)
+			}
+		}
+		total := 0
+		err := dualSessions(f, backend, func(h *model.Farm) error {
+			n, err := p.DeleteSessions(ctx, h, client, backend)
+			total += n
+			return err
+		})
+		return total, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -120,6 +120,10 @@ func (s *Sharded) Apply(ctx context.Context, d dataplane.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	links, err := resolveDSR(s.opts.NetNS, diffFarms(expandDiff(d)))
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn == nil {
@@ -146,9 +150,11 @@ func (s *Sharded) Apply(ctx context.Context, d dataplane.Diff) error {
 		}
 		p := s.shards[i]
 		p.mu.Lock()
-		nexts[i] = p.queue(p.newBatch(), part)
+		b := p.newBatch()
+		b.links = links
+		nexts[i] = p.queue(b, part)
 	}
-	err := s.conn.Flush()
+	err = s.conn.Flush()
 	for i, next := range nexts {
 		if next == nil {
 			continue

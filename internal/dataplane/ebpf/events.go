@@ -1,0 +1,85 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"unsafe"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// startEvents starts reading the connection log (xlb_events): one log
+// line per new connection of a farm with log set.
+func (p *Plane) startEvents() error {
+	rd, err := ringbuf.NewReader(p.objs.XlbEvents)
+	if err != nil {
+		return fmt.Errorf("open connection log ring buffer: %w", err)
+	}
+	p.events = rd
+	p.evDone = make(chan struct{})
+	go p.readEvents(rd, p.evDone)
+	return nil
+}
+
+// stopEvents stops the reader and waits for it.
+func (p *Plane) stopEvents() {
+	if p.events == nil {
+		return
+	}
+	p.events.Close()
+	<-p.evDone
+	p.events = nil
+}
+
+func (p *Plane) readEvents(rd *ringbuf.Reader, done chan struct{}) {
+	defer close(done)
+	var rec ringbuf.Record
+	for {
+		if err := rd.ReadInto(&rec); err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) || errors.Is(err, os.ErrClosed) {
+				return
+			}
+			p.log.Error("read ebpf connection log", "err", err)
+			return
+		}
+		var ev xlbConnEvent
+		if len(rec.RawSample) < int(unsafe.Sizeof(ev)) {
+			continue
+		}
+		ev = *(*xlbConnEvent)(unsafe.Pointer(&rec.RawSample[0]))
+		p.logEvent(&ev)
+	}
+}
+
+// logEvent logs one new connection, naming its farm and backend.
+func (p *Plane) logEvent(ev *xlbConnEvent) {
+	farm, backend, prefix := "", "", ""
+	p.mu.Lock()
+	if g := p.bySvc[ev.Svc]; g != nil {
+		farm, prefix = g.farm, g.logPrefix
+		for i, id := range g.ids {
+			if id == ev.Backend && i < len(g.names) {
+				backend = g.names[i]
+				break
+			}
+		}
+	}
+	p.mu.Unlock()
+	proto := model.ProtoTCP
+	if ev.Proto == model.ProtoUDP.Number() {
+		proto = model.ProtoUDP
+	}
+	p.log.Info("new connection",
+		slog.String("prefix", prefix),
+		slog.String("farm", farm),
+		slog.String("backend", backend),
+		slog.String("protocol", proto.String()),
+		slog.String("client", netip.AddrPortFrom(wordsAddr(ev.Src, ev.Family), be16(ev.Sport)).String()),
+		slog.String("vip", netip.AddrPortFrom(wordsAddr(ev.Vip, ev.Family), be16(ev.Vport)).String()),
+		slog.String("backend_addr", netip.AddrPortFrom(wordsAddr(ev.Dst, ev.Family), be16(ev.Dport)).String()))
+}

@@ -1,0 +1,58 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// NotSupportedError says the data plane cannot do what was asked (HTTP 501).
+type NotSupportedError struct{ Msg string }
+
+func (e *NotSupportedError) Error() string { return e.Msg }
+
+// counterReader returns the data plane's counters, or why there are none.
+func (e *Engine) counterReader() (dataplane.CounterReader, error) {
+	cr, ok := e.dp.(dataplane.CounterReader)
+	if !ok {
+		return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-farm counters (the ebpf data plane does)", e.dp.Name())}
+	}
+	return cr, nil
+}
+
+// Counters reads a farm's traffic counters (and its backends') from the
+// data plane. Counters are kernel state: reading them takes no lock of the
+// engine.
+func (e *Engine) Counters(ctx context.Context, farm string) (*model.Farm, dataplane.FarmCounters, error) {
+	f, ok := e.Snapshot().Farm(farm)
+	if !ok {
+		return nil, dataplane.FarmCounters{}, &NotFoundError{What: fmt.Sprintf("farm %q", farm)}
+	}
+	cr, err := e.counterReader()
+	if err != nil {
+		return nil, dataplane.FarmCounters{}, err
+	}
+	c, err := cr.Counters(ctx, f)
+	return f, c, err
+}
+
+// AllCounters reads the counters of every farm, in the snapshot's order.
+func (e *Engine) AllCounters(ctx context.Context) ([]*model.Farm, []dataplane.FarmCounters, error) {
+	cr, err := e.counterReader()
+	if err != nil {
+		return nil, nil, err
+	}
+	farms := e.Snapshot().Farms()
+	out := make([]dataplane.FarmCounters, len(farms))
+	for i, f := range farms {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		if out[i], err = cr.Counters(ctx, f); err != nil {
+			return nil, nil, fmt.Errorf("farm %q: %w", f.Name, err)
+		}
+	}
+	return farms, out, nil
+}
