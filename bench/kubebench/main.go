@@ -350,12 +350,12 @@ func createServices(ctx context.Context, c kubernetes.Interface, from, to int) e
 	}
 }
 
-// retry runs a create up to 5 times: on a loaded machine etcd can time out
-// a request that may or may not have been applied (AlreadyExists then
+// retry runs a create up to 10 times: on a loaded machine etcd can time
+// out a request that may or may not have been applied (AlreadyExists then
 // means it was).
 func retry(ctx context.Context, create func() error) error {
 	var err error
-	for attempt := range 5 {
+	for attempt := range 10 {
 		err = create()
 		if err == nil || (attempt > 0 && apierrors.IsAlreadyExists(err)) {
 			return nil
