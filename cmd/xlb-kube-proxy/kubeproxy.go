@@ -78,8 +78,8 @@ their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
 attached at tcx ingress of --interfaces, with its maps pinned under
 --pin-path. It balances what arrives on those interfaces (not what the
 node itself sends), and Service features it does not implement (SCTP, the
-helper, log and est-connlimit annotations) are refused per Service with an
-Event (see docs/kube-proxy.md). The state
+helper and est-connlimit annotations) are refused per Service with an Event
+(see docs/kube-proxy.md). The state
 is saved in --state-dir, so a restart keeps the rules in place until the
 first sync replaces them.
 
