@@ -29,7 +29,16 @@ cleanup() {
 }
 trap cleanup EXIT
 ip netns exec "$NS" ip link set lo up
-ip netns exec "$NS" bin/kubebench -out bench/results -netns "$NS" "$@"
-if [ -f bench/results/kube-create-delete.json ]; then
-	go run ./bench/charts -dir bench/results -only kube-create-delete.json
+# -out DIR (default bench/results) is where the results and the chart go.
+out=bench/results
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+	case ${args[i]} in
+	-out | --out) out=${args[i + 1]:-$out} ;;
+	-out=* | --out=*) out=${args[i]#*=} ;;
+	esac
+done
+ip netns exec "$NS" bin/kubebench -out "$out" -netns "$NS" "$@"
+if [ -f "$out/kube-create-delete.json" ]; then
+	go run ./bench/charts -dir "$out" -only kube-create-delete.json
 fi
