@@ -178,11 +178,14 @@ func newTopo(prefix string, npods int) (_ *topo, err error) {
 		return nil, fmt.Errorf("route to the pods: %w", err)
 	}
 	// Cluster IPs that no proxy serves (yet, or any more) are refused by
-	// the node with ICMP "administratively prohibited", which fails a TCP
-	// connect at once: a net or host unreachable (no route) is a soft
-	// error that TCP retries until the probe's timeout, which would add
-	// the timeout to every delete measurement. Served ones are translated
-	// before the route lookup (prerouting, tcx ingress).
+	// the node with ICMP "administratively prohibited", which fails a
+	// probe's connect at once, whatever routes the node has (as kube-proxy
+	// rejects unallocated cluster IPs). Served ones are translated before
+	// the route lookup (prerouting, tcx ingress). (Without it this node,
+	// which has no route there, answers net unreachable, which also fails
+	// a connect in SYN_SENT at once; the commit that added this blamed the
+	// timeouts then seen on that, wrongly: they came from probing one
+	// connection at a time.)
 	_, svcNet, _ := net.ParseCIDR(kubetest.ServiceCIDR4)
 	if err := node.RouteAdd(&netlink.Route{Dst: svcNet, Type: unix.RTN_PROHIBIT}); err != nil {
 		return nil, fmt.Errorf("prohibit route for the cluster IPs: %w", err)
