@@ -124,7 +124,7 @@ enum xlb_stat {
 	XLB_STAT_NOT_VIP,      /* no conntrack, no service: passed */
 	XLB_STAT_NOT_SYN,      /* TCP to a VIP without SYN and without conntrack: passed */
 	XLB_STAT_NEW_FLOW,     /* new flow scheduled */
-	XLB_STAT_NO_BACKEND,   /* service without backends: dropped */
+	XLB_STAT_NO_BACKEND,   /* service without backends: refused (ICMP unreachable; stlsdnat: dropped) */
 	XLB_STAT_SNAT_FULL,    /* no free snat source port: dropped */
 	XLB_STAT_CT_RACE,      /* another CPU created the same flow first */
 	XLB_STAT_PEER_REPAIR,  /* evicted peer entry recreated */

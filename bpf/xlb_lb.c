@@ -563,13 +563,169 @@ static __attribute__((noinline)) int lb4_stateless_reply(struct __sk_buff *skb, 
 	return lb4_nat_call(skb, p, fv, 1);
 }
 
+/* csum_fold() - the Internet checksum of a 32-bit sum (bpf_csum_diff's). */
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u32 c = (__u32)sum;
+
+	c = (c & 0xffff) + (c >> 16);
+	c = (c & 0xffff) + (c >> 16);
+	return ~c & 0xffff;
+}
+
+/**
+ * lb4_reject() - lb_reject() for IPv4, quoting @quote bytes (IP header and
+ * the first @quote - 20 bytes of L4; a constant after inlining).
+ */
+static __always_inline int lb4_reject(struct __sk_buff *skb, const __u32 quote)
+{
+	void *data, *end;
+	struct iphdr *ip, *in;
+	struct xlb_icmphdr *ic;
+	__u32 saddr, daddr;
+	__s64 sum;
+
+	/* Trim to the quote (a shrink: a CHECKSUM_COMPLETE skb becomes
+	 * CHECKSUM_NONE), then open room for the new headers after the
+	 * Ethernet header. */
+	if (bpf_skb_change_tail(skb, sizeof(struct ethhdr) + quote, 0) ||
+	    bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct xlb_icmphdr), BPF_ADJ_ROOM_MAC, 0))
+		return XLB_DROP;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip = data + sizeof(struct ethhdr);
+	ic = (void *)(ip + 1);
+	in = (void *)(ic + 1);
+	if ((void *)in + quote > end)
+		return XLB_DROP;
+	saddr = in->daddr;
+	daddr = in->saddr;
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct xlb_icmphdr) + quote);
+	ip->id = 0;
+	ip->frag_off = 0;
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_ICMP;
+	ip->check = 0;
+	ip->saddr = saddr;
+	ip->daddr = daddr;
+	ic->type = XLB_ICMP_DEST_UNREACH;
+	ic->code = 3; /* port unreachable */
+	ic->checksum = 0;
+	ic->rest = 0;
+	sum = bpf_csum_diff(NULL, 0, (void *)ip, sizeof(struct iphdr), 0);
+	ip->check = csum_fold(sum);
+	sum = bpf_csum_diff(NULL, 0, (void *)ic, sizeof(struct xlb_icmphdr) + quote, 0);
+	ic->checksum = csum_fold(sum);
+	return 0;
+}
+
+/**
+ * lb6_reject() - lb_reject() for IPv6, quoting @quote bytes (IPv6 header
+ * and the first @quote - 40 bytes of L4).
+ */
+static __always_inline int lb6_reject(struct __sk_buff *skb, const __u32 quote)
+{
+	__u32 pseudo[2] = { bpf_htonl(sizeof(struct xlb_icmphdr) + quote), bpf_htonl(XLB_NEXTHDR_ICMPV6) };
+	struct xlb_ipv6hdr *ip6, *in;
+	struct xlb_icmphdr *ic;
+	void *data, *end;
+	__s64 sum;
+
+	if (bpf_skb_change_tail(skb, sizeof(struct ethhdr) + quote, 0) ||
+	    bpf_skb_adjust_room(skb, sizeof(struct xlb_ipv6hdr) + sizeof(struct xlb_icmphdr), BPF_ADJ_ROOM_MAC, 0))
+		return XLB_DROP;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	ip6 = data + sizeof(struct ethhdr);
+	ic = (void *)(ip6 + 1);
+	in = (void *)(ic + 1);
+	if ((void *)in + quote > end)
+		return XLB_DROP;
+	ip6->vtc = 0x60;
+	ip6->tc_flow = 0;
+	ip6->flow_lbl = 0;
+	ip6->payload_len = bpf_htons(sizeof(struct xlb_icmphdr) + quote);
+	ip6->nexthdr = XLB_NEXTHDR_ICMPV6;
+	ip6->hop_limit = 64;
+	__builtin_memcpy(ip6->saddr, in->daddr, 16);
+	__builtin_memcpy(ip6->daddr, in->saddr, 16);
+	ic->type = XLB_ICMPV6_DEST_UNREACH;
+	ic->code = 4; /* port unreachable */
+	ic->checksum = 0;
+	ic->rest = 0;
+	/* Pseudo header: both addresses, length, next header. */
+	sum = bpf_csum_diff(NULL, 0, (void *)ip6->saddr, 32, 0);
+	sum = bpf_csum_diff(NULL, 0, pseudo, sizeof(pseudo), sum);
+	sum = bpf_csum_diff(NULL, 0, (void *)ic, sizeof(struct xlb_icmphdr) + quote, sum);
+	ic->checksum = csum_fold(sum);
+	return 0;
+}
+
+/**
+ * lb_reject() - refuse a new flow to a service without backends, as
+ * kube-proxy and the nft data plane do: turn the packet into an ICMP
+ * destination unreachable / port unreachable (ICMPv6 type 1 code 4) from
+ * the VIP to the client and send it back out of the interface it came in
+ * on. A TCP client's connect() fails at once with ECONNREFUSED, a UDP
+ * client's next receive too, instead of waiting for retransmissions.
+ *
+ * The message quotes the IP header and the first 8 bytes of a UDP header,
+ * or the 20 bytes of a TCP header without options: a locally sent TCP
+ * segment (over a veth) is CHECKSUM_PARTIAL, and the kernel does not trim
+ * such a packet before the end of its checksum field. It then stays
+ * CHECKSUM_PARTIAL, which its receiver (the sender's stack) trusts. The
+ * message is no larger than the packet it answers. IPv4 packets with
+ * options are dropped instead.
+ * Return: a tcx verdict (the redirect, or XLB_DROP if the packet cannot be
+ * rewritten).
+ */
+static __attribute__((noinline)) int lb_reject(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 ifindex = skb->ingress_ifindex ?: skb->ifindex;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u8 smac[6], dmac[6];
+	int rc;
+
+	if ((void *)(ip + 1) > end)
+		return XLB_DROP;
+	__builtin_memcpy(dmac, data + 6, 6); /* back to the sender */
+	__builtin_memcpy(smac, data, 6);
+	if (p->k.family == XLB_AF_INET) {
+		if (ip->ihl != 5)
+			return XLB_DROP;
+		if (p->k.proto == IPPROTO_TCP)
+			rc = lb4_reject(skb, sizeof(struct iphdr) + sizeof(struct tcphdr));
+		else
+			rc = lb4_reject(skb, sizeof(struct iphdr) + sizeof(struct udphdr));
+	} else {
+		if (p->k.proto == IPPROTO_TCP)
+			rc = lb6_reject(skb, sizeof(struct xlb_ipv6hdr) + sizeof(struct tcphdr));
+		else
+			rc = lb6_reject(skb, sizeof(struct xlb_ipv6hdr) + sizeof(struct udphdr));
+	}
+	if (rc)
+		return rc;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	if (data + sizeof(struct ethhdr) > end)
+		return XLB_DROP;
+	__builtin_memcpy(data, dmac, 6);
+	__builtin_memcpy(data + 6, smac, 6);
+	return bpf_redirect(ifindex, 0);
+}
+
 /**
  * lb4_new_flow() - a packet without conntrack entry: balance it if it is for
  * a service, creating both conntrack entries.
  *
  * Return: a tcx verdict. Not a service: XLB_NEXT. TCP without SYN (or with
  * SYN+ACK): XLB_NEXT (the stack answers with a reset). Service without
- * backends or without a free snat port: XLB_DROP.
+ * backends: refused (lb_reject()). No free snat port: XLB_DROP.
  */
 static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 {
@@ -604,7 +760,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	}
 	if (svc->slots == 0) {
 		stat_inc(XLB_STAT_NO_BACKEND);
-		return XLB_DROP;
+		return lb_reject(skb, p);
 	}
 	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
 	if (!sc)

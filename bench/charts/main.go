@@ -14,6 +14,10 @@
 //   - conntable.json -> conntable.png: CPU per packet and packets/s relative
 //     to the plain-forwarding reference, by tracked connections (log scale),
 //     a line per data plane and table size, a column per load.
+//   - kube-create-delete.json -> kube-create-delete.png: boxplots of the time
+//     from a Service's create (delete) call until traffic reaches (no longer
+//     reaches) its endpoints, by endpoint count, xlb nft, xlb ebpf, kube-proxy
+//     nftables and iptables side by side.
 //
 // A missing JSON file is reported and skipped (each benchmark can run alone);
 // a gnuplot failure is an error.
@@ -34,6 +38,7 @@ import (
 
 func main() {
 	dir := flag.String("dir", "bench/results", "directory of the JSON results; the PNGs are written there")
+	only := flag.String("only", "", "draw only the chart of this JSON file (e.g. kube-create-delete.json)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("charts: ")
@@ -55,7 +60,11 @@ func main() {
 		{"rule-scale.json", ruleScale},
 		{"converge.json", converge},
 		{"conntable.json", conntable},
+		{"kube-create-delete.json", kubeCreateDelete},
 	} {
+		if *only != "" && c.json != *only {
+			continue
+		}
 		raw, err := os.ReadFile(filepath.Join(*dir, c.json))
 		if err != nil {
 			log.Printf("skip %s: %v", c.json, err)
@@ -372,6 +381,85 @@ func converge(dir, tmp string, raw []byte) error {
 	}
 	s.WriteString("unset multiplot\n")
 	if err := os.WriteFile(filepath.Join(tmp, "cv.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+func kubeCreateDelete(dir, tmp string, raw []byte) error {
+	var doc struct {
+		Machine string `json:"machine"`
+		Date    string `json:"date"`
+		Results []struct {
+			Proxy     string    `json:"proxy"`
+			Op        string    `json:"op"`
+			Endpoints int       `json:"endpoints"`
+			Samples   []float64 `json:"until_traffic_ms"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	systems := []struct {
+		name, color string
+		off         float64
+	}{
+		{"xlb nft", "#4878a8", -0.3}, {"xlb ebpf", "#6aa84f", -0.1},
+		{"kube-proxy nftables", "#c0504d", 0.1}, {"kube-proxy iptables", "#e69138", 0.3},
+	}
+	out := filepath.Join(dir, "kube-create-delete.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 1300, 900, abs)
+	s.WriteString("set termoption noenhanced\n")
+	fmt.Fprintf(&s, "set multiplot layout 2,1 title %q\n", "Service create / delete until traffic: xlb nft (blue), xlb ebpf (green), kube-proxy nftables (red), kube-proxy iptables (orange); boxes p25-p75 - "+doc.Machine+", "+doc.Date)
+	s.WriteString("set ylabel \"ms (log scale)\"\nset logscale y\nset yrange [1:5000]\nset style fill solid 0.5 border -1\nset style boxplot outliers pointtype 7\nset pointsize 0.4\nset boxwidth 0.18 absolute\n")
+	var counts []int
+	for _, r := range doc.Results {
+		if !slices.Contains(counts, r.Endpoints) {
+			counts = append(counts, r.Endpoints)
+		}
+	}
+	slices.Sort(counts)
+	block := 0
+	var d strings.Builder
+	for _, op := range []string{"create", "delete"} {
+		var plots, tics []string
+		for i, n := range counts {
+			x := float64(i + 1)
+			tics = append(tics, fmt.Sprintf("\"%d endpoints\" %g", n, x))
+			for _, sys := range systems {
+				for _, r := range doc.Results {
+					if r.Op != op || r.Proxy != sys.name || r.Endpoints != n || len(r.Samples) == 0 {
+						continue
+					}
+					if block > 0 {
+						d.WriteString("\n\n")
+					}
+					for _, v := range r.Samples {
+						fmt.Fprintf(&d, "%g\n", v)
+					}
+					plots = append(plots, fmt.Sprintf("'kcd.dat' index %d using (%g):1 with boxplot lc rgb %q", block, x+sys.off, sys.color))
+					block++
+				}
+			}
+		}
+		if len(plots) == 0 {
+			continue
+		}
+		title := "create a Service and its EndpointSlice until a new connection reaches an endpoint"
+		if op == "delete" {
+			title = "delete them until a new connection is no longer served"
+		}
+		fmt.Fprintf(&s, "set title %q\nset xrange [0.4:%g]\nset xtics (%s)\n", title, float64(len(counts))+0.6, strings.Join(tics, ", "))
+		s.WriteString("plot " + strings.Join(plots, ", \\\n  ") + "\n")
+	}
+	s.WriteString("unset multiplot\n")
+	if err := os.WriteFile(filepath.Join(tmp, "kcd.dat"), []byte(d.String()), 0o644); err != nil {
 		return err
 	}
 	if err := gnuplot(tmp, s.String()); err != nil {

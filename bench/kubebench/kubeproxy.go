@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log"
@@ -22,6 +23,8 @@ import (
 
 const kpMetrics = "http://127.0.0.1:10249/metrics"
 
+var kpSyncTimeout = flag.Duration("kube-proxy-sync-timeout", 5*time.Minute, "how long kube-proxy may take for its first full sync")
+
 // measureKubeProxy runs the real kube-proxy (built by
 // scripts/kube-binaries.sh kube-proxy) in mode against the same API server
 // and times the same endpoint changes. kube-proxy measures them itself: its
@@ -33,63 +36,13 @@ const kpMetrics = "http://127.0.0.1:10249/metrics"
 // its latency.
 func measureKubeProxy(ctx context.Context, env *kubetest.Env, dir, mode string, services int) kpResult {
 	r := kpResult{mode: mode}
-	bin := filepath.Join(os.Getenv(kubetest.BinDirEnv), "kube-proxy")
-	if _, err := os.Stat(bin); err != nil {
-		r.err = fmt.Sprintf("no kube-proxy binary (scripts/kube-binaries.sh kube-proxy): %v", err)
-		return r
-	}
-	logf, err := os.Create(filepath.Join(dir, "kube-proxy-"+mode+".log"))
+	stop, err := startKubeProxy(ctx, env, dir, mode)
 	if err != nil {
 		r.err = err.Error()
 		return r
 	}
-	defer logf.Close()
-	cmd := exec.Command(bin, "--kubeconfig", env.Kubeconfig, "--hostname-override", "bench-node",
-		"--proxy-mode", mode, "--conntrack-max-per-core=0",
-		"--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256", "--v=1")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		r.err = err.Error()
-		return r
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		// Leave the namespace's nftables to xlb's next measurement.
-		for _, fam := range []string{"ip", "ip6"} {
-			_ = exec.Command("nft", "delete", "table", fam, "kube-proxy").Run()
-		}
-	}()
-	// Ready: a full sync done with every Service.
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		m, err := scrape(ctx)
-		if err == nil && m["kubeproxy_sync_proxy_rules_last_timestamp_seconds"] > 0 {
-			break
-		}
-		select {
-		case err := <-done:
-			r.err = fmt.Sprintf("kube-proxy exited: %v (log %s)", err, logf.Name())
-			done <- err
-			return r
-		default:
-		}
-		if time.Now().After(deadline) {
-			r.err = "kube-proxy did not sync in 5 minutes (log " + logf.Name() + ")"
-			return r
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	log.Printf("kube-proxy %s: first sync of %d Services after %s", mode, services, time.Since(start).Round(time.Millisecond))
+	defer stop()
+	log.Printf("kube-proxy %s: synced %d Services", mode, services)
 	time.Sleep(3 * time.Second) // let the start-up syncs settle
 
 	for i := range *runs + 3 {
@@ -104,6 +57,72 @@ func measureKubeProxy(ctx context.Context, env *kubetest.Env, dir, mode string, 
 		}
 	}
 	return r
+}
+
+// startKubeProxy runs kube-proxy in mode in this namespace against env's
+// API server and waits for its first full sync. stop ends it and removes
+// what it left in nftables (its iptables mode's rules are iptables-nft
+// tables).
+func startKubeProxy(ctx context.Context, env *kubetest.Env, dir, mode string) (stop func(), err error) {
+	bin := filepath.Join(os.Getenv(kubetest.BinDirEnv), "kube-proxy")
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("no kube-proxy binary (scripts/kube-binaries.sh kube-proxy): %v", err)
+	}
+	if mode == "iptables" {
+		if _, err := exec.LookPath("iptables-restore"); err != nil {
+			return nil, fmt.Errorf("iptables mode needs iptables (apt-get install iptables): %v", err)
+		}
+	}
+	logf, err := os.Create(filepath.Join(dir, "kube-proxy-"+mode+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--kubeconfig", env.Kubeconfig, "--hostname-override", "bench-node",
+		"--proxy-mode", mode, "--conntrack-max-per-core=0",
+		"--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256", "--v=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	stop = func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+		// Leave the namespace's nftables to the next proxy.
+		flushRuleset()
+	}
+	// Ready: a full sync done with every Service.
+	deadline := time.Now().Add(*kpSyncTimeout)
+	for {
+		m, err := scrape(ctx)
+		if err == nil && m["kubeproxy_sync_proxy_rules_last_timestamp_seconds"] > 0 {
+			break
+		}
+		select {
+		case err := <-done:
+			done <- err
+			stop()
+			return nil, fmt.Errorf("kube-proxy exited: %v (log %s)", err, logf.Name())
+		default:
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("kube-proxy did not sync in %s (log %s)", *kpSyncTimeout, logf.Name())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	log.Printf("kube-proxy %s: first sync after %s", mode, time.Since(start).Round(time.Millisecond))
+	return stop, nil
 }
 
 func kubeProxyChange(ctx context.Context, env *kubetest.Env, svc string, round int) (time.Duration, error) {

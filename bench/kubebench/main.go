@@ -1,22 +1,30 @@
-// Command kubebench measures xlb's Kubernetes service proxy against a real
-// kube-apiserver and etcd: the time from one EndpointSlice change (the
-// update call to the API server) until the controller has applied the
-// Service's farm with the new endpoint to the kernel, with 1,000 and 10,000
-// Services (10 endpoints each) present. This is kube-proxy's "network
-// programming latency": watch delivery, translation, one engine transaction,
-// one nftables batch and the state saved to disk.
+// Command kubebench measures xlb's Kubernetes service proxy (on the nft and
+// ebpf data planes) and kube-proxy (nftables and iptables modes) against a
+// real kube-apiserver and etcd, one proxy after the other on the same API
+// server:
+//
+//   - create/delete (kube-nftlb's method, createdelete.go): the time from
+//     creating a Service and its EndpointSlice (10, 50, 100 endpoints) until a
+//     new connection to its cluster IP reaches an endpoint, and from deleting
+//     it until it is no longer served; real traffic through the node to real
+//     listeners (topo.go). Writes kube-create-delete.{md,json}.
+//   - endpoint change to live: the time from one EndpointSlice change (the
+//     update call to the API server) until the proxy has applied it, with
+//     1,000 and 10,000 Services (10 endpoints each) present: kube-proxy's
+//     "network programming latency". Writes kube.{md,json}.
 //
 // It must run inside a network namespace of its own (bench/kube.sh does
-// that): it starts etcd and kube-apiserver on that namespace's loopback and
-// programs that namespace's nftables.
+// that): it starts etcd and kube-apiserver on that namespace's loopback,
+// programs that namespace (the node), and adds a client and a pods
+// namespace, which it removes.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -41,17 +49,18 @@ import (
 	"github.com/xlb-lb/xlb/internal/kube"
 	"github.com/xlb-lb/xlb/internal/kube/kubetest"
 	"github.com/xlb-lb/xlb/internal/model"
-	"github.com/xlb-lb/xlb/internal/store"
 )
 
 var (
-	sizesFlag = flag.String("services", "1000,10000", "Service counts present while one endpoint changes")
-	endpoints = flag.Int("endpoints", 10, "endpoints per Service")
-	runs      = flag.Int("runs", 30, "endpoint changes measured per size")
-	tables    = flag.Int("nft-tables", nft.DefaultShards, "nft tables the farms are spread over, as xlb kube-proxy --nft-tables")
-	out       = flag.String("out", "bench/results", "results directory")
-	workers   = flag.Int("workers", 16, "parallel API calls while creating Services")
-	kpModes   = flag.String("kube-proxy", "nftables", "kube-proxy modes measured side by side on the same API server (comma-separated; empty: none)")
+	sizesFlag   = flag.String("services", "1000,10000", "Service counts present while one endpoint changes")
+	endpoints   = flag.Int("endpoints", 10, "endpoints per Service")
+	runs        = flag.Int("runs", 30, "endpoint changes measured per size")
+	tables      = flag.Int("nft-tables", nft.DefaultShards, "nft tables the farms are spread over, as xlb kube-proxy --nft-tables")
+	out         = flag.String("out", "bench/results", "results directory")
+	workers     = flag.Int("workers", 16, "parallel API calls while creating Services")
+	kpModes     = flag.String("kube-proxy", "nftables,iptables", "kube-proxy modes measured side by side on the same API server (comma-separated; empty: none)")
+	planes      = flag.String("planes", "nft,ebpf", "xlb data planes measured (comma-separated)")
+	netnsPrefix = flag.String("netns", fmt.Sprintf("xlb-kubebench-%d", os.Getpid()), "prefix of the client and pods network namespaces this creates (and removes)")
 )
 
 const namespace = "bench"
@@ -59,15 +68,15 @@ const namespace = "bench"
 func main() {
 	flag.Parse()
 	var sizes []int
-	for _, s := range strings.Split(*sizesFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
+	for _, s := range splitList(*sizesFlag) {
+		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
 			log.Fatalf("-services %q: want counts such as 1000,10000", *sizesFlag)
 		}
 		sizes = append(sizes, n)
 	}
 	slices.Sort(sizes)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Hour)
 	defer cancel()
 	if err := run(ctx, sizes); err != nil {
 		log.Fatal(err)
@@ -76,12 +85,18 @@ func main() {
 
 type result struct {
 	services int
-	samples  []time.Duration // API update call -> farm applied
-	syncAvg  time.Duration   // controller's own part (translate, engine, kernel, disk), mean
 	setup    time.Duration
-	full     time.Duration
-	load     string // /proc/loadavg while measuring
+	load     string // /proc/loadavg after xlb's measurements
+	xlb      []xlbResult
 	kp       []kpResult
+}
+
+type xlbResult struct {
+	plane   string
+	samples []time.Duration // API update call -> farm applied
+	syncAvg time.Duration   // controller's own part (translate, engine, kernel), mean
+	full    time.Duration
+	load    string
 }
 
 type kpResult struct {
@@ -112,30 +127,23 @@ func run(ctx context.Context, sizes []int) error {
 		return err
 	}
 
-	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	// As `xlb kube-proxy` runs it: farms spread over nft.DefaultShards tables.
-	plane, err := nft.Open(ctx, quiet, nft.Options{Table: "xlb-kubebench", Shards: *tables})
+	tp, err := newTopo(*netnsPrefix, cdMaxEndpoints())
 	if err != nil {
 		return err
 	}
-	defer plane.Close()
-	bolt, err := store.OpenBolt(filepath.Join(dir, "state"))
-	if err != nil {
-		return err
+	defer tp.close()
+
+	if *cdSizes != "" {
+		if err := createDelete(ctx, env, tp, dir); err != nil {
+			return err
+		}
 	}
-	st := kube.NewWriteBehind(bolt, quiet) // as xlb kube-proxy does
-	defer st.Close()
-	eng, err := engine.New(ctx, quiet, plane, st)
-	if err != nil {
-		return err
+	if len(sizes) == 0 {
+		return nil
 	}
 
 	var results []result
 	created := 0
-	var ctl *kube.Controller
-	var synced chan syncEvent
-	stop := func() {}
-	defer func() { stop() }()
 	for _, n := range sizes {
 		r := result{services: n}
 		t0 := time.Now()
@@ -145,76 +153,71 @@ func run(ctx context.Context, sizes []int) error {
 		created = n
 		r.setup = time.Since(t0)
 		log.Printf("%d Services x %d endpoints created in %s", n, *endpoints, r.setup.Round(time.Millisecond))
-
-		// A fresh controller per size: its start is a full reconcile of
-		// every Service (measured too).
-		stop()
-		synced = make(chan syncEvent, 1<<16)
-		reg := prometheus.NewRegistry()
-		ctl, err = kube.New(kube.Config{Client: c, Engine: eng, Log: quiet, NodeName: "bench-node", Metrics: kube.NewMetrics(reg)})
-		if err != nil {
-			return err
-		}
-		ctl.OnSynced(func(key string, st *engine.State) {
-			select {
-			case synced <- syncEvent{key: key, at: time.Now(), st: st}:
-			default:
-			}
-		})
-		cctx, ccancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		t0 = time.Now()
-		go func() { done <- ctl.Run(cctx) }()
-		stop = func() {
-			ccancel()
-			<-done
-		}
-		if err := waitFull(ctx, synced); err != nil {
-			return err
-		}
-		r.full = time.Since(t0)
-		log.Printf("controller start (informer sync + full reconcile of %d Services): %s, %d farms", n, r.full.Round(time.Millisecond), eng.Snapshot().Len())
-		// Drain the per-Service syncs the informers' initial adds queued.
-		if err := drain(ctx, synced, 3*time.Second); err != nil {
-			return err
-		}
-
-		var sum0, n0 float64
-		for i := range *runs + 3 { // 3 warm-up changes
-			if i == 3 {
-				sum0, n0 = syncHistogram(reg)
-			}
-			svc := fmt.Sprintf("s%05d", (i*7919)%n)
-			took, err := changeOne(ctx, c, synced, svc, i)
+		for _, plane := range splitList(*planes) {
+			xr, err := measureXLB(ctx, c, dir, plane, n)
 			if err != nil {
 				return err
 			}
-			if i >= 3 {
-				r.samples = append(r.samples, took)
-			}
+			r.xlb = append(r.xlb, xr)
 		}
 		r.load = loadavg()
-		sum1, n1 := syncHistogram(reg)
-		if n1 > n0 {
-			r.syncAvg = time.Duration((sum1 - sum0) / (n1 - n0) * 1e9)
-		}
-		log.Printf("%d Services: endpoint change live in median %s (controller's part: mean %s)", n, median(r.samples), r.syncAvg)
-		if *kpModes != "" {
-			stop() // kube-proxy runs alone
-			stop = func() {}
-			for _, mode := range strings.Split(*kpModes, ",") {
-				kr := measureKubeProxy(ctx, env, dir, strings.TrimSpace(mode), n)
-				if kr.err != "" {
-					log.Printf("kube-proxy %s: %s", kr.mode, kr.err)
-				} else {
-					log.Printf("%d Services: kube-proxy %s: endpoint change live in median %s", n, kr.mode, median(kr.samples))
-				}
-				r.kp = append(r.kp, kr)
+		for _, mode := range splitList(*kpModes) {
+			kr := measureKubeProxy(ctx, env, dir, mode, n)
+			if kr.err != "" {
+				log.Printf("kube-proxy %s: %s", kr.mode, kr.err)
+			} else {
+				log.Printf("%d Services: kube-proxy %s: endpoint change live in median %s", n, kr.mode, median(kr.samples))
 			}
+			r.kp = append(r.kp, kr)
 		}
 		results = append(results, r)
 	}
 	return report(results)
+}
+
+// measureXLB starts xlb's controller on plane (its start is a full
+// reconcile of every Service, measured too) and times -runs endpoint
+// changes after 3 warm-up ones.
+func measureXLB(ctx context.Context, c kubernetes.Interface, dir, plane string, n int) (xlbResult, error) {
+	xr := xlbResult{plane: plane}
+	x, err := startXLB(ctx, c, plane, dir)
+	if err != nil {
+		return xr, err
+	}
+	defer x.stop()
+	xr.full = x.full
+	log.Printf("xlb %s: controller start (informer sync + full reconcile of %d Services): %s, %d farms", plane, n, x.full.Round(time.Millisecond), x.eng.Snapshot().Len())
+	var sum0, n0 float64
+	for i := range *runs + 3 { // 3 warm-up changes
+		if i == 3 {
+			sum0, n0 = syncHistogram(x.reg)
+		}
+		svc := fmt.Sprintf("s%05d", (i*7919)%n)
+		took, err := changeOne(ctx, c, x.synced, svc, i)
+		if err != nil {
+			return xr, err
+		}
+		if i >= 3 {
+			xr.samples = append(xr.samples, took)
+		}
+	}
+	xr.load = loadavg()
+	sum1, n1 := syncHistogram(x.reg)
+	if n1 > n0 {
+		xr.syncAvg = time.Duration((sum1 - sum0) / (n1 - n0) * 1e9)
+	}
+	log.Printf("%d Services: xlb %s: endpoint change live in median %s (controller's part: mean %s)", n, plane, median(xr.samples), xr.syncAvg)
+	return xr, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // syncHistogram returns the sum and count of the per-Service sync histogram.
@@ -347,12 +350,12 @@ func createServices(ctx context.Context, c kubernetes.Interface, from, to int) e
 	}
 }
 
-// retry runs a create up to 5 times: on a loaded machine etcd can time out
-// a request that may or may not have been applied (AlreadyExists then
+// retry runs a create up to 10 times: on a loaded machine etcd can time
+// out a request that may or may not have been applied (AlreadyExists then
 // means it was).
 func retry(ctx context.Context, create func() error) error {
 	var err error
-	for attempt := range 5 {
+	for attempt := range 10 {
 		err = create()
 		if err == nil || (attempt > 0 && apierrors.IsAlreadyExists(err)) {
 			return nil
@@ -436,77 +439,106 @@ func quantile(s []time.Duration, q float64) time.Duration {
 
 func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) }
 
+// proxyRow is one proxy's samples at one size, for the report.
+type proxyRow struct {
+	name    string
+	samples []time.Duration
+	syncAvg time.Duration // xlb only
+	full    time.Duration // xlb only
+	err     string
+}
+
+func rowsOf(r result) []proxyRow {
+	var out []proxyRow
+	for _, x := range r.xlb {
+		out = append(out, proxyRow{name: "xlb " + x.plane, samples: x.samples, syncAvg: x.syncAvg, full: x.full})
+	}
+	for _, k := range r.kp {
+		out = append(out, proxyRow{name: "kube-proxy " + k.mode, samples: k.samples, err: k.err})
+	}
+	return out
+}
+
 func report(rs []result) error {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "# xlb kube-proxy: endpoint change to live\n\n")
 	fmt.Fprintf(&b, "Measured by `bench/kube.sh` (bench/kubebench) on %s, %s, %d cores.\n\n", host, time.Now().UTC().Format("2006-01-02 15:04 MST"), numCPU())
 	fmt.Fprintf(&b, "What is timed: from the EndpointSlice update call to the API server until the\n")
-	fmt.Fprintf(&b, "controller has applied that Service's farm with the new endpoint (watch\n")
-	fmt.Fprintf(&b, "delivery, translation, one engine transaction, one nftables batch in the\n")
-	fmt.Fprintf(&b, "kernel; the state is saved to bbolt behind it, as `xlb kube-proxy` does). Real kube-apiserver and etcd\n")
-	fmt.Fprintf(&b, "(v1.37.2, etcd --unsafe-no-fsync) on the same machine; %d endpoints per\n", *endpoints)
-	fmt.Fprintf(&b, "Service; one ClusterIP farm per Service; %d changes per size after 3 warm-up\n", *runs)
-	fmt.Fprintf(&b, "changes, each on a different Service. Target: < 10 ms at 1,000 and < 20 ms at\n10,000 Services.\n\n")
-	fmt.Fprintf(&b, "| Services | runs | median ms | p25 ms | p75 ms | p90 ms | min ms | max ms | controller's part, mean ms | controller start (full reconcile) | load average (1/5/15 min) |\n")
-	fmt.Fprintf(&b, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	for _, r := range rs {
-		s := slices.Clone(r.samples)
-		slices.Sort(s)
-		fmt.Fprintf(&b, "| %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.services, len(s),
-			ms(quantile(s, 0.5)), ms(quantile(s, 0.25)), ms(quantile(s, 0.75)), ms(quantile(s, 0.9)),
-			ms(s[0]), ms(s[len(s)-1]), ms(r.syncAvg), r.full.Round(time.Millisecond), r.load)
+	fmt.Fprintf(&b, "proxy has applied that Service's rules with the new endpoint. xlb (its\n")
+	fmt.Fprintf(&b, "controller in the benchmark's process, as `xlb kube-proxy` runs it): until the\n")
+	fmt.Fprintf(&b, "Service's farm is in the kernel (watch delivery, translation, one engine\n")
+	fmt.Fprintf(&b, "transaction, one nftables batch over %d tables with `nft`, or the eBPF maps'\n", *tables)
+	fmt.Fprintf(&b, "updates with `ebpf`; the state is saved to bbolt behind it). kube-proxy\n")
+	fmt.Fprintf(&b, "(v1.37.2, default flags plus --conntrack-max-per-core=0, running alone): its own\n")
+	fmt.Fprintf(&b, "kubeproxy_network_programming_duration_seconds from the change's trigger time,\n")
+	fmt.Fprintf(&b, "set just before the update call, to its rules synced. Real kube-apiserver and\n")
+	fmt.Fprintf(&b, "etcd (v1.37.2, etcd --unsafe-no-fsync) on the same machine; %d endpoints per\n", *endpoints)
+	fmt.Fprintf(&b, "Service; one ClusterIP farm per Service; %d changes per size and proxy after 3\n", *runs)
+	fmt.Fprintf(&b, "warm-up changes, each on a different Service; the proxies one after the other\n")
+	fmt.Fprintf(&b, "on the same API server and Services. Target: < 10 ms at 1,000 and < 20 ms at\n10,000 Services.\n\n")
+	fmt.Fprintf(&b, "| Services | proxy | runs | median ms | p25 ms | p75 ms | p90 ms | min ms | max ms | ratio to xlb nft (median) | controller's part, mean ms | start (full reconcile) |\n")
+	fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	type jrow struct {
+		Services  int       `json:"services"`
+		Proxy     string    `json:"proxy"`
+		Samples   []float64 `json:"samples_ms"`
+		Median    float64   `json:"median_ms"`
+		SyncAvgMS float64   `json:"controller_part_mean_ms,omitempty"`
+		Error     string    `json:"error,omitempty"`
 	}
-	if hasKP(rs) {
-		fmt.Fprintf(&b, "\nSide by side, the same changes on the same API server (kube-proxy %s, default\n", "v1.37.2")
-		fmt.Fprintf(&b, "flags plus --conntrack-max-per-core=0, running alone; its own\n")
-		fmt.Fprintf(&b, "kubeproxy_network_programming_duration_seconds from the change's trigger time, set\n")
-		fmt.Fprintf(&b, "just before the update call, to its rules synced):\n\n")
-		fmt.Fprintf(&b, "| Services | proxy | runs | median ms | p25 ms | p75 ms | min ms | max ms | ratio to xlb (median) |\n")
-		fmt.Fprintf(&b, "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, r := range rs {
-			x := slices.Clone(r.samples)
-			slices.Sort(x)
-			fmt.Fprintf(&b, "| %d | xlb (nft) | %d | %s | %s | %s | %s | %s | 1 |\n", r.services, len(x),
-				ms(quantile(x, 0.5)), ms(quantile(x, 0.25)), ms(quantile(x, 0.75)), ms(x[0]), ms(x[len(x)-1]))
-			for _, k := range r.kp {
-				if k.err != "" {
-					fmt.Fprintf(&b, "| %d | kube-proxy %s | - | not measured: %s | | | | | |\n", r.services, k.mode, k.err)
-					continue
-				}
-				y := slices.Clone(k.samples)
-				slices.Sort(y)
-				fmt.Fprintf(&b, "| %d | kube-proxy %s | %d | %s | %s | %s | %s | %s | %.0f |\n", r.services, k.mode, len(y),
-					ms(quantile(y, 0.5)), ms(quantile(y, 0.25)), ms(quantile(y, 0.75)), ms(y[0]), ms(y[len(y)-1]),
-					float64(quantile(y, 0.5))/float64(quantile(x, 0.5)))
+	var js []jrow
+	for _, r := range rs {
+		var base time.Duration
+		for _, p := range rowsOf(r) {
+			if p.err != "" || len(p.samples) == 0 {
+				fmt.Fprintf(&b, "| %d | %s | - | not measured: %s | | | | | | | | |\n", r.services, p.name, p.err)
+				js = append(js, jrow{Services: r.services, Proxy: p.name, Error: p.err})
+				continue
 			}
+			x := slices.Clone(p.samples)
+			slices.Sort(x)
+			med := quantile(x, 0.5)
+			if base == 0 {
+				base = med
+			}
+			part, full := "", ""
+			if p.full > 0 {
+				part, full = ms(p.syncAvg), p.full.Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(&b, "| %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.services, p.name, len(x),
+				ms(med), ms(quantile(x, 0.25)), ms(quantile(x, 0.75)), ms(quantile(x, 0.9)), ms(x[0]), ms(x[len(x)-1]),
+				ratio(med, base), part, full)
+			jr := jrow{Services: r.services, Proxy: p.name, Median: float64(med) / 1e6, SyncAvgMS: float64(p.syncAvg) / 1e6}
+			for _, d := range p.samples {
+				jr.Samples = append(jr.Samples, float64(d)/1e6)
+			}
+			js = append(js, jr)
 		}
 	}
-	fmt.Fprintf(&b, "\nThe controller's part is the mean of xlb_kubeproxy_sync_proxy_rules_duration_seconds\n")
-	fmt.Fprintf(&b, "over the measured changes: translation, the engine transaction, the nftables batch\n")
-	fmt.Fprintf(&b, "(the bbolt write happens behind it); the rest is the API server, etcd and the watch.\n")
+	fmt.Fprintf(&b, "\nLoad average (1/5/15 min) after xlb's measurements: ")
+	for i, r := range rs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%d Services: %s", r.services, r.load)
+	}
+	fmt.Fprintf(&b, ".\n\nThe controller's part is the mean of xlb_kubeproxy_sync_proxy_rules_duration_seconds\n")
+	fmt.Fprintf(&b, "over the measured changes: translation, the engine transaction, the data plane's\n")
+	fmt.Fprintf(&b, "update (the bbolt write happens behind it); the rest is the API server, etcd and the watch.\n")
 	fmt.Fprintf(&b, "\nSamples (ms, in run order):\n\n")
 	for _, r := range rs {
-		parts := make([]string, len(r.samples))
-		for i, d := range r.samples {
-			parts[i] = ms(d)
-		}
-		fmt.Fprintf(&b, "- %d Services: %s\n", r.services, strings.Join(parts, " "))
-	}
-	for _, r := range rs {
-		for _, k := range r.kp {
-			if k.err == "" {
-				parts := make([]string, len(k.samples))
-				for i, d := range k.samples {
-					parts[i] = ms(d)
-				}
-				fmt.Fprintf(&b, "- %d Services, kube-proxy %s: %s\n", r.services, k.mode, strings.Join(parts, " "))
+		for _, p := range rowsOf(r) {
+			if p.err != "" {
+				continue
 			}
+			parts := make([]string, len(p.samples))
+			for i, d := range p.samples {
+				parts[i] = ms(d)
+			}
+			fmt.Fprintf(&b, "- %d Services, %s: %s\n", r.services, p.name, strings.Join(parts, " "))
 		}
 	}
-	fmt.Fprintf(&b, "\nEarlier measurement on this machine (the issue's): kube-proxy ~760 ms (nftables\n")
-	fmt.Fprintf(&b, "mode) and ~1,070 ms (iptables mode) at 1,000 Services x 10 endpoints. iptables mode\n")
-	fmt.Fprintf(&b, "is not measured here: the machine has no iptables (apt-get install iptables).\n")
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
@@ -514,18 +546,39 @@ func report(rs []result) error {
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return err
 	}
+	if err := writeJSON(filepath.Join(*out, "kube.json"), map[string]any{
+		"machine": machine(), "date": time.Now().UTC().Format(time.RFC3339), "endpoints": *endpoints, "runs": *runs, "results": js,
+	}); err != nil {
+		return err
+	}
 	fmt.Print(b.String())
-	log.Printf("wrote %s", path)
+	log.Printf("wrote %s and kube.json", path)
 	return nil
 }
 
-func hasKP(rs []result) bool {
-	for _, r := range rs {
-		if len(r.kp) > 0 {
-			return true
-		}
+// ratio is a/b to two significant figures ("1" for the baseline itself).
+func ratio(a, b time.Duration) string {
+	if a == b {
+		return "1"
 	}
-	return false
+	r := float64(a) / float64(b)
+	if r >= 10 {
+		return strconv.FormatFloat(r, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(r, 'f', 1, 64)
+}
+
+func writeJSON(path string, v any) error {
+	raw, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}
+
+func machine() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s, %d cores", host, numCPU())
 }
 
 func numCPU() int { return runtime.NumCPU() }

@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/kube"
@@ -38,10 +40,23 @@ type kubeProxyOptions struct {
 	metricsAddr       string
 	healthzAddr       string
 	logLevel          string
+	// ebpf only.
+	interfaces    []string
+	connTableSize int
+	pinPath       string
 }
 
 // kubeProxyDataplanes are the values --dataplane accepts for kube-proxy.
-const kubeProxyDataplanes = "nft"
+const kubeProxyDataplanes = "nft, ebpf"
+
+const (
+	// defaultKubePinPath is apart from xlb daemon's /sys/fs/bpf/xlb: the
+	// two may run on one host, each with its own maps.
+	defaultKubePinPath = "/sys/fs/bpf/xlb-kube"
+	// defaultConnTableSize and maxConnTableSize are xlb daemon's.
+	defaultConnTableSize = 131072
+	maxConnTableSize     = 1 << 26
+)
 
 func (a *app) kubeProxyCmd() *cobra.Command {
 	var o kubeProxyOptions
@@ -58,7 +73,13 @@ scheduler, persistence, helper, log and limits; an invalid one becomes an
 Event on the Service, which keeps its previous rules. See docs/kube-proxy.md.
 
 Farms are named <namespace>.<service>.<port>.<kind>-<address> and live in
-their own nftables table (--nft-table), apart from "xlb daemon"'s. The state
+their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
+--dataplane ebpf they are programmed into xlb's eBPF program instead,
+attached at tcx ingress of --interfaces, with its maps pinned under
+--pin-path. It balances what arrives on those interfaces (not what the
+node itself sends), and Service features it does not implement (SCTP, the
+helper and est-connlimit annotations) are refused per Service with an Event
+(see docs/kube-proxy.md). The state
 is saved in --state-dir, so a restart keeps the rules in place until the
 first sync replaces them.
 
@@ -66,7 +87,8 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 /healthz) on --metrics-bind-address. Uses the in-cluster configuration when
 --kubeconfig is not given.`,
 		Example: `  xlb kube-proxy --kubeconfig /etc/kubernetes/proxy.conf --hostname-override node1
-  xlb kube-proxy --hostname-override "$NODE_NAME" --nodeport-addresses 192.168.0.0/16`,
+  xlb kube-proxy --hostname-override "$NODE_NAME" --nodeport-addresses 192.168.0.0/16
+  xlb kube-proxy --hostname-override "$NODE_NAME" --dataplane ebpf --interfaces eth0,cni0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			return a.runKubeProxy(cmd.Context(), o)
@@ -75,7 +97,7 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the in-cluster configuration)")
 	f.StringVar(&o.hostname, "hostname-override", "", "this node's name (default: $NODE_NAME, else the host name)")
-	f.StringVar(&o.dataplane, "dataplane", "nft", "kernel data plane: "+kubeProxyDataplanes)
+	f.StringVar(&o.dataplane, "dataplane", "nft", "kernel data plane: "+kubeProxyDataplanes+" (ebpf: see --interfaces, --conn-table-size, --pin-path)")
 	f.StringVar(&o.nftTable, "nft-table", "xlb-kube", "nftables table (inet) this proxy owns; with --nft-tables > 1 the prefix of its tables (xlb-kube-00, ...)")
 	f.IntVar(&o.nftTables, "nft-tables", nft.DefaultShards, "tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir+"/kube-proxy", "directory of the saved state")
@@ -83,6 +105,10 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address:port of /metrics and /healthz (empty: off)")
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringSliceVar(&o.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback, as found at start)")
+	f.IntVar(&o.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
+	f.StringVar(&o.pinPath, "pin-path", defaultKubePinPath, "ebpf: bpffs directory where maps and links are pinned (apart from xlb daemon's)")
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return checkDataplaneFlags(cmd, &o) }
 	return cmd
 }
 
@@ -92,9 +118,6 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return fmt.Errorf("--log-level %q: allowed values are debug, info, warn, error", o.logLevel)
 	}
 	log := slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
-	if o.dataplane != "nft" {
-		return fmt.Errorf("--dataplane %q: allowed values are %s", o.dataplane, kubeProxyDataplanes)
-	}
 	node := o.hostname
 	if node == "" {
 		node = a.getenv("NODE_NAME")
@@ -141,14 +164,11 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	// saved state only bridges restarts (see kube.WriteBehind).
 	st := kube.NewWriteBehind(bolt, log)
 	defer st.Close()
-	if o.nftTables < 1 || o.nftTables > nft.MaxShards {
-		return fmt.Errorf("--nft-tables %d: allowed values are 1 to %d", o.nftTables, nft.MaxShards)
-	}
-	dp, err := nft.Open(ctx, log, nft.Options{Table: o.nftTable, Shards: o.nftTables})
+	dp, err := openDataplane(ctx, log, o)
 	if err != nil {
-		return fmt.Errorf("open nft data plane: %w", err)
+		return err
 	}
-	defer dp.Close() // leaves the kernel's rules in place
+	defer dp.Close() // leaves the kernel's rules (and pinned eBPF maps) in place
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
 		return err
@@ -156,11 +176,17 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	ctl, err := kube.New(kube.Config{
+	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
-		Conntrack: kube.NetlinkConntrack{NS: netns.None()},
-	})
+	}
+	// Stale UDP flows of removed endpoints are deleted from netfilter's
+	// conntrack (nft) or from the ebpf plane's own table.
+	kc.Conntrack = kube.NetlinkConntrack{NS: netns.None()}
+	if p, ok := dp.(*ebpf.Plane); ok {
+		kc.Conntrack = kube.EBPFConntrack{Plane: p}
+	}
+	ctl, err := kube.New(kc)
 	if err != nil {
 		return err
 	}
@@ -213,8 +239,62 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 			_ = s.Shutdown(sctx)
 		}
 	}()
-	log.Info("xlb kube-proxy starting", "node", node, "dataplane", dp.Name(), "nft_table", o.nftTable, "state_dir", o.stateDir, "api", cfg.Host)
+	log.Info("xlb kube-proxy starting", "node", node, "dataplane", dp.Name(), "state_dir", o.stateDir, "api", cfg.Host)
 	err = ctl.Run(ctx)
 	log.Info("xlb kube-proxy stopping; kernel rules stay in place")
 	return err
+}
+
+// checkDataplaneFlags validates the data plane flags: each plane's flags
+// only with that plane, sizes in range.
+func checkDataplaneFlags(cmd *cobra.Command, o *kubeProxyOptions) error {
+	changed := cmd.Flags().Changed
+	switch o.dataplane {
+	case "nft":
+		for _, n := range []string{"interfaces", "conn-table-size", "pin-path"} {
+			if changed(n) {
+				return fmt.Errorf("--%s: only with --dataplane ebpf", n)
+			}
+		}
+		if o.nftTables < 1 || o.nftTables > nft.MaxShards {
+			return fmt.Errorf("--nft-tables %d: allowed values are 1 to %d", o.nftTables, nft.MaxShards)
+		}
+	case "ebpf":
+		for _, n := range []string{"nft-table", "nft-tables"} {
+			if changed(n) {
+				return fmt.Errorf("--%s: only with --dataplane nft", n)
+			}
+		}
+		if o.connTableSize < 1 || o.connTableSize > maxConnTableSize {
+			return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", o.connTableSize, maxConnTableSize)
+		}
+		if o.pinPath == "" {
+			return errors.New("--pin-path: must be a directory on a bpf file system")
+		}
+	default:
+		return fmt.Errorf("--dataplane %q: allowed values are %s", o.dataplane, kubeProxyDataplanes)
+	}
+	return nil
+}
+
+// openDataplane opens the data plane of --dataplane in the current network
+// namespace.
+func openDataplane(ctx context.Context, log *slog.Logger, o kubeProxyOptions) (dataplane.Dataplane, error) {
+	if o.dataplane == "ebpf" {
+		p, err := ebpf.New(ctx, log, ebpf.Options{
+			Interfaces:    o.interfaces,
+			ConnTableSize: 2 * o.connTableSize, // two entries per connection
+			PinPath:       o.pinPath,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("open ebpf data plane: %w", err)
+		}
+		log.Info("ebpf data plane attached", "interfaces", o.interfaces, "pin_path", o.pinPath, "conn_table_size", o.connTableSize)
+		return p, nil
+	}
+	p, err := nft.Open(ctx, log, nft.Options{Table: o.nftTable, Shards: o.nftTables})
+	if err != nil {
+		return nil, fmt.Errorf("open nft data plane: %w", err)
+	}
+	return p, nil
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 )
 
 // StaleFlow is a UDP conntrack entry to delete: traffic to VIP:Port that
@@ -87,4 +89,20 @@ func (c NetlinkConntrack) DeleteUDP(flows []StaleFlow) (int, error) {
 		}
 	}
 	return total, nil
+}
+
+// EBPFConntrack deletes the stale UDP flows of the ebpf data plane, which
+// tracks connections itself (netfilter's conntrack is not in its path).
+type EBPFConntrack struct {
+	Plane *ebpf.Plane
+}
+
+// DeleteUDP removes the plane's tracked UDP flows to VIP:Port that were
+// sent to Backend.
+func (c EBPFConntrack) DeleteUDP(flows []StaleFlow) (int, error) {
+	fl := make([]ebpf.UDPFlow, len(flows))
+	for i, f := range flows {
+		fl[i] = ebpf.UDPFlow{VIP: f.VIP, Port: f.Port, Backend: f.Backend}
+	}
+	return c.Plane.DeleteUDPFlows(fl)
 }

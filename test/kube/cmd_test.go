@@ -179,11 +179,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func (e *env) startProxy(bin, kubeconfig, stateDir string) *proxyProcess {
+func (e *env) startProxy(bin, kubeconfig, stateDir string, extra ...string) *proxyProcess {
 	e.t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", e.LB.Name, bin, "kube-proxy",
+	args := append([]string{"netns", "exec", e.LB.Name, bin, "kube-proxy",
 		"--kubeconfig", kubeconfig, "--hostname-override", e.node, "--state-dir", stateDir,
-		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256")
+		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256"}, extra...)
+	cmd := exec.Command("ip", args...)
 	p := &proxyProcess{cmd: cmd, done: make(chan error, 1), log: &syncBuffer{}}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -230,6 +231,26 @@ func (e *env) httpGet(url string) (int, string, error) {
 	return resp.StatusCode, string(b), err
 }
 
+// proxyKubeconfig binds deploy/rbac.yaml's ClusterRole to the proxy user
+// and writes a kubeconfig of that user that reaches the API server from the
+// LB namespace.
+func (e *env) proxyKubeconfig(api *kubetest.Env) string {
+	e.t.Helper()
+	e.bindProxyRole()
+	server := e.forwardAPI(api.ProxyConfig.Host)
+	kubeconfig := filepath.Join(e.t.TempDir(), "proxy.kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: %q, certificate-authority: %q}}]
+users: [{name: p, user: {token: %q}}]
+contexts: [{name: t, context: {cluster: t, user: p}}]
+current-context: t
+`, server, api.ProxyConfig.TLSClientConfig.CAFile, api.ProxyConfig.BearerToken)), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return kubeconfig
+}
+
 // TestKubeProxyCommand runs the real `xlb kube-proxy` command in the LB
 // namespace as a user with only deploy/rbac.yaml's ClusterRole: it programs
 // a Service, records an Event for an invalid annotation, serves /healthz and
@@ -240,18 +261,7 @@ func TestKubeProxyCommand(t *testing.T) {
 	api := apiserver(t)
 	bin := xlbBinary(t)
 	e.startServers()
-	e.bindProxyRole()
-	server := e.forwardAPI(api.ProxyConfig.Host)
-	kubeconfig := filepath.Join(t.TempDir(), "proxy.kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: t, cluster: {server: %q, certificate-authority: %q}}]
-users: [{name: p, user: {token: %q}}]
-contexts: [{name: t, context: {cluster: t, user: p}}]
-current-context: t
-`, server, api.ProxyConfig.TLSClientConfig.CAFile, api.ProxyConfig.BearerToken)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := e.proxyKubeconfig(api)
 	stateDir := t.TempDir()
 	p := e.startProxy(bin, kubeconfig, stateDir)
 	e.waitFor("/healthz ok", func() bool {
@@ -348,4 +358,53 @@ func metricValue(body, name string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestKubeProxyCommandEBPF runs `xlb kube-proxy --dataplane ebpf` (default
+// interfaces: every one of the LB namespace but loopback; pins in a bpffs
+// the test mounts): a Service's traffic is spread over its endpoints, and
+// it keeps flowing after the proxy exits (the program and maps stay
+// pinned); a Service without endpoints is refused.
+func TestKubeProxyCommandEBPF(t *testing.T) {
+	e := newWorld(t, 2)
+	api := apiserver(t)
+	bin := xlbBinary(t)
+	e.startServers()
+	kubeconfig := e.proxyKubeconfig(api)
+	p := e.startProxy(bin, kubeconfig, t.TempDir(), "--dataplane", "ebpf", "--pin-path", mountBPFFS(t), "--conn-table-size", "4096")
+	e.waitFor("/healthz ok", func() bool {
+		code, _, err := e.httpGet("http://127.0.0.1:10256/healthz")
+		return err == nil && code == 200
+	})
+	svc := e.createService(service("web", corev1.ServiceTypeClusterIP))
+	e.setEndpoints("web", false, ready(0, 1))
+	addr := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
+	e.waitFor("traffic to both endpoints", func() bool {
+		seen := map[string]bool{}
+		for range 6 {
+			got, err := testutil.AskTCP(e.Client.NS, addr)
+			if err != nil {
+				return false
+			}
+			name, _, _ := testutil.ParseReply(got)
+			seen[name] = true
+		}
+		return seen["b0"] && seen["b1"]
+	})
+	empty := e.createService(service("empty", corev1.ServiceTypeClusterIP))
+	eaddr := netip.AddrPortFrom(netip.MustParseAddr(empty.Spec.ClusterIP), 80)
+	e.waitFor("the Service without endpoints refused", func() bool {
+		c, err := testutil.DialTCP(e.Client.NS, eaddr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return errors.Is(err, syscall.ECONNREFUSED)
+	})
+	if !strings.Contains(p.log.String(), "dataplane=ebpf") {
+		t.Errorf("the proxy does not log its data plane:\n%s", p.log.String())
+	}
+	p.stop(t)
+	if got := e.spread(addr, false, 4); keys(got) != "b0,b1" {
+		t.Errorf("after the proxy exited: answers %v, want b0 and b1", got)
+	}
 }

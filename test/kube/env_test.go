@@ -18,12 +18,15 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/kube"
@@ -101,11 +104,12 @@ func (w *testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// newEnv is newWorld with a controller running in the test process.
+// newEnv is newWorld with a controller running in the test process, on
+// the nft data plane.
 func newEnv(t *testing.T, backends int) *env {
 	t.Helper()
 	e := newWorld(t, backends)
-	e.startController()
+	e.startController("nft")
 	return e
 }
 
@@ -157,16 +161,30 @@ func newWorld(t *testing.T, backends int) *env {
 	return e
 }
 
-// startController runs the controller with the nft plane in the LB
-// namespace, stopped in t.Cleanup.
-func (e *env) startController() {
+// startController runs the controller with data plane "nft" or "ebpf"
+// (attached to every interface of the LB namespace, pinned in a bpffs the
+// test mounts) in the LB namespace, stopped in t.Cleanup.
+func (e *env) startController(planeName string) {
 	t, ctx := e.t, e.ctx
 	api := apiserver(t)
 	w := &testWriter{t: t}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	plane, err := nft.New(ctx, log, nft.Options{NetNS: e.LB.NS})
+	var plane dataplane.Dataplane
+	var err error
+	var conntrack kube.Conntrack = kube.NetlinkConntrack{NS: e.LB.NS}
+	switch planeName {
+	case "nft":
+		plane, err = nft.New(ctx, log, nft.Options{NetNS: e.LB.NS})
+	case "ebpf":
+		var p *ebpf.Plane
+		p, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384})
+		plane = p
+		conntrack = kube.EBPFConntrack{Plane: p} // as xlb kube-proxy --dataplane ebpf
+	default:
+		t.Fatalf("data plane %q", planeName)
+	}
 	if err != nil {
-		t.Fatalf("nft plane: %v", err)
+		t.Fatalf("%s plane: %v", planeName, err)
 	}
 	bolt, err := store.OpenBolt(t.TempDir())
 	if err != nil {
@@ -178,7 +196,7 @@ func (e *env) startController() {
 		t.Fatal(err)
 	}
 	e.ctl, err = kube.New(kube.Config{Client: api.Client, Engine: e.eng, Log: log, NodeName: e.node,
-		Conntrack: kube.NetlinkConntrack{NS: e.LB.NS},
+		Conntrack: conntrack,
 		Listen: func(network, addr string) (net.Listener, error) {
 			var ln net.Listener
 			err := testutil.Do(e.LB.NS, func() error {
@@ -211,6 +229,28 @@ func (e *env) startController() {
 		st.Close()
 	})
 	e.waitFor("the controller's first full reconcile", e.ctl.Ready)
+}
+
+// mountBPFFS mounts a bpf file system of the test's own on a temporary
+// directory and unmounts it (dropping every pin, which detaches the
+// program) at cleanup; it returns the pin path below it.
+func mountBPFFS(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "xlb-kube-bpffs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		os.Remove(dir)
+		t.Fatalf("mount bpffs at %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+		os.Remove(dir)
+	})
+	return filepath.Join(dir, "xlb")
 }
 
 // waitFor polls cond every 10 ms for up to 15 s.

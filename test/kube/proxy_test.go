@@ -250,8 +250,15 @@ func (e *env) waitEvent(name, reason string) corev1.Event {
 // its endpoint through conntrack; when that endpoint is removed, its
 // conntrack entry is deleted, so the next datagram goes to a remaining
 // endpoint instead of the removed one.
-func TestUDPStaleConntrack(t *testing.T) {
-	e := newEnv(t, 2)
+func TestUDPStaleConntrack(t *testing.T) { udpStale(t, "nft") }
+
+// TestEBPFUDPStaleFlows is TestUDPStaleConntrack on the ebpf data plane,
+// whose own conntrack table holds the flows.
+func TestEBPFUDPStaleFlows(t *testing.T) { udpStale(t, "ebpf") }
+
+func udpStale(t *testing.T, plane string) {
+	e := newWorld(t, 2)
+	e.startController(plane)
 	e.startServers()
 	svc := e.createService(service("dns", corev1.ServiceTypeClusterIP))
 	e.setEndpoints("dns", false, ready(0, 1))

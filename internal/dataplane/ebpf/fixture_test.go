@@ -166,7 +166,7 @@ func TestFixtures(t *testing.T) {
 			in:      pktSpec{src: client, sport: 40006, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpACK}.build(),
 			verdict: verdictNext, unchanged: true,
 		},
-		{desc: "farm without active backends drops new flows", in: syn(client, 40007, vip3, 80).build(), verdict: verdictDrop, unchanged: true},
+		{desc: "farm without active backends refuses new flows (TestRejectFixtures checks the message)", in: syn(client, 40007, vip3, 80).build(), verdict: verdictRedirect},
 		{
 			desc:    "first fragment (MF) passes untouched",
 			in:      pktSpec{src: client, sport: 5002, dst: vip1, dport: 53, proto: protoUDP, fragOff: 0x2000, payload: []byte("frag")}.build(),
