@@ -60,8 +60,11 @@ echo "client 10.100.0.2 | lb 10.100.0.1 / 10.200.0.1 | backends 10.200.0.11-13:8
 step "xlb daemon in the lb namespace (state in $STATE)"
 at lb "$XLB" daemon --listen 127.0.0.1:5555 --state-dir "$STATE" --log-level warn &
 export XLB_KEY_FILE=$STATE/api.key
+# The CLI talks to this daemon over its Unix socket, never to another xlb
+# that may run on the host (the CLI's default is /var/lib/xlb/api.sock).
+export XLB_API=unix:$STATE/api.sock
 for _ in $(seq 100); do
-	[ -s "$XLB_KEY_FILE" ] && at lb "$XLB" farm list >/dev/null 2>&1 && break
+	[ -s "$XLB_KEY_FILE" ] && [ -S "$STATE/api.sock" ] && at lb "$XLB" farm list >/dev/null 2>&1 && break
 	sleep 0.1
 done
 
