@@ -410,7 +410,8 @@ func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
 				}
 			}
 		}
-		if err := json.Unmarshal(farms, &items); err != nil {
+		var ok bool
+		if items, ok = splitArray(farms); !ok {
 			return nil, &FieldError{Field: "farms", Problem: "must be an array of farm objects"}
 		}
 	} else {
@@ -433,8 +434,8 @@ func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
 }
 
 func decodeFarm(item json.RawMessage, index int, current FarmLookup) (Farm, error) {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(item, &raw); err != nil {
+	raw, ok := objectMembers(item) // item is valid JSON (DecodeFarms)
+	if !ok {
 		return Farm{}, &FieldError{Field: fmt.Sprintf("farms[%d]", index), Problem: "must be a JSON object"}
 	}
 	nameText, ok := scalarText(raw["name"])
@@ -493,9 +494,17 @@ func (f *Farm) policy(name string) (*PolicyRef, bool) {
 
 func decodeBackends(f *Farm, raw json.RawMessage) error {
 	obj := farmObject(f.Name)
-	var items []map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	// raw is valid JSON: part of a body DecodeFarms checked, or checked by
+	// DecodeBackend.
+	elems, ok := splitArray(raw)
+	if !ok {
 		return &FieldError{Object: obj, Field: "backends", Problem: "must be an array of backend objects"}
+	}
+	items := make([]map[string]json.RawMessage, len(elems))
+	for i, e := range elems {
+		if items[i], ok = objectMembers(e); !ok {
+			return &FieldError{Object: obj, Field: "backends", Problem: "must be an array of backend objects"}
+		}
 	}
 	// Index the existing backends by name so a patch of n backends onto a
 	// farm with m costs O(n+m), not O(n*m).
@@ -532,6 +541,9 @@ func decodeBackends(f *Farm, raw json.RawMessage) error {
 // backend-level request), returning the updated farm, validated.
 func DecodeBackend(f *Farm, body []byte) (Farm, error) {
 	nf := f.Clone()
+	if !json.Valid(body) {
+		return Farm{}, &FieldError{Object: farmObject(f.Name), Field: "backends", Problem: "must be an array of backend objects"}
+	}
 	if err := decodeBackends(&nf, append(append([]byte{'['}, body...), ']')); err != nil {
 		return Farm{}, err
 	}
