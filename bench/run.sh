@@ -32,7 +32,7 @@ OUT=bench/results
 if [ $quick -eq 1 ]; then
 	OUT=bench/results/quick
 	# Smallest sizes that still exercise every code path.
-	CTLPLANE_FLAGS="-runs 4 -existing 0,1000 -matrix 1000x4,100x10+100fw ${CTLPLANE_FLAGS:-}"
+	CTLPLANE_FLAGS="-runs 4 -existing 0,1000 -matrix 1000x4,100x10+100fw -nftlb-existing 0 -nftlb-runs 3 -nftlb-bulk=false ${CTLPLANE_FLAGS:-}"
 	CONVERGE_FLAGS="-runs 4 -existing 0,1000 -backends 10,100 ${CONVERGE_FLAGS:-}"
 	DATAPATH_FLAGS="-runs 1 -d 1s -warmup 0 ${DATAPATH_FLAGS:-}"
 	# 40000 one-way flows overfill a table of 16384 connections (32768
@@ -67,6 +67,23 @@ in_ns() {
 	ip netns del "$ns"
 }
 
+# nftlb_bin prints the path of Debian's nftlb, extracted (not installed:
+# the package's service would program the host's nftables on a systemd
+# host) into ~/.cache/xlb/nftlb on first use; its libraries are plain
+# packages.
+nftlb_bin() {
+	local dir=${XDG_CACHE_HOME:-$HOME/.cache}/xlb/nftlb
+	if [ ! -x "$dir/usr/sbin/nftlb" ]; then
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libev4 libjansson4 libmnl0 libnftables1 >&2
+		local tmp
+		tmp=$(mktemp -d)
+		(cd "$tmp" && apt-get download nftlb >&2) && dpkg-deb -x "$tmp"/nftlb_*.deb "$dir"
+		rm -rf "$tmp"
+	fi
+	[ -x "$dir/usr/sbin/nftlb" ] || { echo "bench: could not get Debian's nftlb for the nftlb baseline" >&2; exit 1; }
+	echo "$dir/usr/sbin/nftlb"
+}
+
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 for p in ctlplane converge datapath conntable rulescale charts; do
@@ -78,7 +95,7 @@ for part in "${parts[@]}"; do
 	ctlplane)
 		step "control plane"
 		# shellcheck disable=SC2086 # flags are meant to split
-		in_ns ctlplane bin/ctlplane -xlb bin/xlb -out "$OUT" ${CTLPLANE_FLAGS:-}
+		in_ns ctlplane bin/ctlplane -xlb bin/xlb -nftlb "$(nftlb_bin)" -out "$OUT" ${CTLPLANE_FLAGS:-}
 		;;
 	converge)
 		step "control plane: time until traffic follows"

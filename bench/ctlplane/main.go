@@ -93,6 +93,16 @@ func main() {
 	defer func() { daemon.Process.Kill(); daemon.Wait() }()
 	waitReady()
 
+	if *onlyNftlb {
+		rs := nftlbResults()
+		must(os.MkdirAll(*out, 0o755))
+		js, _ := json.MarshalIndent(rs, "", "  ")
+		must(os.WriteFile(filepath.Join(*out, "nftlb-baseline.json"), js, 0o644))
+		must(os.WriteFile(filepath.Join(*out, "nftlb-baseline.md"), []byte(markdown(rs)), 0o644))
+		fmt.Print(markdown(rs))
+		return
+	}
+
 	var results []result
 	for _, n := range parseInts(*sizes) {
 		restore(n, 1)
@@ -143,6 +153,7 @@ func main() {
 		results = append(results, hyperfine(n, b, fw)...)
 	}
 	restore(0, 1)
+	results = append(results, nftlbResults()...)
 
 	must(os.MkdirAll(*out, 0o755))
 	js, _ := json.MarshalIndent(results, "", "  ")
