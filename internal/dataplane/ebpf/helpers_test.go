@@ -183,7 +183,14 @@ type (
 func setTxChecksum(tb testing.TB, ns netns.NsHandle, ifname string, on bool) {
 	tb.Helper()
 	const ethtoolSTXCSUM = 0x17
-	val := struct{ cmd, data uint32 }{cmd: ethtoolSTXCSUM}
+	setEthtoolFlag(tb, ns, ifname, ethtoolSTXCSUM, "tx checksumming", on)
+}
+
+// setEthtoolFlag sets one ethtool on/off value (an ETHTOOL_S* command with
+// struct ethtool_value) of ifname in ns.
+func setEthtoolFlag(tb testing.TB, ns netns.NsHandle, ifname string, cmd uint32, what string, on bool) {
+	tb.Helper()
+	val := struct{ cmd, data uint32 }{cmd: cmd}
 	if on {
 		val.data = 1
 	}
@@ -204,6 +211,6 @@ func setTxChecksum(tb testing.TB, ns netns.NsHandle, ifname string, on bool) {
 		return nil
 	})
 	if err != nil {
-		tb.Fatalf("set tx checksumming of %s: %v", ifname, err)
+		tb.Fatalf("set %s of %s: %v", what, ifname, err)
 	}
 }

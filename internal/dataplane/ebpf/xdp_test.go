@@ -4,14 +4,11 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"runtime"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -114,29 +111,7 @@ func newXDPChain(t testing.TB, vip netip.Addr) *xdpChain {
 func setGRO(t testing.TB, ns netns.NsHandle, ifname string, on bool) {
 	t.Helper()
 	const ethtoolSGRO = 0x2c
-	val := struct{ cmd, data uint32 }{cmd: ethtoolSGRO}
-	if on {
-		val.data = 1
-	}
-	err := testutil.Do(ns, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		var ifr [40]byte
-		copy(ifr[:unix.IFNAMSIZ-1], ifname)
-		*(*uintptr)(unsafe.Pointer(&ifr[unix.IFNAMSIZ])) = uintptr(unsafe.Pointer(&val))
-		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr[0])))
-		runtime.KeepAlive(&val)
-		if errno != 0 {
-			return errno
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("set gro of %s: %v", ifname, err)
-	}
+	setEthtoolFlag(t, ns, ifname, ethtoolSGRO, "gro", on)
 }
 
 // TestTrafficXDPDSR: a dsr farm with the XDP fast path attached (generic,
