@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xlb-lb/xlb/bench/internal/results"
 	"github.com/xlb-lb/xlb/bench/internal/stats"
 )
 
@@ -126,19 +127,7 @@ func write(o options, rows []*row, notes []string) error {
 		CtBuckets: readInt("/proc/sys/net/netfilter/nf_conntrack_buckets"),
 		Notes:     notes, Rows: rows,
 	}
-	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(o.out, "conntable.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	md := markdown(rep)
-	fmt.Print("\n" + md)
-	return os.WriteFile(filepath.Join(o.out, "conntable.md"), []byte(md), 0o644)
+	return results.Write(o.out, "conntable", rep, markdown(rep))
 }
 
 func markdown(rep report) string {

@@ -35,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/xlb-lb/xlb/bench/internal/results"
 	"github.com/xlb-lb/xlb/bench/internal/stats"
 	"github.com/xlb-lb/xlb/bench/internal/topo"
 )
@@ -165,13 +166,7 @@ func run(ctx context.Context, xlb, echo, out, prefix string, p params) error {
 		},
 		"results": rs,
 	}
-	j, _ := json.MarshalIndent(doc, "", "  ")
-	if err := os.WriteFile(filepath.Join(out, "converge.json"), append(j, '\n'), 0o644); err != nil {
-		return err
-	}
-	md := markdown(rs, doc["notes"].([]string))
-	fmt.Print(md)
-	return os.WriteFile(filepath.Join(out, "converge.md"), []byte(md), 0o644)
+	return results.Write(out, "converge", doc, markdown(rs, doc["notes"].([]string)))
 }
 
 func markdown(rs []result, notes []string) string {

@@ -33,6 +33,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xlb-lb/xlb/bench/internal/results"
 	"github.com/xlb-lb/xlb/bench/internal/stats"
 )
 
@@ -95,15 +96,11 @@ func main() {
 
 	if *onlyNftlb {
 		rs := nftlbResults()
-		must(os.MkdirAll(*out, 0o755))
-		js, _ := json.MarshalIndent(rs, "", "  ")
-		must(os.WriteFile(filepath.Join(*out, "nftlb-baseline.json"), js, 0o644))
-		must(os.WriteFile(filepath.Join(*out, "nftlb-baseline.md"), []byte(markdown(rs)), 0o644))
-		fmt.Print(markdown(rs))
+		must(results.Write(*out, "nftlb-baseline", rs, markdown(rs)))
 		return
 	}
 
-	var results []result
+	var rs []result
 	for _, n := range parseInts(*sizes) {
 		restore(n, 1)
 		var xs, bs []float64
@@ -116,8 +113,8 @@ func main() {
 			bs = append(bs, nftBaseline(fmt.Sprintf("b%d", i), 1, 100))
 		}
 		base := summarize(fmt.Sprintf("nft -f: one farm x 100 backends (%d farms present in xlb)", n), bs)
-		results = append(results, withBaseline(summarize(fmt.Sprintf("API add farm x 100 backends, %d farms present", n), xs), base), base)
-		log.Printf("add farm x100 at %d farms: median %.2f ms", n, results[len(results)-2].Median)
+		rs = append(rs, withBaseline(summarize(fmt.Sprintf("API add farm x 100 backends, %d farms present", n), xs), base), base)
+		log.Printf("add farm x100 at %d farms: median %.2f ms", n, rs[len(rs)-2].Median)
 	}
 
 	restore(0, 1)
@@ -131,8 +128,8 @@ func main() {
 		bulkBase = append(bulkBase, nftBaseline("bulk", 1000, 4))
 	}
 	bb := summarize("nft -f: 1000 farms x 4 backends", bulkBase)
-	results = append(results, withBaseline(summarize("API bulk POST 1000 farms x 4 backends", bulk), bb), bb)
-	log.Printf("bulk 1000x4: median %.1f ms", results[len(results)-2].Median)
+	rs = append(rs, withBaseline(summarize("API bulk POST 1000 farms x 4 backends", bulk), bb), bb)
+	log.Printf("bulk 1000x4: median %.1f ms", rs[len(rs)-2].Median)
 
 	m := *matrix
 	if *dumpN > 0 {
@@ -150,16 +147,12 @@ func main() {
 			}
 		}
 		restoreMixed(n, b, fw)
-		results = append(results, hyperfine(n, b, fw)...)
+		rs = append(rs, hyperfine(n, b, fw)...)
 	}
 	restore(0, 1)
-	results = append(results, nftlbResults()...)
+	rs = append(rs, nftlbResults()...)
 
-	must(os.MkdirAll(*out, 0o755))
-	js, _ := json.MarshalIndent(results, "", "  ")
-	must(os.WriteFile(filepath.Join(*out, "control-plane.json"), js, 0o644))
-	must(os.WriteFile(filepath.Join(*out, "control-plane.md"), []byte(markdown(results)), 0o644))
-	fmt.Print(markdown(results))
+	must(results.Write(*out, "control-plane", rs, markdown(rs)))
 }
 
 func markdown(rs []result) string {

@@ -1,15 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
 
+	"github.com/xlb-lb/xlb/bench/internal/results"
 	"github.com/xlb-lb/xlb/bench/internal/stats"
 )
 
@@ -78,19 +77,7 @@ func write(o options, order []string, ms map[string]*measurement, notes []string
 		}
 		rep.Rows = append(rep.Rows, r)
 	}
-	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(o.out, "datapath.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	md := markdown(rep)
-	fmt.Print("\n" + md)
-	return os.WriteFile(filepath.Join(o.out, "datapath.md"), []byte(md), 0o644)
+	return results.Write(o.out, "datapath", rep, markdown(rep))
 }
 
 func markdown(rep report) string {

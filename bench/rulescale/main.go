@@ -25,10 +25,11 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/xlb-lb/xlb/bench/internal/results"
 )
 
 const (
@@ -139,16 +140,7 @@ func run(xlb, out, sizes string) error {
 		"Counted from `nft -j list ruleset` in a namespace holding only xlb's tables: every table, rule, chain, set and map object, and the elements of sets and maps (\"set elements\", \"map elements\"); a farm's numbers are the difference to the ruleset before it was added. The daemon runs with its default --nft-tables, so farms land in different tables.",
 		"Farms: one VIP, TCP port 80, backends with weight 1 (scheduler weight: weights 1..n cycling 1-5).",
 	)
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return err
-	}
-	js, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(filepath.Join(out, "rule-scale.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	md := markdown(rep)
-	fmt.Print(md)
-	return os.WriteFile(filepath.Join(out, "rule-scale.md"), []byte(md), 0o644)
+	return results.Write(out, "rule-scale", rep, markdown(rep))
 }
 
 var kinds = []string{"table", "rule", "chain", "map", "set", "map elements", "set elements"}
