@@ -63,7 +63,9 @@ func dropNftlbTables() {
 	}
 }
 
-var nftlbClient = &http.Client{Timeout: 10 * time.Minute}
+// nftlbClient opens a connection per request: nftlb closes idle
+// connections without notice, and a reused one then fails with a reset.
+var nftlbClient = &http.Client{Timeout: 10 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
 
 func nftlbCall(method, path string, body []byte) ([]byte, error) {
 	req, err := http.NewRequest(method, "http://"+nftlbAddr+path, bytes.NewReader(body))
