@@ -264,26 +264,12 @@ func TestKubeProxyCommand(t *testing.T) {
 	kubeconfig := e.proxyKubeconfig(api)
 	stateDir := t.TempDir()
 	p := e.startProxy(bin, kubeconfig, stateDir)
-	e.waitFor("/healthz ok", func() bool {
-		code, _, err := e.httpGet("http://127.0.0.1:10256/healthz")
-		return err == nil && code == 200
-	})
+	e.waitHealthy()
 
 	svc := e.createService(service("web", corev1.ServiceTypeClusterIP))
 	e.setEndpoints("web", false, ready(0, 1))
 	addr := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
-	e.waitFor("traffic to both endpoints", func() bool {
-		seen := map[string]bool{}
-		for range 6 {
-			got, err := testutil.AskTCP(e.Client.NS, addr)
-			if err != nil {
-				return false
-			}
-			name, _, _ := testutil.ParseReply(got)
-			seen[name] = true
-		}
-		return seen["b0"] && seen["b1"]
-	})
+	e.waitBothEndpoints(addr)
 
 	// The proxy user may write Events.
 	e.annotate("web", map[string]string{"xlb.io/scheduler": "fastest"})
@@ -372,25 +358,11 @@ func TestKubeProxyCommandEBPF(t *testing.T) {
 	e.startServers()
 	kubeconfig := e.proxyKubeconfig(api)
 	p := e.startProxy(bin, kubeconfig, t.TempDir(), "--dataplane", "ebpf", "--pin-path", mountBPFFS(t), "--conn-table-size", "4096")
-	e.waitFor("/healthz ok", func() bool {
-		code, _, err := e.httpGet("http://127.0.0.1:10256/healthz")
-		return err == nil && code == 200
-	})
+	e.waitHealthy()
 	svc := e.createService(service("web", corev1.ServiceTypeClusterIP))
 	e.setEndpoints("web", false, ready(0, 1))
 	addr := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
-	e.waitFor("traffic to both endpoints", func() bool {
-		seen := map[string]bool{}
-		for range 6 {
-			got, err := testutil.AskTCP(e.Client.NS, addr)
-			if err != nil {
-				return false
-			}
-			name, _, _ := testutil.ParseReply(got)
-			seen[name] = true
-		}
-		return seen["b0"] && seen["b1"]
-	})
+	e.waitBothEndpoints(addr)
 	empty := e.createService(service("empty", corev1.ServiceTypeClusterIP))
 	eaddr := netip.AddrPortFrom(netip.MustParseAddr(empty.Spec.ClusterIP), 80)
 	e.waitFor("the Service without endpoints refused", func() bool {
@@ -407,4 +379,31 @@ func TestKubeProxyCommandEBPF(t *testing.T) {
 	if got := e.spread(addr, false, 4); keys(got) != "b0,b1" {
 		t.Errorf("after the proxy exited: answers %v, want b0 and b1", got)
 	}
+}
+
+// waitHealthy waits until the proxy's /healthz answers 200.
+func (e *env) waitHealthy() {
+	e.t.Helper()
+	e.waitFor("/healthz ok", func() bool {
+		code, _, err := e.httpGet("http://127.0.0.1:10256/healthz")
+		return err == nil && code == 200
+	})
+}
+
+// waitBothEndpoints waits until new TCP connections to addr reach both
+// endpoints, b0 and b1.
+func (e *env) waitBothEndpoints(addr netip.AddrPort) {
+	e.t.Helper()
+	e.waitFor("traffic to both endpoints", func() bool {
+		seen := map[string]bool{}
+		for range 6 {
+			got, err := testutil.AskTCP(e.Client.NS, addr)
+			if err != nil {
+				return false
+			}
+			name, _, _ := testutil.ParseReply(got)
+			seen[name] = true
+		}
+		return seen["b0"] && seen["b1"]
+	})
 }
