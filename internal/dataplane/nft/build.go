@@ -22,37 +22,41 @@ const (
 	chainOutput      = "output"
 	chainPostrouting = "postrouting"
 
-	setSvc4     = "svc4"   // ip daddr . l4proto . th dport -> goto farm chain
-	setSvc6     = "svc6"   // ip6 daddr . l4proto . th dport -> goto farm chain
-	setMasq4    = "masq4"  // ct original ip daddr . l4proto . ct original proto-dst: masquerade
-	setMasq6    = "masq6"  // same for IPv6
-	setSnat4    = "snat4"  // same key -> source address (farm source-addr)
-	setSnat6    = "snat6"  // same for IPv6
-	setFwm4     = "fwm4"   // meta mark -> goto farm chain (firewall-mark farms, IPv4)
-	setFwm6     = "fwm6"   // same for IPv6
-	setMasqM    = "masqm"  // meta mark: masquerade (snat firewall-mark farms)
-	setSnatM4   = "snatm4" // meta mark -> source address (snat firewall-mark farms with source-addr)
-	setSnatM6   = "snatm6" // same for IPv6
-	setFsvc4    = "fsvc4"  // like svc4, -> goto farm filter chain (farms with filters only)
-	setFsvc6    = "fsvc6"  // same for IPv6
-	setLog4     = "log4"   // like svc4 (ct original keys), -> jump farm log chain (farms with log only)
-	setLog6     = "log6"   // same for IPv6
-	farmLog     = "l-"     // farm log chain: l-<hash>
-	setStls4    = "stls4"  // like svc4: -> goto stateless farm chain (mode stlsdnat)
-	setStls6    = "stls6"  // same for IPv6
-	setStlsR4   = "stlsr4" // backend addr . l4proto . port -> goto the farm's reverse chain
-	setStlsR6   = "stlsr6" // same for IPv6
-	farmRev     = "r-"     // stateless reverse chain: r-<hash>
-	chainRaw    = "raw"    // filter hook prerouting priority raw: stateless farms
-	chainFilter = "filter" // filter hook prerouting, after conntrack: per-farm filters
-	farmFilter  = "g-"     // farm filter chain: g-<hash>
-	farmChain   = "f-"     // farm chain: f-<hash>
-	farmMap     = "m-"     // farm backend map: m-<hash>-<generation>
-	hashLen     = 16       // hex digits of the name hash (64 bits)
-	elemChunk   = 200      // set elements per netlink message (attributes are < 64 KiB)
-	anyPort     = 0xffff   // last port of "every port"
-	anyProto    = 0xff     // last protocol number of "every protocol"
-	protoNone   = uint8(0) // first protocol number of "every protocol"
+	setSvc4     = "svc4"    // ip daddr . l4proto . th dport -> goto farm chain
+	setSvc6     = "svc6"    // ip6 daddr . l4proto . th dport -> goto farm chain
+	setMasq4    = "masq4"   // ct original ip daddr . l4proto . ct original proto-dst: masquerade
+	setMasq6    = "masq6"   // same for IPv6
+	setSnat4    = "snat4"   // same key -> source address (farm source-addr)
+	setSnat6    = "snat6"   // same for IPv6
+	setFwm4     = "fwm4"    // meta mark -> goto farm chain (firewall-mark farms, IPv4)
+	setFwm6     = "fwm6"    // same for IPv6
+	setMasqM    = "masqm"   // meta mark: masquerade (snat firewall-mark farms)
+	setSnatM4   = "snatm4"  // meta mark -> source address (snat firewall-mark farms with source-addr)
+	setSnatM6   = "snatm6"  // same for IPv6
+	setFsvc4    = "fsvc4"   // like svc4, -> goto farm filter chain (farms with filters only)
+	setFsvc6    = "fsvc6"   // same for IPv6
+	setLog4     = "log4"    // like svc4 (ct original keys), -> jump farm log chain (farms with log only)
+	setLog6     = "log6"    // same for IPv6
+	farmLog     = "l-"      // farm log chain: l-<hash>
+	setStls4    = "stls4"   // like svc4: -> goto stateless farm chain (mode stlsdnat)
+	setStls6    = "stls6"   // same for IPv6
+	setStlsR4   = "stlsr4"  // backend addr . l4proto . port -> goto the farm's reverse chain
+	setStlsR6   = "stlsr6"  // same for IPv6
+	farmRev     = "r-"      // stateless reverse chain: r-<hash>
+	chainRaw    = "raw"     // filter hook prerouting priority raw: stateless farms
+	chainFilter = "filter"  // filter hook prerouting, after conntrack: per-farm filters
+	farmFilter  = "g-"      // farm filter chain: g-<hash>
+	farmChain   = "f-"      // farm chain: f-<hash>
+	setDst4     = "dst4"    // ip daddr . l4proto . th dport -> backend addr . port (direct farms)
+	setDst6     = "dst6"    // same for IPv6
+	chainDir4   = "direct4" // shared chain of the IPv4 direct farms: dnat to @dst4
+	chainDir6   = "direct6" // same for IPv6
+	farmMap     = "m-"      // farm backend map: m-<hash>-<generation>
+	hashLen     = 16        // hex digits of the name hash (64 bits)
+	elemChunk   = 200       // set elements per netlink message (attributes are < 64 KiB)
+	anyPort     = 0xffff    // last port of "every port"
+	anyProto    = 0xff      // last protocol number of "every protocol"
+	protoNone   = uint8(0)  // first protocol number of "every protocol"
 )
 
 // Registers. Concatenations are laid out from NFT_REG_1 (the 32-bit
@@ -106,6 +110,12 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		return &nftables.Set{Table: t, Name: name, IsMap: true, Interval: true, Concatenation: true,
 			KeyType: kt, DataType: dt, KeyByteOrder: binaryutil.BigEndian}
 	}
+	// dst: exact VIP . protocol . port keys (a hash, not an interval
+	// map: adding and deleting elements costs O(1), not a copy of the set).
+	dst := func(name string, kt, dt nftables.SetDatatype) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, IsMap: true, Concatenation: true,
+			KeyType: kt, DataType: dt, KeyByteOrder: binaryutil.BigEndian}
+	}
 	return []*nftables.Set{
 		svc(setSvc4, typeSvc4),
 		svc(setSvc6, typeSvc6),
@@ -126,6 +136,8 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		svc(setStls6, typeSvc6),
 		svc(setStlsR4, typeSvc4),
 		svc(setStlsR6, typeSvc6),
+		dst(setDst4, typeSvc4, typeDst4),
+		dst(setDst6, typeSvc6, typeDst6),
 	}
 }
 
@@ -176,6 +188,13 @@ func svcRule(v6 bool) []expr.Any { return vmapRule(v6, pick(v6, setSvc4, setSvc6
 
 // vmapRule: ip daddr . meta l4proto . th dport vmap @set (or the ip6 form).
 func vmapRule(v6 bool, set string) []expr.Any {
+	return append(svcKeyLoads(v6),
+		&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: regVerdict})
+}
+
+// svcKeyLoads loads ip daddr . meta l4proto . th dport (or the ip6 form)
+// into the registers from reg1, after matching the family.
+func svcKeyLoads(v6 bool) []expr.Any {
 	off, alen := uint32(16), uint32(4)
 	if v6 {
 		off, alen = 24, 16
@@ -185,8 +204,23 @@ func vmapRule(v6 bool, set string) []expr.Any {
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
 		&expr.Payload{DestRegister: reg32 + w + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Lookup{SourceRegister: reg1, SetName: set, IsDestRegSet: true, DestRegister: regVerdict},
 	)
+}
+
+// directRules are the rules of the shared direct chain of a family:
+//
+//	dnat ip to ip daddr . meta l4proto . th dport map @dst4
+//	counter drop
+//
+// The drop is never reached (a direct farm's svc and dst elements come
+// and go in the same batch), but if it were, the packet must not reach
+// local sockets.
+func directRules(v6 bool) [][]expr.Any {
+	r := append(svcKeyLoads(v6),
+		&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setDst4, setDst6), IsDestRegSet: true, DestRegister: reg1},
+		&expr.Counter{},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily(v6), RegAddrMin: reg1, RegProtoMin: reg32 + addrWords(v6)})
+	return [][]expr.Any{r, {&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}}
 }
 
 func natFamily(v6 bool) uint32 {
@@ -310,6 +344,49 @@ type farmPlan struct {
 	// dsrif4/6 (the oface's index); dsr holds the resolved links.
 	dsrMode bool
 	dsr     *dsrLink
+	// direct: elements of the farm in dst4/dst6 (VIP . protocol . port ->
+	// its one backend); the farm has no chain or map of its own and its
+	// svc elements go to the shared direct chain (see setDirect).
+	direct []elem
+}
+
+func (p *farmPlan) isDirect() bool { return len(p.direct) > 0 }
+
+func (p *farmPlan) directSet() string { return pick(p.v6, setDst4, setDst6) }
+
+// setDirect makes the farm direct if every new connection it gets goes to
+// the same place: exactly one serving backend, single virtual ports of one
+// protocol, and nothing that needs a rule of its own (persistence, backend
+// marks or limits, the farm's new-rtlimit or est-connlimit). Whatever the
+// scheduler, it would pick that backend.
+//
+// Why: the kernel walks every chain of every table on each commit, so a
+// chain per farm makes each change cost O(farms). Direct farms share one
+// chain per family, and a table of them costs a change O(1) (doc.go).
+func (p *farmPlan) setDirect(f *model.Farm) {
+	if len(p.active) != 1 || p.ids || p.persist != "" || f.NewRTLimit != 0 || f.EstConnLimit != 0 ||
+		f.Protocol == model.ProtoAll || len(f.VirtualPorts) == 0 {
+		return
+	}
+	for _, r := range f.VirtualPorts {
+		if r.First != r.Last {
+			return
+		}
+	}
+	b := p.active[0]
+	p.direct = make([]elem, 0, len(f.VirtualPorts))
+	for _, r := range f.VirtualPorts {
+		port := b.Port
+		if port == 0 {
+			port = r.First // keep the client's port: it is this one
+		}
+		val := pad4(binary.BigEndian.AppendUint16(append([]byte(nil), b.Addr.AsSlice()...), port))
+		p.direct = append(p.direct, elem{Key: pad4(svcKey(f.VirtualAddr, f.Protocol.Number(), r.First)), Val: val})
+	}
+	p.chain = pick(p.v6, chainDir4, chainDir6)
+	for i := range p.svc {
+		p.svc[i].Chain = p.chain
+	}
 }
 
 func (p *farmPlan) svcSet() string {
@@ -412,7 +489,9 @@ func plan(f *model.Farm) *farmPlan {
 			p.post = svcElems(f, "", nil)
 		}
 	}
-	return p.backends(f)
+	p.backends(f)
+	p.setDirect(f)
+	return p
 }
 
 // backends fills in the serving backends and the backend map's shape.

@@ -544,19 +544,6 @@ func probe(ns netns.NsHandle, dev string, addr netip.Addr) error {
 	return <-errc
 }
 
-// devList is the sorted, comma-separated list of the ifaces of the dsr
-// farms in farms (hookState.devs).
-func devList(farms func(yield func(*farmState) bool)) string {
-	var devs []string
-	for s := range farms {
-		if s != nil && s.plan != nil && s.plan.dsr != nil && !slices.Contains(devs, s.plan.dsr.iface) {
-			devs = append(devs, s.plan.dsr.iface)
-		}
-	}
-	slices.Sort(devs)
-	return strings.Join(devs, ",")
-}
-
 func splitDevs(s string) []string {
 	if s == "" {
 		return nil

@@ -130,3 +130,16 @@ func (e *env) nft(tb testing.TB, args ...string) string {
 	tb.Helper()
 	return testutil.Run(tb, e.LB.Name, append([]string{"nft"}, args...)...)
 }
+
+// del deletes the named farms (old taken from prev).
+func (e *env) del(tb testing.TB, prev map[string]*model.Farm, names ...string) {
+	tb.Helper()
+	var d dataplane.Diff
+	for _, n := range names {
+		d.Changes = append(d.Changes, dataplane.FarmChange{Old: prev[n]})
+		delete(prev, n)
+	}
+	if err := e.p.Apply(context.Background(), d); err != nil {
+		tb.Fatalf("apply: %v", err)
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -73,8 +75,10 @@ type Plane struct {
 	shared *Sharded
 
 	// hooks says which per-packet base chains the table has (see
-	// hookState); only Apply and Reconcile change it.
+	// hookState) and users how many farms need each; only Apply and
+	// Reconcile change them.
 	hooks hookState
+	users hookUsers
 }
 
 // hookState is which of the table's per-packet base chains exist. The NAT
@@ -91,23 +95,51 @@ type hookState struct {
 	devs        string
 }
 
-// wantHooks returns the base chains the farms of the table need.
-func wantHooks(farms func(yield func(*farmState) bool)) hookState {
-	var h hookState
-	for s := range farms {
-		if s == nil || s.plan == nil {
-			continue
-		}
-		h.raw = h.raw || s.plan.stls
-		h.filter = h.filter || s.plan.fchain != ""
+// hookUsers counts the farms of the table that need each per-packet base
+// chain, so that a change updates it in O(changed farms) rather than by
+// scanning every farm of the table.
+type hookUsers struct {
+	raw, filter int
+	devs        map[string]int // dsr iface -> farms
+}
+
+// count adds n (1 or -1) users for what s needs.
+func (u *hookUsers) count(s *farmState, n int) {
+	if s == nil || s.plan == nil {
+		return
 	}
-	h.devs = devList(farms)
-	return h
+	if s.plan.stls {
+		u.raw += n
+	}
+	if s.plan.fchain != "" {
+		u.filter += n
+	}
+	if s.plan.dsr != nil {
+		if u.devs == nil {
+			u.devs = map[string]int{}
+		}
+		u.devs[s.plan.dsr.iface] += n
+		if u.devs[s.plan.dsr.iface] == 0 {
+			delete(u.devs, s.plan.dsr.iface)
+		}
+	}
+}
+
+func (u hookUsers) clone() hookUsers {
+	u.devs = maps.Clone(u.devs)
+	return u
+}
+
+// state returns the base chains the counted farms need.
+func (u hookUsers) state() hookState {
+	devs := slices.Sorted(maps.Keys(u.devs))
+	return hookState{raw: u.raw > 0, filter: u.filter > 0, devs: strings.Join(devs, ",")}
 }
 
 // pending is what a queued batch will have put in the kernel once flushed.
 type pending struct {
 	farms map[string]*farmState // nil value: the farm is gone
+	users hookUsers
 	hooks hookState
 }
 
@@ -361,6 +393,7 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
 	d = expandDiff(d)
 	next := map[string]*farmState{}
+	users := p.users.clone()
 	cur := func(name string) *farmState {
 		if s, ok := next[name]; ok {
 			return s
@@ -378,28 +411,19 @@ func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
 			continue
 		}
 		old := cur(name)
+		users.count(old, -1)
 		if c.New == nil {
 			b.removeFarm(old)
 			next[name] = nil
 			continue
 		}
 		next[name] = b.putFarm(old, c.New)
+		users.count(next[name], 1)
 	}
-	want := wantHooks(func(yield func(*farmState) bool) {
-		for _, s := range next {
-			if !yield(s) {
-				return
-			}
-		}
-		for name, s := range p.farms {
-			if _, changed := next[name]; !changed && !yield(s) {
-				return
-			}
-		}
-	})
+	want := users.state()
 	b.syncHooks(p.hooks, want)
 	b.syncDevs(p.hooks.devs, want.devs)
-	return &pending{farms: next, hooks: want}
+	return &pending{farms: next, users: users, hooks: want}
 }
 
 // commit records what a queued batch put in the kernel.
@@ -411,7 +435,7 @@ func (p *Plane) commit(pd *pending) {
 			p.farms[name] = s
 		}
 	}
-	p.hooks = pd.hooks
+	p.hooks, p.users = pd.hooks, pd.users
 }
 
 // Reconcile implements dataplane.Dataplane. It reads xlb's table from the
@@ -448,7 +472,8 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range netdevSets(p.ntable) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainDsr: true}
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainDsr: true,
+		chainDir4: true, chainDir6: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
 		keepSets[name] = true
@@ -475,7 +500,14 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 				}
 			}
 		}
-		s := b.buildFarm(pl, f, k.chains[pl.chain] == b.tableOf(pl))
+		s := &farmState{plan: pl}
+		if pl.isDirect() {
+			for _, e := range pl.direct {
+				wantElems[pl.directSet()][e.id()] = e
+			}
+		} else {
+			s = b.buildFarm(pl, f, k.chains[pl.chain] == b.tableOf(pl))
+		}
 		for _, name := range s.sets() {
 			keepSets[name] = true
 		}
@@ -488,13 +520,11 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 	}
 	// Per-packet base chains: (re)made if a farm needs them, else strays.
-	hooks := wantHooks(func(yield func(*farmState) bool) {
-		for _, s := range next {
-			if !yield(s) {
-				return
-			}
-		}
-	})
+	var users hookUsers
+	for _, s := range next {
+		users.count(s, 1)
+	}
+	hooks := users.state()
 	if hooks.raw {
 		keepChains[chainRaw] = true
 		b.addHook(chainRaw)
@@ -550,7 +580,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		return fmt.Errorf("reconcile %d farms: %w", len(farms), err)
 	}
 	p.farms = next
-	p.hooks = hooks
+	p.hooks, p.users = hooks, users
 	if err := p.programPostrouting(); err != nil {
 		return fmt.Errorf("reconcile postrouting chain: %w", err)
 	}
@@ -764,6 +794,14 @@ func (b *batch) ensureStatic() {
 	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
+	// The shared chains of direct farms (setDirect).
+	for _, v6 := range []bool{false, true} {
+		ch := b.c.AddChain(&nftables.Chain{Table: t, Name: pick(v6, chainDir4, chainDir6)})
+		b.c.FlushChain(ch)
+		for _, r := range directRules(v6) {
+			b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
+		}
+	}
 	// The raw and filter base chains come and go with the farms that need
 	// them (syncHooks). The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
@@ -933,14 +971,20 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	if old != nil {
 		oldPlan = old.plan
 	}
-	// A farm that enters or leaves mode dsr moves between tables: its
-	// old chain goes (after the elements that point to it, below).
-	moved := oldPlan != nil && oldPlan.chain != pl.chain
+	// A farm that enters or leaves mode dsr moves between tables, and one
+	// that becomes direct leaves its chain for the shared one: its old
+	// chain goes (after the elements that point to it, below). The shared
+	// direct chain never goes.
+	ownChain := oldPlan != nil && !oldPlan.isDirect()
+	moved := ownChain && oldPlan.chain != pl.chain
 	if moved {
 		// Its rules use the old maps, deleted below.
 		b.c.FlushChain(&nftables.Chain{Table: b.tableOf(oldPlan), Name: oldPlan.chain})
 	}
-	s := b.buildFarm(pl, f, oldPlan != nil && !moved)
+	s := &farmState{plan: pl}
+	if !pl.isDirect() {
+		s = b.buildFarm(pl, f, ownChain && !moved)
+	}
 	keep := map[string]bool{pl.persist: true}
 	for _, name := range s.sets() {
 		keep[name] = true
@@ -952,7 +996,7 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	}
 	// Removed keys first: a farm that moves a port to another set or
 	// changes a key must not collide with itself.
-	oldSvc, oldPost := map[string]elem{}, map[string]elem{}
+	oldSvc, oldPost, oldDirect := map[string]elem{}, map[string]elem{}, map[string]elem{}
 	if oldPlan != nil {
 		for _, e := range oldPlan.svc {
 			oldSvc[e.id()] = e
@@ -960,9 +1004,13 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		for _, e := range oldPlan.post {
 			oldPost[e.id()] = e
 		}
+		for _, e := range oldPlan.direct {
+			oldDirect[e.id()] = e
+		}
 	}
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, (*farmPlan).svcSet)
 	b.diffElems(oldPlan, pl, oldPost, pl.post, (*farmPlan).postSet)
+	b.diffElems(oldPlan, pl, oldDirect, pl.direct, (*farmPlan).directSet)
 	for _, x := range auxes {
 		b.putAux(x, oldPlan, pl, f)
 	}
@@ -1089,9 +1137,13 @@ func (b *batch) removeFarm(old *farmState) {
 	if len(pl.post) > 0 {
 		b.delElems(b.p.static[pl.postSet()], pl.post)
 	}
-	ch := &nftables.Chain{Table: b.tableOf(pl), Name: pl.chain}
-	b.c.FlushChain(ch)
-	b.c.DelChain(ch)
+	if pl.isDirect() {
+		b.delElems(b.p.static[pl.directSet()], pl.direct)
+	} else {
+		ch := &nftables.Chain{Table: b.tableOf(pl), Name: pl.chain}
+		b.c.FlushChain(ch)
+		b.c.DelChain(ch)
+	}
 	for _, x := range auxes {
 		if name := x.chain(pl); name != "" {
 			b.delElems(b.p.static[x.set(pl)], x.elems(pl))

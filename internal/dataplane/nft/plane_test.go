@@ -256,8 +256,15 @@ func TestListing(t *testing.T) {
 	b = model.NewBackend("a")
 	b.Addr, b.Port = netip.MustParseAddr("10.200.0.11"), 5353
 	stls.Backends = []model.Backend{b}
+	// One backend, single ports: a direct farm (no chain of its own).
+	one := model.NewFarm("one")
+	one.VirtualAddr = netip.MustParseAddr("10.99.0.6")
+	one.VirtualPorts = []model.PortRange{{First: 80, Last: 80}, {First: 443, Last: 443}}
+	b = model.NewBackend("a")
+	b.Addr = netip.MustParseAddr("10.200.0.11")
+	one.Backends = []model.Backend{b}
 	var d dataplane.Diff
-	for _, f := range []model.Farm{web, dns, h, empty, sticky, stls} {
+	for _, f := range []model.Farm{web, dns, h, empty, sticky, stls, one} {
 		d.Changes = append(d.Changes, dataplane.FarmChange{New: mustValid(t, p, &f)})
 	}
 	if err := p.Apply(context.Background(), d); err != nil {
@@ -288,7 +295,7 @@ table inet xlb {
 	map svc4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY, 10.99.0.4 . tcp . 443 : goto STICKY }
+		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY, 10.99.0.4 . tcp . 443 : goto STICKY, 10.99.0.6 . tcp . 80 : goto direct4, 10.99.0.6 . tcp . 443 : goto direct4 }
 	}
 	map svc6 {
 		type ipv6_addr . inet_proto . inet_service : verdict
@@ -298,7 +305,7 @@ table inet xlb {
 	set masq4 {
 		type ipv4_addr . inet_proto . inet_service
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535, 10.99.0.4 . tcp . 443 }
+		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535, 10.99.0.4 . tcp . 443, 10.99.0.6 . tcp . 80, 10.99.0.6 . tcp . 443 }
 	}
 	set masq6 {
 		type ipv6_addr . inet_proto . inet_service
@@ -425,6 +432,21 @@ table inet xlb {
 	map MSTLS-GEN {
 		type 0 : ipv4_addr
 		elements = { 0 : 10.200.0.11 }
+	}
+	map dst4 {
+		type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service
+		elements = { 10.99.0.6 . tcp . 80 : 10.200.0.11 . 80, 10.99.0.6 . tcp . 443 : 10.200.0.11 . 443 }
+	}
+	map dst6 {
+		type ipv6_addr . inet_proto . inet_service : ipv6_addr . inet_service
+	}
+	chain direct4 {
+		meta nfproto ipv4 counter dnat ip to ip daddr . meta l4proto . th dport map @dst4
+		counter drop
+	}
+	chain direct6 {
+		meta nfproto ipv6 counter dnat ip6 to ip6 daddr . meta l4proto . th dport map @dst6
+		counter drop
 	}
 	chain raw {
 		type filter hook prerouting priority raw; policy accept;

@@ -133,7 +133,7 @@ func TestShardedApplyIsOneBatch(t *testing.T) {
 	if err := s.Reconcile(context.Background(), []*model.Farm{a}); err != nil {
 		t.Fatal(err)
 	}
-	if out := e.nft(t, "list", "table", "inet", ShardTable(DefaultTable, s.shardOf(a.Name))); !strings.Contains(out, chainName(a.Name)) {
+	if out := e.nft(t, "list", "table", "inet", ShardTable(DefaultTable, s.shardOf(a.Name))); !strings.Contains(out, a.VirtualAddr.String()+" . tcp . 80 : goto "+chainDir4) {
 		t.Errorf("farm a missing after reconcile:\n%s", out)
 	}
 }
