@@ -118,7 +118,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	}
 	log := slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
 
-	st, err := store.OpenBolt(o.stateDir)
+	st, err := store.OpenJournal(o.stateDir)
 	if err != nil {
 		return err
 	}

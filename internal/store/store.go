@@ -1,6 +1,8 @@
 // Package store keeps xlb's desired state durable on local disk in an
 // embedded bbolt database: one key per farm, so a change writes only the farms
 // it touches, and every write is fsynced before the engine acknowledges it.
+// The daemon puts a Journal in front of the bbolt file (journal.go): a change
+// costs one fdatasync of an appended record instead of bbolt's two.
 //
 // With each change the store also keeps what undoes it (the previous version
 // of every farm it touched). The engine writes the disk while the kernel

@@ -25,9 +25,33 @@ func testFarm(t testing.TB, i int) *model.Farm {
 	return &fs[0]
 }
 
-func TestApplyLoadDelete(t *testing.T) {
+// undoStore is what both Bolt and Journal are.
+type undoStore interface {
+	Store
+	Undoer
+}
+
+// stores are the implementations the behaviour tests run on.
+var stores = []struct {
+	name string
+	open func(dir string) (undoStore, error)
+}{
+	{"bolt", func(dir string) (undoStore, error) { return OpenBolt(dir) }},
+	{"journal", func(dir string) (undoStore, error) { return OpenJournal(dir) }},
+}
+
+// eachStore runs fn as a subtest on every implementation.
+func eachStore(t *testing.T, fn func(t *testing.T, open func(string) (undoStore, error))) {
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) { fn(t, st.open) })
+	}
+}
+
+func TestApplyLoadDelete(t *testing.T) { eachStore(t, testApplyLoadDelete) }
+
+func testApplyLoadDelete(t *testing.T, open func(string) (undoStore, error)) {
 	dir := t.TempDir()
-	s, err := OpenBolt(dir)
+	s, err := open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +64,7 @@ func TestApplyLoadDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	s, err = OpenBolt(dir)
+	s, err = open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +103,12 @@ func TestCorruptFileIsAnError(t *testing.T) {
 	}
 }
 
-// crashChildEnv makes the test binary act as a writer that is killed -9.
-const crashChildEnv = "XLB_STORE_CRASH_CHILD"
+// crashChildEnv makes the test binary act as a writer that is killed -9;
+// crashStoreEnv names the store it writes to.
+const (
+	crashChildEnv = "XLB_STORE_CRASH_CHILD"
+	crashStoreEnv = "XLB_STORE_CRASH_STORE"
+)
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashChildEnv); dir != "" {
@@ -93,7 +121,13 @@ func TestMain(m *testing.M) {
 // crashChild applies farms one at a time forever, printing "ack N" after each
 // Apply returns: an acknowledged change.
 func crashChild(dir string) {
-	s, err := OpenBolt(dir)
+	var s Store
+	var err error
+	if os.Getenv(crashStoreEnv) == "journal" {
+		s, err = OpenJournal(dir)
+	} else {
+		s, err = OpenBolt(dir)
+	}
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
@@ -109,10 +143,16 @@ func crashChild(dir string) {
 
 // kill -9 during writes loses no acknowledged change and leaves a readable file.
 func TestCrashLosesNoAcknowledgedChange(t *testing.T) {
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) { testCrash(t, st.name, st.open) })
+	}
+}
+
+func testCrash(t *testing.T, store string, open func(string) (undoStore, error)) {
 	for round := range 3 {
 		dir := t.TempDir()
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, crashStoreEnv+"="+store)
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -138,7 +178,7 @@ func TestCrashLosesNoAcknowledgedChange(t *testing.T) {
 		if lastAck < 0 {
 			t.Fatal("child acknowledged nothing")
 		}
-		s, err := OpenBolt(dir)
+		s, err := open(dir)
 		if err != nil {
 			t.Fatalf("reopen after kill -9: %v", err)
 		}
@@ -161,8 +201,10 @@ func TestCrashLosesNoAcknowledgedChange(t *testing.T) {
 
 // UndoLast takes back exactly the last Apply: farms it added go, farms it
 // changed or deleted come back as they were; a second UndoLast does nothing.
-func TestUndoLast(t *testing.T) {
-	s, err := OpenBolt(t.TempDir())
+func TestUndoLast(t *testing.T) { eachStore(t, testUndoLast) }
+
+func testUndoLast(t *testing.T, open func(string) (undoStore, error)) {
+	s, err := open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,8 +240,10 @@ func TestUndoLast(t *testing.T) {
 }
 
 // Revert takes back a change the kernel refused and leaves no undo behind.
-func TestRevert(t *testing.T) {
-	s, err := OpenBolt(t.TempDir())
+func TestRevert(t *testing.T) { eachStore(t, testRevert) }
+
+func testRevert(t *testing.T, open func(string) (undoStore, error)) {
+	s, err := open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,293 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// JournalName is the journal's name inside the state directory.
+const JournalName = "xlb.journal"
+
+// Journal is the daemon's Store: the bbolt file of Bolt plus an append-only
+// journal in front of it.
+//
+// Why: a bbolt commit fsyncs twice (its pages, then its meta page), and on a
+// VM whose disk flush costs about 0.6 ms that made the disk, not the kernel,
+// the slower half of an API change. A change here is acknowledged after one
+// fdatasync of one appended record; the records are folded into the bbolt
+// file in one transaction once the journal passes a size (and at every
+// open), so the journal stays short and the bbolt file stays the state.
+//
+// A record is [uint32 length][uint32 CRC-32C of the payload][payload]; the
+// payload holds the farms as the change leaves them (redo) and as they were
+// (undo, for UndoLast). A record is acknowledged only after it is on disk,
+// and the next is written only after that, so a crash can only leave a torn
+// last record: replay stops at the first record that is short or fails its
+// checksum, and the file is cut there. Replaying a record twice (a crash
+// between a fold and the journal's truncation) gives the same farms, as
+// each record sets whole farms.
+type Journal struct {
+	mu   sync.Mutex
+	db   *Bolt
+	f    *os.File
+	size int64 // bytes of valid records in f
+
+	// foldAt is the journal size past which Apply first folds it into the
+	// bbolt file; a record larger than bigRecord (a bulk change) goes to
+	// the bbolt file directly.
+	foldAt, bigRecord int64
+}
+
+const (
+	defaultFoldAt    = 4 << 20
+	defaultBigRecord = 512 << 10
+	recordHeader     = 8
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var _ Undoer = (*Journal)(nil)
+
+// OpenJournal opens (creating if needed) the state in dir and folds what
+// the journal holds into the bbolt file.
+func OpenJournal(dir string) (*Journal, error) {
+	db, err := OpenBolt(dir)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, JournalName)
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open state journal %q: %w", path, err)
+	}
+	if os.IsNotExist(statErr) {
+		// The journal's directory entry must be durable before any
+		// record in it is acknowledged.
+		if err := syncDir(dir); err != nil {
+			f.Close()
+			db.Close()
+			return nil, fmt.Errorf("create state journal %q: %w", path, err)
+		}
+	}
+	j := &Journal{db: db, f: f, foldAt: defaultFoldAt, bigRecord: defaultBigRecord}
+	st, err := f.Stat()
+	if err == nil {
+		j.size = st.Size()
+		err = j.fold()
+	}
+	if err != nil {
+		f.Close()
+		db.Close()
+		return nil, fmt.Errorf("state journal %q: %w", path, err)
+	}
+	return j, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Load implements Store.
+func (j *Journal) Load(ctx context.Context) ([]model.Farm, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.fold(); err != nil {
+		return nil, fmt.Errorf("load state: %w", err)
+	}
+	return j.db.Load(ctx)
+}
+
+// Apply implements Store: the change is on disk when it returns.
+func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	rec := encodeRecord(d)
+	if int64(len(rec)) > j.bigRecord || j.size+int64(len(rec)) > j.foldAt {
+		if err := j.fold(); err != nil {
+			return fmt.Errorf("save state: %w", err)
+		}
+		if int64(len(rec)) > j.bigRecord {
+			return j.db.Apply(ctx, d)
+		}
+	}
+	if _, err := j.f.WriteAt(rec, j.size); err != nil {
+		// Cut a partial write off, so the next record follows the last
+		// good one (replay would stop at the torn one).
+		_ = j.f.Truncate(j.size)
+		return fmt.Errorf("save state: write journal: %w", err)
+	}
+	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
+		_ = j.f.Truncate(j.size)
+		return fmt.Errorf("save state: sync journal: %w", err)
+	}
+	j.size += int64(len(rec))
+	return nil
+}
+
+// Revert implements Undoer. It is rare (the kernel refused a change the disk
+// took), so it folds the journal and lets the bbolt file take d back.
+func (j *Journal) Revert(ctx context.Context, d dataplane.Diff) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.fold(); err != nil {
+		return fmt.Errorf("save state: take back a change the kernel refused: %w", err)
+	}
+	return j.db.Revert(ctx, d)
+}
+
+// UndoLast implements Undoer.
+func (j *Journal) UndoLast(ctx context.Context) ([]string, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.fold(); err != nil {
+		return nil, fmt.Errorf("take back the last saved change: %w", err)
+	}
+	return j.db.UndoLast(ctx)
+}
+
+// Close implements Store. The journal is not folded: the next open does it.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return errors.Join(j.f.Close(), j.db.Close())
+}
+
+// fold applies the journal's records to the bbolt file in one transaction
+// (the undo kept is the last record's) and empties the journal. Records
+// after the first bad one are dropped: they were never acknowledged.
+func (j *Journal) fold() error {
+	if j.size == 0 {
+		return nil
+	}
+	buf := make([]byte, j.size)
+	if _, err := io.ReadFull(io.NewSectionReader(j.f, 0, j.size), buf); err != nil {
+		return fmt.Errorf("read journal: %w", err)
+	}
+	var recs [][]byte
+	for len(buf) >= recordHeader {
+		n := binary.LittleEndian.Uint32(buf)
+		sum := binary.LittleEndian.Uint32(buf[4:])
+		if n == 0 || uint64(n) > uint64(len(buf)-recordHeader) {
+			break
+		}
+		payload := buf[recordHeader : recordHeader+int(n)]
+		if crc32.Checksum(payload, castagnoli) != sum {
+			break
+		}
+		recs = append(recs, payload)
+		buf = buf[recordHeader+int(n):]
+	}
+	if len(recs) > 0 {
+		err := j.db.db.Update(func(tx *bolt.Tx) error {
+			farms := tx.Bucket(farmsBucket)
+			var undo []byte
+			for _, r := range recs {
+				redo, u, err := splitRecord(r)
+				if err != nil {
+					return err
+				}
+				undo = u
+				// The redo list has encodeUndo's layout: each farm as
+				// the change leaves it, nothing for a deleted one.
+				if err := decodeUndo(redo, func(name string, v []byte) error {
+					if v == nil {
+						return farms.Delete([]byte(name))
+					}
+					return farms.Put([]byte(name), v)
+				}); err != nil {
+					return err
+				}
+			}
+			return tx.Bucket(metaBucket).Put(undoKey, undo)
+		})
+		if err != nil {
+			return fmt.Errorf("fold journal into the state file: %w", err)
+		}
+	}
+	if err := j.f.Truncate(0); err != nil {
+		return fmt.Errorf("empty journal: %w", err)
+	}
+	if err := j.f.Sync(); err != nil {
+		return fmt.Errorf("empty journal: %w", err)
+	}
+	j.size = 0
+	return nil
+}
+
+// encodeRecord frames d as a journal record: uvarint length of the redo
+// list, the redo list (each farm d touches as d leaves it, in encodeUndo's
+// layout, the last version of a farm winning), then the undo list
+// (encodeUndo).
+func encodeRecord(d dataplane.Diff) []byte {
+	var redo []byte
+	last := make(map[string]int, len(d.Changes)) // name -> index in entries
+	type entry struct {
+		name string
+		v    []byte // nil: deleted
+	}
+	var entries []entry
+	set := func(name string, v []byte) {
+		if i, ok := last[name]; ok {
+			entries[i].v = v
+			return
+		}
+		last[name] = len(entries)
+		entries = append(entries, entry{name, v})
+	}
+	for _, c := range d.Changes {
+		if c.Old != nil && (c.New == nil || c.New.Name != c.Old.Name) {
+			set(c.Old.Name, nil)
+		}
+		if c.New != nil {
+			set(c.New.Name, c.New.AppendJSON(nil))
+		}
+	}
+	for _, e := range entries {
+		redo = binary.AppendUvarint(redo, uint64(len(e.name)))
+		redo = append(redo, e.name...)
+		if e.v == nil {
+			redo = binary.AppendUvarint(redo, 0)
+			continue
+		}
+		redo = binary.AppendUvarint(redo, uint64(len(e.v))+1)
+		redo = append(redo, e.v...)
+	}
+	undo := encodeUndo(d)
+	payload := binary.AppendUvarint(make([]byte, recordHeader, recordHeader+10+len(redo)+len(undo)), uint64(len(redo)))
+	payload = append(append(payload, redo...), undo...)
+	binary.LittleEndian.PutUint32(payload, uint32(len(payload)-recordHeader))
+	binary.LittleEndian.PutUint32(payload[4:], crc32.Checksum(payload[recordHeader:], castagnoli))
+	return payload
+}
+
+// splitRecord returns a record payload's redo and undo lists.
+func splitRecord(p []byte) (redo, undo []byte, err error) {
+	n, k := binary.Uvarint(p)
+	if k <= 0 || uint64(len(p)-k) < n {
+		return nil, nil, errors.New("journal record is corrupt")
+	}
+	return p[k : k+int(n)], p[k+int(n):], nil
+}

@@ -1,0 +1,181 @@
+package store
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+)
+
+func put(t *testing.T, s Store, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		if err := s.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(t, i)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func names(t *testing.T, s Store) []string {
+	t.Helper()
+	farms, err := s.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range farms {
+		out = append(out, f.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func journalSize(t *testing.T, dir string) int64 {
+	t.Helper()
+	st, err := os.Stat(filepath.Join(dir, JournalName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// A torn last record (a crash in the middle of a write, never
+// acknowledged) is dropped; everything before it is kept, and the journal
+// takes new records after the reopen.
+func TestJournalDropsATornRecord(t *testing.T) {
+	for _, torn := range []struct {
+		name string
+		cut  func(rec []byte) []byte
+	}{
+		{"short", func(rec []byte) []byte { return rec[:len(rec)-5] }},
+		{"bad checksum", func(rec []byte) []byte { rec[len(rec)-1] ^= 0xff; return rec }},
+		{"zeros", func(rec []byte) []byte { return make([]byte, len(rec)) }},
+	} {
+		t.Run(torn.name, func(t *testing.T) {
+			dir := t.TempDir()
+			j, err := OpenJournal(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			put(t, j, 0, 3)
+			j.Close()
+			if journalSize(t, dir) == 0 {
+				t.Fatal("the changes did not go to the journal")
+			}
+			rec := torn.cut(encodeRecord(dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(t, 9)}}}))
+			f, err := os.OpenFile(filepath.Join(dir, JournalName), os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Write(rec)
+			f.Close()
+			j, err = OpenJournal(dir)
+			if err != nil {
+				t.Fatalf("reopen with a torn record: %v", err)
+			}
+			defer j.Close()
+			if got := names(t, j); !slices.Equal(got, []string{"f0", "f1", "f2"}) {
+				t.Errorf("after a torn record: %v, want f0 f1 f2", got)
+			}
+			if n := journalSize(t, dir); n != 0 {
+				t.Errorf("journal is %d bytes after the open folded it, want 0", n)
+			}
+			put(t, j, 3, 4)
+			if got := names(t, j); !slices.Equal(got, []string{"f0", "f1", "f2", "f3"}) {
+				t.Errorf("after a write following the repair: %v", got)
+			}
+		})
+	}
+}
+
+// The journal folds into the bbolt file when it passes foldAt, and a
+// bulk change goes to the bbolt file directly: the journal stays short.
+func TestJournalStaysShort(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.foldAt = 2000
+	put(t, j, 0, 40)
+	if j.size > j.foldAt {
+		t.Errorf("journal holds %d bytes, past its fold size %d", j.size, j.foldAt)
+	}
+	var bulk dataplane.Diff
+	for i := 100; i < 140; i++ {
+		bulk.Changes = append(bulk.Changes, dataplane.FarmChange{New: testFarm(t, i)})
+	}
+	j.bigRecord = 1000
+	before := j.size
+	if err := j.Apply(context.Background(), bulk); err != nil {
+		t.Fatal(err)
+	}
+	if j.size != 0 || before == 0 && journalSize(t, dir) != 0 {
+		t.Errorf("a bulk change left %d bytes in the journal, want it folded and the change in the state file", j.size)
+	}
+	j.Close()
+	// Everything is in the bbolt file alone now.
+	b, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if got := names(t, b); len(got) != 80 {
+		t.Errorf("state file holds %d farms, want 80", len(got))
+	}
+}
+
+// A crash after a fold but before the journal was emptied replays records
+// the state file already has: the farms and the undo come out the same.
+func TestJournalReplayTwiceIsHarmless(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, j, 0, 2)
+	a := testFarm(t, 0)
+	a2 := a.Clone()
+	a2.Backends[0].Weight = 9
+	if err := j.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a, New: &a2}, {Old: testFarm(t, 1)}}}); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	saved, err := os.ReadFile(filepath.Join(dir, JournalName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err = OpenJournal(dir) // folds
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	if err := os.WriteFile(filepath.Join(dir, JournalName), saved, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, err = OpenJournal(dir) // folds the same records again
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	farms, _ := j.Load(context.Background())
+	if len(farms) != 1 || farms[0].Backends[0].Weight != 9 {
+		t.Fatalf("after a double replay: %+v, want f0 with weight 9 only", farms)
+	}
+	undone, err := j.UndoLast(context.Background())
+	if err != nil || !slices.Equal(undone, []string{"f0", "f1"}) {
+		t.Fatalf("UndoLast after a double replay: %v %v, want f0 f1", undone, err)
+	}
+	if got := names(t, j); !slices.Equal(got, []string{"f0", "f1"}) {
+		t.Errorf("after UndoLast: %v, want f0 f1", got)
+	}
+	farms, _ = j.Load(context.Background())
+	for _, f := range farms {
+		if f.Name == "f0" && f.Backends[0].Weight == 9 {
+			t.Error("UndoLast left f0's new weight")
+		}
+	}
+}
