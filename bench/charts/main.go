@@ -172,6 +172,8 @@ func shortLabel(name string) string {
 		re  *regexp.Regexp
 		fmt string
 	}{
+		{regexp.MustCompile(`^API add farm x (\d+) backends, (\d+) farms of (\d+) backends.*$`), "xlb add x${1}\\n@${2}x${3}"},
+		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms of (\d+) backends.*$`), "nft -f x${1}\\n@${2}x${3}"},
 		{regexp.MustCompile(`^API add farm x (\d+) backends, (\d+) farms.*$`), "xlb add x${1}\\n@${2} farms"},
 		{regexp.MustCompile(`^nft -f: one farm x (\d+) backends \((\d+) farms.*$`), "nft -f x${1}\\n@${2} farms"},
 		{regexp.MustCompile(`^API bulk POST (\d+) farms x (\d+).*$`), "xlb bulk\\n${1}x${2}"},

@@ -42,6 +42,7 @@ var (
 	out     = flag.String("out", "bench/results", "results directory")
 	runs    = flag.Int("runs", 30, "samples per measurement")
 	sizes   = flag.String("existing", "0,1000,10000", "farm counts present while adding one farm")
+	exBack  = flag.String("existing-backends", "1,4", "backends of each farm present while adding one farm (each value is its own set of rows)")
 	dumpN   = flag.Int("dump-farms", 0, "deprecated: same as -matrix Nx1")
 	matrix  = flag.String("matrix", "1000x4,2000x2,8000x2,16000x1,100x100,8000x1+8000fw", "farms x backends states for dump, list -n, save and restore; +Nfw adds N firewall-mark farms with as many backends")
 	apiAddr = "127.0.0.1:5590"
@@ -101,20 +102,13 @@ func main() {
 	}
 
 	var rs []result
-	for _, n := range parseInts(*sizes) {
-		restore(n, 1)
-		var xs, bs []float64
-		for i := range *runs {
-			body := farmsJSON(fmt.Sprintf("new%03d", i), 1, 100, 200)
-			t := time.Now()
-			call("POST", "/farms", body)
-			xs = append(xs, ms(time.Since(t)))
-			call("DELETE", "/farms/new"+fmt.Sprintf("%03d", i)+"00000", nil)
-			bs = append(bs, nftBaseline(fmt.Sprintf("b%d", i), 1, 100))
+	for _, eb := range parseInts(*exBack) {
+		for _, n := range parseInts(*sizes) {
+			if n == 0 && eb != parseInts(*exBack)[0] {
+				continue // no farms present: the same row as the first population's
+			}
+			rs = append(rs, addRows(n, eb)...)
 		}
-		base := summarize(fmt.Sprintf("nft -f: one farm x 100 backends (%d farms present in xlb)", n), bs)
-		rs = append(rs, withBaseline(summarize(fmt.Sprintf("API add farm x 100 backends, %d farms present", n), xs), base), base)
-		log.Printf("add farm x100 at %d farms: median %.2f ms", n, rs[len(rs)-2].Median)
 	}
 
 	restore(0, 1)
@@ -153,6 +147,29 @@ func main() {
 	rs = append(rs, nftlbResults()...)
 
 	must(results.Write(*out, "control-plane", rs, markdown(rs)))
+}
+
+// addRows times the API call that adds a farm of 100 backends while n farms
+// of eb backends each are present, against nft -f of the same rules.
+func addRows(n, eb int) []result {
+	restore(n, eb)
+	present := fmt.Sprintf("%d farms present", n)
+	if eb != 1 && n > 0 {
+		present = fmt.Sprintf("%d farms of %d backends present", n, eb)
+	}
+	var xs, bs []float64
+	for i := range *runs {
+		body := farmsJSON(fmt.Sprintf("new%03d", i), 1, 100, 200)
+		t := time.Now()
+		call("POST", "/farms", body)
+		xs = append(xs, ms(time.Since(t)))
+		call("DELETE", "/farms/new"+fmt.Sprintf("%03d", i)+"00000", nil)
+		bs = append(bs, nftBaseline(fmt.Sprintf("b%d", i), 1, 100))
+	}
+	base := summarize(fmt.Sprintf("nft -f: one farm x 100 backends (%s in xlb)", present), bs)
+	r := withBaseline(summarize("API add farm x 100 backends, "+present, xs), base)
+	log.Printf("add farm x100 at %s: median %.2f ms", present, r.Median)
+	return []result{r, base}
 }
 
 func markdown(rs []result) string {
