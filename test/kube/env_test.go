@@ -15,9 +15,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -397,7 +399,15 @@ func (e *env) spread(addr netip.AddrPort, udp bool, n int) map[string]int {
 	for range n {
 		ask := testutil.AskTCP
 		if udp {
-			ask = testutil.AskUDP
+			// Each ask from a source port no earlier ask used: a port
+			// the kernel picks again would match the earlier ask's UDP
+			// conntrack entry (alive 30 s) and reach that backend
+			// without a turn of round robin.
+			local := netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(udpSourcePort.Add(1)))
+			if addr.Addr().Is6() {
+				local = netip.AddrPortFrom(netip.IPv6Unspecified(), local.Port())
+			}
+			ask = func(ns netns.NsHandle, to netip.AddrPort) (string, error) { return testutil.AskUDPFrom(ns, local, to) }
 		}
 		got, err := ask(e.Client.NS, addr)
 		if err != nil {
@@ -411,6 +421,12 @@ func (e *env) spread(addr netip.AddrPort, udp bool, n int) map[string]int {
 	}
 	return out
 }
+
+// udpSourcePort hands out client source ports below the kernel's ephemeral
+// range, each once per test process.
+var udpSourcePort atomic.Int32
+
+func init() { udpSourcePort.Store(20000) }
 
 func keys(m map[string]int) string {
 	var out []string
