@@ -64,7 +64,7 @@ const (
 	apiKey  = "bench-key-not-secret"
 )
 
-var allSystems = []string{"direct", "xlb-nft", "xlb-nft-dnat", "xlb-ebpf", "nft", "iptables", "haproxy"}
+var allSystems = []string{"direct", "xlb-nft", "xlb-nft-dnat", "xlb-nft-dnat-1t", "xlb-ebpf", "nft", "iptables", "haproxy"}
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "udpgen" {

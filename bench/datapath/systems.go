@@ -21,13 +21,14 @@ type system struct {
 
 func newSystem(name string, o options) *system {
 	desc := map[string]string{
-		"direct":       "no balancer: client to backend 10.200.0.11:8080 only (one backend serves all, the others idle), routed through the lb namespace",
-		"xlb-nft":      "xlb daemon, nft data plane, farm rr over 3 backends, mode snat (driven with the xlb CLI)",
-		"xlb-nft-dnat": "xlb daemon, nft data plane, farm rr over 3 backends, mode dnat (the same NAT work as the nft and iptables baselines)",
-		"xlb-ebpf":     "xlb daemon, eBPF data plane (tcx ingress on every lb interface; pins on a bpffs private to the daemon, gone with it), farm rr over 3 backends, mode snat",
-		"nft":          "plain nftables: one prerouting rule, dnat to numgen inc mod 3 map",
-		"iptables":     "iptables DNAT, -m statistic --mode nth (" + o.iptables + ")",
-		"haproxy":      "HAProxy (Debian package) mode tcp, balance roundrobin, default threads",
+		"direct":          "no balancer: client to backend 10.200.0.11:8080 only (one backend serves all, the others idle), routed through the lb namespace",
+		"xlb-nft":         "xlb daemon, nft data plane, farm rr over 3 backends, mode snat (driven with the xlb CLI)",
+		"xlb-nft-dnat":    "xlb daemon, nft data plane, farm rr over 3 backends, mode dnat (the same NAT work as the nft and iptables baselines)",
+		"xlb-nft-dnat-1t": "xlb-nft-dnat with --nft-tables 1: a new connection passes one table's NAT chains instead of the default 32 tables' (the price of sharding)",
+		"xlb-ebpf":        "xlb daemon, eBPF data plane (tcx ingress on every lb interface; pins on a bpffs private to the daemon, gone with it), farm rr over 3 backends, mode snat",
+		"nft":             "plain nftables: one prerouting rule, dnat to numgen inc mod 3 map",
+		"iptables":        "iptables DNAT, -m statistic --mode nth (" + o.iptables + ")",
+		"haproxy":         "HAProxy (Debian package) mode tcp, balance roundrobin, default threads",
 	}[name]
 	return &system{name: name, desc: desc, o: o}
 }
@@ -44,7 +45,7 @@ func (s *system) setup(ctx context.Context, t *topo.Topology) error {
 	switch s.name {
 	case "direct":
 		return nil
-	case "xlb-nft", "xlb-nft-dnat", "xlb-ebpf":
+	case "xlb-nft", "xlb-nft-dnat", "xlb-nft-dnat-1t", "xlb-ebpf":
 		return s.setupXLB(ctx, t)
 	case "nft":
 		return s.setupNft(ctx, t)
@@ -74,14 +75,18 @@ func (s *system) setupXLB(ctx context.Context, t *topo.Topology) error {
 		return err
 	}
 	plane, mode := "nft", "snat"
+	args := []string{"daemon", "--listen", apiAddr, "--state-dir", s.tmp, "--log-level", "warn"}
 	switch s.name {
 	case "xlb-nft-dnat":
 		mode = "dnat"
+	case "xlb-nft-dnat-1t":
+		mode = "dnat"
+		args = append(args, "--nft-tables", "1")
 	case "xlb-ebpf":
 		plane = "ebpf"
 	}
 	env := []string{"XLB_KEY=" + apiKey, "XLB_API=http://" + apiAddr}
-	cmd, err := t.Start("lb", env, s.o.xlb, "daemon", "--listen", apiAddr, "--state-dir", s.tmp, "--dataplane", plane, "--log-level", "warn")
+	cmd, err := t.Start("lb", env, append([]string{s.o.xlb}, append(args, "--dataplane", plane)...)...)
 	if err != nil {
 		return err
 	}
