@@ -588,6 +588,18 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		return fmt.Errorf("reconcile dsr chain: %w", err)
 	}
 
+	if p.shared == nil {
+		// A table of a Sharded plane leaves this to the Sharded plane,
+		// which knows every table of its layout.
+		dropped, err := dropOtherLayouts(p.conn, p.opts.Table, map[string]bool{p.opts.Table: true})
+		if err != nil {
+			p.redial()
+			return err
+		}
+		if len(dropped) > 0 {
+			p.log.Info("deleted the tables of another --nft-tables layout", "tables", dropped)
+		}
+	}
 	p.log.Debug("nft reconciled", "farms", len(farms), "stray_chains", len(strayChains))
 	return nil
 }

@@ -184,10 +184,20 @@ func (s *Sharded) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		i := s.shardOf(f.Name)
 		parts[i] = append(parts[i], f)
 	}
+	keep := map[string]bool{}
 	for i, p := range s.shards {
 		if err := p.Reconcile(ctx, parts[i]); err != nil {
 			return fmt.Errorf("table inet %s: %w", p.opts.Table, err)
 		}
+		keep[p.opts.Table] = true
+	}
+	dropped, err := dropOtherLayouts(s.conn, s.opts.Table, keep)
+	if err != nil {
+		s.redial()
+		return err
+	}
+	if len(dropped) > 0 {
+		s.log.Info("deleted the tables of another --nft-tables layout", "tables", dropped)
 	}
 	return nil
 }

@@ -137,3 +137,64 @@ func TestShardedApplyIsOneBatch(t *testing.T) {
 		t.Errorf("farm a missing after reconcile:\n%s", out)
 	}
 }
+
+// A plane started with another table count deletes the tables of the old
+// layout once its own hold every farm, so no old rule keeps balancing (or
+// serving a farm deleted since); tables that only look alike stay.
+func TestOtherLayoutIsDeleted(t *testing.T) {
+	e := newEnv(t, 1, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	ctx := context.Background()
+	f := e.farm("web", testutil.VIP4(1), 80, model.ProtoTCP, 8080)
+	farm := mustValid(t, e.p, &f)
+	// e.p is a one-table plane: take its farm away first.
+	if err := e.p.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.nft(t, "add", "table", "inet", "xlb-zz")
+	e.nft(t, "add", "table", "inet", "xlbx")
+	tables := func() string {
+		return strings.Join(strings.Fields(e.nft(t, "list", "tables")), " ")
+	}
+
+	s, err := NewSharded(ctx, testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Reconcile(ctx, []*model.Farm{farm}); err != nil {
+		t.Fatal(err)
+	}
+	got := tables()
+	for _, want := range []string{"inet xlb-00", "netdev xlb-03", "inet xlb-zz", "inet xlbx"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("after the 4-table reconcile: %q missing from %s", want, got)
+		}
+	}
+	if strings.Contains(got, "table inet xlb ") || strings.HasSuffix(got, "table inet xlb") || strings.Contains(got, "netdev xlb ") {
+		t.Errorf("the one-table layout's tables are still there: %s", got)
+	}
+	if n, _ := e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(1), 80)); n != "b0" {
+		t.Errorf("after the switch to 4 tables: answer from %q", n)
+	}
+
+	// Back to one table, and the farm deleted meanwhile: nothing of the
+	// 4-table layout may keep serving it.
+	one := newPlane(t, e.LB.NS)
+	if err := one.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	got = tables()
+	if strings.Contains(got, "xlb-00") || strings.Contains(got, "xlb-03") {
+		t.Errorf("the 4-table layout's tables are still there: %s", got)
+	}
+	for _, want := range []string{"inet xlb-zz", "inet xlbx", "inet xlb"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("after the one-table reconcile: %q missing from %s", want, got)
+		}
+	}
+	if _, err := testutil.AskTCP(e.Client.NS, netip.AddrPortFrom(testutil.VIP4(1), 80)); err == nil {
+		t.Error("the deleted farm still answers after the switch back to one table")
+	}
+}
