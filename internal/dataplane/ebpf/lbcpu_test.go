@@ -213,34 +213,11 @@ func (p *lbcpuPath) wait(b *testing.B, want int64) int64 {
 	return n
 }
 
-// sender returns a function sending n datagrams from namespace ns to dst.
+// sender returns a function sending n datagrams from namespace ns to dst
+// (udpSender); the path's warm-up then waits for 1000 more at the sink.
 func (p *lbcpuPath) sender(b *testing.B, ns netns.NsHandle, dst netip.AddrPort) func(int) {
-	var c *net.UDPConn
-	if err := testutil.Do(ns, func() error {
-		var err error
-		c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close() })
-	pc := ipv4.NewPacketConn(c)
-	const batch = 64
-	msgs := make([]ipv4.Message, batch)
-	payload := make([]byte, 64)
-	for i := range msgs {
-		msgs[i].Buffers = [][]byte{payload}
-	}
 	p.warm += 1000
-	return func(n int) {
-		for n > 0 {
-			k, err := pc.WriteBatch(msgs[:min(n, batch)], 0)
-			if err != nil {
-				b.Fatal(err)
-			}
-			n -= k
-		}
-	}
+	return udpSender(b, ns, dst)
 }
 
 // pathCPU returns the CPU time, in ns, of the calling thread plus every
