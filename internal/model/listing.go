@@ -43,13 +43,7 @@ func (f *Farm) appendListing(dst []byte, numeric bool, svc serviceLookup) []byte
 	if numeric {
 		svc = nil
 	}
-	if f.IsMarkFarm() {
-		dst = append(dst, "FWM  "...)
-		dst = strconv.AppendUint(dst, uint64(f.Mark), 10)
-	} else {
-		dst = append(dst, listingProto(f.Protocol)...)
-		dst = appendHostPorts(dst, f.VirtualAddr, f.VirtualPorts, f.Protocol, svc)
-	}
+	dst = f.appendFarmColumn(dst, svc)
 	dst = append(dst, ' ')
 	dst = append(dst, f.Scheduler.String()...)
 	if f.SchedParam != 0 {
@@ -106,15 +100,7 @@ func (f *Farm) appendListing(dst []byte, numeric bool, svc serviceLookup) []byte
 	var col []byte
 	for i := range f.Backends {
 		b := &f.Backends[i]
-		col = col[:0]
-		switch {
-		case b.Port != 0:
-			col = appendHostPorts(col, b.Addr, []PortRange{{b.Port, b.Port}}, f.Protocol, svc)
-		case f.IsMarkFarm():
-			col = appendHostPorts(col, b.Addr, nil, f.Protocol, svc)
-		default: // the port the client connected to
-			col = appendHostPorts(col, b.Addr, f.VirtualPorts, f.Protocol, svc)
-		}
+		col = f.appendBackendColumn(col[:0], b, svc)
 		dst = append(dst, "  -> "...)
 		dst = appendPadded(dst, col, 28)
 		dst = append(dst, ' ')
@@ -279,4 +265,29 @@ func parseServices(r io.Reader) map[serviceKey]string {
 		}
 	}
 	return m
+}
+
+// appendBackendColumn appends a backend's address column of the listings:
+// its address and port, or the farm's ports when its port is 0 (the port the
+// client connected to), or the address alone in a firewall-mark farm.
+func (f *Farm) appendBackendColumn(col []byte, b *Backend, svc serviceLookup) []byte {
+	switch {
+	case b.Port != 0:
+		return appendHostPorts(col, b.Addr, []PortRange{{b.Port, b.Port}}, f.Protocol, svc)
+	case f.IsMarkFarm():
+		return appendHostPorts(col, b.Addr, nil, f.Protocol, svc)
+	default:
+		return appendHostPorts(col, b.Addr, f.VirtualPorts, f.Protocol, svc)
+	}
+}
+
+// appendFarmColumn appends a farm's first column of the listings: the
+// protocol and VIP with its ports, or FWM and the mark.
+func (f *Farm) appendFarmColumn(col []byte, svc serviceLookup) []byte {
+	if f.IsMarkFarm() {
+		col = append(col, "FWM  "...)
+		return strconv.AppendUint(col, uint64(f.Mark), 10)
+	}
+	col = append(col, listingProto(f.Protocol)...)
+	return appendHostPorts(col, f.VirtualAddr, f.VirtualPorts, f.Protocol, svc)
 }

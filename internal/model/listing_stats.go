@@ -23,26 +23,11 @@ func (f *Farm) AppendStatsListing(dst []byte, numeric bool, farm ListingCounters
 	if !numeric {
 		svc = lookupService
 	}
-	var col []byte
-	if f.IsMarkFarm() {
-		col = append(col, "FWM  "...)
-		col = strconv.AppendUint(col, uint64(f.Mark), 10)
-	} else {
-		col = append(col, listingProto(f.Protocol)...)
-		col = appendHostPorts(col, f.VirtualAddr, f.VirtualPorts, f.Protocol, svc)
-	}
+	col := f.appendFarmColumn(nil, svc)
 	dst = appendCounters(appendPadded(dst, col, 33), farm)
 	for i := range f.Backends {
 		b := &f.Backends[i]
-		col = col[:0]
-		switch {
-		case b.Port != 0:
-			col = appendHostPorts(col, b.Addr, []PortRange{{b.Port, b.Port}}, f.Protocol, svc)
-		case f.IsMarkFarm():
-			col = appendHostPorts(col, b.Addr, nil, f.Protocol, svc)
-		default:
-			col = appendHostPorts(col, b.Addr, f.VirtualPorts, f.Protocol, svc)
-		}
+		col = f.appendBackendColumn(col[:0], b, svc)
 		var c ListingCounters
 		if i < len(backends) {
 			c = backends[i]
