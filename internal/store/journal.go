@@ -46,8 +46,8 @@ type Journal struct {
 	size int64 // bytes of valid records in f
 
 	// foldAt is the journal size past which Apply first folds it into the
-	// bbolt file; a record larger than bigRecord (a bulk change) goes to
-	// the bbolt file directly.
+	// bbolt file; a record larger than bigRecord, or a diff of more than
+	// bulkChanges farms, goes to the bbolt file directly.
 	foldAt, bigRecord int64
 }
 
@@ -55,6 +55,9 @@ const (
 	defaultFoldAt    = 4 << 20
 	defaultBigRecord = 512 << 10
 	recordHeader     = 8
+	// bulkChanges: a diff of more farms goes to the bbolt file directly
+	// (it would be a big record anyway).
+	bulkChanges = 256
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -124,6 +127,14 @@ func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if len(d.Changes) > bulkChanges {
+		// A bulk change (a restore, a bulk POST) goes to the bbolt file
+		// without being encoded as a record first.
+		if err := j.fold(); err != nil {
+			return fmt.Errorf("save state: %w", err)
+		}
+		return j.db.Apply(ctx, d)
+	}
 	rec := encodeRecord(d)
 	if int64(len(rec)) > j.bigRecord || j.size+int64(len(rec)) > j.foldAt {
 		if err := j.fold(); err != nil {
@@ -266,14 +277,7 @@ func encodeRecord(d dataplane.Diff) []byte {
 		}
 	}
 	for _, e := range entries {
-		redo = binary.AppendUvarint(redo, uint64(len(e.name)))
-		redo = append(redo, e.name...)
-		if e.v == nil {
-			redo = binary.AppendUvarint(redo, 0)
-			continue
-		}
-		redo = binary.AppendUvarint(redo, uint64(len(e.v))+1)
-		redo = append(redo, e.v...)
+		redo = appendEntry(redo, e.name, e.v)
 	}
 	undo := encodeUndo(d)
 	payload := binary.AppendUvarint(make([]byte, recordHeader, recordHeader+10+len(redo)+len(undo)), uint64(len(redo)))

@@ -116,6 +116,20 @@ func TestJournalStaysShort(t *testing.T) {
 	if j.size != 0 || before == 0 && journalSize(t, dir) != 0 {
 		t.Errorf("a bulk change left %d bytes in the journal, want it folded and the change in the state file", j.size)
 	}
+	// A diff of more than bulkChanges farms goes to the state file too,
+	// whatever its size.
+	put(t, j, 200, 201)
+	j.bigRecord = defaultBigRecord
+	bulk = dataplane.Diff{}
+	for i := 300; i < 300+bulkChanges+1; i++ {
+		bulk.Changes = append(bulk.Changes, dataplane.FarmChange{New: testFarm(t, i)})
+	}
+	if err := j.Apply(context.Background(), bulk); err != nil {
+		t.Fatal(err)
+	}
+	if j.size != 0 {
+		t.Errorf("a diff of %d farms left %d bytes in the journal", len(bulk.Changes), j.size)
+	}
 	j.Close()
 	// Everything is in the bbolt file alone now.
 	b, err := OpenBolt(dir)
@@ -123,8 +137,8 @@ func TestJournalStaysShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if got := names(t, b); len(got) != 80 {
-		t.Errorf("state file holds %d farms, want 80", len(got))
+	if got, want := len(names(t, b)), 80+1+bulkChanges+1; got != want {
+		t.Errorf("state file holds %d farms, want %d", got, want)
 	}
 }
 
@@ -177,5 +191,28 @@ func TestJournalReplayTwiceIsHarmless(t *testing.T) {
 		if f.Name == "f0" && f.Backends[0].Weight == 9 {
 			t.Error("UndoLast left f0's new weight")
 		}
+	}
+}
+
+// BenchmarkJournalBulk times one Apply of 16,000 new farms (a restore), the
+// path where the journal hands the change to the bbolt file.
+func BenchmarkJournalBulk(b *testing.B) {
+	var d dataplane.Diff
+	for i := range 16000 {
+		d.Changes = append(d.Changes, dataplane.FarmChange{New: testFarm(b, i)})
+	}
+	for b.Loop() {
+		b.StopTimer()
+		j, err := OpenJournal(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := j.Apply(context.Background(), d); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		j.Close()
+		b.StartTimer()
 	}
 }

@@ -194,29 +194,33 @@ func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
 func encodeUndo(d dataplane.Diff) []byte {
 	var buf []byte
 	seen := make(map[string]bool, 2*len(d.Changes))
-	rec := func(name string, old []byte, existed bool) {
-		if seen[name] {
-			return
+	rec := func(name string, old []byte) {
+		if !seen[name] {
+			seen[name] = true
+			buf = appendEntry(buf, name, old)
 		}
-		seen[name] = true
-		buf = binary.AppendUvarint(buf, uint64(len(name)))
-		buf = append(buf, name...)
-		if !existed {
-			buf = binary.AppendUvarint(buf, 0)
-			return
-		}
-		buf = binary.AppendUvarint(buf, uint64(len(old))+1)
-		buf = append(buf, old...)
 	}
 	for _, c := range d.Changes {
 		if c.Old != nil {
-			rec(c.Old.Name, c.Old.AppendJSON(nil), true)
+			rec(c.Old.Name, c.Old.AppendJSON(nil))
 		}
 		if c.New != nil {
-			rec(c.New.Name, nil, false)
+			rec(c.New.Name, nil)
 		}
 	}
 	return buf
+}
+
+// appendEntry appends one record of encodeUndo's layout: uvarint name
+// length, name, uvarint (length of v + 1, 0 when v is nil: no farm), v.
+func appendEntry(buf []byte, name string, v []byte) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(name)))
+	buf = append(buf, name...)
+	if v == nil {
+		return binary.AppendUvarint(buf, 0)
+	}
+	buf = binary.AppendUvarint(buf, uint64(len(v))+1)
+	return append(buf, v...)
 }
 
 // decodeUndo calls fn for each record of encodeUndo's output; old is nil for
