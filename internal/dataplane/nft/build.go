@@ -348,6 +348,10 @@ type farmPlan struct {
 	// its one backend); the farm has no chain or map of its own and its
 	// svc elements go to the shared direct chain (see setDirect).
 	direct []elem
+	// grouped: the farm's rules live in a group chain shared with other
+	// farms (group.go), group chain number group of its family.
+	grouped bool
+	group   int
 }
 
 func (p *farmPlan) isDirect() bool { return len(p.direct) > 0 }
@@ -383,10 +387,7 @@ func (p *farmPlan) setDirect(f *model.Farm) {
 		val := pad4(binary.BigEndian.AppendUint16(append([]byte(nil), b.Addr.AsSlice()...), port))
 		p.direct = append(p.direct, elem{Key: pad4(svcKey(f.VirtualAddr, f.Protocol.Number(), r.First)), Val: val})
 	}
-	p.chain = pick(p.v6, chainDir4, chainDir6)
-	for i := range p.svc {
-		p.svc[i].Chain = p.chain
-	}
+	p.setChain(pick(p.v6, chainDir4, chainDir6))
 }
 
 func (p *farmPlan) svcSet() string {
@@ -491,6 +492,7 @@ func plan(f *model.Farm) *farmPlan {
 	}
 	p.backends(f)
 	p.setDirect(f)
+	p.setGrouped(f)
 	return p
 }
 

@@ -419,7 +419,7 @@ func TestDSRModeChange(t *testing.T) {
 	if _, err := testutil.AskUDP(l.client.ns, netip.AddrPortFrom(l.vip4, 53)); err != nil {
 		t.Errorf("dsr after dnat: %v", err)
 	}
-	if out := testutil.Run(t, l.lb.name, "nft", "list", "table", "inet", DefaultTable); strings.Contains(out, chainName("moving")) {
+	if out := testutil.Run(t, l.lb.name, "nft", "list", "table", "inet", DefaultTable); hasFarmRules(out, "moving") {
 		t.Errorf("dsr farm left its inet chain:\n%s", out)
 	}
 	f.Mode = model.ModeDNAT
@@ -430,7 +430,7 @@ func TestDSRModeChange(t *testing.T) {
 	if strings.Contains(out, "chain d-") || strings.Contains(out, "hook ingress") || strings.Contains(out, "10.50.0.100") {
 		t.Errorf("dnat farm left dsr objects:\n%s", out)
 	}
-	if out := testutil.Run(t, l.lb.name, "nft", "list", "table", "inet", DefaultTable); !strings.Contains(out, chainName("moving")) {
+	if out := testutil.Run(t, l.lb.name, "nft", "list", "table", "inet", DefaultTable); !hasFarmRules(out, "moving") {
 		t.Errorf("dnat farm has no inet chain:\n%s", out)
 	}
 }

@@ -45,13 +45,12 @@ func TestDualChanges(t *testing.T) {
 			t.Errorf("ipv6 VIP still served")
 		}
 	}
-	half6 := chainName("web/ipv6")
 	e.put(t, prev, dual)
 	both(true)
 	e.put(t, prev, v4only)
 	both(false)
-	if out := e.nft(t, "list", "table", "inet", "xlb"); strings.Contains(out, half6) || !strings.Contains(out, chainName("web")) {
-		t.Errorf("after dual -> ipv4: want chain %s only:\n%s", chainName("web"), out)
+	if out := e.nft(t, "list", "table", "inet", "xlb"); hasFarmRules(out, "web/ipv6") || !hasFarmRules(out, "web") {
+		t.Errorf("after dual -> ipv4: want farm web's rules only:\n%s", out)
 	}
 	e.put(t, prev, dual)
 	both(true)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netns"
@@ -142,4 +143,35 @@ func (e *env) del(tb testing.TB, prev map[string]*model.Farm, names ...string) {
 	if err := e.p.Apply(context.Background(), d); err != nil {
 		tb.Fatalf("apply: %v", err)
 	}
+}
+
+// hasFarmRules says whether an nft listing holds a farm's rules: a chain of
+// its own, or rules in a group chain (commented with the farm's name).
+func hasFarmRules(listing, farm string) bool {
+	return strings.Contains(listing, "chain "+chainName(farm)+" {") || strings.Contains(listing, `comment "farm `+farm+`"`)
+}
+
+// farmRule is one of a farm's rules in `nft -a list table`.
+type farmRule struct{ chain, line, handle string }
+
+// farmRuleLines returns a farm's rules from `nft -a list table`: those of
+// its own chain and those of group chains that carry its comment.
+func farmRuleLines(listing, farm string) []farmRule {
+	var out []farmRule
+	chain := ""
+	for _, l := range strings.Split(listing, "\n") {
+		l = strings.TrimSpace(l)
+		if c, ok := strings.CutPrefix(l, "chain "); ok {
+			chain, _, _ = strings.Cut(c, " ")
+			continue
+		}
+		rule, handle, ok := strings.Cut(l, " # handle ")
+		if !ok || strings.HasPrefix(l, "table ") {
+			continue
+		}
+		if chain == chainName(farm) || strings.HasSuffix(rule, `comment "farm `+farm+`"`) {
+			out = append(out, farmRule{chain: chain, line: l, handle: handle})
+		}
+	}
+	return out
 }

@@ -79,6 +79,12 @@ type Plane struct {
 	// Reconcile change them.
 	hooks hookState
 	users hookUsers
+
+	// groups counts the farms of each group chain (group.go); ghandles
+	// caches, per group chain, its farms' rule handles as last listed,
+	// until a change touches the chain.
+	groups   groupCounts
+	ghandles map[string]map[string][]uint64
 }
 
 // hookState is which of the table's per-packet base chains exist. The NAT
@@ -138,9 +144,14 @@ func (u hookUsers) state() hookState {
 
 // pending is what a queued batch will have put in the kernel once flushed.
 type pending struct {
-	farms map[string]*farmState // nil value: the farm is gone
-	users hookUsers
-	hooks hookState
+	farms   map[string]*farmState // nil value: the farm is gone
+	users   hookUsers
+	hooks   hookState
+	groups  groupCounts
+	touched map[string]groupRef // group chains the batch changes
+	// err: the batch could not be built (listing a group chain failed);
+	// it must not be sent.
+	err error
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
@@ -187,12 +198,13 @@ func newTablePlane(ctx context.Context, log *slog.Logger, opts Options, shared *
 		opts.NetNS = netns.None()
 	}
 	p := &Plane{
-		log:    log,
-		opts:   opts,
-		table:  &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyINet},
-		ntable: &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyNetdev},
-		farms:  map[string]*farmState{},
-		gen:    uint64(time.Now().UnixNano()),
+		log:      log,
+		opts:     opts,
+		table:    &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyINet},
+		ntable:   &nftables.Table{Name: opts.Table, Family: nftables.TableFamilyNetdev},
+		farms:    map[string]*farmState{},
+		ghandles: map[string]map[string][]uint64{},
+		gen:      uint64(time.Now().UnixNano()),
 	}
 	p.static = map[string]*nftables.Set{}
 	for _, s := range staticSets(p.table) {
@@ -381,6 +393,10 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 	b := p.newBatch()
 	b.links = links
 	pd := p.queue(b, d)
+	if pd.err != nil {
+		p.redial() // drops the queued messages
+		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), pd.err)
+	}
 	if err := b.flush(); err != nil {
 		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), err)
 	}
@@ -394,6 +410,7 @@ func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
 	d = expandDiff(d)
 	next := map[string]*farmState{}
 	users := p.users.clone()
+	b.groups, b.touched = p.groups.clone(), map[string]groupRef{}
 	cur := func(name string) *farmState {
 		if s, ok := next[name]; ok {
 			return s
@@ -420,10 +437,11 @@ func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
 		next[name] = b.putFarm(old, c.New)
 		users.count(next[name], 1)
 	}
+	b.dropEmptyGroups()
 	want := users.state()
 	b.syncHooks(p.hooks, want)
 	b.syncDevs(p.hooks.devs, want.devs)
-	return &pending{farms: next, users: users, hooks: want}
+	return &pending{farms: next, users: users, hooks: want, groups: b.groups, touched: b.touched, err: b.err}
 }
 
 // commit records what a queued batch put in the kernel.
@@ -436,6 +454,10 @@ func (p *Plane) commit(pd *pending) {
 		}
 	}
 	p.hooks, p.users = pd.hooks, pd.users
+	p.groups = pd.groups
+	for ch := range pd.touched {
+		delete(p.ghandles, ch)
+	}
 }
 
 // Reconcile implements dataplane.Dataplane. It reads xlb's table from the
@@ -478,6 +500,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	for name := range wantElems {
 		keepSets[name] = true
 	}
+	// Group chains are packed afresh: every one in use is emptied and
+	// refilled (addGroupChain), those no farm needs are strays.
+	b.groups, b.touched = groupCounts{}, map[string]groupRef{}
 	for _, f := range farms {
 		if _, dup := next[f.Name]; dup {
 			return fmt.Errorf("reconcile: farm %q given twice", f.Name)
@@ -486,6 +511,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if pl == nil {
 			next[f.Name] = &farmState{}
 			continue
+		}
+		if pl.grouped {
+			b.joinGroup(pl, -1)
 		}
 		keepChains[pl.chain] = true
 		if pl.helper != "" {
@@ -581,6 +609,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	}
 	p.farms = next
 	p.hooks, p.users = hooks, users
+	p.groups, p.ghandles = b.groups, map[string]map[string][]uint64{}
 	if err := p.programPostrouting(); err != nil {
 		return fmt.Errorf("reconcile postrouting chain: %w", err)
 	}
@@ -716,6 +745,11 @@ type batch struct {
 	c     *nftables.Conn
 	n     int                 // messages queued (roughly), for logs
 	links map[string]*dsrLink // resolved links of the dsr farms, by farm name
+	// groups and touched: the group chains' farm counts after this batch,
+	// and the group chains it changes (see pending).
+	groups  groupCounts
+	touched map[string]groupRef
+	err     error // the first error building the batch: it must not be sent
 }
 
 // plan is plan(f), completed with the farm's resolved links in mode dsr.
@@ -907,9 +941,11 @@ func (b *batch) delElems(s *nftables.Set, els []elem) {
 func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState {
 	t := b.tableOf(pl)
 	ch := &nftables.Chain{Table: t, Name: pl.chain}
-	if existing {
+	switch {
+	case pl.grouped: // the group chain exists (joinGroup)
+	case existing:
 		b.c.FlushChain(ch)
-	} else {
+	default:
 		b.c.AddChain(ch)
 	}
 	s := &farmState{plan: pl}
@@ -964,6 +1000,10 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 	if pl.dsrMode {
 		rules = pl.dsrFarmRules(f, s.mapName, id, modulus)
 	}
+	if pl.grouped {
+		b.insertGroupRules(pl, f, rules)
+		return s
+	}
 	for _, r := range rules {
 		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 	}
@@ -983,11 +1023,23 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	if old != nil {
 		oldPlan = old.plan
 	}
+	// A grouped farm's rules go first: they use its old maps, deleted
+	// below. It stays in its group if it can, so its svc elements stay.
+	prefer := -1
+	if oldPlan != nil && oldPlan.grouped {
+		b.leaveGroup(oldPlan)
+		if oldPlan.v6 == pl.v6 {
+			prefer = oldPlan.group
+		}
+	}
+	if pl.grouped {
+		b.joinGroup(pl, prefer)
+	}
 	// A farm that enters or leaves mode dsr moves between tables, and one
-	// that becomes direct leaves its chain for the shared one: its old
-	// chain goes (after the elements that point to it, below). The shared
-	// direct chain never goes.
-	ownChain := oldPlan != nil && !oldPlan.isDirect()
+	// that becomes direct or grouped leaves its chain for a shared one:
+	// its old chain goes (after the elements that point to it, below).
+	// Shared chains never go here.
+	ownChain := oldPlan != nil && !oldPlan.isDirect() && !oldPlan.grouped
 	moved := ownChain && oldPlan.chain != pl.chain
 	if moved {
 		// Its rules use the old maps, deleted below.
@@ -1149,9 +1201,12 @@ func (b *batch) removeFarm(old *farmState) {
 	if len(pl.post) > 0 {
 		b.delElems(b.p.static[pl.postSet()], pl.post)
 	}
-	if pl.isDirect() {
+	switch {
+	case pl.isDirect():
 		b.delElems(b.p.static[pl.directSet()], pl.direct)
-	} else {
+	case pl.grouped:
+		b.leaveGroup(pl)
+	default:
 		ch := &nftables.Chain{Table: b.tableOf(pl), Name: pl.chain}
 		b.c.FlushChain(ch)
 		b.c.DelChain(ch)

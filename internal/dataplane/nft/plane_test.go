@@ -272,7 +272,7 @@ func TestListing(t *testing.T) {
 	}
 	got := normalize(testutil.Run(t, name, "nft", "list", "table", "inet", "xlb"))
 	r := strings.NewReplacer(
-		"WEB", chainName("web"), "DNS", chainName("dns6"), "HASH", chainName("hash"), "EMPTY", chainName("empty"),
+		"WEB", chainName("web"), "EMPTY", chainName("empty"),
 		"SEED", fmt.Sprintf("0x%08x", seed("hash")),
 		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
 		"STICKYF", "g-"+nameHash("sticky"), "STICKYL", "l-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
@@ -295,12 +295,12 @@ table inet xlb {
 	map svc4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto HASH, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY, 10.99.0.4 . tcp . 443 : goto STICKY, 10.99.0.6 . tcp . 80 : goto direct4, 10.99.0.6 . tcp . 443 : goto direct4 }
+		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto grp4-0, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY, 10.99.0.4 . tcp . 443 : goto STICKY, 10.99.0.6 . tcp . 80 : goto direct4, 10.99.0.6 . tcp . 443 : goto direct4 }
 	}
 	map svc6 {
 		type ipv6_addr . inet_proto . inet_service : verdict
 		flags interval
-		elements = { fd00:99::1 . udp . 53 : goto DNS }
+		elements = { fd00:99::1 . udp . 53 : goto grp6-0 }
 	}
 	set masq4 {
 		type ipv4_addr . inet_proto . inet_service
@@ -390,12 +390,12 @@ table inet xlb {
 		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN
 		counter packets 0 bytes 0 drop
 	}
-	chain DNS {
-		counter packets 0 bytes 0 dnat ip6 to numgen random mod 3 map @MDNS-GEN
+	chain grp6-0 {
+		ip6 daddr fd00:99::1 udp dport 53 counter packets 0 bytes 0 dnat ip6 to numgen random mod 3 map @MDNS-GEN comment "farm dns6"
 		counter packets 0 bytes 0 drop
 	}
-	chain HASH {
-		meta nfproto ipv4 counter packets 0 bytes 0 dnat ip to jhash ip saddr . th sport mod 1 seed SEED map @MHASH-GEN
+	chain grp4-0 {
+		ip daddr 10.99.0.2 meta l4proto tcp counter packets 0 bytes 0 dnat ip to jhash ip saddr . tcp sport mod 1 seed SEED map @MHASH-GEN comment "farm hash"
 		counter packets 0 bytes 0 drop
 	}
 	chain EMPTY {
@@ -497,11 +497,19 @@ table inet xlb {
 }
 `
 
-// ruleHandles returns `nft -a list chain` of a farm's chain and the names
-// of its sets, the things a change to another farm must not touch.
+// ruleHandles returns a farm's rules with their handles (`nft -a`), the
+// things a change to another farm must not touch: its own chain, or its
+// rules in a group chain.
 func ruleHandles(t *testing.T, ns, farm string) string {
 	t.Helper()
-	return testutil.Run(t, ns, "nft", "-a", "list", "chain", "inet", "xlb", chainName(farm))
+	var out []string
+	for _, r := range farmRuleLines(testutil.Run(t, ns, "nft", "-a", "list", "table", "inet", "xlb"), farm) {
+		out = append(out, r.chain+": "+r.line)
+	}
+	if len(out) == 0 {
+		t.Fatalf("farm %s has no rules in the kernel", farm)
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestChangeTouchesOnlyItsOwn: adding, changing and deleting farm B leaves
@@ -549,7 +557,7 @@ func TestChangeTouchesOnlyItsOwn(t *testing.T) {
 	if got := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA); got != elemsA {
 		t.Errorf("farm a's map changed:\n%s\nwas:\n%s", got, elemsA)
 	}
-	if out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb"); strings.Contains(out, chainName("b")) || strings.Contains(out, "10.99.0.2") {
+	if out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb"); hasFarmRules(out, "b") || strings.Contains(out, "10.99.0.2") {
 		t.Errorf("farm b left objects behind:\n%s", out)
 	}
 }
@@ -631,8 +639,13 @@ func TestReconcile(t *testing.T) {
 	nft := func(args ...string) { e.nft(t, args...) }
 	nft("delete", "element", "inet", "xlb", "svc4", "{ 10.99.0.1 . tcp . 80 }")
 	nft("delete", "element", "inet", "xlb", "svc4", "{ 10.99.0.2 . tcp . 80 }")
-	nft("flush", "chain", "inet", "xlb", chainName("b.farm-2"))
-	nft("delete", "chain", "inet", "xlb", chainName("b.farm-2"))
+	// b's rules (in a group chain: two backends) deleted by hand.
+	for _, r := range farmRuleLines(e.nft(t, "-a", "list", "table", "inet", "xlb"), "b.farm-2") {
+		nft("delete", "rule", "inet", "xlb", r.chain, "handle", r.handle)
+	}
+	if hasFarmRules(e.nft(t, "list", "table", "inet", "xlb"), "b.farm-2") {
+		t.Fatal("b.farm-2's rules are still there")
+	}
 	nft("add", "chain", "inet", "xlb", "f-stray")
 	nft("add", "map", "inet", "xlb", "m-stray", "{ type ipv4_addr : ipv4_addr; }")
 	nft("add", "element", "inet", "xlb", "svc4", "{ 10.99.0.9 . tcp . 80 : goto f-stray }")
@@ -680,8 +693,8 @@ func TestReconcile(t *testing.T) {
 	if _, err := testutil.AskTCP(e.Client.NS, netip.AddrPortFrom(testutil.VIP4(2), 80)); err == nil {
 		t.Errorf("removed farm still answers")
 	}
-	if out := e.nft(t, "list", "table", "inet", "xlb"); strings.Contains(out, chainName("b.farm-2")) {
-		t.Errorf("removed farm's chain survived:\n%s", out)
+	if out := e.nft(t, "list", "table", "inet", "xlb"); hasFarmRules(out, "b.farm-2") {
+		t.Errorf("removed farm's rules survived:\n%s", out)
 	}
 	// Apply keeps working after Reconcile.
 	e.p = p2

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -154,15 +155,27 @@ func (s *Sharded) Apply(ctx context.Context, d dataplane.Diff) error {
 		b.links = links
 		nexts[i] = p.queue(b, part)
 	}
-	err = s.conn.Flush()
+	var buildErr error
+	for _, next := range nexts {
+		if next != nil && next.err != nil {
+			buildErr = cmp.Or(buildErr, next.err)
+		}
+	}
+	if buildErr == nil {
+		err = s.conn.Flush()
+	}
 	for i, next := range nexts {
 		if next == nil {
 			continue
 		}
-		if err == nil {
+		if err == nil && buildErr == nil {
 			s.shards[i].commit(next)
 		}
 		s.shards[i].mu.Unlock()
+	}
+	if buildErr != nil {
+		s.redial() // drops the queued messages
+		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), buildErr)
 	}
 	if err != nil {
 		s.redial()

@@ -397,7 +397,7 @@ func TestFarmState(t *testing.T) {
 			t.Errorf("farm %s: VIP answered", st)
 		}
 		out := e.nft(t, "list", "table", "inet", "xlb")
-		if strings.Contains(out, chainName("state")) || strings.Contains(out, "10.99.0.1") {
+		if hasFarmRules(out, "state") || strings.Contains(out, "10.99.0.1") {
 			t.Errorf("farm %s still in the kernel:\n%s", st, out)
 		}
 	}
