@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -62,6 +63,47 @@ func benchAddFarm(b *testing.B, shards, existing int) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		f := benchFarm(existing+1+i%1000, 100)
+		if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: f}}}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
+
+// BenchmarkApplyAddFarmCold times one Apply that adds a farm with 100
+// backends next to 10,000 farms of 4 backends (32 tables), each after a
+// 100 ms pause (outside the timer), as a single API call finds the caches:
+// cold. Farms of several backends used to have a chain each, and every
+// commit walks every chain; now they share group chains (group.go).
+func BenchmarkApplyAddFarmCold(b *testing.B) {
+	testutil.RequireRoot(b)
+	_, ns := testutil.NewNetNS(b)
+	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: DefaultShards})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Close() })
+	ctx := context.Background()
+	const existing, chunk = 10000, 500
+	for i := 0; i < existing; i += chunk {
+		var d dataplane.Diff
+		for j := i; j < min(i+chunk, existing); j++ {
+			d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, 4)})
+		}
+		if err := p.Apply(ctx, d); err != nil {
+			b.Fatalf("setup: %v", err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		time.Sleep(100 * time.Millisecond)
+		f := benchFarm(existing+1+i%1000, 100)
+		b.StartTimer()
 		if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
 			b.Fatal(err)
 		}
