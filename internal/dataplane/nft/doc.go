@@ -27,9 +27,10 @@
 // direct farms (one serving backend, single ports, no per-farm rules; see
 // setDirect) share one chain per family and one map keyed VIP . protocol .
 // port, and a table of them costs a commit nothing per farm. Farms with
-// several backends keep a chain each (round robin needs a numgen counter per
-// farm); deletes also pay the interval (pipapo) service maps' element
-// removal.
+// several backends need a rule each (round robin needs a numgen counter per
+// farm), but most need no chain of their own: their rules share group
+// chains of 16 farms (group.go). Deletes also pay the interval (pipapo)
+// service maps' element removal.
 //
 // # Ruleset
 //
@@ -48,14 +49,17 @@
 //	    snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
 //	    ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 //	    (and the IPv6 forms) }
-//	  chain f-<hash> { <scheduler> map @m-<hash>-<gen> -> dnat ; counter drop }   one per farm
+//	  chain f-<hash> { <scheduler> map @m-<hash>-<gen> -> dnat ; counter drop }   one per farm that needs one
+//	  chain grp4-<n> { <farm match> <scheduler> map @m-... dnat comment "farm <name>" ... ; counter drop }
+//	                                                                             up to 16 farms each (group.go)
 //	  map m-<hash>-<gen> { slot : backend address [. port] }                      one per farm
 //	  map dst4  { type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service; } (and dst6)
 //	  chain direct4 { dnat ip to ip daddr . meta l4proto . th dport map @dst4 ; counter drop } (and direct6)
 //	}
 //
 // Direct farms have no f- chain or m- map: their svc elements goto direct4
-// (direct6) and each virtual port has a dst4 (dst6) element.
+// (direct6) and each virtual port has a dst4 (dst6) element. Grouped farms
+// have an m- map but no f- chain: their svc elements goto their group chain.
 //
 // The base chains are static; everything that changes lives in sets, maps
 // and per-farm chains. <hash> is 16 hex digits of SHA-256 of the farm name
