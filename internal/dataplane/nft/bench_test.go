@@ -75,14 +75,20 @@ func benchAddFarm(b *testing.B, shards, existing int) {
 }
 
 // BenchmarkApplyAddFarmCold times one Apply that adds a farm with 100
-// backends next to 10,000 farms of 4 backends (32 tables), each after a
-// 100 ms pause (outside the timer), as a single API call finds the caches:
-// cold. Farms of several backends used to have a chain each, and every
-// commit walks every chain; now they share group chains (group.go).
+// backends next to 10,000 farms of 4 backends, over 1 to 32 tables, each
+// after a 100 ms pause (outside the timer), as a single API call finds the
+// caches: cold. Farms of several backends used to have a chain each, and
+// every commit walks every chain; now they share group chains (group.go).
 func BenchmarkApplyAddFarmCold(b *testing.B) {
 	testutil.RequireRoot(b)
+	for _, shards := range []int{1, 4, 8, DefaultShards} {
+		b.Run(fmt.Sprintf("tables=%d", shards), func(b *testing.B) { benchAddFarmCold(b, shards) })
+	}
+}
+
+func benchAddFarmCold(b *testing.B, shards int) {
 	_, ns := testutil.NewNetNS(b)
-	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: DefaultShards})
+	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
 	if err != nil {
 		b.Fatal(err)
 	}
