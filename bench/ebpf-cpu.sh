@@ -5,8 +5,10 @@
 # time, PKTS packets each per round; ROUNDS rounds. Writes the medians and
 # spreads over rounds, and the nft/ebpf ratio of the LB's CPU per packet, to
 # bench/results/ebpf-vs-nft-cpu.md (raw output next to it). Each round also
-# runs BenchmarkLBCPUXDP: the same over a chain of veth pairs, with dsr
-# through tcx and through the native XDP fast path. Needs root.
+# runs BenchmarkLBCPUVeth: the same over a chain of veth pairs (no bridge:
+# the next hop is the backend's veth, so this plane takes bpf_redirect_peer;
+# ebpf-plain forces plain bpf_redirect), and BenchmarkLBCPUXDP: dsr through
+# tcx and through the native XDP fast path. Needs root.
 #   bench/ebpf-cpu.sh
 #   ROUNDS=3 PKTS=100000 bench/ebpf-cpu.sh
 set -euo pipefail
@@ -17,14 +19,18 @@ PKTS=${PKTS:-300000}
 out=bench/results/ebpf-vs-nft-cpu.md
 raw=bench/results/ebpf-vs-nft-cpu.txt
 xraw=bench/results/ebpf-xdp-cpu.txt
+vraw=bench/results/ebpf-veth-cpu.txt
 bin=$(mktemp -d)/ebpf.test
 trap 'rm -rf "$(dirname "$bin")"' EXIT
 go test -c -o "$bin" ./internal/dataplane/ebpf
 : >"$raw"
 : >"$xraw"
+: >"$vraw"
 for r in $(seq "$ROUNDS"); do
 	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 timeout 600 "$bin" -test.run '^$' -test.bench '^BenchmarkLBCPU$' \
 		-test.benchtime "${PKTS}x" -test.count 1) | grep -E '^BenchmarkLBCPU' | tee -a "$raw"
+	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 timeout 600 "$bin" -test.run '^$' -test.bench '^BenchmarkLBCPUVeth$' \
+		-test.benchtime "${PKTS}x" -test.count 1) | grep -E '^BenchmarkLBCPUVeth' | tee -a "$vraw"
 	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 timeout 600 "$bin" -test.run '^$' -test.bench '^BenchmarkLBCPUXDP$' \
 		-test.benchtime "${PKTS}x" -test.count 1) | grep -E '^BenchmarkLBCPUXDP' | tee -a "$xraw"
 done
@@ -43,6 +49,14 @@ END {
 }' "$1"; }
 stats=$(medians "$raw")
 xstats=$(medians "$xraw")
+vstats=$(medians "$vraw")
+vget() { echo "$vstats" | awk -v m="$1" -v f="$2" '$1 == m { print $f }'; }
+vrow() { # system
+	local lb="-" lbr="-" bpf="-"
+	if [ "$1" != local ]; then lb=$(vget "$1-lb-ns/pkt" 2); lbr="$(vget "$1-lb-ns/pkt" 3) - $(vget "$1-lb-ns/pkt" 4)"; fi
+	case $1 in ebpf*) bpf="$(vget "$1-bpf-ns/pkt" 2) ($(vget "$1-bpf-ns/pkt" 3) - $(vget "$1-bpf-ns/pkt" 4))" ;; esac
+	echo "| $1 | $(vget "$1-cpu-ns/pkt" 2) | $lb | $lbr | $bpf |"
+}
 get() { echo "$stats" | awk -v m="$1" -v f="$2" '$1 == m { print $f }'; }
 xget() { echo "$xstats" | awk -v m="$1" -v f="$2" '$1 == m { print $f }'; }
 xrow() { # system
@@ -68,7 +82,7 @@ n=$(get nft/ebpf 5)
 	echo "- **local**: sent from the LB namespace straight to the backend — the same path without the LB's receive and forward: the baseline."
 	echo "- **direct**: client -> backend address, plain kernel forwarding in the LB namespace (no load balancer)."
 	echo "- **nft**: client -> VIP, the nftables data plane (dnat, conntrack)."
-	echo "- **ebpf**: client -> VIP, the eBPF data plane (dnat, tcx ingress, bpf_redirect)."
+	echo "- **ebpf**: client -> VIP, the eBPF data plane (dnat, tcx ingress, bpf_redirect: the next hop is the LB's bridge to the backends, so no peer redirect here)."
 	echo "- **LB ns/pkt**: a system's CPU per packet minus local's over the same chunk: what receiving, balancing and forwarding cost the LB."
 	echo "- Each value is the median over a round's chunks; the table shows the median over rounds and the min - max of the rounds."
 	echo
@@ -78,6 +92,16 @@ n=$(get nft/ebpf 5)
 	echo
 	echo "- **LB CPU per packet, nft / ebpf: $(get nft/ebpf 2)** (median over rounds of the per-round median of per-chunk ratios; rounds $(get nft/ebpf 3) - $(get nft/ebpf 4))."
 	echo "- The eBPF program itself (kernel BPF statistics, run time / run count): $(get bpf-ns/pkt 2) ns per packet ($(get bpf-ns/pkt 3) - $(get bpf-ns/pkt 4)); the rest of eBPF's LB cost is the veth receive up to tcx and the redirect's transmit."
+	echo
+	echo "## Next hop a veth whose peer is the backend's (as a pod's): bpf_redirect_peer"
+	echo
+	echo "\`BenchmarkLBCPUVeth\`, the same rounds: a chain of veth pairs (client -- LB -- backend, no bridge), offloads as created. **nft**: dnat. **ebpf**: dnat; the next hop is a veth whose peer is in the backend's namespace, so the program sends with \`bpf_redirect_peer\` (straight to the backend's ingress: no transmit, no backlog queue, no second receive pass). **ebpf-plain**: the same with plain \`bpf_redirect\` (\`xlb_peer_tx\` left empty), as before the peer redirect. **local** still pays the LB namespace's transmit into the backend's veth; every system pays the backend's receive, so LB ns/pkt is what the LB's hop adds to the path."
+	echo
+	echo "| system | cpu ns/pkt | LB ns/pkt | min - max | bpf ns/pkt |"
+	echo "|---|---|---|---|---|"
+	vrow local; vrow nft; vrow ebpf; vrow ebpf-plain
+	echo
+	echo "- **LB CPU per packet, nft / ebpf (peer redirect): $(vget nft/ebpf 2)** (rounds $(vget nft/ebpf 3) - $(vget nft/ebpf 4)); nft / ebpf-plain: $(vget nft/ebpf-plain 2) ($(vget nft/ebpf-plain 3) - $(vget nft/ebpf-plain 4))."
 	echo
 	echo "## The XDP fast path on veth"
 	echo
@@ -90,6 +114,8 @@ n=$(get nft/ebpf 5)
 	echo "- nft / ebpf-tcx: $(xget nft/ebpf-tcx 2) ($(xget nft/ebpf-tcx 3) - $(xget nft/ebpf-tcx 4)); nft / ebpf-xdp: $(xget nft/ebpf-xdp 2) ($(xget nft/ebpf-xdp 3) - $(xget nft/ebpf-xdp 4))."
 	echo "- Native XDP on veth costs more than tcx: veth hands XDP an skb that exists already (and converts it to an XDP buffer, copying it when its headroom is short of XDP's 256 bytes), and the redirected frame is turned into an skb again on the backend's side (an explanation from how veth works, not a profile). Its gain — no skb at all — needs a NIC with a native XDP driver, which this machine does not have."
 	echo
-	echo "Raw output: \`bench/results/ebpf-vs-nft-cpu.txt\`, \`bench/results/ebpf-xdp-cpu.txt\`."
+	echo "- ebpf-tcx forwards to a veth whose peer is the backend's: since the peer redirect, it sends with \`bpf_redirect_peer\`; the XDP fast path keeps \`XDP_REDIRECT\` (XDP has no peer redirect)."
+	echo
+	echo "Raw output: \`bench/results/ebpf-vs-nft-cpu.txt\`, \`bench/results/ebpf-veth-cpu.txt\`, \`bench/results/ebpf-xdp-cpu.txt\`."
 } >"$out"
 echo "wrote $out"

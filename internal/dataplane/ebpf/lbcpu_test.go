@@ -403,6 +403,135 @@ func BenchmarkLBCPUXDP(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// BenchmarkLBCPUVeth is BenchmarkLBCPU over a chain of veth pairs (client
+// -- LB -- backend, no bridge), where the LB's next hop towards the backend
+// is a veth whose peer is in the backend's namespace, as a pod's is:
+//
+//   - local: sent from the LB namespace straight to the backend (baseline);
+//   - nft: client -> VIP, the nftables plane (dnat);
+//   - ebpf: client -> VIP, this plane (dnat): bpf_redirect_peer to the
+//     backend's veth;
+//   - ebpf-plain: the same with plain bpf_redirect (xlb_peer_tx left
+//     empty), what this plane did before the peer redirect.
+//
+// The systems take turns as in BenchmarkLBCPU; the backend drops at
+// prerouting -300.
+func BenchmarkLBCPUVeth(b *testing.B) {
+	testutil.RequireRoot(b)
+	vip := netip.AddrPortFrom(testutil.VIP4(83), 53)
+	type system struct {
+		name  string
+		chain *xdpChain
+		send  func(int)
+		prog  *ebpf.Program
+	}
+	names := []string{"local", "nft", "ebpf", "ebpf-plain"}
+	var systems []*system
+	for _, name := range names {
+		c := newXDPChain(b, vip.Addr())
+		be := netip.AddrPortFrom(c.beIP, 53)
+		s := &system{name: name, chain: c, send: udpSender(b, c.client, vip)}
+		f := farm(b, "udp", vip.Addr().String(), 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR, be.String())
+		switch name {
+		case "local":
+			s.send = udpSender(b, c.lb, be)
+		case "nft":
+			pl, err := nft.New(context.Background(), testLogger(b), nft.Options{NetNS: c.lb})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { pl.Close() })
+			if err := pl.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
+				b.Fatal(err)
+			}
+		default:
+			pl, err := New(context.Background(), testLogger(b), Options{NetNS: c.lb, PinPath: mountBPFFS(b),
+				ConnTableSize: 16384, Interfaces: []string{"lc", "lb"}, noPeerRedirect: name == "ebpf-plain"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { pl.Close() })
+			if err := pl.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
+				b.Fatal(err)
+			}
+			s.prog = pl.objs.XlbIngress
+		}
+		sinkRules(b, c.backendName, 53)
+		systems = append(systems, s)
+	}
+	start := map[string]int64{}
+	for _, s := range systems {
+		s.send(1000)
+	}
+	for _, s := range systems {
+		start[s.name] = sinkWait(b, s.chain.backendName, 1000)
+	}
+	st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		b.Fatalf("enable bpf run time statistics: %v", err)
+	}
+	defer st.Close()
+	bpf0 := map[string]*ebpf.ProgramStats{}
+	for _, s := range systems {
+		if s.prog != nil {
+			if bpf0[s.name], err = s.prog.Stats(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	per := map[string][]float64{}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += lbcpuChunk {
+		n := min(lbcpuChunk, b.N-done)
+		for _, s := range systems {
+			c0 := pathCPU(b)
+			s.send(n)
+			per[s.name] = append(per[s.name], float64(pathCPU(b)-c0)/float64(n))
+		}
+	}
+	b.StopTimer()
+	for _, s := range systems {
+		if s.prog != nil {
+			ps, err := s.prog.Stats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if runs := ps.RunCount - bpf0[s.name].RunCount; runs > 0 {
+				b.ReportMetric(float64(ps.Runtime-bpf0[s.name].Runtime)/float64(runs), s.name+"-bpf-ns/pkt")
+			}
+		}
+		want := start[s.name] + int64(b.N)
+		if got := sinkWait(b, s.chain.backendName, want); got != want {
+			b.Errorf("%s: the sink counted %d of %d packets", s.name, got-start[s.name], b.N)
+		}
+		b.ReportMetric(median(per[s.name]), s.name+"-cpu-ns/pkt")
+	}
+	lb := map[string][]float64{}
+	ratio := map[string][]float64{}
+	for i := range per["local"] {
+		for _, s := range names[1:] {
+			lb[s] = append(lb[s], per[s][i]-per["local"][i])
+		}
+		for _, s := range names[2:] {
+			if e := per[s][i] - per["local"][i]; e > 0 {
+				ratio[s] = append(ratio[s], (per["nft"][i]-per["local"][i])/e)
+			}
+		}
+	}
+	for _, s := range names[1:] {
+		b.ReportMetric(median(lb[s]), s+"-lb-ns/pkt")
+	}
+	for _, s := range names[2:] {
+		if len(ratio[s]) > 0 {
+			b.ReportMetric(median(ratio[s]), "nft/"+s)
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
 // udpSender returns a function sending n 64-byte datagrams from namespace
 // ns to dst with sendmmsg, 64 at a time.
 func udpSender(b *testing.B, ns netns.NsHandle, dst netip.AddrPort) func(int) {
