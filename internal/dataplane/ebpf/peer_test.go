@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -407,4 +408,131 @@ func runPeerFlow(t *testing.T, n *peerNet, p *Plane, name string, f peerFlow, vi
 			}
 		}
 	})
+}
+
+// TestTrafficPeerRedirectNetkit: a next hop that is a netkit device (L2
+// mode) whose peer is in the backend's namespace takes the peer redirect
+// too, TCP and UDP, both directions. Skipped on kernels built without
+// netkit (CONFIG_NETKIT), such as the one these tests were written on.
+func TestTrafficPeerRedirectNetkit(t *testing.T) {
+	testutil.RequireRoot(t)
+	_, cns := testutil.NewNetNS(t)
+	_, lns := testutil.NewNetNS(t)
+	_, bns := testutil.NewNetNS(t)
+	lh, err := netlink.NewHandleAt(lns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lh.Close()
+	if err := testutil.WriteSysctl(lns, "net/ipv4/ip_forward", "1"); err != nil {
+		t.Fatal(err)
+	}
+	// peerSide configures the namespace ns's end of a pair.
+	peerSide := func(ns netns.NsHandle, name, addr, gw string) {
+		ph, err := netlink.NewHandleAt(ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ph.Close()
+		l, err := ph.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := netlink.ParseAddr(addr)
+		if err := ph.AddrAdd(l, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := ph.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+		if err := ph.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lbSide := func(name, addr string) {
+		l, err := lh.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := netlink.ParseAddr(addr)
+		if err := lh.AddrAdd(l, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := lh.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lc"}, PeerName: "eth0",
+		PeerNamespace: netlink.NsFd(int(cns))}); err != nil {
+		t.Fatal(err)
+	}
+	lbSide("lc", "10.125.0.1/24")
+	peerSide(cns, "eth0", "10.125.0.2/24", "10.125.0.1")
+	nk := &netlink.Netkit{LinkAttrs: netlink.LinkAttrs{Name: "nk"}, Mode: netlink.NETKIT_MODE_L2,
+		Policy: netlink.NETKIT_POLICY_FORWARD, PeerPolicy: netlink.NETKIT_POLICY_FORWARD}
+	nk.SetPeerAttrs(&netlink.LinkAttrs{Name: "nkp"})
+	if err := lh.LinkAdd(nk); errors.Is(err, unix.EOPNOTSUPP) {
+		t.Skipf("add netkit: %v (a kernel without CONFIG_NETKIT)", err)
+	} else if err != nil {
+		t.Fatalf("add netkit: %v", err)
+	}
+	nkp, err := lh.LinkByName("nkp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lh.LinkSetNsFd(nkp, int(bns)); err != nil {
+		t.Fatal(err)
+	}
+	lbSide("nk", "10.124.0.1/24")
+	peerSide(bns, "nkp", "10.124.0.11/24", "10.124.0.1")
+	be := netip.MustParseAddr("10.124.0.11")
+	testutil.StartTCPServer(t, bns, netip.AddrPortFrom(be, 8080), "be0")
+	testutil.StartUDPServer(t, bns, netip.AddrPortFrom(be, 8053), "be0")
+
+	p := newPlane(t, lns, mountBPFFS(t), nil, 16384)
+	l, _ := lh.LinkByName("nk")
+	var one uint32
+	if err := p.objs.XlbPeerTx.Lookup(uint32(l.Attrs().Index), &one); err != nil {
+		t.Fatalf("netkit nk not in xlb_peer_tx: %v", err)
+	}
+	tcpVIP := netip.AddrPortFrom(testutil.VIP4(120), 80)
+	udpVIP := netip.AddrPortFrom(testutil.VIP4(121), 53)
+	farms := []*model.Farm{
+		farm(t, "tcp", tcpVIP.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, netip.AddrPortFrom(be, 8080).String()),
+		farm(t, "udp", udpVIP.Addr().String(), 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR, netip.AddrPortFrom(be, 8053).String()),
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	for _, vip := range []netip.AddrPort{tcpVIP, udpVIP} {
+		askFn := func() (string, error) {
+			if vip == udpVIP {
+				return testutil.AskUDP(cns, vip)
+			}
+			return testutil.AskTCP(cns, vip)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, err := askFn()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no answer: %v", vip, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		st0, _ := p.Stats()
+		nkTx0, _ := linkStats(t, lns, "nk")
+		const reqs = 20
+		ask(t, reqs, askFn, netip.MustParseAddr("10.125.0.2"))
+		st1, _ := p.Stats()
+		nkTx1, _ := linkStats(t, lns, "nk")
+		peer, redir := st1["fib_peer"]-st0["fib_peer"], st1["fib_redirect"]-st0["fib_redirect"]
+		t.Logf("%s: fib_peer %d fib_redirect %d, nk tx %d", vip, peer, redir, nkTx1-nkTx0)
+		if peer < 2*reqs || redir != 0 || nkTx1-nkTx0 > reqs/4 {
+			t.Errorf("%s: fib_peer %d, fib_redirect %d, nk transmitted %d: want >= %d, 0, (almost) none",
+				vip, peer, redir, nkTx1-nkTx0, 2*reqs)
+		}
+	}
 }
