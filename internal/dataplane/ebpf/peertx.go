@@ -63,7 +63,9 @@ func (p *Plane) writePeerTx() error {
 
 // startPeerTxWatch keeps xlb_peer_tx current while the plane runs: any
 // link change in the namespace (a container's veth created or deleted, a
-// peer moved between namespaces) rewrites it from a fresh listing.
+// peer moved between namespaces) rewrites it from a fresh listing. While
+// no plane runs (a daemon killed), the map stays as it was: interfaces
+// created meanwhile take plain bpf_redirect, which is always safe.
 func (p *Plane) startPeerTxWatch() error {
 	ch := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
@@ -82,6 +84,16 @@ func (p *Plane) startPeerTxWatch() error {
 	}
 	if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
 		return fmt.Errorf("watch interfaces for peer redirect: %w", err)
+	}
+	// Links that changed between attach's listing and the subscription.
+	p.mu.Lock()
+	err := p.writePeerTx()
+	p.mu.Unlock()
+	if err != nil {
+		close(done)
+		for range ch {
+		}
+		return err
 	}
 	p.watchStop = done
 	p.watchDone = make(chan struct{})
