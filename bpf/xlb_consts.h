@@ -106,6 +106,11 @@
 #define XLB_CT_FWD 0   /* client -> VIP */
 #define XLB_CT_REPLY 1 /* backend -> client (or LB snat address) */
 
+/* struct ct_val.nh_flags: how to send to the cached next hop */
+#define XLB_NH_F_PEER 1 /* a veth/netkit whose peer is in another namespace
+			 * (xlb_peer_tx): bpf_redirect_peer, straight to the
+			 * peer's ingress */
+
 /* struct ct_val.state: where a flow is, which picks its idle timeout
  * (set at load time, see xlb_lb.c; defaults like IPVS's). */
 #define XLB_CT_STATE_SYN 0   /* TCP: SYN seen, handshake not completed */
@@ -140,6 +145,7 @@ enum xlb_stat {
 	XLB_STAT_CT_NODEST,    /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
 	XLB_STAT_LOG_LOST,     /* connection log record lost: the ring buffer was full */
 	XLB_STAT_XDP_FWD,      /* dsr packet forwarded by the XDP fast path */
+	XLB_STAT_FIB_PEER,     /* forwarded with bpf_redirect_peer (not counted in fib_redirect) */
 	XLB_STAT_MAX,
 };
 

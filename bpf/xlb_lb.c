@@ -153,7 +153,7 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->dir = v->dir == XLB_CT_FWD ? XLB_CT_REPLY : XLB_CT_FWD;
 	pv->state = v->state;
 	pv->mode = v->mode;
-	pv->pad = 0;
+	pv->nh_flags = 0;
 	pv->svc = v->svc;
 	pv->backend = v->backend;
 	pv->seen = v->seen;
@@ -256,6 +256,30 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
 }
 
 /**
+ * lb_redirect() - send a rewritten packet to the next hop cached in @v.
+ *
+ * A veth or netkit interface whose peer is in another namespace (a
+ * container's, a pod's: XLB_NH_F_PEER, from xlb_peer_tx) gets
+ * bpf_redirect_peer(): the packet goes straight to the peer's ingress, in
+ * the same softirq pass, without the transmit (qdisc, veth_xmit, the
+ * backlog queue and a second receive pass). Any other interface (a physical
+ * NIC, a bridge, a veth whose peer is in this namespace) gets bpf_redirect(),
+ * since the kernel drops a peer redirect there.
+ * Return: XLB_REDIRECT.
+ */
+static __always_inline int lb_redirect(const struct ct_val *v)
+{
+	__u32 ifindex = v->ifindex;
+
+	if (v->nh_flags & XLB_NH_F_PEER) {
+		stat_inc(XLB_STAT_FIB_PEER);
+		return bpf_redirect_peer(ifindex, 0);
+	}
+	stat_inc(XLB_STAT_FIB_REDIRECT);
+	return bpf_redirect(ifindex, 0);
+}
+
+/**
  * lb4_nat() - rewrite a packet to @v's tuple and send it on.
  * @skb: the packet
  * @p: its parsed tuple
@@ -264,10 +288,12 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
  *
  * The next hop (interface and MACs) is cached in the entry, so a packet of a
  * tracked flow costs no FIB lookup; it is resolved on a flow's first packet
- * and again whenever the entry is refreshed (xlb_ct_refresh_ns).
+ * and again whenever the entry is refreshed (xlb_ct_refresh_ns). Whether
+ * the interface takes a peer redirect (xlb_peer_tx) is cached with it.
  *
- * Return: XLB_REDIRECT (bpf_redirect, or bpf_redirect_neigh when the
- * neighbour is not resolved yet), XLB_PASS when the TTL expires or the FIB
+ * Return: XLB_REDIRECT (bpf_redirect_peer or bpf_redirect, see
+ * lb_redirect(); bpf_redirect_neigh when the neighbour is not resolved
+ * yet), XLB_PASS when the TTL expires or the FIB
  * has no forwarding answer (the stack handles the rewritten packet),
  * XLB_DROP for blackhole/unreachable/prohibit routes or errors.
  */
@@ -286,8 +312,7 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 	if (v->ifindex && !fresh) {
 		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
 			goto err;
-		stat_inc(XLB_STAT_FIB_REDIRECT);
-		return bpf_redirect(v->ifindex, 0);
+		return lb_redirect(v);
 	}
 
 	ifindex = skb->ingress_ifindex ?: skb->ifindex;
@@ -325,11 +350,11 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 		v->ifindex = 0;
 		__builtin_memcpy(v->dmac, fib.dmac, 6);
 		__builtin_memcpy(v->smac, fib.smac, 6);
+		v->nh_flags = bpf_map_lookup_elem(&xlb_peer_tx, &fib.ifindex) ? XLB_NH_F_PEER : 0;
 		v->ifindex = fib.ifindex;
 		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
 			goto err;
-		stat_inc(XLB_STAT_FIB_REDIRECT);
-		return bpf_redirect(fib.ifindex, 0);
+		return lb_redirect(v);
 	case BPF_FIB_LKUP_RET_NO_NEIGH: {
 		/* bpf_redirect_neigh() fills in the MACs later. */
 		__u8 macs[12];

@@ -167,6 +167,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_xdp_tx SEC(".maps");
 
+/* ifindex -> 1 for the veth and netkit interfaces of the namespace whose
+ * peer is in another network namespace (written by the loader): a next hop
+ * there is sent with bpf_redirect_peer, which hands the packet to the
+ * peer's ingress without a transmit (no qdisc, veth_xmit, backlog). The
+ * kernel drops a peer redirect to any other device, so only these. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_peer_tx SEC(".maps");
+
 /* Keeps struct conn_event in the BTF for bpf2go (-type conn_event). */
 const struct conn_event *xlb_unused_conn_event __attribute__((unused));
 

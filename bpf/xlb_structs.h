@@ -108,7 +108,8 @@ struct ct_val {
 	__u8 dir;     /* XLB_CT_FWD or XLB_CT_REPLY */
 	__u8 state;   /* XLB_CT_STATE_*: the flow's, kept the same in both entries */
 	__u8 mode;    /* XLB_MODE_*; dsr flows have a forward entry only */
-	__u8 pad;
+	__u8 nh_flags; /* XLB_NH_F_* of the cached next hop (0 in entries of
+			* versions before it: plain bpf_redirect) */
 	__u32 svc;     /* host: service generation that created the flow */
 	__u32 backend; /* host: backend id that was chosen */
 	__u64 seen;    /* host: bpf_ktime_get_coarse_ns() of the last refresh */

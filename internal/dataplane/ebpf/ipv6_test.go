@@ -187,11 +187,26 @@ func TestTrafficIPv6(t *testing.T) {
 	}
 }
 
-// TestTrafficChecksums: with transmit checksum offload off on every LB
-// interface, the kernel completes the checksums the program leaves (the
-// offloaded seed or the full sum) before the packets leave, and backends and
-// client verify them: TCP and UDP, dnat and snat, IPv4 and IPv6.
+// TestTrafficChecksums: TCP and UDP, dnat and snat, IPv4 and IPv6, in two
+// setups. "transmit": every next hop takes plain bpf_redirect and transmit
+// checksum offload is off on every LB interface, so the kernel completes
+// the checksums the program leaves (the offloaded seed or the full sum)
+// before the packets leave, and backends and client verify them. "peer":
+// next hops take bpf_redirect_peer where they can (the client's veth), which
+// has no transmit at the LB, so the senders (client, backends) send full
+// checksums (offload off there), which the program updates and the
+// receivers verify.
 func TestTrafficChecksums(t *testing.T) {
+	for _, peer := range []bool{false, true} {
+		name := "transmit"
+		if peer {
+			name = "peer"
+		}
+		t.Run(name, func(t *testing.T) { testTrafficChecksums(t, peer) })
+	}
+}
+
+func testTrafficChecksums(t *testing.T, peer bool) {
 	testutil.RequireRoot(t)
 	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 2, IPv6: true})
 	for i, b := range topo.Backends {
@@ -207,7 +222,17 @@ func TestTrafficChecksums(t *testing.T) {
 	for _, l := range links {
 		setTxChecksum(t, topo.LB.NS, l, false)
 	}
-	p := newPlane(t, topo.LB.NS, mountBPFFS(t), nil, 16384)
+	if peer {
+		for _, h := range append([]testutil.Host{topo.Client}, topo.Backends...) {
+			setTxChecksum(t, h.NS, h.Link, false)
+		}
+	}
+	p, err := New(context.Background(), testLogger(t), Options{NetNS: topo.LB.NS, PinPath: mountBPFFS(t),
+		ConnTableSize: 16384, noPeerRedirect: !peer})
+	if err != nil {
+		t.Fatalf("new ebpf plane: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
 	var farms []*model.Farm
 	type target struct {
 		vip   netip.AddrPort
@@ -279,6 +304,13 @@ func TestTrafficChecksums(t *testing.T) {
 				t.Fatalf("%s: reply %q (%v), want one seen from %s", tg.label, reply, err, tg.saw)
 			}
 		}
+	}
+	st, err := p.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peer == (st["fib_peer"] == 0) {
+		t.Errorf("fib_peer %d with peer redirect %v", st["fib_peer"], peer)
 	}
 }
 

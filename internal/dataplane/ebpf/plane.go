@@ -60,6 +60,9 @@ type Options struct {
 
 	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
 	ctRefresh time.Duration
+	// noPeerRedirect leaves xlb_peer_tx empty: every next hop takes
+	// plain bpf_redirect (tests of the transmit path).
+	noPeerRedirect bool
 }
 
 // Timeouts are the idle timeouts of tracked connections by state, like
@@ -126,6 +129,9 @@ type Plane struct {
 	// goroutine ends.
 	events *ringbuf.Reader
 	evDone chan struct{}
+	// watchStop ends the link watch that keeps xlb_peer_tx current;
+	// watchDone is closed when its goroutine ends.
+	watchStop, watchDone chan struct{}
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -183,6 +189,13 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		return nil, err
 	}
 	if err := p.startEvents(); err != nil {
+		p.closeLinks()
+		p.objs.Close()
+		p.nl.Close()
+		return nil, err
+	}
+	if err := p.startPeerTxWatch(); err != nil {
+		p.stopEvents()
 		p.closeLinks()
 		p.objs.Close()
 		p.nl.Close()
@@ -308,6 +321,9 @@ func (p *Plane) attach() error {
 	if err := p.attachXDP(ifaces); err != nil {
 		return err
 	}
+	if err := p.writePeerTx(); err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(p.opts.PinPath)
 	if err != nil {
 		return fmt.Errorf("read pin path: %w", err)
@@ -424,6 +440,7 @@ func (p *Plane) closeLinks() {
 // the program keeps balancing, and tracked connections keep flowing, until
 // a new Plane adopts them (or Destroy removes them).
 func (p *Plane) Close() error {
+	p.stopPeerTxWatch()
 	p.stopEvents()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -450,7 +467,7 @@ func (p *Plane) Destroy() error {
 	}
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
 		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
-		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx} {
+		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx, p.objs.XlbPeerTx} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

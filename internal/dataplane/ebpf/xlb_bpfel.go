@@ -74,7 +74,7 @@ type xlbCtVal struct {
 	Dir     uint8
 	State   uint8
 	Mode    uint8
-	Pad     uint8
+	NhFlags uint8
 	Svc     uint32
 	Backend uint32
 	Seen    uint64
@@ -156,6 +156,7 @@ const (
 	xlbMapXlbBeStats         = "xlb_be_stats"
 	xlbMapXlbCt              = "xlb_ct"
 	xlbMapXlbEvents          = "xlb_events"
+	xlbMapXlbPeerTx          = "xlb_peer_tx"
 	xlbMapXlbPersist         = "xlb_persist"
 	xlbMapXlbRr              = "xlb_rr"
 	xlbMapXlbScratch         = "xlb_scratch"
@@ -233,6 +234,7 @@ type xlbMapSpecs struct {
 	XlbBeStats   *ebpf.MapSpec `ebpf:"xlb_be_stats"`
 	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
+	XlbPeerTx    *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
 	XlbScratch   *ebpf.MapSpec `ebpf:"xlb_scratch"`
@@ -284,6 +286,7 @@ type xlbMaps struct {
 	XlbBeStats   *ebpf.Map `ebpf:"xlb_be_stats"`
 	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
+	XlbPeerTx    *ebpf.Map `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
 	XlbScratch   *ebpf.Map `ebpf:"xlb_scratch"`
@@ -303,6 +306,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbBeStats,
 		m.XlbCt,
 		m.XlbEvents,
+		m.XlbPeerTx,
 		m.XlbPersist,
 		m.XlbRr,
 		m.XlbScratch,
