@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -33,7 +30,7 @@ import (
 // LB namespace's work, the backend's receive up to the drop — runs on the
 // sending thread (softirq in its context) or, when the backlog is deferred,
 // in ksoftirqd; the CPU time of both (their CPU clocks: exact ns, see
-// pathCPU) is the path's cost. Systems:
+// testutil.PathCPU) is the path's cost. Systems:
 //
 //   - local: sent from the LB namespace itself to the backend: the path
 //     without the LB's receive and forward (the baseline);
@@ -89,9 +86,9 @@ func BenchmarkLBCPU(b *testing.B) {
 	for done := 0; done < b.N; done += lbcpuChunk {
 		n := min(lbcpuChunk, b.N-done)
 		for _, s := range systems {
-			c0 := pathCPU(b)
+			c0 := testutil.PathCPU(b)
 			s.send(n)
-			per[s.name] = append(per[s.name], float64(pathCPU(b)-c0)/float64(n))
+			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))
 		}
 	}
 	b.StopTimer()
@@ -219,65 +216,6 @@ func (p *lbcpuPath) sender(b *testing.B, ns netns.NsHandle, dst netip.AddrPort) 
 	return udpSender(b, ns, dst)
 }
 
-// pathCPU returns the CPU time, in ns, of the calling thread plus every
-// ksoftirqd thread, from their CPU clocks (clock_gettime: the scheduler's
-// runtime brought up to date at the call, exact to the ns).
-// /proc/<pid>/schedstat would not do: it shows the runtime as of the
-// thread's last tick or switch, up to 4 ms stale at HZ=250 (400 ns per
-// packet of a 10,000-packet chunk) while the thread runs.
-func pathCPU(tb testing.TB) int64 {
-	tb.Helper()
-	total := cpuClock(tb, unix.CLOCK_THREAD_CPUTIME_ID)
-	for _, pid := range ksoftirqds(tb) {
-		total += cpuClock(tb, processCPUClock(pid))
-	}
-	return total
-}
-
-// ksoftirqds returns the pids of the ksoftirqd threads (found once).
-var ksoftirqds = func() func(testing.TB) []int {
-	var pids []int
-	return func(tb testing.TB) []int {
-		if pids != nil {
-			return pids
-		}
-		dirs, err := filepath.Glob("/proc/[0-9]*/comm")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		pids = []int{}
-		for _, comm := range dirs {
-			name, err := os.ReadFile(comm)
-			if err != nil || !strings.HasPrefix(string(name), "ksoftirqd/") {
-				continue
-			}
-			pid, err := strconv.Atoi(filepath.Base(filepath.Dir(comm)))
-			if err != nil {
-				tb.Fatal(err)
-			}
-			pids = append(pids, pid)
-		}
-		return pids
-	}
-}()
-
-// processCPUClock is the clock id of process pid's CPU time
-// (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED) of linux/posix-timers.h; a
-// thread clock works only within one's own process, and a ksoftirqd
-// thread is a process of its own).
-func processCPUClock(pid int) int32 {
-	const cpuclockSched = 2
-	return int32(^pid<<3 | cpuclockSched)
-}
-
-func cpuClock(tb testing.TB, clock int32) int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(clock, &ts); err != nil {
-		tb.Fatalf("clock_gettime(%d): %v", clock, err)
-	}
-	return ts.Nano()
-}
-
 // BenchmarkLBCPUXDP is BenchmarkLBCPU over a chain of veth pairs (client --
 // LB -- backend, no bridge, as native XDP needs), with the XDP fast path:
 //
@@ -384,9 +322,9 @@ func BenchmarkLBCPUXDP(b *testing.B) {
 	for done := 0; done < b.N; done += lbcpuChunk {
 		n := min(lbcpuChunk, b.N-done)
 		for _, s := range systems {
-			c0 := pathCPU(b)
+			c0 := testutil.PathCPU(b)
 			s.send(n)
-			per[s.name] = append(per[s.name], float64(pathCPU(b)-c0)/float64(n))
+			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))
 		}
 	}
 	b.StopTimer()
@@ -510,9 +448,9 @@ func BenchmarkLBCPUVeth(b *testing.B) {
 	for done := 0; done < b.N; done += lbcpuChunk {
 		n := min(lbcpuChunk, b.N-done)
 		for _, s := range systems {
-			c0 := pathCPU(b)
+			c0 := testutil.PathCPU(b)
 			s.send(n)
-			per[s.name] = append(per[s.name], float64(pathCPU(b)-c0)/float64(n))
+			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))
 		}
 	}
 	b.StopTimer()

@@ -2,13 +2,12 @@ package nft
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"runtime"
 	"slices"
 	"testing"
 
-	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -84,36 +83,25 @@ func (e *env) flushConntrackB(b *testing.B) {
 }
 
 // portSender returns a function that sends n 64-byte datagrams from the
-// client to vip, to ports port ... port+n-1, with sendmmsg.
+// client to vip, to ports port ... port+n-1, one sendto each, from a plain
+// blocking socket: a net.UDPConn would be registered with Go's poller,
+// whose wakeups the sender would pay (see the ebpf package's udpSender).
 func portSender(b *testing.B, e *env, vip netip.Addr) func(port, n int) {
-	var c *net.UDPConn
+	fd := -1
 	if err := testutil.Do(e.Client.NS, func() error {
 		var err error
-		c, err = net.ListenUDP("udp4", nil)
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		return err
 	}); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { c.Close() })
-	pc := ipv4.NewPacketConn(c)
-	const batch = 64
-	msgs := make([]ipv4.Message, batch)
+	b.Cleanup(func() { unix.Close(fd) })
 	payload := make([]byte, 64)
-	for i := range msgs {
-		msgs[i].Buffers = [][]byte{payload}
-	}
 	return func(port, n int) {
-		for n > 0 {
-			k := min(n, batch)
-			for i := range k {
-				msgs[i].Addr = &net.UDPAddr{IP: vip.AsSlice(), Port: port + i}
-			}
-			sent, err := pc.WriteBatch(msgs[:k], 0)
-			if err != nil {
+		for i := range n {
+			if err := unix.Sendto(fd, payload, 0, &unix.SockaddrInet4{Port: port + i, Addr: vip.As4()}); err != nil {
 				b.Fatal(err)
 			}
-			n -= sent
-			port += sent
 		}
 	}
 }

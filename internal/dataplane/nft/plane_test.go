@@ -391,11 +391,11 @@ table inet xlb {
 		counter packets 0 bytes 0 drop
 	}
 	chain grp6-0 {
-		ip6 daddr fd00:99::1 udp dport 53 counter packets 0 bytes 0 dnat ip6 to numgen random mod 3 map @MDNS-GEN comment "farm dns6"
+		@nh,192,128 0xfd000099000000000000000000000001 udp dport 53 counter packets 0 bytes 0 dnat ip6 to numgen random mod 3 map @MDNS-GEN comment "farm dns6"
 		counter packets 0 bytes 0 drop
 	}
 	chain grp4-0 {
-		ip daddr 10.99.0.2 meta l4proto tcp counter packets 0 bytes 0 dnat ip to jhash ip saddr . tcp sport mod 1 seed SEED map @MHASH-GEN comment "farm hash"
+		@nh,128,32 0xa630002 meta l4proto tcp meta nfproto ipv4 counter packets 0 bytes 0 dnat ip to jhash ip saddr . tcp sport mod 1 seed SEED map @MHASH-GEN comment "farm hash"
 		counter packets 0 bytes 0 drop
 	}
 	chain EMPTY {
