@@ -35,15 +35,26 @@ const JournalName = "xlb.journal"
 // payload holds the farms as the change leaves them (redo) and as they were
 // (undo, for UndoLast). A record is acknowledged only after it is on disk,
 // and the next is written only after that, so a crash can only leave a torn
-// last record: replay stops at the first record that is short or fails its
-// checksum, and the file is cut there. Replaying a record twice (a crash
-// between a fold and the journal's truncation) gives the same farms, as
-// each record sets whole farms.
+// last record: replay stops at the first record that is short, zero or
+// fails its checksum. Replaying a record twice (a crash between a fold and
+// the journal's zeroing) gives the same farms, as each record sets whole
+// farms.
+//
+// The file is preallocated: foldAt bytes of written zeros, records
+// overwrite them from the start, and a fold zeroes what the records used.
+// So an fdatasync writes the record's blocks only: an append would change
+// the file's size too, which on ext4 costs a journal commit (and a second
+// flush) per change; measured on this VM, about 0.1 ms of 0.75 ms per
+// fdatasync. Zeroing, not truncating, also means no record of an earlier
+// round can follow a new one and be replayed.
 type Journal struct {
 	mu   sync.Mutex
 	db   *Bolt
 	f    *os.File
 	size int64 // bytes of valid records in f
+	// used: f may hold bytes other than zero in [0, used) (records, or
+	// a write that failed); a fold zeroes them.
+	used int64
 
 	// foldAt is the journal size past which Apply first folds it into the
 	// bbolt file; a record larger than bigRecord, or a diff of more than
@@ -90,8 +101,11 @@ func OpenJournal(dir string) (*Journal, error) {
 	j := &Journal{db: db, f: f, foldAt: defaultFoldAt, bigRecord: defaultBigRecord}
 	st, err := f.Stat()
 	if err == nil {
-		j.size = st.Size()
+		j.size, j.used = st.Size(), st.Size()
 		err = j.fold()
+	}
+	if err == nil {
+		err = j.preallocate(st.Size())
 	}
 	if err != nil {
 		f.Close()
@@ -144,14 +158,13 @@ func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 			return j.db.Apply(ctx, d)
 		}
 	}
+	// A failed write or sync leaves the record unacknowledged; the next
+	// one overwrites it from j.size, and the next fold zeroes what is left.
+	j.used = max(j.used, j.size+int64(len(rec)))
 	if _, err := j.f.WriteAt(rec, j.size); err != nil {
-		// Cut a partial write off, so the next record follows the last
-		// good one (replay would stop at the torn one).
-		_ = j.f.Truncate(j.size)
 		return fmt.Errorf("save state: write journal: %w", err)
 	}
 	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
-		_ = j.f.Truncate(j.size)
 		return fmt.Errorf("save state: sync journal: %w", err)
 	}
 	j.size += int64(len(rec))
@@ -187,10 +200,11 @@ func (j *Journal) Close() error {
 }
 
 // fold applies the journal's records to the bbolt file in one transaction
-// (the undo kept is the last record's) and empties the journal. Records
-// after the first bad one are dropped: they were never acknowledged.
+// (the undo kept is the last record's) and empties the journal (zeroes what
+// was used). Records after the first bad one are dropped: they were never
+// acknowledged.
 func (j *Journal) fold() error {
-	if j.size == 0 {
+	if j.size == 0 && j.used == 0 {
 		return nil
 	}
 	buf := make([]byte, j.size)
@@ -238,13 +252,31 @@ func (j *Journal) fold() error {
 			return fmt.Errorf("fold journal into the state file: %w", err)
 		}
 	}
-	if err := j.f.Truncate(0); err != nil {
+	if _, err := j.f.WriteAt(make([]byte, j.used), 0); err != nil {
 		return fmt.Errorf("empty journal: %w", err)
+	}
+	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
+		return fmt.Errorf("empty journal: %w", err)
+	}
+	j.size, j.used = 0, 0
+	return nil
+}
+
+// preallocate makes the (empty) journal file foldAt bytes of written zeros
+// if it is shorter (a new file, or one of an xlb that appended), so that
+// records only ever overwrite blocks that exist. Not fallocate: on ext4 its
+// unwritten extents would be converted, a metadata change, at each first
+// write.
+func (j *Journal) preallocate(size int64) error {
+	if size >= j.foldAt {
+		return nil
+	}
+	if _, err := j.f.WriteAt(make([]byte, j.foldAt-size), size); err != nil {
+		return fmt.Errorf("preallocate: %w", err)
 	}
 	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("empty journal: %w", err)
+		return fmt.Errorf("preallocate: %w", err)
 	}
-	j.size = 0
 	return nil
 }
 

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,13 +35,60 @@ func names(t *testing.T, s Store) []string {
 	return out
 }
 
-func journalSize(t *testing.T, dir string) int64 {
+// journalEnd returns where the journal's valid records end (0: it holds
+// none), reading the file as a replay would.
+func journalEnd(t *testing.T, dir string) int64 {
 	t.Helper()
+	buf, err := os.ReadFile(filepath.Join(dir, JournalName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := 0
+	for len(buf)-end >= recordHeader {
+		n := int(binary.LittleEndian.Uint32(buf[end:]))
+		if n == 0 || n > len(buf)-end-recordHeader ||
+			crc32.Checksum(buf[end+recordHeader:end+recordHeader+n], castagnoli) != binary.LittleEndian.Uint32(buf[end+4:]) {
+			break
+		}
+		end += recordHeader + n
+	}
+	return int64(end)
+}
+
+// The journal file is preallocated (foldAt bytes) and a fold leaves it all
+// zeros: no record of an earlier round can be replayed after a new one.
+func TestJournalPreallocatedAndZeroed(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, j, 0, 5)
 	st, err := os.Stat(filepath.Join(dir, JournalName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st.Size()
+	if st.Size() != defaultFoldAt || journalEnd(t, dir) == 0 {
+		t.Errorf("journal: %d bytes, records end at %d; want %d bytes and records", st.Size(), journalEnd(t, dir), defaultFoldAt)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j, err = OpenJournal(dir) // folds
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	buf, err := os.ReadFile(filepath.Join(dir, JournalName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(buf) != defaultFoldAt || slices.ContainsFunc(buf, func(b byte) bool { return b != 0 }) {
+		t.Errorf("after a fold the journal is %d bytes and not all zeros", len(buf))
+	}
+	if got := names(t, j); len(got) != 5 {
+		t.Errorf("after the fold: %v, want 5 farms", got)
+	}
 }
 
 // A torn last record (a crash in the middle of a write, never
@@ -62,15 +111,18 @@ func TestJournalDropsATornRecord(t *testing.T) {
 			}
 			put(t, j, 0, 3)
 			j.Close()
-			if journalSize(t, dir) == 0 {
+			end := journalEnd(t, dir)
+			if end == 0 {
 				t.Fatal("the changes did not go to the journal")
 			}
 			rec := torn.cut(encodeRecord(dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(t, 9)}}}))
-			f, err := os.OpenFile(filepath.Join(dir, JournalName), os.O_WRONLY|os.O_APPEND, 0)
+			f, err := os.OpenFile(filepath.Join(dir, JournalName), os.O_WRONLY, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			f.Write(rec)
+			if _, err := f.WriteAt(rec, end); err != nil {
+				t.Fatal(err)
+			}
 			f.Close()
 			j, err = OpenJournal(dir)
 			if err != nil {
@@ -80,8 +132,8 @@ func TestJournalDropsATornRecord(t *testing.T) {
 			if got := names(t, j); !slices.Equal(got, []string{"f0", "f1", "f2"}) {
 				t.Errorf("after a torn record: %v, want f0 f1 f2", got)
 			}
-			if n := journalSize(t, dir); n != 0 {
-				t.Errorf("journal is %d bytes after the open folded it, want 0", n)
+			if n := journalEnd(t, dir); n != 0 {
+				t.Errorf("journal holds %d bytes of records after the open folded it, want none", n)
 			}
 			put(t, j, 3, 4)
 			if got := names(t, j); !slices.Equal(got, []string{"f0", "f1", "f2", "f3"}) {
@@ -113,7 +165,7 @@ func TestJournalStaysShort(t *testing.T) {
 	if err := j.Apply(context.Background(), bulk); err != nil {
 		t.Fatal(err)
 	}
-	if j.size != 0 || before == 0 && journalSize(t, dir) != 0 {
+	if j.size != 0 || before == 0 && journalEnd(t, dir) != 0 {
 		t.Errorf("a bulk change left %d bytes in the journal, want it folded and the change in the state file", j.size)
 	}
 	// A diff of more than bulkChanges farms goes to the state file too,
