@@ -121,9 +121,11 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	defer e.mu.Unlock()
 	base := e.cur.Load()
 	tx := e.begin(base)
+	tStart := time.Now()
 	if err := fn(tx); err != nil {
 		return base, err
 	}
+	tFn := time.Now()
 	if err := tx.validate(); err != nil {
 		return base, err
 	}
@@ -169,6 +171,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	// Phase timings at debug level: where a slow change spends its time
 	// (kernel transaction, fsync, snapshot build) without a profiler.
 	e.log.Debug("change committed", "farms_changed", len(diff.Changes),
+		"decode", tFn.Sub(tStart), "validate", t0.Sub(tFn),
 		"kernel", t1.Sub(t0), "disk", diskTime, "commit", t2.Sub(t0), "publish", time.Since(t2))
 	return next, nil
 }
