@@ -3,7 +3,10 @@ package model
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -346,7 +349,7 @@ func wireError(obj, field, value string, err error) error {
 
 // decodeScalars sets t's fields from raw. obj names the object in errors; it
 // is a function so the name is built only when there is an error.
-func decodeScalars[T any](obj func() string, t *T, fields []scalarField[T], raw map[string]json.RawMessage, skip func(string) bool) error {
+func decodeScalars[T any](obj func() string, t *T, fields []scalarField[T], raw iter.Seq2[string, json.RawMessage], skip func(string) bool) error {
 	for key, val := range raw {
 		if skip(key) {
 			continue
@@ -370,6 +373,17 @@ func decodeScalars[T any](obj func() string, t *T, fields []scalarField[T], raw 
 		}
 	}
 	return nil
+}
+
+// memberSeq yields an object's members in order.
+func memberSeq(pairs []member) iter.Seq2[string, json.RawMessage] {
+	return func(yield func(string, json.RawMessage) bool) {
+		for _, p := range pairs {
+			if !yield(p.key, p.val) {
+				return
+			}
+		}
+	}
 }
 
 func fieldNames[T any](fields []scalarField[T]) string {
@@ -397,8 +411,19 @@ type FarmLookup func(name string) (*Farm, bool)
 // into complete farms: each named farm is patched onto its current version,
 // or onto the defaults if new, then validated on its own.
 func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
-	var envelope map[string]json.RawMessage
-	if err := json.Unmarshal(body, &envelope); err != nil {
+	// json.Valid checks the body once; the envelope is then split by
+	// objectMembers (an Unmarshal into a map scanned the body twice more).
+	// Only an invalid body pays for the Unmarshal, for its error message.
+	envelope, ok := map[string]json.RawMessage(nil), json.Valid(body)
+	if ok {
+		envelope, ok = objectMembers(body)
+	}
+	if !ok {
+		var probe map[string]json.RawMessage
+		err := json.Unmarshal(body, &probe)
+		if err == nil {
+			err = errors.New("not an object")
+		}
 		return nil, fmt.Errorf("request body is not a JSON object: %v", err)
 	}
 	var items []json.RawMessage
@@ -449,7 +474,7 @@ func decodeFarm(item json.RawMessage, index int, current FarmLookup) (Farm, erro
 		f = NewFarm(nameText)
 	}
 	obj := farmObject(f.Name)
-	if err := decodeScalars(func() string { return obj }, &f, farmFields, raw, func(k string) bool {
+	if err := decodeScalars(func() string { return obj }, &f, farmFields, maps.All(raw), func(k string) bool {
 		return k == "name" || k == "backends" || k == "policies"
 	}); err != nil {
 		return Farm{}, err
@@ -500,11 +525,14 @@ func decodeBackends(f *Farm, raw json.RawMessage) error {
 	if !ok {
 		return &FieldError{Object: obj, Field: "backends", Problem: "must be an array of backend objects"}
 	}
-	items := make([]map[string]json.RawMessage, len(elems))
+	items := make([][]member, len(elems))
+	pairs := make([]member, 0, 8*len(elems)) // one allocation for all members
 	for i, e := range elems {
-		if items[i], ok = objectMembers(e); !ok {
+		start := len(pairs)
+		if pairs, ok = objectPairs(e, pairs); !ok {
 			return &FieldError{Object: obj, Field: "backends", Problem: "must be an array of backend objects"}
 		}
+		items[i] = pairs[start:len(pairs):len(pairs)]
 	}
 	// Index the existing backends by name so a patch of n backends onto a
 	// farm with m costs O(n+m), not O(n*m).
@@ -513,7 +541,7 @@ func decodeBackends(f *Farm, raw json.RawMessage) error {
 		index[f.Backends[i].Name] = i
 	}
 	for i, item := range items {
-		name, ok := scalarText(item["name"])
+		name, ok := scalarText(lastValue(item, "name"))
 		if !ok || !ValidName(name) {
 			return &FieldError{Object: obj, Field: fmt.Sprintf("backends[%d].name", i), Value: name, Problem: "is required and must be " + nameRule}
 		}
@@ -524,7 +552,7 @@ func decodeBackends(f *Farm, raw json.RawMessage) error {
 		} else {
 			nb = NewBackend(name)
 		}
-		if err := decodeScalars(func() string { return backendObject(f.Name, name) }, &nb, backendFields, item, func(k string) bool { return k == "name" }); err != nil {
+		if err := decodeScalars(func() string { return backendObject(f.Name, name) }, &nb, backendFields, memberSeq(item), func(k string) bool { return k == "name" }); err != nil {
 			return err
 		}
 		if exists {

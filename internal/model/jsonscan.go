@@ -10,7 +10,9 @@ import (
 // its backends array and objects again with json.Unmarshal re-validated and
 // re-scanned the same bytes at every level (four passes, and a map built by
 // reflection per backend): about 0.4 ms for a farm of 100 backends, a fifth
-// of an API call. The scanners below split already-valid JSON in one pass.
+// of an API call. The scanners below split already-valid JSON in one pass,
+// and backends are decoded from their members in order (objectPairs), not
+// from a map per backend object.
 // They still refuse what is not an array or object of the expected shape
 // (ok false), so a caller with unchecked input must check it with
 // json.Valid first.
@@ -49,11 +51,32 @@ func splitArray(raw []byte) (elems []json.RawMessage, ok bool) {
 // objectMembers returns the members of the JSON object raw, by key (a key
 // given twice keeps its last value, as json.Unmarshal does).
 func objectMembers(raw []byte) (map[string]json.RawMessage, bool) {
+	pairs, ok := objectPairs(raw, nil)
+	if !ok {
+		return nil, false
+	}
+	out := make(map[string]json.RawMessage, len(pairs))
+	for _, p := range pairs {
+		out[p.key] = p.val
+	}
+	return out, true
+}
+
+// member is one member of a JSON object.
+type member struct {
+	key string
+	val json.RawMessage
+}
+
+// objectPairs appends the members of the JSON object raw to out, in
+// document order (a key given twice appears twice). Backends are decoded
+// from these directly: a map per backend object cost a farm of 100 backends
+// about a fifth of its decoding.
+func objectPairs(raw []byte, out []member) ([]member, bool) {
 	i := skipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
 		return nil, false
 	}
-	out := make(map[string]json.RawMessage, 8)
 	i = skipSpace(raw, i+1)
 	if i < len(raw) && raw[i] == '}' {
 		return out, skipSpace(raw, i+1) == len(raw)
@@ -79,7 +102,7 @@ func objectMembers(raw []byte) (map[string]json.RawMessage, bool) {
 		if !ok {
 			return nil, false
 		}
-		out[key] = raw[i:vend]
+		out = append(out, member{key, raw[i:vend]})
 		i = skipSpace(raw, vend)
 		if i >= len(raw) {
 			return nil, false
@@ -93,6 +116,17 @@ func objectMembers(raw []byte) (map[string]json.RawMessage, bool) {
 			return nil, false
 		}
 	}
+}
+
+// lastValue returns the value of key in pairs (the last one if given
+// twice), or nil.
+func lastValue(pairs []member, key string) json.RawMessage {
+	for i := len(pairs) - 1; i >= 0; i-- {
+		if pairs[i].key == key {
+			return pairs[i].val
+		}
+	}
+	return nil
 }
 
 // stringValue decodes the JSON string s (with its quotes).
