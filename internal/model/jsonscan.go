@@ -5,8 +5,7 @@ import (
 	"unicode/utf8"
 )
 
-// A request body is checked as JSON once, by the json.Unmarshal of its
-// envelope (DecodeFarms). Splitting the farms array, each farm object and
+// A request body is checked as JSON once, by json.Valid (DecodeFarms). Splitting the farms array, each farm object and
 // its backends array and objects again with json.Unmarshal re-validated and
 // re-scanned the same bytes at every level (four passes, and a map built by
 // reflection per backend): about 0.4 ms for a farm of 100 backends, a fifth
