@@ -124,8 +124,16 @@ for part in "${parts[@]}"; do
 	gobench)
 		step "Go benchmarks (engine, nft data plane)"
 		# shellcheck disable=SC2086
-		XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench . ${GOBENCH_FLAGS:--benchtime 100x -count 5} \
-			./internal/engine/ ./internal/dataplane/nft/ | tee "$OUT/go-bench.txt"
+		XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench . -skip 'BenchmarkApplyAddFarmCold|BenchmarkGroupPosition' \
+			${GOBENCH_FLAGS:--benchtime 100x -count 5} ./internal/engine/ ./internal/dataplane/nft/ | tee "$OUT/go-bench.txt"
+		# These two set up 10,000 farms per table count, or need many
+		# new flows per sample: their own counts, and not in --quick.
+		if [ $quick -eq 0 ]; then
+			XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench 'BenchmarkApplyAddFarmCold' -benchtime 30x -count 3 \
+				./internal/dataplane/nft/ | tee -a "$OUT/go-bench.txt"
+			XLB_PRIVILEGED_TESTS=1 go test -run '^$' -bench 'BenchmarkGroupPosition' -benchtime 60000x -count 5 \
+				./internal/dataplane/nft/ | tee -a "$OUT/go-bench.txt"
+		fi
 		;;
 	charts)
 		step "charts"
