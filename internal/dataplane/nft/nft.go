@@ -541,10 +541,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		next[f.Name] = s
 		for _, e := range pl.svc {
-			wantElems[pl.svcSet()][e.id()] = e
+			wantElems[elemSet(pl.svcSet(), e)][e.id()] = e
 		}
 		for _, e := range pl.post {
-			wantElems[pl.postSet()][e.id()] = e
+			wantElems[elemSet(pl.postSet(), e)][e.id()] = e
 		}
 	}
 	// Per-packet base chains: (re)made if a farm needs them, else strays.
@@ -837,7 +837,7 @@ func (b *batch) ensureStatic() {
 		}
 	}
 	// Firewall-mark farms first, as IPVS looks up fwmark services first.
-	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcRule(false), svcRule(true)}
+	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcExactRule(false), svcExactRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
 	// The shared chains of direct farms (setDirect).
@@ -920,6 +920,36 @@ func (b *batch) addElems(s *nftables.Set, els []elem) {
 		_ = b.c.SetAddElements(s, ses) // only fails for anonymous sets
 		b.n++
 	}
+}
+
+// addTo adds els to the static set name, single-port keys to its hash
+// twin (exactSet).
+func (b *batch) addTo(name string, els []elem) {
+	interval, exact := splitExact(els)
+	b.addElems(b.p.static[name], interval)
+	if len(exact) > 0 {
+		b.addElems(b.p.static[exactSet(name)], exact)
+	}
+}
+
+// delFrom deletes els from the static set name and its hash twin.
+func (b *batch) delFrom(name string, els []elem) {
+	interval, exact := splitExact(els)
+	b.delElems(b.p.static[name], interval)
+	if len(exact) > 0 {
+		b.delElems(b.p.static[exactSet(name)], exact)
+	}
+}
+
+func splitExact(els []elem) (interval, exact []elem) {
+	for _, e := range els {
+		if e.Exact {
+			exact = append(exact, e)
+		} else {
+			interval = append(interval, e)
+		}
+	}
+	return interval, exact
 }
 
 func (b *batch) delElems(s *nftables.Set, els []elem) {
@@ -1186,9 +1216,9 @@ func (b *batch) diffElems(oldPlan, pl *farmPlan, old map[string]elem, want []ele
 		}
 	}
 	if oldPlan != nil && len(del) > 0 {
-		b.delElems(b.p.static[set(oldPlan)], del)
+		b.delFrom(set(oldPlan), del)
 	}
-	b.addElems(b.p.static[set(pl)], add)
+	b.addTo(set(pl), add)
 }
 
 // removeFarm deletes everything a farm has in the kernel.
@@ -1197,9 +1227,9 @@ func (b *batch) removeFarm(old *farmState) {
 		return
 	}
 	pl := old.plan
-	b.delElems(b.p.static[pl.svcSet()], pl.svc)
+	b.delFrom(pl.svcSet(), pl.svc)
 	if len(pl.post) > 0 {
-		b.delElems(b.p.static[pl.postSet()], pl.post)
+		b.delFrom(pl.postSet(), pl.post)
 	}
 	switch {
 	case pl.isDirect():

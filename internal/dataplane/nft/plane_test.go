@@ -292,20 +292,40 @@ func TestListing(t *testing.T) {
 // farms. WEB, DNS, ... stand for the derived names.
 const wantListing = `
 table inet xlb {
+	map svcx4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.4 . tcp . 443 : goto STICKY, 10.99.0.6 . tcp . 80 : goto direct4, 10.99.0.6 . tcp . 443 : goto direct4 }
+	}
+	map svcx6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		elements = { fd00:99::1 . udp . 53 : goto grp6-0 }
+	}
+	set masqx4 {
+		type ipv4_addr . inet_proto . inet_service
+		elements = { 10.99.0.1 . tcp . 80, 10.99.0.4 . tcp . 443, 10.99.0.6 . tcp . 80, 10.99.0.6 . tcp . 443 }
+	}
+	set masqx6 {
+		type ipv6_addr . inet_proto . inet_service
+	}
+	map snatx4 {
+		type ipv4_addr . inet_proto . inet_service : ipv4_addr
+	}
+	map snatx6 {
+		type ipv6_addr . inet_proto . inet_service : ipv6_addr
+	}
 	map svc4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80 : goto WEB, 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto grp4-0, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY, 10.99.0.4 . tcp . 443 : goto STICKY, 10.99.0.6 . tcp . 80 : goto direct4, 10.99.0.6 . tcp . 443 : goto direct4 }
+		elements = { 10.99.0.1 . tcp . 8000-8010 : goto WEB, 10.99.0.2 . tcp . 0-65535 : goto grp4-0, 10.99.0.3 . 0-255 . 0-65535 : goto EMPTY }
 	}
 	map svc6 {
 		type ipv6_addr . inet_proto . inet_service : verdict
 		flags interval
-		elements = { fd00:99::1 . udp . 53 : goto grp6-0 }
 	}
 	set masq4 {
 		type ipv4_addr . inet_proto . inet_service
 		flags interval
-		elements = { 10.99.0.1 . tcp . 80, 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535, 10.99.0.4 . tcp . 443, 10.99.0.6 . tcp . 80, 10.99.0.6 . tcp . 443 }
+		elements = { 10.99.0.1 . tcp . 8000-8010, 10.99.0.3 . 0-255 . 0-65535 }
 	}
 	set masq6 {
 		type ipv6_addr . inet_proto . inet_service
@@ -352,6 +372,8 @@ table inet xlb {
 		type nat hook prerouting priority dstnat; policy accept;
 		meta nfproto ipv4 meta mark vmap @fwm4
 		meta nfproto ipv6 meta mark vmap @fwm6
+		ip daddr . meta l4proto . th dport vmap @svcx4
+		ip6 daddr . meta l4proto . th dport vmap @svcx6
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
@@ -359,6 +381,8 @@ table inet xlb {
 		type nat hook output priority -100; policy accept;
 		meta nfproto ipv4 meta mark vmap @fwm4
 		meta nfproto ipv6 meta mark vmap @fwm6
+		ip daddr . meta l4proto . th dport vmap @svcx4
+		ip6 daddr . meta l4proto . th dport vmap @svcx6
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
@@ -378,6 +402,10 @@ table inet xlb {
 		type nat hook postrouting priority srcnat; policy accept;
 		ct original ip daddr . meta l4proto . ct original proto-dst vmap @log4
 		ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @log6
+		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snatx4
+		ct original ip daddr . meta l4proto . ct original proto-dst @masqx4 masquerade
+		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snatx6
+		ct original ip6 daddr . meta l4proto . ct original proto-dst @masqx6 masquerade
 		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
 		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6
@@ -637,8 +665,8 @@ func TestReconcile(t *testing.T) {
 	echo("before")
 
 	nft := func(args ...string) { e.nft(t, args...) }
-	nft("delete", "element", "inet", "xlb", "svc4", "{ 10.99.0.1 . tcp . 80 }")
-	nft("delete", "element", "inet", "xlb", "svc4", "{ 10.99.0.2 . tcp . 80 }")
+	nft("delete", "element", "inet", "xlb", "svcx4", "{ 10.99.0.1 . tcp . 80 }")
+	nft("delete", "element", "inet", "xlb", "svcx4", "{ 10.99.0.2 . tcp . 80 }")
 	// b's rules (in a group chain: two backends) deleted by hand.
 	for _, r := range farmRuleLines(e.nft(t, "-a", "list", "table", "inet", "xlb"), "b.farm-2") {
 		nft("delete", "rule", "inet", "xlb", r.chain, "handle", r.handle)

@@ -76,15 +76,16 @@ func postRulesRaw() ([][]rawExpr, error) {
 	for _, v6 := range []bool{false, true} {
 		w := addrWords(v6)
 		masq, snat := pick(v6, setMasq4, setMasq6), pick(v6, setSnat4, setSnat6)
-		tails := [][]expr.Any{
-			{
-				&expr.Lookup{SourceRegister: reg1, SetName: snat, IsDestRegSet: true, DestRegister: reg1},
+		var tails [][]expr.Any
+		// The hash twins (single ports) first, then the interval sets.
+		for _, names := range [][2]string{{exactSet(snat), exactSet(masq)}, {snat, masq}} {
+			tails = append(tails, []expr.Any{
+				&expr.Lookup{SourceRegister: reg1, SetName: names[0], IsDestRegSet: true, DestRegister: reg1},
 				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
-			},
-			{
-				&expr.Lookup{SourceRegister: reg1, SetName: masq},
+			}, []expr.Any{
+				&expr.Lookup{SourceRegister: reg1, SetName: names[1]},
 				&expr.Masq{},
-			},
+			})
 		}
 		for _, tail := range tails {
 			r := []rawExpr{ctOrigDaddr(v6)}
