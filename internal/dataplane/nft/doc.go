@@ -37,15 +37,21 @@
 // Each of xlb's tables (one, inet xlb, when not sharded):
 //
 //	table inet xlb {
+//	  map svcx4 { type ipv4_addr . inet_proto . inet_service : verdict; }        single ports (and svcx6)
+//	  set masqx4, map snatx4 (and IPv6): the same for the postrouting keys          (exactSet)
 //	  map svc4  { type ipv4_addr . inet_proto . inet_service : verdict; flags interval; }
 //	  map svc6  { type ipv6_addr . inet_proto . inet_service : verdict; flags interval; }
 //	  set masq4 { type ipv4_addr . inet_proto . inet_service; flags interval; }   (and masq6)
 //	  map snat4 { type ipv4_addr . inet_proto . inet_service : ipv4_addr; flags interval; } (and snat6)
 //	  chain prerouting  { type nat hook prerouting priority dstnat
+//	    ip daddr . meta l4proto . th dport vmap @svcx4
+//	    ip6 daddr . meta l4proto . th dport vmap @svcx6
 //	    ip daddr . meta l4proto . th dport vmap @svc4
 //	    ip6 daddr . meta l4proto . th dport vmap @svc6 }
-//	  chain output      { type nat hook output priority dstnat; the same two rules }
+//	  chain output      { type nat hook output priority dstnat; the same four rules }
 //	  chain postrouting { type nat hook postrouting priority srcnat
+//	    snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snatx4
+//	    ct original ip daddr . meta l4proto . ct original proto-dst @masqx4 masquerade
 //	    snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snat4
 //	    ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 //	    (and the IPv6 forms) }
@@ -71,7 +77,9 @@
 // virtual port range is VIP . protocol . first-port to VIP . protocol .
 // last-port. A farm without virtual ports covers ports 0-65535; protocol
 // "all" covers protocols 0-255 (and every port). The verdict is a goto to the
-// farm's chain.
+// farm's chain. Single ports (one protocol, one port) go to the hash twins
+// (svcx4, masqx4, snatx4; exactSet), looked up first: a pipapo map copies
+// its tables on each change and removes an element in O(elements).
 //
 // Farm chains, by scheduler:
 //
