@@ -91,8 +91,8 @@ count 60
 step "xlb list -n"
 at lb "$XLB" list -n
 
-step "the kernel's view: the farm's service element and chain (farms are spread over xlb's tables)"
-at lb nft list ruleset | awk '/^table/ { t = $0 } /goto f-|numgen|jhash/ { if (t != shown) { print t; shown = t } print }'
+step "the kernel's view: the farm's service element and its rule (farms are spread over xlb's tables; farms like this one share group chains)"
+at lb nft list ruleset | awk '/^table/ { t = $0 } /^[ \t]*(map|set|chain) / { c = $0 } /192\.0\.2\.10|0xc000020a|farm web/ { if (t != shown) { print t; shown = t } if (c != cshown) { print c; cshown = c } print }'
 
 echo
 echo "demo done; removing namespaces"
