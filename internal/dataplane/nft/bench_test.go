@@ -42,24 +42,31 @@ func BenchmarkApplyAddFarm100Backends(b *testing.B) {
 	}
 }
 
-func benchAddFarm(b *testing.B, shards, existing int) {
+// benchPlane opens a plane over shards tables in a new namespace holding
+// existing farms, farm j with backends(j) backends.
+func benchPlane(b *testing.B, shards, existing int, backends func(j int) int) dataplane.Dataplane {
 	_, ns := testutil.NewNetNS(b)
 	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { p.Close() })
-	ctx := context.Background()
 	const chunk = 500
 	for i := 0; i < existing; i += chunk {
 		var d dataplane.Diff
 		for j := i; j < min(i+chunk, existing); j++ {
-			d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, 1+j%2)})
+			d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, backends(j))})
 		}
-		if err := p.Apply(ctx, d); err != nil {
+		if err := p.Apply(context.Background(), d); err != nil {
 			b.Fatalf("setup: %v", err)
 		}
 	}
+	return p
+}
+
+func benchAddFarm(b *testing.B, shards, existing int) {
+	p := benchPlane(b, shards, existing, func(j int) int { return 1 + j%2 })
+	ctx := context.Background()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		f := benchFarm(existing+1+i%1000, 100)
@@ -87,23 +94,9 @@ func BenchmarkApplyAddFarmCold(b *testing.B) {
 }
 
 func benchAddFarmCold(b *testing.B, shards int) {
-	_, ns := testutil.NewNetNS(b)
-	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { p.Close() })
+	const existing = 10000
+	p := benchPlane(b, shards, existing, func(int) int { return 4 })
 	ctx := context.Background()
-	const existing, chunk = 10000, 500
-	for i := 0; i < existing; i += chunk {
-		var d dataplane.Diff
-		for j := i; j < min(i+chunk, existing); j++ {
-			d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, 4)})
-		}
-		if err := p.Apply(ctx, d); err != nil {
-			b.Fatalf("setup: %v", err)
-		}
-	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()

@@ -2,11 +2,9 @@ package nft
 
 import (
 	"context"
-	"io"
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -76,23 +74,7 @@ func TestDirectFarms(t *testing.T) {
 		t.Errorf("direct dnat farm: backend saw %s, want the client's %s", from, e.Client.IPv4)
 	}
 
-	held, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(vip, 80), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	if _, err := testutil.ReadLine(held, time.Second); err != nil {
-		t.Fatal(err)
-	}
-	echo := func(step string) {
-		t.Helper()
-		if _, err := io.WriteString(held, step+"\n"); err != nil {
-			t.Fatalf("%s: held connection: %v", step, err)
-		}
-		if line, err := testutil.ReadLine(held, time.Second); err != nil || line != step {
-			t.Fatalf("%s: held connection answered %q, %v", step, line, err)
-		}
-	}
+	echo := e.holdTCP(t, netip.AddrPortFrom(vip, 80))
 
 	// A second backend: web gets a chain of its own and round-robins.
 	web = prev["web"].Clone()

@@ -3,11 +3,9 @@ package nft
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -111,23 +109,7 @@ func TestGroupChains(t *testing.T) {
 	checkAll("after add")
 
 	// A connection through g20 stays up through everything below.
-	held, err := testutil.DialTCP(e.Client.NS, netip.AddrPortFrom(testutil.VIP4(20), 80), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	if _, err := testutil.ReadLine(held, time.Second); err != nil {
-		t.Fatal(err)
-	}
-	echo := func(step string) {
-		t.Helper()
-		if _, err := io.WriteString(held, step+"\n"); err != nil {
-			t.Fatalf("%s: held connection: %v", step, err)
-		}
-		if line, err := testutil.ReadLine(held, time.Second); err != nil || line != step {
-			t.Fatalf("%s: held connection answered %q, %v", step, line, err)
-		}
-	}
+	echo := e.holdTCP(t, netip.AddrPortFrom(testutil.VIP4(20), 80))
 
 	// A change keeps g20 in its group: its svc element stays, its rule is
 	// replaced, its neighbours' rules keep their handles.

@@ -3,11 +3,13 @@ package nft
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netns"
 
@@ -174,4 +176,28 @@ func farmRuleLines(listing, farm string) []farmRule {
 		}
 	}
 	return out
+}
+
+// holdTCP opens a TCP connection from the client to vip:port, reads the
+// server's greeting, and returns a function that checks the connection
+// still echoes: each step sends its name and expects it back.
+func (e *env) holdTCP(t *testing.T, to netip.AddrPort) func(step string) {
+	t.Helper()
+	held, err := testutil.DialTCP(e.Client.NS, to, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { held.Close() })
+	if _, err := testutil.ReadLine(held, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return func(step string) {
+		t.Helper()
+		if _, err := io.WriteString(held, step+"\n"); err != nil {
+			t.Fatalf("%s: held connection: %v", step, err)
+		}
+		if line, err := testutil.ReadLine(held, time.Second); err != nil || line != step {
+			t.Fatalf("%s: held connection answered %q, %v", step, line, err)
+		}
+	}
 }
