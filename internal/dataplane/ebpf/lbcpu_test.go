@@ -79,19 +79,11 @@ func BenchmarkLBCPU(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	per := map[string][]float64{}
-	b.ResetTimer()
-	for done := 0; done < b.N; done += lbcpuChunk {
-		n := min(lbcpuChunk, b.N-done)
-		for _, s := range systems {
-			c0 := testutil.PathCPU(b)
-			s.send(n)
-			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))
-		}
+	senders := make([]cpuSender, len(systems))
+	for i, s := range systems {
+		senders[i] = cpuSender{s.name, s.send}
 	}
-	b.StopTimer()
+	per := takeTurns(b, senders)
 	bpf1, err := prog.Stats()
 	if err != nil {
 		b.Fatal(err)
@@ -315,19 +307,11 @@ func BenchmarkLBCPUXDP(b *testing.B) {
 		bpf0[s.name] = [2]float64{float64(d), float64(n)}
 	}
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	per := map[string][]float64{}
-	b.ResetTimer()
-	for done := 0; done < b.N; done += lbcpuChunk {
-		n := min(lbcpuChunk, b.N-done)
-		for _, s := range systems {
-			c0 := testutil.PathCPU(b)
-			s.send(n)
-			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))
-		}
+	senders := make([]cpuSender, len(systems))
+	for i, s := range systems {
+		senders[i] = cpuSender{s.name, s.send}
 	}
-	b.StopTimer()
+	per := takeTurns(b, senders)
 	for _, s := range systems {
 		if len(s.progs) > 0 {
 			d, n := progStats(s)
@@ -441,19 +425,11 @@ func BenchmarkLBCPUVeth(b *testing.B) {
 		}
 	}
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	per := map[string][]float64{}
-	b.ResetTimer()
-	for done := 0; done < b.N; done += lbcpuChunk {
-		n := min(lbcpuChunk, b.N-done)
-		for _, s := range systems {
-			c0 := testutil.PathCPU(b)
-			s.send(n)
-			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))
-		}
+	senders := make([]cpuSender, len(systems))
+	for i, s := range systems {
+		senders[i] = cpuSender{s.name, s.send}
 	}
-	b.StopTimer()
+	per := takeTurns(b, senders)
 	for _, s := range systems {
 		if s.prog != nil {
 			ps, err := s.prog.Stats()
@@ -579,4 +555,32 @@ func sinkWait(b *testing.B, nsName string, want int64) int64 {
 		n = count()
 	}
 	return n
+}
+
+// cpuSender is a system of a CPU-per-packet benchmark: its name and a
+// function that sends n packets through it.
+type cpuSender struct {
+	name string
+	send func(n int)
+}
+
+// takeTurns sends b.N packets through each system, in chunks of lbcpuChunk
+// with the systems taking turns (so load from other work falls on all of
+// them alike), with the timer running, and returns each system's CPU per
+// packet of every chunk (testutil.PathCPU, on this locked OS thread).
+func takeTurns(b *testing.B, systems []cpuSender) map[string][]float64 {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	per := map[string][]float64{}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += lbcpuChunk {
+		n := min(lbcpuChunk, b.N-done)
+		for _, s := range systems {
+			c0 := testutil.PathCPU(b)
+			s.send(n)
+			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))
+		}
+	}
+	b.StopTimer()
+	return per
 }
