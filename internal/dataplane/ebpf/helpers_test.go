@@ -214,3 +214,24 @@ func setEthtoolFlag(tb testing.TB, ns netns.NsHandle, ifname string, cmd uint32,
 		tb.Fatalf("set %s of %s: %v", what, ifname, err)
 	}
 }
+
+// addrUp gives interface name (in h's namespace) the address cidr and sets
+// it up.
+func addrUp(tb testing.TB, h *netlink.Handle, name, cidr string) netlink.Link {
+	tb.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := h.AddrAdd(l, a); err != nil {
+		tb.Fatalf("add %s to %s: %v", cidr, name, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}

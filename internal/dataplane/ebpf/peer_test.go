@@ -434,34 +434,12 @@ func TestTrafficPeerRedirectNetkit(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ph.Close()
-		l, err := ph.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, _ := netlink.ParseAddr(addr)
-		if err := ph.AddrAdd(l, a); err != nil {
-			t.Fatal(err)
-		}
-		if err := ph.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
+		l := addrUp(t, ph, name, addr)
 		if err := ph.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	lbSide := func(name, addr string) {
-		l, err := lh.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, _ := netlink.ParseAddr(addr)
-		if err := lh.AddrAdd(l, a); err != nil {
-			t.Fatal(err)
-		}
-		if err := lh.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lbSide := func(name, addr string) { addrUp(t, lh, name, addr) }
 	if err := lh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lc"}, PeerName: "eth0",
 		PeerNamespace: netlink.NsFd(int(cns))}); err != nil {
 		t.Fatal(err)

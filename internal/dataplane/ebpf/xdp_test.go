@@ -47,30 +47,13 @@ func newXDPChain(t testing.TB, vip netip.Addr) *xdpChain {
 		if err := lh.LinkSetNsFd(pl, int(peerNS)); err != nil {
 			t.Fatalf("move %s: %v", peer, err)
 		}
-		l, _ := lh.LinkByName(name)
-		a, _ := netlink.ParseAddr(addr)
-		if err := lh.AddrAdd(l, a); err != nil {
-			t.Fatal(err)
-		}
-		if err := lh.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
+		addrUp(t, lh, name, addr)
 		ph, err := netlink.NewHandleAt(peerNS)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer ph.Close()
-		pl, err = ph.LinkByName(peer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pa, _ := netlink.ParseAddr(peerAddr)
-		if err := ph.AddrAdd(pl, pa); err != nil {
-			t.Fatal(err)
-		}
-		if err := ph.LinkSetUp(pl); err != nil {
-			t.Fatal(err)
-		}
+		pl = addrUp(t, ph, peer, peerAddr)
 		if lo, err := ph.LinkByName("lo"); err == nil {
 			_ = ph.LinkSetUp(lo)
 		}
