@@ -239,6 +239,11 @@ func AskUDP(ns netns.NsHandle, addr netip.AddrPort) (string, error) {
 
 // AskUDPFrom is AskUDP from a chosen local address and port.
 func AskUDPFrom(ns netns.NsHandle, local, addr netip.AddrPort) (string, error) {
+	return AskUDPWithin(ns, local, addr, DefaultTimeout)
+}
+
+// AskUDPWithin is AskUDPFrom waiting at most timeout for the answer.
+func AskUDPWithin(ns netns.NsHandle, local, addr netip.AddrPort, timeout time.Duration) (string, error) {
 	var c *net.UDPConn
 	err := Do(ns, func() error {
 		var laddr *net.UDPAddr
@@ -253,7 +258,7 @@ func AskUDPFrom(ns netns.NsHandle, local, addr netip.AddrPort) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(DefaultTimeout)); err != nil {
+	if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return "", err
 	}
 	if _, err := c.Write([]byte("ping")); err != nil {

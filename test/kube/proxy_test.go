@@ -289,11 +289,27 @@ func udpStale(t *testing.T, plane string) {
 	// The entry is deleted right after the farm is applied. Without the
 	// deletion every datagram would refresh it (UDP timeout 30 s), so the
 	// removed endpoint would keep answering for as long as we ask.
+	//
+	// One datagram may be lost on the way: when the entry is deleted while
+	// the removed endpoint's answer is in flight, the answer finds no entry
+	// to reverse the NAT and the client's connected socket drops it. UDP
+	// promises no more than that, and kube-proxy behaves the same; what must
+	// not happen is the removed endpoint answering on.
 	want := "b" + strconv.Itoa(keep)
 	deadline := time.Now().Add(3 * time.Second)
-	for got := ask(); got != want; got = ask() {
+	lost := 0
+	for {
+		got, err := testutil.AskUDPWithin(e.Client.NS, from, to, time.Second)
+		if err == nil {
+			got, _, _ = testutil.ParseReply(got)
+		} else if lost++; lost > 1 {
+			t.Fatalf("udp from %s to %s after removing %s: %v (%d datagrams lost)", from, to, first, err, lost)
+		}
+		if got == want {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("3s after removing %s it still answers: stale conntrack entry not deleted", first)
+			t.Fatalf("3s after removing %s it still answers (%q): stale conntrack entry not deleted", first, got)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
