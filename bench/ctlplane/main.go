@@ -41,6 +41,7 @@ var (
 	xlbBin  = flag.String("xlb", "bin/xlb", "xlb binary")
 	out     = flag.String("out", "bench/results", "results directory")
 	runs    = flag.Int("runs", 30, "samples per measurement")
+	logLvl  = flag.String("daemon-log-level", "error", "the daemon's --log-level (debug: its phase timings of each change, on stderr)")
 	sizes   = flag.String("existing", "0,1000,10000", "farm counts present while adding one farm")
 	exBack  = flag.String("existing-backends", "1,4", "backends of each farm present while adding one farm (each value is its own set of rows)")
 	dumpN   = flag.Int("dump-farms", 0, "deprecated: same as -matrix Nx1")
@@ -88,7 +89,7 @@ func main() {
 	defer os.RemoveAll(state)
 
 	sockPath = filepath.Join(state, "api.sock")
-	daemon := exec.CommandContext(ctx, *xlbBin, "daemon", "--listen", apiAddr, "--socket", sockPath, "--state-dir", state, "--log-level", "error")
+	daemon := exec.CommandContext(ctx, *xlbBin, "daemon", "--listen", apiAddr, "--socket", sockPath, "--state-dir", state, "--log-level", *logLvl)
 	daemon.Env = append(os.Environ(), "XLB_KEY="+key)
 	daemon.Stderr = os.Stderr
 	must(daemon.Start())
