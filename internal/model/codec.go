@@ -1,13 +1,11 @@
 package model
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"iter"
-	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,33 +19,12 @@ import (
 // upsert semantics).
 
 type scalarField[T any] struct {
-	name   string
-	decode func(t *T, v string) error // v: the value as text
+	name string
+	// decode sets the field from v, the value as text. v may be a
+	// substring of a whole request body: a decode that keeps v must keep
+	// a clone of it.
+	decode func(t *T, v string) error
 	encode func(t *T) string
-}
-
-// scalarText returns a JSON scalar (string, number, bool) as text.
-func scalarText(raw json.RawMessage) (string, bool) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return "", false
-	}
-	switch raw[0] {
-	case '"':
-		// raw was already checked as valid JSON by the enclosing decode, so
-		// a string without escapes is its bytes between the quotes.
-		if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 {
-			return string(inner), true
-		}
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return "", false
-		}
-		return s, true
-	case '{', '[', 'n':
-		return "", false
-	}
-	return string(raw), true
 }
 
 func parseUint(field, v string, max uint64) (uint64, error) {
@@ -149,7 +126,7 @@ func ifaceField(name string, ptr func(*Farm) *string) scalarField[Farm] {
 			if v != "" && !ValidIfName(v) {
 				return fmt.Errorf("must be an interface name: 1 to 15 characters, no '/', ':' or white space")
 			}
-			*ptr(f) = v
+			*ptr(f) = strings.Clone(v) // v may be part of a request body
 			return nil
 		},
 		encode: func(f *Farm) string { return *ptr(f) },
@@ -250,7 +227,7 @@ var farmFields = []scalarField[Farm]{
 	},
 	{
 		name:   "log-prefix",
-		decode: func(f *Farm, v string) error { f.LogPrefix = v; return nil },
+		decode: func(f *Farm, v string) error { f.LogPrefix = strings.Clone(v); return nil }, // v may be part of a request body
 		encode: func(f *Farm) string { return f.LogPrefix },
 	},
 	markField(func(f *Farm) *uint32 { return &f.Mark }),
@@ -342,48 +319,76 @@ func ParsePorts(v string) ([]PortRange, error) {
 	return out, nil
 }
 
-// wireError wraps a decode problem of one field.
-func wireError(obj, field, value string, err error) error {
-	return &FieldError{Object: obj, Field: field, Value: value, Problem: err.Error()}
+// fieldError builds the error of one field. key and value may be
+// substrings of the request body (doc.s): they are cloned, so an error kept
+// for a log line does not hold the body.
+func fieldError(obj, key, value, problem string) error {
+	return &FieldError{Object: obj, Field: strings.Clone(key), Value: strings.Clone(value), Problem: problem}
 }
 
-// decodeScalars sets t's fields from raw. obj names the object in errors; it
-// is a function so the name is built only when there is an error.
-func decodeScalars[T any](obj func() string, t *T, fields []scalarField[T], raw iter.Seq2[string, json.RawMessage], skip func(string) bool) error {
-	for key, val := range raw {
-		if skip(key) {
-			continue
+// objName names the object being decoded, for errors. It is built only
+// when there is an error.
+type objName struct {
+	farm, backend string
+	isBackend     bool
+}
+
+func (o objName) String() string {
+	if o.isBackend {
+		return backendObject(o.farm, o.backend)
+	}
+	return farmObject(o.farm)
+}
+
+// maxFields bounds the fields of one object kind (decodeMembers keeps one
+// slot per field on the stack).
+const maxFields = 64
+
+// fieldIndex returns the index of the field named key, or -1.
+func fieldIndex[T any](fields []scalarField[T], key string) int {
+	for i := range fields {
+		if fields[i].name == key {
+			return i
 		}
-		var fld *scalarField[T]
-		for i := range fields {
-			if fields[i].name == key {
-				fld = &fields[i]
-				break
+	}
+	return -1
+}
+
+// decodeMembers sets t's fields from the members of object obj, in
+// document order, except those named in skip (decoded elsewhere). With
+// lastWins a key given twice is decoded once, from its last value, as when
+// the object was read into a map (farms); otherwise every member is
+// decoded in turn (backends).
+func decodeMembers[T any](d *doc, obj int, name objName, t *T, fields []scalarField[T], skip []string, lastWins bool) error {
+	var last [maxFields]int // field index -> tape index of its last value
+	if lastWins {
+		for k, end := d.children(obj); k < end; k = d.toks[k+1].next {
+			if i := fieldIndex(fields, d.key(k)); i >= 0 {
+				last[i] = k + 1
 			}
 		}
-		if fld == nil || fld.decode == nil {
-			return &FieldError{Object: obj(), Field: key, Problem: "unknown field; known fields are " + fieldNames(fields)}
+	}
+	for k, end := d.children(obj); k < end; k = d.toks[k+1].next {
+		key, v := d.key(k), k+1
+		if slices.Contains(skip, key) {
+			continue
 		}
-		text, ok := scalarText(val)
+		i := fieldIndex(fields, key)
+		if i < 0 || fields[i].decode == nil {
+			return fieldError(name.String(), key, "", "unknown field; known fields are "+fieldNames(fields))
+		}
+		if lastWins && last[i] != v {
+			continue
+		}
+		text, ok := d.scalar(v)
 		if !ok {
-			return &FieldError{Object: obj(), Field: key, Value: truncate(string(val)), Problem: "must be a string, number or boolean"}
+			return fieldError(name.String(), key, truncate(d.raw(v)), "must be a string, number or boolean")
 		}
-		if err := fld.decode(t, text); err != nil {
-			return wireError(obj(), key, text, err)
+		if err := fields[i].decode(t, text); err != nil {
+			return fieldError(name.String(), key, text, err.Error())
 		}
 	}
 	return nil
-}
-
-// memberSeq yields an object's members in order.
-func memberSeq(pairs []member) iter.Seq2[string, json.RawMessage] {
-	return func(yield func(string, json.RawMessage) bool) {
-		for _, p := range pairs {
-			if !yield(p.key, p.val) {
-				return
-			}
-		}
-	}
 }
 
 func fieldNames[T any](fields []scalarField[T]) string {
@@ -411,14 +416,11 @@ type FarmLookup func(name string) (*Farm, bool)
 // into complete farms: each named farm is patched onto its current version,
 // or onto the defaults if new, then validated on its own.
 func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
-	// json.Valid checks the body once; the envelope is then split by
-	// objectMembers (an Unmarshal into a map scanned the body twice more).
-	// Only an invalid body pays for the Unmarshal, for its error message.
-	envelope, ok := map[string]json.RawMessage(nil), json.Valid(body)
-	if ok {
-		envelope, ok = objectMembers(body)
-	}
-	if !ok {
+	d, ok := scanDoc(body)
+	defer d.release()
+	if !ok || d.toks[0].kind != '{' {
+		// Only an invalid body pays for the Unmarshal, for its error
+		// message.
 		var probe map[string]json.RawMessage
 		err := json.Unmarshal(body, &probe)
 		if err == nil {
@@ -426,26 +428,18 @@ func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
 		}
 		return nil, fmt.Errorf("request body is not a JSON object: %v", err)
 	}
-	var items []json.RawMessage
-	if farms, ok := envelope["farms"]; ok {
-		if len(envelope) != 1 {
-			for k := range envelope {
-				if k != "farms" {
-					return nil, &FieldError{Field: k, Problem: "unknown top-level field; the body is {\"farms\": [...]}"}
-				}
-			}
-		}
-		var ok bool
-		if items, ok = splitArray(farms); !ok {
-			return nil, &FieldError{Field: "farms", Problem: "must be an array of farm objects"}
-		}
-	} else {
-		items = []json.RawMessage{body}
+	items, end, err := d.farmItems()
+	if err != nil {
+		return nil, err
 	}
-	out := make([]Farm, 0, len(items))
-	seen := make(map[string]bool, len(items))
-	for i, item := range items {
-		f, err := decodeFarm(item, i, current)
+	n := 0
+	for it := items; it < end; it = d.toks[it].next {
+		n++
+	}
+	out := make([]Farm, 0, n)
+	seen := make(map[string]bool, n)
+	for i, it := 0, items; it < end; i, it = i+1, d.toks[it].next {
+		f, err := decodeFarm(&d, it, i, current)
 		if err != nil {
 			return nil, err
 		}
@@ -458,54 +452,108 @@ func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
 	return out, nil
 }
 
-func decodeFarm(item json.RawMessage, index int, current FarmLookup) (Farm, error) {
-	raw, ok := objectMembers(item) // item is valid JSON (DecodeFarms)
-	if !ok {
+// farmItems returns the tape indices of the farm objects of the body: from
+// first to just before end, siblings linked by next. The body is either
+// {"farms": [...]} or one farm object.
+func (d *doc) farmItems() (first, end int, err error) {
+	farms, other := -1, -1
+	for k, e := d.children(0); k < e; k = d.toks[k+1].next {
+		if d.key(k) == "farms" {
+			farms = k + 1 // a key given twice keeps its last value
+		} else if other < 0 {
+			other = k
+		}
+	}
+	if farms < 0 {
+		return 0, d.toks[0].next, nil // the body is one farm
+	}
+	if other >= 0 {
+		return 0, 0, fieldError("", d.key(other), "", "unknown top-level field; the body is {\"farms\": [...]}")
+	}
+	if d.toks[farms].kind != '[' {
+		return 0, 0, &FieldError{Field: "farms", Problem: "must be an array of farm objects"}
+	}
+	first, end = d.children(farms)
+	return first, end, nil
+}
+
+// farmSkip are the farm members decoded apart from the scalar fields.
+var farmSkip = []string{"name", "backends", "policies"}
+
+func decodeFarm(d *doc, item, index int, current FarmLookup) (Farm, error) {
+	if d.toks[item].kind != '{' {
 		return Farm{}, &FieldError{Field: fmt.Sprintf("farms[%d]", index), Problem: "must be a JSON object"}
 	}
-	nameText, ok := scalarText(raw["name"])
+	nameText, ok := d.scalar(d.lastMember(item, "name"))
 	if !ok || !ValidName(nameText) {
-		return Farm{}, &FieldError{Object: fmt.Sprintf("farms[%d]", index), Field: "name", Value: nameText, Problem: "is required and must be " + nameRule}
+		return Farm{}, fieldError(fmt.Sprintf("farms[%d]", index), "name", nameText, "is required and must be "+nameRule)
 	}
+	name := strings.Clone(nameText) // kept by the farm; see doc
 	var f Farm
-	if cur, ok := current(nameText); ok {
+	if cur, ok := current(name); ok {
 		f = cur.Clone()
 	} else {
-		f = NewFarm(nameText)
+		f = NewFarm(name)
 	}
-	obj := farmObject(f.Name)
-	if err := decodeScalars(func() string { return obj }, &f, farmFields, maps.All(raw), func(k string) bool {
-		return k == "name" || k == "backends" || k == "policies"
-	}); err != nil {
+	obj := objName{farm: f.Name}
+	if err := decodeMembers(d, item, obj, &f, farmFields, farmSkip, true); err != nil {
 		return Farm{}, err
 	}
-	if _, set := raw["sched-param"]; !set && (f.Scheduler == SchedHash || f.Scheduler == SchedSymhash) && f.SchedParam == 0 {
-		f.SchedParam = KeySrcIP // nftlb's default keys for the hash schedulers
+	if d.lastMember(item, "sched-param") < 0 {
+		if f.Scheduler == SchedHash || f.Scheduler == SchedSymhash {
+			if f.SchedParam == 0 {
+				f.SchedParam = KeySrcIP // nftlb's default keys for the hash schedulers
+			}
+		} else {
+			f.SchedParam = 0
+		}
 	}
-	if _, set := raw["sched-param"]; !set && f.Scheduler != SchedHash && f.Scheduler != SchedSymhash {
-		f.SchedParam = 0
-	}
-	if bs, ok := raw["backends"]; ok {
-		if err := decodeBackends(&f, bs); err != nil {
+	if bs := d.lastMember(item, "backends"); bs >= 0 {
+		if d.toks[bs].kind != '[' {
+			return Farm{}, &FieldError{Object: obj.String(), Field: "backends", Problem: "must be an array of backend objects"}
+		}
+		first, end := d.children(bs)
+		if err := decodeBackends(&f, d, first, end); err != nil {
 			return Farm{}, err
 		}
 	}
-	if ps, ok := raw["policies"]; ok {
-		var items []map[string]json.RawMessage
-		if err := json.Unmarshal(ps, &items); err != nil {
-			return Farm{}, &FieldError{Object: obj, Field: "policies", Problem: "must be an array of {\"name\": ...} objects"}
-		}
-		for _, it := range items {
-			name, _ := scalarText(it["name"])
-			if _, dup := f.policy(name); !dup {
-				f.Policies = append(f.Policies, PolicyRef{Name: name})
-			}
+	if ps := d.lastMember(item, "policies"); ps >= 0 {
+		if err := decodePolicies(&f, d, ps); err != nil {
+			return Farm{}, err
 		}
 	}
 	if err := f.Validate(); err != nil {
 		return Farm{}, err
 	}
 	return f, nil
+}
+
+// decodePolicies adds the policies of value ps: null, or an array of
+// objects (or nulls) whose "name" member names a policy, as json.Unmarshal
+// into []map[string]json.RawMessage read it before.
+func decodePolicies(f *Farm, d *doc, ps int) error {
+	switch d.toks[ps].kind {
+	case 'n':
+		return nil
+	case '[':
+	default:
+		return &FieldError{Object: farmObject(f.Name), Field: "policies", Problem: "must be an array of {\"name\": ...} objects"}
+	}
+	for e, end := d.children(ps); e < end; e = d.toks[e].next {
+		if k := d.toks[e].kind; k != '{' && k != 'n' {
+			return &FieldError{Object: farmObject(f.Name), Field: "policies", Problem: "must be an array of {\"name\": ...} objects"}
+		}
+	}
+	for e, end := d.children(ps); e < end; e = d.toks[e].next {
+		name := ""
+		if d.toks[e].kind == '{' {
+			name, _ = d.scalar(d.lastMember(e, "name"))
+		}
+		if _, dup := f.policy(name); !dup {
+			f.Policies = append(f.Policies, PolicyRef{Name: strings.Clone(name)})
+		}
+	}
+	return nil
 }
 
 func (f *Farm) policy(name string) (*PolicyRef, bool) {
@@ -517,49 +565,48 @@ func (f *Farm) policy(name string) (*PolicyRef, bool) {
 	return nil, false
 }
 
-func decodeBackends(f *Farm, raw json.RawMessage) error {
-	obj := farmObject(f.Name)
-	// raw is valid JSON: part of a body DecodeFarms checked, or checked by
-	// DecodeBackend.
-	elems, ok := splitArray(raw)
-	if !ok {
-		return &FieldError{Object: obj, Field: "backends", Problem: "must be an array of backend objects"}
-	}
-	items := make([][]member, len(elems))
-	pairs := make([]member, 0, 8*len(elems)) // one allocation for all members
-	for i, e := range elems {
-		start := len(pairs)
-		if pairs, ok = objectPairs(e, pairs); !ok {
-			return &FieldError{Object: obj, Field: "backends", Problem: "must be an array of backend objects"}
+// backendSkip is the backend member decoded apart from the scalar fields.
+var backendSkip = []string{"name"}
+
+// decodeBackends upserts the backend objects of the tape from first to
+// just before end (siblings) into f, by name. On an error f is half
+// patched: drop it.
+func decodeBackends(f *Farm, d *doc, first, end int) error {
+	// Every element is checked to be an object before any is decoded.
+	n := 0
+	for e := first; e < end; e = d.toks[e].next {
+		if d.toks[e].kind != '{' {
+			return &FieldError{Object: farmObject(f.Name), Field: "backends", Problem: "must be an array of backend objects"}
 		}
-		items[i] = pairs[start:len(pairs):len(pairs)]
+		n++
+	}
+	if len(f.Backends) == 0 && n > 0 {
+		f.Backends = make([]Backend, 0, n)
 	}
 	// Index the existing backends by name so a patch of n backends onto a
 	// farm with m costs O(n+m), not O(n*m).
-	index := make(map[string]int, len(f.Backends)+len(items))
+	index := make(map[string]int, len(f.Backends)+n)
 	for i := range f.Backends {
 		index[f.Backends[i].Name] = i
 	}
-	for i, item := range items {
-		name, ok := scalarText(lastValue(item, "name"))
+	for i, e := 0, first; e < end; i, e = i+1, d.toks[e].next {
+		name, ok := d.scalar(d.lastMember(e, "name"))
 		if !ok || !ValidName(name) {
-			return &FieldError{Object: obj, Field: fmt.Sprintf("backends[%d].name", i), Value: name, Problem: "is required and must be " + nameRule}
+			return fieldError(farmObject(f.Name), fmt.Sprintf("backends[%d].name", i), name, "is required and must be "+nameRule)
 		}
+		// The backend is patched in place (a copy on the stack would
+		// escape through the decode functions: one allocation each). On
+		// an error the caller drops f.
 		idx, exists := index[name]
-		var nb Backend
-		if exists {
-			nb = f.Backends[idx]
-		} else {
-			nb = NewBackend(name)
+		if !exists {
+			name = strings.Clone(name) // kept by the backend; see doc
+			idx = len(f.Backends)
+			index[name] = idx
+			f.Backends = append(f.Backends, NewBackend(name))
 		}
-		if err := decodeScalars(func() string { return backendObject(f.Name, name) }, &nb, backendFields, memberSeq(item), func(k string) bool { return k == "name" }); err != nil {
+		obj := objName{farm: f.Name, backend: name, isBackend: true}
+		if err := decodeMembers(d, e, obj, &f.Backends[idx], backendFields, backendSkip, false); err != nil {
 			return err
-		}
-		if exists {
-			f.Backends[idx] = nb
-		} else {
-			index[name] = len(f.Backends)
-			f.Backends = append(f.Backends, nb)
 		}
 	}
 	return nil
@@ -569,10 +616,12 @@ func decodeBackends(f *Farm, raw json.RawMessage) error {
 // backend-level request), returning the updated farm, validated.
 func DecodeBackend(f *Farm, body []byte) (Farm, error) {
 	nf := f.Clone()
-	if !json.Valid(body) {
+	d, ok := scanDoc(body)
+	defer d.release()
+	if !ok {
 		return Farm{}, &FieldError{Object: farmObject(f.Name), Field: "backends", Problem: "must be an array of backend objects"}
 	}
-	if err := decodeBackends(&nf, append(append([]byte{'['}, body...), ']')); err != nil {
+	if err := decodeBackends(&nf, &d, 0, d.toks[0].next); err != nil {
 		return Farm{}, err
 	}
 	if err := nf.Validate(); err != nil {
