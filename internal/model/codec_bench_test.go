@@ -38,3 +38,18 @@ func BenchmarkDecodeFarm100Backends(b *testing.B) {
 		farms[0].Seal()
 	}
 }
+
+// BenchmarkEncodeFarm100Backends is the encoding of a farm's journal
+// record (and of its GET response): a farm of 100 backends into a new
+// buffer.
+func BenchmarkEncodeFarm100Backends(b *testing.B) {
+	farms, err := DecodeFarms(farmBody(100), noFarm)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := &farms[0]
+	b.SetBytes(int64(len(f.appendJSON(nil))))
+	for b.Loop() {
+		f.appendJSON(nil)
+	}
+}
