@@ -987,6 +987,14 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 		set = pl.mapSet(t, f, s.mapName, b.nextID())
 		var els []nftables.SetElement
 		els, modulus = pl.mapElems(f)
+		if !set.Interval {
+			// A backend map is never added to after it is built (a
+			// change builds a new one), so its size is known. Given a
+			// size, the kernel picks its fixed-size hash (nft_hash_fast
+			// for these 4-byte keys) over the resizable rhashtable,
+			// which grew step by step as a map of 100 backends filled.
+			set.Size = uint32(len(els))
+		}
 		_ = b.c.AddSet(set, nil)
 		for i := 0; i < len(els); i += elemChunk {
 			_ = b.c.SetAddElements(set, els[i:min(i+elemChunk, len(els))])

@@ -342,6 +342,7 @@ table inet xlb {
 	}
 	map MWEB-GEN {
 		type 0 : ipv4_addr . inet_service
+		size 2
 		elements = { 0 : 10.200.0.11 . 8080, 1 : 10.200.0.12 . 8080 }
 	}
 	map MDNS-GEN {
@@ -351,6 +352,7 @@ table inet xlb {
 	}
 	map MHASH-GEN {
 		type 0 : ipv4_addr
+		size 1
 		elements = { 0 : 10.200.0.11 }
 	}
 	map fwm4 {
@@ -459,6 +461,7 @@ table inet xlb {
 	}
 	map MSTLS-GEN {
 		type 0 : ipv4_addr
+		size 1
 		elements = { 0 : 10.200.0.11 }
 	}
 	map dst4 {
@@ -501,6 +504,7 @@ table inet xlb {
 	}
 	map MSTICKY-GEN {
 		type 0 : mark
+		size 1
 		elements = { 0 : ID_NFT_LISTS_SWAPPED }
 	}
 	map ASTICKY-GEN {
