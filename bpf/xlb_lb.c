@@ -36,6 +36,45 @@ volatile const __u64 xlb_timeout_udp = 300000000000ULL;
  * the FIB out of the conntrack-hit measurement). */
 volatile const __u64 xlb_ct_refresh_ns = XLB_CT_REFRESH_NS;
 
+/*
+ * The conntrack clock: CLOCK_MONOTONIC_COARSE in ns, from jiffies.
+ *
+ * Every packet of a tracked flow needs the time (is its entry due for a
+ * refresh?). bpf_ktime_get_coarse_ns() is a helper call, and with the
+ * kernel's return-thunk mitigations (spec_rstack_overflow: Safe RET on
+ * AMD) a call costs about 20 ns: a fifth of a conntrack hit
+ * (BPF_PROG_TEST_RUN). bpf_jiffies64() is inlined by the verifier into one
+ * load, and the coarse clock moves only at a tick anyway, so
+ * jiffies * tick + offset is the same clock at the same resolution.
+ *
+ * The loader measures the tick length and the offset once, with
+ * xlb_clock_sample (Plane.calibrateClock), and sets both; until then, or if
+ * it cannot, xlb_clock_tick_ns is 0 and the helper is called. Timestamps
+ * stay CLOCK_MONOTONIC_COARSE, so entries written by an earlier program
+ * (a restart, an upgrade) compare correctly. Offsets of two loads may
+ * differ by a tick: time comparisons are signed (xlb_elapsed), so a
+ * timestamp slightly in the future counts as "just now".
+ */
+volatile __u64 xlb_clock_tick_ns = 0;
+volatile __u64 xlb_clock_offset = 0;
+
+static __always_inline __u64 xlb_now(void)
+{
+	__u64 tick = xlb_clock_tick_ns;
+
+	if (!tick)
+		return bpf_ktime_get_coarse_ns();
+	return bpf_jiffies64() * tick + xlb_clock_offset;
+}
+
+/* xlb_elapsed() - ns from @then to @now; 0 if @then is later (see above). */
+static __always_inline __u64 xlb_elapsed(__u64 now, __u64 then)
+{
+	__s64 d = (__s64)(now - then);
+
+	return d > 0 ? (__u64)d : 0;
+}
+
 /* XDP fast path: 1 when it runs in generic mode, where a redirect to any
  * interface works (the frame is an skb); 0 in native mode, where it
  * redirects only to interfaces in xlb_xdp_tx. Set by the loader. */
@@ -210,11 +249,11 @@ static __always_inline int ct_expired(const struct ct_key *k, const struct ct_va
 	struct ct_key pk;
 	struct ct_val *peer;
 
-	if (now - v->seen <= to)
+	if (xlb_elapsed(now, v->seen) <= to)
 		return 0;
 	ct_peer_key(k, v, &pk);
 	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
-	return !peer || now - peer->seen > to;
+	return !peer || xlb_elapsed(now, peer->seen) > to;
 }
 
 /* ct_set_state() - move the flow of (k, v) to @state, in both entries. */
@@ -463,7 +502,7 @@ static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_v
 	__u32 *bid;
 
 	pv = bpf_map_lookup_elem(&xlb_persist, pk);
-	if (!pv || now - pv->seen > (__u64)svc->persist_ttl * 1000000000ULL)
+	if (!pv || xlb_elapsed(now, pv->seen) > (__u64)svc->persist_ttl * 1000000000ULL)
 		return 0;
 	__builtin_memcpy(ik.addr, pv->addr, 16);
 	ik.port = pv->port;
@@ -526,7 +565,7 @@ static __attribute__((noinline)) int lb4_stateless(struct __sk_buff *skb, struct
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return XLB_DROP;
 	}
-	bid = lb4_pick(p, svc, key, bpf_ktime_get_coarse_ns());
+	bid = lb4_pick(p, svc, key, xlb_now());
 	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
 	if (!be) {
 		stat_inc(XLB_STAT_NO_BACKEND);
@@ -790,7 +829,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
 	if (!sc)
 		return XLB_DROP;
-	now = bpf_ktime_get_coarse_ns();
+	now = xlb_now();
 	bid = lb4_pick(p, svc, &key, now);
 	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
 	if (!be) {
@@ -888,10 +927,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
  */
 static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, struct ct_val *v)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = xlb_now();
 	int fresh = 0;
 
-	if (now - v->seen > xlb_ct_refresh_ns) {
+	if (xlb_elapsed(now, v->seen) > xlb_ct_refresh_ns) {
 		if (ct_expired(&p->k, v, now)) {
 			stat_inc(XLB_STAT_CT_EXPIRED);
 			ct_delete(&p->k, v);
@@ -1144,6 +1183,24 @@ static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
 	return bpf_redirect(fib.ifindex, 0);
 }
 
+/* xlb_clock_sample: [0] jiffies, [1] bpf_ktime_get_coarse_ns(), [2] jiffies
+ * again, as one run of xlb_clock saw them (Plane.calibrateClock); [3]
+ * xlb_now() (tests compare it with [1]). */
+__u64 xlb_clock_sample[4];
+
+/* xlb_clock() - sample jiffies and the coarse clock together, for the
+ * loader's calibration of xlb_now(). Never attached; run with
+ * BPF_PROG_TEST_RUN. */
+SEC("tc")
+int xlb_clock(struct __sk_buff *skb)
+{
+	xlb_clock_sample[0] = bpf_jiffies64();
+	xlb_clock_sample[1] = bpf_ktime_get_coarse_ns();
+	xlb_clock_sample[2] = bpf_jiffies64();
+	xlb_clock_sample[3] = xlb_now();
+	return XLB_NEXT;
+}
+
 /**
  * xlb_xdp() - the XDP fast path: a forward packet of a tracked dsr flow
  * whose next hop is cached leaves at once (MACs and TTL rewritten,
@@ -1167,7 +1224,7 @@ int xlb_xdp(struct xdp_md *ctx)
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
 		return XDP_PASS;
-	if (bpf_ktime_get_coarse_ns() - v->seen > xlb_ct_refresh_ns)
+	if (xlb_elapsed(xlb_now(), v->seen) > xlb_ct_refresh_ns)
 		return XDP_PASS; /* tcx refreshes the entry, or expires it */
 	if (p.k.proto == IPPROTO_TCP && ((p.tcp_flags & (XLB_TCP_SYN | XLB_TCP_RST | XLB_TCP_FIN)) ||
 					 ct_next_state(v->state, p.tcp_flags) != v->state))

@@ -44,7 +44,7 @@ struct persist_val {
 	__u16 port;    /* net */
 	__u16 pad;
 	__u32 pad2;
-	__u64 seen; /* host: bpf_ktime_get_coarse_ns() of the last new flow */
+	__u64 seen; /* host: xlb_now() (CLOCK_MONOTONIC_COARSE ns) of the last new flow */
 };
 
 /* xlb_stateless key: a backend of a stlsdnat farm as its replies show it. */
@@ -112,7 +112,7 @@ struct ct_val {
 			* versions before it: plain bpf_redirect) */
 	__u32 svc;     /* host: service generation that created the flow */
 	__u32 backend; /* host: backend id that was chosen */
-	__u64 seen;    /* host: bpf_ktime_get_coarse_ns() of the last refresh */
+	__u64 seen;    /* host: xlb_now() (CLOCK_MONOTONIC_COARSE ns) of the last refresh */
 	__u32 ifindex; /* host: cached next hop (0 = none) */
 	__u8 smac[6];  /* cached next hop source MAC */
 	__u8 dmac[6];  /* cached next hop destination MAC */

@@ -182,6 +182,9 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		p.nl.Close()
 		return nil, err
 	}
+	if err := p.calibrateClock(); err != nil {
+		log.Warn("conntrack clock not calibrated; using the coarse-clock helper (about 20 ns more per packet)", "err", err)
+	}
 	if err := p.attach(); err != nil {
 		p.closeLinks()
 		p.objs.Close()

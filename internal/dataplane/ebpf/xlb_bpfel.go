@@ -166,8 +166,12 @@ const (
 	xlbMapXlbStats           = "xlb_stats"
 	xlbMapXlbSvcFlags        = "xlb_svc_flags"
 	xlbMapXlbXdpTx           = "xlb_xdp_tx"
+	xlbProgXlbClock          = "xlb_clock"
 	xlbProgXlbIngress        = "xlb_ingress"
 	xlbProgXlbXdp            = "xlb_xdp"
+	xlbVarXlbClockOffset     = "xlb_clock_offset"
+	xlbVarXlbClockSample     = "xlb_clock_sample"
+	xlbVarXlbClockTickNs     = "xlb_clock_tick_ns"
 	xlbVarXlbCtRefreshNs     = "xlb_ct_refresh_ns"
 	xlbVarXlbTimeoutClose    = "xlb_timeout_close"
 	xlbVarXlbTimeoutFin      = "xlb_timeout_fin"
@@ -220,6 +224,7 @@ type xlbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
+	XlbClock   *ebpf.ProgramSpec `ebpf:"xlb_clock"`
 	XlbIngress *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
 	XlbXdp     *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
@@ -250,6 +255,9 @@ type xlbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbVariableSpecs struct {
+	XlbClockOffset     *ebpf.VariableSpec `ebpf:"xlb_clock_offset"`
+	XlbClockSample     *ebpf.VariableSpec `ebpf:"xlb_clock_sample"`
+	XlbClockTickNs     *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs     *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
 	XlbTimeoutClose    *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin      *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
@@ -323,6 +331,9 @@ func (m *xlbMaps) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbVariables struct {
+	XlbClockOffset     *ebpf.Variable `ebpf:"xlb_clock_offset"`
+	XlbClockSample     *ebpf.Variable `ebpf:"xlb_clock_sample"`
+	XlbClockTickNs     *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs     *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
 	XlbTimeoutClose    *ebpf.Variable `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin      *ebpf.Variable `ebpf:"xlb_timeout_fin"`
@@ -337,12 +348,14 @@ type xlbVariables struct {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
+	XlbClock   *ebpf.Program `ebpf:"xlb_clock"`
 	XlbIngress *ebpf.Program `ebpf:"xlb_ingress"`
 	XlbXdp     *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
 	return _XlbClose(
+		p.XlbClock,
 		p.XlbIngress,
 		p.XlbXdp,
 	)
