@@ -375,9 +375,7 @@ func removeListener(t *iradix.Txn[[]string], key []byte, name string) {
 }
 
 // farmsEqual compares two farms by their canonical encoding.
-func farmsEqual(a, b *model.Farm) bool {
-	return string(a.AppendJSON(nil)) == string(b.AppendJSON(nil))
-}
+func farmsEqual(a, b *model.Farm) bool { return model.SameJSON(a, b) }
 
 // IsNotFound reports whether err is a NotFoundError.
 func IsNotFound(err error) bool {
