@@ -119,3 +119,54 @@ func BenchmarkUpdateFarm100Backends(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkChangeSharedVIP changes one farm of 1 backend on a VIP that
+// 0 or 1,000 other farms (other ports) share: the conflict check looks at
+// every farm on the VIP.
+func BenchmarkChangeSharedVIP(b *testing.B) {
+	for _, others := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
+			ctx := context.Background()
+			e, err := New(ctx, quiet, fake.New(), memStore{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var all []model.Farm
+			for i := range others {
+				all = append(all, webFarm(b, fmt.Sprintf("f%05d", i), "10.0.0.1", fmt.Sprint(1000+i)))
+			}
+			if err := put(e, all...); err != nil {
+				b.Fatal(err)
+			}
+			f := webFarm(b, "bench", "10.0.0.1", "80")
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				f.Backends[0].Weight = uint32(i%100 + 1)
+				if err := put(e, f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkBulkSharedVIP adds 1,000 farms on one VIP (other ports) in one
+// change: the conflict check compares each with every other, O(n^2).
+func BenchmarkBulkSharedVIP(b *testing.B) {
+	ctx := context.Background()
+	var all []model.Farm
+	for i := range 1000 {
+		all = append(all, webFarm(b, fmt.Sprintf("f%05d", i), "10.0.0.1", fmt.Sprint(1000+i)))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		e, err := New(ctx, quiet, fake.New(), memStore{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := put(e, all...); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
