@@ -109,3 +109,16 @@ func TestMapElemsBytes(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPlanFarm100Backends is the pure part of building a farm of
+// 100 backends for the kernel (no netlink): its plan, its backend map's
+// elements and its rules.
+func BenchmarkPlanFarm100Backends(b *testing.B) {
+	f := benchFarm(1, 100)
+	b.ReportAllocs()
+	for b.Loop() {
+		p := plan(f)
+		_, m := p.mapElems(f)
+		p.farmRules(f, "map", 1, m, nil, nil)
+	}
+}
