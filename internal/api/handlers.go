@@ -16,7 +16,7 @@ import (
 
 // readBody reads a request body of at most limit bytes.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), min(r.ContentLength, limit, maxSizeHint))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -28,6 +28,31 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		return nil, &httpError{status: http.StatusBadRequest, err: errors.New("request body is empty; send a JSON object")}
 	}
 	return body, nil
+}
+
+// maxSizeHint bounds what readBody reserves on a request's word (its
+// Content-Length) before the bytes arrive.
+const maxSizeHint = 1 << 20
+
+// readAll is io.ReadAll into a buffer of size+1 bytes at first (the byte
+// over lets it see the end without growing). io.ReadAll starts at 512
+// bytes and grows: 10 allocations and as many copies for the 8.6 KB body
+// of a farm of 100 backends.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	b := make([]byte, 0, max(size, 511)+1)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grow
+		}
+	}
 }
 
 // writeChunk is how much of a large response is built before it is written.

@@ -660,6 +660,23 @@ func (f *Farm) JSONLen() int {
 	return len(f.enc.json)
 }
 
+// SameJSON reports whether a and b have the same JSON encoding (every
+// field). Sealed farms compare their cached encodings in place: copying
+// them out (AppendJSON) cost two allocations the size of the farms.
+func SameJSON(a, b *Farm) bool {
+	return string(a.cachedJSON()) == string(b.cachedJSON())
+}
+
+// cachedJSON is the farm's encoding, not to be changed: the cache of a
+// sealed farm, else a new one.
+func (f *Farm) cachedJSON() []byte {
+	if f.enc == nil {
+		return f.appendJSON(nil)
+	}
+	f.enc.once.Do(func() { f.enc.json = f.appendJSON(nil) })
+	return f.enc.json
+}
+
 // Seal marks a farm as immutable and enables its encoding cache. The engine
 // seals every farm it publishes.
 func (f *Farm) Seal() {

@@ -193,17 +193,25 @@ func (b *Backend) Serving() bool { return b.State == StateUp && b.Weight > 0 }
 // a weight above zero, in the lowest priority level that has any (LVS/nftlb
 // priority groups: a higher level serves only when every lower one is gone).
 func (f *Farm) ActiveBackends() []Backend {
-	best := uint32(0)
+	best, n := uint32(0), 0
 	for i := range f.Backends {
 		b := &f.Backends[i]
-		if b.Serving() && (best == 0 || b.Priority < best) {
-			best = b.Priority
+		switch {
+		case !b.Serving():
+		case best == 0 || b.Priority < best:
+			best, n = b.Priority, 1
+		case b.Priority == best:
+			n++
 		}
 	}
-	var out []Backend
-	for _, b := range f.Backends {
-		if b.Serving() && b.Priority == best {
-			out = append(out, b)
+	if n == 0 {
+		return nil
+	}
+	// Sized up front: appending 100 backends grew the slice 8 times.
+	out := make([]Backend, 0, n)
+	for i := range f.Backends {
+		if b := &f.Backends[i]; b.Serving() && b.Priority == best {
+			out = append(out, *b)
 		}
 	}
 	return out

@@ -191,18 +191,20 @@ func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
 // d (or nothing if it did not exist): records of uvarint name length, name,
 // uvarint (length of the old JSON + 1, 0 for "did not exist"), old JSON.
 // A name touched twice keeps its first (oldest) version.
-func encodeUndo(d dataplane.Diff) []byte {
-	var buf []byte
+func encodeUndo(d dataplane.Diff) []byte { return appendUndo(nil, d) }
+
+// appendUndo appends encodeUndo's list to buf.
+func appendUndo(buf []byte, d dataplane.Diff) []byte {
 	seen := make(map[string]bool, 2*len(d.Changes))
-	rec := func(name string, old []byte) {
+	rec := func(name string, old *model.Farm) {
 		if !seen[name] {
 			seen[name] = true
-			buf = appendEntry(buf, name, old)
+			buf = appendFarmEntry(buf, name, old)
 		}
 	}
 	for _, c := range d.Changes {
 		if c.Old != nil {
-			rec(c.Old.Name, c.Old.AppendJSON(nil))
+			rec(c.Old.Name, c.Old)
 		}
 		if c.New != nil {
 			rec(c.New.Name, nil)
@@ -211,16 +213,36 @@ func encodeUndo(d dataplane.Diff) []byte {
 	return buf
 }
 
-// appendEntry appends one record of encodeUndo's layout: uvarint name
-// length, name, uvarint (length of v + 1, 0 when v is nil: no farm), v.
-func appendEntry(buf []byte, name string, v []byte) []byte {
+// appendFarmEntry appends one record of encodeUndo's layout: uvarint name
+// length, name, uvarint (length of f's JSON + 1, 0 when f is nil: no
+// farm), f's JSON, appended straight from the farm (its cached encoding
+// once sealed) rather than copied out first.
+func appendFarmEntry(buf []byte, name string, f *model.Farm) []byte {
 	buf = binary.AppendUvarint(buf, uint64(len(name)))
 	buf = append(buf, name...)
-	if v == nil {
+	if f == nil {
 		return binary.AppendUvarint(buf, 0)
 	}
-	buf = binary.AppendUvarint(buf, uint64(len(v))+1)
-	return append(buf, v...)
+	buf = binary.AppendUvarint(buf, uint64(f.JSONLen())+1)
+	return f.AppendJSON(buf)
+}
+
+// farmEntrySize is the length of what appendFarmEntry appends.
+func farmEntrySize(name string, f *model.Farm) int {
+	n := uvarintLen(uint64(len(name))) + len(name)
+	if f == nil {
+		return n + 1
+	}
+	v := f.JSONLen()
+	return n + uvarintLen(uint64(v)+1) + v
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
 }
 
 // decodeUndo calls fn for each record of encodeUndo's output; old is nil for

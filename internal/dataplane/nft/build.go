@@ -634,26 +634,74 @@ func (p *farmPlan) mapSet(t *nftables.Table, f *model.Farm, name string, id uint
 	return s
 }
 
-// slotData is a slot's data in the backend map: the backend, or its id in
-// farms with persistence or backend marks.
-func (p *farmPlan) slotData(b model.Backend) []byte {
-	if p.dsrMode {
-		return p.macData(b)
-	}
-	if p.ids {
-		return binaryutil.NativeEndian.PutUint32(backendID(b))
-	}
-	return p.backendData(b)
+// elemBytes holds the keys and data of a backend map's elements in one
+// buffer: each key and datum was an allocation of its own (PutUint32,
+// AsSlice, append), about 300 of the 1,235 allocations of an Apply that
+// adds a farm of 100 backends.
+type elemBytes []byte
+
+// since returns the bytes appended from start, capped so that later
+// appends (which may move the buffer, leaving it in place) never touch
+// them.
+func (d elemBytes) since(start int) []byte { return d[start:len(d):len(d)] }
+
+// u32 appends v in order and returns it.
+func (d *elemBytes) u32(order binary.AppendByteOrder, v uint32) []byte {
+	start := len(*d)
+	*d = order.AppendUint32(*d, v)
+	return d.since(start)
 }
 
+// slot appends a slot's data in the backend map and returns it: the
+// backend, or its id in farms with persistence or backend marks.
+func (d *elemBytes) slot(p *farmPlan, b *model.Backend) []byte {
+	start := len(*d)
+	switch {
+	case p.dsrMode:
+		m := p.dsr.macs[b.Addr]
+		*d = append(*d, m[:]...)
+	case p.ids:
+		*d = binary.NativeEndian.AppendUint32(*d, backendID(*b))
+	default:
+		*d = p.appendBackendData(*d, b)
+	}
+	return d.since(start)
+}
+
+// slotSize is an upper bound of the bytes of one slot's data.
+const slotSize = 16 + 4
+
 func (p *farmPlan) backendData(b model.Backend) []byte {
-	d := append([]byte(nil), b.Addr.AsSlice()...)
+	return p.appendBackendData(nil, &b)
+}
+
+// appendBackendData appends a backend's address (and port) as the backend
+// map holds it.
+func (p *farmPlan) appendBackendData(d []byte, b *model.Backend) []byte {
+	start := len(d)
+	d = appendAddr(d, b.Addr)
 	if p.kind == kindAddrPort {
 		port := b.Port
 		if port == 0 {
 			port = p.port
 		}
-		d = pad4(binary.BigEndian.AppendUint16(d, port))
+		d = binary.BigEndian.AppendUint16(d, port)
+		for (len(d)-start)%4 != 0 {
+			d = append(d, 0) // pad4
+		}
+	}
+	return d
+}
+
+// appendAddr appends what a.AsSlice returns, without allocating it.
+func appendAddr(d []byte, a netip.Addr) []byte {
+	switch {
+	case a.Is4():
+		v := a.As4()
+		return append(d, v[:]...)
+	case a.Is6():
+		v := a.As16()
+		return append(d, v[:]...)
 	}
 	return d
 }
@@ -661,17 +709,20 @@ func (p *farmPlan) backendData(b model.Backend) []byte {
 // mapElems returns the backend map's elements and the modulus of the
 // scheduling expression.
 func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
-	var out []nftables.SetElement
 	if f.Scheduler == model.SchedMaglev {
 		table := maglevTable(p.active, len(f.Backends))
+		out := make([]nftables.SetElement, 0, len(table))
+		d := make(elemBytes, 0, len(table)*(4+slotSize))
 		for i, bi := range table {
-			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(p.active[bi])})
+			out = append(out, nftables.SetElement{Key: d.u32(binary.NativeEndian, uint32(i)), Val: d.slot(p, &p.active[bi])})
 		}
 		return out, uint32(len(table))
 	}
 	if f.Scheduler != model.SchedWeight {
-		for i, b := range p.active {
-			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: p.slotData(b)})
+		out := make([]nftables.SetElement, 0, len(p.active))
+		d := make(elemBytes, 0, len(p.active)*(4+slotSize))
+		for i := range p.active {
+			out = append(out, nftables.SetElement{Key: d.u32(binary.NativeEndian, uint32(i)), Val: d.slot(p, &p.active[i])})
 		}
 		return out, uint32(len(p.active))
 	}
@@ -679,10 +730,13 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	// sent as a start element and an end element (key one past the range,
 	// flagged as an interval end), as nft does.
 	var total uint32
-	for _, b := range p.active {
+	out := make([]nftables.SetElement, 0, 2*len(p.active))
+	d := make(elemBytes, 0, len(p.active)*(8+slotSize))
+	for i := range p.active {
+		b := &p.active[i]
 		out = append(out,
-			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: p.slotData(b)},
-			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + b.Weight), IntervalEnd: true})
+			nftables.SetElement{Key: d.u32(binary.BigEndian, total), Val: d.slot(p, b)},
+			nftables.SetElement{Key: d.u32(binary.BigEndian, total+b.Weight), IntervalEnd: true})
 		total += b.Weight
 	}
 	return out, total
