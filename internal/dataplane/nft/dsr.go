@@ -564,7 +564,7 @@ func (b *batch) syncDevs(have, want string) {
 		if !slices.Contains(wt, d) {
 			ch := &nftables.Chain{Table: b.p.ntable, Name: devChain + d}
 			b.c.FlushChain(ch)
-			b.c.DelChain(ch)
+			b.delChain(ch)
 		}
 	}
 }

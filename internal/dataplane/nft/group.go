@@ -176,7 +176,7 @@ func (b *batch) dropEmptyGroups() {
 		if b.groups[famIndex(g.v6)][g.i] == 0 {
 			ch := &nftables.Chain{Table: b.p.table, Name: name}
 			b.c.FlushChain(ch)
-			b.c.DelChain(ch)
+			b.delChain(ch)
 			b.groups[famIndex(g.v6)][g.i] = -1
 		}
 	}
