@@ -319,6 +319,24 @@ static __always_inline int lb_redirect(const struct ct_val *v)
 }
 
 /**
+ * lb_bridge_port() - the bridge port behind which @mac sits, if @bridge is
+ * a bridge whose forwarding database the loader mirrors in xlb_br_port
+ * (--bridge-port-redirect) and the port takes a peer redirect.
+ * Return: the port's ifindex, or 0.
+ */
+static __always_inline __u32 lb_bridge_port(__u32 bridge, const __u8 *mac)
+{
+	struct br_port_key k = { .bridge = bridge };
+	__u32 *port;
+
+	__builtin_memcpy(k.mac, mac, 6);
+	port = bpf_map_lookup_elem(&xlb_br_port, &k);
+	if (!port || !bpf_map_lookup_elem(&xlb_peer_tx, port))
+		return 0;
+	return *port;
+}
+
+/**
  * lb4_nat() - rewrite a packet to @v's tuple and send it on.
  * @skb: the packet
  * @p: its parsed tuple
@@ -389,8 +407,13 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 		v->ifindex = 0;
 		__builtin_memcpy(v->dmac, fib.dmac, 6);
 		__builtin_memcpy(v->smac, fib.smac, 6);
-		v->nh_flags = bpf_map_lookup_elem(&xlb_peer_tx, &fib.ifindex) ? XLB_NH_F_PEER : 0;
-		v->ifindex = fib.ifindex;
+		v->nh_flags = 0;
+		ifindex = lb_bridge_port(fib.ifindex, fib.dmac);
+		if (ifindex)
+			v->nh_flags = XLB_NH_F_PEER;
+		else if (bpf_map_lookup_elem(&xlb_peer_tx, &fib.ifindex))
+			v->nh_flags = XLB_NH_F_PEER;
+		v->ifindex = ifindex ?: fib.ifindex;
 		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
 			goto err;
 		return lb_redirect(v);

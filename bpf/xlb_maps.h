@@ -181,6 +181,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_peer_tx SEC(".maps");
 
+/* (bridge ifindex, MAC) -> ifindex of the bridge port the MAC was learnt
+ * on, for ports that take a peer redirect (in xlb_peer_tx), on bridges
+ * without VLAN filtering; written by the loader from the bridges'
+ * forwarding databases only with --bridge-port-redirect (empty otherwise).
+ * A next hop behind such a port is sent to the port's peer with
+ * bpf_redirect_peer: straight into the container's namespace, without the
+ * bridge's and the veth's transmit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct br_port_key);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_br_port SEC(".maps");
+
 /* Keeps struct conn_event in the BTF for bpf2go (-type conn_event). */
 const struct conn_event *xlb_unused_conn_event __attribute__((unused));
 

@@ -118,6 +118,13 @@ struct ct_val {
 	__u8 dmac[6];  /* cached next hop destination MAC */
 };
 
+/* xlb_br_port key: a bridge and a destination MAC behind it. */
+struct br_port_key {
+	__u32 bridge; /* ifindex of the bridge (what bpf_fib_lookup answers) */
+	__u8 mac[6];  /* the next hop's MAC (bpf_fib_lookup's dmac) */
+	__u16 pad;    /* zero */
+};
+
 /* xlb_be_stats value (per CPU; key: __u32 counter slot, host order): what
  * ipvsadm --stats shows per real server. "in" is client -> backend, "out"
  * backend -> client; bytes are the IP packet's (no Ethernet header). */

@@ -63,7 +63,10 @@ start-up; changing it drops tracked connections) sizes its conntrack table;
 the --ct-timeout-* flags (like ipvsadm --set) apply to it only. --xdp
 generic|native also attaches the XDP fast path for tracked dsr flows to the
 same interfaces (native: for NICs with XDP drivers; list --interfaces then).
-See docs/dataplane-ebpf.md.
+--bridge-port-redirect sends packets for backends behind a bridge of the
+namespace (containers on a bridge such as docker0) straight into the
+container's veth peer (bpf_redirect_peer), past the bridge's transmit and
+its output hooks; see docs/dataplane-ebpf.md.
 
 --dataplane nft relies on the kernel's conntrack: given --conn-table-size N it
 sets net.netfilter.nf_conntrack_max to N and nf_conntrack_buckets to N
@@ -101,6 +104,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
 	f.StringVar(&o.dp.pinPath, "pin-path", ebpf.DefaultPinPath, "ebpf: bpffs directory where maps and links are pinned")
 	f.StringVar(&o.dp.xdp, "xdp", string(ebpf.XDPOff), "ebpf: XDP fast path for tracked dsr flows: off, generic (any driver), native (XDP drivers)")
+	f.BoolVar(&o.dp.bridgePortRedirect, "bridge-port-redirect", false, "ebpf: send packets for backends behind a bridge without VLAN filtering straight to their container's veth (skips the bridge's transmit and output hooks)")
 	d := ebpf.DefaultTimeouts
 	f.DurationVar(&o.dp.timeouts.TCP, "ct-timeout-tcp", d.TCP, "ebpf: idle timeout of established TCP connections")
 	f.DurationVar(&o.dp.timeouts.TCPFin, "ct-timeout-tcpfin", d.TCPFin, "ebpf: idle timeout of TCP connections after a FIN")
@@ -240,7 +244,7 @@ func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
 	if c.connTableSet && (c.connTableSize < 1 || c.connTableSize > maxConnTableSize) {
 		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)
 	}
-	ebpfOnly := []string{"interfaces", "pin-path", "xdp",
+	ebpfOnly := []string{"interfaces", "pin-path", "xdp", "bridge-port-redirect",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
 	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
 		return fmt.Errorf("--nft-tables: only with --dataplane nft")

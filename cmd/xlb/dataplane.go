@@ -31,6 +31,8 @@ type dataplaneConfig struct {
 	pinPath    string
 	xdp        string // off, generic, native
 	timeouts   ebpf.Timeouts
+	// bridgePortRedirect: ebpf.Options.BridgePortRedirect.
+	bridgePortRedirect bool
 }
 
 // openDataplane opens the data plane the daemon was asked for.
@@ -74,6 +76,8 @@ func openDataplane(ctx context.Context, log *slog.Logger, c dataplaneConfig) (da
 			ConnTableSize: 2 * c.connTableSize,
 			PinPath:       c.pinPath,
 			Timeouts:      c.timeouts,
+
+			BridgePortRedirect: c.bridgePortRedirect,
 		})
 		if err != nil {
 			return nil, err

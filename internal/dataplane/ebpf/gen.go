@@ -4,4 +4,4 @@ package ebpf
 // xlb_bpfel.go and xlb_bpfel.o are committed, so building needs no clang;
 // `go generate ./internal/dataplane/ebpf` (clang, llvm-strip, libbpf-dev)
 // rebuilds them.
-//go:generate go tool bpf2go -tags linux -target bpfel -type svc_key -type svc_val -type slot_key -type backend -type ct_key -type ct_val -type persist_key -type persist_val -type be_index_key -type stl_key -type stl_val -type be_stats -type conn_event -cflags "-O2 -mcpu=v3 -Wall -Werror -I../../../bpf/include" xlb ../../../bpf/xlb_lb.c
+//go:generate go tool bpf2go -tags linux -target bpfel -type svc_key -type svc_val -type slot_key -type backend -type ct_key -type ct_val -type persist_key -type persist_val -type be_index_key -type stl_key -type stl_val -type be_stats -type conn_event -type br_port_key -cflags "-O2 -mcpu=v3 -Wall -Werror -I../../../bpf/include" xlb ../../../bpf/xlb_lb.c

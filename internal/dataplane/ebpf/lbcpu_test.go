@@ -37,13 +37,16 @@ import (
 //   - direct: from the client to the backend's address, plain kernel
 //     forwarding at the LB;
 //   - nft: from the client to a VIP, the nftables plane (dnat);
-//   - ebpf: from the client to a VIP, this plane (dnat).
+//   - ebpf: from the client to a VIP, this plane (dnat); the next hop is
+//     the LB's bridge to the backends (plain bpf_redirect);
+//   - ebpf-brport: the same with BridgePortRedirect: the next hop is the
+//     bridge port's veth, whose peer is the backend's (bpf_redirect_peer).
 //
-// The four run in turn, in chunks of lbcpuChunk packets, b.N packets each in
+// The five run in turn, in chunks of lbcpuChunk packets, b.N packets each in
 // all, so that load from other work on the machine falls on all of them
 // alike. Per chunk, a system's LB cost is its cpu-ns/pkt minus local's; the
 // reported values are medians over chunks: cpu-ns/pkt per system, lb-ns/pkt
-// (direct, nft, ebpf), nft/ebpf (the ratio of LB costs), and bpf-ns/pkt, the
+// (direct, nft, ebpf, ebpf-brport), nft/ebpf and nft/ebpf-brport (the ratios of LB costs), and bpf-ns/pkt, the
 // eBPF program's own run time from the kernel's BPF statistics. Run with a
 // fixed count (-benchtime 300000x); bench/ebpf-cpu.sh runs it several times.
 func BenchmarkLBCPU(b *testing.B) {
@@ -51,6 +54,7 @@ func BenchmarkLBCPU(b *testing.B) {
 	plain := newLBCPUPath(b, "plain")
 	nftPath := newLBCPUPath(b, "nft")
 	ebpfPath := newLBCPUPath(b, "ebpf")
+	brPath := newLBCPUPath(b, "ebpf-brport")
 	systems := []struct {
 		name string
 		path *lbcpuPath
@@ -60,12 +64,16 @@ func BenchmarkLBCPU(b *testing.B) {
 		{"direct", plain, plain.sender(b, plain.topo.Client.NS, plain.be)},
 		{"nft", nftPath, nftPath.sender(b, nftPath.topo.Client.NS, nftPath.vip)},
 		{"ebpf", ebpfPath, ebpfPath.sender(b, ebpfPath.topo.Client.NS, ebpfPath.vip)},
+		{"ebpf-brport", brPath, brPath.sender(b, brPath.topo.Client.NS, brPath.vip)},
 	}
-	// Warm up: conntrack entries, neighbours, next hops.
+	paths := []*lbcpuPath{plain, nftPath, ebpfPath, brPath}
+	// Warm up: conntrack entries, neighbours, next hops (and the bridge's
+	// forwarding entry of the backend's MAC, which the backend's ARP
+	// answers taught it).
 	for _, s := range systems {
 		s.send(1000)
 	}
-	for _, p := range []*lbcpuPath{plain, nftPath, ebpfPath} {
+	for _, p := range paths {
 		p.start = p.wait(b, p.warm)
 	}
 	st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
@@ -88,7 +96,7 @@ func BenchmarkLBCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, p := range []*lbcpuPath{plain, nftPath, ebpfPath} {
+	for _, p := range paths {
 		want := p.start + int64(b.N)
 		if p == plain {
 			want += int64(b.N)
@@ -102,19 +110,26 @@ func BenchmarkLBCPU(b *testing.B) {
 	}
 	lb := map[string][]float64{}
 	var ratio []float64
+	var brRatio []float64
 	for i := range per["local"] {
-		for _, s := range []string{"direct", "nft", "ebpf"} {
+		for _, s := range []string{"direct", "nft", "ebpf", "ebpf-brport"} {
 			lb[s] = append(lb[s], per[s][i]-per["local"][i])
 		}
 		if e := per["ebpf"][i] - per["local"][i]; e > 0 {
 			ratio = append(ratio, (per["nft"][i]-per["local"][i])/e)
 		}
+		if e := per["ebpf-brport"][i] - per["local"][i]; e > 0 {
+			brRatio = append(brRatio, (per["nft"][i]-per["local"][i])/e)
+		}
 	}
-	for _, s := range []string{"direct", "nft", "ebpf"} {
+	for _, s := range []string{"direct", "nft", "ebpf", "ebpf-brport"} {
 		b.ReportMetric(median(lb[s]), s+"-lb-ns/pkt")
 	}
 	if len(ratio) > 0 {
 		b.ReportMetric(median(ratio), "nft/ebpf")
+	}
+	if len(brRatio) > 0 {
+		b.ReportMetric(median(brRatio), "nft/ebpf-brport")
 	}
 	if runs := bpf1.RunCount - bpf0.RunCount; runs > 0 {
 		b.ReportMetric(float64(bpf1.Runtime-bpf0.Runtime)/float64(runs), "bpf-ns/pkt")
@@ -166,8 +181,13 @@ func newLBCPUPath(b *testing.B, kind string) *lbcpuPath {
 		if err := pl.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
 			b.Fatal(err)
 		}
-	case "ebpf":
-		pl := newPlane(b, p.topo.LB.NS, mountBPFFS(b), nil, 16384)
+	case "ebpf", "ebpf-brport":
+		pl, err := New(context.Background(), testLogger(b), Options{NetNS: p.topo.LB.NS, PinPath: mountBPFFS(b),
+			ConnTableSize: 16384, BridgePortRedirect: kind == "ebpf-brport"})
+		if err != nil {
+			b.Fatalf("new ebpf plane: %v", err)
+		}
+		b.Cleanup(func() { pl.Close() })
 		if err := pl.Reconcile(context.Background(), []*model.Farm{f}); err != nil {
 			b.Fatal(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -258,13 +259,13 @@ func TestTrafficPeerRedirect(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		for _, proto := range []model.Protocol{model.ProtoTCP, model.ProtoUDP} {
 			for _, mode := range []model.Mode{model.ModeDNAT, model.ModeSNAT} {
-				flows = append(flows, peerFlow{fmt.Sprintf("peer-%s-%s-v6=%v", proto, mode, v6), 0, v6, proto, mode})
+				flows = append(flows, peerFlow{fmt.Sprintf("peer-%s-%s-v6=%v", proto, mode, v6), 0, v6, proto, mode, false})
 			}
 		}
 	}
 	for _, be := range []int{1, 2} {
 		for _, proto := range []model.Protocol{model.ProtoTCP, model.ProtoUDP} {
-			flows = append(flows, peerFlow{fmt.Sprintf("be%d-%s-dnat", be, proto), be, false, proto, model.ModeDNAT})
+			flows = append(flows, peerFlow{fmt.Sprintf("be%d-%s-dnat", be, proto), be, false, proto, model.ModeDNAT, false})
 		}
 	}
 	var farms []*model.Farm
@@ -324,6 +325,9 @@ type peerFlow struct {
 	v6    bool
 	proto model.Protocol
 	mode  model.Mode
+	// brPort: the plane runs with BridgePortRedirect, so be2 (behind
+	// bridge br2) takes the peer redirect into its veth too.
+	brPort bool
 }
 
 // runPeerFlow runs 20 requests of flow f to vip and checks how they were
@@ -392,12 +396,12 @@ func runPeerFlow(t *testing.T, n *peerNet, p *Plane, name string, f peerFlow, vi
 		if beRx1-beRx0 < reqs {
 			t.Errorf("backend received %d packets, want >= %d", beRx1-beRx0, reqs)
 		}
-		if f.be == 0 {
+		if f.be == 0 || f.brPort && f.be == 2 {
 			if d("fib_redirect") != 0 || d("fib_peer") < 2*reqs {
 				t.Errorf("fib_peer %d, fib_redirect %d: want >= %d and 0", d("fib_peer"), d("fib_redirect"), 2*reqs)
 			}
 			if beTx1-beTx0 > reqs/4 {
-				t.Errorf("lp transmitted %d packets: the forward path should bypass it", beTx1-beTx0)
+				t.Errorf("%s transmitted %d packets: the forward path should bypass it", beLink, beTx1-beTx0)
 			}
 		} else {
 			if d("fib_redirect") < reqs || d("fib_peer") < reqs {
@@ -408,6 +412,109 @@ func runPeerFlow(t *testing.T, n *peerNet, p *Plane, name string, f peerFlow, vi
 			}
 		}
 	})
+}
+
+// TestTrafficBridgePortRedirect: with BridgePortRedirect, a backend behind
+// a bridge (be2, behind br2's port bq) is reached with bpf_redirect_peer
+// into its veth: the bridge transmits nothing of the forward path. The
+// backend behind a veth pair held by the LB namespace and a bridge (be1:
+// the next hop is veth sa, not a bridge) keeps the plain redirect.
+// xlb_br_port follows the bridge's forwarding database: an entry deleted by
+// hand goes from the map, and the flow then takes the bridge again.
+func TestTrafficBridgePortRedirect(t *testing.T) {
+	n := newPeerNet(t)
+	p, err := New(context.Background(), testLogger(t), Options{NetNS: n.lb, PinPath: mountBPFFS(t),
+		ConnTableSize: 16384, BridgePortRedirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	flows := []peerFlow{
+		{"be2-tcp", 2, false, model.ProtoTCP, model.ModeDNAT, true},
+		{"be2-udp", 2, false, model.ProtoUDP, model.ModeDNAT, true},
+		{"be1-tcp", 1, false, model.ProtoTCP, model.ModeDNAT, true},
+	}
+	var farms []*model.Farm
+	vips := make([]netip.AddrPort, len(flows))
+	for i, f := range flows {
+		port := uint16(8080)
+		if f.proto == model.ProtoUDP {
+			port = 8053
+		}
+		vips[i] = netip.AddrPortFrom(testutil.VIP4(120+i), 80)
+		fm := model.NewFarm(fmt.Sprintf("f%d", i))
+		fm.VirtualAddr = vips[i].Addr()
+		fm.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+		fm.Protocol, fm.Mode, fm.Scheduler = f.proto, f.mode, model.SchedRR
+		be := model.NewBackend("b")
+		be.Addr, be.Port = n.beIP[f.be][0], port
+		fm.Backends = append(fm.Backends, be)
+		if err := fm.Validate(); err != nil {
+			t.Fatalf("farm %s: %v", f.name, err)
+		}
+		farms = append(farms, &fm)
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	// be2's MAC as the bridge learnt it: the map must hold it (bridge br2,
+	// port bq) once be2 has sent a frame (the flows' warm-up does).
+	lh, err := netlink.NewHandleAt(n.lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lh.Close()
+	bh, err := netlink.NewHandleAt(n.be[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bh.Close()
+	beLink, err := bh.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	br2, err := lh.LinkByName("br2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bq, err := lh.LinkByName("bq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := xlbBrPortKey{Bridge: uint32(br2.Attrs().Index)}
+	copy(key.Mac[:], beLink.Attrs().HardwareAddr)
+	mapped := func() (uint32, bool) {
+		var port uint32
+		err := p.objs.XlbBrPort.Lookup(key, &port)
+		return port, err == nil
+	}
+	for i, f := range flows {
+		runPeerFlow(t, n, p, f.name, f, vips[i])
+		if f.be == 2 {
+			if port, ok := mapped(); !ok || port != uint32(bq.Attrs().Index) {
+				t.Fatalf("xlb_br_port[br2, %s] = %d (%v), want bq (%d)", beLink.Attrs().HardwareAddr, port, ok, bq.Attrs().Index)
+			}
+		}
+	}
+
+	// The bridge forgets be2's MAC: so does the map, and be2 is reached
+	// through the bridge again (it floods, then learns the MAC anew, which
+	// puts it back in the map).
+	err = lh.NeighDel(&netlink.Neigh{LinkIndex: bq.Attrs().Index, Family: unix.AF_BRIDGE,
+		Flags: unix.NTF_MASTER, HardwareAddr: beLink.Attrs().HardwareAddr})
+	if err != nil {
+		t.Fatalf("delete be2's forwarding entry: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, ok := mapped(); ok; _, ok = mapped() {
+		if time.Now().After(deadline) {
+			t.Fatal("xlb_br_port still holds be2's MAC after the bridge forgot it")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if name, err := testutil.AskTCP(n.client, vips[0]); err != nil || !strings.HasPrefix(name, "be2 ") {
+		t.Fatalf("after the bridge forgot be2: %q, %v", name, err)
+	}
 }
 
 // TestTrafficPeerRedirectNetkit: a next hop that is a netkit device (L2

@@ -58,6 +58,15 @@ type Options struct {
 	// changing them takes a restart, which is hitless.
 	Timeouts Timeouts
 
+	// BridgePortRedirect sends a next hop behind a bridge of the namespace
+	// (one without VLAN filtering) straight to the bridge port its MAC was
+	// learnt on, with bpf_redirect_peer, when that port is a veth or netkit
+	// whose peer is in another namespace (a container's): the packet skips
+	// the bridge's and the port's transmit. It also skips what the bridge
+	// would do on the way: its output hooks (nft bridge family, ebtables),
+	// port isolation, and its counters. Off by default.
+	BridgePortRedirect bool
+
 	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
 	ctRefresh time.Duration
 	// noPeerRedirect leaves xlb_peer_tx empty: every next hop takes
@@ -470,7 +479,7 @@ func (p *Plane) Destroy() error {
 	}
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
 		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
-		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx, p.objs.XlbPeerTx} {
+		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx, p.objs.XlbPeerTx, p.objs.XlbBrPort} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

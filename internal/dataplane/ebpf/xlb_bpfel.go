@@ -39,6 +39,13 @@ type xlbBeStats struct {
 	OutBytes uint64
 }
 
+type xlbBrPortKey struct {
+	_      structs.HostLayout
+	Bridge uint32
+	Mac    [6]uint8
+	Pad    uint16
+}
+
 type xlbConnEvent struct {
 	_       structs.HostLayout
 	Svc     uint32
@@ -154,6 +161,7 @@ const (
 	xlbMapXlbBeFlags         = "xlb_be_flags"
 	xlbMapXlbBeIndex         = "xlb_be_index"
 	xlbMapXlbBeStats         = "xlb_be_stats"
+	xlbMapXlbBrPort          = "xlb_br_port"
 	xlbMapXlbCt              = "xlb_ct"
 	xlbMapXlbEvents          = "xlb_events"
 	xlbMapXlbPeerTx          = "xlb_peer_tx"
@@ -237,6 +245,7 @@ type xlbMapSpecs struct {
 	XlbBeFlags   *ebpf.MapSpec `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
 	XlbBeStats   *ebpf.MapSpec `ebpf:"xlb_be_stats"`
+	XlbBrPort    *ebpf.MapSpec `ebpf:"xlb_br_port"`
 	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
 	XlbPeerTx    *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
@@ -292,6 +301,7 @@ type xlbMaps struct {
 	XlbBeFlags   *ebpf.Map `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
 	XlbBeStats   *ebpf.Map `ebpf:"xlb_be_stats"`
+	XlbBrPort    *ebpf.Map `ebpf:"xlb_br_port"`
 	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
 	XlbPeerTx    *ebpf.Map `ebpf:"xlb_peer_tx"`
@@ -312,6 +322,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbBeFlags,
 		m.XlbBeIndex,
 		m.XlbBeStats,
+		m.XlbBrPort,
 		m.XlbCt,
 		m.XlbEvents,
 		m.XlbPeerTx,
