@@ -19,6 +19,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -65,6 +67,10 @@ type Bolt struct {
 // FileName is the database's name inside the state directory.
 const FileName = "xlb.db"
 
+// initialMmapSize is bbolt's first mapping of the state file: 256 MiB of
+// address space, room for a state of about a million farms of one backend.
+const initialMmapSize = 256 << 20
+
 // OpenBolt opens (creating if needed) the state database in dir.
 func OpenBolt(dir string) (*Bolt, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -73,7 +79,12 @@ func OpenBolt(dir string) (*Bolt, error) {
 	path := filepath.Join(dir, FileName)
 	// The timeout turns "another xlb daemon holds this state dir" into an
 	// error instead of a hang.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	//
+	// InitialMmapSize reserves address space (not memory) for the file to
+	// grow into: bbolt copies every node a transaction holds off the old
+	// mapping each time the file outgrows it (node.dereference), which was
+	// 30 % of a 16,000-farm restore's disk phase.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, InitialMmapSize: initialMmapSize})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open state %q: locked by another process (is another xlb daemon using this --state-dir?)", path)
@@ -169,19 +180,37 @@ func (s *Bolt) UndoLast(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// writeDiff puts d's farms into the farms bucket.
+// writeDiff puts d's farms into the farms bucket, in the order of their
+// names: bbolt keeps a node's keys in a sorted slice, so a key put before
+// others that are already there shifts them all; in name order each put
+// appends. A restore of 16,000 farms in the order of its file spent half
+// its disk time shifting (BenchmarkJournalBulk: 116 -> 57 ms). The sort is
+// stable, so the operations of one name keep their order.
 func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
-	b := tx.Bucket(farmsBucket)
+	type op struct {
+		name string
+		farm *model.Farm // nil: delete
+	}
+	ops := make([]op, 0, len(d.Changes))
 	for _, c := range d.Changes {
 		if c.Old != nil && (c.New == nil || c.New.Name != c.Old.Name) {
-			if err := b.Delete([]byte(c.Old.Name)); err != nil {
-				return err
-			}
+			ops = append(ops, op{name: c.Old.Name})
 		}
 		if c.New != nil {
-			if err := b.Put([]byte(c.New.Name), c.New.AppendJSON(nil)); err != nil {
-				return err
-			}
+			ops = append(ops, op{name: c.New.Name, farm: c.New})
+		}
+	}
+	slices.SortStableFunc(ops, func(a, b op) int { return strings.Compare(a.name, b.name) })
+	b := tx.Bucket(farmsBucket)
+	for _, o := range ops {
+		var err error
+		if o.farm == nil {
+			err = b.Delete([]byte(o.name))
+		} else {
+			err = b.Put([]byte(o.name), o.farm.AppendJSON(nil))
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
