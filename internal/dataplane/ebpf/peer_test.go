@@ -268,38 +268,7 @@ func TestTrafficPeerRedirect(t *testing.T) {
 			flows = append(flows, peerFlow{fmt.Sprintf("be%d-%s-dnat", be, proto), be, false, proto, model.ModeDNAT, false})
 		}
 	}
-	var farms []*model.Farm
-	vips := make([]netip.AddrPort, len(flows))
-	for i, f := range flows {
-		fam := 0
-		vip := testutil.VIP4(90 + i)
-		if f.v6 {
-			fam = 1
-			vip = testutil.VIP6(90 + i)
-		}
-		port := uint16(8080)
-		if f.proto == model.ProtoUDP {
-			port = 8053
-		}
-		vips[i] = netip.AddrPortFrom(vip, 80)
-		fm := model.NewFarm(fmt.Sprintf("f%d", i))
-		if f.v6 {
-			fm.Family = model.FamilyIPv6
-		}
-		fm.VirtualAddr = vip
-		fm.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
-		fm.Protocol, fm.Mode, fm.Scheduler = f.proto, f.mode, model.SchedRR
-		be := model.NewBackend("b")
-		be.Addr, be.Port = n.beIP[f.be][fam], port
-		fm.Backends = append(fm.Backends, be)
-		if err := fm.Validate(); err != nil {
-			t.Fatalf("farm %s: %v", f.name, err)
-		}
-		farms = append(farms, &fm)
-	}
-	if err := p.Reconcile(context.Background(), farms); err != nil {
-		t.Fatal(err)
-	}
+	vips := n.applyFlows(t, p, flows, 90)
 	// Each flow with checksum offload, then with transmit checksum
 	// offload off on the client and the backends: packets arrive with full checksums (CHECKSUM_NONE),
 	// which the program updates and the receivers verify (a peer redirect
@@ -328,6 +297,42 @@ type peerFlow struct {
 	// brPort: the plane runs with BridgePortRedirect, so be2 (behind
 	// bridge br2) takes the peer redirect into its veth too.
 	brPort bool
+}
+
+// applyFlows gives p a farm per flow, farm f<i> on VIP number first+i,
+// port 80, to the flow's backend (port 8080 for tcp, 8053 for udp), and
+// returns the VIPs.
+func (n *peerNet) applyFlows(t *testing.T, p *Plane, flows []peerFlow, first int) []netip.AddrPort {
+	t.Helper()
+	var farms []*model.Farm
+	vips := make([]netip.AddrPort, len(flows))
+	for i, f := range flows {
+		fm := model.NewFarm(fmt.Sprintf("f%d", i))
+		fam, vip := 0, testutil.VIP4(first+i)
+		if f.v6 {
+			fam, vip = 1, testutil.VIP6(first+i)
+			fm.Family = model.FamilyIPv6
+		}
+		port := uint16(8080)
+		if f.proto == model.ProtoUDP {
+			port = 8053
+		}
+		vips[i] = netip.AddrPortFrom(vip, 80)
+		fm.VirtualAddr = vip
+		fm.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+		fm.Protocol, fm.Mode, fm.Scheduler = f.proto, f.mode, model.SchedRR
+		be := model.NewBackend("b")
+		be.Addr, be.Port = n.beIP[f.be][fam], port
+		fm.Backends = append(fm.Backends, be)
+		if err := fm.Validate(); err != nil {
+			t.Fatalf("farm %s: %v", f.name, err)
+		}
+		farms = append(farms, &fm)
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	return vips
 }
 
 // runPeerFlow runs 20 requests of flow f to vip and checks how they were
@@ -434,29 +439,7 @@ func TestTrafficBridgePortRedirect(t *testing.T) {
 		{"be2-udp", 2, false, model.ProtoUDP, model.ModeDNAT, true},
 		{"be1-tcp", 1, false, model.ProtoTCP, model.ModeDNAT, true},
 	}
-	var farms []*model.Farm
-	vips := make([]netip.AddrPort, len(flows))
-	for i, f := range flows {
-		port := uint16(8080)
-		if f.proto == model.ProtoUDP {
-			port = 8053
-		}
-		vips[i] = netip.AddrPortFrom(testutil.VIP4(120+i), 80)
-		fm := model.NewFarm(fmt.Sprintf("f%d", i))
-		fm.VirtualAddr = vips[i].Addr()
-		fm.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
-		fm.Protocol, fm.Mode, fm.Scheduler = f.proto, f.mode, model.SchedRR
-		be := model.NewBackend("b")
-		be.Addr, be.Port = n.beIP[f.be][0], port
-		fm.Backends = append(fm.Backends, be)
-		if err := fm.Validate(); err != nil {
-			t.Fatalf("farm %s: %v", f.name, err)
-		}
-		farms = append(farms, &fm)
-	}
-	if err := p.Reconcile(context.Background(), farms); err != nil {
-		t.Fatal(err)
-	}
+	vips := n.applyFlows(t, p, flows, 120)
 	// be2's MAC as the bridge learnt it: the map must hold it (bridge br2,
 	// port bq) once be2 has sent a frame (the flows' warm-up does).
 	lh, err := netlink.NewHandleAt(n.lb)
