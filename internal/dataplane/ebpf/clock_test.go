@@ -10,9 +10,12 @@ import (
 )
 
 // TestConntrackClock: the loader calibrates the program's clock, and the
-// program's xlb_now() is the kernel's coarse monotonic clock to within a
-// tick, so conntrack timestamps of another load (a restart, an upgrade)
-// and the timeouts keep their meaning.
+// program's xlb_now() is the kernel's coarse monotonic clock to within two
+// ticks (the offset is calibrated to within a tick, and the sample reads
+// jiffies and the coarse clock a few ns apart, across which a tick may land:
+// CI once saw one tick and 2 ns), so conntrack timestamps of another load (a
+// restart, an upgrade) and the timeouts, exact to a second, keep their
+// meaning.
 func TestConntrackClock(t *testing.T) {
 	testutil.RequireRoot(t)
 	ns := fixtureNS(t)
@@ -37,7 +40,7 @@ func TestConntrackClock(t *testing.T) {
 		if err := p.objs.XlbClockSample.Get(&s); err != nil {
 			t.Fatal(err)
 		}
-		if d := int64(s[3] - s[1]); d < -int64(tick) || d > int64(tick) {
+		if d := int64(s[3] - s[1]); d < -2*int64(tick) || d > 2*int64(tick) {
 			t.Fatalf("xlb_now() %d differs from the coarse clock %d by %v (tick %v)", s[3], s[1], time.Duration(d), time.Duration(tick))
 		}
 		time.Sleep(3 * time.Millisecond)
