@@ -767,7 +767,13 @@ type batch struct {
 	// chain is deleted (a held-back delete may be of an element pointing
 	// at it) and at the end of the batch (drain).
 	runs  []elemRun
-	runOf map[string]int // index into runs, by table and set name
+	runOf map[setRef]int // index into runs
+}
+
+// setRef names a set (not its *nftables.Set: ensureStatic replaces those).
+type setRef struct {
+	family      nftables.TableFamily
+	table, name string
 }
 
 // elemRun is a held-back add or delete of elements of one set.
@@ -950,14 +956,11 @@ func (b *batch) addElems(s *nftables.Set, els []elem) {
 // run returns s's held-back run of kind del, sending the run of the other
 // kind first if there is one.
 func (b *batch) run(s *nftables.Set, del bool) *elemRun {
-	key := s.Table.Name + "\x00" + s.Name
-	if s.Table.Family == nftables.TableFamilyNetdev {
-		key = "netdev\x00" + key
-	}
+	key := setRef{s.Table.Family, s.Table.Name, s.Name}
 	i, ok := b.runOf[key]
 	if !ok {
 		if b.runOf == nil {
-			b.runOf = map[string]int{}
+			b.runOf = map[setRef]int{}
 		}
 		i = len(b.runs)
 		b.runOf[key] = i
