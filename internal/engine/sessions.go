@@ -55,3 +55,26 @@ func (e *Engine) DeleteSessions(ctx context.Context, farm, client, backend strin
 	}
 	return ss.DeleteSessions(ctx, f, client, backend)
 }
+
+// FlushSessions deletes every session of a farm (nftlb's DELETE
+// /farms/{name}/sessions), one client at a time, and returns how many it
+// deleted. Sessions that expire meanwhile are not counted.
+func (e *Engine) FlushSessions(ctx context.Context, farm string) (int, error) {
+	f, ss, err := e.sessionFarm(farm, "")
+	if err != nil || ss == nil {
+		return 0, err
+	}
+	list, err := ss.Sessions(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, s := range list {
+		n, err := ss.DeleteSessions(ctx, f, s.Client, "")
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
+}
