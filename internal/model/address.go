@@ -73,6 +73,10 @@ var addressFields = []scalarField[Address]{
 		// each family separated by a comma.
 		name: "ip-addr",
 		decode: func(a *Address, v string) error {
+			if strings.TrimSpace(v) == "" {
+				// nftlb: "Key 'ip-addr' cannot be empty".
+				return fmt.Errorf("cannot be empty: an address needs an IP address")
+			}
 			var f Farm
 			if err := farmFields[fieldIndex(farmFields, "virtual-addr")].decode(&f, v); err != nil {
 				return err

@@ -228,6 +228,7 @@ func TestFieldErrors(t *testing.T) {
 		{farm, "addresses", `"addresses":[{"name":"nowhere"}]`, []string{`"addresses"`, `"nowhere"`, "no farm has an address"}},
 		{farm, "addresses", `"addresses":[{"name":"a2","ip-addr":"fd00::1"}]`, []string{`address "a2"`, `"ip-addr"`, "family ipv4"}},
 		{farm, "addresses", `"addresses":[{"name":"a2","colour":"red"}]`, []string{`address "a2"`, `"colour"`, "unknown field"}},
+		{farm, "addresses", `"addresses":[{"name":"a2","ip-addr":"","ports":"30080"}]`, []string{`address "a2"`, `"ip-addr"`, "cannot be empty"}},
 		{farm, "sessions", `"sessions":[{"client":"10.0.0.9","backend":"b9"}]`, []string{`session "10.0.0.9"`, `"b9"`, "no backend"}},
 		{backend, "source-addr", `"source-addr":"fd00::1"`, []string{`backend "b1"`, `"source-addr"`, "family ipv4"}},
 		{backend, "state", `"state":"resting"`, []string{`"state"`, "up, down, off", "available"}},
