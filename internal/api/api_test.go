@@ -350,7 +350,7 @@ func TestErrors(t *testing.T) {
 		{"delete backends of missing farm", "DELETE", "/farms/nope/backends", "", 404, []string{"error deleting backend. ", `"nope"`}},
 		{"sessions of missing farm", "GET", "/farms/nope/sessions", "", 404, []string{"invalid request. ", `"nope"`}},
 		{"delete sessions of missing backend", "DELETE", "/farms/web/backends/nope/sessions", "", 404, []string{"error deleting session. ", `backend "nope"`}},
-		{"delete missing address", "DELETE", "/addresses/nope", "", 404, []string{"error deleting address. ", `address "nope"`}},
+		{"delete missing address", "DELETE", "/addresses/nope", "", 404, []string{"error stopping address. ", `address "nope"`}},
 		{"delete missing farm address", "DELETE", "/farms/web/addresses/nope", "", 404, []string{"error deleting farm address. ", `address "nope"`}},
 		{"address no farm uses", "POST", "/addresses", `{"addresses":[{"name":"lonely","ip-addr":"10.9.0.1","ports":"80"}]}`, 400, []string{"error parsing buffer. ", "no farm uses"}},
 		{"delete body naming nothing", "DELETE", "/farms", `{"farms":[{"name":"web"}]}`, 400, []string{"error parsing buffer. ", "names the backends"}},

@@ -24,7 +24,7 @@ const (
 	textRules          = "error generating rules"          // the kernel (or the disk) failed
 	textDeleteFarm     = "error deleting farm"
 	textDeleteBackend  = "error deleting backend"
-	textDeleteAddress  = "error deleting address"
+	textDeleteAddress  = "error stopping address" // nftlb stops an address before deleting it
 	textDeleteFarmAddr = "error deleting farm address"
 	textDeleteSession  = "error deleting session"
 )

@@ -369,7 +369,7 @@ const sessionsDeletedHeader = "X-Xlb-Sessions-Deleted"
 func errorMessage(text string) string {
 	for _, prefix := range []string{"invalid request. ", "the structure is invalid. ", "the object to modify is unknown. ",
 		"error parsing buffer. ", "error generating rules. ", "error deleting farm. ", "error deleting backend. ",
-		"error deleting address. ", "error deleting farm address. ", "error deleting session. "} {
+		"error stopping address. ", "error deleting farm address. ", "error deleting session. "} {
 		if rest, ok := strings.CutPrefix(text, prefix); ok {
 			return rest
 		}
