@@ -30,7 +30,9 @@ var quirks = []struct {
 	{"backend priority: nftlb raises a farm's serving level by one for each backend down, so a higher level may serve while a lower one still has a backend up; xlb serves only the lowest level with a backend up and prints the others available",
 		func(path, key string, n, x any) bool { return key == "state" && n == "up" && x == "available" }},
 	{"nftlb prints a farm's priority as a level it computes (raised past backends that are down or in config_error); xlb prints the configured priority",
-		func(path, key string, n, x any) bool { return key == "priority" && !strings.Contains(path, ".backends[") }},
+		func(path, key string, n, x any) bool {
+			return key == "priority" && !strings.Contains(path, ".backends[")
+		}},
 }
 
 // extraXlb are members xlb prints that nftlb leaves out when unset (or has
@@ -150,7 +152,7 @@ func TestCompareJSONFindsDifferences(t *testing.T) {
 		`{"farms":[{"name":"a","mode":"snat","sched-param":"srcip srcport","backends":[{"name":"b","mark":"0x0","weight":"1"}]}]}`:  0,
 		`{"farms":[{"name":"a","mode":"dnat","sched-param":"srcip srcport","backends":[{"name":"b","mark":"0x0","weight":"1"}]}]}`:  1,
 		`{"farms":[{"name":"a","mode":"snat","sched-param":"srcip srcport","backends":[{"name":"b","mark":"0x0","weight":"2"}]}]}`:  1,
-		`{"farms":[{"name":"a","mode":"snat","sched-param":"srcip srcport","backends":[]}]}`:                                          1,
+		`{"farms":[{"name":"a","mode":"snat","sched-param":"srcip srcport","backends":[]}]}`:                                        1,
 		`{"farms":[{"name":"a","sched-param":"srcip srcport","colour":"red","backends":[{"name":"b","mark":"0x0","weight":"1"}]}]}`: 2,
 	} {
 		if d, _ := compareJSON(n, x); len(d) != want {

@@ -20,9 +20,13 @@ type step struct {
 	compare    bool   // a GET whose bodies are compared with compareJSON
 }
 
-func same(name, method, path, body string) step { return step{name: name, method: method, path: path, body: body} }
+func same(name, method, path, body string) step {
+	return step{name: name, method: method, path: path, body: body}
+}
 
-func get(path string) step { return step{name: "GET " + path, method: "GET", path: path, compare: true} }
+func get(path string) step {
+	return step{name: "GET " + path, method: "GET", path: path, compare: true}
+}
 
 func refused(name, body, with, why string) []step {
 	return []step{
