@@ -1,6 +1,8 @@
 package nftlb
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -17,6 +19,9 @@ type step struct {
 	refuseWith string
 	why        string // the reason, as docs/nftlb-compat.md gives it
 	nftlbOnly  bool   // sent to nftlb only (undoes what xlb refused)
+	// statuses: a documented difference of status codes only, nftlb's
+	// then xlb's (the texts still start alike).
+	statuses [2]int
 	compare    bool   // a GET whose bodies are compared with compareJSON
 }
 
@@ -60,6 +65,8 @@ func TestSideBySide(t *testing.T) {
 		same("delete a backend", "DELETE", "/farms/web/backends/b3", ""),
 		same("delete a missing backend", "DELETE", "/farms/web/backends/nope", ""),
 		same("delete a missing farm", "DELETE", "/farms/nope", ""),
+		{name: "get a missing farm", method: "GET", path: "/farms/nope", statuses: [2]int{500, 404},
+			why: "404 tells a missing farm from a broken server; nftlb's DELETE of a missing farm answers 404 too"},
 		same("unknown key", "POST", "/farms", `{"farms":[{"name":"web","bogus":"1"}]}`),
 		same("not JSON", "POST", "/farms", `not json`),
 		same("farms not an array", "POST", "/farms", `{"farms":{"name":"x"}}`),
@@ -130,9 +137,23 @@ func TestSideBySide(t *testing.T) {
 		steps = append(steps, refused("not implemented: "+c.field, `{"farms":[{"name":"ni","virtual-addr":"10.0.6.1","virtual-ports":"80",`+c.body+`}]}`,
 			`"`+c.field+`"`, "kernel work: "+notImplemented)...)
 	}
+	run(t, nftlb, xlb, steps)
+	// A wrong key: 401 from both; nftlb's body is empty, xlb's says why.
+	for _, p := range []*peer{nftlb, xlb} {
+		req, _ := http.NewRequest("GET", "http://127.0.0.1:5555/farms", nil)
+		req.Header.Set("Key", "wrong")
+		resp, err := p.hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if text, _ := responseText(string(b)); resp.StatusCode != 401 || p == nftlb && len(b) != 0 || p == xlb && !strings.Contains(text, "wrong API key") {
+			t.Errorf("%s with a wrong key: %d %q", p.name, resp.StatusCode, b)
+		}
+	}
 	// nftlb's exported state posts back into xlb unchanged and reads back
 	// the same.
-	run(t, nftlb, xlb, steps)
 	exported := nftlb.do(t, "GET", "/farms", "")
 	xlb.do(t, "DELETE", "/farms", "")
 	if r := xlb.do(t, "POST", "/farms", exported.body); r.status != 200 {
@@ -171,7 +192,11 @@ func run(t *testing.T, nftlb, xlb *peer, steps []step) {
 			}
 			continue
 		}
-		if n.status != x.status {
+		if s.statuses != [2]int{} {
+			if n.status != s.statuses[0] || x.status != s.statuses[1] {
+				t.Errorf("%s: status nftlb %d, xlb %d; documented: %d, %d (%s)", label, n.status, x.status, s.statuses[0], s.statuses[1], s.why)
+			}
+		} else if n.status != x.status {
 			t.Errorf("%s: status nftlb %d %s, xlb %d %s", label, n.status, n.body, x.status, x.body)
 			continue
 		}
