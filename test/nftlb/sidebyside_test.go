@@ -60,6 +60,8 @@ func TestSideBySide(t *testing.T) {
 		get("/farms/web"),
 		same("patch farm fields", "PUT", "/farms", `{"farms":[{"name":"web","scheduler":"hash","sched-param":"srcip srcport","persistence":"srcip srcport","new-rtlimit":"0/second"}]}`),
 		get("/farms/web"),
+		same("a long log prefix", "POST", "/farms", `{"farms":[{"name":"web","log-prefix":"a-forty-character-log-prefix-0123456789ab"}]}`),
+		get("/farms/web"),
 		same("empty numbers are unset", "POST", "/farms", `{"farms":[{"name":"web","est-connlimit":"","new-rtlimit-burst":""}]}`),
 		get("/farms/web"),
 		same("delete a backend", "DELETE", "/farms/web/backends/b3", ""),
@@ -133,6 +135,8 @@ func TestSideBySide(t *testing.T) {
 		{"log-rtlimit", `"log-rtlimit":"5/minute"`}, {"new-rtlimit", `"new-rtlimit":"10/minute"`}, {"limits-ttl", `"limits-ttl":"60"`},
 		{"new-rtlimit-log-prefix", `"new-rtlimit-log-prefix":"NEW"`}, {"mode", `"mode":"local"`},
 		{"backends.source-addr", `"backends":[{"name":"s1","ip-addr":"10.1.0.31","source-addr":"10.0.0.254"}]`},
+		{"addresses", `"addresses":[{"name":"ni-addr","family":"ipv4","ip-addr":"10.0.6.1","ports":"80","protocol":"tcp"},{"name":"ni-2","family":"ipv4","ip-addr":"10.0.6.2","ports":"80","protocol":"tcp"}]`},
+		{"iface", `"mode":"stlsdnat","scheduler":"hash","iface":"lo"`},
 	} {
 		steps = append(steps, refused("not implemented: "+c.field, `{"farms":[{"name":"ni","virtual-addr":"10.0.6.1","virtual-ports":"80",`+c.body+`}]}`,
 			`"`+c.field+`"`, "kernel work: "+notImplemented)...)
