@@ -22,7 +22,7 @@ type step struct {
 	// statuses: a documented difference of status codes only, nftlb's
 	// then xlb's (the texts still start alike).
 	statuses [2]int
-	compare    bool   // a GET whose bodies are compared with compareJSON
+	compare  bool // a GET whose bodies are compared with compareJSON
 }
 
 func same(name, method, path, body string) step {
