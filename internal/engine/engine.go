@@ -60,7 +60,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 		return nil, err
 	}
 	start := time.Now()
-	if err := dp.Reconcile(ctx, s.Farms()); err != nil {
+	if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
 		u, ok := st.(store.Undoer)
 		if !ok {
@@ -75,7 +75,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 		if s, err = e.load(ctx); err != nil {
 			return nil, err
 		}
-		if err := dp.Reconcile(ctx, s.Farms()); err != nil {
+		if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
 			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 		}
 	}
@@ -144,7 +144,11 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		diskTime = time.Since(t0)
 		saved <- err
 	}()
-	kerr := e.dp.Apply(ctx, diff)
+	kdiff := kernelDiff(diff)
+	var kerr error
+	if !kdiff.Empty() {
+		kerr = e.dp.Apply(ctx, kdiff)
+	}
 	t1 := time.Now()
 	derr := <-saved
 	switch {
@@ -156,9 +160,9 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	case derr != nil:
 		// The kernel has the change but the disk does not: undo the kernel
 		// side so both agree with what the caller is told (nothing changed).
-		if rerr := e.dp.Apply(context.WithoutCancel(ctx), diff.Inverse()); rerr != nil {
+		if rerr := e.dp.Apply(context.WithoutCancel(ctx), kdiff.Inverse()); rerr != nil {
 			e.log.Error("rollback failed; reconciling the whole data plane", "err", rerr)
-			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), base.Farms()); rerr != nil {
+			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), kernelFarms(base.Farms())); rerr != nil {
 				e.log.Error("reconcile after failed rollback failed", "err", rerr)
 			}
 		}
@@ -208,7 +212,7 @@ func (e *Engine) publish(s *State) {
 func (e *Engine) Reconcile(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.dp.Reconcile(ctx, e.cur.Load().Farms())
+	return e.dp.Reconcile(ctx, kernelFarms(e.cur.Load().Farms()))
 }
 
 // Txn is a working copy of the state inside Engine.Change.
@@ -241,8 +245,10 @@ func (tx *Txn) Put(f model.Farm) error {
 	if err := f.Validate(); err != nil {
 		return err
 	}
-	if err := tx.e.dp.Check(&f); err != nil {
-		return err
+	if f.Listens() {
+		if err := tx.e.dp.Check(&f); err != nil {
+			return err
+		}
 	}
 	nf := f.Clone()
 	nf.Seal()
