@@ -69,8 +69,9 @@ LoadBalancer status IPs and externalIPs; TCP, UDP, SCTP; IPv4, IPv6 and
 dual-stack. Each change of a Service or its EndpointSlices is one kernel
 transaction on that Service's farms only. Annotations under xlb.io/ (and
 kube-nftlb's service.kubernetes.io/kube-nftlb-load-balancer-*) set mode,
-scheduler, persistence, helper, log and limits; an invalid one becomes an
-Event on the Service, which keeps its previous rules. See docs/kube-proxy.md.
+scheduler, persistence, helper, log and limits; an invalid or refused one
+becomes an Event on the Service, which is served with the defaults and
+always follows its endpoints. See docs/kube-proxy.md.
 
 Farms are named <namespace>.<service>.<port>.<kind>-<address> and live in
 their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
@@ -78,8 +79,8 @@ their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
 attached at tcx ingress of --interfaces, with its maps pinned under
 --pin-path. It balances what arrives on those interfaces (not what the
 node itself sends), and Service features it does not implement (SCTP, the
-helper and est-connlimit annotations) are refused per Service with an Event
-(see docs/kube-proxy.md). The state
+helper and est-connlimit annotations) fall back to the defaults, or leave
+that port out, with an Event (see docs/kube-proxy.md). The state
 is saved in --state-dir, so a restart keeps the rules in place until the
 first sync replaces them.
 

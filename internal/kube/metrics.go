@@ -60,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		rejectedChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "xlb_kubeproxy_rejected_changes_total",
-			Help: "Service changes refused (invalid annotation, unsupported feature, address clash); the Service keeps its previous rules.",
+			Help: "Service syncs that could not program a Service as asked (invalid or refused annotations: the defaults serve; farms refused by the data plane or clashing with another Service: left out).",
 		}),
 	}
 	reg.MustRegister(m.syncDuration, m.queueLatency, m.fullDuration, m.lastSync, m.lastFullSync,
