@@ -186,7 +186,9 @@ func (s *settings) apply(f *model.Farm) {
 	if s.persistTTL != nil {
 		f.PersistTTL = *s.persistTTL
 	}
-	if s.helper != nil {
+	if s.helper != nil && s.helper.Handles(f.Protocol) {
+		// A Service asks once for all its ports (DNS has a TCP and a UDP
+		// one): the helper goes to those of the protocol it handles.
 		f.Helper = *s.helper
 	}
 	if s.log != nil {
