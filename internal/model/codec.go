@@ -395,8 +395,11 @@ func fieldNames[T any](fields []scalarField[T]) string {
 	for _, f := range fields {
 		names = append(names, f.name)
 	}
-	if _, isFarm := any(fields).([]scalarField[Farm]); isFarm {
-		names = append(names, "backends", "policies")
+	switch any(fields).(type) {
+	case []scalarField[Farm]:
+		names = append(names, "backends", "policies", "check")
+	case []scalarField[Backend]:
+		names = append(names, "check")
 	}
 	return strings.Join(names, ", ")
 }
@@ -477,7 +480,7 @@ func (d *doc) farmItems() (first, end int, err error) {
 }
 
 // farmSkip are the farm members decoded apart from the scalar fields.
-var farmSkip = []string{"name", "backends", "policies"}
+var farmSkip = []string{"name", "backends", "policies", "check"}
 
 func decodeFarm(d *doc, item, index int, current FarmLookup) (Farm, error) {
 	if d.toks[item].kind != '{' {
@@ -520,6 +523,13 @@ func decodeFarm(d *doc, item, index int, current FarmLookup) (Farm, error) {
 		if err := decodePolicies(&f, d, ps); err != nil {
 			return Farm{}, err
 		}
+	}
+	if c := d.lastMember(item, "check"); c >= 0 {
+		chk, err := decodeCheck(d, c, obj, f.Check)
+		if err != nil {
+			return Farm{}, err
+		}
+		f.Check = chk
 	}
 	if err := f.Validate(); err != nil {
 		return Farm{}, err
@@ -564,8 +574,10 @@ func (f *Farm) policy(name string) (*PolicyRef, bool) {
 	return nil, false
 }
 
-// backendSkip is the backend member decoded apart from the scalar fields.
-var backendSkip = []string{"name"}
+// backendSkip are the backend members decoded apart from the scalar
+// fields, and those GET /farms/{name} adds that are read-only (ignored on
+// input, so a farm as shown can be put back).
+var backendSkip = []string{"name", "check", "health", "last-check"}
 
 // decodeBackends upserts the backend objects of the tape from first to
 // just before end (siblings) into f, by name. On an error f is half
@@ -606,6 +618,13 @@ func decodeBackends(f *Farm, d *doc, first, end int) error {
 		obj := objName{farm: f.Name, backend: name, isBackend: true}
 		if err := decodeMembers(d, e, obj, &f.Backends[idx], backendFields, backendSkip, false); err != nil {
 			return err
+		}
+		if c := d.lastMember(e, "check"); c >= 0 {
+			chk, err := decodeCheck(d, c, obj, f.Backends[idx].Check)
+			if err != nil {
+				return err
+			}
+			f.Backends[idx].Check = chk
 		}
 	}
 	return nil
@@ -708,7 +727,19 @@ const (
 	backendJSONSize = 160
 )
 
-func (f *Farm) appendJSON(dst []byte) []byte {
+func (f *Farm) appendJSON(dst []byte) []byte { return f.appendJSONExtra(dst, nil) }
+
+// BackendExtra appends members to backend i's JSON object, each starting
+// with a comma: what a reader adds that is not configuration (health).
+type BackendExtra func(dst []byte, i int) []byte
+
+// AppendJSONExtra appends the farm's JSON as AppendJSON does, with extra
+// members in each backend's object. It is not cached.
+func (f *Farm) AppendJSONExtra(dst []byte, extra BackendExtra) []byte {
+	return f.appendJSONExtra(dst, extra)
+}
+
+func (f *Farm) appendJSONExtra(dst []byte, extra BackendExtra) []byte {
 	dst = slices.Grow(dst, farmJSONSize+backendJSONSize*len(f.Backends))
 	dst = append(dst, '{')
 	for i := range farmFields {
@@ -718,8 +749,12 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 		dst = append(dst, farmKeys[i]...)
 		dst = farmFields[i].append(dst, f)
 	}
+	if f.Check != nil {
+		dst = append(dst, `,"check":`...)
+		dst = appendCheckJSON(dst, f.Check)
+	}
 	dst = append(dst, `,"backends":`...)
-	dst = f.appendBackendsJSON(dst)
+	dst = f.appendBackendsJSON(dst, extra)
 	dst = append(dst, `,"policies":[`...)
 	for i, p := range f.Policies {
 		if i > 0 {
@@ -732,7 +767,7 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 	return append(dst, "]}"...)
 }
 
-func (f *Farm) appendBackendsJSON(dst []byte) []byte {
+func (f *Farm) appendBackendsJSON(dst []byte, extra BackendExtra) []byte {
 	dst = append(dst, '[')
 	for i := range f.Backends {
 		if i > 0 {
@@ -746,6 +781,13 @@ func (f *Farm) appendBackendsJSON(dst []byte) []byte {
 			}
 			dst = append(dst, backendKeys[j]...)
 			dst = backendFields[j].append(dst, b)
+		}
+		if b.Check != nil {
+			dst = append(dst, `,"check":`...)
+			dst = appendCheckJSON(dst, b.Check)
+		}
+		if extra != nil {
+			dst = extra(dst, i)
 		}
 		dst = append(dst, '}')
 	}
@@ -834,7 +876,7 @@ func (a EtherAddr) appendQuoted(dst []byte) []byte {
 // backends (every field, defaults filled in).
 func (f *Farm) AppendBackendsJSON(dst []byte) []byte {
 	dst = append(dst, `{"backends":`...)
-	dst = f.appendBackendsJSON(dst)
+	dst = f.appendBackendsJSON(dst, nil)
 	return append(dst, "}\n"...)
 }
 

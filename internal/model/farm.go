@@ -63,6 +63,8 @@ type Farm struct {
 	EtherAddr EtherAddr
 	Backends  []Backend
 	Policies  []PolicyRef
+	// Check is the farm's active health check (check.go); nil: none.
+	Check *Check
 
 	enc *encoded // cached wire forms; see codec.go
 }
@@ -80,6 +82,9 @@ type Backend struct {
 	// EtherAddr is the backend's MAC (mode dsr); zero: the data plane
 	// looks it up in the neighbour table.
 	EtherAddr EtherAddr
+	// Check overrides fields of the farm's check for this backend; nil:
+	// the farm's check as it is.
+	Check *Check
 }
 
 // EtherAddr is an Ethernet (MAC) address; the zero value means unset.
