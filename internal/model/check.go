@@ -704,3 +704,13 @@ func fmtDur(d time.Duration) string {
 	}
 	return d.String()
 }
+
+// CheckKey identifies what backend i's resolved check c runs against: the
+// backend's address and the whole check. A health result reported under
+// another key is about a configuration that has changed since.
+func (f *Farm) CheckKey(i int, c *Check) string {
+	b := &f.Backends[i]
+	dst := b.Addr.AppendTo(make([]byte, 0, 128))
+	dst = append(dst, ' ')
+	return string(appendCheckJSON(dst, c))
+}

@@ -577,7 +577,7 @@ func (f *Farm) policy(name string) (*PolicyRef, bool) {
 // backendSkip are the backend members decoded apart from the scalar
 // fields, and those GET /farms/{name} adds that are read-only (ignored on
 // input, so a farm as shown can be put back).
-var backendSkip = []string{"name", "check", "health", "last-check"}
+var backendSkip = []string{"name", "check", "health", "effective-weight", "last-check"}
 
 // decodeBackends upserts the backend objects of the tape from first to
 // just before end (siblings) into f, by name. On an error f is half
