@@ -142,12 +142,14 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
+	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
+	defer stopHealth()
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           api.New(log, eng, key),
+		Handler:           hsrv(api.New(log, eng, key)),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
