@@ -39,8 +39,9 @@ type Server struct {
 	key []byte
 	mux *http.ServeMux
 
-	checks CheckStatus    // health.go; nil: no last checks shown
-	events *events.Broker // events.go; nil: GET /events answers 501
+	checks  CheckStatus    // health.go; nil: no last checks shown
+	events  *events.Broker // events.go; nil: GET /events answers 501
+	streams streams        // events.go
 }
 
 // Route is one method and path the API serves.

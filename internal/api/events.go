@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/engine"
@@ -13,6 +14,29 @@ import (
 // sseKeepAlive is how often an idle event stream sends a comment, so
 // proxies and clients see the connection is alive.
 const sseKeepAlive = 15 * time.Second
+
+// streams ends event streams when the server stops (http.Server.Shutdown
+// waits for handlers, and a stream never ends by itself).
+type streams struct {
+	once sync.Once
+	done chan struct{}
+}
+
+func (st *streams) ch() chan struct{} {
+	st.once.Do(func() { st.done = make(chan struct{}) })
+	return st.done
+}
+
+// StopStreams ends every event stream (GET /events) and makes new ones
+// end at once: register it with http.Server.RegisterOnShutdown.
+func (s *Server) StopStreams() {
+	ch := s.streams.ch()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
 
 // getEvents streams events (health transitions, weight changes, quorum
 // changes, flushes) as server-sent events until the client goes away. A
@@ -45,12 +69,15 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	rc.Flush()
+	stop := s.streams.ch()
 	tick := time.NewTicker(sseKeepAlive)
 	defer tick.Stop()
 	for {
 		var err error
 		select {
 		case <-r.Context().Done():
+			return nil
+		case <-stop:
 			return nil
 		case <-tick.C:
 			_, err = fmt.Fprint(w, ": keep-alive\n\n")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -144,5 +145,10 @@ func TestEventsStream(t *testing.T) {
 	}
 	if lines[0] != "id: 1" || lines[1] != "event: health" || !strings.Contains(lines[2], `"backend":"b1","state":"down","reason":"connect refused","weight":0`) {
 		t.Errorf("event %q", lines)
+	}
+	// A stopping server ends its streams.
+	e.h.(*api.Server).StopStreams()
+	if rest, err := io.ReadAll(rd); err != nil || strings.TrimSpace(string(rest)) != "" {
+		t.Errorf("after StopStreams: %q, %v", rest, err)
 	}
 }
