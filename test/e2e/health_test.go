@@ -65,4 +65,3 @@ func TestHealthCheck(t *testing.T) {
 		})
 	}
 }
-
