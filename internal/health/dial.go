@@ -49,7 +49,9 @@ func control(bindNoPort bool) func(network, address string, c syscall.RawConn) e
 // dial connects to dst over network ("tcp" or "udp") from src (if valid)
 // before deadline.
 func (d *dialer) dial(ctx context.Context, network string, src netip.Addr, dst netip.AddrPort, deadline time.Time) (net.Conn, error) {
-	nd := net.Dialer{Deadline: deadline, Control: control(src.IsValid())}
+	// No keep-alive: a check lives less than a second, and the four
+	// setsockopt calls that turn it on cost every check.
+	nd := net.Dialer{Deadline: deadline, KeepAlive: -1, Control: control(src.IsValid())}
 	if src.IsValid() {
 		if network == "tcp" {
 			nd.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
