@@ -244,6 +244,11 @@ func effectiveWeight(configured uint32, h *healthEntry) uint32 {
 // planeDiff turns a diff of desired farms into the diff of effective farms
 // the data plane applies, and the quorum states that go with it.
 func (e *Engine) planeDiff(d dataplane.Diff) (dataplane.Diff, map[string]*model.Farm, map[string]bool) {
+	// Farms without checks (nearly all of a bulk change) are their own
+	// effective farms: nothing is recorded for them.
+	if len(e.health.eff) == 0 && !anyChecks(d) {
+		return d, nil, nil
+	}
 	out := dataplane.Diff{Changes: make([]dataplane.FarmChange, 0, len(d.Changes))}
 	effs := map[string]*model.Farm{}
 	lost := map[string]bool{}
@@ -251,18 +256,38 @@ func (e *Engine) planeDiff(d dataplane.Diff) (dataplane.Diff, map[string]*model.
 		old := e.kernelFarm(c.Old)
 		nw := c.New
 		if nw != nil {
-			nw, lost[nw.Name] = effective(nw, e.health.byFarm[nw.Name], e.health.quorumLost[nw.Name])
-			effs[nw.Name] = nw
+			var l bool
+			nw, l = effective(nw, e.health.byFarm[nw.Name], e.health.quorumLost[nw.Name])
+			if nw != c.New {
+				effs[nw.Name] = nw
+			}
+			if l {
+				lost[nw.Name] = true
+			}
 		}
 		out.Changes = append(out.Changes, dataplane.FarmChange{Old: old, New: nw})
 	}
 	return out, effs, lost
 }
 
+// anyChecks reports whether a farm of the diff has checks, before or
+// after.
+func anyChecks(d dataplane.Diff) bool {
+	for _, c := range d.Changes {
+		if c.Old != nil && c.Old.HasChecks() || c.New != nil && c.New.HasChecks() {
+			return true
+		}
+	}
+	return false
+}
+
 // commitHealth records, after a change was applied, the effective farms
 // and quorum states it computed, drops the health of farms deleted, and
 // that of backends whose check changed (the checker starts them afresh).
 func (e *Engine) commitHealth(d dataplane.Diff, effs map[string]*model.Farm, lost map[string]bool) {
+	if effs == nil && len(e.health.byFarm) == 0 && len(e.health.quorumLost) == 0 && len(e.health.eff) == 0 {
+		return // no farm has or had health to record (planeDiff)
+	}
 	e.health.mu.Lock()
 	defer e.health.mu.Unlock()
 	for _, c := range d.Changes {
