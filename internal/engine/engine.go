@@ -44,6 +44,10 @@ type Engine struct {
 
 	subMu sync.Mutex
 	subs  []chan<- *State
+
+	// health: backends' health and the effective farms the data plane
+	// holds (health.go).
+	health healthTable
 }
 
 // New loads the saved state, checks it, and reconciles the kernel with it
@@ -54,13 +58,13 @@ type Engine struct {
 // disk while the kernel applies, so a crash can leave a last change on disk
 // that the kernel never took (and whose caller never got an answer).
 func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store.Store) (*Engine, error) {
-	e := &Engine{log: log, dp: dp, store: st}
+	e := &Engine{log: log, dp: dp, store: st, health: newHealthTable()}
 	s, err := e.load(ctx)
 	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
+	if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
 		u, ok := st.(store.Undoer)
 		if !ok {
@@ -75,7 +79,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 		if s, err = e.load(ctx); err != nil {
 			return nil, err
 		}
-		if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
+		if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
 			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 		}
 	}
@@ -144,7 +148,10 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		diskTime = time.Since(t0)
 		saved <- err
 	}()
-	kdiff := kernelDiff(diff)
+	// The data plane takes the effective farms (health.go), without
+	// those that listen nowhere (listen.go).
+	pdiff, effs, lost := e.planeDiff(diff)
+	kdiff := kernelDiff(pdiff)
 	var kerr error
 	if !kdiff.Empty() {
 		kerr = e.dp.Apply(ctx, kdiff)
@@ -162,13 +169,14 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		// side so both agree with what the caller is told (nothing changed).
 		if rerr := e.dp.Apply(context.WithoutCancel(ctx), kdiff.Inverse()); rerr != nil {
 			e.log.Error("rollback failed; reconciling the whole data plane", "err", rerr)
-			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), kernelFarms(base.Farms())); rerr != nil {
+			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), kernelFarms(e.effectiveFarms(base))); rerr != nil {
 				e.log.Error("reconcile after failed rollback failed", "err", rerr)
 			}
 		}
 		return base, derr
 	}
 	t2 := time.Now()
+	e.commitHealth(diff, effs, lost)
 	next := tx.build()
 	e.cur.Store(next)
 	e.publish(next)
@@ -212,7 +220,7 @@ func (e *Engine) publish(s *State) {
 func (e *Engine) Reconcile(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.dp.Reconcile(ctx, kernelFarms(e.cur.Load().Farms()))
+	return e.dp.Reconcile(ctx, kernelFarms(e.effectiveFarms(e.cur.Load())))
 }
 
 // Txn is a working copy of the state inside Engine.Change.
