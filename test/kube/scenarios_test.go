@@ -188,9 +188,9 @@ func (e *env) runFlows(t *testing.T, plane string, flows []flow) {
 // kpSlice is an EndpointSlice of Service svc: the given backends on port
 // name/proto -> 8080, with their conditions and nodes.
 type kpEndpoint struct {
-	backend                      int
+	backend                     int
 	ready, serving, terminating bool
-	local                        bool
+	local                       bool
 }
 
 func (e *env) kpSlice(svc, name string, v6 bool, eps ...kpEndpoint) {
@@ -200,7 +200,7 @@ func (e *env) kpSlice(svc, name string, v6 bool, eps ...kpEndpoint) {
 		at = discoveryv1.AddressTypeIPv6
 	}
 	s := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: "xlb-test"}},
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: "xlb-test"}},
 		AddressType: at,
 		Ports: []discoveryv1.EndpointPort{
 			{Name: ptr.To("tcp"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)},
