@@ -67,6 +67,12 @@ type Config struct {
 	// Listen opens the health check node port listeners (default
 	// net.Listen).
 	Listen ListenFunc
+	// APIHost and WaitHint are logged, with the API server's answer, every
+	// WaitLogInterval (default 5s) while the informer caches are not
+	// synced (see waitLogger).
+	APIHost         string
+	WaitHint        string
+	WaitLogInterval time.Duration
 	// ErrorBackoff bounds how long a failed sync waits before the full
 	// reconcile that follows it (default 1s to 30s, doubling).
 	ErrorBackoffMax time.Duration
@@ -202,7 +208,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.factory.Shutdown()
 	defer c.sliceFactory.Shutdown()
 	defer c.nodeInf.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+	waitCtx, stopWaitLog := context.WithCancel(ctx)
+	interval := c.cfg.WaitLogInterval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	go waitLogger(waitCtx, c.log, c.cfg.Client, c.cfg.APIHost, c.cfg.WaitHint, interval)
+	synced := cache.WaitForCacheSync(ctx.Done(), c.synced...)
+	stopWaitLog()
+	if !synced {
 		if ctx.Err() != nil {
 			return nil
 		}
