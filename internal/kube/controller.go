@@ -112,6 +112,8 @@ type Controller struct {
 	lastSync  time.Time
 	onSynced  func(key string, st *engine.State)
 	pendingAt map[string]time.Time
+	// Service keys queued for a change of the Service / of its slices.
+	svcPending, slicePending map[string]bool
 }
 
 // New builds a controller; Run starts it.
@@ -126,12 +128,13 @@ func New(cfg Config) (*Controller, error) {
 		cfg.ErrorBackoffMax = 30 * time.Second
 	}
 	c := &Controller{
-		cfg:       cfg,
-		log:       cfg.Log,
-		node:      Node{Name: cfg.NodeName},
-		owned:     map[string][]string{},
-		lastErr:   map[string]string{},
-		pendingAt: map[string]time.Time{},
+		cfg:        cfg,
+		log:        cfg.Log,
+		node:       Node{Name: cfg.NodeName},
+		owned:      map[string][]string{},
+		lastErr:    map[string]string{},
+		pendingAt:  map[string]time.Time{},
+		svcPending: map[string]bool{}, slicePending: map[string]bool{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, cfg.ErrorBackoffMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "xlb-kube-proxy"}),
@@ -165,9 +168,9 @@ func New(cfg Config) (*Controller, error) {
 	nodeInf := c.nodeInf.Core().V1().Nodes().Informer()
 
 	if _, err := svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.enqueueObj(obj) },
-		UpdateFunc: func(_, obj any) { c.enqueueObj(obj) },
-		DeleteFunc: func(obj any) { c.enqueueObj(obj) },
+		AddFunc:    func(obj any) { c.enqueueObj(obj, false) },
+		UpdateFunc: func(_, obj any) { c.enqueueObj(obj, false) },
+		DeleteFunc: func(obj any) { c.enqueueObj(obj, false) },
 	}); err != nil {
 		return nil, err
 	}
@@ -287,13 +290,13 @@ func (c *Controller) Healthy(maxAge time.Duration) (bool, string) {
 // and benchmarks; set it before Run.
 func (c *Controller) OnSynced(fn func(key string, st *engine.State)) { c.onSynced = fn }
 
-func (c *Controller) enqueueObj(obj any) {
+func (c *Controller) enqueueObj(obj any, slice bool) {
 	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	if err != nil {
 		c.log.Warn("bad object from informer", "err", err)
 		return
 	}
-	c.enqueue(key)
+	c.enqueueKind(key, slice)
 }
 
 func (c *Controller) enqueueSlice(obj any) {
@@ -308,7 +311,23 @@ func (c *Controller) enqueueSlice(obj any) {
 	if name == "" {
 		return
 	}
-	c.enqueue(s.Namespace + "/" + name)
+	c.enqueueKind(s.Namespace+"/"+name, true)
+}
+
+// enqueueKind queues a Service key for a change of the Service or (slice)
+// of one of its EndpointSlices, counted apart for kube-proxy's metrics.
+func (c *Controller) enqueueKind(key string, slice bool) {
+	now := time.Now()
+	c.stateMu.Lock()
+	if slice {
+		c.slicePending[key] = true
+	} else {
+		c.svcPending[key] = true
+	}
+	sp, ep := len(c.svcPending), len(c.slicePending)
+	c.stateMu.Unlock()
+	c.cfg.Metrics.queued(slice, now, sp, ep)
+	c.enqueue(key)
 }
 
 func (c *Controller) enqueue(key string) {
@@ -414,7 +433,11 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	c.stateMu.Lock()
 	queued, ok := c.pendingAt[key]
 	delete(c.pendingAt, key)
+	delete(c.svcPending, key)
+	delete(c.slicePending, key)
+	sp, ep := len(c.svcPending), len(c.slicePending)
 	c.stateMu.Unlock()
+	c.cfg.Metrics.pendingKinds(sp, ep)
 	if !ok {
 		queued = start
 	}

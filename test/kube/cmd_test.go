@@ -304,6 +304,17 @@ func TestKubeProxyCommand(t *testing.T) {
 		"xlb_kubeproxy_sync_proxy_rules_pending_changes",
 		"xlb_kubeproxy_network_programming_duration_seconds_bucket",
 		"xlb_kubeproxy_rejected_changes_total 1",
+		// kube-proxy's own names, for existing dashboards and alerts.
+		"kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+		"kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+		"kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+		"kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\"}",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total",
+		"kubeproxy_sync_proxy_rules_service_changes_total",
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+		"kubeproxy_sync_proxy_rules_service_changes_pending",
 	} {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics has no %q", m)
@@ -311,6 +322,13 @@ func TestKubeProxyCommand(t *testing.T) {
 	}
 	if n := metricValue(body, "xlb_kubeproxy_sync_proxy_rules_duration_seconds_count"); n < 2 {
 		t.Errorf("sync count %v, want at least 2", n)
+	}
+	// One Service created, its slice created, its annotation changed.
+	if n := metricValue(body, "kubeproxy_sync_proxy_rules_service_changes_total"); n < 2 {
+		t.Errorf("kubeproxy service changes %v, want at least 2", n)
+	}
+	if n := metricValue(body, "kubeproxy_sync_proxy_rules_endpoint_changes_total"); n < 1 {
+		t.Errorf("kubeproxy endpoint changes %v, want at least 1", n)
 	}
 
 	old := e.createService(service("old", corev1.ServiceTypeClusterIP))
