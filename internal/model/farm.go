@@ -127,7 +127,7 @@ const (
 	MaxWeight       = 10000
 	MaxPriority     = 1000
 	MaxPortRanges   = 64
-	MaxLogPrefixLen = 24 // the kernel's log prefix holds 127 bytes; xlb adds farm/backend names
+	MaxLogPrefixLen = 24 // bytes; the kernel's log prefix holds 127 bytes; xlb adds farm/backend names
 	DefaultTTL      = 60
 )
 
@@ -233,7 +233,7 @@ func (e *FieldError) Error() string {
 	}
 	fmt.Fprintf(&b, "field %q", e.Field)
 	if e.Value != "" {
-		fmt.Fprintf(&b, " value %q", e.Value)
+		fmt.Fprintf(&b, " value %q", clip(e.Value))
 	}
 	b.WriteString(": ")
 	b.WriteString(e.Problem)
