@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -92,7 +93,7 @@ func New(log *slog.Logger, eng *engine.Engine, key string) *Server {
 		})
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no such API path %q", r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such API path %q", model.Clip(r.URL.Path)))
 	})
 	return s
 }
@@ -193,7 +194,19 @@ func statusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
+// maxErrorLen bounds an error message: values in messages are clipped
+// where they are quoted (model.Clip), and this catches any other path (a
+// name from the URL, a kernel message).
+const maxErrorLen = 2048
+
 func writeError(w http.ResponseWriter, status int, msg string) {
+	if len(msg) > maxErrorLen {
+		cut := maxErrorLen
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = fmt.Sprintf("%s... (message of %d bytes cut)", msg[:cut], len(msg))
+	}
 	body, _ := json.Marshal(struct {
 		Error string `json:"error"`
 	}{msg})
