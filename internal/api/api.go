@@ -65,6 +65,7 @@ var routes = []Route{
 	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}/sessions", Write: true, handle: (*Server).deleteBackendSessions},
 	{Method: http.MethodGet, Path: "/state", handle: (*Server).getState},
 	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
+	{Method: http.MethodGet, Path: "/state/problems", handle: (*Server).getProblems},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
 }
 
