@@ -20,6 +20,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/store"
 )
 
 // Body limits. A bulk body of 16,000 farms with a few backends each is about
@@ -196,8 +197,11 @@ func statusOf(err error) int {
 		nf  *engine.NotFoundError
 		ce  *engine.ConflictError
 		nse *engine.NotSupportedError
+		ue  *store.UnavailableError
 	)
 	switch {
+	case errors.As(err, &ue):
+		return http.StatusServiceUnavailable
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge
 	case errors.As(err, &he):

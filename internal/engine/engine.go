@@ -153,6 +153,13 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	if diff.Empty() {
 		return base, nil
 	}
+	// A store that cannot take the change (read-only, or its directory
+	// gone) refuses it before the kernel sees it.
+	if g, ok := e.store.(store.Guard); ok {
+		if err := g.Writable(); err != nil {
+			return base, err
+		}
+	}
 	// The disk and the kernel take the change at the same time: the commit
 	// costs the slower of the two, not their sum. Whichever fails, the other
 	// is taken back, so the caller's error means nothing changed.

@@ -138,6 +138,9 @@ func writeSynced(path string, data []byte) error {
 
 // LoadSaved implements SavedLoader.
 func (j *Journal) LoadSaved(ctx context.Context) ([]SavedFarm, error) {
+	if j.ro != nil {
+		return j.loadSavedReadOnly(ctx)
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if err := j.fold(); err != nil {
