@@ -42,19 +42,20 @@ type runningDaemon struct {
 	stop func() int // stops the daemon, returns its exit code
 }
 
-// startDaemonWith runs `xlb daemon args...` with plane as its data plane
-// and env as its environment. It returns once the API serves, or with
-// the exit code and logs if the daemon stopped first (daemon nil).
-func startDaemonWith(t *testing.T, plane dataplane.Dataplane, env map[string]string, args ...string) (d *runningDaemon, code int, logs string) {
+// startDaemonWith runs `xlb daemon args...` with the data plane open
+// returns (nil: a new fake plane) and env as its environment. It returns
+// once the API serves, or with the exit code and logs if the daemon
+// stopped first (daemon nil).
+func startDaemonWith(t *testing.T, open func() (dataplane.Dataplane, error), env map[string]string, args ...string) (d *runningDaemon, code int, logs string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	ready := make(chan net.Addr, 1)
 	buf := &syncBuffer{}
-	if plane == nil {
-		plane = fake.New()
+	if open == nil {
+		open = func() (dataplane.Dataplane, error) { return fake.New(), nil }
 	}
 	a := &app{in: strings.NewReader(""), out: io.Discard, errOut: buf, getenv: func(k string) string { return env[k] },
-		openDataplane: func(context.Context, *slog.Logger, dataplaneConfig) (dataplane.Dataplane, error) { return plane, nil },
+		openDataplane: func(context.Context, *slog.Logger, dataplaneConfig) (dataplane.Dataplane, error) { return open() },
 		daemonReady:   func(a net.Addr) { ready <- a }}
 	done := make(chan int, 1)
 	go func() { done <- a.run(ctx, append([]string{"daemon", "--listen", "127.0.0.1:0"}, args...)) }()
@@ -79,4 +80,9 @@ func startDaemonWith(t *testing.T, plane dataplane.Dataplane, env map[string]str
 		t.Fatal("daemon did not start")
 	}
 	return nil, 0, ""
+}
+
+// samePlane opens p every time: one fake kernel across daemon restarts.
+func samePlane(p dataplane.Dataplane) func() (dataplane.Dataplane, error) {
+	return func() (dataplane.Dataplane, error) { return p, nil }
 }
