@@ -2,8 +2,8 @@ package api
 
 import (
 	"log/slog"
-	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -71,16 +71,23 @@ func newAuthLimiter(log *slog.Logger, opts Options) *authLimiter {
 }
 
 // clientOf is the address a request's failures are counted under: the
-// peer's IP (no port), "unix" for the Unix socket.
+// peer's IPv4 address, its IPv6 /64 (one host usually holds a whole /64,
+// and would otherwise get a new bucket per address), "unix" for the Unix
+// socket.
 func clientOf(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil || host == "" {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
 		if r.RemoteAddr == "" || r.RemoteAddr == "@" {
 			return "unix"
 		}
 		return r.RemoteAddr
 	}
-	return host
+	a := ap.Addr().Unmap()
+	if a.Is6() {
+		p, _ := a.WithZone("").Prefix(64)
+		return p.String()
+	}
+	return a.String()
 }
 
 // limited reports whether client has no failure left: it must be refused

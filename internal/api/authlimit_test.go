@@ -76,6 +76,17 @@ func TestAuthRateLimit(t *testing.T) {
 	if w := do(attacker, "wrong"); w.Code != http.StatusTooManyRequests {
 		t.Fatalf("the token was spent: %d", w.Code)
 	}
+	// IPv6 clients are counted by /64: another address of the same /64
+	// is the same client.
+	for range 5 {
+		do("[2001:db8:1:2::10]:4000", "wrong")
+	}
+	if w := do("[2001:db8:1:2::99]:4000", testKey); w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), "2001:db8:1:2::/64") {
+		t.Fatalf("same /64: %d %s", w.Code, w.Body)
+	}
+	if w := do("[2001:db8:1:3::10]:4000", testKey); w.Code != http.StatusOK {
+		t.Fatalf("another /64: %d", w.Code)
+	}
 	if strings.Contains(logs.String(), "api request") {
 		t.Errorf("failed authentications were logged one line each:\n%s", logs.String())
 	}
