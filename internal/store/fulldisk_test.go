@@ -131,3 +131,18 @@ func TestStateDirRemoved(t *testing.T) {
 		j.Close()
 	}
 }
+
+// BenchmarkJournalWritable is the check every change pays before it
+// reaches the kernel (three stat calls).
+func BenchmarkJournalWritable(b *testing.B) {
+	j, err := OpenJournal(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer j.Close()
+	for b.Loop() {
+		if err := j.Writable(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -75,7 +75,7 @@ func identify(dir string) (stateID, error) {
 // Writable implements Guard: the state is not read-only, and the state
 // directory, the journal and the database are still the ones opened (a
 // change written to a removed file would be lost at the next start, with
-// its caller told it was saved). Three stat calls, about 2 µs.
+// its caller told it was saved). Three stat calls: 4.5 µs on this VM (BenchmarkJournalWritable), of about 1.5 ms per API change.
 func (j *Journal) Writable() error {
 	if j.ro != nil {
 		return j.ro
