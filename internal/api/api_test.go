@@ -328,7 +328,7 @@ func TestErrors(t *testing.T) {
 			[]string{"error parsing buffer. ", `"scheduler"`, `"foo"`, "rr, weight, hash, symhash, maglev"}},
 		{"bad backend weight", "PUT", "/farms/web/backends", `{"backends":[{"name":"b1","weight":"x"}]}`, 400,
 			[]string{"error parsing buffer. ", `backend "b1"`, `"weight"`, "0-10000"}},
-		{"unknown field", "POST", "/farms", `{"farms":[{"name":"web","colour":"red"}]}`, 500,
+		{"unknown field", "POST", "/farms", `{"farms":[{"name":"web","colour":"red"}]}`, 400,
 			[]string{"error parsing buffer. ", `"colour"`, "unknown field", "virtual-addr"}},
 		{"malformed json", "POST", "/farms", `{"farms":[`, 400, []string{"the structure is invalid. ", "JSON"}},
 		{"wrong shape", "POST", "/farms", `{"farms":{"name":"x"}}`, 400, []string{"the structure is invalid. ", "array"}},

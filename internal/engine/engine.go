@@ -41,6 +41,8 @@ type Engine struct {
 
 	mu  sync.Mutex // serializes writers; readers use cur
 	cur atomic.Pointer[State]
+	// problems of the saved state found at start (load.go).
+	problems atomic.Pointer[[]Problem]
 
 	subMu sync.Mutex
 	subs  []chan<- *State
@@ -59,31 +61,49 @@ type Engine struct {
 // that the kernel never took (and whose caller never got an answer).
 func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store.Store) (*Engine, error) {
 	e := &Engine{log: log, dp: dp, store: st, health: newHealthTable()}
-	s, err := e.load(ctx)
+	l, err := e.loadSaved(ctx)
 	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
+	if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
-		u, ok := st.(store.Undoer)
-		if !ok {
+		if len(l.invalid) > 0 {
+			// Saved farms that no longer validate may be what the kernel
+			// refuses: serve the others, set those aside (their saved
+			// JSON goes to a file, nothing is lost).
+			log.Warn("the kernel refused the saved state; trying again without the saved farms that no longer validate", "err", err)
+			l.withoutInvalid(e, err)
+			if rerr := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); rerr != nil {
+				err = fmt.Errorf("reconcile %s data plane with saved state (without the farms that no longer validate): %w", dp.Name(), rerr)
+			} else {
+				err = nil
+			}
+		}
+		if u, ok := st.(store.Undoer); ok && err != nil {
+			names, uerr := u.UndoLast(ctx)
+			if uerr != nil || len(names) == 0 {
+				return nil, errors.Join(err, uerr)
+			}
+			log.Warn("the kernel refused the saved state; taking back the last saved change, which a crash left unconfirmed",
+				"farms", names, "err", err)
+			aside := l
+			if l, err = e.loadSaved(ctx); err != nil {
+				return nil, err
+			}
+			l.keepAside(e, aside)
+			if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); err != nil {
+				return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
+			}
+		}
+		if err != nil {
 			return nil, err
-		}
-		names, uerr := u.UndoLast(ctx)
-		if uerr != nil || len(names) == 0 {
-			return nil, errors.Join(err, uerr)
-		}
-		log.Warn("the kernel refused the saved state; taking back the last saved change, which a crash left unconfirmed",
-			"farms", names, "err", err)
-		if s, err = e.load(ctx); err != nil {
-			return nil, err
-		}
-		if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
-			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 		}
 	}
-	log.Info("state loaded", "farms", s.Len(), "dataplane", dp.Name(), "reconcile", time.Since(start))
+	e.report(ctx, l)
+	s := l.state
+	s.version = 1 // the load is the first version, however many builds it took
+	log.Info("state loaded", "farms", s.Len(), "problems", len(e.Problems()), "dataplane", dp.Name(), "reconcile", time.Since(start))
 	e.cur.Store(s)
 	return e, nil
 }
@@ -137,6 +157,13 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	if diff.Empty() {
 		return base, nil
 	}
+	// A store that cannot take the change (read-only, or its directory
+	// gone) refuses it before the kernel sees it.
+	if g, ok := e.store.(store.Guard); ok {
+		if err := g.Writable(); err != nil {
+			return base, err
+		}
+	}
 	// The disk and the kernel take the change at the same time: the commit
 	// costs the slower of the two, not their sum. Whichever fails, the other
 	// is taken back, so the caller's error means nothing changed.
@@ -180,6 +207,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	next := tx.build()
 	e.cur.Store(next)
 	e.publish(next)
+	e.clearProblems(tx.order)
 	// Phase timings at debug level: where a slow change spends its time
 	// (kernel transaction, fsync, snapshot build) without a profiler.
 	e.log.Debug("change committed", "farms_changed", len(diff.Changes),
