@@ -42,6 +42,9 @@ type Engine struct {
 	mu  sync.Mutex // serializes writers; readers use cur
 	cur atomic.Pointer[State]
 
+	// now is the clock table entries' timeouts count on (tests set it).
+	now func() time.Time
+
 	subMu sync.Mutex
 	subs  []chan<- *State
 }
@@ -54,12 +57,15 @@ type Engine struct {
 // disk while the kernel applies, so a crash can leave a last change on disk
 // that the kernel never took (and whose caller never got an answer).
 func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store.Store) (*Engine, error) {
-	e := &Engine{log: log, dp: dp, store: st}
+	e := &Engine{log: log, dp: dp, store: st, now: time.Now}
 	s, err := e.load(ctx)
 	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
+	if err := e.reconcileTables(ctx, s); err != nil {
+		return nil, err
+	}
 	if err := dp.Reconcile(ctx, s.Farms()); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
 		u, ok := st.(store.Undoer)
@@ -79,7 +85,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 		}
 	}
-	log.Info("state loaded", "farms", s.Len(), "dataplane", dp.Name(), "reconcile", time.Since(start))
+	log.Info("state loaded", "farms", s.Len(), "tables", s.ts.tables.Len(), "dataplane", dp.Name(), "reconcile", time.Since(start))
 	e.cur.Store(s)
 	return e, nil
 }
@@ -91,6 +97,9 @@ func (e *Engine) load(ctx context.Context) (*State, error) {
 		return nil, err
 	}
 	tx := e.begin(emptyState())
+	if err := e.loadTables(ctx, tx); err != nil {
+		return nil, err
+	}
 	for i := range farms {
 		if err := tx.Put(farms[i]); err != nil {
 			return nil, fmt.Errorf("saved state: %w", err)
@@ -99,7 +108,10 @@ func (e *Engine) load(ctx context.Context) (*State, error) {
 	if err := tx.validate(); err != nil {
 		return nil, fmt.Errorf("saved state: %w", err)
 	}
-	return tx.build(), nil
+	if err := tx.validateTables(); err != nil {
+		return nil, fmt.Errorf("saved state: %w", err)
+	}
+	return tx.build(tx.diff()), nil
 }
 
 // Snapshot returns the current state. It never blocks.
@@ -129,8 +141,12 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	if err := tx.validate(); err != nil {
 		return base, err
 	}
+	if err := tx.validateTables(); err != nil {
+		return base, err
+	}
 	diff := tx.diff()
-	if diff.Empty() {
+	tdiff := tx.tableDiff(diff)
+	if diff.Empty() && tdiff.Empty() {
 		return base, nil
 	}
 	// The disk and the kernel take the change at the same time: the commit
@@ -140,24 +156,27 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	saved := make(chan error, 1)
 	var diskTime time.Duration
 	go func() {
-		err := e.store.Apply(ctx, diff)
+		err := e.save(ctx, diff, tdiff)
 		diskTime = time.Since(t0)
 		saved <- err
 	}()
-	kerr := e.dp.Apply(ctx, diff)
+	kerr := e.applyKernel(ctx, diff, tdiff)
 	t1 := time.Now()
 	derr := <-saved
 	switch {
 	case kerr != nil && derr != nil:
 		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
 	case kerr != nil:
-		e.revertDisk(ctx, diff)
+		e.revertDisk(ctx, diff, tdiff)
 		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
 	case derr != nil:
 		// The kernel has the change but the disk does not: undo the kernel
 		// side so both agree with what the caller is told (nothing changed).
-		if rerr := e.dp.Apply(context.WithoutCancel(ctx), diff.Inverse()); rerr != nil {
+		if rerr := e.unapplyKernel(context.WithoutCancel(ctx), diff, tdiff); rerr != nil {
 			e.log.Error("rollback failed; reconciling the whole data plane", "err", rerr)
+			if rerr := e.reconcileTables(context.WithoutCancel(ctx), base); rerr != nil {
+				e.log.Error("reconcile of tables after failed rollback failed", "err", rerr)
+			}
 			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), base.Farms()); rerr != nil {
 				e.log.Error("reconcile after failed rollback failed", "err", rerr)
 			}
@@ -165,7 +184,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		return base, derr
 	}
 	t2 := time.Now()
-	next := tx.build()
+	next := tx.build(diff)
 	e.cur.Store(next)
 	e.publish(next)
 	// Phase timings at debug level: where a slow change spends its time
@@ -177,13 +196,18 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 }
 
 // revertDisk takes back a diff the disk saved but the kernel refused.
-func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff) {
+func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff, tdiff dataplane.TableDiff) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
-	if u, ok := e.store.(store.Undoer); ok {
+	switch u, ok := e.store.(store.Undoer); {
+	case diff.Empty():
+	case ok:
 		err = u.Revert(ctx, diff)
-	} else {
+	default:
 		err = e.store.Apply(ctx, diff.Inverse())
+	}
+	if terr := e.revertTablesOnDisk(ctx, tdiff); terr != nil {
+		err = errors.Join(err, terr)
 	}
 	if err != nil {
 		// The disk keeps a change the kernel refused; a restart tries it
@@ -208,7 +232,11 @@ func (e *Engine) publish(s *State) {
 func (e *Engine) Reconcile(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.dp.Reconcile(ctx, e.cur.Load().Farms())
+	s := e.cur.Load()
+	if err := e.reconcileTables(ctx, s); err != nil {
+		return err
+	}
+	return e.dp.Reconcile(ctx, s.Farms())
 }
 
 // Txn is a working copy of the state inside Engine.Change.
@@ -218,6 +246,7 @@ type Txn struct {
 	farms   map[string]*model.Farm // changed farms: nil value = deleted
 	order   []string               // change order, for a deterministic diff
 	replace bool                   // every farm not Put is deleted
+	tt      *tableTxn              // tables touched (tables.go); nil: none
 }
 
 func (e *Engine) begin(base *State) *Txn {
@@ -264,6 +293,7 @@ func (tx *Txn) Delete(name string) error {
 // ReplaceAll makes the transaction start from an empty state: farms not Put
 // afterwards are deleted (restore).
 func (tx *Txn) ReplaceAll() {
+	tx.replaceAllTables()
 	tx.replace = true
 	for _, f := range tx.base.Farms() {
 		if _, changed := tx.farms[f.Name]; !changed {
@@ -349,8 +379,8 @@ func (tx *Txn) diff() dataplane.Diff {
 	return d
 }
 
-// build returns the new published state.
-func (tx *Txn) build() *State {
+// build returns the new published state; diff is tx.diff().
+func (tx *Txn) build(diff dataplane.Diff) *State {
 	farms := tx.base.farms.Txn()
 	listeners := tx.base.listeners.Txn()
 	for _, name := range tx.order {
@@ -372,7 +402,7 @@ func (tx *Txn) build() *State {
 			}
 		}
 	}
-	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1}
+	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1, ts: tx.buildTables(diff)}
 }
 
 func removeListener(t *iradix.Txn[[]string], key []byte, name string) {

@@ -116,15 +116,44 @@ var (
 	fixedFields = []string{"type", "family", "valtype"}
 )
 
+// DecodeTable decodes one table object for the table named in a URL: the
+// body's "name" may be left out, and must be that name if it is not.
+func DecodeTable(body []byte, name string, current TableLookup, vocab Vocabulary) (TableDecl, error) {
+	d, ok := scanDoc(body)
+	defer d.release()
+	if !ok || d.toks[0].kind != '{' {
+		var probe map[string]json.RawMessage
+		err := json.Unmarshal(body, &probe)
+		if err == nil {
+			err = errors.New("not an object")
+		}
+		return TableDecl{}, fmt.Errorf("request body is not a JSON object: %v", err)
+	}
+	if d.lastMember(0, listKey(vocab)) >= 0 {
+		return TableDecl{}, &FieldError{Field: listKey(vocab), Problem: "the body of this route is one object, not a list"}
+	}
+	if got, ok := d.scalar(d.lastMember(0, "name")); ok && got != name {
+		return TableDecl{}, &FieldError{Field: "name", Value: strings.Clone(got), Problem: fmt.Sprintf("differs from the name in the path (%q)", name)}
+	}
+	return decodeTableNamed(&d, 0, name, current, vocab)
+}
+
 func decodeTable(d *doc, obj int, current TableLookup, vocab Vocabulary) (TableDecl, error) {
+	return decodeTableNamed(d, obj, "", current, vocab)
+}
+
+// decodeTableNamed decodes the table object at obj; name, when not "",
+// is its name whatever the object says.
+func decodeTableNamed(d *doc, obj int, name string, current TableLookup, vocab Vocabulary) (TableDecl, error) {
 	var td TableDecl
 	if d.toks[obj].kind != '{' {
 		return td, &FieldError{Field: listKey(vocab), Value: truncate(d.raw(obj)), Problem: "each element must be an object"}
 	}
-	nv := d.lastMember(obj, "name")
-	name, ok := d.scalar(nv)
-	if !ok || name == "" {
-		return td, &FieldError{Field: "name", Problem: "every table needs a name"}
+	if name == "" {
+		var ok bool
+		if name, ok = d.scalar(d.lastMember(obj, "name")); !ok || name == "" {
+			return td, &FieldError{Field: "name", Problem: "every table needs a name"}
+		}
 	}
 	name = strings.Clone(name)
 	if cur, ok := current(name); ok {
@@ -510,4 +539,31 @@ func SplitState(body []byte) (farms []byte, tables []TableDecl, err error) {
 		tables = append(tables, td)
 	}
 	return fb, tables, nil
+}
+
+// DecodeEntries decodes a batch of entries: {"entries": [...]}
+// ({"elements": [...]} in nftlb's vocabulary), or a bare array.
+func DecodeEntries(body []byte, table string, vocab Vocabulary) ([]EntryInput, error) {
+	d, ok := scanDoc(body)
+	defer d.release()
+	if !ok {
+		var probe any
+		return nil, fmt.Errorf("request body is not JSON: %v", json.Unmarshal(body, &probe))
+	}
+	field := "entries"
+	if vocab == VocabPolicies {
+		field = "elements"
+	}
+	arr := 0
+	if d.toks[0].kind == '{' {
+		for k, end := d.children(0); k < end; k = d.toks[k+1].next {
+			if d.key(k) != field {
+				return nil, fieldError(tableObject(table), d.key(k), "", fmt.Sprintf("unknown top-level field; the body is {%q: [...]}", field))
+			}
+		}
+		if arr = d.lastMember(0, field); arr < 0 {
+			return nil, &FieldError{Object: tableObject(table), Field: field, Problem: "is missing: the body is {\"" + field + "\": [...]}"}
+		}
+	}
+	return decodeEntries(&d, arr, table, vocab)
 }
