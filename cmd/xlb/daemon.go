@@ -142,6 +142,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
+	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)

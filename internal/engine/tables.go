@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 
@@ -54,13 +53,7 @@ func (s *State) TableUsers(name string) []string {
 }
 
 // EntryOptions change how a batch of entries is applied.
-type EntryOptions struct {
-	// Atomic: one bad entry refuses the whole batch (nothing changes).
-	Atomic bool
-	// Update: adding an entry that exists replaces its value instead of
-	// failing with "entry exists".
-	Update bool
-}
+type EntryOptions = model.BatchOptions
 
 // EntryResult is the outcome of one entry of a batch.
 type EntryResult struct {
@@ -692,9 +685,4 @@ func (tx *Txn) loadTables(tables []*model.Table) error {
 		tt.slot = max(tt.slot, t.Slot+1)
 	}
 	return nil
-}
-
-// sortTablesByName orders tables as State.Tables does.
-func sortTablesByName(ts []*model.Table) {
-	slices.SortFunc(ts, func(a, b *model.Table) int { return cmp.Compare(a.Name, b.Name) })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -192,6 +193,24 @@ func (e *Engine) ExpireEntries(ctx context.Context) (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// RunExpiry removes expired entries every interval until ctx ends.
+func (e *Engine) RunExpiry(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if n, err := e.ExpireEntries(ctx); err != nil {
+			e.log.Error("removing expired table entries failed", "err", err)
+		} else if n > 0 {
+			e.log.Debug("expired table entries removed", "entries", n)
+		}
+	}
 }
 
 func (e *Engine) hasExpiring() bool {

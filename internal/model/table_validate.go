@@ -153,3 +153,12 @@ func ExpiresText(unix int64) string {
 	}
 	return time.Unix(unix, 0).UTC().Format(time.RFC3339)
 }
+
+// BatchOptions change how a batch of entries is applied.
+type BatchOptions struct {
+	// Atomic: one bad entry refuses the whole batch (nothing changes).
+	Atomic bool
+	// Update: adding an entry that exists replaces its value instead of
+	// failing with "entry exists".
+	Update bool
+}
