@@ -67,22 +67,9 @@ in_ns() {
 	ip netns del "$ns"
 }
 
-# nftlb_bin prints the path of Debian's nftlb, extracted (not installed:
-# the package's service would program the host's nftables on a systemd
-# host) into ~/.cache/xlb/nftlb on first use; its libraries are plain
-# packages.
-nftlb_bin() {
-	local dir=${XDG_CACHE_HOME:-$HOME/.cache}/xlb/nftlb
-	if [ ! -x "$dir/usr/sbin/nftlb" ]; then
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libev4 libjansson4 libmnl0 libnftables1 >&2
-		local tmp
-		tmp=$(mktemp -d)
-		(cd "$tmp" && apt-get download nftlb >&2) && dpkg-deb -x "$tmp"/nftlb_*.deb "$dir"
-		rm -rf "$tmp"
-	fi
-	[ -x "$dir/usr/sbin/nftlb" ] || { echo "bench: could not get Debian's nftlb for the nftlb baseline" >&2; exit 1; }
-	echo "$dir/usr/sbin/nftlb"
-}
+# nftlb_bin prints the path of Debian's nftlb (scripts/nftlb-binary.sh
+# fetches it on first use).
+nftlb_bin() { scripts/nftlb-binary.sh; }
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 

@@ -24,5 +24,8 @@ if [ ${#need[@]} -gt 0 ]; then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# Debian's nftlb, the peer test/nftlb compares xlb's API with (unpacked
+# into ~/.cache/xlb/nftlb, not installed: see the script).
+"$(dirname "$0")/nftlb-binary.sh" >/dev/null
 command -v go >/dev/null 2>&1 || { echo "install-deps: go is not installed" >&2; exit 1; }
 go mod download

@@ -195,7 +195,7 @@ func TestDumpSaveRestore(t *testing.T) {
 	d.xlb(t, "farm", "add", "v6", "--family", "ipv6", "--vip", "2001:db8::1", "--ports", "53", "--proto", "udp", "--mode", "dnat")
 	d.xlb(t, "farm", "add", "fw", "--mark", "0x10", "--proto", "all")
 	dump := d.xlb(t, "dump")
-	if !strings.HasPrefix(dump, `{"farms":[`) || strings.Count(dump, `"name":"`) != 4 {
+	if !strings.HasPrefix(dump, `{"farms":[`) || strings.Count(dump, `"limits-ttl":"`) != 3 || strings.Count(dump, `"weight":"`) != 1 {
 		t.Fatalf("dump: %s", dump)
 	}
 	file := filepath.Join(t.TempDir(), "state.json")

@@ -55,17 +55,26 @@ var farmRoutes = []Route{
 	{Method: http.MethodGet, Path: "/farms", handle: (*Server).getFarms},
 	{Method: http.MethodPost, Path: "/farms", Write: true, handle: (*Server).putFarms},
 	{Method: http.MethodPut, Path: "/farms", Write: true, handle: (*Server).putFarms},
+	{Method: http.MethodDelete, Path: "/farms", Write: true, handle: (*Server).deleteFarms},
 	{Method: http.MethodGet, Path: "/farms/{name}", handle: (*Server).getFarm},
 	{Method: http.MethodPut, Path: "/farms/{name}", Write: true, handle: (*Server).putFarm},
 	{Method: http.MethodDelete, Path: "/farms/{name}", Write: true, handle: (*Server).deleteFarm},
 	{Method: http.MethodGet, Path: "/farms/{name}/backends", handle: (*Server).getBackends},
 	{Method: http.MethodPost, Path: "/farms/{name}/backends", Write: true, handle: (*Server).putBackends},
 	{Method: http.MethodPut, Path: "/farms/{name}/backends", Write: true, handle: (*Server).putBackends},
+	{Method: http.MethodDelete, Path: "/farms/{name}/backends", Write: true, handle: (*Server).deleteBackends},
 	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}", Write: true, handle: (*Server).deleteBackend},
+	{Method: http.MethodDelete, Path: "/farms/{name}/addresses/{address}", Write: true, handle: (*Server).deleteFarmAddress},
 	{Method: http.MethodGet, Path: "/farms/{name}/counters", handle: (*Server).getCounters},
 	{Method: http.MethodGet, Path: "/farms/{name}/sessions", handle: (*Server).getSessions},
+	{Method: http.MethodDelete, Path: "/farms/{name}/sessions", Write: true, handle: (*Server).deleteAllSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/sessions/{client}", Write: true, handle: (*Server).deleteClientSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}/sessions", Write: true, handle: (*Server).deleteBackendSessions},
+	{Method: http.MethodGet, Path: "/addresses", handle: (*Server).getAddresses},
+	{Method: http.MethodPost, Path: "/addresses", Write: true, handle: (*Server).putAddresses},
+	{Method: http.MethodPut, Path: "/addresses", Write: true, handle: (*Server).putAddresses},
+	{Method: http.MethodGet, Path: "/addresses/{address}", handle: (*Server).getAddress},
+	{Method: http.MethodDelete, Path: "/addresses/{address}", Write: true, handle: (*Server).deleteAddress},
 	{Method: http.MethodGet, Path: "/state", handle: (*Server).getState},
 	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
@@ -84,7 +93,8 @@ func New(log *slog.Logger, eng *engine.Engine, key string) *Server {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 		allowed[rt.Path] = append(allowed[rt.Path], rt.Method)
 	}
-	// Other methods on a known path: 405 with Allow, as JSON.
+	// Other methods on a known path: nftlb's 404 "invalid request", with
+	// Allow.
 	for path, methods := range allowed {
 		allow := strings.Join(methods, ", ")
 		if slices.Contains(methods, http.MethodGet) {
@@ -92,11 +102,16 @@ func New(log *slog.Logger, eng *engine.Engine, key string) *Server {
 		}
 		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
-			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s; allowed: %s", r.Method, path, allow))
+			writeResponse(w, http.StatusNotFound, fmt.Sprintf("%s. method %s is not allowed on %s; allowed: %s", textInvalidRequest, r.Method, path, allow))
 		})
 	}
+	// Unknown paths: nftlb answers 400 to a GET, 404 to the others.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no such API path %q", r.URL.Path))
+		status := http.StatusNotFound
+		if r.Method == http.MethodGet {
+			status = http.StatusBadRequest
+		}
+		writeResponse(w, status, fmt.Sprintf("%s. no such API path %q", textInvalidRequest, r.URL.Path))
 	})
 	return s
 }
@@ -106,7 +121,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	if msg, ok := s.authorized(r); !ok {
-		writeError(rec, http.StatusUnauthorized, msg)
+		writeResponse(rec, http.StatusUnauthorized, msg)
 	} else {
 		s.mux.ServeHTTP(rec, r)
 	}
@@ -136,7 +151,8 @@ func (s *Server) authorized(r *http.Request) (string, bool) {
 func (s *Server) wrap(rt Route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := rt.handle(s, w, r); err != nil {
-			writeError(w, statusOf(err), err.Error())
+			status, text := reply(err)
+			writeResponse(w, status, text)
 		}
 	})
 }
@@ -171,37 +187,10 @@ func badRequest(err error) error {
 	return &httpError{status: http.StatusBadRequest, err: err}
 }
 
-func statusOf(err error) int {
-	var (
-		he  *httpError
-		mbe *http.MaxBytesError
-		fe  *model.FieldError
-		nf  *engine.NotFoundError
-		ce  *engine.ConflictError
-		nse *engine.NotSupportedError
-	)
-	switch {
-	case errors.As(err, &mbe):
-		return http.StatusRequestEntityTooLarge
-	case errors.As(err, &he):
-		return he.status
-	case errors.As(err, &nf):
-		return http.StatusNotFound
-	case errors.As(err, &ce):
-		return http.StatusConflict
-	case errors.As(err, &nse):
-		return http.StatusNotImplemented
-	case errors.As(err, &fe):
-		return http.StatusBadRequest
-	}
-	return http.StatusInternalServerError
-}
-
-func writeError(w http.ResponseWriter, status int, msg string) {
-	body, _ := json.Marshal(struct {
-		Error string `json:"error"`
-	}{msg})
-	writeJSON(w, status, append(body, '\n'))
+// appendJSONText appends s as a JSON string.
+func appendJSONText(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s)
+	return append(dst, b...)
 }
 
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
@@ -209,7 +198,3 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	w.WriteHeader(status)
 	w.Write(body)
 }
-
-var okBody = []byte(`{"response":"ok"}` + "\n")
-
-func writeOK(w http.ResponseWriter) { writeJSON(w, http.StatusOK, okBody) }

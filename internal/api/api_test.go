@@ -151,7 +151,7 @@ func TestAuth(t *testing.T) {
 		if ct := r.header.Get("Content-Type"); ct != "application/json" {
 			t.Errorf("key %q: Content-Type %q", c.key, ct)
 		}
-		if c.status == 401 && !strings.Contains(r.body, `"error"`) {
+		if c.status == 401 && !strings.Contains(r.body, `{"response": "`) {
 			t.Errorf("key %q: body %s has no error", c.key, r.body)
 		}
 	}
@@ -173,7 +173,7 @@ func TestAuth(t *testing.T) {
 
 func TestNftlbRequestAndDefaults(t *testing.T) {
 	e := newEnv(t)
-	if body := e.must("POST", "/farms", nftlbWeb); body != `{"response":"ok"}`+"\n" {
+	if body := e.must("POST", "/farms", nftlbWeb); body != `{"response": "success"}` {
 		t.Fatalf("POST answer %q", body)
 	}
 	f := e.farm("web")
@@ -322,40 +322,46 @@ func TestErrors(t *testing.T) {
 	cases := []struct {
 		name, method, path, body string
 		status                   int
-		want                     []string // substrings of the error message
+		want                     []string // substrings of the error message; the first is nftlb's text
 	}{
 		{"bad scheduler", "PUT", "/farms", `{"farms":[{"name":"web","scheduler":"foo"}]}`, 400,
-			[]string{`"scheduler"`, `"foo"`, "rr, weight, hash, symhash, maglev"}},
+			[]string{"error parsing buffer. ", `"scheduler"`, `"foo"`, "rr, weight, hash, symhash, maglev"}},
 		{"bad backend weight", "PUT", "/farms/web/backends", `{"backends":[{"name":"b1","weight":"x"}]}`, 400,
-			[]string{`backend "b1"`, `"weight"`, "0-10000"}},
-		{"unknown field", "POST", "/farms", `{"farms":[{"name":"web","colour":"red"}]}`, 400,
-			[]string{`"colour"`, "unknown field", "virtual-addr"}},
-		{"malformed json", "POST", "/farms", `{"farms":[`, 400, []string{"JSON"}},
-		{"empty body", "POST", "/farms", ``, 400, []string{"empty"}},
-		{"bad name", "POST", "/farms", `{"farms":[{"name":"a b"}]}`, 400, []string{`"name"`, "A-Z"}},
-		{"name mismatch", "PUT", "/farms/web", `{"name":"other"}`, 400, []string{`"other"`, "path"}},
-		{"bad family", "PUT", "/farms/web", `{"virtual-addr":"2001:db8::1"}`, 400, []string{"virtual-addr", "ipv4"}},
-		{"second farm in one put", "PUT", "/farms/web", `{"farms":[{"name":"web"},{"name":"web"}]}`, 400, []string{"exactly"}},
+			[]string{"error parsing buffer. ", `backend "b1"`, `"weight"`, "0-10000"}},
+		{"unknown field", "POST", "/farms", `{"farms":[{"name":"web","colour":"red"}]}`, 500,
+			[]string{"error parsing buffer. ", `"colour"`, "unknown field", "virtual-addr"}},
+		{"malformed json", "POST", "/farms", `{"farms":[`, 400, []string{"the structure is invalid. ", "JSON"}},
+		{"wrong shape", "POST", "/farms", `{"farms":{"name":"x"}}`, 400, []string{"the structure is invalid. ", "array"}},
+		{"empty body", "POST", "/farms", ``, 400, []string{"the structure is invalid. ", "empty"}},
+		{"no name", "POST", "/farms", `{"farms":[{"virtual-addr":"10.0.0.8"}]}`, 404, []string{"the object to modify is unknown. ", `"name"`}},
+		{"bad name", "POST", "/farms", `{"farms":[{"name":"a b"}]}`, 400, []string{"error parsing buffer. ", `"name"`, "A-Z"}},
+		{"name mismatch", "PUT", "/farms/web", `{"name":"other"}`, 400, []string{"error parsing buffer. ", `"other"`, "path"}},
+		{"bad family", "PUT", "/farms/web", `{"virtual-addr":"2001:db8::1"}`, 400, []string{"error parsing buffer. ", "virtual-addr", "ipv4"}},
+		{"second farm in one put", "PUT", "/farms/web", `{"farms":[{"name":"web"},{"name":"web"}]}`, 400, []string{"error parsing buffer. ", "exactly"}},
 		{"conflict", "POST", "/farms", `{"farms":[{"name":"web2","virtual-addr":"10.0.0.1","virtual-ports":"80"}]}`, 409,
-			[]string{`"web"`, "10.0.0.1"}},
+			[]string{"error parsing buffer. ", `"web"`, "10.0.0.1"}},
 		{"bulk with one bad farm", "POST", "/farms", `{"farms":[{"name":"ok1","virtual-addr":"10.0.0.9"},{"name":"bad","virtual-addr":"10.0.0.8","mode":"nat"}]}`, 400,
-			[]string{`"mode"`, `"nat"`, "snat, dnat, dsr, stlsdnat"}},
-		{"get missing farm", "GET", "/farms/nope", "", 404, []string{`farm "nope" does not exist`}},
-		{"delete missing farm", "DELETE", "/farms/nope", "", 404, []string{`"nope"`}},
-		{"backends of missing farm", "PUT", "/farms/nope/backends", `{"backends":[{"name":"b1","ip-addr":"10.0.0.1"}]}`, 404, []string{`"nope"`}},
-		{"get backends of missing farm", "GET", "/farms/nope/backends", "", 404, []string{`"nope"`}},
-		{"delete missing backend", "DELETE", "/farms/web/backends/nope", "", 404, []string{`backend "nope"`}},
-		{"sessions of missing farm", "GET", "/farms/nope/sessions", "", 404, []string{`"nope"`}},
-		{"sessions without persistence", "GET", "/farms/web/sessions", "", 400, []string{`"persistence"`, "keeps no sessions"}},
-		{"delete sessions of missing backend", "DELETE", "/farms/web/backends/nope/sessions", "", 404, []string{`backend "nope"`}},
-		{"delete client session without persistence", "DELETE", "/farms/web/sessions/10.0.0.7", "", 400, []string{`"persistence"`}},
-		{"unknown path", "GET", "/nope", "", 404, []string{"/nope"}},
-		{"wrong method", "DELETE", "/farms", "", 405, []string{"DELETE", "GET"}},
-		{"wrong method on farm", "POST", "/farms/web", `{}`, 405, []string{"POST"}},
-		{"too large", "PUT", "/farms/web", big, 413, []string{"larger than"}},
-		{"bad format", "GET", "/farms?format=xml", "", 400, []string{"ipvsadm"}},
+			[]string{"error parsing buffer. ", `"mode"`, `"nat"`, "snat, dnat, dsr, stlsdnat"}},
+		{"get missing farm", "GET", "/farms/nope", "", 404, []string{"invalid request. ", `farm "nope" does not exist`}},
+		{"delete missing farm", "DELETE", "/farms/nope", "", 404, []string{"error deleting farm. ", `"nope"`}},
+		{"backends of missing farm", "PUT", "/farms/nope/backends", `{"backends":[{"name":"b1","ip-addr":"10.0.0.1"}]}`, 404, []string{"the object to modify is unknown. ", `"nope"`}},
+		{"get backends of missing farm", "GET", "/farms/nope/backends", "", 404, []string{"the object to modify is unknown. ", `"nope"`}},
+		{"delete missing backend", "DELETE", "/farms/web/backends/nope", "", 404, []string{"error deleting backend. ", `backend "nope"`}},
+		{"delete backends of missing farm", "DELETE", "/farms/nope/backends", "", 404, []string{"error deleting backend. ", `"nope"`}},
+		{"sessions of missing farm", "GET", "/farms/nope/sessions", "", 404, []string{"invalid request. ", `"nope"`}},
+		{"delete sessions of missing backend", "DELETE", "/farms/web/backends/nope/sessions", "", 404, []string{"error deleting session. ", `backend "nope"`}},
+		{"delete missing address", "DELETE", "/addresses/nope", "", 404, []string{"error stopping address. ", `address "nope"`}},
+		{"delete missing farm address", "DELETE", "/farms/web/addresses/nope", "", 404, []string{"error deleting farm address. ", `address "nope"`}},
+		{"address no farm uses", "POST", "/addresses", `{"addresses":[{"name":"lonely","ip-addr":"10.9.0.1","ports":"80"}]}`, 400, []string{"error parsing buffer. ", "no farm uses"}},
+		{"delete body naming nothing", "DELETE", "/farms", `{"farms":[{"name":"web"}]}`, 400, []string{"error parsing buffer. ", "names the backends"}},
+		{"unknown path", "GET", "/nope", "", 400, []string{"invalid request. ", "/nope"}},
+		{"unknown path post", "POST", "/nope", "{}", 404, []string{"invalid request. ", "/nope"}},
+		{"wrong method", "PATCH", "/farms", "{}", 404, []string{"invalid request. ", "PATCH", "GET"}},
+		{"wrong method on farm", "POST", "/farms/web", `{}`, 404, []string{"invalid request. ", "POST"}},
+		{"too large", "PUT", "/farms/web", big, 413, []string{"the structure is invalid. ", "larger than"}},
+		{"bad format", "GET", "/farms?format=xml", "", 400, []string{"invalid request. ", "ipvsadm"}},
 		{"restore with a bad farm", "PUT", "/state", `{"farms":[{"name":"x","virtual-addr":"10.0.0.1","protocol":"icmp"}]}`, 400,
-			[]string{`"protocol"`, "tcp, udp, sctp, all"}},
+			[]string{"error parsing buffer. ", `"protocol"`, "tcp, udp, sctp, all"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -367,13 +373,16 @@ func TestErrors(t *testing.T) {
 			if ct := r.header.Get("Content-Type"); ct != "application/json" {
 				t.Errorf("Content-Type %q", ct)
 			}
-			var msg struct{ Error string }
-			if err := json.Unmarshal([]byte(r.body), &msg); err != nil || msg.Error == "" {
-				t.Fatalf("body %q is not {\"error\":...}", r.body)
+			var msg struct{ Response string }
+			if err := json.Unmarshal([]byte(r.body), &msg); err != nil || msg.Response == "" || !strings.HasPrefix(r.body, `{"response": "`) {
+				t.Fatalf("body %q is not nftlb's {\"response\": ...}", r.body)
+			}
+			if len(c.want) > 0 && !strings.HasPrefix(msg.Response, c.want[0]) {
+				t.Errorf("response %q does not start with nftlb's %q", msg.Response, c.want[0])
 			}
 			for _, w := range c.want {
-				if !strings.Contains(msg.Error, w) {
-					t.Errorf("error %q does not mention %s", msg.Error, w)
+				if !strings.Contains(msg.Response, w) {
+					t.Errorf("response %q does not mention %s", msg.Response, w)
 				}
 			}
 			// A rejected change leaves everything as it was.

@@ -25,7 +25,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		return nil, &httpError{status: http.StatusBadRequest, err: fmt.Errorf("read request body: %w", err)}
 	}
 	if len(body) == 0 {
-		return nil, &httpError{status: http.StatusBadRequest, err: errors.New("request body is empty; send a JSON object")}
+		return nil, &model.StructureError{Msg: "request body is empty; send a JSON object"}
 	}
 	return body, nil
 }
@@ -162,11 +162,17 @@ func (s *Server) putFarms(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) upsert(r *http.Request, body []byte) error {
 	_, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error {
-		farms, err := model.DecodeFarms(body, tx.Get)
+		farms, err := model.DecodeFarmsWith(body, tx.Get, addressLookup(tx.Farms))
 		if err != nil {
 			return badRequest(err)
 		}
 		for _, f := range farms {
+			if old := f.RenamedFrom(); old != "" {
+				// nftlb's "newname": the farm moves to its new name.
+				if err := tx.Delete(old); err != nil {
+					return err
+				}
+			}
 			if err := tx.Put(f); err != nil {
 				return err
 			}
@@ -180,7 +186,9 @@ func (s *Server) getFarm(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	f, ok := s.eng.Snapshot().Farm(name)
 	if !ok {
-		return &engine.NotFoundError{What: fmt.Sprintf("farm %q", name)}
+		// nftlb answers 500 here; 404 tells a missing farm from a broken
+		// server (docs/nftlb-compat.md).
+		return failed(textInvalidRequest, &engine.NotFoundError{What: fmt.Sprintf("farm %q", name)})
 	}
 	writeFarms(w, []*model.Farm{f})
 	return nil
@@ -245,15 +253,22 @@ func jsonObject(body []byte) (map[string]json.RawMessage, error) {
 		if err == nil {
 			err = errors.New("null")
 		}
-		return nil, &httpError{status: http.StatusBadRequest, err: fmt.Errorf("request body is not a JSON object: %v", err)}
+		return nil, &model.StructureError{Msg: fmt.Sprintf("request body is not a JSON object: %v", err)}
 	}
 	return obj, nil
 }
 
 func (s *Server) deleteFarm(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if _, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error { return tx.Delete(name) }); err != nil {
+	body, err := optionalBody(w, r)
+	if err != nil {
 		return err
+	}
+	if len(body) > 0 {
+		return s.deleteListed(w, r, body)
+	}
+	if _, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error { return tx.Delete(name) }); err != nil {
+		return failed(textDeleteFarm, err)
 	}
 	writeOK(w)
 	return nil
@@ -333,7 +348,7 @@ func (s *Server) deleteBackend(w http.ResponseWriter, r *http.Request) error {
 		return tx.Put(nf)
 	})
 	if err != nil {
-		return err
+		return failed(textDeleteBackend, err)
 	}
 	writeOK(w)
 	return nil

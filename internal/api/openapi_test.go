@@ -79,7 +79,8 @@ func TestOpenAPIRoutes(t *testing.T) {
 // the other way round.
 func TestOpenAPISchemasMatchCodec(t *testing.T) {
 	doc, _ := loadOpenAPI(t)
-	fs, err := model.DecodeFarms([]byte(`{"name":"f","virtual-addr":"10.0.0.1","backends":[{"name":"b","ip-addr":"10.0.0.2"}]}`),
+	fs, err := model.DecodeFarms([]byte(`{"name":"f","virtual-addr":"10.0.0.1","persistence":"srcip","backends":[{"name":"b","ip-addr":"10.0.0.2"}],
+		"sessions":[{"client":"10.9.0.1","backend":"b"}]}`),
 		func(string) (*model.Farm, bool) { return nil, false })
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +98,10 @@ func TestOpenAPISchemasMatchCodec(t *testing.T) {
 		codec  map[string]json.RawMessage
 	}{{"Farm", farm}, {"Backend", backends[0]}} {
 		props := doc.Components.Schemas[c.schema].Properties
-		for k := range props {
+		for k, v := range props {
+			if m, _ := v.(map[string]any); m["writeOnly"] == true {
+				continue // accepted in requests, never printed (newname)
+			}
 			if _, ok := c.codec[k]; !ok {
 				t.Errorf("schema %s documents %q, which the codec does not emit", c.schema, k)
 			}

@@ -16,45 +16,44 @@ type SessionJSON struct {
 	Expires string `json:"expires"` // seconds left
 }
 
-// SessionsJSON is the body of GET /farms/{name}/sessions and of the
-// DELETE answers ("deleted": how many).
+// SessionsJSON is the body of GET /farms/{name}/sessions.
 type SessionsJSON struct {
 	Sessions []SessionJSON `json:"sessions"`
-	Deleted  string        `json:"deleted,omitempty"`
 }
 
 func (s *Server) getSessions(w http.ResponseWriter, r *http.Request) error {
 	ss, err := s.eng.Sessions(r.Context(), r.PathValue("name"))
 	if err != nil {
-		return err
+		return failed(textInvalidRequest, err)
 	}
-	return writeSessions(w, ss, -1)
+	return writeSessions(w, ss)
 }
 
 func (s *Server) deleteClientSessions(w http.ResponseWriter, r *http.Request) error {
 	n, err := s.eng.DeleteSessions(r.Context(), r.PathValue("name"), r.PathValue("client"), "")
 	if err != nil {
-		return err
+		return failed(textDeleteSession, err)
 	}
-	return writeSessions(w, nil, n)
+	w.Header().Set(SessionsDeletedHeader, strconv.Itoa(n))
+	writeOK(w)
+	return nil
 }
 
 func (s *Server) deleteBackendSessions(w http.ResponseWriter, r *http.Request) error {
 	n, err := s.eng.DeleteSessions(r.Context(), r.PathValue("name"), "", r.PathValue("backend"))
 	if err != nil {
-		return err
+		return failed(textDeleteSession, err)
 	}
-	return writeSessions(w, nil, n)
+	w.Header().Set(SessionsDeletedHeader, strconv.Itoa(n))
+	writeOK(w)
+	return nil
 }
 
-func writeSessions(w http.ResponseWriter, ss []dataplane.Session, deleted int) error {
+func writeSessions(w http.ResponseWriter, ss []dataplane.Session) error {
 	out := SessionsJSON{Sessions: make([]SessionJSON, 0, len(ss))}
 	for _, x := range ss {
 		out.Sessions = append(out.Sessions, SessionJSON{Client: x.Client, Backend: x.Backend,
 			Expires: strconv.Itoa(int(x.Expires.Seconds()))})
-	}
-	if deleted >= 0 {
-		out.Deleted = strconv.Itoa(deleted)
 	}
 	body, err := json.Marshal(out)
 	if err != nil {

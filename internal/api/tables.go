@@ -318,7 +318,7 @@ type entryError struct {
 // writeBatch answers a batch without Atomic: 200 when at least one entry
 // was done (the failures listed), the first failure's status when none was.
 func writeBatch(w http.ResponseWriter, res []engine.EntryResult) error {
-	out := batchResult{Response: "ok"}
+	out := batchResult{Response: textSuccess}
 	var first error
 	for _, r := range res {
 		if r.Err == nil {
@@ -337,8 +337,9 @@ func writeBatch(w http.ResponseWriter, res []engine.EntryResult) error {
 	if out.Failed > 0 {
 		out.Response = "partial"
 		if out.Done == 0 {
-			out.Response = "error"
-			status = statusOf(first)
+			// Nothing done: an error reply, in nftlb's envelope
+			// ("<text>. <first failure>"), with the list.
+			status, out.Response = reply(first)
 		}
 	}
 	body, _ := json.Marshal(out)

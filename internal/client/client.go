@@ -97,11 +97,12 @@ func (c *Client) doType(ctx context.Context, method, path, contentType string, b
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	ae := &APIError{Status: resp.StatusCode}
+	// nftlb's {"response": "<nftlb's text>. <xlb's message>"}.
 	var msg struct {
-		Error string `json:"error"`
+		Response string `json:"response"`
 	}
-	if json.Unmarshal(raw, &msg) == nil && msg.Error != "" {
-		ae.Message = msg.Error
+	if json.Unmarshal(raw, &msg) == nil && msg.Response != "" {
+		ae.Message = errorMessage(msg.Response)
 	} else if s := strings.TrimSpace(string(raw)); s != "" {
 		ae.Message = fmt.Sprintf("%d %s: %s", resp.StatusCode, http.StatusText(resp.StatusCode), s)
 	}
@@ -350,19 +351,33 @@ func (c *Client) DeleteBackendSessions(ctx context.Context, farm, backend string
 }
 
 func (c *Client) deleteSessions(ctx context.Context, path string) (int, error) {
-	body, err := c.call(ctx, http.MethodDelete, path, nil)
+	resp, err := c.do(ctx, http.MethodDelete, path, nil)
 	if err != nil {
 		return 0, err
 	}
-	var out struct {
-		Deleted string `json:"deleted"`
-	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		return 0, fmt.Errorf("decode answer from the daemon: %w", err)
-	}
-	n, err := strconv.Atoi(out.Deleted)
+	resp.Body.Close()
+	v := resp.Header.Get(sessionsDeletedHeader)
+	n, err := strconv.Atoi(v)
 	if err != nil {
-		return 0, fmt.Errorf("decode answer from the daemon: deleted %q", out.Deleted)
+		return 0, fmt.Errorf("decode answer from the daemon: %s %q", sessionsDeletedHeader, v)
 	}
 	return n, nil
+}
+
+// sessionsDeletedHeader is api.SessionsDeletedHeader (the client does not
+// import the server).
+const sessionsDeletedHeader = "X-Xlb-Sessions-Deleted"
+
+// errorMessage is xlb's message in an nftlb error text: what follows
+// nftlb's own text ("error parsing buffer. farm \"web\": ..."), or the
+// whole text when it has no such prefix.
+func errorMessage(text string) string {
+	for _, prefix := range []string{"invalid request. ", "the structure is invalid. ", "the object to modify is unknown. ",
+		"error parsing buffer. ", "error generating rules. ", "error deleting farm. ", "error deleting backend. ",
+		"error stopping address. ", "error deleting farm address. ", "error deleting session. "} {
+		if rest, ok := strings.CutPrefix(text, prefix); ok {
+			return rest
+		}
+	}
+	return text
 }

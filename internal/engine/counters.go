@@ -34,8 +34,20 @@ func (e *Engine) Counters(ctx context.Context, farm string) (*model.Farm, datapl
 	if err != nil {
 		return nil, dataplane.FarmCounters{}, err
 	}
+	if !f.Listens() {
+		return f, zeroCounters(f), nil // not in the kernel: nothing counted
+	}
 	c, err := cr.Counters(ctx, f)
 	return f, c, err
+}
+
+// zeroCounters are the counters of a farm the kernel does not hold.
+func zeroCounters(f *model.Farm) dataplane.FarmCounters {
+	c := dataplane.FarmCounters{Backends: make([]dataplane.BackendCounters, len(f.Backends))}
+	for i, b := range f.Backends {
+		c.Backends[i].Name = b.Name
+	}
+	return c
 }
 
 // AllCounters reads the counters of every farm, in the snapshot's order.
@@ -49,6 +61,10 @@ func (e *Engine) AllCounters(ctx context.Context) ([]*model.Farm, []dataplane.Fa
 	for i, f := range farms {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
+		}
+		if !f.Listens() {
+			out[i] = zeroCounters(f)
+			continue
 		}
 		if out[i], err = cr.Counters(ctx, f); err != nil {
 			return nil, nil, fmt.Errorf("farm %q: %w", f.Name, err)

@@ -66,7 +66,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 	if err := e.reconcileTables(ctx, s); err != nil {
 		return nil, err
 	}
-	if err := dp.Reconcile(ctx, s.Farms()); err != nil {
+	if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
 		u, ok := st.(store.Undoer)
 		if !ok {
@@ -81,7 +81,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 		if s, err = e.load(ctx); err != nil {
 			return nil, err
 		}
-		if err := dp.Reconcile(ctx, s.Farms()); err != nil {
+		if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
 			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 		}
 	}
@@ -145,7 +145,8 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		return base, err
 	}
 	diff := tx.diff()
-	tdiff := tx.tableDiff(diff)
+	// The tables' plane gets the farms the kernel gets (kernelDiff).
+	tdiff := tx.tableDiff(kernelDiff(diff))
 	if diff.Empty() && tdiff.Empty() {
 		return base, nil
 	}
@@ -160,7 +161,8 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		diskTime = time.Since(t0)
 		saved <- err
 	}()
-	kerr := e.applyKernel(ctx, diff, tdiff)
+	kdiff := kernelDiff(diff)
+	kerr := e.applyKernel(ctx, kdiff, tdiff)
 	t1 := time.Now()
 	derr := <-saved
 	switch {
@@ -172,12 +174,12 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	case derr != nil:
 		// The kernel has the change but the disk does not: undo the kernel
 		// side so both agree with what the caller is told (nothing changed).
-		if rerr := e.unapplyKernel(context.WithoutCancel(ctx), diff, tdiff); rerr != nil {
+		if rerr := e.unapplyKernel(context.WithoutCancel(ctx), kdiff, tdiff); rerr != nil {
 			e.log.Error("rollback failed; reconciling the whole data plane", "err", rerr)
 			if rerr := e.reconcileTables(context.WithoutCancel(ctx), base); rerr != nil {
 				e.log.Error("reconcile of tables after failed rollback failed", "err", rerr)
 			}
-			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), base.Farms()); rerr != nil {
+			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), kernelFarms(base.Farms())); rerr != nil {
 				e.log.Error("reconcile after failed rollback failed", "err", rerr)
 			}
 		}
@@ -236,7 +238,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	if err := e.reconcileTables(ctx, s); err != nil {
 		return err
 	}
-	return e.dp.Reconcile(ctx, s.Farms())
+	return e.dp.Reconcile(ctx, kernelFarms(s.Farms()))
 }
 
 // Txn is a working copy of the state inside Engine.Change.
@@ -270,8 +272,10 @@ func (tx *Txn) Put(f model.Farm) error {
 	if err := f.Validate(); err != nil {
 		return err
 	}
-	if err := tx.e.dp.Check(&f); err != nil {
-		return err
+	if f.Listens() {
+		if err := tx.e.dp.Check(&f); err != nil {
+			return err
+		}
 	}
 	nf := f.Clone()
 	nf.Seal()

@@ -9,7 +9,9 @@ import (
 )
 
 // sessionFarm returns the farm whose sessions are asked for and the data
-// plane's session store, or why there is none.
+// plane's session store, or why there is none. A farm that keeps no
+// sessions (no persistence, or it listens nowhere) has a nil store: it has
+// none to list or delete.
 func (e *Engine) sessionFarm(farm, backend string) (*model.Farm, dataplane.SessionStore, error) {
 	f, ok := e.Snapshot().Farm(farm)
 	if !ok {
@@ -20,9 +22,9 @@ func (e *Engine) sessionFarm(farm, backend string) (*model.Farm, dataplane.Sessi
 			return nil, nil, &NotFoundError{What: fmt.Sprintf("farm %q backend %q", farm, backend)}
 		}
 	}
-	if f.Persistence == 0 {
-		return nil, nil, &model.FieldError{Object: fmt.Sprintf("farm %q", farm), Field: "persistence", Value: "none",
-			Problem: "the farm keeps no sessions: set persistence (srcip, srcport, srcmac, srcip-srcport, srcip-dstport, ...)"}
+	if f.Persistence == 0 || !f.Listens() {
+		// No sessions to list or delete (nftlb answers an empty list).
+		return f, nil, nil
 	}
 	ss, ok := e.dp.(dataplane.SessionStore)
 	if !ok {
@@ -37,7 +39,7 @@ func (e *Engine) sessionFarm(farm, backend string) (*model.Farm, dataplane.Sessi
 // no lock of the engine.
 func (e *Engine) Sessions(ctx context.Context, farm string) ([]dataplane.Session, error) {
 	f, ss, err := e.sessionFarm(farm, "")
-	if err != nil {
+	if err != nil || ss == nil {
 		return nil, err
 	}
 	return ss.Sessions(ctx, f)
@@ -48,8 +50,31 @@ func (e *Engine) Sessions(ctx context.Context, farm string) ([]dataplane.Session
 // on their next connection. It returns how many were deleted.
 func (e *Engine) DeleteSessions(ctx context.Context, farm, client, backend string) (int, error) {
 	f, ss, err := e.sessionFarm(farm, backend)
-	if err != nil {
+	if err != nil || ss == nil {
 		return 0, err
 	}
 	return ss.DeleteSessions(ctx, f, client, backend)
+}
+
+// FlushSessions deletes every session of a farm (nftlb's DELETE
+// /farms/{name}/sessions), one client at a time, and returns how many it
+// deleted. Sessions that expire meanwhile are not counted.
+func (e *Engine) FlushSessions(ctx context.Context, farm string) (int, error) {
+	f, ss, err := e.sessionFarm(farm, "")
+	if err != nil || ss == nil {
+		return 0, err
+	}
+	list, err := ss.Sessions(ctx, f)
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, s := range list {
+		n, err := ss.DeleteSessions(ctx, f, s.Client, "")
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
 }

@@ -217,7 +217,7 @@ func TestTablePoliciesReferences(t *testing.T) {
 	if err := put(e, f); err == nil || !strings.Contains(err.Error(), "has no verdict") {
 		t.Errorf("farm with a table without verdict: %v", err)
 	}
-	createTable(t, e, "bl", "addr", "", func(tb *model.Table) { tb.Verdict = model.VerdictDeny })
+	createTable(t, e, "bl", "addr", "", func(tb *model.Table) { tb.Verdict = model.ListDeny })
 	f.Policies = []model.PolicyRef{{Name: "bl"}}
 	if err := put(e, f); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestTablePoliciesReferences(t *testing.T) {
 	err = change(e, func(tx *Txn) error {
 		tb, _ := tx.Table("bl")
 		c := tb.Clone()
-		c.Verdict = model.VerdictNone
+		c.Verdict = model.ListNone
 		return tx.PutTable(c)
 	})
 	if err == nil || !strings.Contains(err.Error(), "must keep a verdict") {
@@ -297,7 +297,7 @@ func TestTablesSurviveRestart(t *testing.T) {
 	}
 	e, _, b := open()
 	createTable(t, e, "fl", "flow:src-ip,proto,dst-port", "mark,farm,limit", func(tb *model.Table) { tb.Limit = 10 })
-	createTable(t, e, "bl", "addr", "", func(tb *model.Table) { tb.Verdict = model.VerdictDeny })
+	createTable(t, e, "bl", "addr", "", func(tb *model.Table) { tb.Verdict = model.ListDeny })
 	if _, err := addEntries(e, "fl", EntryOptions{Atomic: true}, "10.0.0.1,tcp,80 7,web,100", "fd00::1,udp,53 mark=1 timeout 3600"); err != nil {
 		t.Fatal(err)
 	}

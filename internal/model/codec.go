@@ -36,10 +36,16 @@ func parseUint(field, v string, max uint64) (uint64, error) {
 	return n, nil
 }
 
-func uintField[T any](name string, max uint64, ptr func(*T) *uint32) scalarField[T] {
+// uintField is a number field; "" (nftlb's unset) is the field's default,
+// def.
+func uintField[T any](name string, max uint64, def uint32, ptr func(*T) *uint32) scalarField[T] {
 	return scalarField[T]{
 		name: name,
 		decode: func(t *T, v string) error {
+			if strings.TrimSpace(v) == "" {
+				*ptr(t) = def
+				return nil
+			}
 			n, err := parseUint(name, v, max)
 			if err != nil {
 				return err
@@ -55,6 +61,10 @@ func markField[T any](ptr func(*T) *uint32) scalarField[T] {
 	return scalarField[T]{
 		name: "mark",
 		decode: func(t *T, v string) error {
+			if strings.TrimSpace(v) == "" {
+				*ptr(t) = 0
+				return nil
+			}
 			n, err := parseUint("mark", v, 0xffffffff)
 			if err != nil {
 				return fmt.Errorf("must be a 32-bit number, e.g. 0x10")
@@ -64,6 +74,26 @@ func markField[T any](ptr func(*T) *uint32) scalarField[T] {
 		},
 		append: func(dst []byte, t *T) []byte { return appendQuotedUint(dst, "0x", uint64(*ptr(t)), 16) },
 	}
+}
+
+// stateField is a farm's or backend's state. nftlb also prints
+// "available" (a backend up but on standby behind a lower priority level)
+// and "config_error" (an object nftlb could not program); both mean up
+// when given back.
+func stateField[T any](ptr func(*T) *State) scalarField[T] {
+	f := enumField("state", stateSpec, ptr)
+	decode := f.decode
+	f.decode = func(t *T, v string) error {
+		if v == "available" || v == "config_error" {
+			*ptr(t) = StateUp
+			return nil
+		}
+		if err := decode(t, v); err != nil {
+			return fmt.Errorf("allowed values are %s (and nftlb's available and config_error, which mean up)", stateSpec.allowed())
+		}
+		return nil
+	}
+	return f
 }
 
 func enumField[T any, E ~uint8](name string, spec enumSpec[E], ptr func(*T) *E) scalarField[T] {
@@ -203,14 +233,14 @@ var farmFields = []scalarField[Farm]{
 		decode: func(f *Farm, v string) error {
 			k, ok := parsePersistence(v)
 			if !ok {
-				return fmt.Errorf("allowed values are none, srcip, dstip, srcport, dstport, srcmac and combinations joined by '-' (e.g. srcip-srcport)")
+				return fmt.Errorf("allowed values are none, srcip, dstip, srcport, dstport, srcmac and combinations separated by spaces (e.g. \"srcip srcport\"; srcip-srcport is accepted too)")
 			}
 			f.Persistence = k
 			return nil
 		},
-		append: func(dst []byte, f *Farm) []byte { return persistenceSpec.appendQuoted(dst, f.Persistence, '-') },
+		append: func(dst []byte, f *Farm) []byte { return persistenceSpec.appendQuoted(dst, f.Persistence, ' ') },
 	},
-	uintField("persist-ttl", 1<<31-1, func(f *Farm) *uint32 { return &f.PersistTTL }),
+	uintField("persist-ttl", 1<<31-1, DefaultTTL, func(f *Farm) *uint32 { return &f.PersistTTL }),
 	enumField("helper", helperSpec, func(f *Farm) *Helper { return &f.Helper }),
 	{
 		name: "log",
@@ -224,42 +254,30 @@ var farmFields = []scalarField[Farm]{
 		},
 		append: func(dst []byte, f *Farm) []byte { return logSpec.appendQuoted(dst, f.Log, ' ') },
 	},
-	{
-		name:   "log-prefix",
-		decode: func(f *Farm, v string) error { f.LogPrefix = strings.Clone(v); return nil }, // v may be part of a request body
-		append: func(dst []byte, f *Farm) []byte { return appendJSONString(dst, f.LogPrefix) },
-	},
+	stringField("log-prefix", func(f *Farm) *string { return &f.LogPrefix }),
+	rateField("log-rtlimit", func(f *Farm) *uint32 { return &f.LogRTLimit }, func(f *Farm) *RateUnit { return &f.LogRTUnit }),
 	markField(func(f *Farm) *uint32 { return &f.Mark }),
-	uintField("priority", MaxPriority, func(f *Farm) *uint32 { return &f.Priority }),
-	enumField("state", stateSpec, func(f *Farm) *State { return &f.State }),
-	uintField("new-rtlimit", 1<<31-1, func(f *Farm) *uint32 { return &f.NewRTLimit }),
-	uintField("new-rtlimit-burst", 1<<31-1, func(f *Farm) *uint32 { return &f.NewRTBurst }),
-	uintField("rst-rtlimit", 1<<31-1, func(f *Farm) *uint32 { return &f.RstRTLimit }),
-	uintField("rst-rtlimit-burst", 1<<31-1, func(f *Farm) *uint32 { return &f.RstRTBurst }),
-	uintField("est-connlimit", 1<<31-1, func(f *Farm) *uint32 { return &f.EstConnLimit }),
-	{
-		name: "tcp-strict",
-		decode: func(f *Farm, v string) error {
-			switch v {
-			case "on", "true":
-				f.TCPStrict = true
-			case "off", "false":
-				f.TCPStrict = false
-			default:
-				return fmt.Errorf("allowed values are on, off")
-			}
-			return nil
-		},
-		append: func(dst []byte, f *Farm) []byte {
-			if f.TCPStrict {
-				return append(dst, `"on"`...)
-			}
-			return append(dst, `"off"`...)
-		},
-	},
+	uintField("priority", MaxPriority, 1, func(f *Farm) *uint32 { return &f.Priority }),
+	stateField(func(f *Farm) *State { return &f.State }),
+	uintField("limits-ttl", 1<<31-1, DefaultLimitsTTL, func(f *Farm) *uint32 { return &f.LimitsTTL }),
+	rateField("new-rtlimit", func(f *Farm) *uint32 { return &f.NewRTLimit }, func(f *Farm) *RateUnit { return &f.NewRTUnit }),
+	uintField("new-rtlimit-burst", 1<<31-1, 0, func(f *Farm) *uint32 { return &f.NewRTBurst }),
+	stringField("new-rtlimit-log-prefix", func(f *Farm) *string { return &f.NewRTLogPrefix }),
+	rateField("rst-rtlimit", func(f *Farm) *uint32 { return &f.RstRTLimit }, func(f *Farm) *RateUnit { return &f.RstRTUnit }),
+	uintField("rst-rtlimit-burst", 1<<31-1, 0, func(f *Farm) *uint32 { return &f.RstRTBurst }),
+	stringField("rst-rtlimit-log-prefix", func(f *Farm) *string { return &f.RstRTLogPrefix }),
+	uintField("est-connlimit", 1<<31-1, 0, func(f *Farm) *uint32 { return &f.EstConnLimit }),
+	stringField("est-connlimit-log-prefix", func(f *Farm) *string { return &f.EstConnLogPrefix }),
+	onOffField("tcp-strict", func(f *Farm) *bool { return &f.TCPStrict }),
+	stringField("tcp-strict-log-prefix", func(f *Farm) *string { return &f.TCPStrictLogPrefix }),
+	queueField,
+	verdictField,
+	onOffField("flow-offload", func(f *Farm) *bool { return &f.FlowOffload }),
+	onOffField("intra-connect", func(f *Farm) *bool { return &f.IntraConnect }),
 	ifaceField("iface", func(f *Farm) *string { return &f.Iface }),
 	ifaceField("oface", func(f *Farm) *string { return &f.Oface }),
 	etherField(func(f *Farm) *EtherAddr { return &f.EtherAddr }),
+	newnameField,
 }
 
 var backendFields = []scalarField[Backend]{
@@ -286,11 +304,15 @@ var backendFields = []scalarField[Backend]{
 			return appendQuotedUint(dst, "", uint64(b.Port), 10)
 		},
 	},
-	uintField("weight", MaxWeight, func(b *Backend) *uint32 { return &b.Weight }),
-	uintField("priority", MaxPriority, func(b *Backend) *uint32 { return &b.Priority }),
+	addrField("source-addr", func(b *Backend) *netip.Addr { return &b.SourceAddr }),
+	uintField("weight", MaxWeight, 1, func(b *Backend) *uint32 { return &b.Weight }),
+	uintField("priority", MaxPriority, 1, func(b *Backend) *uint32 { return &b.Priority }),
 	markField(func(b *Backend) *uint32 { return &b.Mark }),
-	uintField("est-connlimit", 1<<31-1, func(b *Backend) *uint32 { return &b.EstConnLimit }),
-	enumField("state", stateSpec, func(b *Backend) *State { return &b.State }),
+	uintField("est-connlimit", 1<<31-1, 0, func(b *Backend) *uint32 { return &b.EstConnLimit }),
+	{name: "est-connlimit-log-prefix",
+		decode: func(b *Backend, v string) error { b.EstConnLogPrefix = strings.Clone(v); return nil },
+		append: func(dst []byte, b *Backend) []byte { return appendJSONString(dst, b.EstConnLogPrefix) }},
+	stateField(func(b *Backend) *State { return &b.State }),
 	etherField(func(b *Backend) *EtherAddr { return &b.EtherAddr }),
 }
 
@@ -374,7 +396,7 @@ func decodeMembers[T any](d *doc, obj int, name objName, t *T, fields []scalarFi
 		}
 		i := fieldIndex(fields, key)
 		if i < 0 || fields[i].decode == nil {
-			return fieldError(name.String(), key, "", "unknown field; known fields are "+fieldNames(fields))
+			return &FieldError{Object: name.String(), Field: strings.Clone(key), Problem: "unknown field; known fields are " + fieldNames(fields), UnknownField: true}
 		}
 		if lastWins && last[i] != v {
 			continue
@@ -396,7 +418,7 @@ func fieldNames[T any](fields []scalarField[T]) string {
 		names = append(names, f.name)
 	}
 	if _, isFarm := any(fields).([]scalarField[Farm]); isFarm {
-		names = append(names, "backends", "policies")
+		names = append(names, "addresses", "backends", "sessions", "policies")
 	}
 	return strings.Join(names, ", ")
 }
@@ -413,8 +435,15 @@ type FarmLookup func(name string) (*Farm, bool)
 
 // DecodeFarms decodes nftlb's {"farms":[...]} body (or a single farm object)
 // into complete farms: each named farm is patched onto its current version,
-// or onto the defaults if new, then validated on its own.
+// or onto the defaults if new, then validated on its own. A farm renamed by
+// "newname" is patched onto the farm of its old name (RenamedFrom).
 func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
+	return DecodeFarmsWith(body, current, nil)
+}
+
+// DecodeFarmsWith is DecodeFarms with a lookup for addresses a farm names
+// without giving their values ({"addresses":[{"name":"a1"}]}).
+func DecodeFarmsWith(body []byte, current FarmLookup, addrs AddressLookup) ([]Farm, error) {
 	d, ok := scanDoc(body)
 	defer d.release()
 	if !ok || d.toks[0].kind != '{' {
@@ -425,7 +454,7 @@ func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
 		if err == nil {
 			err = errors.New("not an object")
 		}
-		return nil, fmt.Errorf("request body is not a JSON object: %v", err)
+		return nil, &StructureError{Msg: fmt.Sprintf("request body is not a JSON object: %v", err)}
 	}
 	items, end, err := d.farmItems()
 	if err != nil {
@@ -438,7 +467,7 @@ func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
 	out := make([]Farm, 0, n)
 	seen := make(map[string]bool, n)
 	for i, it := 0, items; it < end; i, it = i+1, d.toks[it].next {
-		f, err := decodeFarm(&d, it, i, current)
+		f, err := decodeFarm(&d, it, i, current, addrs)
 		if err != nil {
 			return nil, err
 		}
@@ -467,24 +496,27 @@ func (d *doc) farmItems() (first, end int, err error) {
 		return 0, d.toks[0].next, nil // the body is one farm
 	}
 	if other >= 0 {
-		return 0, 0, fieldError("", d.key(other), "", "unknown top-level field; the body is {\"farms\": [...]}")
+		return 0, 0, &FieldError{Field: strings.Clone(d.key(other)), Problem: "unknown top-level field; the body is {\"farms\": [...]}", UnknownField: true}
 	}
 	if d.toks[farms].kind != '[' {
-		return 0, 0, &FieldError{Field: "farms", Problem: "must be an array of farm objects"}
+		return 0, 0, &StructureError{Msg: "field \"farms\" must be an array of farm objects"}
 	}
 	first, end = d.children(farms)
 	return first, end, nil
 }
 
 // farmSkip are the farm members decoded apart from the scalar fields.
-var farmSkip = []string{"name", "backends", "policies"}
+var farmSkip = []string{"name", "addresses", "backends", "sessions", "policies"}
 
-func decodeFarm(d *doc, item, index int, current FarmLookup) (Farm, error) {
+func decodeFarm(d *doc, item, index int, current FarmLookup, addrs AddressLookup) (Farm, error) {
 	if d.toks[item].kind != '{' {
-		return Farm{}, &FieldError{Field: fmt.Sprintf("farms[%d]", index), Problem: "must be a JSON object"}
+		return Farm{}, &StructureError{Msg: fmt.Sprintf("farms[%d] must be a JSON object", index)}
 	}
 	nameText, ok := d.scalar(d.lastMember(item, "name"))
 	if !ok || !ValidName(nameText) {
+		if !ok || nameText == "" {
+			return Farm{}, &MissingNameError{What: fmt.Sprintf("farms[%d]", index)}
+		}
 		return Farm{}, fieldError(fmt.Sprintf("farms[%d]", index), "name", nameText, "is required and must be "+nameRule)
 	}
 	name := strings.Clone(nameText) // kept by the farm; see doc
@@ -497,6 +529,16 @@ func decodeFarm(d *doc, item, index int, current FarmLookup) (Farm, error) {
 	obj := objName{farm: f.Name}
 	if err := decodeMembers(d, item, obj, &f, farmFields, farmSkip, true); err != nil {
 		return Farm{}, err
+	}
+	if f.renamedFrom != "" {
+		if _, taken := current(f.Name); taken {
+			return Farm{}, &FieldError{Object: farmObject(f.renamedFrom), Field: "newname", Value: f.Name, Problem: "a farm of that name exists already"}
+		}
+	}
+	if as := d.lastMember(item, "addresses"); as >= 0 {
+		if err := decodeFarmAddresses(&f, d, as, addrs); err != nil {
+			return Farm{}, err
+		}
 	}
 	if d.lastMember(item, "sched-param") < 0 {
 		if f.Scheduler == SchedHash || f.Scheduler == SchedSymhash {
@@ -518,6 +560,11 @@ func decodeFarm(d *doc, item, index int, current FarmLookup) (Farm, error) {
 	}
 	if ps := d.lastMember(item, "policies"); ps >= 0 {
 		if err := decodePolicies(&f, d, ps); err != nil {
+			return Farm{}, err
+		}
+	}
+	if ss := d.lastMember(item, "sessions"); ss >= 0 {
+		if err := decodeSessions(&f, d, ss); err != nil {
 			return Farm{}, err
 		}
 	}
@@ -712,14 +759,23 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 	dst = slices.Grow(dst, farmJSONSize+backendJSONSize*len(f.Backends))
 	dst = append(dst, '{')
 	for i := range farmFields {
+		if farmFields[i].append == nil {
+			continue // write-only (newname)
+		}
 		if i > 0 {
 			dst = append(dst, ',')
 		}
 		dst = append(dst, farmKeys[i]...)
 		dst = farmFields[i].append(dst, f)
 	}
+	dst = append(dst, `,"addresses":`...)
+	dst = f.appendAddressesJSON(dst)
 	dst = append(dst, `,"backends":`...)
 	dst = f.appendBackendsJSON(dst)
+	if len(f.Sessions) > 0 {
+		dst = append(dst, `,"sessions":`...)
+		dst = f.appendStaticSessionsJSON(dst)
+	}
 	dst = append(dst, `,"policies":[`...)
 	for i, p := range f.Policies {
 		if i > 0 {
@@ -734,6 +790,7 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 
 func (f *Farm) appendBackendsJSON(dst []byte) []byte {
 	dst = append(dst, '[')
+	level := f.servingLevel()
 	for i := range f.Backends {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -745,11 +802,29 @@ func (f *Farm) appendBackendsJSON(dst []byte) []byte {
 				dst = append(dst, ',')
 			}
 			dst = append(dst, backendKeys[j]...)
+			if backendFields[j].name == "state" && b.Serving() && b.Priority != level {
+				// Up, but on standby behind a lower priority level that
+				// serves: nftlb prints "available".
+				dst = append(dst, `"available"`...)
+				continue
+			}
 			dst = backendFields[j].append(dst, b)
 		}
 		dst = append(dst, '}')
 	}
 	return append(dst, ']')
+}
+
+// servingLevel is the priority level whose backends take new connections
+// (ActiveBackends), 0 when none does.
+func (f *Farm) servingLevel() uint32 {
+	best := uint32(0)
+	for i := range f.Backends {
+		if b := &f.Backends[i]; b.Serving() && (best == 0 || b.Priority < best) {
+			best = b.Priority
+		}
+	}
+	return best
 }
 
 // appendQuotedUint appends n in base as a JSON string, after prefix.

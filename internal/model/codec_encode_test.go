@@ -12,11 +12,21 @@ import (
 
 // The encoder of commit ec7b831, kept as the oracle of TestAppendJSONUnchanged:
 // the farm's JSON is the journal's record and the API's GET response, so
-// a faster encoder must write the same bytes.
+// a faster encoder must write the same bytes. Extended with nftlb 1.0's
+// fields (in nftlb's order), addresses and the "available" state.
 
 type oldEncoder[T any] struct {
 	name   string
 	encode func(t *T) string
+}
+
+func oldRate(n uint32, u RateUnit) string { return fmt.Sprintf("%d/%s", n, u) }
+
+func oldOnOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 func oldAddr(a netip.Addr) string {
@@ -49,20 +59,25 @@ var oldFarmEncoders = []oldEncoder[Farm]{
 	{"helper", func(f *Farm) string { return helperSpec.name(f.Helper) }},
 	{"log", func(f *Farm) string { return f.Log.String() }},
 	{"log-prefix", func(f *Farm) string { return f.LogPrefix }},
+	{"log-rtlimit", func(f *Farm) string { return oldRate(f.LogRTLimit, f.LogRTUnit) }},
 	{"mark", func(f *Farm) string { return "0x" + strconv.FormatUint(uint64(f.Mark), 16) }},
 	{"priority", func(f *Farm) string { return strconv.FormatUint(uint64(f.Priority), 10) }},
 	{"state", func(f *Farm) string { return stateSpec.name(f.State) }},
-	{"new-rtlimit", func(f *Farm) string { return strconv.FormatUint(uint64(f.NewRTLimit), 10) }},
+	{"limits-ttl", func(f *Farm) string { return strconv.FormatUint(uint64(f.LimitsTTL), 10) }},
+	{"new-rtlimit", func(f *Farm) string { return oldRate(f.NewRTLimit, f.NewRTUnit) }},
 	{"new-rtlimit-burst", func(f *Farm) string { return strconv.FormatUint(uint64(f.NewRTBurst), 10) }},
-	{"rst-rtlimit", func(f *Farm) string { return strconv.FormatUint(uint64(f.RstRTLimit), 10) }},
+	{"new-rtlimit-log-prefix", func(f *Farm) string { return f.NewRTLogPrefix }},
+	{"rst-rtlimit", func(f *Farm) string { return oldRate(f.RstRTLimit, f.RstRTUnit) }},
 	{"rst-rtlimit-burst", func(f *Farm) string { return strconv.FormatUint(uint64(f.RstRTBurst), 10) }},
+	{"rst-rtlimit-log-prefix", func(f *Farm) string { return f.RstRTLogPrefix }},
 	{"est-connlimit", func(f *Farm) string { return strconv.FormatUint(uint64(f.EstConnLimit), 10) }},
-	{"tcp-strict", func(f *Farm) string {
-		if f.TCPStrict {
-			return "on"
-		}
-		return "off"
-	}},
+	{"est-connlimit-log-prefix", func(f *Farm) string { return f.EstConnLogPrefix }},
+	{"tcp-strict", func(f *Farm) string { return oldOnOff(f.TCPStrict) }},
+	{"tcp-strict-log-prefix", func(f *Farm) string { return f.TCPStrictLogPrefix }},
+	{"queue", func(f *Farm) string { return strconv.Itoa(int(f.Queue)) }},
+	{"verdict", func(f *Farm) string { return f.Verdict.String() }},
+	{"flow-offload", func(f *Farm) string { return oldOnOff(f.FlowOffload) }},
+	{"intra-connect", func(f *Farm) string { return oldOnOff(f.IntraConnect) }},
 	{"iface", func(f *Farm) string { return f.Iface }},
 	{"oface", func(f *Farm) string { return f.Oface }},
 	{"ether-addr", func(f *Farm) string { return f.EtherAddr.String() }},
@@ -77,10 +92,12 @@ var oldBackendEncoders = []oldEncoder[Backend]{
 		}
 		return strconv.Itoa(int(b.Port))
 	}},
+	{"source-addr", func(b *Backend) string { return oldAddr(b.SourceAddr) }},
 	{"weight", func(b *Backend) string { return strconv.FormatUint(uint64(b.Weight), 10) }},
 	{"priority", func(b *Backend) string { return strconv.FormatUint(uint64(b.Priority), 10) }},
 	{"mark", func(b *Backend) string { return "0x" + strconv.FormatUint(uint64(b.Mark), 16) }},
 	{"est-connlimit", func(b *Backend) string { return strconv.FormatUint(uint64(b.EstConnLimit), 10) }},
+	{"est-connlimit-log-prefix", func(b *Backend) string { return b.EstConnLogPrefix }},
 	{"state", func(b *Backend) string { return stateSpec.name(b.State) }},
 	{"ether-addr", func(b *Backend) string { return b.EtherAddr.String() }},
 }
@@ -95,7 +112,24 @@ func oldAppendJSON(f *Farm, dst []byte) []byte {
 		dst = append(dst, ':')
 		dst = oldAppendJSONString(dst, e.encode(f))
 	}
-	dst = append(dst, `,"backends":[`...)
+	dst = append(dst, `,"addresses":[`...)
+	for i, a := range f.AllAddresses() {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		ip := oldAddr(a.Addr)
+		if a.Addr.IsValid() && a.Addr2.IsValid() {
+			ip += "," + a.Addr2.String()
+		}
+		dst = fmt.Appendf(dst, `{"name":%s,"family":%s,"ip-addr":%s,"ports":%s,"protocol":%s,"used":"1"}`,
+			oldAppendJSONString(nil, a.Name), oldAppendJSONString(nil, a.Family.String()), oldAppendJSONString(nil, ip),
+			oldAppendJSONString(nil, formatPorts(a.Ports)), oldAppendJSONString(nil, a.Protocol.String()))
+	}
+	dst = append(dst, `],"backends":[`...)
+	level := uint32(0)
+	for _, b := range f.ActiveBackends() {
+		level = b.Priority
+	}
 	for i := range f.Backends {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -107,11 +141,26 @@ func oldAppendJSON(f *Farm, dst []byte) []byte {
 			}
 			dst = oldAppendJSONString(dst, e.name)
 			dst = append(dst, ':')
+			if b := &f.Backends[i]; e.name == "state" && b.Serving() && b.Priority != level {
+				dst = oldAppendJSONString(dst, "available")
+				continue
+			}
 			dst = oldAppendJSONString(dst, e.encode(&f.Backends[i]))
 		}
 		dst = append(dst, '}')
 	}
-	dst = append(dst, `],"policies":[`...)
+	dst = append(dst, ']')
+	if len(f.Sessions) > 0 {
+		dst = append(dst, `,"sessions":[`...)
+		for i, x := range f.Sessions {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = fmt.Appendf(dst, `{"client":%s,"backend":%s}`, oldAppendJSONString(nil, x.Client), oldAppendJSONString(nil, x.Backend))
+		}
+		dst = append(dst, ']')
+	}
+	dst = append(dst, `,"policies":[`...)
 	for i, p := range f.Policies {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -185,6 +234,18 @@ func randomFarm(r *rand.Rand) Farm {
 		Mark: u32(), Priority: u32(), State: State(r.IntN(4)),
 		NewRTLimit: u32(), NewRTBurst: u32(), RstRTLimit: u32(), RstRTBurst: u32(), EstConnLimit: u32(),
 		TCPStrict: r.IntN(2) == 0, Iface: strs[r.IntN(len(strs))], Oface: strs[r.IntN(len(strs))], EtherAddr: ether(),
+		NewRTUnit: RateUnit(r.IntN(6)), RstRTUnit: RateUnit(r.IntN(6)), LogRTLimit: u32(), LogRTUnit: RateUnit(r.IntN(6)),
+		LimitsTTL: u32(), NewRTLogPrefix: strs[r.IntN(len(strs))], RstRTLogPrefix: strs[r.IntN(len(strs))],
+		EstConnLogPrefix: strs[r.IntN(len(strs))], TCPStrictLogPrefix: strs[r.IntN(len(strs))],
+		Queue: int32(u32()), Verdict: Verdict(r.Uint32()), FlowOffload: r.IntN(2) == 0, IntraConnect: r.IntN(2) == 0,
+		AddrName: strs[r.IntN(len(strs))],
+	}
+	for range r.IntN(3) {
+		f.Addresses = append(f.Addresses, Address{Name: strs[r.IntN(len(strs))], Family: Family(r.IntN(5)),
+			Addr: addrs[r.IntN(len(addrs))], Addr2: addrs[r.IntN(len(addrs))], Protocol: Protocol(r.IntN(6))})
+	}
+	for range r.IntN(2) {
+		f.Sessions = append(f.Sessions, StaticSession{Client: strs[r.IntN(len(strs))], Backend: strs[r.IntN(len(strs))]})
 	}
 	if r.IntN(4) == 0 {
 		f.SchedParam, f.Persistence, f.Log = 0, 0, 0
@@ -196,7 +257,7 @@ func randomFarm(r *rand.Rand) Farm {
 	for range r.IntN(6) {
 		f.Backends = append(f.Backends, Backend{Name: strs[r.IntN(len(strs))], Addr: addrs[r.IntN(len(addrs))],
 			Port: uint16(r.Uint32() >> uint(r.IntN(2)*31)), Weight: u32(), Priority: u32(), Mark: u32(), EstConnLimit: u32(),
-			State: State(r.IntN(4)), EtherAddr: ether()})
+			State: State(r.IntN(4)), EtherAddr: ether(), SourceAddr: addrs[r.IntN(len(addrs))], EstConnLogPrefix: strs[r.IntN(len(strs))]})
 	}
 	for range r.IntN(3) {
 		f.Policies = append(f.Policies, PolicyRef{Name: strs[r.IntN(len(strs))]})

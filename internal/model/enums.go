@@ -77,9 +77,13 @@ const (
 	ModeDNAT
 	ModeDSR
 	ModeStlsDNAT
+	// ModeLocal is nftlb's mode for services of the LB host itself: the
+	// VIP's traffic is filtered (limits, policies) and delivered to a
+	// local socket, no backend.
+	ModeLocal
 )
 
-var modeSpec = enumSpec[Mode]{[]string{"snat", "dnat", "dsr", "stlsdnat"}}
+var modeSpec = enumSpec[Mode]{[]string{"snat", "dnat", "dsr", "stlsdnat", "local"}}
 
 func (m Mode) String() string { return modeSpec.name(m) }
 
@@ -199,16 +203,16 @@ var hashKeySpec = flagSpec[HashKey]{"none", []string{"srcip", "dstip", "srcport"
 
 func (k HashKey) String() string { return hashKeySpec.name(k) }
 
-// persistenceSpec: nftlb spells combined persistence keys with '-' ("srcip-srcport").
+// persistenceSpec: nftlb 1.0 prints combined persistence keys separated
+// by spaces ("srcip srcport"); older nftlb documentation and xlb before it
+// joined them with '-' ("srcip-srcport"), which is still accepted.
 var persistenceSpec = flagSpec[HashKey]{"none", []string{"srcip", "dstip", "srcport", "dstport", "srcmac"}}
 
 func parsePersistence(v string) (HashKey, bool) {
 	return persistenceSpec.parse(strings.ReplaceAll(v, "-", " "))
 }
 
-func persistenceName(k HashKey) string {
-	return strings.ReplaceAll(persistenceSpec.name(k), " ", "-")
-}
+func persistenceName(k HashKey) string { return persistenceSpec.name(k) }
 
 // LogHook is the set of hooks at which new connections are logged.
 type LogHook uint8

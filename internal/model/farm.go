@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -64,6 +65,36 @@ type Farm struct {
 	Backends  []Backend
 	Policies  []PolicyRef
 
+	// nftlb 1.0 fields (nftlb.go). Rates are per RateUnit; the limits'
+	// values above are per that unit.
+	NewRTUnit          RateUnit
+	RstRTUnit          RateUnit
+	LogRTLimit         uint32 // log lines per LogRTUnit, 0 = unlimited
+	LogRTUnit          RateUnit
+	LimitsTTL          uint32 // seconds a client over a limit stays banned
+	NewRTLogPrefix     string
+	RstRTLogPrefix     string
+	EstConnLogPrefix   string
+	TCPStrictLogPrefix string
+	Queue              int32 // nfqueue number, -1 = none
+	Verdict            Verdict
+	FlowOffload        bool
+	IntraConnect       bool
+	// AddrName names the farm's own address (virtual-addr, virtual-ports,
+	// protocol, family), which nftlb lists in "addresses"; "" means
+	// nftlb's default "<name>-addr".
+	AddrName string
+	// Addresses are further nftlb address objects the farm serves besides
+	// its own.
+	Addresses []Address
+	// Sessions are static persistence sessions (nftlb's "sessions" in a
+	// farm body).
+	Sessions []StaticSession
+
+	// renamedFrom is the farm's old name when a decoded body renamed it
+	// ("newname"); see RenamedFrom.
+	renamedFrom string
+
 	enc *encoded // cached wire forms; see codec.go
 }
 
@@ -80,6 +111,10 @@ type Backend struct {
 	// EtherAddr is the backend's MAC (mode dsr); zero: the data plane
 	// looks it up in the neighbour table.
 	EtherAddr EtherAddr
+	// SourceAddr is the source address of connections to this backend
+	// (nftlb's backend source-addr), instead of the farm's.
+	SourceAddr       netip.Addr
+	EstConnLogPrefix string
 }
 
 // EtherAddr is an Ethernet (MAC) address; the zero value means unset.
@@ -122,13 +157,16 @@ type PolicyRef struct {
 
 // Limits that bound the work one object can ask of the data plane.
 const (
-	MaxNameLen      = 64
-	MaxBackends     = 4096
-	MaxWeight       = 10000
-	MaxPriority     = 1000
-	MaxPortRanges   = 64
-	MaxLogPrefixLen = 24 // the kernel's log prefix holds 127 bytes; xlb adds farm/backend names
-	DefaultTTL      = 60
+	MaxNameLen    = 64
+	MaxBackends   = 4096
+	MaxWeight     = 10000
+	MaxPriority   = 1000
+	MaxPortRanges = 64
+	// MaxLogPrefixLen: the kernel's log prefix holds 127 bytes, and the nft
+	// data plane adds " xlb farm=<name> " (up to 75 bytes) after it.
+	MaxLogPrefixLen  = 127 - len(" xlb farm= ") - MaxNameLen
+	DefaultTTL       = 60
+	DefaultLimitsTTL = 120 // nftlb's limits-ttl
 )
 
 // NewFarm returns a farm with nftlb's defaults.
@@ -142,6 +180,9 @@ func NewFarm(name string) Farm {
 		PersistTTL: DefaultTTL,
 		Priority:   1,
 		State:      StateUp,
+		LimitsTTL:  DefaultLimitsTTL,
+		Queue:      -1,
+		Verdict:    DefaultVerdict,
 	}
 }
 
@@ -157,6 +198,12 @@ func (f *Farm) Clone() Farm {
 	c.VirtualPorts = append([]PortRange(nil), f.VirtualPorts...)
 	c.Backends = append([]Backend(nil), f.Backends...)
 	c.Policies = append([]PolicyRef(nil), f.Policies...)
+	c.Addresses = slices.Clone(f.Addresses)
+	for i := range c.Addresses {
+		c.Addresses[i].Ports = slices.Clone(c.Addresses[i].Ports)
+	}
+	c.Sessions = slices.Clone(f.Sessions)
+	c.renamedFrom = ""
 	return c
 }
 
@@ -223,6 +270,9 @@ type FieldError struct {
 	Field   string
 	Value   string
 	Problem string // what is wrong, including what is allowed
+	// UnknownField is set when the field itself is unknown (not its
+	// value): nftlb answers those differently (internal/api).
+	UnknownField bool
 }
 
 func (e *FieldError) Error() string {

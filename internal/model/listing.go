@@ -56,7 +56,8 @@ func (f *Farm) appendListing(dst []byte, numeric bool, svc serviceLookup) []byte
 		dst = strconv.AppendUint(dst, uint64(f.PersistTTL), 10)
 		if f.Persistence != KeySrcIP {
 			dst = append(dst, " ("...)
-			dst = append(dst, persistenceName(f.Persistence)...)
+			// One word in the listing's columns, as ipvsadm users read it.
+			dst = append(dst, strings.ReplaceAll(persistenceName(f.Persistence), " ", "-")...)
 			dst = append(dst, ')')
 		}
 	}

@@ -77,29 +77,29 @@ var valueFieldNames = []string{"mark", "farm", "backend", "limit", "dscp", "tag"
 // String returns the fields as ipfw writes them: "mark,farm".
 func (v ValueFields) String() string { return joinBits(uint8(v), valueFieldNames) }
 
-// Verdict is what a farm does with a client found in a table attached to it
-// as a policy (nftlb's policy "type").
-type Verdict uint8
+// ListVerdict is what a farm does with a client found in a table attached
+// to it as a policy (nftlb's policy "type": a deny list or an allow list).
+type ListVerdict uint8
 
 const (
-	// VerdictNone: the table is not a policy.
-	VerdictNone Verdict = iota
-	// VerdictDeny drops matching clients (nftlb: blacklist).
-	VerdictDeny
-	// VerdictAllow admits only matching clients (nftlb: whitelist).
-	VerdictAllow
+	// ListNone: the table is not a policy.
+	ListNone ListVerdict = iota
+	// ListDeny drops matching clients (nftlb: blacklist).
+	ListDeny
+	// ListAllow admits only matching clients (nftlb: whitelist).
+	ListAllow
 )
 
-var verdictSpec = enumSpec[Verdict]{[]string{"none", "deny", "allow"}}
+var listVerdictSpec = enumSpec[ListVerdict]{[]string{"none", "deny", "allow"}}
 
 // policyTypeSpec is nftlb's vocabulary for the same verdicts.
-var policyTypeSpec = enumSpec[Verdict]{[]string{"", "blacklist", "whitelist"}}
+var policyTypeSpec = enumSpec[ListVerdict]{[]string{"", "blacklist", "whitelist"}}
 
-func (v Verdict) String() string { return verdictSpec.name(v) }
+func (v ListVerdict) String() string { return listVerdictSpec.name(v) }
 
 // PolicyType is the verdict in nftlb's words: blacklist, whitelist ("" for
 // none).
-func (v Verdict) PolicyType() string { return policyTypeSpec.name(v) }
+func (v ListVerdict) PolicyType() string { return policyTypeSpec.name(v) }
 
 // Limits of tables.
 const (
@@ -138,7 +138,7 @@ type Table struct {
 	// Policy fields (nftlb): what farms using the table as a policy do
 	// with a matching client, the prefix of their log lines, and the
 	// order among a farm's policies (lower first).
-	Verdict   Verdict
+	Verdict   ListVerdict
 	LogPrefix string
 	Priority  uint32
 
@@ -171,7 +171,7 @@ func (t *Table) MaxEntries() int {
 }
 
 // IsPolicy reports whether the table has a verdict, so farms may attach it.
-func (t *Table) IsPolicy() bool { return t.Verdict != VerdictNone }
+func (t *Table) IsPolicy() bool { return t.Verdict != ListNone }
 
 // Clone returns a copy that shares the entries; changes to the copy's
 // entries (through a TableEdit) never show in t.
@@ -304,8 +304,8 @@ func ParseValueFields(v string) (ValueFields, error) {
 
 // ParseVerdict parses a verdict in either vocabulary: none, deny, allow,
 // blacklist, whitelist.
-func ParseVerdict(v string) (Verdict, bool) {
-	if x, ok := verdictSpec.parse(v); ok {
+func ParseVerdict(v string) (ListVerdict, bool) {
+	if x, ok := listVerdictSpec.parse(v); ok {
 		return x, true
 	}
 	if x, ok := policyTypeSpec.parse(v); ok && v != "" {

@@ -191,8 +191,8 @@ func decodeTableNamed(d *doc, obj int, name string, current TableLookup, vocab V
 			return td, fieldError(obj2, key, text, err.Error())
 		}
 	}
-	if vocab == VocabPolicies && !td.Exists && t.Verdict == VerdictNone {
-		t.Verdict = VerdictDeny // nftlb's default policy type is blacklist
+	if vocab == VocabPolicies && !td.Exists && t.Verdict == ListNone {
+		t.Verdict = ListDeny // nftlb's default policy type is blacklist
 	}
 	if err := t.Validate(); err != nil {
 		return td, err

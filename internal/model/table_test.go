@@ -139,7 +139,7 @@ func TestTableValidate(t *testing.T) {
 		{func(t *Table) { t.Name = long }, "1 to 63 characters"},
 		{func(t *Table) { t.Limit = MaxTableEntries + 1 }, `field "limit"`},
 		{func(t *Table) { t.Priority = 0 }, `field "priority"`},
-		{func(t *Table) { t.Type = TableNumber; t.Verdict = VerdictDeny }, "only addr tables can be policies"},
+		{func(t *Table) { t.Type = TableNumber; t.Verdict = ListDeny }, "only addr tables can be policies"},
 		{func(t *Table) { t.Type = TableFlow }, "needs one or more fields"},
 		{func(t *Table) { t.Timeout = MaxTableTimeout + 1 }, `field "timeout"`},
 		{func(t *Table) { t.LogPrefix = "a\"b" }, "printable ASCII"},
@@ -241,7 +241,7 @@ func TestTableJSONRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	td := tds[0]
-	if !td.HasEntries || len(td.Entries) != 3 || td.Table.Limit != 100 || td.Table.Verdict != VerdictDeny {
+	if !td.HasEntries || len(td.Entries) != 3 || td.Table.Limit != 100 || td.Table.Verdict != ListDeny {
 		t.Fatalf("decoded %+v", td)
 	}
 	tb := td.Table
@@ -276,7 +276,7 @@ func TestPolicyVocabulary(t *testing.T) {
 		t.Fatal(err)
 	}
 	tb := tds[0].Table
-	if tb.Verdict != VerdictAllow || tb.Type != TableAddr || tb.Family != FamilyIPv4 || tb.Timeout != 30 {
+	if tb.Verdict != ListAllow || tb.Type != TableAddr || tb.Family != FamilyIPv4 || tb.Timeout != 30 {
 		t.Fatalf("decoded %+v", tb)
 	}
 	for _, in := range tds[0].Entries {
@@ -293,7 +293,7 @@ func TestPolicyVocabulary(t *testing.T) {
 	}
 	// A new policy without type is a blacklist (nftlb's default).
 	tds, err = DecodeTables([]byte(`{"name":"x"}`), none, VocabPolicies)
-	if err != nil || tds[0].Table.Verdict != VerdictDeny {
+	if err != nil || tds[0].Table.Verdict != ListDeny {
 		t.Errorf("default type: %+v %v", tds, err)
 	}
 	if _, err := DecodeTables([]byte(`{"name":"x","type":"greylist"}`), none, VocabPolicies); err == nil || !strings.Contains(err.Error(), "blacklist, whitelist") {

@@ -50,10 +50,10 @@ func (t *Table) Validate() error {
 	if t.Timeout > MaxTableTimeout {
 		return bad("timeout", fmt.Sprint(t.Timeout), fmt.Sprintf("must be 0 (entries do not expire) to %d seconds", MaxTableTimeout))
 	}
-	if int(t.Verdict) >= len(verdictSpec.names) {
+	if int(t.Verdict) >= len(listVerdictSpec.names) {
 		return bad("verdict", fmt.Sprint(t.Verdict), "allowed values are none, deny (blacklist), allow (whitelist)")
 	}
-	if t.Verdict != VerdictNone && t.Type != TableAddr {
+	if t.Verdict != ListNone && t.Type != TableAddr {
 		return bad("verdict", t.Verdict.String(), "only addr tables can be policies (this table has type "+t.TypeString()+")")
 	}
 	if len(t.LogPrefix) > MaxLogPrefixLen {

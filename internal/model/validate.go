@@ -62,9 +62,10 @@ func (f *Farm) Validate() error {
 		if err := f.checkFamily("virtual-addr", f.VirtualAddr.Is4()); err != nil {
 			return err
 		}
-	case f.Mark == 0:
-		return bad("virtual-addr", "", "is required (or set \"mark\" for a firewall-mark farm)")
 	}
+	// A farm with neither a virtual-addr nor a mark listens nowhere: it is
+	// kept (nftlb keeps it too, e.g. when its backends arrive before its
+	// address) and serves nothing until it gets one (Farm.Listens).
 	if a := f.VirtualAddr2; a.IsValid() {
 		both := f.VirtualAddr.String() + "," + a.String()
 		switch {
@@ -86,10 +87,12 @@ func (f *Farm) Validate() error {
 			return bad("source-addr", f.SourceAddr.String(), "is only used by mode snat (this farm has mode "+f.Mode.String()+")")
 		}
 	}
-	if f.Mode != ModeDSR {
+	// nftlb runs dsr and stlsdnat at the netdev ingress hook, so both take
+	// iface, oface and ether-addr.
+	if f.Mode != ModeDSR && f.Mode != ModeStlsDNAT {
 		for _, x := range []struct{ field, value string }{{"iface", f.Iface}, {"oface", f.Oface}, {"ether-addr", f.EtherAddr.String()}} {
 			if x.value != "" {
-				return bad(x.field, x.value, "is only used by mode dsr (this farm has mode "+f.Mode.String()+")")
+				return bad(x.field, x.value, "is only used by modes dsr and stlsdnat (this farm has mode "+f.Mode.String()+")")
 			}
 		}
 	}
@@ -114,9 +117,6 @@ func (f *Farm) Validate() error {
 			}
 		}
 	}
-	if len(f.VirtualPorts) > 0 && f.Protocol == ProtoAll {
-		return bad("virtual-ports", formatPorts(f.VirtualPorts), "protocol \"all\" has no ports: leave virtual-ports empty")
-	}
 	if f.Scheduler == SchedHash || f.Scheduler == SchedSymhash {
 		if f.SchedParam == 0 {
 			// nftlb's default for hash is srcip.
@@ -137,11 +137,18 @@ func (f *Farm) Validate() error {
 	if f.Priority < 1 || f.Priority > MaxPriority {
 		return bad("priority", fmt.Sprint(f.Priority), fmt.Sprintf("must be 1-%d", MaxPriority))
 	}
-	if f.NewRTBurst != 0 && f.NewRTLimit == 0 {
-		return bad("new-rtlimit-burst", fmt.Sprint(f.NewRTBurst), "needs new-rtlimit")
+	// A burst without its rate is kept and has no effect (nftlb turns a
+	// limit off by setting its rate to 0 and leaves the burst).
+	for _, x := range []struct {
+		field, value string
+	}{{"new-rtlimit-log-prefix", f.NewRTLogPrefix}, {"rst-rtlimit-log-prefix", f.RstRTLogPrefix},
+		{"est-connlimit-log-prefix", f.EstConnLogPrefix}, {"tcp-strict-log-prefix", f.TCPStrictLogPrefix}} {
+		if len(x.value) > MaxLogPrefixLen {
+			return bad(x.field, x.value, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
+		}
 	}
-	if f.RstRTBurst != 0 && f.RstRTLimit == 0 {
-		return bad("rst-rtlimit-burst", fmt.Sprint(f.RstRTBurst), "needs rst-rtlimit")
+	if err := f.validateAddresses(); err != nil {
+		return err
 	}
 	if len(f.Backends) > MaxBackends {
 		return bad("backends", fmt.Sprint(len(f.Backends)), fmt.Sprintf("at most %d backends per farm", MaxBackends))
@@ -314,14 +321,18 @@ func (f *Farm) validateBackend(b *Backend) error {
 	if b.Priority < 1 || b.Priority > MaxPriority {
 		return bad("priority", fmt.Sprint(b.Priority), fmt.Sprintf("must be 1-%d", MaxPriority))
 	}
-	if b.Port != 0 && f.Protocol == ProtoAll {
-		return bad("port", fmt.Sprint(b.Port), "protocol \"all\" has no ports: leave port empty")
+	if b.SourceAddr.IsValid() && (b.SourceAddr.Zone() != "" || b.SourceAddr.Is4In6() ||
+		f.Family != FamilyDual && (f.Family == FamilyIPv4) != b.SourceAddr.Is4()) {
+		return bad("source-addr", b.SourceAddr.String(), "must be a plain address of the farm's family "+f.Family.String())
+	}
+	if len(b.EstConnLogPrefix) > MaxLogPrefixLen {
+		return bad("est-connlimit-log-prefix", b.EstConnLogPrefix, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
 	}
 	if b.EtherAddr[0]&1 != 0 {
 		return bad("ether-addr", b.EtherAddr.String(), "must be a unicast Ethernet address (not multicast or broadcast)")
 	}
-	if !b.EtherAddr.IsZero() && f.Mode != ModeDSR {
-		return bad("ether-addr", b.EtherAddr.String(), "is only used by mode dsr (this farm has mode "+f.Mode.String()+")")
+	if !b.EtherAddr.IsZero() && f.Mode != ModeDSR && f.Mode != ModeStlsDNAT {
+		return bad("ether-addr", b.EtherAddr.String(), "is only used by modes dsr and stlsdnat (this farm has mode "+f.Mode.String()+")")
 	}
 	return nil
 }

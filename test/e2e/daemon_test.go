@@ -354,7 +354,7 @@ func TestSessionsAPI(t *testing.T) {
 		backend = b
 	}
 	hc := testutil.HTTPClient(e.topo.LB.NS)
-	call := func(method, path string) (int, string) {
+	call := func(method, path string) (int, string, http.Header) {
 		t.Helper()
 		req, err := http.NewRequest(method, "http://127.0.0.1:5555"+path, nil)
 		if err != nil {
@@ -367,20 +367,34 @@ func TestSessionsAPI(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		return resp.StatusCode, string(body), resp.Header
 	}
 	client := e.topo.Client.IPv4.String()
-	status, body := call("GET", "/farms/web/sessions")
+	status, body, _ := call("GET", "/farms/web/sessions")
 	// The servers answer "backend-N"; the farm's backends are be1..be3 on
 	// the same hosts.
 	want := fmt.Sprintf(`{"client":"%s","backend":"be%s"`, client, strings.TrimPrefix(backend, "backend-"))
 	if status != 200 || !strings.Contains(body, want) {
 		t.Fatalf("GET sessions: %d %s, want %s", status, body, want)
 	}
-	if status, body := call("DELETE", "/farms/web/sessions/"+client); status != 200 || !strings.Contains(body, `"deleted":"1"`) {
-		t.Fatalf("DELETE session: %d %s", status, body)
+	// nftlb's reply; the count is in a header.
+	if status, body, h := call("DELETE", "/farms/web/sessions/"+client); status != 200 || body != `{"response": "success"}` || h.Get("X-Xlb-Sessions-Deleted") != "1" {
+		t.Fatalf("DELETE session: %d %s %v", status, body, h)
 	}
-	if status, body := call("GET", "/farms/web/sessions"); status != 200 || !strings.Contains(body, `"sessions":[]`) {
+	if status, body, _ := call("GET", "/farms/web/sessions"); status != 200 || !strings.Contains(body, `"sessions":[]`) {
 		t.Fatalf("GET sessions after delete: %d %s", status, body)
+	}
+	// DELETE /farms/web/sessions flushes every session.
+	if _, err := e.answers(vip, 1); err != nil {
+		t.Fatal(err)
+	}
+	if status, body, _ := call("GET", "/farms/web/sessions"); status != 200 || !strings.Contains(body, client) {
+		t.Fatalf("GET sessions before the flush: %d %s", status, body)
+	}
+	if status, body, h := call("DELETE", "/farms/web/sessions"); status != 200 || body != `{"response": "success"}` || h.Get("X-Xlb-Sessions-Deleted") != "1" {
+		t.Fatalf("flush sessions: %d %s %v", status, body, h)
+	}
+	if status, body, _ := call("GET", "/farms/web/sessions"); status != 200 || !strings.Contains(body, `"sessions":[]`) {
+		t.Fatalf("GET sessions after the flush: %d %s", status, body)
 	}
 }

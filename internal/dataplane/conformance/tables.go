@@ -53,7 +53,7 @@ func (e *Env) tablePlane(t testing.TB) *tableSet {
 }
 
 // put creates or replaces a table with these entries (keys as text).
-func (s *tableSet) put(t testing.TB, name string, v model.Verdict, keys ...string) {
+func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...string) {
 	t.Helper()
 	tb := model.NewTable(name, model.TableAddr)
 	tb.Verdict = v
@@ -149,10 +149,10 @@ func prefixOf(a netip.Addr, bits int) string {
 func runBlacklist(t *testing.T, e *Env, f model.Farm) {
 	c := e.ClientAddrs(t, 2)
 	ts := e.tablePlane(t)
-	ts.put(t, "pol", model.VerdictDeny, c[0].String())
+	ts.put(t, "pol", model.ListDeny, c[0].String())
 	ts.putFarm(t, e, f)
 	e.expect(t, f, "blacklist", map[netip.Addr]bool{c[0]: false, c[1]: true})
-	ts.put(t, "pol", model.VerdictDeny)
+	ts.put(t, "pol", model.ListDeny)
 	e.expect(t, f, "entry deleted", map[netip.Addr]bool{c[0]: true, c[1]: true})
 }
 
@@ -160,7 +160,7 @@ func runBlacklist(t *testing.T, e *Env, f model.Farm) {
 func runWhitelist(t *testing.T, e *Env, f model.Farm) {
 	c := e.ClientAddrs(t, 2)
 	ts := e.tablePlane(t)
-	ts.put(t, "pol", model.VerdictAllow, c[1].String())
+	ts.put(t, "pol", model.ListAllow, c[1].String())
 	ts.putFarm(t, e, f)
 	e.expect(t, f, "whitelist", map[netip.Addr]bool{c[0]: false, c[1]: true})
 	// The farm without the policy serves everyone again.
@@ -176,12 +176,12 @@ func runNestedPrefixes(t *testing.T, e *Env, f model.Farm) {
 	c := e.ClientAddrs(t, 2)
 	ts := e.tablePlane(t)
 	wide := prefixOf(c[0], 16)
-	ts.put(t, "pol", model.VerdictDeny, wide, c[0].String())
+	ts.put(t, "pol", model.ListDeny, wide, c[0].String())
 	ts.putFarm(t, e, f)
 	e.expect(t, f, "/16 and /32", map[netip.Addr]bool{c[0]: false, c[1]: false})
-	ts.put(t, "pol", model.VerdictDeny, c[0].String())
+	ts.put(t, "pol", model.ListDeny, c[0].String())
 	e.expect(t, f, "/32 only", map[netip.Addr]bool{c[0]: false, c[1]: true})
-	ts.put(t, "pol", model.VerdictDeny, wide)
+	ts.put(t, "pol", model.ListDeny, wide)
 	e.expect(t, f, "/16 only", map[netip.Addr]bool{c[0]: false, c[1]: false})
 }
 
@@ -190,8 +190,8 @@ func runNestedPrefixes(t *testing.T, e *Env, f model.Farm) {
 func runPolicySwap(t *testing.T, e *Env, f model.Farm) {
 	c := e.ClientAddrs(t, 2)
 	ts := e.tablePlane(t)
-	ts.put(t, "pol", model.VerdictDeny, c[0].String())
-	ts.put(t, "next", model.VerdictNone, c[1].String())
+	ts.put(t, "pol", model.ListDeny, c[0].String())
+	ts.put(t, "next", model.ListNone, c[1].String())
 	ts.putFarm(t, e, f)
 	e.expect(t, f, "before swap", map[netip.Addr]bool{c[0]: false, c[1]: true})
 	ts.swap(t, "pol", "next")
@@ -205,8 +205,8 @@ func runPolicySwap(t *testing.T, e *Env, f model.Farm) {
 func runTwoPolicies(t *testing.T, e *Env, f model.Farm) {
 	c := e.ClientAddrs(t, 3)
 	ts := e.tablePlane(t)
-	ts.put(t, "pol", model.VerdictAllow, prefixOf(c[0], 24))
-	ts.put(t, "bl", model.VerdictDeny, c[1].String())
+	ts.put(t, "pol", model.ListAllow, prefixOf(c[0], 24))
+	ts.put(t, "bl", model.ListDeny, c[1].String())
 	f.Policies = append(f.Policies, model.PolicyRef{Name: "bl"})
 	ts.putFarm(t, e, f)
 	e.expect(t, f, "whitelist and blacklist", map[netip.Addr]bool{c[0]: true, c[1]: false, c[2]: true})

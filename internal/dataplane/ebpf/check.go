@@ -19,6 +19,9 @@ func unsupported(f *model.Farm, field, value string) error {
 func (p *Plane) Check(f *model.Farm) error { return check(f) }
 
 func check(f *model.Farm) error {
+	if err := dataplane.CheckNftlbFields(Name, f); err != nil {
+		return err
+	}
 	if f.Family != model.FamilyIPv4 && f.Family != model.FamilyIPv6 {
 		// dual would take translation between families (NAT64).
 		return unsupported(f, "family", f.Family.String())

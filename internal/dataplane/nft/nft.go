@@ -316,6 +316,9 @@ func (p *Plane) Close() error {
 // Check refuses every farm field value this data plane does not implement.
 func (p *Plane) Check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
+	if err := dataplane.CheckNftlbFields(PlaneName, f); err != nil {
+		return err
+	}
 	switch {
 	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
 		return no("virtual-addr", "")

@@ -399,7 +399,7 @@ func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 		return nil
 	}
 	verdict := expr.VerdictDrop
-	if tb.Verdict == model.VerdictAllow {
+	if tb.Verdict == model.ListAllow {
 		verdict = expr.VerdictReturn
 	}
 	var logx []expr.Any

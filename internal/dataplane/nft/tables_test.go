@@ -10,7 +10,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
 
-func addrTable(t testing.TB, name string, id uint16, v model.Verdict, keys ...string) *model.Table {
+func addrTable(t testing.TB, name string, id uint16, v model.ListVerdict, keys ...string) *model.Table {
 	t.Helper()
 	tb := model.NewTable(name, model.TableAddr)
 	tb.ID, tb.Slot, tb.Verdict = id, uint32(id), v
@@ -36,8 +36,8 @@ func TestTablesRuleset(t *testing.T) {
 	}
 	defer tp.Close()
 	ctx := context.Background()
-	bl := addrTable(t, "bl", 1, model.VerdictDeny, "10.0.0.0/8", "10.1.2.3", "fd00::/64")
-	nx := addrTable(t, "next", 2, model.VerdictNone, "192.0.2.0/24")
+	bl := addrTable(t, "bl", 1, model.ListDeny, "10.0.0.0/8", "10.1.2.3", "fd00::/64")
+	nx := addrTable(t, "next", 2, model.ListNone, "192.0.2.0/24")
 	f := model.NewFarm("web")
 	f.VirtualAddr = testutil.VIP4(1)
 	f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
