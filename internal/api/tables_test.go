@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -172,5 +173,30 @@ func TestPoliciesAPI(t *testing.T) {
 	e.must("POST", "/tables", `{"name":"ports","type":"number"}`)
 	if r := e.do("POST", "/policies", `{"name":"ports","type":"blacklist"}`); r.status != 400 || !strings.Contains(r.body, "only addr tables can be policies") {
 		t.Errorf("policy over a number table: %d %s", r.status, r.body)
+	}
+}
+
+// BenchmarkTableLookupAPI measures GET /tables/{name}/lookup/{addr} through
+// the handler (no network): a table of 1M /24 prefixes and /32 hosts.
+func BenchmarkTableLookupAPI(b *testing.B) {
+	e := newEnv(b)
+	e.must("POST", "/tables", `{"name":"big"}`)
+	var sb strings.Builder
+	for i := range 1_000_000 {
+		if i%2 == 0 {
+			fmt.Fprintf(&sb, "%d.%d.%d.0/24\n", 10+i>>16, byte(i>>8), byte(i))
+		} else {
+			fmt.Fprintf(&sb, "%d.%d.%d.1\n", 10+i>>16, byte(i>>8), byte(i))
+		}
+	}
+	if r := e.text("POST", "/tables/big/entries?atomic=1", sb.String()); r.status != 200 {
+		b.Fatalf("load: %d %s", r.status, r.body[:min(len(r.body), 300)])
+	}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		r := e.do("GET", fmt.Sprintf("/tables/big/lookup/10.%d.%d.77", byte(i>>8), byte(i&0xfe)), "")
+		if r.status != 200 {
+			b.Fatalf("lookup: %d %s", r.status, r.body)
+		}
 	}
 }
