@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube clean
+.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-health bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube clean
 
 all: build
 
@@ -73,6 +73,9 @@ bench-converge: build
 
 bench-conntable: build
 	bench/run.sh conntable charts
+
+bench-health: build
+	bench/run.sh health
 
 bench-rulescale: build
 	bench/run.sh rulescale charts

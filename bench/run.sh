@@ -4,7 +4,7 @@
 # --quick to bench/results/quick/ (not committed).
 #
 # usage: bench/run.sh [--quick] [PART...]
-#   PART: ctlplane converge datapath conntable rulescale gobench charts (default: all, in that order)
+#   PART: ctlplane converge datapath conntable rulescale health gobench charts (default: all, in that order)
 #   --quick: tiny sizes, one or a few runs each: a smoke run of every part in
 #            under 3 minutes, to check that the harness works, not to measure.
 # More flags for a part: CTLPLANE_FLAGS, CONVERGE_FLAGS, DATAPATH_FLAGS,
@@ -22,11 +22,11 @@ parts=()
 for a in "$@"; do
 	case $a in
 	--quick) quick=1 ;;
-	ctlplane | converge | datapath | conntable | rulescale | gobench | charts) parts+=("$a") ;;
-	*) echo "usage: bench/run.sh [--quick] [ctlplane|converge|datapath|conntable|rulescale|gobench|charts]..." >&2; exit 2 ;;
+	ctlplane | converge | datapath | conntable | rulescale | health | gobench | charts) parts+=("$a") ;;
+	*) echo "usage: bench/run.sh [--quick] [ctlplane|converge|datapath|conntable|rulescale|health|gobench|charts]..." >&2; exit 2 ;;
 	esac
 done
-[ ${#parts[@]} -gt 0 ] || parts=(ctlplane converge datapath conntable rulescale gobench charts)
+[ ${#parts[@]} -gt 0 ] || parts=(ctlplane converge datapath conntable rulescale health gobench charts)
 
 OUT=bench/results
 if [ $quick -eq 1 ]; then
@@ -39,6 +39,7 @@ if [ $quick -eq 1 ]; then
 	# entries): the fill, the count and the LRU's evictions all run.
 	CONNTABLE_FLAGS="-runs 1 -d 0.5s -sizes 1000,40000 -tables 16384 ${CONNTABLE_FLAGS:-}"
 	GOBENCH_FLAGS="-benchtime 1x -count 1 ${GOBENCH_FLAGS:-}"
+	HEALTH_FLAGS="-runs 1 -faults kill,503 -cpu-runs 1 -cpu-seconds 3 -cpu-backends 1000 ${HEALTH_FLAGS:-}"
 fi
 mkdir -p "$OUT"
 
@@ -73,7 +74,7 @@ nftlb_bin() { scripts/nftlb-binary.sh; }
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
-for p in ctlplane converge datapath conntable rulescale charts; do
+for p in ctlplane converge datapath conntable rulescale health charts; do
 	go build -o "bin/$p" "./bench/$p"
 done
 
@@ -89,6 +90,12 @@ for part in "${parts[@]}"; do
 		# It makes its own namespaces (client, lb, 3 backends) under our prefix.
 		# shellcheck disable=SC2086
 		bin/converge -xlb bin/xlb -echo bin/xlb-echo -out "$OUT" -prefix "$P" ${CONVERGE_FLAGS:-}
+		;;
+	health)
+		step "health checks: detection, client failures, CPU"
+		# It makes its own namespaces (client, lb, 3 backends) under our prefix.
+		# shellcheck disable=SC2086
+		bin/health -xlb bin/xlb -echo bin/xlb-echo -out "$OUT" -prefix "$P" ${HEALTH_FLAGS:-}
 		;;
 	datapath)
 		step "data path"

@@ -43,6 +43,7 @@ func (a *app) backendAddCmd() *cobra.Command {
 		Args: args("FARM", "NAME"),
 	}
 	body := fieldFlagSet(cmd, backendFlags())
+	check := checkFlagSet(cmd, false)
 	cmd.RunE = func(cmd *cobra.Command, argv []string) error {
 		farm, name := argv[0], argv[1]
 		c, err := a.client(cmd)
@@ -57,6 +58,7 @@ func (a *app) backendAddCmd() *cobra.Command {
 			return fmt.Errorf("farm %q backend %q already exists (change it with: xlb backend set %s %s ...)", farm, name, farm, name)
 		}
 		b, _ := body(map[string]string{"name": name})
+		b, _ = check(b)
 		return c.PutBackends(cmd.Context(), farm, b)
 	}
 	return cmd
@@ -68,14 +70,18 @@ func (a *app) backendSetCmd() *cobra.Command {
 		Short: "Change fields of a backend (only the flags given change)",
 		Example: `  xlb backend set web be1 --weight 5
   xlb backend set web be1 --weight 0      # drain
-  xlb backend set web be1 --state down`,
+  xlb backend set web be1 --state down
+  xlb backend set web be1 --check tcp --check-port 9000   # override the farm's check
+  xlb backend set web be1 --check none                    # do not check this one`,
 		Args: args("FARM", "NAME"),
 	}
 	body := fieldFlagSet(cmd, backendFlags())
+	check := checkFlagSet(cmd, false)
 	cmd.RunE = func(cmd *cobra.Command, argv []string) error {
 		farm, name := argv[0], argv[1]
 		b, n := body(map[string]string{"name": name})
-		if n == 0 {
+		b, m := check(b)
+		if n+m == 0 {
 			return fmt.Errorf("nothing to change: give at least one field flag (see xlb backend set --help)")
 		}
 		c, err := a.client(cmd)

@@ -142,18 +142,22 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
+	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
+	defer stopHealth()
 	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)
 	}
+	apiSrv := hsrv(api.New(log, eng, key))
 	srv := &http.Server{
-		Handler:           api.New(log, eng, key),
+		Handler:           apiSrv,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	srv.RegisterOnShutdown(apiSrv.StopStreams)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	sock, err := listenSocket(log, o)

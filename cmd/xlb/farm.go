@@ -128,6 +128,7 @@ func (a *app) farmAddCmd() *cobra.Command {
 		Args: args("NAME"),
 	}
 	body := fieldFlagSet(cmd, farmFlags())
+	check := checkFlagSet(cmd, true)
 	cmd.RunE = func(cmd *cobra.Command, argv []string) error {
 		c, err := a.client(cmd)
 		if err != nil {
@@ -141,6 +142,7 @@ func (a *app) farmAddCmd() *cobra.Command {
 			return err
 		}
 		b, _ := body(map[string]string{"name": name})
+		b, _ = check(b)
 		return c.PutFarm(ctx, name, b)
 	}
 	return cmd
@@ -152,13 +154,18 @@ func (a *app) farmSetCmd() *cobra.Command {
 		Short: "Change fields of a farm (only the flags given change)",
 		Example: `  xlb farm set web --sched weight
   xlb farm set web --persistence srcip --persist-ttl 300
-  xlb farm set web --state off`,
+  xlb farm set web --state off
+  xlb farm set web --check tcp --inter 1s --fall 2
+  xlb farm set web --check http --path /health --status 200-299 --timeout 500ms --on-down flush
+  xlb farm set web --check none                  # no health checks`,
 		Args: args("NAME"),
 	}
 	body := fieldFlagSet(cmd, farmFlags())
+	check := checkFlagSet(cmd, true)
 	cmd.RunE = func(cmd *cobra.Command, argv []string) error {
 		b, n := body(map[string]string{"name": argv[0]})
-		if n == 0 {
+		b, m := check(b)
+		if n+m == 0 {
 			return fmt.Errorf("nothing to change: give at least one field flag (see xlb farm set --help)")
 		}
 		c, err := a.client(cmd)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/events"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -37,6 +38,10 @@ type Server struct {
 	eng *engine.Engine
 	key []byte
 	mux *http.ServeMux
+
+	checks  CheckStatus    // health.go; nil: no last checks shown
+	events  *events.Broker // events.go; nil: GET /events answers 501
+	streams streams        // events.go
 }
 
 // Route is one method and path the API serves.
@@ -78,6 +83,7 @@ var farmRoutes = []Route{
 	{Method: http.MethodGet, Path: "/state", handle: (*Server).getState},
 	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
+	{Method: http.MethodGet, Path: "/events", handle: (*Server).getEvents},
 }
 
 // Routes returns every (method, path) the API serves.

@@ -90,12 +90,12 @@ func writeFarms(w http.ResponseWriter, farms []*model.Farm) {
 }
 
 // writeListing sends the ipvsadm-style table.
-func writeListing(w http.ResponseWriter, farms []*model.Farm, numeric bool) {
+func (s *Server) writeListing(w http.ResponseWriter, farms []*model.Farm, numeric bool) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	buf := make([]byte, 0, len(model.ListingHeader)+len(farms)*128)
 	buf = append(buf, model.ListingHeader...)
 	for _, f := range farms {
-		buf = f.AppendListing(buf, numeric)
+		buf = s.appendListing(buf, f, numeric) // health.go
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(buf)))
 	w.Write(buf)
@@ -130,7 +130,7 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 		if stats {
 			return s.writeStatsListing(w, r, numeric)
 		}
-		writeListing(w, farms, numeric)
+		s.writeListing(w, farms, numeric)
 	case "names":
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		buf := make([]byte, 0, len(farms)*16)
@@ -190,7 +190,7 @@ func (s *Server) getFarm(w http.ResponseWriter, r *http.Request) error {
 		// server (docs/nftlb-compat.md).
 		return failed(textInvalidRequest, &engine.NotFoundError{What: fmt.Sprintf("farm %q", name)})
 	}
-	writeFarms(w, []*model.Farm{f})
+	s.writeFarm(w, f) // health.go
 	return nil
 }
 

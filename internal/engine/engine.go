@@ -47,6 +47,10 @@ type Engine struct {
 
 	subMu sync.Mutex
 	subs  []chan<- *State
+
+	// health: backends' health and the effective farms the data plane
+	// holds (health.go).
+	health healthTable
 }
 
 // New loads the saved state, checks it, and reconciles the kernel with it
@@ -57,7 +61,7 @@ type Engine struct {
 // disk while the kernel applies, so a crash can leave a last change on disk
 // that the kernel never took (and whose caller never got an answer).
 func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store.Store) (*Engine, error) {
-	e := &Engine{log: log, dp: dp, store: st, now: time.Now}
+	e := &Engine{log: log, dp: dp, store: st, health: newHealthTable(), now: time.Now}
 	s, err := e.load(ctx)
 	if err != nil {
 		return nil, err
@@ -66,7 +70,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 	if err := e.reconcileTables(ctx, s); err != nil {
 		return nil, err
 	}
-	if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
+	if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
 		u, ok := st.(store.Undoer)
 		if !ok {
@@ -81,7 +85,7 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 		if s, err = e.load(ctx); err != nil {
 			return nil, err
 		}
-		if err := dp.Reconcile(ctx, kernelFarms(s.Farms())); err != nil {
+		if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
 			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 		}
 	}
@@ -161,7 +165,10 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		diskTime = time.Since(t0)
 		saved <- err
 	}()
-	kdiff := kernelDiff(diff)
+	// The data plane takes the effective farms (health.go), without
+	// those that listen nowhere (listen.go), tables first (tables_apply.go).
+	pdiff, effs, lost := e.planeDiff(diff)
+	kdiff := kernelDiff(pdiff)
 	kerr := e.applyKernel(ctx, kdiff, tdiff)
 	t1 := time.Now()
 	derr := <-saved
@@ -179,13 +186,14 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 			if rerr := e.reconcileTables(context.WithoutCancel(ctx), base); rerr != nil {
 				e.log.Error("reconcile of tables after failed rollback failed", "err", rerr)
 			}
-			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), kernelFarms(base.Farms())); rerr != nil {
+			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), kernelFarms(e.effectiveFarms(base))); rerr != nil {
 				e.log.Error("reconcile after failed rollback failed", "err", rerr)
 			}
 		}
 		return base, derr
 	}
 	t2 := time.Now()
+	e.commitHealth(diff, effs, lost)
 	next := tx.build(diff)
 	e.cur.Store(next)
 	e.publish(next)
@@ -238,7 +246,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	if err := e.reconcileTables(ctx, s); err != nil {
 		return err
 	}
-	return e.dp.Reconcile(ctx, kernelFarms(s.Farms()))
+	return e.dp.Reconcile(ctx, kernelFarms(e.effectiveFarms(s)))
 }
 
 // Txn is a working copy of the state inside Engine.Change.

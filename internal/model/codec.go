@@ -417,8 +417,11 @@ func fieldNames[T any](fields []scalarField[T]) string {
 	for _, f := range fields {
 		names = append(names, f.name)
 	}
-	if _, isFarm := any(fields).([]scalarField[Farm]); isFarm {
-		names = append(names, "addresses", "backends", "sessions", "policies")
+	switch any(fields).(type) {
+	case []scalarField[Farm]:
+		names = append(names, "addresses", "backends", "sessions", "policies", "check")
+	case []scalarField[Backend]:
+		names = append(names, "check")
 	}
 	return strings.Join(names, ", ")
 }
@@ -506,7 +509,7 @@ func (d *doc) farmItems() (first, end int, err error) {
 }
 
 // farmSkip are the farm members decoded apart from the scalar fields.
-var farmSkip = []string{"name", "addresses", "backends", "sessions", "policies"}
+var farmSkip = []string{"name", "addresses", "backends", "sessions", "policies", "check"}
 
 func decodeFarm(d *doc, item, index int, current FarmLookup, addrs AddressLookup) (Farm, error) {
 	if d.toks[item].kind != '{' {
@@ -568,6 +571,13 @@ func decodeFarm(d *doc, item, index int, current FarmLookup, addrs AddressLookup
 			return Farm{}, err
 		}
 	}
+	if c := d.lastMember(item, "check"); c >= 0 {
+		chk, err := decodeCheck(d, c, obj, f.Check)
+		if err != nil {
+			return Farm{}, err
+		}
+		f.Check = chk
+	}
 	if err := f.Validate(); err != nil {
 		return Farm{}, err
 	}
@@ -611,8 +621,10 @@ func (f *Farm) policy(name string) (*PolicyRef, bool) {
 	return nil, false
 }
 
-// backendSkip is the backend member decoded apart from the scalar fields.
-var backendSkip = []string{"name"}
+// backendSkip are the backend members decoded apart from the scalar
+// fields, and those GET /farms/{name} adds that are read-only (ignored on
+// input, so a farm as shown can be put back).
+var backendSkip = []string{"name", "check", "health", "effective-weight", "last-check"}
 
 // decodeBackends upserts the backend objects of the tape from first to
 // just before end (siblings) into f, by name. On an error f is half
@@ -653,6 +665,13 @@ func decodeBackends(f *Farm, d *doc, first, end int) error {
 		obj := objName{farm: f.Name, backend: name, isBackend: true}
 		if err := decodeMembers(d, e, obj, &f.Backends[idx], backendFields, backendSkip, false); err != nil {
 			return err
+		}
+		if c := d.lastMember(e, "check"); c >= 0 {
+			chk, err := decodeCheck(d, c, obj, f.Backends[idx].Check)
+			if err != nil {
+				return err
+			}
+			f.Backends[idx].Check = chk
 		}
 	}
 	return nil
@@ -755,7 +774,19 @@ const (
 	backendJSONSize = 160
 )
 
-func (f *Farm) appendJSON(dst []byte) []byte {
+func (f *Farm) appendJSON(dst []byte) []byte { return f.appendJSONExtra(dst, nil) }
+
+// BackendExtra appends members to backend i's JSON object, each starting
+// with a comma: what a reader adds that is not configuration (health).
+type BackendExtra func(dst []byte, i int) []byte
+
+// AppendJSONExtra appends the farm's JSON as AppendJSON does, with extra
+// members in each backend's object. It is not cached.
+func (f *Farm) AppendJSONExtra(dst []byte, extra BackendExtra) []byte {
+	return f.appendJSONExtra(dst, extra)
+}
+
+func (f *Farm) appendJSONExtra(dst []byte, extra BackendExtra) []byte {
 	dst = slices.Grow(dst, farmJSONSize+backendJSONSize*len(f.Backends))
 	dst = append(dst, '{')
 	for i := range farmFields {
@@ -770,8 +801,12 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 	}
 	dst = append(dst, `,"addresses":`...)
 	dst = f.appendAddressesJSON(dst)
+	if f.Check != nil {
+		dst = append(dst, `,"check":`...)
+		dst = appendCheckJSON(dst, f.Check)
+	}
 	dst = append(dst, `,"backends":`...)
-	dst = f.appendBackendsJSON(dst)
+	dst = f.appendBackendsJSON(dst, extra)
 	if len(f.Sessions) > 0 {
 		dst = append(dst, `,"sessions":`...)
 		dst = f.appendStaticSessionsJSON(dst)
@@ -788,7 +823,7 @@ func (f *Farm) appendJSON(dst []byte) []byte {
 	return append(dst, "]}"...)
 }
 
-func (f *Farm) appendBackendsJSON(dst []byte) []byte {
+func (f *Farm) appendBackendsJSON(dst []byte, extra BackendExtra) []byte {
 	dst = append(dst, '[')
 	level := f.servingLevel()
 	for i := range f.Backends {
@@ -809,6 +844,13 @@ func (f *Farm) appendBackendsJSON(dst []byte) []byte {
 				continue
 			}
 			dst = backendFields[j].append(dst, b)
+		}
+		if b.Check != nil {
+			dst = append(dst, `,"check":`...)
+			dst = appendCheckJSON(dst, b.Check)
+		}
+		if extra != nil {
+			dst = extra(dst, i)
 		}
 		dst = append(dst, '}')
 	}
@@ -909,7 +951,7 @@ func (a EtherAddr) appendQuoted(dst []byte) []byte {
 // backends (every field, defaults filled in).
 func (f *Farm) AppendBackendsJSON(dst []byte) []byte {
 	dst = append(dst, `{"backends":`...)
-	dst = f.appendBackendsJSON(dst)
+	dst = f.appendBackendsJSON(dst, nil)
 	return append(dst, "}\n"...)
 }
 

@@ -64,6 +64,8 @@ type Farm struct {
 	EtherAddr EtherAddr
 	Backends  []Backend
 	Policies  []PolicyRef
+	// Check is the farm's active health check (check.go); nil: none.
+	Check *Check
 
 	// nftlb 1.0 fields (nftlb.go). Rates are per RateUnit; the limits'
 	// values above are per that unit.
@@ -115,6 +117,9 @@ type Backend struct {
 	// (nftlb's backend source-addr), instead of the farm's.
 	SourceAddr       netip.Addr
 	EstConnLogPrefix string
+	// Check overrides fields of the farm's check for this backend; nil:
+	// the farm's check as it is.
+	Check *Check
 }
 
 // EtherAddr is an Ethernet (MAC) address; the zero value means unset.

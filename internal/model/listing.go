@@ -39,7 +39,17 @@ func (f *Farm) AppendListing(dst []byte, numeric bool) []byte {
 // serviceLookup names a port of a protocol ("http" for 80/tcp).
 type serviceLookup func(port uint16, proto Protocol) (string, bool)
 
+// AppendListingExtra appends the farm's lines as AppendListing does, with
+// extra(i) at the end of backend i's line (health). It is not cached.
+func (f *Farm) AppendListingExtra(dst []byte, numeric bool, extra func(i int) string) []byte {
+	return f.appendListingExtra(dst, numeric, lookupService, extra)
+}
+
 func (f *Farm) appendListing(dst []byte, numeric bool, svc serviceLookup) []byte {
+	return f.appendListingExtra(dst, numeric, svc, nil)
+}
+
+func (f *Farm) appendListingExtra(dst []byte, numeric bool, svc serviceLookup, extra func(i int) string) []byte {
 	if numeric {
 		svc = nil
 	}
@@ -119,6 +129,9 @@ func (f *Farm) appendListing(dst []byte, numeric bool, svc serviceLookup) []byte
 			dst = strconv.AppendUint(dst, uint64(b.Mark), 16)
 		}
 		dst = appendLimit(dst, " est-connlimit ", b.EstConnLimit, 0)
+		if extra != nil {
+			dst = append(dst, extra(i)...)
+		}
 		dst = append(dst, '\n')
 	}
 	return dst

@@ -168,7 +168,7 @@ func (f *Farm) Validate() error {
 			return bad("policies", p.Name, "policy names must be "+nameRule)
 		}
 	}
-	return nil
+	return f.validateChecks() // check.go
 }
 
 // nameSetSlots is the size of nameSet's table: twice the backends it

@@ -48,6 +48,9 @@ type Topology struct {
 	prefix string
 	ns     []string    // created namespaces, deleted by close
 	procs  []*exec.Cmd // background processes, killed by close
+	// Servers are the backends' xlb-echo processes, backend i at [i]
+	// (`ip netns exec` execs it: the pid is the server's).
+	Servers []*exec.Cmd
 }
 
 var topoCounter atomic.Int64
@@ -122,9 +125,11 @@ func New(ctx context.Context, o Options) (t *Topology, err error) {
 		if o.ExtraAddrs > 0 {
 			listen = ":8080"
 		}
-		if _, err := t.Start(fmt.Sprintf("be%d", i+1), nil, o.Echo, "-name", name, "-listen", listen); err != nil {
+		srv, err := t.Start(fmt.Sprintf("be%d", i+1), nil, o.Echo, "-name", name, "-listen", listen)
+		if err != nil {
 			return nil, err
 		}
+		t.Servers = append(t.Servers, srv)
 	}
 	// Wait until every backend listens (curl from the lb namespace).
 	for _, ip := range Backends {

@@ -10,6 +10,10 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
 )
 
 func main() {
@@ -33,7 +37,20 @@ func main() {
 			}
 		}()
 	}
+	// SIGUSR1 toggles failing: every answer is then HTTP 503 while TCP
+	// still connects (the health checks' benchmark fault).
+	var failing atomic.Bool
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	go func() {
+		for range sig {
+			failing.Store(!failing.Load())
+		}
+	}()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if failing.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
 		fmt.Fprintf(w, "%s %s\n", *name, r.RemoteAddr)
 	})
 	log.Fatal(http.ListenAndServe(*listen, h))

@@ -1,0 +1,537 @@
+// Package health runs xlb's active health checks: tcp, http, https, udp,
+// exec and HAProxy's agent check, as the farms' "check" objects configure
+// them (internal/model/check.go).
+//
+// One Monitor schedules every check from one goroutine and a timer heap.
+// Each interval is shortened by a random share (Options.Spread) and every
+// backend's first check falls at a random point of its first interval, so
+// 10,000 checks never fire together. A check runs in a goroutine of its
+// own (at most Options.MaxInFlight at once) and reports back to the
+// scheduler, which counts consecutive results (rise, fall: consecutive,
+// not a count of all failures) and, on a transition or a change of weight,
+// hands the engine a health update. Updates are batched: a burst of
+// transitions becomes one data plane change.
+//
+// The monitor never changes configuration: the engine keeps health apart
+// from the desired state and gives the data plane the effective farms.
+package health
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Options configure a Monitor.
+type Options struct {
+	// NetNS is the network namespace the checks' sockets are made in;
+	// zero or netns.None(): the daemon's own (the LB's when it runs there).
+	NetNS netns.NsHandle
+	// Spread is the share of each interval taken off at random (default
+	// 0.1): checks of many backends drift apart rather than fire together,
+	// and no interval is ever longer than configured, so detection stays
+	// within fall × inter + timeout.
+	Spread float64
+	// MaxInFlight bounds the checks running at once (default 4096).
+	MaxInFlight int
+}
+
+// Sink takes health updates: the engine.
+type Sink interface {
+	SetHealth(ctx context.Context, updates []engine.HealthUpdate) error
+}
+
+// Monitor schedules and runs the checks of every checked backend.
+type Monitor struct {
+	log  *slog.Logger
+	sink Sink
+	opts Options
+	d    dialer
+
+	mu      sync.Mutex
+	farms   map[string]*model.Farm
+	targets map[tkey]*target
+	queue   queue
+	ramping map[*target]struct{}
+	pending map[tkey]engine.HealthUpdate
+	rnd     *rand.Rand
+	checks  uint64
+	fails   uint64
+
+	wake     chan struct{}
+	pendWake chan struct{}
+	done     chan finished
+	sem      chan struct{}
+}
+
+type tkey struct{ farm, backend string }
+
+// target is one checked backend and its state.
+type target struct {
+	tkey
+	key   string // model.Farm.CheckKey: what was checked
+	check model.Check
+	probe *probe
+
+	up      bool
+	streak  uint32 // consecutive results against the state
+	running bool
+	removed bool
+	next    time.Time
+	hidx    int // index in the queue, -1 when not queued
+
+	percent  int32 // agent; -1: not said (100)
+	weight   int32 // exec "weight N"; -1: not said
+	ramp     uint32
+	rampFrom time.Time
+
+	last    Result
+	checked bool
+	checks  uint64
+	fails   uint64
+}
+
+type finished struct {
+	t *target
+	r Result
+}
+
+// New returns a monitor that reports to sink. Run starts it.
+func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
+	if opts.Spread <= 0 || opts.Spread >= 1 {
+		opts.Spread = 0.1
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = 4096
+	}
+	return &Monitor{
+		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS},
+		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, ramping: map[*target]struct{}{},
+		pending: map[tkey]engine.HealthUpdate{}, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		wake: make(chan struct{}, 1), pendWake: make(chan struct{}, 1),
+		done: make(chan finished, 1024), sem: make(chan struct{}, opts.MaxInFlight),
+	}
+}
+
+// Run schedules checks and reports their results until ctx ends.
+func (m *Monitor) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		m.report(ctx)
+	}()
+	m.loop(ctx)
+	wg.Wait()
+}
+
+// Watch keeps the monitor's targets equal to the engine's checked
+// backends until ctx ends.
+func (m *Monitor) Watch(ctx context.Context, eng *engine.Engine) {
+	ch := make(chan *engine.State, 1)
+	eng.Subscribe(ch)
+	m.Sync(eng.Snapshot().Farms())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			// The latest state, not the one received: a send the channel
+			// had no room for was dropped.
+			m.Sync(eng.Snapshot().Farms())
+		}
+	}
+}
+
+// Sync makes the targets those of farms: new checked backends start (up,
+// as keepalived's do), changed ones start afresh, removed ones stop.
+// Farms are compared by pointer (the engine's are immutable), so a sync
+// costs in proportion to the farms that changed.
+func (m *Monitor) Sync(farms []*model.Farm) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	seen := make(map[string]struct{}, len(farms))
+	for _, f := range farms {
+		seen[f.Name] = struct{}{}
+		old := m.farms[f.Name]
+		if old == f {
+			continue
+		}
+		m.syncFarm(old, f, now)
+		m.farms[f.Name] = f
+	}
+	if len(seen) != len(m.farms) {
+		for name, f := range m.farms {
+			if _, ok := seen[name]; !ok {
+				m.syncFarm(f, nil, now)
+				delete(m.farms, name)
+			}
+		}
+	}
+	m.poke()
+}
+
+func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
+	if old != nil {
+		for i := range old.Backends {
+			b := &old.Backends[i]
+			if nw != nil {
+				if nb, _ := nw.Backend(b.Name); nb != nil {
+					continue
+				}
+			}
+			if t := m.targets[tkey{old.Name, b.Name}]; t != nil {
+				m.remove(t)
+			}
+		}
+	}
+	if nw == nil {
+		return
+	}
+	for i := range nw.Backends {
+		k := tkey{nw.Name, nw.Backends[i].Name}
+		cur := m.targets[k]
+		c, ok := nw.Resolve(i)
+		if !ok {
+			if cur != nil {
+				m.remove(cur)
+			}
+			continue
+		}
+		key := nw.CheckKey(i, &c)
+		if cur != nil && cur.key == key {
+			continue
+		}
+		if cur != nil {
+			m.remove(cur)
+		}
+		p, err := compile(nw, i, c)
+		if err != nil {
+			// Validation compiled it already; this is a bug.
+			m.log.Error("compile health check", "farm", nw.Name, "backend", k.backend, "err", err)
+			continue
+		}
+		t := &target{tkey: k, key: key, check: c, probe: p, up: true, hidx: -1, percent: -1, weight: -1, ramp: 1000}
+		// The first check at a random point of the first interval.
+		t.next = now.Add(time.Duration(m.rnd.Int64N(int64(c.Inter))))
+		m.targets[k] = t
+		heap.Push(&m.queue, t)
+	}
+}
+
+func (m *Monitor) remove(t *target) {
+	t.removed = true
+	if t.hidx >= 0 {
+		heap.Remove(&m.queue, t.hidx)
+	}
+	delete(m.targets, t.tkey)
+	delete(m.ramping, t)
+}
+
+func (m *Monitor) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop is the scheduler: it starts the checks that are due and takes in
+// their results.
+func (m *Monitor) loop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		m.mu.Lock()
+		now := time.Now()
+		for len(m.queue) > 0 && !m.queue[0].next.After(now) {
+			t := heap.Pop(&m.queue).(*target)
+			m.start(ctx, t)
+		}
+		wait := time.Hour
+		if len(m.queue) > 0 {
+			wait = m.queue[0].next.Sub(now)
+		}
+		if w := m.stepRamps(now); w > 0 && w < wait {
+			wait = w
+		}
+		m.mu.Unlock()
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-m.wake:
+		case f := <-m.done:
+			m.mu.Lock()
+			m.finish(f)
+			// Take in what else has finished, under one lock.
+			for more := true; more; {
+				select {
+				case f := <-m.done:
+					m.finish(f)
+				default:
+					more = false
+				}
+			}
+			m.mu.Unlock()
+		}
+	}
+}
+
+func (m *Monitor) start(ctx context.Context, t *target) {
+	t.running = true
+	p := t.probe
+	go func() {
+		m.sem <- struct{}{}
+		r := p.run(ctx, &m.d)
+		<-m.sem
+		select {
+		case m.done <- finished{t, r}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// finish takes in a check's result. Callers hold mu.
+func (m *Monitor) finish(f finished) {
+	t, r := f.t, f.r
+	t.running = false
+	m.checks++
+	if !r.OK {
+		m.fails++
+	}
+	if t.removed {
+		return
+	}
+	now := time.Now()
+	changed, weights := t.observe(r, now)
+	// Fixed rate from the check's start, so a check that waited for its
+	// timeout does not push the next one back.
+	iv := t.interval()
+	iv -= time.Duration(m.rnd.Float64() * m.opts.Spread * float64(iv))
+	t.next = r.Start.Add(iv)
+	if t.next.Before(now) {
+		t.next = now
+	}
+	heap.Push(&m.queue, t)
+	if changed && t.up && t.check.Warmup > 0 {
+		m.ramping[t] = struct{}{}
+	}
+	if changed && !t.up {
+		delete(m.ramping, t)
+	}
+	if changed || weights {
+		m.emit(t, r.Detail)
+	}
+}
+
+// observe applies one result to the target's state. It reports whether
+// the state changed (up <-> down) and whether only its weights did.
+func (t *target) observe(r Result, now time.Time) (changed, weights bool) {
+	t.last, t.checked = r, true
+	t.checks++
+	if !r.OK {
+		t.fails++
+	}
+	if r.Percent >= 0 && r.Percent != t.percent {
+		t.percent, weights = r.Percent, true
+	}
+	if t.check.Type == model.CheckExec && r.Weight != t.weight {
+		t.weight, weights = r.Weight, true
+	}
+	if t.up {
+		if r.OK {
+			t.streak = 0
+			return false, weights
+		}
+		t.streak++
+		if r.Now || t.streak >= t.check.Fall {
+			t.up, t.streak, t.ramp = false, 0, 1000
+			return true, weights
+		}
+		return false, weights
+	}
+	if !r.OK {
+		t.streak = 0
+		return false, weights
+	}
+	t.streak++
+	if t.streak >= t.check.Rise {
+		t.up, t.streak = true, 0
+		if t.check.Warmup > 0 {
+			t.rampFrom, t.ramp = now, rampAt(0, t.check.Warmup)
+		}
+		return true, weights
+	}
+	return false, weights
+}
+
+// interval is the time to the next check: fastinter while the state is
+// changing, downinter while down, inter otherwise.
+func (t *target) interval() time.Duration {
+	switch {
+	case t.streak > 0:
+		return t.check.FastInter
+	case !t.up:
+		return t.check.DownInter
+	}
+	return t.check.Inter
+}
+
+// Warm-up ramps the weight in rampSteps equal steps.
+const rampSteps = 10
+
+// rampAt is the warm-up's share (per mille) elapsed into it.
+func rampAt(elapsed, warmup time.Duration) uint32 {
+	if warmup <= 0 {
+		return 1000
+	}
+	step := int64(elapsed)*rampSteps/int64(warmup) + 1
+	return uint32(min(step*1000/rampSteps, 1000))
+}
+
+// stepRamps moves the warm-ups on and returns the time to the next step
+// (0: none ramping). Callers hold mu.
+func (m *Monitor) stepRamps(now time.Time) time.Duration {
+	var next time.Duration
+	for t := range m.ramping {
+		el := now.Sub(t.rampFrom)
+		r := rampAt(el, t.check.Warmup)
+		if r != t.ramp {
+			t.ramp = r
+			m.emit(t, fmt.Sprintf("warm-up %d%%", r/10))
+		}
+		if r >= 1000 {
+			delete(m.ramping, t)
+			continue
+		}
+		stepLen := max(t.check.Warmup/rampSteps, time.Millisecond)
+		w := stepLen - el%stepLen
+		if next == 0 || w < next {
+			next = w
+		}
+	}
+	return next
+}
+
+// emit queues the target's health for the engine. Callers hold mu.
+func (m *Monitor) emit(t *target, reason string) {
+	pct := uint32(100)
+	if t.percent >= 0 {
+		pct = uint32(t.percent)
+	}
+	m.pending[t.tkey] = engine.HealthUpdate{Farm: t.farm, Backend: t.backend, Key: t.key, Down: !t.up,
+		Reason: reason, Percent: pct, Weight: t.weight, Ramp: t.ramp}
+	select {
+	case m.pendWake <- struct{}{}:
+	default:
+	}
+}
+
+// report hands queued updates to the sink, all that are waiting in one
+// call. A refused batch is offered again a second later, less what newer
+// results replaced.
+func (m *Monitor) report(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.pendWake:
+		}
+		m.mu.Lock()
+		batch := make([]engine.HealthUpdate, 0, len(m.pending))
+		for _, u := range m.pending {
+			batch = append(batch, u)
+		}
+		clear(m.pending)
+		m.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		if err := m.sink.SetHealth(ctx, batch); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			m.log.Error("apply health updates; retrying in 1s", "updates", len(batch), "err", err)
+			m.mu.Lock()
+			for _, u := range batch {
+				if _, newer := m.pending[tkey{u.Farm, u.Backend}]; !newer {
+					m.pending[tkey{u.Farm, u.Backend}] = u
+				}
+			}
+			m.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			select {
+			case m.pendWake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// Status is what the monitor knows of one checked backend.
+type Status struct {
+	Up      bool
+	Checked bool   // Last holds a result
+	Last    Result // the last check's
+	Streak  uint32 // consecutive results against the state (rise or fall under way)
+	Checks  uint64
+	Fails   uint64
+	Ramp    uint32 // warm-up per mille (1000: done)
+}
+
+// Status returns the state of a checked backend.
+func (m *Monitor) Status(farm, backend string) (Status, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.targets[tkey{farm, backend}]
+	if t == nil {
+		return Status{}, false
+	}
+	return Status{Up: t.up, Checked: t.checked, Last: t.last, Streak: t.streak, Checks: t.checks, Fails: t.fails, Ramp: t.ramp}, true
+}
+
+// Totals returns the number of checked backends, and of checks run and
+// failed since the start.
+func (m *Monitor) Totals() (targets int, checks, fails uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.targets), m.checks, m.fails
+}
+
+// queue is a min-heap of targets by their next check.
+type queue []*target
+
+func (q queue) Len() int           { return len(q) }
+func (q queue) Less(i, j int) bool { return q[i].next.Before(q[j].next) }
+func (q queue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].hidx, q[j].hidx = i, j
+}
+func (q *queue) Push(x any) {
+	t := x.(*target)
+	t.hidx = len(*q)
+	*q = append(*q, t)
+}
+func (q *queue) Pop() any {
+	old := *q
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	t.hidx = -1
+	return t
+}
