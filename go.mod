@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/cilium/ebpf v0.22.0
+	github.com/google/btree v1.1.3
 	github.com/google/nftables v0.3.0
 	github.com/hashicorp/go-immutable-radix/v2 v2.1.0
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42

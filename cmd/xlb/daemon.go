@@ -188,6 +188,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	}
 	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
 	defer stopHealth()
+	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)

@@ -54,7 +54,11 @@ type Route struct {
 	handle func(s *Server, w http.ResponseWriter, r *http.Request) error
 }
 
-var routes = []Route{
+// routes are every route: farms' (here), tables' (tables.go) and nftlb's
+// policies (policies.go).
+var routes = slices.Concat(farmRoutes, tableRoutes, policyRoutes)
+
+var farmRoutes = []Route{
 	{Method: http.MethodGet, Path: "/farms", handle: (*Server).getFarms},
 	{Method: http.MethodPost, Path: "/farms", Write: true, handle: (*Server).putFarms},
 	{Method: http.MethodPut, Path: "/farms", Write: true, handle: (*Server).putFarms},

@@ -460,6 +460,8 @@ func TestDumpRestoreRoundTrip(t *testing.T) {
 	e := newEnv(t)
 	e.must("POST", "/farms", nftlbWeb)
 	e.must("POST", "/farms", bulkBody(50, 1))
+	e.must("POST", "/policies", `{"policies":[{"name":"deny","type":"blacklist","elements":[{"data":"192.0.2.0/24"},{"data":"2001:db8:1::/48"}]}]}`)
+	e.must("POST", "/tables", `{"name":"fl","type":"flow:src-ip,dst-port","valtype":"mark,limit","entries":[{"key":"10.0.0.1,80","value":"7,100"}]}`)
 	e.must("PUT", "/farms/v6", `{"family":"ipv6","virtual-addr":"2001:db8::1","virtual-ports":"443,8000-8100","protocol":"udp",
 		"mode":"dnat","scheduler":"hash","sched-param":"srcip dstport","persistence":"srcip-srcport","persist-ttl":"300",
 		"log":"input","log-prefix":"v6 ","new-rtlimit":"10","new-rtlimit-burst":"5","tcp-strict":"on","policies":[{"name":"deny"}],

@@ -362,7 +362,7 @@ func (s *Server) deleteBackend(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getState(w http.ResponseWriter, r *http.Request) error {
-	writeFarms(w, s.eng.Snapshot().Farms())
+	writeState(w, s.eng.Snapshot())
 	return nil
 }
 
@@ -373,12 +373,19 @@ func (s *Server) putState(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// A restore is not a patch: every farm starts from the defaults.
+	body, tables, err := model.SplitState(body)
+	if err != nil {
+		return badRequest(err)
+	}
 	farms, err := model.DecodeFarms(body, func(string) (*model.Farm, bool) { return nil, false })
 	if err != nil {
 		return badRequest(err)
 	}
 	_, err = s.eng.Change(r.Context(), func(tx *engine.Txn) error {
 		tx.ReplaceAll()
+		if err := restoreTables(tx, tables); err != nil {
+			return err
+		}
 		for _, f := range farms {
 			if err := tx.Put(f); err != nil {
 				return err

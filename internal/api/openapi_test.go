@@ -60,7 +60,9 @@ func TestOpenAPIRoutes(t *testing.T) {
 		}
 	}
 	for _, r := range api.Routes() {
-		served = append(served, r.Method+" "+r.Path)
+		// OpenAPI has no wildcard for the rest of a path: {key...} is
+		// documented as {key}.
+		served = append(served, r.Method+" "+strings.ReplaceAll(r.Path, "...}", "}"))
 	}
 	sort.Strings(documented)
 	sort.Strings(served)

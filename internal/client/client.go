@@ -71,13 +71,18 @@ func IsNotFound(err error) bool {
 // do sends a request and returns the response of a 2xx answer; the caller
 // closes its body. Other answers become an *APIError.
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	return c.doType(ctx, method, path, "application/json", body)
+}
+
+// doType is do with the body's content type.
+func (c *Client) doType(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return nil, fmt.Errorf("build request %s %s: %w", method, path, err)
 	}
 	req.Header.Set(KeyHeader, c.key)
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -77,6 +77,15 @@ func (e *Engine) loadSaved(ctx context.Context) (*loaded, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Tables first: farms' policies name them.
+	base := emptyState()
+	{
+		tx := e.begin(base)
+		if err := e.loadTables(ctx, tx); err != nil {
+			return nil, err
+		}
+		base = tx.build(tx.diff())
+	}
 	l := &loaded{invalid: map[string]string{}, why: map[string]string{}}
 	var farms []model.Farm
 	bySaved := map[string]store.SavedFarm{}
@@ -95,28 +104,28 @@ func (e *Engine) loadSaved(ctx context.Context) (*loaded, error) {
 		}
 		farms = append(farms, sf.Farm)
 	}
-	tx := e.begin(emptyState())
+	tx := e.begin(base)
 	for i := range farms {
 		tx.load(farms[i])
 	}
-	if err := tx.validate(); err == nil {
-		l.state = tx.build()
+	if err := tx.validateLoad(); err == nil {
+		l.state = tx.build(tx.diff())
 		return l, nil
 	}
 	// Two saved farms on one listener: keep the first by name, set the
 	// others aside (the kernel cannot hold both). Each farm is checked
 	// against those kept so far, through the state's listener index:
 	// O(n log n), not a validation of all of them per farm.
-	s := emptyState()
+	s := base
 	for i := range farms {
 		tx := e.begin(s)
 		tx.load(farms[i])
-		if err := tx.validate(); err != nil {
+		if err := tx.validateLoad(); err != nil {
 			delete(l.invalid, farms[i].Name)
 			l.setAside(bySaved[farms[i].Name], err.Error())
 			continue
 		}
-		s = tx.build()
+		s = tx.build(tx.diff())
 	}
 	l.state = s
 	return l, nil
@@ -125,6 +134,15 @@ func (e *Engine) loadSaved(ctx context.Context) (*loaded, error) {
 func (l *loaded) setAside(sf store.SavedFarm, why string) {
 	l.aside = append(l.aside, sf)
 	l.why[sf.Name] = why
+}
+
+// validateLoad checks saved farms against each other and the tables:
+// what a saved farm cannot be served with (a clash, a missing policy).
+func (tx *Txn) validateLoad() error {
+	if err := tx.validate(); err != nil {
+		return err
+	}
+	return tx.validateTables()
 }
 
 // load adds a saved farm as it is, without validating it (loadSaved).
@@ -149,7 +167,7 @@ func (l *loaded) withoutInvalid(e *Engine, kernelErr error) {
 		}
 	}
 	clear(l.invalid)
-	l.state = tx.build()
+	l.state = tx.build(tx.diff())
 }
 
 // keepAside carries the farms an earlier attempt set aside into l (a
@@ -173,7 +191,7 @@ func (l *loaded) keepAside(e *Engine, earlier *loaded) {
 				tx.farms[sf.Name] = nil
 			}
 		}
-		l.state = tx.build()
+		l.state = tx.build(tx.diff())
 	}
 }
 
