@@ -1,6 +1,9 @@
 // Package dataplane defines the one interface behind which xlb's kernel data
 // planes (nftables, eBPF) sit. The engine hands a data plane the difference
-// between two states; the data plane applies it as one kernel transaction.
+// between two states (a plan.Diff); the data plane applies it as one kernel
+// transaction. What is computed the same way for both planes (the
+// dual-family split, Maglev, weighted slots, the flow hash) lives in
+// package plan, below both.
 package dataplane
 
 import (
@@ -8,31 +11,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
-
-// FarmChange is one farm's change. Old is nil for an added farm, New is nil
-// for a deleted one; both set is an update. Farms are immutable.
-type FarmChange struct {
-	Old, New *model.Farm
-}
-
-// Diff is an ordered set of farm changes applied together.
-type Diff struct {
-	Changes []FarmChange
-}
-
-// Empty reports whether the diff changes nothing.
-func (d Diff) Empty() bool { return len(d.Changes) == 0 }
-
-// Inverse returns the diff that undoes d (used to roll back).
-func (d Diff) Inverse() Diff {
-	inv := Diff{Changes: make([]FarmChange, len(d.Changes))}
-	for i, c := range d.Changes {
-		inv.Changes[len(d.Changes)-1-i] = FarmChange{Old: c.New, New: c.Old}
-	}
-	return inv
-}
 
 // Dataplane programs farms into the kernel.
 type Dataplane interface {
@@ -44,7 +25,7 @@ type Dataplane interface {
 	Check(f *model.Farm) error
 	// Apply applies the diff to the kernel as one transaction: either all of
 	// it takes effect or none of it does.
-	Apply(ctx context.Context, d Diff) error
+	Apply(ctx context.Context, d plan.Diff) error
 	// Reconcile makes the kernel hold exactly the given farms, repairing
 	// anything changed by hand, without a moment where existing farms are
 	// missing (no flush).

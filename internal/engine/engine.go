@@ -19,6 +19,7 @@ import (
 	iradix "github.com/hashicorp/go-immutable-radix/v2"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -177,7 +178,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 }
 
 // revertDisk takes back a diff the disk saved but the kernel refused.
-func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff) {
+func (e *Engine) revertDisk(ctx context.Context, diff plan.Diff) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
 	if u, ok := e.store.(store.Undoer); ok {
@@ -333,8 +334,8 @@ func (tx *Txn) validate() error {
 }
 
 // diff lists what the transaction changed, skipping puts equal to the base.
-func (tx *Txn) diff() dataplane.Diff {
-	var d dataplane.Diff
+func (tx *Txn) diff() plan.Diff {
+	var d plan.Diff
 	for _, name := range tx.order {
 		old, _ := tx.base.Farm(name)
 		nf := tx.farms[name]
@@ -344,7 +345,7 @@ func (tx *Txn) diff() dataplane.Diff {
 		if old != nil && nf != nil && farmsEqual(old, nf) {
 			continue
 		}
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: old, New: nf})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: old, New: nf})
 	}
 	return d
 }

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -56,7 +56,7 @@ var _ store.Store = (*WriteBehind)(nil)
 func (w *WriteBehind) Load(ctx context.Context) ([]model.Farm, error) { return w.inner.Load(ctx) }
 
 // Apply implements store.Store: it queues the diff and returns.
-func (w *WriteBehind) Apply(ctx context.Context, d dataplane.Diff) error {
+func (w *WriteBehind) Apply(ctx context.Context, d plan.Diff) error {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -105,17 +105,17 @@ func (w *WriteBehind) add(name string, old, nf *model.Farm) {
 }
 
 // take returns the pending changes as one diff and clears them.
-func (w *WriteBehind) take() dataplane.Diff {
+func (w *WriteBehind) take() plan.Diff {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var d dataplane.Diff
+	var d plan.Diff
 	for _, name := range w.order {
 		m := w.pending[name]
 		switch {
 		case m.new != nil:
-			d.Changes = append(d.Changes, dataplane.FarmChange{New: m.new})
+			d.Changes = append(d.Changes, plan.FarmChange{New: m.new})
 		case m.old != nil:
-			d.Changes = append(d.Changes, dataplane.FarmChange{Old: m.old})
+			d.Changes = append(d.Changes, plan.FarmChange{Old: m.old})
 		}
 	}
 	w.pending = map[string]*merged{}
@@ -124,7 +124,7 @@ func (w *WriteBehind) take() dataplane.Diff {
 }
 
 // requeue puts a diff that failed to save back in front of newer changes.
-func (w *WriteBehind) requeue(d dataplane.Diff) {
+func (w *WriteBehind) requeue(d plan.Diff) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	newer, order := w.pending, w.order

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -33,7 +33,7 @@ type flakyStore struct {
 	fail atomic.Int32
 }
 
-func (s *flakyStore) Apply(ctx context.Context, d dataplane.Diff) error {
+func (s *flakyStore) Apply(ctx context.Context, d plan.Diff) error {
 	if s.fail.Load() > 0 {
 		s.fail.Add(-1)
 		return errors.New("disk full")
@@ -54,10 +54,10 @@ func TestWriteBehind(t *testing.T) {
 	w := NewWriteBehind(inner, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx := context.Background()
 	a1, a2, b, c := wbFarm("a", 1), wbFarm("a", 2), wbFarm("b", 1), wbFarm("c", 1)
-	for _, d := range []dataplane.Diff{
-		{Changes: []dataplane.FarmChange{{New: a1}, {New: b}}},
-		{Changes: []dataplane.FarmChange{{Old: a1, New: a2}, {New: c}}},
-		{Changes: []dataplane.FarmChange{{Old: b}}},
+	for _, d := range []plan.Diff{
+		{Changes: []plan.FarmChange{{New: a1}, {New: b}}},
+		{Changes: []plan.FarmChange{{Old: a1, New: a2}, {New: c}}},
+		{Changes: []plan.FarmChange{{Old: b}}},
 	} {
 		if err := w.Apply(ctx, d); err != nil {
 			t.Fatal(err)
@@ -71,13 +71,13 @@ func TestWriteBehind(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := w.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: c}}}); err != nil {
+	if err := w.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: c}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: c}}}); err == nil {
+	if err := w.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: c}}}); err == nil {
 		t.Error("Apply after Close succeeded")
 	}
 	bolt, err = store.OpenBolt(dir)

@@ -14,7 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -135,7 +135,7 @@ func (j *Journal) Load(ctx context.Context) ([]model.Farm, error) {
 }
 
 // Apply implements Store: the change is on disk when it returns.
-func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
+func (j *Journal) Apply(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -173,7 +173,7 @@ func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 
 // Revert implements Undoer. It is rare (the kernel refused a change the disk
 // took), so it folds the journal and lets the bbolt file take d back.
-func (j *Journal) Revert(ctx context.Context, d dataplane.Diff) error {
+func (j *Journal) Revert(ctx context.Context, d plan.Diff) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if err := j.fold(); err != nil {
@@ -289,7 +289,7 @@ func (j *Journal) preallocate(size int64) error {
 // appended straight into it: it was copied three times (AppendJSON into a
 // buffer of its own, into the redo list, into the payload), about 50 KB
 // allocated for a farm of 100 backends.
-func encodeRecord(d dataplane.Diff) []byte {
+func encodeRecord(d plan.Diff) []byte {
 	last := make(map[string]int, len(d.Changes)) // name -> index in entries
 	type entry struct {
 		name string

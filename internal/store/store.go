@@ -25,7 +25,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -41,7 +41,7 @@ type Store interface {
 	// Load returns every saved farm.
 	Load(ctx context.Context) ([]model.Farm, error)
 	// Apply saves a diff atomically (all of it or none of it).
-	Apply(ctx context.Context, d dataplane.Diff) error
+	Apply(ctx context.Context, d plan.Diff) error
 	Close() error
 }
 
@@ -52,7 +52,7 @@ type Store interface {
 type Undoer interface {
 	// Revert takes back d, the diff of the last Apply, and forgets it: the
 	// kernel refused d after the disk had taken it.
-	Revert(ctx context.Context, d dataplane.Diff) error
+	Revert(ctx context.Context, d plan.Diff) error
 	// UndoLast takes back the last Apply if it is still remembered and
 	// returns the names of the farms it restored (none if there was nothing
 	// to take back).
@@ -124,7 +124,7 @@ func (s *Bolt) Load(ctx context.Context) ([]model.Farm, error) {
 }
 
 // Apply implements Store. The same transaction records the undo of d.
-func (s *Bolt) Apply(ctx context.Context, d dataplane.Diff) error {
+func (s *Bolt) Apply(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func (s *Bolt) Apply(ctx context.Context, d dataplane.Diff) error {
 }
 
 // Revert implements Undoer.
-func (s *Bolt) Revert(ctx context.Context, d dataplane.Diff) error {
+func (s *Bolt) Revert(ctx context.Context, d plan.Diff) error {
 	if err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := writeDiff(tx, d.Inverse()); err != nil {
 			return err
@@ -186,7 +186,7 @@ func (s *Bolt) UndoLast(ctx context.Context) ([]string, error) {
 // appends. A restore of 16,000 farms in the order of its file spent half
 // its disk time shifting (BenchmarkJournalBulk: 116 -> 57 ms). The sort is
 // stable, so the operations of one name keep their order.
-func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
+func writeDiff(tx *bolt.Tx, d plan.Diff) error {
 	type op struct {
 		name string
 		farm *model.Farm // nil: delete
@@ -220,10 +220,10 @@ func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
 // d (or nothing if it did not exist): records of uvarint name length, name,
 // uvarint (length of the old JSON + 1, 0 for "did not exist"), old JSON.
 // A name touched twice keeps its first (oldest) version.
-func encodeUndo(d dataplane.Diff) []byte { return appendUndo(nil, d) }
+func encodeUndo(d plan.Diff) []byte { return appendUndo(nil, d) }
 
 // appendUndo appends encodeUndo's list to buf.
-func appendUndo(buf []byte, d dataplane.Diff) []byte {
+func appendUndo(buf []byte, d plan.Diff) []byte {
 	seen := make(map[string]bool, 2*len(d.Changes))
 	rec := func(name string, old *model.Farm) {
 		if !seen[name] {

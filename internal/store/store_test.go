@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -57,10 +57,10 @@ func testApplyLoadDelete(t *testing.T, open func(string) (undoStore, error)) {
 	}
 	ctx := context.Background()
 	a, b := testFarm(t, 1), testFarm(t, 2)
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}, {New: b}}}); err != nil {
+	if err := s.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: a}, {New: b}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a}}}); err != nil {
+	if err := s.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: a}}}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -133,7 +133,7 @@ func crashChild(dir string) {
 		os.Exit(1)
 	}
 	for i := 0; ; i++ {
-		if err := s.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(nil, i)}}}); err != nil {
+		if err := s.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: testFarm(nil, i)}}}); err != nil {
 			fmt.Println("error", err)
 			os.Exit(1)
 		}
@@ -211,12 +211,12 @@ func testUndoLast(t *testing.T, open func(string) (undoStore, error)) {
 	defer s.Close()
 	ctx := context.Background()
 	a, b, c := testFarm(t, 1), testFarm(t, 2), testFarm(t, 3)
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}, {New: b}}}); err != nil {
+	if err := s.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: a}, {New: b}}}); err != nil {
 		t.Fatal(err)
 	}
 	a2 := a.Clone()
 	a2.Backends[0].Weight = 7
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a, New: &a2}, {Old: b}, {New: c}}}); err != nil {
+	if err := s.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: a, New: &a2}, {Old: b}, {New: c}}}); err != nil {
 		t.Fatal(err)
 	}
 	names, err := s.UndoLast(ctx)
@@ -250,10 +250,10 @@ func testRevert(t *testing.T, open func(string) (undoStore, error)) {
 	defer s.Close()
 	ctx := context.Background()
 	a, b := testFarm(t, 1), testFarm(t, 2)
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}}}); err != nil {
+	if err := s.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: a}}}); err != nil {
 		t.Fatal(err)
 	}
-	d := dataplane.Diff{Changes: []dataplane.FarmChange{{New: b}}}
+	d := plan.Diff{Changes: []plan.FarmChange{{New: b}}}
 	if err := s.Apply(ctx, d); err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestDSRFieldsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: &fs[0]}}}); err != nil {
+	if err := s.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: &fs[0]}}}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()

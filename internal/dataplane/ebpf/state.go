@@ -9,7 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -665,7 +665,7 @@ func (p *Plane) freePending() {
 // written, then its service keys flip to it. If any step fails, the farms
 // already changed by this diff are flipped back, so either all of the diff
 // takes effect or none of it does.
-func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
+func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.freePending()

@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -87,12 +88,28 @@ func mapName(farm string, gen uint64) string {
 	return farmMap + nameHash(farm) + "-" + strconv.FormatUint(gen, 36)
 }
 
-// seed is the jhash seed of a farm: fixed per farm name, so the hash
+// seed is the jhash seed of a hash farm: fixed per farm name, so the hash
 // scheduler sends a client to the same slot across rebuilds and restarts.
+// (Maglev farms hash with plan.FlowSeed, the same for every farm and on
+// both planes.)
 func seed(farm string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(farm))
 	return h.Sum32()
+}
+
+// hashExprs loads the hashed fields into the registers from reg1 and puts
+// the slot in reg1: for maglev the flow hash of plan.FlowSlot (the keys of
+// plan.MaglevKeys, seed plan.FlowSeed), for hash jhash of keys with the
+// farm's seed.
+func hashExprs(f *model.Farm, keys model.HashKey, v6 bool, modulus uint32) []expr.Any {
+	s := seed(f.Name)
+	if f.Scheduler == model.SchedMaglev {
+		keys, s = plan.MaglevKeys(f), plan.FlowSeed
+	}
+	loads, _, n := keyLoads(keys, v6, reg32)
+	return append(loads, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
+		Seed: s, Type: expr.HashTypeJenkins})
 }
 
 var (
@@ -503,10 +520,10 @@ func pick[T any](v6 bool, a, b T) T {
 	return a
 }
 
-// plan derives what a farm needs in the kernel. A farm that is not up
+// planFarm derives what a farm needs in the kernel. A farm that is not up
 // needs nothing: it is absent from the service maps, so the LB does not
 // handle its traffic.
-func plan(f *model.Farm) *farmPlan {
+func planFarm(f *model.Farm) *farmPlan {
 	if f.State != model.StateUp {
 		return nil
 	}
@@ -710,7 +727,7 @@ func appendAddr(d []byte, a netip.Addr) []byte {
 // scheduling expression.
 func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 	if f.Scheduler == model.SchedMaglev {
-		table := maglevTable(p.active, len(f.Backends))
+		table := plan.MaglevTable(f, p.active)
 		out := make([]nftables.SetElement, 0, len(table))
 		d := make(elemBytes, 0, len(table)*(4+slotSize))
 		for i, bi := range table {
@@ -726,18 +743,23 @@ func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
 		}
 		return out, uint32(len(p.active))
 	}
-	// Slot ranges sized by weight: [start, start+weight) -> backend, each
-	// sent as a start element and an end element (key one past the range,
-	// flagged as an interval end), as nft does.
+	// The weighted slot table (plan.SlotRuns): each backend's run of
+	// slots [start, start+n) is one interval, sent as a start element and
+	// an end element (key one past the range, flagged as an interval
+	// end), as nft does.
+	weights := make([]uint32, len(p.active))
+	for i := range p.active {
+		weights[i] = p.active[i].Weight
+	}
 	var total uint32
 	out := make([]nftables.SetElement, 0, 2*len(p.active))
 	d := make(elemBytes, 0, len(p.active)*(8+slotSize))
-	for i := range p.active {
+	for i, n := range plan.SlotRuns(weights, plan.MaxWeightedSlots) {
 		b := &p.active[i]
 		out = append(out,
 			nftables.SetElement{Key: d.u32(binary.BigEndian, total), Val: d.slot(p, b)},
-			nftables.SetElement{Key: d.u32(binary.BigEndian, total+b.Weight), IntervalEnd: true})
-		total += b.Weight
+			nftables.SetElement{Key: d.u32(binary.BigEndian, total+uint32(n)), IntervalEnd: true})
+		total += uint32(n)
 	}
 	return out, total
 }
@@ -823,16 +845,10 @@ func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, 
 			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		)
 	case model.SchedHash, model.SchedMaglev:
-		if f.Scheduler == model.SchedMaglev {
-			keys = maglevKeys(f)
-		}
-		loads, _, n := keyLoads(keys, p.v6, reg32)
 		// The family match is implied by the service map, but lets nft
 		// list the loads as ip saddr/ip6 saddr instead of raw offsets.
 		r = append(r, nfproto(p.v6)...)
-		r = append(r, loads...)
-		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
-			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
+		r = append(r, hashExprs(f, keys, p.v6, modulus)...)
 	case model.SchedSymhash:
 		r = append(r, &expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym})
 	}

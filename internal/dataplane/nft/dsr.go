@@ -213,14 +213,7 @@ func (p *farmPlan) dsrFarmRules(f *model.Farm, mapName string, mapID, modulus ui
 			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		)
 	case model.SchedHash, model.SchedMaglev:
-		keys := f.SchedParam
-		if f.Scheduler == model.SchedMaglev {
-			keys = maglevKeys(f)
-		}
-		loads, _, n := keyLoads(keys, p.v6, reg32)
-		r = append(r, loads...)
-		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
-			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
+		r = append(r, hashExprs(f, f.SchedParam, p.v6, modulus)...)
 	case model.SchedSymhash:
 		r = append(r, &expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym})
 	}

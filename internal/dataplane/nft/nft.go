@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -381,11 +382,12 @@ func (p *Plane) Check(f *model.Farm) error {
 // Apply implements dataplane.Dataplane: the whole diff is one netlink
 // batch, so the kernel applies all of it or none of it. Its cost is in
 // proportion to the changed farms: nothing is listed from the kernel.
-func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
+func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	links, err := resolveDSR(p.opts.NetNS, diffFarms(expandDiff(d)))
+	d = plan.SplitDiff(d)
+	links, err := resolveDSR(p.opts.NetNS, d.NewFarms())
 	if err != nil {
 		return err
 	}
@@ -409,10 +411,10 @@ func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
 	return nil
 }
 
-// queue adds the messages of d to batch b (nothing is sent) and returns the
-// farms' states to commit once the batch is in the kernel.
-func (p *Plane) queue(b *batch, d dataplane.Diff) *pending {
-	d = expandDiff(d)
+// queue adds the messages of d, a diff whose dual farms are split
+// (plan.SplitDiff), to batch b (nothing is sent) and returns the farms'
+// states to commit once the batch is in the kernel.
+func (p *Plane) queue(b *batch, d plan.Diff) *pending {
 	next := map[string]*farmState{}
 	users := p.users.clone()
 	b.groups, b.touched = p.groups.clone(), map[string]groupRef{}
@@ -473,6 +475,12 @@ func (p *Plane) commit(pd *pending) {
 // service maps are never flushed, so no farm is missing at any moment;
 // established connections keep their conntrack NAT bindings.
 func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
+	return p.reconcile(ctx, plan.SplitFarms(farms))
+}
+
+// reconcile is Reconcile of farms whose dual farms are split
+// (plan.SplitFarms).
+func (p *Plane) reconcile(ctx context.Context, farms []*model.Farm) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -481,7 +489,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if p.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
-	farms, links, err := resolveLenient(p.log, p.opts.NetNS, expandFarms(farms))
+	farms, links, err := resolveLenient(p.log, p.opts.NetNS, farms)
 	if err != nil {
 		return err
 	}
@@ -783,9 +791,9 @@ type elemRun struct {
 	els []nftables.SetElement
 }
 
-// plan is plan(f), completed with the farm's resolved links in mode dsr.
+// plan is planFarm(f), completed with the farm's resolved links in mode dsr.
 func (b *batch) plan(f *model.Farm) *farmPlan {
-	pl := plan(f)
+	pl := planFarm(f)
 	if pl != nil && pl.dsrMode {
 		l := b.links[f.Name]
 		if l == nil {
@@ -803,17 +811,6 @@ func (b *batch) tableOf(pl *farmPlan) *nftables.Table {
 		return b.p.ntable
 	}
 	return b.p.table
-}
-
-// diffFarms returns the new farms of a diff.
-func diffFarms(d dataplane.Diff) []*model.Farm {
-	var out []*model.Farm
-	for _, c := range d.Changes {
-		if c.New != nil {
-			out = append(out, c.New)
-		}
-	}
-	return out
 }
 
 func (p *Plane) newBatch() *batch { return &batch{p: p, c: p.conn} }

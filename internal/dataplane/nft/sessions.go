@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -68,7 +69,7 @@ func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if hs := halves(f); len(hs) > 1 {
+	if hs := plan.Halves(f); len(hs) > 1 {
 		var all []dataplane.Session
 		err := dualSessions(f, "", func(h *model.Farm) error {
 			ss, err := p.Sessions(ctx, h)
@@ -104,7 +105,7 @@ func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backe
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	if hs := halves(f); len(hs) > 1 {
+	if hs := plan.Halves(f); len(hs) > 1 {
 		if backend != "" {
 			if _, i := f.Backend(backend); i < 0 {
 				return 0, fmt.Errorf("farm %q has no backend %q", f.Name, backend)

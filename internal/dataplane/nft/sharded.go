@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -94,10 +95,11 @@ func NewSharded(ctx context.Context, log *slog.Logger, opts Options) (*Sharded, 
 // ShardTable names shard i's table: <prefix>-<two hex digits>.
 func ShardTable(prefix string, i int) string { return fmt.Sprintf("%s-%02x", prefix, i) }
 
-// shardOf returns the index of the table that holds farm name.
+// shardOf returns the index of the table that holds farm name (both halves
+// of a dual farm are in the farm's table).
 func (s *Sharded) shardOf(name string) int {
 	h := fnv.New32a()
-	h.Write([]byte(name))
+	h.Write([]byte(plan.FarmOf(name)))
 	return int(h.Sum32() % uint32(len(s.shards)))
 }
 
@@ -117,11 +119,12 @@ func (s *Sharded) Check(f *model.Farm) error { return s.shards[0].Check(f) }
 // Apply implements dataplane.Dataplane: each changed farm's messages go to
 // its table, all in one netlink batch, so the kernel applies all of it or
 // none of it.
-func (s *Sharded) Apply(ctx context.Context, d dataplane.Diff) error {
+func (s *Sharded) Apply(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	links, err := resolveDSR(s.opts.NetNS, diffFarms(expandDiff(d)))
+	d = plan.SplitDiff(d)
+	links, err := resolveDSR(s.opts.NetNS, d.NewFarms())
 	if err != nil {
 		return err
 	}
@@ -130,19 +133,12 @@ func (s *Sharded) Apply(ctx context.Context, d dataplane.Diff) error {
 	if s.conn == nil {
 		return errors.New("nft data plane is closed")
 	}
-	parts := make([]dataplane.Diff, len(s.shards))
+	parts := make([]plan.Diff, len(s.shards))
 	for _, c := range d.Changes {
-		var name string
-		switch {
-		case c.New != nil:
-			name = c.New.Name
-		case c.Old != nil:
-			name = c.Old.Name
-		default:
-			continue
+		if name := c.Name(); name != "" {
+			i := s.shardOf(name)
+			parts[i].Changes = append(parts[i].Changes, c)
 		}
-		i := s.shardOf(name)
-		parts[i].Changes = append(parts[i].Changes, c)
 	}
 	nexts := make([]*pending, len(s.shards))
 	for i, part := range parts {
@@ -193,13 +189,13 @@ func (s *Sharded) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		return errors.New("nft data plane is closed")
 	}
 	parts := make([][]*model.Farm, len(s.shards))
-	for _, f := range farms {
+	for _, f := range plan.SplitFarms(farms) {
 		i := s.shardOf(f.Name)
 		parts[i] = append(parts[i], f)
 	}
 	keep := map[string]bool{}
 	for i, p := range s.shards {
-		if err := p.Reconcile(ctx, parts[i]); err != nil {
+		if err := p.reconcile(ctx, parts[i]); err != nil {
 			return fmt.Errorf("table inet %s: %w", p.opts.Table, err)
 		}
 		keep[p.opts.Table] = true
