@@ -63,7 +63,8 @@
 #define XLB_EVENTS_SIZE 4194304
 #endif
 
-/* Seed of the hash scheduler: fixed so a restart keeps the mapping. */
+/* Seed of the hash schedulers: fixed so a restart keeps the mapping; for
+ * maglev it is plan.FlowSeed, the nft plane's seed too. */
 #define XLB_HASH_SEED 0x786c6221
 
 /* tcx verdicts (linux/bpf.h of 6.6+; defined here for older headers). */
@@ -87,7 +88,7 @@
 #define XLB_SCHED_WEIGHT 1 /* random over weighted slots */
 #define XLB_SCHED_HASH 2   /* jhash of hash_keys over weighted slots */
 #define XLB_SCHED_SYMHASH 3 /* jhash of address and/or port pairs, the same both ways */
-#define XLB_SCHED_MAGLEV 4  /* jhash of hash_keys over a Maglev table (computed in Go) */
+#define XLB_SCHED_MAGLEV 4  /* xlb_flow_hash over a Maglev table (plan.Maglev, in Go) */
 
 /* struct svc_val.hash_keys */
 #define XLB_HASH_SRCIP 1

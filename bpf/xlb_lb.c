@@ -501,7 +501,12 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 		sk.idx = h % svc->slots;
 		break;
 	}
-	default: /* XLB_SCHED_HASH, XLB_SCHED_MAGLEV: the table makes the difference */
+	case XLB_SCHED_MAGLEV:
+		/* The same slot as the nft plane and every node: the table
+		 * comes from plan.Maglev, the hash is plan.FlowSlot's. */
+		sk.idx = xlb_scale(xlb_flow_hash(&p->k), svc->slots);
+		break;
+	default: /* XLB_SCHED_HASH */
 		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? addr_fold(p->k.src) : 0,
 				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
 				     XLB_HASH_SEED);

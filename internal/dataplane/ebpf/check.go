@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -19,8 +20,22 @@ func unsupported(f *model.Farm, field, value string) error {
 func (p *Plane) Check(f *model.Farm) error { return check(f) }
 
 func check(f *model.Farm) error {
+	if f.Family == model.FamilyDual {
+		// Programmed as its halves (plan.Halves), one per VIP, each
+		// served by the backends of its family: no translation between
+		// families is needed.
+		if !plan.IsDual(f) {
+			return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "family", Value: f.Family.String(),
+				Problem: "the " + Name + " data plane serves a dual farm with an IPv4 and an IPv6 virtual-addr (e.g. \"10.0.0.1,fd00::1\"), each by the backends of its family: it does not translate between families"}
+		}
+		for _, h := range plan.Halves(f) {
+			if err := check(h); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if f.Family != model.FamilyIPv4 && f.Family != model.FamilyIPv6 {
-		// dual would take translation between families (NAT64).
 		return unsupported(f, "family", f.Family.String())
 	}
 	if f.IsMarkFarm() || f.Mark != 0 {
@@ -47,7 +62,8 @@ func check(f *model.Farm) error {
 	}
 	switch f.Scheduler {
 	case model.SchedRR, model.SchedWeight:
-	case model.SchedHash, model.SchedMaglev:
+	case model.SchedMaglev:
+	case model.SchedHash:
 		if f.SchedParam&^(model.KeySrcIP|model.KeySrcPort) != 0 {
 			return unsupported(f, "sched-param", f.SchedParam.String())
 		}
@@ -151,5 +167,6 @@ func check(f *model.Farm) error {
 	return nil
 }
 
-// maxBackendsPerFarm: every backend needs at least one slot.
-const maxBackendsPerFarm = maxSlotsPerService
+// maxBackendsPerFarm: every backend needs at least one slot of the
+// weighted slot table.
+const maxBackendsPerFarm = plan.MaxWeightedSlots

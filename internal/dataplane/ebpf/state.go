@@ -202,21 +202,17 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	switch f.Scheduler {
 	case model.SchedWeight:
 		g.val.Sched = schedWeight
-	case model.SchedHash, model.SchedMaglev:
+	case model.SchedHash:
+		// hash defaults to srcip (nftlb).
 		g.val.Sched = schedHash
-		if f.Scheduler == model.SchedMaglev {
-			g.val.Sched = schedMaglev
-		}
-		// hash defaults to srcip (nftlb); maglev takes no sched-param in
-		// the model and hashes the flow, as the nft plane does (client
-		// address and port; the VIP and port are the service's).
 		g.val.HashKeys = hashSrcIP
-		if f.Scheduler == model.SchedMaglev {
-			g.val.HashKeys = hashSrcIP | hashSrcPort
-		}
 		if f.SchedParam != 0 {
 			g.val.HashKeys = hashKeys(f.SchedParam)
 		}
+	case model.SchedMaglev:
+		// The program hashes the whole flow with plan.FlowSlot's hash
+		// (xlb_flow_hash), as the nft plane does: no hash keys.
+		g.val.Sched = schedMaglev
 	case model.SchedSymhash:
 		// Symmetric: any address key hashes both addresses, any port
 		// key both ports.
@@ -291,13 +287,9 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		}
 	}
 	if f.Scheduler == model.SchedMaglev {
-		names := make([]string, len(active))
-		for i, b := range active {
-			names[i] = netip.AddrPortFrom(b.Addr, b.Port).String()
-		}
-		g.slots = maglevTable(names, weights, maglevSize(len(active)))
+		g.slots = plan.MaglevTable(f, active)
 	} else {
-		g.slots = weightedSlots(weights, maxSlotsPerService)
+		g.slots = plan.WeightedSlots(weights, plan.MaxWeightedSlots)
 	}
 	g.val.Slots = uint32(len(g.slots))
 	return g, nil
@@ -398,49 +390,6 @@ func (p *Plane) sourceFor(dst netip.Addr) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("no source address towards %s", dst)
-}
-
-// weightedSlots returns, for each slot, the index of its backend: backend i
-// holds weights[i]/gcd slots, scaled down to at most max in total (each
-// backend keeping at least one).
-func weightedSlots(weights []uint32, max int) []int {
-	if len(weights) == 0 {
-		return nil
-	}
-	g := uint32(0)
-	for _, w := range weights {
-		g = gcd(g, w)
-	}
-	total := 0
-	for _, w := range weights {
-		total += int(w / g)
-	}
-	var out []int
-	for i, w := range weights {
-		n := int(w / g)
-		if total > max {
-			n = n * max / total
-		}
-		n = max1(n)
-		for range n {
-			out = append(out, i)
-		}
-	}
-	return out
-}
-
-func max1(n int) int {
-	if n < 1 {
-		return 1
-	}
-	return n
-}
-
-func gcd(a, b uint32) uint32 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }
 
 // write allocates ids for g and writes its backends, slots and round-robin
@@ -666,6 +615,7 @@ func (p *Plane) freePending() {
 // already changed by this diff are flipped back, so either all of the diff
 // takes effect or none of it does.
 func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
+	d = plan.SplitDiff(d) // a dual farm is its two halves
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.freePending()
@@ -753,6 +703,7 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 // generation and flipped to. Service keys of no farm are deleted, then
 // slots and backends no service references.
 func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
+	farms = plan.SplitFarms(farms) // a dual farm is its two halves
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.freePending()
