@@ -83,7 +83,7 @@ func startXLB(ctx context.Context, c kubernetes.Interface, plane, dir string) (*
 		cleanup()
 		return nil, err
 	}
-	st := kube.NewWriteBehind(bolt, quiet) // as xlb kube-proxy does
+	st := store.NewWriteBehind(bolt, quiet) // as xlb kube-proxy does
 	undo = append(undo, func() { st.Close() })
 	eng, err := engine.New(ctx, quiet, dp, st)
 	if err != nil {

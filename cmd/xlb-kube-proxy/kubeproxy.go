@@ -161,8 +161,8 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return err
 	}
 	// Saved behind the kernel: the API server is the source of truth, the
-	// saved state only bridges restarts (see kube.WriteBehind).
-	st := kube.NewWriteBehind(bolt, log)
+	// saved state only bridges restarts (see store.WriteBehind).
+	st := store.NewWriteBehind(bolt, log)
 	defer st.Close()
 	dp, err := openDataplane(ctx, log, o)
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 type nopStore struct{}
 
 func (nopStore) Load(context.Context) ([]model.Farm, error) { return nil, nil }
-func (nopStore) Apply(context.Context, plan.Diff) error     { return nil }
+func (nopStore) Commit(context.Context, plan.Diff) error    { return nil }
 func (nopStore) Close() error                               { return nil }
 
 // BenchmarkPostFarm100Backends is POST /farms adding a farm of 100

@@ -16,7 +16,7 @@ import (
 type memStore struct{}
 
 func (memStore) Load(context.Context) ([]model.Farm, error) { return nil, nil }
-func (memStore) Apply(context.Context, plan.Diff) error     { return nil }
+func (memStore) Commit(context.Context, plan.Diff) error    { return nil }
 func (memStore) Close() error                               { return nil }
 
 // addBody is the body of POST /farms adding farm name with n backends.

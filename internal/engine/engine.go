@@ -1,9 +1,9 @@
-// Package engine is xlb's one writer. Every change, from the API, the CLI, the
-// config file or Kubernetes, goes through Engine.Change, which serializes it:
-// validate -> build the new immutable state -> apply the difference to the
-// data plane as one kernel transaction -> persist -> publish. If the kernel or
-// the disk fails, both are returned to the old state and the caller gets the
-// error.
+// Package engine is xlb's one writer. Every change, from the API (which the
+// CLI uses) or from Kubernetes, goes through Engine.Change, which serializes
+// it: validate -> diff against the current state -> the data plane applies
+// the diff to the kernel as one transaction while the store commits it to
+// disk -> publish the new immutable state. If the kernel or the disk fails,
+// both are returned to the old state and the caller gets the error.
 package engine
 
 import (
@@ -141,7 +141,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	saved := make(chan error, 1)
 	var diskTime time.Duration
 	go func() {
-		err := e.store.Apply(ctx, diff)
+		err := e.store.Commit(ctx, diff)
 		diskTime = time.Since(t0)
 		saved <- err
 	}()
@@ -184,7 +184,7 @@ func (e *Engine) revertDisk(ctx context.Context, diff plan.Diff) {
 	if u, ok := e.store.(store.Undoer); ok {
 		err = u.Revert(ctx, diff)
 	} else {
-		err = e.store.Apply(ctx, diff.Inverse())
+		err = e.store.Commit(ctx, diff.Inverse())
 	}
 	if err != nil {
 		// The disk keeps a change the kernel refused; a restart tries it

@@ -32,17 +32,17 @@ func webFarm(t testing.TB, name, vip, ports string) model.Farm {
 	return farm(t, fmt.Sprintf(`{"name":%q,"virtual-addr":%q,"virtual-ports":%q,"backends":[{"name":"b1","ip-addr":"10.1.0.1"}]}`, name, vip, ports))
 }
 
-// failingStore wraps a store and fails Apply on demand.
+// failingStore wraps a store and fails Commit on demand.
 type failingStore struct {
 	store.Store
 	fail bool
 }
 
-func (s *failingStore) Apply(ctx context.Context, d plan.Diff) error {
+func (s *failingStore) Commit(ctx context.Context, d plan.Diff) error {
 	if s.fail {
 		return errors.New("injected disk failure")
 	}
-	return s.Store.Apply(ctx, d)
+	return s.Store.Commit(ctx, d)
 }
 
 // Revert and UndoLast pass through to the bbolt store (store.Undoer).

@@ -55,7 +55,7 @@ func newCtlEnv(t *testing.T, objs []runtime.Object, saved []model.Farm, plane *f
 			f.Seal()
 			d.Changes = append(d.Changes, plan.FarmChange{New: &f})
 		}
-		if err := st.Apply(ctx, d); err != nil {
+		if err := st.Commit(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}

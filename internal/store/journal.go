@@ -56,7 +56,7 @@ type Journal struct {
 	// a write that failed); a fold zeroes them.
 	used int64
 
-	// foldAt is the journal size past which Apply first folds it into the
+	// foldAt is the journal size past which Commit first folds it into the
 	// bbolt file; a record larger than bigRecord, or a diff of more than
 	// bulkChanges farms, goes to the bbolt file directly.
 	foldAt, bigRecord int64
@@ -134,8 +134,8 @@ func (j *Journal) Load(ctx context.Context) ([]model.Farm, error) {
 	return j.db.Load(ctx)
 }
 
-// Apply implements Store: the change is on disk when it returns.
-func (j *Journal) Apply(ctx context.Context, d plan.Diff) error {
+// Commit implements Store: the change is on disk when it returns.
+func (j *Journal) Commit(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -147,7 +147,7 @@ func (j *Journal) Apply(ctx context.Context, d plan.Diff) error {
 		if err := j.fold(); err != nil {
 			return fmt.Errorf("save state: %w", err)
 		}
-		return j.db.Apply(ctx, d)
+		return j.db.Commit(ctx, d)
 	}
 	rec := encodeRecord(d)
 	if int64(len(rec)) > j.bigRecord || j.size+int64(len(rec)) > j.foldAt {
@@ -155,7 +155,7 @@ func (j *Journal) Apply(ctx context.Context, d plan.Diff) error {
 			return fmt.Errorf("save state: %w", err)
 		}
 		if int64(len(rec)) > j.bigRecord {
-			return j.db.Apply(ctx, d)
+			return j.db.Commit(ctx, d)
 		}
 	}
 	// A failed write or sync leaves the record unacknowledged; the next

@@ -15,7 +15,7 @@ import (
 func put(t *testing.T, s Store, from, to int) {
 	t.Helper()
 	for i := from; i < to; i++ {
-		if err := s.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: testFarm(t, i)}}}); err != nil {
+		if err := s.Commit(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: testFarm(t, i)}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -162,7 +162,7 @@ func TestJournalStaysShort(t *testing.T) {
 	}
 	j.bigRecord = 1000
 	before := j.size
-	if err := j.Apply(context.Background(), bulk); err != nil {
+	if err := j.Commit(context.Background(), bulk); err != nil {
 		t.Fatal(err)
 	}
 	if j.size != 0 || before == 0 && journalEnd(t, dir) != 0 {
@@ -176,7 +176,7 @@ func TestJournalStaysShort(t *testing.T) {
 	for i := 300; i < 300+bulkChanges+1; i++ {
 		bulk.Changes = append(bulk.Changes, plan.FarmChange{New: testFarm(t, i)})
 	}
-	if err := j.Apply(context.Background(), bulk); err != nil {
+	if err := j.Commit(context.Background(), bulk); err != nil {
 		t.Fatal(err)
 	}
 	if j.size != 0 {
@@ -206,7 +206,7 @@ func TestJournalReplayTwiceIsHarmless(t *testing.T) {
 	a := testFarm(t, 0)
 	a2 := a.Clone()
 	a2.Backends[0].Weight = 9
-	if err := j.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: a, New: &a2}, {Old: testFarm(t, 1)}}}); err != nil {
+	if err := j.Commit(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: a, New: &a2}, {Old: testFarm(t, 1)}}}); err != nil {
 		t.Fatal(err)
 	}
 	j.Close()
@@ -246,7 +246,7 @@ func TestJournalReplayTwiceIsHarmless(t *testing.T) {
 	}
 }
 
-// BenchmarkJournalBulk times one Apply of 16,000 new farms (a restore), the
+// BenchmarkJournalBulk times one Commit of 16,000 new farms (a restore), the
 // path where the journal hands the change to the bbolt file.
 func BenchmarkJournalBulk(b *testing.B) {
 	var d plan.Diff
@@ -260,7 +260,7 @@ func BenchmarkJournalBulk(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		if err := j.Apply(context.Background(), d); err != nil {
+		if err := j.Commit(context.Background(), d); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

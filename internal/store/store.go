@@ -32,7 +32,7 @@ import (
 var (
 	farmsBucket = []byte("farms")
 	metaBucket  = []byte("meta")
-	// undoKey holds the undo of the last Apply (see encodeUndo).
+	// undoKey holds the undo of the last Commit (see encodeUndo).
 	undoKey = []byte("undo-last")
 )
 
@@ -40,20 +40,22 @@ var (
 type Store interface {
 	// Load returns every saved farm.
 	Load(ctx context.Context) ([]model.Farm, error)
-	// Apply saves a diff atomically (all of it or none of it).
-	Apply(ctx context.Context, d plan.Diff) error
+	// Commit writes a diff to disk atomically (all of it or none of
+	// it). (The data plane "applies" a diff to the kernel; the store
+	// "commits" it.)
+	Commit(ctx context.Context, d plan.Diff) error
 	Close() error
 }
 
-// Undoer is a Store that remembers the undo of its last Apply. The undo is
-// only as good as the Old farms of the diffs given to Apply (the engine's
+// Undoer is a Store that remembers the undo of its last Commit. The undo is
+// only as good as the Old farms of the diffs given to Commit (the engine's
 // diffs carry them; a store that merges diffs, like the Kubernetes proxy's
 // write-behind, must not offer UndoLast).
 type Undoer interface {
-	// Revert takes back d, the diff of the last Apply, and forgets it: the
+	// Revert takes back d, the diff of the last Commit, and forgets it: the
 	// kernel refused d after the disk had taken it.
 	Revert(ctx context.Context, d plan.Diff) error
-	// UndoLast takes back the last Apply if it is still remembered and
+	// UndoLast takes back the last Commit if it is still remembered and
 	// returns the names of the farms it restored (none if there was nothing
 	// to take back).
 	UndoLast(ctx context.Context) ([]string, error)
@@ -123,8 +125,8 @@ func (s *Bolt) Load(ctx context.Context) ([]model.Farm, error) {
 	return farms, nil
 }
 
-// Apply implements Store. The same transaction records the undo of d.
-func (s *Bolt) Apply(ctx context.Context, d plan.Diff) error {
+// Commit implements Store. The same transaction records the undo of d.
+func (s *Bolt) Commit(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -192,7 +192,7 @@ func (e *env) startController(planeName string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := kube.NewWriteBehind(bolt, log)
+	st := store.NewWriteBehind(bolt, log)
 	e.eng, err = engine.New(ctx, log, plane, st)
 	if err != nil {
 		t.Fatal(err)

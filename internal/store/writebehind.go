@@ -1,4 +1,4 @@
-package kube
+package store
 
 import (
 	"context"
@@ -9,11 +9,10 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
-	"github.com/xlb-lb/xlb/internal/store"
 )
 
-// WriteBehind is the store of the Kubernetes proxy: it saves changes to an
-// inner store (bbolt) after the engine has applied them, in the background,
+// WriteBehind is the store of the Kubernetes proxy: it writes changes to an
+// inner store (bbolt) in the background, after Commit has returned,
 // merging changes that pile up into one write.
 //
 // For `xlb daemon` the store is the source of truth and every change is
@@ -27,7 +26,7 @@ import (
 // logged; losing the last changes in a crash costs nothing but a slightly
 // older state at the next start.
 type WriteBehind struct {
-	inner store.Store
+	inner Store
 	log   *slog.Logger
 
 	mu      sync.Mutex
@@ -43,20 +42,20 @@ type merged struct{ old, new *model.Farm }
 
 // NewWriteBehind starts saving to inner in the background. Close flushes
 // what is pending and closes inner.
-func NewWriteBehind(inner store.Store, log *slog.Logger) *WriteBehind {
+func NewWriteBehind(inner Store, log *slog.Logger) *WriteBehind {
 	w := &WriteBehind{inner: inner, log: log, pending: map[string]*merged{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	go w.loop()
 	return w
 }
 
-var _ store.Store = (*WriteBehind)(nil)
+var _ Store = (*WriteBehind)(nil)
 
-// Load implements store.Store.
+// Load implements Store.
 func (w *WriteBehind) Load(ctx context.Context) ([]model.Farm, error) { return w.inner.Load(ctx) }
 
-// Apply implements store.Store: it queues the diff and returns.
-func (w *WriteBehind) Apply(ctx context.Context, d plan.Diff) error {
+// Commit implements Store: it queues the diff and returns.
+func (w *WriteBehind) Commit(ctx context.Context, d plan.Diff) error {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -150,7 +149,7 @@ func (w *WriteBehind) loop() {
 		if d.Empty() {
 			continue
 		}
-		if err := w.inner.Apply(context.Background(), d); err != nil {
+		if err := w.inner.Commit(context.Background(), d); err != nil {
 			if !failing {
 				w.log.Error("save kube-proxy state failed; retrying in the background", "err", err)
 			}
@@ -176,7 +175,7 @@ func (w *WriteBehind) Flush(ctx context.Context) error {
 	if d.Empty() {
 		return nil
 	}
-	if err := w.inner.Apply(ctx, d); err != nil {
+	if err := w.inner.Commit(ctx, d); err != nil {
 		w.requeue(d)
 		return err
 	}

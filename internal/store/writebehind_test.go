@@ -1,8 +1,9 @@
-package kube
+package store
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -13,14 +14,13 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
-	"github.com/xlb-lb/xlb/internal/store"
 )
 
 func wbFarm(name string, backends int) *model.Farm {
 	f := model.NewFarm(name)
 	f.VirtualAddr = netip.MustParseAddr("10.96.0.1")
 	for i := range backends {
-		b := model.NewBackend(BackendName(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), 80))
+		b := model.NewBackend(fmt.Sprintf("10.0.0.%d-80", i+1))
 		b.Addr = netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)})
 		f.Backends = append(f.Backends, b)
 	}
@@ -29,23 +29,23 @@ func wbFarm(name string, backends int) *model.Farm {
 }
 
 type flakyStore struct {
-	store.Store
+	Store
 	fail atomic.Int32
 }
 
-func (s *flakyStore) Apply(ctx context.Context, d plan.Diff) error {
+func (s *flakyStore) Commit(ctx context.Context, d plan.Diff) error {
 	if s.fail.Load() > 0 {
 		s.fail.Add(-1)
 		return errors.New("disk full")
 	}
-	return s.Store.Apply(ctx, d)
+	return s.Store.Commit(ctx, d)
 }
 
 // TestWriteBehind: changes are saved in the background, merged per farm,
 // kept and retried when a write fails, and all saved by Close.
 func TestWriteBehind(t *testing.T) {
 	dir := t.TempDir()
-	bolt, err := store.OpenBolt(dir)
+	bolt, err := OpenBolt(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestWriteBehind(t *testing.T) {
 		{Changes: []plan.FarmChange{{Old: a1, New: a2}, {New: c}}},
 		{Changes: []plan.FarmChange{{Old: b}}},
 	} {
-		if err := w.Apply(ctx, d); err != nil {
+		if err := w.Commit(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -71,16 +71,16 @@ func TestWriteBehind(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := w.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: c}}}); err != nil {
+	if err := w.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: c}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: c}}}); err == nil {
-		t.Error("Apply after Close succeeded")
+	if err := w.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: c}}}); err == nil {
+		t.Error("Commit after Close succeeded")
 	}
-	bolt, err = store.OpenBolt(dir)
+	bolt, err = OpenBolt(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
