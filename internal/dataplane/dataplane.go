@@ -9,6 +9,7 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
@@ -110,4 +111,26 @@ type FarmCounters struct {
 type CounterReader interface {
 	// Counters reads the farm's counters from the kernel.
 	Counters(ctx context.Context, f *model.Farm) (FarmCounters, error)
+}
+
+// StaleFlow names the tracked UDP flows to VIP:Port that were sent to
+// Backend, a backend that went away.
+type StaleFlow struct {
+	VIP     netip.Addr
+	Port    uint16
+	Backend netip.Addr
+}
+
+// FlowFlusher is implemented by data planes that can forget tracked flows
+// (both do: nft in netfilter's conntrack of its namespace, eBPF in its own
+// table). A configuration change never cuts tracked flows by itself; this
+// is for a caller that knows a backend is gone for good: the Kubernetes
+// proxy, when an endpoint goes away, because a UDP client that keeps its
+// source port would otherwise stay on the dead endpoint until its flow
+// idles out (kube-proxy's long-standing UDP black-hole bug).
+type FlowFlusher interface {
+	// DeleteUDPFlows deletes the tracked UDP flows of flows, so the next
+	// datagram of each is scheduled afresh, and returns how many it
+	// deleted.
+	DeleteUDPFlows(ctx context.Context, flows []StaleFlow) (int, error)
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -58,9 +59,9 @@ type Config struct {
 	NodePortAddresses []netip.Prefix
 	// Metrics, if set, receives sync timings.
 	Metrics *Metrics
-	// Conntrack, if set, deletes the UDP conntrack entries of endpoints
-	// that went away (in the data plane's namespace).
-	Conntrack Conntrack
+	// Flows, if set, deletes the tracked UDP flows of endpoints that
+	// went away (both data planes can: dataplane.FlowFlusher).
+	Flows dataplane.FlowFlusher
 	// Listen opens the health check node port listeners (default
 	// net.Listen).
 	Listen ListenFunc
@@ -450,7 +451,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 		}
 		return err
 	}
-	c.flushStale(key, base, st, c.owned[key])
+	c.flushStale(ctx, key, base, st, c.owned[key])
 	c.hc.update(key, svc, eps, c.cfg.NodeName)
 	if svc == nil {
 		delete(c.owned, key)
@@ -468,11 +469,11 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 
 // flushStale deletes the UDP conntrack entries of backends that the
 // Service's farms had in base and no longer have in next.
-func (c *Controller) flushStale(key string, base, next *engine.State, farmNames []string) {
-	if c.cfg.Conntrack == nil || next == nil {
+func (c *Controller) flushStale(ctx context.Context, key string, base, next *engine.State, farmNames []string) {
+	if c.cfg.Flows == nil || next == nil {
 		return
 	}
-	var stale []StaleFlow
+	var stale []dataplane.StaleFlow
 	for _, n := range farmNames {
 		old, ok := base.Farm(n)
 		if !ok || old.Protocol != model.ProtoUDP || len(old.VirtualPorts) != 1 {
@@ -483,13 +484,13 @@ func (c *Controller) flushStale(key string, base, next *engine.State, farmNames 
 			if cur != nil && slices.ContainsFunc(cur.Backends, func(x model.Backend) bool { return x.Addr == b.Addr && x.Port == b.Port }) {
 				continue
 			}
-			stale = append(stale, StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
+			stale = append(stale, dataplane.StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
 		}
 	}
 	if len(stale) == 0 {
 		return
 	}
-	n, err := c.cfg.Conntrack.DeleteUDP(stale)
+	n, err := c.cfg.Flows.DeleteUDPFlows(ctx, stale)
 	if err != nil {
 		c.log.Warn("flush stale udp conntrack entries", "service", key, "err", err)
 		return

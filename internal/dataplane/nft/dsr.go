@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
 // Mode dsr, as nftlb does it: at netdev ingress of the interface where the
@@ -500,19 +500,9 @@ func vipIface(h *vnl.Handle, vip netip.Addr) (string, error) {
 }
 
 // probe sends one empty UDP datagram to addr's discard port out of dev in
-// namespace ns, so the kernel resolves addr's MAC. The socket is made on a
-// thread of its own that is never returned to the pool (the namespace
-// switch could not be undone safely).
+// namespace ns, so the kernel resolves addr's MAC.
 func probe(ns netns.NsHandle, dev string, addr netip.Addr) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if ns.IsOpen() {
-			if err := netns.Set(ns); err != nil {
-				errc <- fmt.Errorf("enter namespace: %w", err)
-				return
-			}
-		}
+	return nsenter.Run(ns, func() error {
 		fam := unix.AF_INET6
 		var sa unix.Sockaddr = &unix.SockaddrInet6{Port: probePort, Addr: addr.As16()}
 		if addr.Is4() {
@@ -521,20 +511,17 @@ func probe(ns netns.NsHandle, dev string, addr netip.Addr) error {
 		}
 		fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			errc <- err
-			return
+			return err
 		}
 		defer unix.Close(fd)
 		if err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev); err != nil {
-			errc <- fmt.Errorf("bind to %s: %w", dev, err)
-			return
+			return fmt.Errorf("bind to %s: %w", dev, err)
 		}
 		// An unreachable neighbour is not an error here: the caller waits
 		// for the entry and says what is missing.
 		_ = unix.Sendto(fd, nil, unix.MSG_DONTWAIT, sa)
-		errc <- nil
-	}()
-	return <-errc
+		return nil
+	})
 }
 
 func splitDevs(s string) []string {
