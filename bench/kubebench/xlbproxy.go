@@ -49,7 +49,7 @@ func startXLB(ctx context.Context, c kubernetes.Interface, plane, dir string) (*
 	var err error
 	switch plane {
 	case "nft":
-		dp, err = nft.Open(ctx, quiet, nft.Options{Table: nftTablePrefix, Shards: *tables})
+		dp, err = nft.New(ctx, quiet, nft.Options{Table: nftTablePrefix, Shards: *tables})
 		if err == nil {
 			undo = append(undo, func() { dp.Close(); deleteNftTables(nftTablePrefix) })
 		}

@@ -171,7 +171,11 @@ func openNFT(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplan
 	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables}
 	if !c.ConnTableSet {
 		// The kernel's conntrack limits stay as they are.
-		return nft.Open(ctx, log, opts)
+		p, err := nft.New(ctx, log, opts)
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
 	}
 	limits := nft.ConntrackFor(c.ConnTableSize)
 	// Before the tables exist if conntrack is loaded (a refusal then
@@ -180,7 +184,7 @@ func openNFT(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplan
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	dp, oerr := nft.Open(ctx, log, opts)
+	dp, oerr := nft.New(ctx, log, opts)
 	if oerr != nil {
 		return nil, oerr
 	}

@@ -47,7 +47,7 @@ func BenchmarkApplyAddFarm100Backends(b *testing.B) {
 // existing farms, farm j with backends(j) backends.
 func benchPlane(b *testing.B, shards, existing int, backends func(j int) int) dataplane.Dataplane {
 	_, ns := testutil.NewNetNS(b)
-	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
+	p, err := New(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -166,7 +166,7 @@ func dsrRulesRaw() ([][]rawExpr, error) {
 }
 
 // programDSR replaces the rules of the netdev table's chain dsr in one batch.
-func (p *Plane) programDSR() error {
+func (p *shard) programDSR() error {
 	rules, err := dsrRulesRaw()
 	if err != nil {
 		return fmt.Errorf("encode dsr rules: %w", err)

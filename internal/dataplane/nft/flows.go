@@ -13,8 +13,8 @@ import (
 )
 
 var (
+	_ dataplane.FlowFlusher = (*shard)(nil)
 	_ dataplane.FlowFlusher = (*Plane)(nil)
-	_ dataplane.FlowFlusher = (*Sharded)(nil)
 )
 
 // DeleteUDPFlows implements dataplane.FlowFlusher on netfilter's conntrack
@@ -22,13 +22,13 @@ var (
 // destination is VIP:Port and whose reply comes from Backend. The kernel
 // offers no filtered delete, so the table is dumped once per address
 // family and matched here.
-func (p *Plane) DeleteUDPFlows(ctx context.Context, flows []dataplane.StaleFlow) (int, error) {
+func (p *shard) DeleteUDPFlows(ctx context.Context, flows []dataplane.StaleFlow) (int, error) {
 	return deleteUDPFlows(ctx, p.opts.NetNS, flows)
 }
 
-// DeleteUDPFlows implements dataplane.FlowFlusher (see Plane.DeleteUDPFlows:
+// DeleteUDPFlows implements dataplane.FlowFlusher (see shard.DeleteUDPFlows:
 // conntrack is per namespace, not per table).
-func (s *Sharded) DeleteUDPFlows(ctx context.Context, flows []dataplane.StaleFlow) (int, error) {
+func (s *Plane) DeleteUDPFlows(ctx context.Context, flows []dataplane.StaleFlow) (int, error) {
 	return deleteUDPFlows(ctx, s.opts.NetNS, flows)
 }
 

@@ -571,7 +571,7 @@ func TestChangeTouchesOnlyItsOwn(t *testing.T) {
 	a := mk("a", "10.99.0.1", "10.200.0.11", "10.200.0.12")
 	apply(plan.FarmChange{New: a})
 	before := ruleHandles(t, name, "a")
-	mapA := p.farms["a"].mapName
+	mapA := p.shards[0].farms["a"].mapName
 	elemsA := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA)
 
 	b1 := mk("b", "10.99.0.2", "10.200.0.13")
@@ -583,7 +583,7 @@ func TestChangeTouchesOnlyItsOwn(t *testing.T) {
 	if after := ruleHandles(t, name, "a"); after != before {
 		t.Errorf("farm a's chain changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	if p.farms["a"].mapName != mapA {
+	if p.shards[0].farms["a"].mapName != mapA {
 		t.Errorf("farm a's map renamed")
 	}
 	if got := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA); got != elemsA {

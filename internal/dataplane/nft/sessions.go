@@ -17,7 +17,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
-var _ dataplane.SessionStore = (*Plane)(nil)
+var _ dataplane.SessionStore = (*shard)(nil)
 
 // sessionKey formats a persistence map key: its fields joined by "-".
 func sessionKey(k model.HashKey, v6 bool, key []byte) string {
@@ -47,7 +47,7 @@ func sessionKey(k model.HashKey, v6 bool, key []byte) string {
 
 // sessionElems lists a farm's persistence map. It returns nil without
 // persistence or serving backends (then the farm has no map).
-func (p *Plane) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftables.SetElement, error) {
+func (p *shard) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftables.SetElement, error) {
 	if p.conn == nil {
 		return nil, nil, nil, errors.New("nft data plane is closed")
 	}
@@ -65,7 +65,7 @@ func (p *Plane) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftable
 }
 
 // Sessions implements dataplane.SessionStore.
-func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
+func (p *shard) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -78,8 +78,6 @@ func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 		})
 		return all, err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	pl, _, els, err := p.sessionElems(f)
 	if err != nil || pl == nil {
 		return nil, err
@@ -101,7 +99,7 @@ func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 
 // DeleteSessions implements dataplane.SessionStore: one batch deletes the
 // matching sessions.
-func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
+func (p *shard) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -119,8 +117,6 @@ func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backe
 		})
 		return total, err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	pl, set, els, err := p.sessionElems(f)
 	if err != nil || pl == nil {
 		return 0, err
@@ -157,4 +153,40 @@ func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backe
 		return 0, fmt.Errorf("delete sessions of farm %q: %w", f.Name, err)
 	}
 	return len(del), nil
+}
+
+// Sessions implements dataplane.SessionStore on the farm's table.
+func (s *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		return nil, errClosed
+	}
+	return s.shards[s.shardOf(f.Name)].Sessions(ctx, f)
+}
+
+// DeleteSessions implements dataplane.SessionStore on the farm's table.
+func (s *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		return 0, errClosed
+	}
+	return s.shards[s.shardOf(f.Name)].DeleteSessions(ctx, f, client, backend)
+}
+
+// dualSessions runs fn on each half of a dual farm that has the backend
+// (any, when backend is "").
+func dualSessions(f *model.Farm, backend string, fn func(h *model.Farm) error) error {
+	for _, h := range plan.Halves(f) {
+		if backend != "" {
+			if _, i := h.Backend(backend); i < 0 {
+				continue
+			}
+		}
+		if err := fn(h); err != nil {
+			return err
+		}
+	}
+	return nil
 }

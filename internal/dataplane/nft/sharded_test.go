@@ -20,7 +20,7 @@ func TestShardedPlane(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2, false)
 	e.startServers(t, 8080)
-	s, err := NewSharded(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s, err := New(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestShardedPlane(t *testing.T) {
 
 	// Restart: a new plane adopts the tables and reconciles them.
 	s.Close()
-	s2, err := NewSharded(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s2, err := New(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestShardedApplyIsOneBatch(t *testing.T) {
 	testutil.RequireRoot(t)
 	t.Parallel()
 	e := newEnv(t, 1, false)
-	s, err := NewSharded(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s, err := New(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestOtherLayoutIsDeleted(t *testing.T) {
 		return strings.Join(strings.Fields(e.nft(t, "list", "tables")), " ")
 	}
 
-	s, err := NewSharded(ctx, testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s, err := New(ctx, testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

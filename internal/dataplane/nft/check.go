@@ -1,0 +1,111 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// check refuses every farm field value this data plane does not implement.
+func check(f *model.Farm) error {
+	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
+	switch {
+	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
+		return no("virtual-addr", "")
+	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
+			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet"}
+	case f.Family == model.FamilyDual:
+		return checkDual(f)
+	case f.Mode == model.ModeStlsDNAT && f.IsMarkFarm():
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
+			Problem: "the " + PlaneName + " data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)"}
+	case f.Mode == model.ModeStlsDNAT && f.Scheduler != model.SchedHash && f.Scheduler != model.SchedSymhash && f.Scheduler != model.SchedMaglev:
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
+			Problem: "mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev"}
+	case f.Mode == model.ModeStlsDNAT && (f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "protocol", Value: f.Protocol.String(),
+			Problem: "mode stlsdnat rewrites ports and checksums of tcp or udp only"}
+	case f.Mode == model.ModeStlsDNAT && (f.NewRTLimit != 0 || f.RstRTLimit != 0 || f.Log != 0 || len(f.Backends) > 0 && stlsPortProblem(f)):
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
+			Problem: "stlsdnat farms in the " + PlaneName + " data plane take no new-rtlimit, rst-rtlimit, log, backend marks or backend est-connlimit; all backends need the same port, and a port needs a single virtual port"}
+	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
+			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
+	case f.Mark != 0 && !f.IsMarkFarm():
+		return no("mark", fmt.Sprint(f.Mark))
+	case f.Priority != 1:
+		// Backend priority groups follow model.Farm.ActiveBackends; a farm
+		// priority other than the default has no meaning here yet.
+		return no("priority", fmt.Sprint(f.Priority))
+	case len(f.Policies) > 0:
+		return no("policies", f.Policies[0].Name)
+	}
+	if f.Mode == model.ModeDSR {
+		if err := dsrCheck(f); err != nil {
+			return err
+		}
+	}
+	var zeroPort, port bool
+	marks := map[uint32]string{}
+	for i := range f.Backends {
+		b := &f.Backends[i]
+		if b.Mark != 0 && marks[b.Mark] == "" {
+			marks[b.Mark] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
+		bno := func(field, value string) error {
+			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: field, Value: value,
+				Problem: "is not implemented by the " + PlaneName + " data plane yet"}
+		}
+		switch {
+		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
+			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "mark", Value: fmt.Sprint(b.Mark),
+				Problem: "is already the mark of another backend of this farm; in the " + PlaneName + " data plane a backend mark names the backend, so marks must be unique per farm"}
+		case b.EstConnLimit != 0 && f.Persistence != 0:
+			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit)+" with persistence")
+		}
+		zeroPort = zeroPort || b.Port == 0
+		port = port || b.Port != 0
+	}
+	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+	if zeroPort && port && !single {
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "backends.port", Value: "0",
+			Problem: "backends with port 0 (keep the client's port) and backends with a port cannot be mixed in a farm with several virtual ports in the " + PlaneName + " data plane"}
+	}
+	return nil
+}
+
+// stlsPortProblem: the backends of a stateless farm share one port (the
+// rewrite is a constant), and a farm whose backends change the port has
+// one virtual port (the reverse rewrite needs to know it); no marks.
+func stlsPortProblem(f *model.Farm) bool {
+	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+	for _, b := range f.Backends {
+		if b.Port != 0 && !single || b.Mark != 0 || b.EstConnLimit != 0 || b.Port != f.Backends[0].Port {
+			return true
+		}
+	}
+	return false
+}
+
+// Family dual: the plane programs a dual farm as its two halves
+// (plan.Halves), one per VIP, so a dual farm has two chains, two backend
+// maps and (with persistence) two session maps; its log lines name the
+// half.
+
+// checkDual refuses a dual farm the plane cannot serve and checks each half.
+func checkDual(f *model.Farm) error {
+	if !f.VirtualAddr2.IsValid() {
+		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "family", Value: f.Family.String(),
+			Problem: "the " + PlaneName + " data plane serves a dual farm with an IPv4 and an IPv6 virtual-addr (e.g. \"10.0.0.1,fd00::1\"), each by the backends of its family: nftables cannot translate between families"}
+	}
+	for _, h := range plan.Halves(f) {
+		if err := check(h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
