@@ -20,7 +20,7 @@
  * order, as long as all three agree). */
 static __always_inline void csum16_replace(__u16 *sum, __u16 from, __u16 to)
 {
-	__u32 s = (__u16)~*sum;
+	__u32 s = (__u16) ~*sum;
 
 	s += (__u16)~from;
 	s += to;
@@ -43,8 +43,8 @@ static __always_inline void seed32_replace(__u16 *sum, __u32 from, __u32 to)
 {
 	__u32 s = *sum;
 
-	s += (__u16)~(from & 0xffff);
-	s += (__u16)~(from >> 16);
+	s += (__u16) ~(from & 0xffff);
+	s += (__u16) ~(from >> 16);
 	s += to & 0xffff;
 	s += to >> 16;
 	s = (s & 0xffff) + (s >> 16);
@@ -268,36 +268,62 @@ static __always_inline __u32 xlb_jhash_3words(__u32 a, __u32 b, __u32 c, __u32 i
 	a += XLB_JHASH_INITVAL;
 	b += XLB_JHASH_INITVAL;
 	c += initval;
-	c ^= b; c -= xlb_rol32(b, 14);
-	a ^= c; a -= xlb_rol32(c, 11);
-	b ^= a; b -= xlb_rol32(a, 25);
-	c ^= b; c -= xlb_rol32(b, 16);
-	a ^= c; a -= xlb_rol32(c, 4);
-	b ^= a; b -= xlb_rol32(a, 14);
-	c ^= b; c -= xlb_rol32(b, 24);
+	c ^= b;
+	c -= xlb_rol32(b, 14);
+	a ^= c;
+	a -= xlb_rol32(c, 11);
+	b ^= a;
+	b -= xlb_rol32(a, 25);
+	c ^= b;
+	c -= xlb_rol32(b, 16);
+	a ^= c;
+	a -= xlb_rol32(c, 4);
+	b ^= a;
+	b -= xlb_rol32(a, 14);
+	c ^= b;
+	c -= xlb_rol32(b, 24);
 	return c;
 }
 
 /* The kernel's __jhash_mix and __jhash_final (linux/jhash.h). */
-#define XLB_JHASH_MIX(a, b, c)                                                                     \
-	do {                                                                                       \
-		a -= c; a ^= xlb_rol32(c, 4); c += b;                                              \
-		b -= a; b ^= xlb_rol32(a, 6); a += c;                                              \
-		c -= b; c ^= xlb_rol32(b, 8); b += a;                                              \
-		a -= c; a ^= xlb_rol32(c, 16); c += b;                                             \
-		b -= a; b ^= xlb_rol32(a, 19); a += c;                                             \
-		c -= b; c ^= xlb_rol32(b, 4); b += a;                                              \
+#define XLB_JHASH_MIX(a, b, c)         \
+	do {                           \
+		a -= c;                \
+		a ^= xlb_rol32(c, 4);  \
+		c += b;                \
+		b -= a;                \
+		b ^= xlb_rol32(a, 6);  \
+		a += c;                \
+		c -= b;                \
+		c ^= xlb_rol32(b, 8);  \
+		b += a;                \
+		a -= c;                \
+		a ^= xlb_rol32(c, 16); \
+		c += b;                \
+		b -= a;                \
+		b ^= xlb_rol32(a, 19); \
+		a += c;                \
+		c -= b;                \
+		c ^= xlb_rol32(b, 4);  \
+		b += a;                \
 	} while (0)
 
-#define XLB_JHASH_FINAL(a, b, c)                                                                   \
-	do {                                                                                       \
-		c ^= b; c -= xlb_rol32(b, 14);                                                     \
-		a ^= c; a -= xlb_rol32(c, 11);                                                     \
-		b ^= a; b -= xlb_rol32(a, 25);                                                     \
-		c ^= b; c -= xlb_rol32(b, 16);                                                     \
-		a ^= c; a -= xlb_rol32(c, 4);                                                      \
-		b ^= a; b -= xlb_rol32(a, 14);                                                     \
-		c ^= b; c -= xlb_rol32(b, 24);                                                     \
+#define XLB_JHASH_FINAL(a, b, c)       \
+	do {                           \
+		c ^= b;                \
+		c -= xlb_rol32(b, 14); \
+		a ^= c;                \
+		a -= xlb_rol32(c, 11); \
+		b ^= a;                \
+		b -= xlb_rol32(a, 25); \
+		c ^= b;                \
+		c -= xlb_rol32(b, 16); \
+		a ^= c;                \
+		a -= xlb_rol32(c, 4);  \
+		b ^= a;                \
+		b -= xlb_rol32(a, 14); \
+		c ^= b;                \
+		c -= xlb_rol32(b, 24); \
 	} while (0)
 
 /**

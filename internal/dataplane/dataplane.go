@@ -39,12 +39,18 @@ type Dataplane interface {
 // Unsupported builds the error a data plane returns for a farm field value it
 // does not implement.
 func Unsupported(plane string, f *model.Farm, field, value string) error {
-	return &model.FieldError{
-		Object:  fmt.Sprintf("farm %q", f.Name),
-		Field:   field,
-		Value:   value,
-		Problem: fmt.Sprintf("is not implemented by the %s data plane yet", plane),
-	}
+	return Refuse(f, field, value, fmt.Sprintf("is not implemented by the %s data plane yet", plane))
+}
+
+// Refuse builds the error a data plane's Check returns for a farm field
+// value it cannot take; problem says why and what it takes instead.
+func Refuse(f *model.Farm, field, value, problem string) error {
+	return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: field, Value: value, Problem: problem}
+}
+
+// RefuseBackend is Refuse for a field of the farm's backend named backend.
+func RefuseBackend(f *model.Farm, backend, field, value, problem string) error {
+	return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, backend), Field: field, Value: value, Problem: problem}
 }
 
 // Session is one persistence entry of a farm: a client key and the backend

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -88,7 +89,7 @@ func OpenBolt(dir string) (*Bolt, error) {
 	// 30 % of a 16,000-farm restore's disk phase.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, InitialMmapSize: initialMmapSize})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("open state %q: locked by another process (is another xlb daemon using this --state-dir?)", path)
 		}
 		return nil, fmt.Errorf("open state %q: %w", path, err)

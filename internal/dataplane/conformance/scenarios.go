@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -336,44 +335,6 @@ func runDSR(t *testing.T, e *Env, f model.Farm) {
 			t.Errorf("dsr: no answer from %s (answers: %v)", n, seen)
 		}
 	}
-}
-
-// sendUDP4Raw sends one UDP datagram from h's IPv4 address and port sport
-// to dst through a raw socket, so it can leave from a port a server holds.
-func sendUDP4Raw(h testutil.Host, sport uint16, dst netip.AddrPort, payload []byte) error {
-	u := make([]byte, 8+len(payload))
-	binary.BigEndian.PutUint16(u[0:], sport)
-	binary.BigEndian.PutUint16(u[2:], dst.Port())
-	binary.BigEndian.PutUint16(u[4:], uint16(len(u)))
-	copy(u[8:], payload)
-	// Checksum over the pseudo header (source, destination, protocol,
-	// length) and the datagram.
-	src, d := h.IPv4.As4(), dst.Addr().As4()
-	sum := uint32(17) + uint32(len(u))
-	words := append(append(append([]byte{}, src[:]...), d[:]...), u...)
-	if len(words)%2 == 1 {
-		words = append(words, 0)
-	}
-	for i := 0; i < len(words); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(words[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	c := ^uint16(sum)
-	if c == 0 {
-		c = 0xffff
-	}
-	binary.BigEndian.PutUint16(u[6:], c)
-	return testutil.Do(h.NS, func() error {
-		conn, err := net.ListenPacket("ip4:udp", h.IPv4.String())
-		if err != nil {
-			return fmt.Errorf("raw udp socket: %w", err)
-		}
-		defer conn.Close()
-		_, err = conn.WriteTo(u, &net.IPAddr{IP: dst.Addr().AsSlice()})
-		return err
-	})
 }
 
 func runRR(t *testing.T, e *Env, f model.Farm) {

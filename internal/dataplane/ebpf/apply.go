@@ -17,10 +17,9 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	defer p.mu.Unlock()
 	p.freePending()
 	type step struct {
-		oldName    string
-		old, cur   *generation
-		newName    string
-		hadOldName bool
+		oldName  string
+		old, cur *generation
+		newName  string
 	}
 	var steps []step
 	rollback := func() {

@@ -48,7 +48,7 @@ func (a *backendIDs) unrefBackend(id uint32) bool {
 }
 
 func (a *backendIDs) allocBackend() (uint32, error) {
-	if len(a.usedBE) >= maxBackends-1 { // ids 1 .. maxBackends-1
+	if len(a.usedBE) >= int(maxBackends)-1 { // ids 1 .. maxBackends-1
 		return 0, errors.New("out of backend ids")
 	}
 	for {

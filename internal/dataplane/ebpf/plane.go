@@ -1,5 +1,6 @@
 // Package ebpf is xlb's eBPF data plane: a tcx ingress program (bpf/xlb_lb.c)
-// that balances IPv4 TCP and UDP with full NAT both ways, and the Go side
+// that balances TCP and UDP over IPv4 and IPv6 (dnat and snat with NAT both
+// ways, dsr, stlsdnat), and the Go side
 // that loads it, attaches it to the interfaces of a network namespace and
 // keeps its maps in line with the farms. Programs, links and maps are pinned
 // under a bpffs directory so a restarted daemon adopts them without dropping

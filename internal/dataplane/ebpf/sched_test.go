@@ -36,8 +36,6 @@ func jhash3(a, b, c, initval uint32) uint32 {
 	return c
 }
 
-const hashSeed = 0x786c6221
-
 // symhash is the program's symmetric hash of a tuple (ports in host order).
 func symhash(src, dst netip.Addr, sport, dport uint16, proto uint8) uint32 {
 	a, b := ne32(src), ne32(dst)

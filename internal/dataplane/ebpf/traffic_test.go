@@ -200,10 +200,7 @@ func echo(t *testing.T, c interface {
 	Write([]byte) (int, error)
 }, line, ctxt string) {
 	t.Helper()
-	conn := c.(interface {
-		Write([]byte) (int, error)
-	})
-	if _, err := conn.Write([]byte(line + "\n")); err != nil {
+	if _, err := c.Write([]byte(line + "\n")); err != nil {
 		t.Fatalf("write on connection to %s: %v", ctxt, err)
 	}
 	nc, ok := c.(interface {

@@ -16,25 +16,25 @@ func check(f *model.Farm) error {
 	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
 		return no("virtual-addr", "")
 	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mark", Value: fmt.Sprint(f.Mark),
-			Problem: "firewall-mark farms in the " + PlaneName + " data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet"}
+		return dataplane.Refuse(f, "mark", fmt.Sprint(f.Mark),
+			"firewall-mark farms in the "+PlaneName+" data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet")
 	case f.Family == model.FamilyDual:
 		return checkDual(f)
 	case f.Mode == model.ModeStlsDNAT && f.IsMarkFarm():
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
-			Problem: "the " + PlaneName + " data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)"}
+		return dataplane.Refuse(f, "mode", f.Mode.String(),
+			"the "+PlaneName+" data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)")
 	case f.Mode == model.ModeStlsDNAT && f.Scheduler != model.SchedHash && f.Scheduler != model.SchedSymhash && f.Scheduler != model.SchedMaglev:
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
-			Problem: "mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev"}
+		return dataplane.Refuse(f, "scheduler", f.Scheduler.String(),
+			"mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev")
 	case f.Mode == model.ModeStlsDNAT && (f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP):
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "protocol", Value: f.Protocol.String(),
-			Problem: "mode stlsdnat rewrites ports and checksums of tcp or udp only"}
+		return dataplane.Refuse(f, "protocol", f.Protocol.String(),
+			"mode stlsdnat rewrites ports and checksums of tcp or udp only")
 	case f.Mode == model.ModeStlsDNAT && (f.NewRTLimit != 0 || f.RstRTLimit != 0 || f.Log != 0 || len(f.Backends) > 0 && stlsPortProblem(f)):
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "mode", Value: f.Mode.String(),
-			Problem: "stlsdnat farms in the " + PlaneName + " data plane take no new-rtlimit, rst-rtlimit, log, backend marks or backend est-connlimit; all backends need the same port, and a port needs a single virtual port"}
+		return dataplane.Refuse(f, "mode", f.Mode.String(),
+			"stlsdnat farms in the "+PlaneName+" data plane take no new-rtlimit, rst-rtlimit, log, backend marks or backend est-connlimit; all backends need the same port, and a port needs a single virtual port")
 	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "persistence", Value: f.Persistence.String(),
-			Problem: fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize)}
+		return dataplane.Refuse(f, "persistence", f.Persistence.String(),
+			fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize))
 	case f.Mark != 0 && !f.IsMarkFarm():
 		return no("mark", fmt.Sprint(f.Mark))
 	case f.Priority != 1:
@@ -57,13 +57,13 @@ func check(f *model.Farm) error {
 			marks[b.Mark] = netip.AddrPortFrom(b.Addr, b.Port).String()
 		}
 		bno := func(field, value string) error {
-			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: field, Value: value,
-				Problem: "is not implemented by the " + PlaneName + " data plane yet"}
+			return dataplane.RefuseBackend(f, b.Name, field, value,
+				"is not implemented by the "+PlaneName+" data plane yet")
 		}
 		switch {
 		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
-			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "mark", Value: fmt.Sprint(b.Mark),
-				Problem: "is already the mark of another backend of this farm; in the " + PlaneName + " data plane a backend mark names the backend, so marks must be unique per farm"}
+			return dataplane.RefuseBackend(f, b.Name, "mark", fmt.Sprint(b.Mark),
+				"is already the mark of another backend of this farm; in the "+PlaneName+" data plane a backend mark names the backend, so marks must be unique per farm")
 		case b.EstConnLimit != 0 && f.Persistence != 0:
 			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit)+" with persistence")
 		}
@@ -72,8 +72,8 @@ func check(f *model.Farm) error {
 	}
 	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
 	if zeroPort && port && !single {
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "backends.port", Value: "0",
-			Problem: "backends with port 0 (keep the client's port) and backends with a port cannot be mixed in a farm with several virtual ports in the " + PlaneName + " data plane"}
+		return dataplane.Refuse(f, "backends.port", "0",
+			"backends with port 0 (keep the client's port) and backends with a port cannot be mixed in a farm with several virtual ports in the "+PlaneName+" data plane")
 	}
 	return nil
 }
@@ -99,8 +99,8 @@ func stlsPortProblem(f *model.Farm) bool {
 // checkDual refuses a dual farm the plane cannot serve and checks each half.
 func checkDual(f *model.Farm) error {
 	if !f.VirtualAddr2.IsValid() {
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "family", Value: f.Family.String(),
-			Problem: "the " + PlaneName + " data plane serves a dual farm with an IPv4 and an IPv6 virtual-addr (e.g. \"10.0.0.1,fd00::1\"), each by the backends of its family: nftables cannot translate between families"}
+		return dataplane.Refuse(f, "family", f.Family.String(),
+			"the "+PlaneName+" data plane serves a dual farm with an IPv4 and an IPv6 virtual-addr (e.g. \"10.0.0.1,fd00::1\"), each by the backends of its family: nftables cannot translate between families")
 	}
 	for _, h := range plan.Halves(f) {
 		if err := check(h); err != nil {

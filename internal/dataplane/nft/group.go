@@ -65,8 +65,6 @@ type groupRef struct {
 	i  int
 }
 
-func (g groupRef) chain() string { return groupChain(g.v6, g.i) }
-
 func (g groupCounts) clone() groupCounts {
 	return groupCounts{slices.Clone(g[0]), slices.Clone(g[1])}
 }

@@ -77,7 +77,7 @@ func planFarm(f *model.Farm) *farmPlan {
 	if f.State != model.StateUp {
 		return nil
 	}
-	p := &farmPlan{name: f.Name, placement: placement{v6: f.VirtualAddr.Is6(), chain: chainName(f.Name)}}
+	p := &farmPlan{name: f.Name, placement: placement{v6: f.VirtualAddr.Is6(), via: chainOwn, chain: chainName(f.Name)}}
 	defer p.place()
 	if f.IsMarkFarm() {
 		p.mark, p.v6 = true, f.Family == model.FamilyIPv6

@@ -45,10 +45,6 @@ type shard struct {
 	// until a change touches the chain.
 	groups   groupCounts
 	ghandles map[string]map[string][]uint64
-
-	// lastElemMsgs: the static sets' element messages of the last Apply
-	// (tests check that a bulk change shares them, see batch.runs).
-	lastElemMsgs int
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
