@@ -18,8 +18,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xlb-lb/xlb/internal/api"
-	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
-	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
@@ -92,7 +90,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.StringVar(&o.listen, "listen", defaultListen, "address:port the API listens on")
 	f.StringVar(&o.socket, "socket", "", `Unix socket the API is also served on (default <state-dir>/`+socketFileName+`; "none": no socket)`)
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
-	o.dp.Register(f, setup.Defaults{NFTTable: nft.DefaultTable, PinPath: ebpf.DefaultPinPath})
+	o.dp.Register(f, setup.DaemonDefaults)
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

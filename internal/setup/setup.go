@@ -36,6 +36,10 @@ type Defaults struct {
 	PinPath  string // --pin-path
 }
 
+// DaemonDefaults are xlb daemon's: table xlb (xlb-00, ...), pins under
+// /sys/fs/bpf/xlb.
+var DaemonDefaults = Defaults{NFTTable: nft.DefaultTable, PinPath: ebpf.DefaultPinPath}
+
 // Flags are the data plane flags, once parsed.
 type Flags struct {
 	// Plane is --dataplane: "nft" or "ebpf".
