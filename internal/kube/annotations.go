@@ -126,8 +126,8 @@ func (s *settings) set(name, v string) error {
 	return nil
 }
 
-// apply sets the overridden fields on a farm.
-func (s *settings) apply(f *model.Farm) {
+// override sets the overridden fields on a farm.
+func (s *settings) override(f *model.Farm) {
 	if s.mode != nil {
 		f.Mode = *s.mode
 	}

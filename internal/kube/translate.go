@@ -364,7 +364,7 @@ func Farms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) ([]
 				}
 			}
 			if aerr == nil {
-				set.apply(&f)
+				set.override(&f)
 			}
 			out = append(out, f)
 		}

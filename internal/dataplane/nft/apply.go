@@ -85,13 +85,8 @@ func (p *shard) queue(b *batch, d plan.Diff) *pending {
 		return p.farms[name]
 	}
 	for _, c := range d.Changes {
-		var name string
-		switch {
-		case c.New != nil:
-			name = c.New.Name
-		case c.Old != nil:
-			name = c.Old.Name
-		default:
+		name := c.Name()
+		if name == "" {
 			continue
 		}
 		old := cur(name)
@@ -108,7 +103,7 @@ func (p *shard) queue(b *batch, d plan.Diff) *pending {
 	want := users.state()
 	b.syncHooks(p.hooks, want)
 	b.syncDevs(p.hooks.devs, want.devs)
-	b.drain() // a Plane batch is flushed by its caller
+	b.drain() // Plane.Apply sends the batch
 	return &pending{farms: next, users: users, hooks: want, groups: b.groups, touched: b.touched, err: b.err}
 }
 
