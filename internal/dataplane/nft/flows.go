@@ -12,22 +12,13 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane"
 )
 
-var (
-	_ dataplane.FlowFlusher = (*shard)(nil)
-	_ dataplane.FlowFlusher = (*Plane)(nil)
-)
+var _ dataplane.FlowFlusher = (*Plane)(nil)
 
 // DeleteUDPFlows implements dataplane.FlowFlusher on netfilter's conntrack
-// of the plane's namespace: it deletes the UDP entries whose original
-// destination is VIP:Port and whose reply comes from Backend. The kernel
-// offers no filtered delete, so the table is dumped once per address
-// family and matched here.
-func (p *shard) DeleteUDPFlows(ctx context.Context, flows []dataplane.StaleFlow) (int, error) {
-	return deleteUDPFlows(ctx, p.opts.NetNS, flows)
-}
-
-// DeleteUDPFlows implements dataplane.FlowFlusher (see shard.DeleteUDPFlows:
-// conntrack is per namespace, not per table).
+// of the plane's namespace (conntrack is per namespace, not per table): it
+// deletes the UDP entries whose original destination is VIP:Port and whose
+// reply comes from Backend. The kernel offers no filtered delete, so the
+// table is dumped once per address family and matched here.
 func (s *Plane) DeleteUDPFlows(ctx context.Context, flows []dataplane.StaleFlow) (int, error) {
 	return deleteUDPFlows(ctx, s.opts.NetNS, flows)
 }

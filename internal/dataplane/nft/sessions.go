@@ -17,8 +17,6 @@ import (
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
-var _ dataplane.SessionStore = (*shard)(nil)
-
 // sessionKey formats a persistence map key: its fields joined by "-".
 func sessionKey(k model.HashKey, v6 bool, key []byte) string {
 	var parts []string
@@ -64,15 +62,16 @@ func (p *shard) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftable
 	return s.plan, set, els, nil
 }
 
-// Sessions implements dataplane.SessionStore.
-func (p *shard) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
+// sessions lists the farm's sessions in the shard's table
+// (Plane.Sessions).
+func (p *shard) sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if hs := plan.Halves(f); len(hs) > 1 {
 		var all []dataplane.Session
 		err := dualSessions(f, "", func(h *model.Farm) error {
-			ss, err := p.Sessions(ctx, h)
+			ss, err := p.sessions(ctx, h)
 			all = append(all, ss...)
 			return err
 		})
@@ -97,9 +96,9 @@ func (p *shard) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 	return out, nil
 }
 
-// DeleteSessions implements dataplane.SessionStore: one batch deletes the
-// matching sessions.
-func (p *shard) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
+// deleteSessions deletes the matching sessions of the farm in one batch
+// (Plane.DeleteSessions).
+func (p *shard) deleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -111,7 +110,7 @@ func (p *shard) DeleteSessions(ctx context.Context, f *model.Farm, client, backe
 		}
 		total := 0
 		err := dualSessions(f, backend, func(h *model.Farm) error {
-			n, err := p.DeleteSessions(ctx, h, client, backend)
+			n, err := p.deleteSessions(ctx, h, client, backend)
 			total += n
 			return err
 		})
@@ -162,7 +161,7 @@ func (s *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 	if s.conn == nil {
 		return nil, errClosed
 	}
-	return s.shards[s.shardOf(f.Name)].Sessions(ctx, f)
+	return s.shards[s.shardOf(f.Name)].sessions(ctx, f)
 }
 
 // DeleteSessions implements dataplane.SessionStore on the farm's table.
@@ -172,7 +171,7 @@ func (s *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backe
 	if s.conn == nil {
 		return 0, errClosed
 	}
-	return s.shards[s.shardOf(f.Name)].DeleteSessions(ctx, f, client, backend)
+	return s.shards[s.shardOf(f.Name)].deleteSessions(ctx, f, client, backend)
 }
 
 // dualSessions runs fn on each half of a dual farm that has the backend
