@@ -161,7 +161,7 @@ enum xlb_ct_state {
 /* Per-CPU counters in xlb_stats. */
 enum xlb_stat {
 	XLB_STAT_RX = 0,
-	XLB_STAT_NOT_PARSED, /* not IPv4 TCP/UDP, malformed, truncated: passed */
+	XLB_STAT_NOT_PARSED, /* not TCP/UDP over IPv4 or IPv6, malformed, truncated: passed */
 	XLB_STAT_FRAGMENT,   /* IPv4 fragment: passed (not balanced) */
 	XLB_STAT_CT_FWD,     /* conntrack hit, forward direction */
 	XLB_STAT_CT_REPLY,   /* conntrack hit, reply direction */

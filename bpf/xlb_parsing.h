@@ -72,7 +72,7 @@ struct pkt {
 
 enum xlb_parse {
 	XLB_PARSE_OK = 0,
-	XLB_PARSE_NOT_OURS, /* not IPv4 TCP/UDP, truncated or malformed */
+	XLB_PARSE_NOT_OURS, /* not TCP/UDP over IPv4 or IPv6, truncated or malformed */
 	XLB_PARSE_FRAGMENT, /* an IPv4 fragment */
 	XLB_PARSE_ICMP,	    /* an ICMP message (p->l4off, p->ttl*, addresses set) */
 };
