@@ -156,6 +156,11 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, func(p *farmPlan) string { return p.svcSet })
 	b.diffElems(oldPlan, pl, oldPost, pl.post, func(p *farmPlan) string { return p.postSet })
 	b.diffElems(oldPlan, pl, oldDirect, pl.direct, func(p *farmPlan) string { return p.dstSet })
+	if oldPlan != nil {
+		b.hairpin(oldPlan.hair, pl.hair, oldPlan.v6, pl.v6)
+	} else {
+		b.hairpin(nil, pl.hair, pl.v6, pl.v6)
+	}
 	for _, x := range auxes {
 		b.putAux(x, oldPlan, pl, f)
 	}
@@ -278,6 +283,7 @@ func (b *batch) removeFarm(old *farmState) {
 		return
 	}
 	pl := old.plan
+	b.hairpin(pl.hair, nil, pl.v6, pl.v6)
 	b.delFrom(pl.svcSet, pl.svc)
 	if len(pl.post) > 0 {
 		b.delFrom(pl.postSet, pl.post)

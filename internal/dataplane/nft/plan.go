@@ -68,6 +68,8 @@ type farmPlan struct {
 	// its one backend); the farm has no chain or map of its own and its
 	// svc elements go to the shared direct chain (see setDirect).
 	direct []elem
+	// hair: the farm's elements of hairpin4/6 (hairpin.go).
+	hair []elem
 }
 
 // planFarm derives what a farm needs in the kernel. A farm that is not up
@@ -131,6 +133,7 @@ func planFarm(f *model.Farm) *farmPlan {
 	}
 	p.svc = markExact(p.svc)
 	p.backends(f)
+	p.hair = hairpinElems(f, p)
 	p.setDirect(f)
 	p.setGrouped(f)
 	return p
