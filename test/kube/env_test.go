@@ -127,7 +127,7 @@ func newWorld(t *testing.T, backends int) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, client: api.Client}
-	e.Topology = testutil.NewTopology(t, testutil.TopologyOptions{Backends: backends, IPv6: true})
+	e.Topology = testutil.NewTopology(t, testutil.TopologyOptions{Backends: backends, IPv6: true, Hairpin: true})
 
 	ns, err := e.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "xlbt-"}}, metav1.CreateOptions{})
 	if err != nil {

@@ -330,8 +330,7 @@ var kubeProxyScenarios = []kpScenario{
 		e.kpSliceNamed("gen2", "gen2-2", "https", readyEP(0, true), readyEP(1, false))
 		return []flow{
 			{name: "simple clusterIP", from: fromPod, to: ap(cip(svc1), 80), want: "b0"},
-			{name: "hairpin to cluster IP", from: "b0", to: ap(cip(svc1), 80), want: "b0 masq",
-				known: map[string]string{"nft": "DROP", "ebpf": "DROP"}}, // docs note 1: no hairpin masquerade
+			{name: "hairpin to cluster IP", from: "b0", to: ap(cip(svc1), 80), want: "b0 masq"},
 			{name: "clusterIP with multiple endpoints", from: fromPod, to: ap(cip(svc2), 80), want: "b0,b1"},
 			{name: "clusterIP with TargetPort", from: fromPod, to: ap(cip(svc2), 443), want: "b0,b1"},
 			{name: "clusterIP with TCP and UDP on same port (UDP)", from: fromPod, to: ap(cip(svc2), 80), udp: true, want: "b0,b1"},
