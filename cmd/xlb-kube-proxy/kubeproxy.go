@@ -26,6 +26,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/ifaddr"
 	"github.com/xlb-lb/xlb/internal/kube"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
@@ -95,7 +96,7 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.hostname, "hostname-override", "", "this node's name (default: $NODE_NAME, else the host name)")
 	o.dp.Register(f, kubeProxyDefaults)
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir+"/kube-proxy", "directory of the saved state")
-	f.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts only on node addresses inside these CIDRs (default: every InternalIP and ExternalIP of the Node)")
+	f.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts only on the node's interface addresses inside these CIDRs, and the keywords primary (the Node's first InternalIP of each family), localhost, all, as kube-proxy (default: every InternalIP and ExternalIP of the Node)")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address:port of /metrics and /healthz (empty: off)")
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -242,6 +243,9 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 		NodePortAddresses: kps.NodePortAddresses.CIDRs, NodePortPrimary: kps.NodePortAddresses.Primary,
 		MasqueradeAll: kps.MasqueradeAll, Metrics: kube.NewMetrics(reg),
 		APIHost: cfg.Host, WaitHint: waitHint,
+		// CIDRs in --nodeport-addresses filter the interfaces' addresses
+		// (of this namespace, the data plane's), as kube-proxy's do.
+		InterfaceAddrs: ifaddr.New(netns.None()),
 	}
 	// Stale UDP flows of removed endpoints are deleted from netfilter's
 	// conntrack (nft) or from the ebpf plane's own table.
