@@ -431,7 +431,10 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 			if o, err = p.put(tx, noAnnotations); err != nil {
 				return err
 			}
-			return deleteOthers(tx, owned, o.names)
+			if err := deleteOthers(tx, owned, o.names); err != nil {
+				return err
+			}
+			return dropSourceRanges(tx, key, p.ranges)
 		})
 	}
 	st, err := commit(false)
@@ -474,9 +477,22 @@ func (c *Controller) syncFarmByFarm(ctx context.Context, p *servicePlan, owned [
 		keep = nil
 		o.farmRefused = append(o.farmRefused, p.err)
 	}
-	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error { return deleteOthers(tx, owned, keep) })
+	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
+		refused, err := p.prepareRanges(tx)
+		if err != nil {
+			return err
+		}
+		if refused != nil {
+			p.rangesRefused = refused
+			keep = farmNames(p.defaults)
+		}
+		return deleteOthers(tx, owned, keep)
+	})
 	if err != nil {
 		return st, o, err
+	}
+	if p.rangesRefused != nil {
+		o.farmRefused = append(o.farmRefused, p.rangesRefused)
 	}
 	for i := range keep {
 		f := p.defaults[i]
@@ -494,7 +510,8 @@ func (c *Controller) syncFarmByFarm(ctx context.Context, p *servicePlan, owned [
 			return st, o, err
 		}
 	}
-	return st, o, nil
+	st, err = c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error { return dropSourceRanges(tx, p.key, p.ranges) })
+	return st, o, err
 }
 
 // flushStale deletes the UDP conntrack entries of backends that the
@@ -646,7 +663,7 @@ func (c *Controller) fullSyncOneByOne(ctx context.Context, keys []string) error 
 				}
 			}
 		}
-		return nil
+		return dropStaleSourceRanges(tx, c.cfg.Engine.Snapshot().Tables(), keys)
 	})
 	if err != nil {
 		return err
