@@ -42,6 +42,8 @@ type kubeProxyOptions struct {
 	healthzAddr       string
 	logLevel          string
 	apiEndpoints      []string
+	apiListen         string // read-only xlb API (readapi.go)
+	apiKeyFile        string
 	kp                kpOptions // kube-proxy's own flags and --config (kpflags.go)
 }
 
@@ -101,8 +103,13 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringSliceVar(&o.apiEndpoints, "apiserver-endpoints", nil, "the API server's real address:port(s): program the kubernetes Service's cluster IP to them before the first sync, so a fresh node's in-cluster configuration can reach the API server")
+	f.StringVar(&o.apiListen, "api-listen", "", "loopback address:port of a read-only xlb API (xlb list, xlb dump, xlb list --stats against the proxy; empty: off)")
+	f.StringVar(&o.apiKeyFile, "api-key-file", "", "file holding the key of --api-listen (default: $XLB_KEY)")
 	o.kp.register(f)
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := checkAPIListen(o.apiListen, o.apiKeyFile); err != nil {
+			return err
+		}
 		if err := o.kp.resolve(cmd.Flags(), &o); err != nil {
 			return err
 		}
@@ -260,7 +267,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	// kube-proxy's /healthz and /livez, with its JSON bodies.
 	health := kube.NewProxyHealth(ctl, 60*time.Second, reg)
 	var servers []*http.Server
-	serve := func(addr string, mux *http.ServeMux) error {
+	serve := func(addr string, mux http.Handler) error {
 		if addr == "" {
 			return nil
 		}
@@ -298,6 +305,15 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	}
 	if o.healthzAddr != o.metricsAddr {
 		if err := serve(o.healthzAddr, hm); err != nil {
+			return err
+		}
+	}
+	if o.apiListen != "" {
+		h, err := readAPI(log, eng, o.apiKeyFile, a.getenv("XLB_KEY"))
+		if err != nil {
+			return err
+		}
+		if err := serve(o.apiListen, h); err != nil {
 			return err
 		}
 	}
