@@ -117,13 +117,6 @@ func (s *tblSlot) close() {
 	}
 }
 
-func (s *tblSlot) trie(v6 bool) *ebpf.Map {
-	if v6 {
-		return s.v6
-	}
-	return s.v4
-}
-
 func trieName(slot uint32, v6 bool) string {
 	if v6 {
 		return fmt.Sprintf("xt6_%d", slot)

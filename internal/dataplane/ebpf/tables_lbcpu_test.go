@@ -56,7 +56,9 @@ func denyTable(n int) *model.Table {
 //     nftables interval set (`ip saddr @deny drop` at prerouting -110, in
 //     a table of its own), what an nftables user would write;
 //   - ebpf-0, ebpf-list: this plane, dnat (conntrack), without and with
-//     the list as the farm's blacklist;
+//     the list as the farm's blacklist; ebpf-0b: a second chain like
+//     ebpf-0's, whose ratio to it (ebpf-0b/ebpf-0) is the noise floor of
+//     ebpf-list/ebpf-0;
 //   - stls-0, stls-list: this plane, stlsdnat (no conntrack), likewise.
 //
 // And the denied traffic, from an address in the list's first prefix,
@@ -164,6 +166,9 @@ func benchTablesLBCPU(b *testing.B, n int) {
 	nftSet := nftChain(nil)
 	plainSet(b, nftSet.lbName, n)
 	ebpf0, ebpfList := ebpfChain(nil, XDPOff), ebpfChain(list, XDPOff)
+	// A second chain without the list: how much two like chains differ
+	// (the noise floor of ebpf-list/ebpf-0).
+	ebpf0b := ebpfChain(nil, XDPOff)
 	xdpList := ebpfChain(list, XDPNative)
 	be := func(c *tablesChain) netip.AddrPort { return netip.AddrPortFrom(c.beIP, 53) }
 	type system struct {
@@ -181,7 +186,7 @@ func benchTablesLBCPU(b *testing.B, n int) {
 	systems := []system{
 		{"local", local, udpSender(b, local.lb, be(local)), true},
 		pass("nft-0", nft0, vip), pass("nft-list", nftList, vip), pass("nft-set", nftSet, vip),
-		pass("ebpf-0", ebpf0, vip), pass("ebpf-list", ebpfList, vip),
+		pass("ebpf-0", ebpf0, vip), pass("ebpf-0b", ebpf0b, vip), pass("ebpf-list", ebpfList, vip),
 		pass("stls-0", ebpf0, stl), pass("stls-list", ebpfList, stl),
 		drop("nft-drop", nftList), drop("nft-set-drop", nftSet), drop("ebpf-drop", ebpfList), drop("xdp-drop", xdpList),
 	}
@@ -247,8 +252,11 @@ func benchTablesLBCPU(b *testing.B, n int) {
 	lb := func(name string, i int) float64 { return per[name][i] - per["local"][i] }
 	ratios := map[string][]float64{}
 	for i := range per["local"] {
-		for _, s := range []string{"nft-0", "nft-list", "nft-set", "ebpf-0", "ebpf-list", "stls-0", "stls-list"} {
+		for _, s := range []string{"nft-0", "nft-list", "nft-set", "ebpf-0", "ebpf-0b", "ebpf-list", "stls-0", "stls-list"} {
 			ratios[s+"-lb-ns/pkt"] = append(ratios[s+"-lb-ns/pkt"], lb(s, i))
+		}
+		if d := lb("ebpf-0b", i); d > 0 {
+			ratios["ebpf-0b/ebpf-0"] = append(ratios["ebpf-0b/ebpf-0"], lb("ebpf-0", i)/d)
 		}
 		if d := lb("ebpf-list", i); d > 0 {
 			ratios["ebpf-list/ebpf-0"] = append(ratios["ebpf-list/ebpf-0"], lb("ebpf-0", i)/d)
