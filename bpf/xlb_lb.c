@@ -17,6 +17,7 @@
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
 #include "xlb_pick.h"
+#include "xlb_tables.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -1110,7 +1111,8 @@ int xlb_clock(struct __sk_buff *skb)
 }
 
 /**
- * xlb_xdp() - the XDP fast path: a forward packet of a tracked dsr flow
+ * xlb_xdp() - the XDP fast path: a packet a farm's policy refuses is
+ * dropped here, before the kernel builds an skb for it; a forward packet of a tracked dsr flow
  * whose next hop is cached leaves at once (MACs and TTL rewritten,
  * XDP_REDIRECT), before the kernel builds an skb for it in native mode.
  * Everything else — new flows, replies, other modes, TCP state changes
@@ -1129,6 +1131,10 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
+	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0)) {
+		stat_inc(XLB_STAT_XDP_POLICY_DROP);
+		return XDP_DROP;
+	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
 		return XDP_PASS;
@@ -1192,6 +1198,10 @@ int xlb_ingress(struct __sk_buff *skb)
 	default:
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
+	}
+	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0)) {
+		stat_inc(XLB_STAT_POLICY_DROP);
+		return XLB_DROP;
 	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (v) {

@@ -72,3 +72,21 @@ func (e *Engine) AllCounters(ctx context.Context) ([]*model.Farm, []dataplane.Fa
 	}
 	return farms, out, nil
 }
+
+// TableCounters reads the packets and bytes each entry of a table matched
+// in the data plane (entries that never matched are left out).
+func (e *Engine) TableCounters(ctx context.Context, name string) (*model.Table, dataplane.TableCounters, error) {
+	t, ok := e.Snapshot().Table(name)
+	if !ok {
+		return nil, nil, &NotFoundError{What: fmt.Sprintf("table %q", name)}
+	}
+	cr, ok := e.dp.(dataplane.TableCounterReader)
+	if !ok {
+		return nil, nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-entry counters (the ebpf data plane does)", e.dp.Name())}
+	}
+	c, err := cr.TableCounters(ctx, t)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read counters of table %q: %w", name, err)
+	}
+	return t, c, nil
+}

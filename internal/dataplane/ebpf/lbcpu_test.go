@@ -500,6 +500,11 @@ func BenchmarkLBCPUVeth(b *testing.B) {
 // and the sender pays the wakeups: measured, 1,000 - 1,400 ns per packet
 // more for every system, the baseline included.
 func udpSender(b *testing.B, ns netns.NsHandle, dst netip.AddrPort) func(int) {
+	return udpSenderFrom(b, ns, netip.Addr{}, dst)
+}
+
+// udpSenderFrom is udpSender from source address src (any if not valid).
+func udpSenderFrom(b *testing.B, ns netns.NsHandle, src netip.Addr, dst netip.AddrPort) func(int) {
 	af := unix.AF_INET
 	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}
 	if dst.Addr().Is6() {
@@ -511,6 +516,11 @@ func udpSender(b *testing.B, ns netns.NsHandle, dst netip.AddrPort) func(int) {
 		var err error
 		if fd, err = unix.Socket(af, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
 			return err
+		}
+		if src.IsValid() {
+			if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: src.As4()}); err != nil {
+				return err
+			}
 		}
 		return unix.Connect(fd, sa)
 	}); err != nil {

@@ -153,6 +153,8 @@ type Plane struct {
 	// when Options.SocketCgroup is set.
 	sock      *sockObjects
 	sockLinks []link.Link
+	// tbls: named tables and policies as applied (tables.go).
+	tbls tableState
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -176,6 +178,7 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, xdpLinks: map[string]link.Link{}, farms: map[string]*generation{},
 		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{}}
 	p.statSlots.init()
+	p.tbls.reset()
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {
@@ -248,6 +251,8 @@ func (p *Plane) load() error {
 		return fmt.Errorf("load ebpf spec: %w", err)
 	}
 	spec.Maps[xlbMapXlbCt].MaxEntries = uint32(p.opts.ConnTableSize)
+	p.tbls.inner4 = spec.Maps[xlbMapXlbTblAddr4].InnerMap.Copy()
+	p.tbls.inner6 = spec.Maps[xlbMapXlbTblAddr6].InnerMap.Copy()
 	to := p.opts.Timeouts.withDefaults()
 	for name, d := range map[string]time.Duration{
 		xlbVarXlbTimeoutTcp: to.TCP, xlbVarXlbTimeoutFin: to.TCPFin, xlbVarXlbTimeoutUdp: to.UDP,
@@ -475,6 +480,10 @@ func (p *Plane) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closeLinks()
+	for _, s := range p.tbls.slots {
+		s.close() // the outer maps keep the tries bound to a table
+	}
+	p.tbls.reset()
 	err := errors.Join(p.closeSockets(), p.objs.Close())
 	p.nl.Close()
 	return err
@@ -503,7 +512,8 @@ func (p *Plane) Destroy() error {
 	p.detachSockets() // and their maps' pins
 	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
 		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
-		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx, p.objs.XlbPeerTx, p.objs.XlbBrPort} {
+		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx, p.objs.XlbPeerTx, p.objs.XlbBrPort,
+		p.objs.XlbTblAddr4, p.objs.XlbTblAddr6, p.objs.XlbTblMeta, p.objs.XlbTblPolicy, p.objs.XlbTblConf} {
 		if err := m.Unpin(); err != nil {
 			errs = append(errs, err)
 		}

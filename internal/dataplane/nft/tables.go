@@ -215,7 +215,7 @@ func (t *Tables) CheckTable(tb *model.Table) error { return nil }
 func CheckPolicies(f *model.Farm) error {
 	if len(f.Policies) > 0 && (f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT) {
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "policies", Value: f.Policies[0].Name,
-			Problem: fmt.Sprintf("the nft data plane enforces policies at prerouting, which mode %s bypasses (it forwards at netdev ingress): use mode snat or dnat, or the ebpf data plane once it has policies", f.Mode)}
+			Problem: fmt.Sprintf("the nft data plane enforces policies at prerouting, which mode %s bypasses (it forwards at netdev ingress): use mode snat or dnat, or the ebpf data plane (it checks policies in every mode)", f.Mode)}
 	}
 	return nil
 }
