@@ -42,6 +42,8 @@ type Server struct {
 	checks  CheckStatus    // health.go; nil: no last checks shown
 	events  *events.Broker // events.go; nil: GET /events answers 501
 	streams streams        // events.go
+
+	requests RequestObserver // metrics.go; nil: not counted
 }
 
 // Route is one method and path the API serves.
@@ -131,9 +133,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead || rec.status >= 400 && rec.status != http.StatusNotFound {
 		level = slog.LevelInfo
 	}
+	took := time.Since(start)
+	if s.requests != nil {
+		s.requests.ObserveRequest(r.Method, s.route(r), rec.status, took)
+	}
 	s.log.LogAttrs(r.Context(), level, "api request",
 		slog.String("method", r.Method), slog.String("path", r.URL.Path),
-		slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)))
+		slog.Int("status", rec.status), slog.Duration("duration", took))
 }
 
 func (s *Server) authorized(r *http.Request) (string, bool) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -60,6 +61,19 @@ type Journal struct {
 	// bbolt file; a record larger than bigRecord, or a diff of more than
 	// bulkChanges farms, goes to the bbolt file directly.
 	foldAt, bigRecord int64
+
+	// onSync, when set, is told how long each fdatasync of a record took
+	// (SetSyncObserver).
+	onSync func(time.Duration)
+}
+
+// SetSyncObserver makes the journal report how long each fdatasync of a
+// record takes (the store's share of a change). Call it before the first
+// change.
+func (j *Journal) SetSyncObserver(fn func(time.Duration)) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.onSync = fn
 }
 
 const (
@@ -164,8 +178,12 @@ func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 	if _, err := j.f.WriteAt(rec, j.size); err != nil {
 		return fmt.Errorf("save state: write journal: %w", err)
 	}
+	t0 := time.Now()
 	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
 		return fmt.Errorf("save state: sync journal: %w", err)
+	}
+	if j.onSync != nil {
+		j.onSync(time.Since(t0))
 	}
 	j.size += int64(len(rec))
 	return nil
