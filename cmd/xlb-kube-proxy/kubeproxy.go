@@ -14,18 +14,20 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/xlb-lb/xlb/internal/api"
+	"github.com/xlb-lb/xlb/internal/conntrack"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/kube"
+	"github.com/xlb-lb/xlb/internal/observe"
 	"github.com/xlb-lb/xlb/internal/store"
 )
 
@@ -176,6 +178,14 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The daemon's metrics (xlb_farm_*, xlb_backend_*, xlb_engine_*, ...)
+	// next to the proxy's own (xlb_kubeproxy_*), in one registry.
+	obs := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"), Registry: reg,
+		NoRuntime: true, Version: api.Version(), Dataplane: dp.Name()})
+	eng.SetObserver(obs)
+	if _, ok := dp.(dataplane.ConnLister); !ok {
+		eng.SetConnLister(conntrack.Table{})
+	}
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
@@ -220,7 +230,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return nil
 	}
 	mm := http.NewServeMux()
-	mm.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mm.Handle("/metrics", obs)
 	mm.Handle("/healthz", healthz)
 	hm := http.NewServeMux()
 	hm.Handle("/healthz", healthz)

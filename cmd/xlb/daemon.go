@@ -30,6 +30,8 @@ type daemonOptions struct {
 	stateDir string
 	dp       dataplaneConfig
 	logLevel string
+	// metricsListen: address of /metrics without a key ("" = none).
+	metricsListen string
 }
 
 // Bounds of --conn-table-size (connections; the table holds two entries
@@ -112,6 +114,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.DurationVar(&o.dp.timeouts.SYN, "ct-timeout-syn", d.SYN, "ebpf: idle timeout of TCP connections before the handshake completes")
 	f.DurationVar(&o.dp.timeouts.Close, "ct-timeout-close", d.Close, "ebpf: idle timeout of TCP connections after a RST")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.metricsListen, "metrics-listen", "", `address:port serving Prometheus /metrics without the API key (e.g. 127.0.0.1:9555; "": none; GET /metrics on the API needs the key)`)
 	return cmd
 }
 
@@ -142,13 +145,18 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
-	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
+	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp)
 	defer stopHealth()
+	osrv, stopObserve, err := startObserve(ctx, log, eng, dp, st, mon, o.metricsListen)
+	if err != nil {
+		return err
+	}
+	defer stopObserve()
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)
 	}
-	apiSrv := hsrv(api.New(log, eng, key))
+	apiSrv := osrv(hsrv(api.New(log, eng, key)))
 	srv := &http.Server{
 		Handler:           apiSrv,
 		ReadHeaderTimeout: 10 * time.Second,

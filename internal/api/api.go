@@ -44,6 +44,8 @@ type Server struct {
 	streams streams        // events.go
 
 	requests RequestObserver // metrics.go; nil: not counted
+	rates    RateSource      // observe.go; nil: no rates
+	metrics  http.Handler    // observe.go; nil: GET /metrics answers 501
 }
 
 // Route is one method and path the API serves.
@@ -69,6 +71,11 @@ var routes = []Route{
 	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}", Write: true, handle: (*Server).deleteBackend},
 	{Method: http.MethodDelete, Path: "/farms/{name}/addresses/{address}", Write: true, handle: (*Server).deleteFarmAddress},
 	{Method: http.MethodGet, Path: "/farms/{name}/counters", handle: (*Server).getCounters},
+	{Method: http.MethodGet, Path: "/farms/{name}/rates", handle: (*Server).getRates},
+	{Method: http.MethodGet, Path: "/farms/{name}/connections", handle: (*Server).getFarmConnections},
+	{Method: http.MethodDelete, Path: "/farms/{name}/connections", Write: true, handle: (*Server).deleteFarmConnections},
+	{Method: http.MethodGet, Path: "/connections", handle: (*Server).getConnections},
+	{Method: http.MethodGet, Path: "/metrics", handle: (*Server).getMetrics},
 	{Method: http.MethodGet, Path: "/farms/{name}/sessions", handle: (*Server).getSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/sessions", Write: true, handle: (*Server).deleteAllSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/sessions/{client}", Write: true, handle: (*Server).deleteClientSessions},

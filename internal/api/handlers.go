@@ -127,8 +127,17 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		if stats {
+		rate, err := boolParam(r, "rate")
+		if err != nil {
+			return err
+		}
+		switch {
+		case stats && rate:
+			return &httpError{status: http.StatusBadRequest, err: errors.New("query parameters \"stats\" and \"rate\": give one of them")}
+		case stats:
 			return s.writeStatsListing(w, r, numeric)
+		case rate:
+			return s.writeRateListing(w, farms, numeric)
 		}
 		s.writeListing(w, farms, numeric)
 	case "names":

@@ -71,7 +71,9 @@ func (p countingPlane) PacketStats(ctx context.Context) (map[string]uint64, erro
 	return map[string]uint64{"rx": 1000, "new_flow": 10, "no_backend": 3, "error": 1, "snat_full": 0, "fib_drop": 2}, nil
 }
 
-func (p countingPlane) DropReasons() []string { return []string{"no_backend", "snat_full", "fib_drop", "error"} }
+func (p countingPlane) DropReasons() []string {
+	return []string{"no_backend", "snat_full", "fib_drop", "error"}
+}
 
 // newTestEngine returns an engine over a counting plane holding farms
 // farm0..farmN-1 of backends b0..bM-1 each.

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/api"
+	"github.com/xlb-lb/xlb/internal/conntrack"
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/observe"
+	"github.com/xlb-lb/xlb/internal/store"
+)
+
+// startObserve wires the daemon's metrics, rates and connection listing:
+// the engine, the store and the API report to the metrics; the rate
+// estimator samples the counters every 2 s; the nft plane's connections
+// are read from netfilter's conntrack. It serves /metrics without a key on
+// metricsAddr (if not ""), and returns what wires the API server and a
+// function that stops everything it started.
+func startObserve(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane, st *store.Journal,
+	checks observe.CheckStatus, metricsAddr string) (func(*api.Server) *api.Server, func(), error) {
+	m := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"), Checks: checks,
+		Version: api.Version(), Dataplane: dp.Name()})
+	eng.SetObserver(m)
+	st.SetSyncObserver(m.ObserveSync)
+	if _, ok := dp.(dataplane.ConnLister); !ok && dp.Name() == "nft" {
+		// The nft plane's connections are netfilter's conntrack entries.
+		eng.SetConnLister(conntrack.Table{})
+	}
+	rates := observe.NewRates(eng, log.With("component", "rates"))
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); rates.Run(ctx) }()
+	var srv *http.Server
+	if metricsAddr != "" {
+		ln, err := net.Listen("tcp", metricsAddr)
+		if err != nil {
+			cancel()
+			<-done
+			return nil, nil, fmt.Errorf("listen for metrics on --metrics-listen %s: %w", metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", m)
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("serve metrics", "err", err)
+			}
+		}()
+		log.Info("serving metrics", "addr", ln.Addr().String())
+	}
+	wire := func(s *api.Server) *api.Server {
+		s.SetRequestObserver(m)
+		s.SetMetrics(m)
+		s.SetRates(rates)
+		return s
+	}
+	stop := func() {
+		if srv != nil {
+			sctx, c := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer c()
+			_ = srv.Shutdown(sctx)
+		}
+		cancel()
+		<-done
+	}
+	return wire, stop, nil
+}
