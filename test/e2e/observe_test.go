@@ -141,4 +141,3 @@ func TestObserve(t *testing.T) {
 		})
 	}
 }
-
