@@ -35,7 +35,7 @@ type scrape struct {
 	// how long it took.
 	walkAt   time.Time
 	walkTook time.Duration
-	packets  map[string]uint64    // nil: the plane keeps none
+	packets  map[string]uint64 // nil: the plane keeps none
 	drops    []string
 }
 
