@@ -42,6 +42,7 @@ type kubeProxyOptions struct {
 	metricsAddr       string
 	healthzAddr       string
 	logLevel          string
+	apiEndpoints      []string
 	// ebpf only.
 	interfaces    []string
 	connTableSize int
@@ -71,8 +72,9 @@ LoadBalancer status IPs and externalIPs; TCP, UDP, SCTP; IPv4, IPv6 and
 dual-stack. Each change of a Service or its EndpointSlices is one kernel
 transaction on that Service's farms only. Annotations under xlb.io/ (and
 kube-nftlb's service.kubernetes.io/kube-nftlb-load-balancer-*) set mode,
-scheduler, persistence, helper, log and limits; an invalid one becomes an
-Event on the Service, which keeps its previous rules. See docs/kube-proxy.md.
+scheduler, persistence, helper, log and limits; an invalid or refused one
+becomes an Event on the Service, which is served with the defaults and
+always follows its endpoints. See docs/kube-proxy.md.
 
 Farms are named <namespace>.<service>.<port>.<kind>-<address> and live in
 their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
@@ -80,8 +82,8 @@ their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
 attached at tcx ingress of --interfaces, with its maps pinned under
 --pin-path. It balances what arrives on those interfaces (not what the
 node itself sends), and Service features it does not implement (SCTP, the
-helper and est-connlimit annotations) are refused per Service with an Event
-(see docs/kube-proxy.md). The state
+helper and est-connlimit annotations) fall back to the defaults, or leave
+that port out, with an Event (see docs/kube-proxy.md). The state
 is saved in --state-dir, so a restart keeps the rules in place until the
 first sync replaces them.
 
@@ -107,6 +109,7 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address:port of /metrics and /healthz (empty: off)")
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringSliceVar(&o.apiEndpoints, "apiserver-endpoints", nil, "the API server's real address:port(s): program the kubernetes Service's cluster IP to them before the first sync, so a fresh node's in-cluster configuration can reach the API server")
 	f.StringSliceVar(&o.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback, as found at start)")
 	f.IntVar(&o.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
 	f.StringVar(&o.pinPath, "pin-path", defaultKubePinPath, "ebpf: bpffs directory where maps and links are pinned (apart from xlb daemon's)")
@@ -153,6 +156,17 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}
 	cfg.UserAgent = "xlb-kube-proxy"
+	var apiEndpoints []netip.AddrPort
+	for _, s := range o.apiEndpoints {
+		if strings.TrimSpace(s) == "" {
+			continue // an empty value from the manifest's ConfigMap
+		}
+		ep, err := netip.ParseAddrPort(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("--apiserver-endpoints %q: must be address:port, e.g. 192.168.0.10:6443 or [2001:db8::10]:6443", s)
+		}
+		apiEndpoints = append(apiEndpoints, ep)
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
@@ -176,6 +190,21 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return err
 	}
 
+	// A fresh node: the client may reach the API server only through the
+	// kubernetes Service's cluster IP, which nothing serves yet.
+	apiSvc, viaIP := kube.APIServiceAddr(cfg.Host)
+	if viaIP && len(apiEndpoints) > 0 {
+		if err := kube.BootstrapAPIFarm(ctx, eng, apiSvc, apiEndpoints); err != nil {
+			return err
+		}
+		log.Info("kubernetes Service programmed before the first sync", "service", apiSvc.String(), "endpoints", fmt.Sprint(apiEndpoints))
+	}
+	waitHint := ""
+	inCluster := viaIP && a.getenv("KUBERNETES_SERVICE_HOST") == apiSvc.Addr().String()
+	if _, served := eng.Snapshot().Farm(kube.FarmName("default", "kubernetes", "https", kube.KindCluster, apiSvc.Addr())); inCluster && !served {
+		waitHint = kube.FreshNodeHint(apiSvc)
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// The daemon's metrics (xlb_farm_*, xlb_backend_*, xlb_engine_*, ...)
@@ -189,6 +218,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
+		APIHost: cfg.Host, WaitHint: waitHint,
 	}
 	// Stale UDP flows of removed endpoints are deleted from netfilter's
 	// conntrack (nft) or from the ebpf plane's own table.
