@@ -13,10 +13,10 @@ import (
 )
 
 func (a *app) listCmd() *cobra.Command {
-	var numeric, stats, rate, conns bool
+	var numeric, stats, rate, conns, counts bool
 	var q client.ConnQuery
 	cmd := &cobra.Command{
-		Use:   "list [-n] [--stats | --rate | -c [--farm F] [--backend B] [--client IP]]",
+		Use:   "list [-n] [--stats | --rate | --conns | -c [--farm F] [--backend B] [--client IP]]",
 		Short: "List farms and backends as ipvsadm -L does",
 		Long: `List every farm and its backends as a table like ipvsadm -L. The Forward
 column shows the mode: Masq (snat), Dnat (dnat), Route (dsr), Stls (stlsdnat).
@@ -33,6 +33,10 @@ connections (CPS), packets in and out (InPPS, OutPPS), bytes in and out
 (InBPS, OutBPS), estimated in the daemon as IPVS does (every 2 s, moving a
 quarter of the way to the last 2 s' rate).
 
+With --conns, each backend's line ends with its tracked connections, "active
+N inactive M" (ipvsadm -L's ActiveConn and InActConn: established TCP
+connections, and the others), counted in one walk of the connection table.
+
 With -c, the tracked connections, as ipvsadm -Lcn: protocol, seconds left
 (mm:ss), state, client, VIP and backend; --farm, --backend and --client
 select some of them. Delete connections with "xlb connections delete".`,
@@ -40,18 +44,19 @@ select some of them. Delete connections with "xlb connections delete".`,
   xlb list
   xlb list -n --stats
   xlb list -n --rate
+  xlb list -n --conns
   xlb list -c
   xlb list -c --farm web --client 192.0.2.7`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			n := 0
-			for _, b := range []bool{stats, rate, conns} {
+			for _, b := range []bool{stats, rate, conns, counts} {
 				if b {
 					n++
 				}
 			}
 			if n > 1 {
-				return fmt.Errorf("--stats, --rate and -c: give one of them")
+				return fmt.Errorf("--stats, --rate, --conns and -c: give one of them")
 			}
 			if !conns && (q.Farm != "" || q.Backend != "" || q.Client != "") {
 				return fmt.Errorf("--farm, --backend and --client select connections: only with -c")
@@ -65,6 +70,8 @@ select some of them. Delete connections with "xlb connections delete".`,
 				return c.ListStatsText(cmd.Context(), a.out, numeric)
 			case rate:
 				return c.ListRateText(cmd.Context(), a.out, numeric)
+			case counts:
+				return c.ListConnCountsText(cmd.Context(), a.out, numeric)
 			case conns:
 				return c.ListConnsText(cmd.Context(), a.out, q)
 			}
@@ -76,6 +83,7 @@ select some of them. Delete connections with "xlb connections delete".`,
 	f.BoolVar(&stats, "stats", false, "counters per farm and backend (connections, packets, bytes)")
 	f.BoolVar(&rate, "rate", false, "rates per farm and backend (CPS, InPPS, OutPPS, InBPS, OutBPS)")
 	f.BoolVarP(&conns, "connections", "c", false, "tracked connections (as ipvsadm -Lc)")
+	f.BoolVar(&counts, "conns", false, "each backend's active and inactive connections (ipvsadm's ActiveConn, InActConn)")
 	f.StringVar(&q.Farm, "farm", "", "with -c: only this farm's connections")
 	f.StringVar(&q.Backend, "backend", "", "with -c: only the connections to the backend of this name")
 	f.StringVar(&q.Client, "client", "", "with -c: only the connections of this client address")

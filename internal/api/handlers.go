@@ -129,13 +129,19 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	conns, err := boolParam(r, "conns")
+	if err != nil {
+		return err
+	}
 	switch format := r.URL.Query().Get("format"); format {
 	case "", "json":
 		writeFarms(w, farms)
 	case "ipvsadm":
 		switch {
-		case stats && rate:
-			return &httpError{status: http.StatusBadRequest, err: errors.New("query parameters \"stats\" and \"rate\": give one of them")}
+		case stats && rate || stats && conns || rate && conns:
+			return &httpError{status: http.StatusBadRequest, err: errors.New("query parameters \"stats\", \"rate\" and \"conns\": give one of them")}
+		case conns:
+			return s.writeConnsListing(w, r, farms, numeric)
 		case stats:
 			return s.writeStatsListing(w, r, numeric)
 		case rate:

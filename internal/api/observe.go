@@ -251,3 +251,40 @@ func appendConnListing(dst []byte, cs []dataplane.Conn) []byte {
 	}
 	return dst
 }
+
+// writeConnsListing sends the ipvsadm-style listing with each backend's
+// tracked connections appended ("active N inactive M": IPVS's ActiveConn
+// and InActConn), counted in one walk of the connection table.
+func (s *Server) writeConnsListing(w http.ResponseWriter, r *http.Request, farms []*model.Farm, numeric bool) error {
+	t, ok, err := s.eng.CountConns(r.Context(), farms)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &engine.NotSupportedError{Msg: fmt.Sprintf("the %s data plane cannot count connections", s.eng.Dataplane().Name())}
+	}
+	buf := make([]byte, 0, len(model.ListingHeader)+len(farms)*160)
+	buf = append(buf, model.ListingHeader...)
+	for _, f := range farms {
+		var hs []engine.BackendHealth
+		if f.HasChecks() {
+			hs, _ = s.eng.FarmHealth(f)
+		}
+		cc := t.Backends[f.Name]
+		buf = f.AppendListingExtra(buf, numeric, func(i int) string {
+			var c dataplane.ConnCounts
+			if i < len(cc) {
+				c = cc[i]
+			}
+			extra := " active " + strconv.FormatUint(c.Active, 10) + " inactive " + strconv.FormatUint(c.Inactive, 10)
+			if hs != nil {
+				extra += engine.HealthSuffix(f, hs, i)
+			}
+			return extra
+		})
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(buf)))
+	w.Write(buf)
+	return nil
+}

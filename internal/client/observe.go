@@ -20,6 +20,17 @@ func (c *Client) ListRateText(ctx context.Context, w io.Writer, numeric bool) er
 	return err
 }
 
+// ListConnCountsText streams the listing with each backend's active and
+// inactive connections (ipvsadm -L's ActiveConn and InActConn) to w.
+func (c *Client) ListConnCountsText(ctx context.Context, w io.Writer, numeric bool) error {
+	path := "/farms?format=ipvsadm&conns=1"
+	if numeric {
+		path += "&numeric=1"
+	}
+	_, err := c.stream(ctx, path, w)
+	return err
+}
+
 // ConnQuery selects connections: of one farm (all when ""), one backend,
 // one client address.
 type ConnQuery struct {

@@ -92,6 +92,23 @@ func TestObserve(t *testing.T) {
 				t.Errorf("xlb list -c does not start with ipvsadm -Lc's header")
 			}
 
+			// xlb list --conns: ipvsadm's ActiveConn per backend.
+			counts := e.mustCLI("list", "-n", "--conns")
+			active := 0
+			for _, line := range strings.Split(counts, "\n") {
+				if f := strings.Fields(line); len(f) >= 4 && f[0] == "->" {
+					for i := range f[:len(f)-1] {
+						if f[i] == "active" {
+							n, _ := strconv.Atoi(f[i+1])
+							active += n
+						}
+					}
+				}
+			}
+			if active != held {
+				t.Errorf("xlb list --conns shows %d active connections, want %d:\n%s", active, held, counts)
+			}
+
 			body := e.scrape()
 			if got := metricSum(t, body, "xlb_backend_connections_active", `farm="web"`); got != held {
 				t.Errorf("xlb_backend_connections_active of web sums to %v, want %d", got, held)
