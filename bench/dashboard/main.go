@@ -175,7 +175,11 @@ func scenario(ctx context.Context, t *topo.Topology, c *client.Client) (time.Tim
 		var held []net.Conn
 		for i := 0; i < 30 && time.Now().Before(end); i++ {
 			var conn net.Conn
-			if inNS(cl, func() error { var err error; conn, err = net.DialTimeout("tcp", topo.VIP+":80", time.Second); return err }) == nil {
+			if inNS(cl, func() error {
+				var err error
+				conn, err = net.DialTimeout("tcp", topo.VIP+":80", time.Second)
+				return err
+			}) == nil {
 				held = append(held, conn)
 			}
 			time.Sleep(2 * time.Second)
