@@ -22,6 +22,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/store"
 )
 
@@ -189,14 +190,15 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
-	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp)
-	defer stopHealth()
-	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
-	osrv, stopObserve, err := startObserve(ctx, log, eng, dp, st, mon, o.metricsListen)
+	metrics, osrv, stopObserve, err := startObserve(ctx, log, eng, dp, st, o.metricsListen)
 	if err != nil {
 		return err
 	}
 	defer stopObserve()
+	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp, health.Options{Observe: metrics.ObserveCheck})
+	defer stopHealth()
+	metrics.SetChecks(mon)
+	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)

@@ -16,7 +16,7 @@ import (
 // startHealth starts the health monitor of the daemon's farms and the
 // event broker. It returns what wires both into the API server, the
 // monitor, and a function that stops it.
-func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane) (func(*api.Server) *api.Server, *health.Monitor, func()) {
+func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane, opts health.Options) (func(*api.Server) *api.Server, *health.Monitor, func()) {
 	broker := events.NewBroker(events.DefaultKeep)
 	eng.SetEvents(broker)
 	if _, ok := dp.(dataplane.FlowFlusher); !ok && dp.Name() == "nft" {
@@ -25,7 +25,7 @@ func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp d
 		// state is down itself.)
 		eng.SetFlowFlusher(conntrack.Flusher{})
 	}
-	mon := health.New(log.With("component", "health"), eng, health.Options{})
+	mon := health.New(log.With("component", "health"), eng, opts)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)

@@ -18,14 +18,15 @@ import (
 )
 
 // startObserve wires the daemon's metrics, rates and connection listing:
-// the engine, the store and the API report to the metrics; the rate
-// estimator samples the counters every 2 s; the nft plane's connections
-// are read from netfilter's conntrack. It serves /metrics without a key on
-// metricsAddr (if not ""), and returns what wires the API server and a
+// the engine, the store and the API report to the metrics (the health
+// monitor too: see SetChecks and ObserveCheck); the rate estimator samples
+// the counters every 2 s; the nft plane's connections are read from
+// netfilter's conntrack. It serves /metrics without a key on metricsAddr
+// (if not ""), and returns the metrics, what wires the API server and a
 // function that stops everything it started.
 func startObserve(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane, st *store.Journal,
-	checks observe.CheckStatus, metricsAddr string) (func(*api.Server) *api.Server, func(), error) {
-	m := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"), Checks: checks,
+	metricsAddr string) (*observe.Metrics, func(*api.Server) *api.Server, func(), error) {
+	m := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"),
 		Version: api.Version(), Dataplane: dp.Name()})
 	eng.SetObserver(m)
 	st.SetSyncObserver(m.ObserveSync)
@@ -43,7 +44,7 @@ func startObserve(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp 
 		if err != nil {
 			cancel()
 			<-done
-			return nil, nil, fmt.Errorf("listen for metrics on --metrics-listen %s: %w", metricsAddr, err)
+			return nil, nil, nil, fmt.Errorf("listen for metrics on --metrics-listen %s: %w", metricsAddr, err)
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", m)
@@ -71,5 +72,5 @@ func startObserve(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp 
 		cancel()
 		<-done
 	}
-	return wire, stop, nil
+	return m, wire, stop, nil
 }

@@ -425,7 +425,8 @@ func (m *Metrics) appendFarms(ctx context.Context, dst []byte) []byte {
 
 // appendChecks appends the last checks of checked backends.
 func (m *Metrics) appendChecks(e *expo, s *scrape) {
-	if m.opts.Checks == nil {
+	checks := m.checks()
+	if checks == nil {
 		return
 	}
 	type last struct {
@@ -442,7 +443,7 @@ func (m *Metrics) appendChecks(e *expo, s *scrape) {
 			if s.health[i][j].State == engine.HealthUnchecked {
 				continue
 			}
-			st, ok := m.opts.Checks.Status(f.Name, f.Backends[j].Name)
+			st, ok := checks.Status(f.Name, f.Backends[j].Name)
 			if !ok {
 				continue
 			}

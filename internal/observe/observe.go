@@ -29,6 +29,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/health"
+	"github.com/xlb-lb/xlb/internal/model"
 )
 
 // CheckStatus gives the last check of a checked backend (the health
@@ -66,10 +67,13 @@ type Metrics struct {
 	fsyncDur                      prometheus.Histogram
 	apiRequests                   *prometheus.CounterVec
 	apiDur                        *prometheus.HistogramVec
+	checkDur                      *prometheus.HistogramVec
 	collectDur                    prometheus.Gauge
 	collectErrors                 *prometheus.CounterVec
 
 	conns connCache
+
+	checksMu sync.Mutex // guards opts.Checks (SetChecks)
 
 	bufMu   sync.Mutex
 	lastLen int // size of the last exposition, to size the next buffer
@@ -119,6 +123,10 @@ func New(o Options) *Metrics {
 		Name: "xlb_api_request_duration_seconds", Buckets: latencyBuckets,
 		Help: "Time to serve a REST API request (event streams: until they end).",
 	}, []string{"method", "route"})
+	m.checkDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "xlb_check_duration_seconds", Buckets: latencyBuckets,
+		Help: "Time of each health check by check type and result (pass, fail); a failed check that timed out takes its timeout.",
+	}, []string{"type", "result"})
 	m.collectDur = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "xlb_metrics_farms_collect_seconds",
 		Help: "Time the last scrape took to read the farm and backend metrics (snapshot, health, counters, connection table).",
@@ -133,7 +141,7 @@ func New(o Options) *Metrics {
 	})
 	build.Set(1)
 	m.reg.MustRegister(m.changeDur, m.kernelDur, m.diskDur, m.changeFailures, m.fsyncDur,
-		m.apiRequests, m.apiDur, m.collectDur, m.collectErrors, build)
+		m.apiRequests, m.apiDur, m.checkDur, m.collectDur, m.collectErrors, build)
 	if !o.NoRuntime {
 		m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -153,6 +161,29 @@ func (m *Metrics) ObserveChange(c engine.ChangeStats) {
 		return
 	}
 	m.changeDur.Observe(c.Total.Seconds())
+}
+
+// ObserveCheck records one health check (health.Options.Observe).
+func (m *Metrics) ObserveCheck(typ model.CheckType, r health.Result) {
+	result := "pass"
+	if !r.OK {
+		result = "fail"
+	}
+	m.checkDur.WithLabelValues(typ.String(), result).Observe(r.Took.Seconds())
+}
+
+// SetChecks gives the metrics the health monitor, for each checked
+// backend's last check (created after the metrics, as it reports to them).
+func (m *Metrics) SetChecks(c CheckStatus) {
+	m.checksMu.Lock()
+	defer m.checksMu.Unlock()
+	m.opts.Checks = c
+}
+
+func (m *Metrics) checks() CheckStatus {
+	m.checksMu.Lock()
+	defer m.checksMu.Unlock()
+	return m.opts.Checks
 }
 
 // ObserveSync records one fdatasync of the store's journal.

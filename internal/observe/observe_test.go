@@ -19,6 +19,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	xmodel "github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -159,6 +160,7 @@ func TestExposition(t *testing.T) {
 	m := New(Options{Engine: eng, Version: "test", Dataplane: "fake"})
 	eng.SetObserver(m)
 	m.ObserveSync(700 * time.Microsecond)
+	m.ObserveCheck(xmodel.CheckHTTP, health.Result{OK: false, Took: time.Second})
 	m.ObserveRequest("GET", "/farms/{name}", 200, time.Millisecond)
 	m.ObserveRequest("PUT", "/farms/{name}", 400, time.Millisecond)
 	// One more change, observed.
@@ -222,6 +224,10 @@ func TestExposition(t *testing.T) {
 	}
 	if h := mfs["xlb_engine_change_duration_seconds"].Metric[0].Histogram; h.GetSampleCount() != 1 {
 		t.Errorf("engine changes observed %d, want 1 (the change after SetObserver)", h.GetSampleCount())
+	}
+	if h := mfs["xlb_check_duration_seconds"].Metric[0]; h.Histogram.GetSampleCount() != 1 || h.Histogram.GetSampleSum() != 1 ||
+		len(h.Label) != 2 || h.Label[0].GetValue() != "fail" || h.Label[1].GetValue() != "http" {
+		t.Errorf("check durations: %v", h)
 	}
 	if h := mfs["xlb_store_fsync_duration_seconds"].Metric[0].Histogram; h.GetSampleCount() != 1 {
 		t.Errorf("fsyncs observed %d, want 1", h.GetSampleCount())
