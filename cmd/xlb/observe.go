@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/api"
-	"github.com/xlb-lb/xlb/internal/conntrack"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/observe"
@@ -20,8 +19,7 @@ import (
 // startObserve wires the daemon's metrics, rates and connection listing:
 // the engine, the store and the API report to the metrics (the health
 // monitor too: see SetChecks and ObserveCheck); the rate estimator samples
-// the counters every 2 s; the nft plane's connections are read from
-// netfilter's conntrack. It serves /metrics without a key on metricsAddr
+// the counters every 2 s. It serves /metrics without a key on metricsAddr
 // (if not ""), and returns the metrics, what wires the API server and a
 // function that stops everything it started.
 func startObserve(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane, st *store.Journal,
@@ -30,10 +28,6 @@ func startObserve(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp 
 		Version: api.Version(), Dataplane: dp.Name()})
 	eng.SetObserver(m)
 	st.SetSyncObserver(m.ObserveSync)
-	if _, ok := dp.(dataplane.ConnLister); !ok && dp.Name() == "nft" {
-		// The nft plane's connections are netfilter's conntrack entries.
-		eng.SetConnLister(conntrack.Table{})
-	}
 	rates := observe.NewRates(eng, log.With("component", "rates"))
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

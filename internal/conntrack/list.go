@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
@@ -25,7 +26,9 @@ import (
 // Farms in modes dsr and stlsdnat leave no entry of theirs (they are
 // forwarded at netdev ingress, before conntrack), so they list none.
 type Table struct {
-	Flusher
+	// NS is the data plane's network namespace; zero or netns.None(): the
+	// current one.
+	NS netns.NsHandle
 }
 
 var (

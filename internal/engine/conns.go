@@ -10,14 +10,11 @@ import (
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
-// observeHooks are what the engine is given to be observed and to read
-// the kernel's connection table: set once at start-up, read without the
-// writer's lock.
+// observeHooks are what the engine is given to be observed: set once at
+// start-up, read without the writer's lock.
 type observeHooks struct {
 	mu       sync.RWMutex
 	observer ChangeObserver
-	conns    dataplane.ConnLister
-	counter  dataplane.ConnCounter
 }
 
 // ChangeObserver is told of every change the engine commits or refuses
@@ -54,27 +51,11 @@ func (e *Engine) observe(c ChangeStats) {
 	}
 }
 
-// SetConnLister gives the engine what lists and counts the connections of
-// a data plane that does not implement dataplane.ConnLister itself (the
-// nft plane: internal/conntrack reads netfilter's table). l may also
-// implement dataplane.ConnCounter.
-func (e *Engine) SetConnLister(l dataplane.ConnLister) {
-	e.hooks.mu.Lock()
-	defer e.hooks.mu.Unlock()
-	e.hooks.conns = l
-	e.hooks.counter, _ = l.(dataplane.ConnCounter)
-}
-
 func (e *Engine) connLister() (dataplane.ConnLister, error) {
 	if l, ok := e.dp.(dataplane.ConnLister); ok {
 		return l, nil
 	}
-	e.hooks.mu.RLock()
-	defer e.hooks.mu.RUnlock()
-	if e.hooks.conns == nil {
-		return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane cannot list connections", e.dp.Name())}
-	}
-	return e.hooks.conns, nil
+	return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane cannot list connections", e.dp.Name())}
 }
 
 // connFarms returns the farms whose connections are asked for: the one
@@ -157,11 +138,6 @@ func (e *Engine) DeleteConnections(ctx context.Context, farm string, flt datapla
 func (e *Engine) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, bool, error) {
 	c, ok := e.dp.(dataplane.ConnCounter)
 	if !ok {
-		e.hooks.mu.RLock()
-		c = e.hooks.counter
-		e.hooks.mu.RUnlock()
-	}
-	if c == nil {
 		return dataplane.ConnTable{}, false, nil
 	}
 	t, err := c.CountConns(ctx, farms)

@@ -152,7 +152,7 @@ func (s *settings) setHashScheduler(keys string) error {
 	return nil
 }
 
-// apply sets the overridden fields on a farm.
+// override sets the overridden fields on a farm.
 //
 // Modes dsr and stlsdnat keep no connection state, so they pick a backend
 // for every packet: unless the scheduler annotation says otherwise, they
@@ -161,7 +161,7 @@ func (s *settings) setHashScheduler(keys string) error {
 // ClientIP becomes a hash over the client's address (the same backend for
 // every connection of a client, without a timeout) instead of persistence,
 // which these modes cannot keep.
-func (s *settings) apply(f *model.Farm) {
+func (s *settings) override(f *model.Farm) {
 	if s.mode != nil {
 		f.Mode = *s.mode
 	}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -61,9 +62,9 @@ type Config struct {
 	PodInterface string
 	// Metrics, if set, receives sync timings.
 	Metrics *Metrics
-	// Conntrack, if set, deletes the UDP conntrack entries of endpoints
-	// that went away (in the data plane's namespace).
-	Conntrack Conntrack
+	// Flows, if set, deletes the tracked UDP flows of endpoints that
+	// went away (both data planes can: dataplane.FlowFlusher).
+	Flows dataplane.FlowFlusher
 	// Listen opens the health check node port listeners (default
 	// net.Listen).
 	Listen ListenFunc
@@ -473,7 +474,7 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 	if o.annRefused == nil {
 		o.annRefused = annRefused
 	}
-	c.flushStale(key, base, st, owned)
+	c.flushStale(ctx, key, base, st, owned)
 	c.hc.update(key, p.svc, p.eps, c.cfg.NodeName)
 	if p.svc == nil {
 		delete(c.owned, key)
@@ -522,11 +523,11 @@ func (c *Controller) syncFarmByFarm(ctx context.Context, p *servicePlan, owned [
 
 // flushStale deletes the UDP conntrack entries of backends that the
 // Service's farms had in base and no longer have in next.
-func (c *Controller) flushStale(key string, base, next *engine.State, farmNames []string) {
-	if c.cfg.Conntrack == nil || next == nil {
+func (c *Controller) flushStale(ctx context.Context, key string, base, next *engine.State, farmNames []string) {
+	if c.cfg.Flows == nil || next == nil {
 		return
 	}
-	var stale []StaleFlow
+	var stale []dataplane.StaleFlow
 	for _, n := range farmNames {
 		old, ok := base.Farm(n)
 		if !ok || old.Protocol != model.ProtoUDP || len(old.VirtualPorts) != 1 {
@@ -537,13 +538,13 @@ func (c *Controller) flushStale(key string, base, next *engine.State, farmNames 
 			if cur != nil && slices.ContainsFunc(cur.Backends, func(x model.Backend) bool { return x.Addr == b.Addr && x.Port == b.Port }) {
 				continue
 			}
-			stale = append(stale, StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
+			stale = append(stale, dataplane.StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
 		}
 	}
 	if len(stale) == 0 {
 		return
 	}
-	n, err := c.cfg.Conntrack.DeleteUDP(stale)
+	n, err := c.cfg.Flows.DeleteUDPFlows(ctx, stale)
 	if err != nil {
 		c.log.Warn("flush stale udp conntrack entries", "service", key, "err", err)
 		return

@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
@@ -50,13 +50,13 @@ func newCtlEnv(t *testing.T, objs []runtime.Object, saved []model.Farm, plane *f
 	}
 	if len(saved) > 0 {
 		// A previous run's state: saved farms, already in the "kernel".
-		var d dataplane.Diff
+		var d plan.Diff
 		for i := range saved {
 			f := saved[i].Clone()
 			f.Seal()
-			d.Changes = append(d.Changes, dataplane.FarmChange{New: &f})
+			d.Changes = append(d.Changes, plan.FarmChange{New: &f})
 		}
-		if err := st.Apply(ctx, d); err != nil {
+		if err := st.Commit(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -190,7 +190,7 @@ func TestFullSyncClash(t *testing.T) {
 func TestKernelFailureThenFullSync(t *testing.T) {
 	plane := fake.New()
 	var fail atomic.Int32
-	plane.FailApply = func(d dataplane.Diff) error {
+	plane.FailApply = func(d plan.Diff) error {
 		if fail.Load() > 0 {
 			fail.Add(-1)
 			return fake.ErrInjected

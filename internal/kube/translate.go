@@ -396,7 +396,7 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 					f.PersistTTL = uint32(*c.ClientIP.TimeoutSeconds)
 				}
 			}
-			set.apply(&f)
+			set.override(&f)
 			if f.Mode == model.ModeDSR && f.Iface == "" && sa.Kind == KindCluster {
 				// A cluster IP is on no interface and rarely routed:
 				// its traffic arrives where the Pods are.

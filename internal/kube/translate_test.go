@@ -32,11 +32,10 @@ func svc(mut ...func(*corev1.Service)) *corev1.Service {
 }
 
 type ep struct {
-	addr              string
-	node              string
-	ready, serving    *bool
-	terminating       *bool
-	noConditionsReady bool
+	addr           string
+	node           string
+	ready, serving *bool
+	terminating    *bool
 }
 
 func slice(family discoveryv1.AddressType, port int32, portName string, proto corev1.Protocol, eps ...ep) *discoveryv1.EndpointSlice {

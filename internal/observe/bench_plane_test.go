@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xlb-lb/xlb/internal/conntrack"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
@@ -35,7 +34,7 @@ func BenchmarkScrapePlane(b *testing.B) {
 			if plane == "ebpf" {
 				dp, err = ebpf.New(ctx, discard(), ebpf.Options{NetNS: ns, PinPath: benchBPFFS(b), ConnTableSize: 262144})
 			} else {
-				dp, err = nft.Open(ctx, discard(), nft.Options{NetNS: ns})
+				dp, err = nft.New(ctx, discard(), nft.Options{NetNS: ns})
 			}
 			if err != nil {
 				b.Fatal(err)
@@ -49,9 +48,6 @@ func BenchmarkScrapePlane(b *testing.B) {
 			eng, err := engine.New(ctx, discard(), dp, st)
 			if err != nil {
 				b.Fatal(err)
-			}
-			if plane == "nft" {
-				eng.SetConnLister(conntrack.Table{Flusher: conntrack.Flusher{NS: ns}})
 			}
 			putFarms(b, eng, 1000, 10)
 			m := New(Options{Engine: eng, Version: "bench", Dataplane: plane, ConnWalkEvery: 1})

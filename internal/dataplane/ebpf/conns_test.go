@@ -11,6 +11,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/conformance"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -52,7 +53,7 @@ func BenchmarkCountConns(b *testing.B) {
 			}
 			b.Cleanup(func() { p.Close() })
 			f := farm(b, "web", vip1.String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080", "10.200.0.12:8080", "10.200.0.13:8080")
-			if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
+			if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: f}}}); err != nil {
 				b.Fatal(err)
 			}
 			keys := make([]xlbCtKey, 0, 2*n)
