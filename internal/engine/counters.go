@@ -17,7 +17,7 @@ func (e *NotSupportedError) Error() string { return e.Msg }
 func (e *Engine) counterReader() (dataplane.CounterReader, error) {
 	cr, ok := e.dp.(dataplane.CounterReader)
 	if !ok {
-		return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-farm counters (the ebpf data plane does)", e.dp.Name())}
+		return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-farm counters (the nft and ebpf data planes do)", e.dp.Name())}
 	}
 	return cr, nil
 }
@@ -57,6 +57,20 @@ func (e *Engine) AllCounters(ctx context.Context) ([]*model.Farm, []dataplane.Fa
 		return nil, nil, err
 	}
 	farms := e.Snapshot().Farms()
+	if br, ok := cr.(dataplane.BulkCounterReader); ok {
+		// One read for every farm (the nft plane dumps its counter
+		// sets once).
+		out, err := br.AllCounters(ctx, farms)
+		if err != nil {
+			return nil, nil, err
+		}
+		for i, f := range farms {
+			if !f.Listens() {
+				out[i] = zeroCounters(f)
+			}
+		}
+		return farms, out, nil
+	}
 	out := make([]dataplane.FarmCounters, len(farms))
 	for i, f := range farms {
 		if err := ctx.Err(); err != nil {
