@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"time"
 
@@ -83,6 +84,10 @@ type ConnCounter interface {
 	// the given farms' backends.
 	CountConns(ctx context.Context, farms []*model.Farm) (ConnTable, error)
 }
+
+// ErrNoCounters is what a CounterReader answers when it was configured not
+// to count (the nft plane with --nft-counters=false).
+var ErrNoCounters = errors.New("the data plane was started without traffic counters")
 
 // BulkCounterReader is implemented by data planes that read the counters
 // of many farms at once more cheaply than one farm at a time (a scrape of

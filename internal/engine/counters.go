@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
@@ -38,7 +39,16 @@ func (e *Engine) Counters(ctx context.Context, farm string) (*model.Farm, datapl
 		return f, zeroCounters(f), nil // not in the kernel: nothing counted
 	}
 	c, err := cr.Counters(ctx, f)
-	return f, c, err
+	return f, c, notSupported(err)
+}
+
+// notSupported turns a plane's "no counters" into a NotSupportedError
+// (HTTP 501).
+func notSupported(err error) error {
+	if errors.Is(err, dataplane.ErrNoCounters) {
+		return &NotSupportedError{Msg: err.Error()}
+	}
+	return err
 }
 
 // zeroCounters are the counters of a farm the kernel does not hold.
@@ -62,7 +72,7 @@ func (e *Engine) AllCounters(ctx context.Context) ([]*model.Farm, []dataplane.Fa
 		// sets once).
 		out, err := br.AllCounters(ctx, farms)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, notSupported(err)
 		}
 		for i, f := range farms {
 			if !f.Listens() {

@@ -481,9 +481,26 @@ func (c *counters) read(conn *nftables.Conn, farms []*model.Farm) ([]dataplane.F
 }
 
 // openCounters creates (or adopts) the counter table, its sets and its
-// chain, at New. Its elements come with Reconcile.
+// chain, at New; its elements come with Reconcile. With NoCounters it
+// deletes the table if an earlier run left it, so no packet pays for it.
 func (s *Plane) openCounters() error {
 	c := newCounters(s.opts.Table)
+	if s.opts.NoCounters {
+		tables, err := s.conn.ListTablesOfFamily(nftables.TableFamilyINet)
+		if err != nil {
+			return fmt.Errorf("list tables: %w", err)
+		}
+		for _, t := range tables {
+			if t.Name == c.table.Name {
+				s.conn.DelTable(c.table)
+				if err := s.conn.Flush(); err != nil {
+					s.redial()
+					return fmt.Errorf("delete table inet %s (--nft-counters off): %w", c.table.Name, explain(err))
+				}
+			}
+		}
+		return nil
+	}
 	c.ensure(s.conn)
 	if err := s.conn.Flush(); err != nil {
 		s.redial()
@@ -554,7 +571,7 @@ func (s *Plane) AllCounters(ctx context.Context, farms []*model.Farm) ([]datapla
 		return nil, errClosed
 	}
 	if s.ctr == nil {
-		return nil, fmt.Errorf("the nft data plane was opened without counters")
+		return nil, fmt.Errorf("nft data plane (--nft-counters=false): %w", dataplane.ErrNoCounters)
 	}
 	return s.ctr.read(s.conn, farms)
 }

@@ -177,11 +177,9 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		}
 		s.shards = append(s.shards, p)
 	}
-	if !opts.NoCounters {
-		if err := s.openCounters(); err != nil {
-			s.Close()
-			return nil, err
-		}
+	if err := s.openCounters(); err != nil {
+		s.Close()
+		return nil, err
 	}
 	return s, nil
 }
