@@ -111,11 +111,51 @@ func RunCounters(t *testing.T, p Plane, reopen Reopen) {
 	}
 	check("one flow", before, after, name, 1, n, inBytes, outBytes)
 
+	// A flow without answers (nothing listens on the backend's port) is
+	// one connection however many datagrams it sends.
+	quiet := e.farmOn("quiet", testutil.VIP4(2), VPort, model.ProtoUDP)
+	quiet.Backends = quiet.Backends[:1]
+	quiet.Backends[0].Port = 9
+	e.Put(t, quiet)
+	cr := e.DP.(dataplane.CounterReader)
+	q0, err := cr.Counters(ctx, &quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pc net.PacketConn
+	if err := testutil.Do(e.Client.NS, func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", ":0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(testutil.VIP4(2), VPort))
+	for i := range n {
+		if _, err := pc.WriteTo([]byte("unanswered"), to); err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+	}
+	pc.Close()
+	var q1 dataplane.FarmCounters
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if q1, err = cr.Counters(ctx, &quiet); err != nil {
+			t.Fatal(err)
+		}
+		if q1.InPackets-q0.InPackets >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	if c, p := q1.Connections-q0.Connections, q1.InPackets-q0.InPackets; c != 1 || p != n || q1.OutPackets != q0.OutPackets {
+		t.Errorf("unanswered flow of %d datagrams: %d connections, %d packets in, %d out; want 1, %d, 0",
+			n, c, p, q1.OutPackets-q0.OutPackets, n)
+	}
+
 	// A restart keeps the counts, and counting goes on.
 	dp := reopen(t, e.DP, "/run/netns/"+e.LB.Name)
 	e.DP = dp
-	nf := f.Clone()
-	if err := dp.Reconcile(ctx, []*model.Farm{&nf}); err != nil {
+	nf, nq := f.Clone(), quiet.Clone()
+	if err := dp.Reconcile(ctx, []*model.Farm{&nf, &nq}); err != nil {
 		t.Fatalf("reconcile after the restart: %v", err)
 	}
 	kept := read(dp)

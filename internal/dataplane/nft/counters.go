@@ -27,7 +27,7 @@ import (
 //	  set pkt4 { type ipv4_addr . inet_proto . ipv4_addr . inet_service . ct_dir; counter }   (and pkt6)
 //	  set new4 { type ipv4_addr . inet_proto . ipv4_addr . inet_service; counter }            (and new6)
 //	  chain count { type filter hook forward priority filter
-//	    meta nfproto ipv4 ct state new ct original ip daddr . meta l4proto . ct reply ip saddr . ct reply proto-src @new4
+//	    meta nfproto ipv4 ct status & confirmed == 0 ct original ip daddr . meta l4proto . ct reply ip saddr . ct reply proto-src @new4
 //	    meta nfproto ipv4 ct original ip daddr . meta l4proto . ct reply ip saddr . ct reply proto-src . ct direction @pkt4
 //	    (and the IPv6 forms) }
 //	}
@@ -164,12 +164,15 @@ func countRules() ([][]rawExpr, error) {
 			}
 			return out, nil
 		}
-		// ct state new: a new connection, counted once (its first packet).
+		// A new connection, counted once: its first packet is the only
+		// one whose conntrack entry is not yet confirmed (that happens
+		// when it leaves, at postrouting). Not "ct state new": that holds
+		// for every packet of a flow that has had no answer yet.
 		newRule, err := head(
-			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+			&expr.Ct{Register: reg1, Key: expr.CtKeySTATUS},
 			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
-				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: binaryutil.NativeEndian.PutUint32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(0)},
+				Mask: binaryutil.NativeEndian.PutUint32(ipsConfirmed), Xor: binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(0)},
 		)
 		if err != nil {
 			return nil, err
@@ -204,6 +207,10 @@ func countRules() ([][]rawExpr, error) {
 	}
 	return rules, nil
 }
+
+// ipsConfirmed is IPS_CONFIRMED, the conntrack status bit of an entry
+// in the table (include/uapi/linux/netfilter/nf_conntrack_common.h).
+const ipsConfirmed = 1 << 3
 
 // counted reports whether the farm's traffic passes the count chain.
 func counted(f *model.Farm) bool {
