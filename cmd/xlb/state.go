@@ -25,8 +25,8 @@ are never looked up).
 
 With --stats, the table shows counters instead, as ipvsadm -L --stats --exact:
 connections, packets and bytes in (client to backend) and out (backend to
-client) of each farm and backend. The ebpf data plane keeps them; with the nft
-data plane the daemon answers that it keeps none.
+client) of each farm and backend. Both data planes keep them (the nft plane
+unless the daemon runs with --nft-counters=false).
 
 With --rate, the table shows rates per second, as ipvsadm -L --rate: new
 connections (CPS), packets in and out (InPPS, OutPPS), bytes in and out
