@@ -24,11 +24,11 @@ import (
 // function that stops everything it started.
 func startObserve(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane, st *store.Journal,
 	metricsAddr string) (*observe.Metrics, func(*api.Server) *api.Server, func(), error) {
+	rates := observe.NewRates(eng, log.With("component", "rates"))
 	m := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"),
-		Version: api.Version(), Dataplane: dp.Name()})
+		Version: api.Version(), Dataplane: dp.Name(), Rates: rates})
 	eng.SetObserver(m)
 	st.SetSyncObserver(m.ObserveSync)
-	rates := observe.NewRates(eng, log.With("component", "rates"))
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); rates.Run(ctx) }()

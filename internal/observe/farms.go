@@ -117,21 +117,13 @@ func (m *Metrics) read(ctx context.Context) *scrape {
 	for i, f := range s.farms {
 		s.health[i], s.lost[i] = eng.FarmHealth(f)
 	}
-	_, cs, err := eng.AllCounters(ctx)
-	var ns *engine.NotSupportedError
-	switch {
-	case errors.As(err, &ns):
-	case err != nil:
-		m.collectErrors.WithLabelValues("counters").Inc()
-		m.opts.Log.Warn("metrics: read counters", "err", err)
-	case len(cs) == len(s.farms):
-		s.counters = cs
-	}
+	s.counters = m.readCounters(ctx, s.farms)
 	s.conns = m.connTable(ctx, s.farms)
 	m.conns.mu.Lock()
 	s.walkAt, s.walkTook = m.conns.at, m.conns.took
 	m.conns.mu.Unlock()
 	if ps, ok := eng.Dataplane().(dataplane.PacketStats); ok {
+		var err error
 		if s.packets, err = ps.PacketStats(ctx); err != nil {
 			m.collectErrors.WithLabelValues("packets").Inc()
 			m.opts.Log.Warn("metrics: read packet statistics", "err", err)
@@ -140,6 +132,54 @@ func (m *Metrics) read(ctx context.Context) *scrape {
 		s.drops = ps.DropReasons()
 	}
 	return s
+}
+
+// readCounters returns the farms' counters (nil when the plane keeps
+// none): the rate estimator's last read if recent, else a read of the
+// plane.
+func (m *Metrics) readCounters(ctx context.Context, farms []*model.Farm) []dataplane.FarmCounters {
+	if cs, ok := m.recentCounters(farms); ok {
+		return cs
+	}
+	_, cs, err := m.opts.Engine.AllCounters(ctx)
+	var ns *engine.NotSupportedError
+	switch {
+	case errors.As(err, &ns):
+	case err != nil:
+		m.collectErrors.WithLabelValues("counters").Inc()
+		m.opts.Log.Warn("metrics: read counters", "err", err)
+	case len(cs) == len(farms):
+		return cs
+	}
+	return nil
+}
+
+// recentCounters returns the rate estimator's last read of the counters,
+// in the order of farms and their backends, if it is under two ticks old.
+func (m *Metrics) recentCounters(farms []*model.Farm) ([]dataplane.FarmCounters, bool) {
+	if m.opts.Rates == nil {
+		return nil, false
+	}
+	last, at := m.opts.Rates.Last()
+	if at.IsZero() || time.Since(at) > 2*RateTick {
+		return nil, false
+	}
+	out := make([]dataplane.FarmCounters, len(farms))
+	for i, f := range farms {
+		c := last[f.Name]
+		out[i].Counters = c.Counters
+		out[i].Backends = make([]dataplane.BackendCounters, len(f.Backends))
+		for j, b := range f.Backends {
+			out[i].Backends[j].Name = b.Name
+			for _, bc := range c.Backends {
+				if bc.Name == b.Name {
+					out[i].Backends[j].Counters = bc.Counters
+					break
+				}
+			}
+		}
+	}
+	return out, true
 }
 
 // expo appends the text exposition format.

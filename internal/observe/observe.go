@@ -55,6 +55,11 @@ type Options struct {
 	// connection table for the active/inactive counts (a scrape in
 	// between reuses the last walk). Default 1 s.
 	ConnWalkEvery time.Duration
+	// Rates, when set, is the rate estimator, which reads every counter
+	// every 2 s: a scrape serves its last read (if under two ticks old)
+	// rather than read the plane again. On the nft plane a read of 1,000
+	// farms of 10 backends takes 0.1-0.2 s (a dump of its counter sets).
+	Rates *RateEstimator
 }
 
 // Metrics serves xlb's Prometheus metrics.

@@ -53,6 +53,10 @@ type RateEstimator struct {
 	farms map[string]*farmEst
 	// err is why the last sample failed (a plane without counters).
 	err error
+	// last is the last sample's counters, by farm name, and when it was
+	// read: the metrics serve them rather than read the plane again.
+	last   map[string]dataplane.FarmCounters
+	lastAt time.Time
 }
 
 type est struct {
@@ -99,6 +103,11 @@ func (r *RateEstimator) Sample(ctx context.Context) {
 		}
 		return
 	}
+	r.last = make(map[string]dataplane.FarmCounters, len(farms))
+	for i, f := range farms {
+		r.last[f.Name] = cs[i]
+	}
+	r.lastAt = time.Now()
 	secs := r.tick.Seconds()
 	seen := make(map[string]bool, len(farms))
 	for i, f := range farms {
@@ -152,6 +161,18 @@ func (e *est) update(c dataplane.Counters, secs float64) {
 	// IPVS's bps are bytes per second, as here.
 	ewma(&e.rates.InBPS, c.InBytes-l.InBytes)
 	ewma(&e.rates.OutBPS, c.OutBytes-l.OutBytes)
+}
+
+// Last returns the counters of the last sample, by farm name, and when
+// they were read (zero time: none yet, or the plane keeps no counters).
+// The map is not to be changed.
+func (r *RateEstimator) Last() (map[string]dataplane.FarmCounters, time.Time) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.err != nil {
+		return nil, time.Time{}
+	}
+	return r.last, r.lastAt
 }
 
 // FarmRates returns the current estimates of a farm and its backends

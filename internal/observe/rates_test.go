@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
@@ -99,5 +100,33 @@ func TestRateEstimator(t *testing.T) {
 	}
 	if _, err := r.FarmRates("nope"); !engine.IsNotFound(err) {
 		t.Errorf("rates of a missing farm: %v, want not found", err)
+	}
+}
+
+// A scrape serves the rate estimator's last read of the counters while it
+// is recent, rather than read the plane again.
+func TestScrapeUsesRateSample(t *testing.T) {
+	st, err := store.OpenBolt(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var c dataplane.Counters
+	eng, err := engine.New(context.Background(), discard(), steppingPlane{fake.New(), &c}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putFarms(t, eng, 1, 1)
+	r := NewRates(eng, discard())
+	m := New(Options{Engine: eng, NoRuntime: true, Rates: r})
+	c.InPackets = 7
+	r.Sample(context.Background())
+	c.InPackets = 9 // the plane counts on; the scrape serves the sample
+	body, err := m.Expose(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(body), `xlb_backend_incoming_packets_total{farm="farm0",backend="b0"} 7`) {
+		t.Errorf("scrape did not serve the estimator's sample (7):\n%s", body)
 	}
 }
