@@ -65,12 +65,11 @@ func TestConnWalkInBackground(t *testing.T) {
 	if got := active(); got != "1" || walks.Load() != 1 {
 		t.Fatalf("first scrape: active %q after %d walks, want 1 after 1", got, walks.Load())
 	}
-	start := time.Now()
 	if got := active(); got != "1" || walks.Load() != 1 {
 		t.Errorf("scrape within ConnWalkEvery: active %q after %d walks, want the same walk", got, walks.Load())
 	}
 	time.Sleep(250 * time.Millisecond)
-	start = time.Now()
+	start := time.Now()
 	if got := active(); got != "1" {
 		t.Errorf("stale scrape served %q, want the last walk's 1 (the next runs in the background)", got)
 	}
