@@ -15,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -23,10 +22,12 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/kube"
+	"github.com/xlb-lb/xlb/internal/observe"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -237,6 +238,11 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The daemon's metrics (xlb_farm_*, xlb_backend_*, xlb_engine_*, ...)
+	// next to the proxy's own (xlb_kubeproxy_*), in one registry.
+	obs := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"), Registry: reg,
+		NoRuntime: true, Version: api.Version(), Dataplane: dp.Name()})
+	eng.SetObserver(obs)
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: kps.NodePortAddresses.CIDRs, NodePortPrimary: kps.NodePortAddresses.Primary,
@@ -276,7 +282,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 		return nil
 	}
 	mm := http.NewServeMux()
-	mm.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mm.Handle("/metrics", obs)
 	mm.Handle("/healthz", health.Healthz())
 	mm.Handle("/livez", health.Livez())
 	if kps.Profiling {

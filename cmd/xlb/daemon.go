@@ -20,6 +20,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -34,6 +35,8 @@ type daemonOptions struct {
 	// forceEmpty: start with an empty saved state even if the kernel
 	// holds farms (guard.go).
 	forceEmpty bool
+	// metricsListen: address of /metrics without a key ("" = none).
+	metricsListen string
 }
 
 func (a *app) daemonCmd() *cobra.Command {
@@ -118,6 +121,7 @@ summary line every 10 s. See docs/operations.md.`,
 	f.StringVar(&o.tls.key, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&o.tls.clientCA, "tls-client-ca", "", "PEM CA certificates: require a client certificate signed by one (mutual TLS)")
 	f.BoolVar(&o.tls.allowWeakKey, "allow-weak-key", false, "beyond loopback, log a key shorter than 16 bytes or readable by others as an error instead of refusing to start")
+	f.StringVar(&o.metricsListen, "metrics-listen", "", `address:port serving Prometheus /metrics without the API key (e.g. 127.0.0.1:9555; "": none; GET /metrics on the API needs the key)`)
 	return cmd
 }
 
@@ -166,8 +170,14 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
-	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
+	metrics, osrv, stopObserve, err := startObserve(ctx, log, eng, dp, st, o.metricsListen)
+	if err != nil {
+		return err
+	}
+	defer stopObserve()
+	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp, health.Options{Observe: metrics.ObserveCheck})
 	defer stopHealth()
+	metrics.SetChecks(mon)
 	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -176,7 +186,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
-	apiSrv := hsrv(api.New(log, eng, key))
+	apiSrv := osrv(hsrv(api.New(log, eng, key)))
 	defer apiSrv.FlushLog()
 	srv := &http.Server{
 		Handler:           apiSrv,

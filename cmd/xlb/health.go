@@ -13,12 +13,12 @@ import (
 )
 
 // startHealth starts the health monitor of the daemon's farms and the
-// event broker. It returns what wires both into the API server, and a
-// function that stops the monitor.
-func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane) (func(*api.Server) *api.Server, func()) {
+// event broker. It returns what wires both into the API server, the
+// monitor, and a function that stops it.
+func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane, opts health.Options) (func(*api.Server) *api.Server, *health.Monitor, func()) {
 	broker := events.NewBroker(events.DefaultKeep)
 	eng.SetEvents(broker)
-	mon := health.New(log.With("component", "health"), eng, health.Options{})
+	mon := health.New(log.With("component", "health"), eng, opts)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -29,5 +29,5 @@ func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp d
 		s.SetEvents(broker)
 		return s
 	}
-	return wire, func() { cancel(); wg.Wait() }
+	return wire, mon, func() { cancel(); wg.Wait() }
 }

@@ -54,6 +54,8 @@ type Engine struct {
 	// health: backends' health and the effective farms the data plane
 	// holds (health.go).
 	health healthTable
+	// hooks: the change observer and the connection table (conns.go).
+	hooks observeHooks
 }
 
 // New loads the saved state, checks it, and reconciles the kernel with it
@@ -200,6 +202,9 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	kerr := e.applyKernel(ctx, kdiff, tdiff)
 	t1 := time.Now()
 	derr := <-saved
+	if kerr != nil || derr != nil {
+		e.observe(ChangeStats{Farms: len(diff.Changes), Kernel: t1.Sub(t0), Disk: diskTime, Err: errors.Join(kerr, derr)})
+	}
 	switch {
 	case kerr != nil && derr != nil:
 		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
@@ -226,6 +231,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	e.cur.Store(next)
 	e.publish(next)
 	e.clearProblems(tx.order)
+	e.observe(ChangeStats{Farms: len(diff.Changes), Kernel: t1.Sub(t0), Disk: diskTime, Total: time.Since(tStart)})
 	// Phase timings at debug level: where a slow change spends its time
 	// (kernel transaction, fsync, snapshot build) without a profiler.
 	e.log.Debug("change committed", "farms_changed", len(diff.Changes),

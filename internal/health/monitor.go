@@ -43,6 +43,10 @@ type Options struct {
 	Spread float64
 	// MaxInFlight bounds the checks running at once (default 4096).
 	MaxInFlight int
+	// Observe, when set, is told of every check's result with its
+	// check type (metrics). It is called with the monitor's lock held:
+	// it must be quick and must not call the monitor.
+	Observe func(typ model.CheckType, r Result)
 }
 
 // Sink takes health updates: the engine.
@@ -309,6 +313,9 @@ func (m *Monitor) finish(f finished) {
 	m.checks++
 	if !r.OK {
 		m.fails++
+	}
+	if m.opts.Observe != nil {
+		m.opts.Observe(t.check.Type, r)
 	}
 	if t.removed {
 		return

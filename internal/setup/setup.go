@@ -48,6 +48,9 @@ type Flags struct {
 	// 1 the prefix of its tables (<name>-00, <name>-01, ...).
 	NFTTable  string
 	NFTTables int
+	// NFTCounters is --nft-counters: the nft plane's traffic counters
+	// (one set lookup per forwarded packet).
+	NFTCounters bool
 	// ConnTableSize is the number of connections tracked: for ebpf its
 	// conntrack table (two entries per connection); for nft the kernel's
 	// nf_conntrack_max and nf_conntrack_buckets, set only when the flag is
@@ -69,7 +72,7 @@ type Flags struct {
 var (
 	ebpfOnly = []string{"interfaces", "pin-path", "xdp", "bridge-port-redirect", "socket-lb-cgroup",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
-	nftOnly = []string{"nft-table", "nft-tables"}
+	nftOnly = []string{"nft-table", "nft-tables", "nft-counters"}
 )
 
 // Register adds the data plane flags to fs.
@@ -78,6 +81,7 @@ func (c *Flags) Register(fs *pflag.FlagSet, d Defaults) {
 	fs.StringVar(&c.Plane, "dataplane", "nft", "kernel data plane: "+PlaneNames)
 	fs.StringVar(&c.NFTTable, "nft-table", d.NFTTable, "nft: the inet table (and netdev table) xlb owns; with --nft-tables > 1 the prefix of its tables (<name>-00, ...)")
 	fs.IntVar(&c.NFTTables, "nft-tables", nft.DefaultShards, fmt.Sprintf("nft: tables the farms are spread over (1-%d; a change costs in proportion to the farms of its table)", nft.MaxShards))
+	fs.BoolVar(&c.NFTCounters, "nft-counters", true, "nft: count connections, packets and bytes per backend (xlb list --stats, --rate, metrics; one set lookup per forwarded packet)")
 	fs.IntVar(&c.ConnTableSize, "conn-table-size", DefaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
 	fs.StringSliceVar(&c.Interfaces, "interfaces", nil, "ebpf: interfaces to attach to, by name or shell pattern (veth*, lxc*); interfaces created later are attached as they appear (default every interface but loopback)")
 	fs.StringVar(&c.SocketCgroup, "socket-lb-cgroup", "", "ebpf: balance the connections of this cgroup v2's processes (the node's own: host processes, hostNetwork Pods) at the socket, at connect time (e.g. /sys/fs/cgroup); empty: off")
@@ -183,7 +187,7 @@ func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, 
 }
 
 func openNFT(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, error) {
-	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables}
+	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables, NoCounters: !c.NFTCounters}
 	if !c.ConnTableSet {
 		// The kernel's conntrack limits stay as they are.
 		p, err := nft.New(ctx, log, opts)

@@ -32,6 +32,9 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		keep[p.opts.Table] = true
 	}
+	if err := s.reconcileCounters(farms); err != nil {
+		return err
+	}
 	dropped, err := dropOtherLayouts(s.conn, s.opts.Table, keep)
 	if err != nil {
 		s.redial()
