@@ -48,7 +48,7 @@ type Options struct {
 
 // dialNFT opens a lasting nftables netlink connection in namespace ns.
 func dialNFT(ns netns.NsHandle) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers, recordPort)}
 	if ns.IsOpen() {
 		opts = append(opts, nftables.WithNetNSFd(int(ns)))
 	}
@@ -132,6 +132,8 @@ type Plane struct {
 
 	// tables holds named tables and policies (tables_plane.go).
 	tables lazyTables
+	// watch sees changes to xlb's tables by others (watch.go).
+	watch driftWatch
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
