@@ -167,6 +167,11 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	if err != nil {
 		return err
 	}
+	// Changes to the proxy's kernel objects by other programs are
+	// repaired within a second (as the daemon does).
+	if _, err := eng.WatchDrift(ctx); err != nil {
+		log.Error("no drift watch: changes to the proxy's kernel objects by other programs are repaired at the next full sync or restart", "err", err)
+	}
 
 	// A fresh node: the client may reach the API server only through the
 	// kubernetes Service's cluster IP, which nothing serves yet.

@@ -166,6 +166,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
+	watchDrift(ctx, log, eng)
 	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
 	defer stopHealth()
 	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts

@@ -1,6 +1,10 @@
 package dataplane
 
-import "context"
+import (
+	"context"
+
+	"github.com/xlb-lb/xlb/internal/model"
+)
 
 // DriftWatcher is implemented by data planes that notice changes made to
 // their kernel objects by anything but xlb itself (`nft flush ruleset`,
@@ -20,4 +24,13 @@ type DriftWatcher interface {
 	// before the call. An error means it cannot tell: the caller must
 	// assume the kernel drifted.
 	DriftSeen(ctx context.Context) (uint64, error)
+}
+
+// DriftRepairer is implemented by data planes that can repair drift
+// without reconciling everything: only the objects their watch saw
+// others change (and everything when it cannot tell). Farms are all the
+// farms, as for Reconcile; those the watch did not see touched are
+// already in the kernel as given.
+type DriftRepairer interface {
+	RepairDrift(ctx context.Context, farms []*model.Farm) error
 }

@@ -205,7 +205,11 @@ func (e *Engine) repairLocked(ctx context.Context, seen uint64, serr error, s *S
 	start := time.Now()
 	err := e.reconcileTables(ctx, s)
 	if err == nil {
-		err = e.dp.Reconcile(ctx, kernelFarms(farms))
+		if r, ok := e.dp.(dataplane.DriftRepairer); ok {
+			err = r.RepairDrift(ctx, kernelFarms(farms))
+		} else {
+			err = e.dp.Reconcile(ctx, kernelFarms(farms))
+		}
 	}
 	e.drift.mu.Lock()
 	whats := e.drift.whats

@@ -50,6 +50,10 @@ type driftWatch struct {
 
 	mu      sync.Mutex
 	running bool
+	// dirty: the tables others changed since a reconcile looked at them
+	// (RepairDrift); all: events were lost, any may have changed.
+	dirty    map[string]bool
+	dirtyAll bool
 	gen     uint32        // the last generation read
 	moved   chan struct{} // closed when gen moves or the watch stops
 	query   *netlink.Conn // GETGEN
@@ -142,6 +146,7 @@ func (s *Plane) watchLoop(ctx context.Context, mon *netlink.Conn, drifted func(s
 			// ENOBUFS: events were dropped; which is not known, so it
 			// counts as a drift. The socket still works.
 			pending.reset()
+			w.markDirty(nil, true)
 			w.seen.Add(1)
 			drifted(fmt.Sprintf("nftables events lost (%v)", err))
 			if !errors.Is(err, unix.ENOBUFS) {
@@ -166,6 +171,7 @@ func (s *Plane) watchLoop(ctx context.Context, mon *netlink.Conn, drifted func(s
 			if typ == unix.NFT_MSG_NEWGEN {
 				gen, comm, pid := genInfo(m.Data[4:])
 				if pending.n > 0 && !ownPort(m.Header.PID) {
+					w.markDirty(pending.touched, false)
 					w.seen.Add(1)
 					drifted(fmt.Sprintf("%s, by %s (pid %d)", pending.String(), comm, pid))
 				}
@@ -173,8 +179,8 @@ func (s *Plane) watchLoop(ctx context.Context, mon *netlink.Conn, drifted func(s
 				w.advance(gen)
 				continue
 			}
-			if what, ok := s.ours(typ, m.Data[0], m.Data[4:]); ok {
-				pending.add(what)
+			if what, table, ok := s.ours(typ, m.Data[0], m.Data[4:]); ok {
+				pending.add(what, table)
 			}
 		}
 	}
@@ -184,21 +190,30 @@ func (s *Plane) watchLoop(ctx context.Context, mon *netlink.Conn, drifted func(s
 // deleted, then the first few other kinds of change, each with its count
 // ("delete rule inet xlb-00 prerouting (6)").
 type changeSummary struct {
-	kinds []string
-	count map[string]int
-	n     int
+	kinds   []string
+	count   map[string]int
+	n       int
+	tables  int             // kinds that add or delete a table
+	touched map[string]bool // the tables changed
 }
 
-const summaryKinds = 4
+const (
+	summaryKinds  = 4
+	summaryTables = 6
+)
 
-func (c *changeSummary) add(what string) {
+func (c *changeSummary) add(what, table string) {
 	c.n++
 	if c.count == nil {
-		c.count = map[string]int{}
+		c.count, c.touched = map[string]int{}, map[string]bool{}
 	}
+	c.touched[table] = true
 	isTable := strings.Contains(what, " table ")
-	if _, ok := c.count[what]; !ok && len(c.kinds) >= summaryKinds && !isTable {
+	if _, ok := c.count[what]; !ok && len(c.kinds) >= summaryKinds && (!isTable || c.tables >= summaryTables) {
 		return
+	}
+	if isTable && c.count[what] == 0 {
+		c.tables++
 	}
 	if c.count[what] == 0 {
 		c.kinds = append(c.kinds, what)
@@ -207,8 +222,9 @@ func (c *changeSummary) add(what string) {
 }
 
 func (c *changeSummary) reset() {
-	c.kinds, c.n = c.kinds[:0], 0
+	c.kinds, c.n, c.tables = c.kinds[:0], 0, 0
 	clear(c.count)
+	clear(c.touched)
 }
 
 func (c *changeSummary) String() string {
@@ -239,6 +255,29 @@ func (c *changeSummary) String() string {
 		fmt.Fprintf(&b, "; %d more changes", rest)
 	}
 	return b.String()
+}
+
+// markDirty records tables others changed (all: which is not known).
+func (w *driftWatch) markDirty(tables map[string]bool, all bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dirty == nil {
+		w.dirty = map[string]bool{}
+	}
+	for t := range tables {
+		w.dirty[t] = true
+	}
+	w.dirtyAll = w.dirtyAll || all
+}
+
+// takeDirty returns and forgets the tables others changed; all: any may
+// have, or the watch does not run (so it cannot tell).
+func (w *driftWatch) takeDirty() (tables map[string]bool, all bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	tables, all = w.dirty, w.dirtyAll || !w.running
+	w.dirty, w.dirtyAll = nil, false
+	return tables, all
 }
 
 // advance records that generation gen was read.
@@ -351,16 +390,16 @@ var eventNames = map[int]string{
 // object message carries its table's name as attribute 1, and its own
 // name (a chain's as attribute 3, a rule's chain as 2, a set's or an
 // element's set as 2, an object's as 2).
-func (s *Plane) ours(typ int, family byte, attrs []byte) (string, bool) {
+func (s *Plane) ours(typ int, family byte, attrs []byte) (what, table string, ok bool) {
 	verb, ok := eventNames[typ]
 	if !ok {
-		return "", false
+		return "", "", false
 	}
 	ad, err := netlink.NewAttributeDecoder(attrs)
 	if err != nil {
-		return "", false
+		return "", "", false
 	}
-	var table, name string
+	var name string
 	nameAttr := uint16(2)
 	if typ == unix.NFT_MSG_NEWCHAIN || typ == unix.NFT_MSG_DELCHAIN {
 		nameAttr = 3
@@ -382,16 +421,16 @@ func (s *Plane) ours(typ int, family byte, attrs []byte) (string, bool) {
 	case unix.NFPROTO_NETDEV:
 		fam = "netdev"
 	default:
-		return "", false
+		return "", "", false
 	}
 	if !s.ownsTable(fam, table) {
-		return "", false
+		return "", "", false
 	}
-	what := fmt.Sprintf("%s %s %s", verb, fam, table)
+	what = fmt.Sprintf("%s %s %s", verb, fam, table)
 	if name != "" {
 		what += " " + name
 	}
-	return what, true
+	return what, table, true
 }
 
 // ownsTable reports whether the table of that family and name is xlb's:
