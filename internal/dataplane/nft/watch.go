@@ -54,9 +54,9 @@ type driftWatch struct {
 	// (RepairDrift); all: events were lost, any may have changed.
 	dirty    map[string]bool
 	dirtyAll bool
-	gen     uint32        // the last generation read
-	moved   chan struct{} // closed when gen moves or the watch stops
-	query   *netlink.Conn // GETGEN
+	gen      uint32        // the last generation read
+	moved    chan struct{} // closed when gen moves or the watch stops
+	query    *netlink.Conn // GETGEN
 }
 
 // WatchDrift implements dataplane.DriftWatcher for xlb's tables of any
