@@ -1,14 +1,19 @@
 package e2e
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -146,4 +151,87 @@ func TestDriftRepairedWhileRunning(t *testing.T) {
 func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
+}
+
+// On the eBPF plane: the program detached from an interface, a link's
+// pin removed, a service entry or a backend deleted from the pinned maps
+// by another program (bpftool, a script) are repaired within a second,
+// without a restart.
+func TestEBPFDriftRepairedWhileRunning(t *testing.T) {
+	e, pin := newEBPFEnv(t)
+	vip := netip.AddrPortFrom(testutil.VIP4(23), 80)
+	e.addWebFarm(vip.Addr())
+	e.requireAllBackends(vip, 9)
+	ifname := e.topo.LB.Link
+	for _, c := range []struct {
+		name   string
+		tamper func() error
+	}{
+		{"program detached", func() error {
+			id, _ := linkProgram(t, pin, ifname)
+			l, err := link.NewFromID(link.ID(id))
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			return l.Detach()
+		}},
+		{"link pin removed and link detached", func() error {
+			id, _ := linkProgram(t, pin, ifname)
+			if err := os.Remove(filepath.Join(pin, "link_ingress_"+ifname)); err != nil {
+				return err
+			}
+			l, err := link.NewFromID(link.ID(id))
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			return l.Detach()
+		}},
+		{"service entries deleted", func() error { return deleteAll(filepath.Join(pin, "xlb_services")) }},
+		{"backends deleted", func() error { return deleteAll(filepath.Join(pin, "xlb_backends")) }},
+	} {
+		if err := c.tamper(); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		took, ok := e.askWithin(vip, time.Second)
+		if !ok {
+			t.Fatalf("%s: no traffic within a second", c.name)
+		}
+		t.Logf("%s: traffic back after %s", c.name, took.Round(time.Millisecond))
+		e.requireAllBackends(vip, 9)
+	}
+	out := e.mustCLI("reconcile")
+	m := regexp.MustCompile(`drift watch yes: (\d+) changes by other programs seen, (\d+) repaired`).FindStringSubmatch(out)
+	if m == nil || atoi(m[2]) < 4 {
+		t.Errorf("xlb reconcile: %s", out)
+	}
+}
+
+// deleteAll deletes every entry of the pinned map at path.
+func deleteAll(path string) error {
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	var keys [][]byte
+	k := make([]byte, m.KeySize())
+	v := make([]byte, m.ValueSize())
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("%s: no entry to delete", path)
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
 }
