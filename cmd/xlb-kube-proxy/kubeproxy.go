@@ -37,6 +37,7 @@ type kubeProxyOptions struct {
 	healthzAddr       string
 	logLevel          string
 	apiEndpoints      []string
+	cleanup           bool // remove the proxy's kernel objects and exit (cleanup.go)
 }
 
 // The proxy's table and pin path are apart from xlb daemon's (xlb,
@@ -78,6 +79,9 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
   xlb kube-proxy --hostname-override "$NODE_NAME" --dataplane ebpf --interfaces eth0,cni0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, argv []string) error {
+			if o.cleanup {
+				return a.runCleanup(cmd.Context(), o)
+			}
 			return a.runKubeProxy(cmd.Context(), o)
 		},
 	}
@@ -91,6 +95,7 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringSliceVar(&o.apiEndpoints, "apiserver-endpoints", nil, "the API server's real address:port(s): program the kubernetes Service's cluster IP to them before the first sync, so a fresh node's in-cluster configuration can reach the API server")
+	f.BoolVar(&o.cleanup, "cleanup", false, "remove everything the proxy put in this namespace's kernel (both data planes: the nft tables of --nft-table and its named tables' table, the links and maps pinned under --pin-path) and exit, as kube-proxy --cleanup does")
 	cmd.PreRunE = func(*cobra.Command, []string) error { return o.dp.Check() }
 	return cmd
 }
@@ -166,6 +171,12 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
 		return err
+	}
+	// Every farm is in this plane now: the other's leftovers go.
+	if a.removeOtherPlane != nil {
+		if err := a.removeOtherPlane(ctx, log, o.dp); err != nil {
+			log.Error("could not remove the other data plane's objects; remove them with --cleanup once the proxy is stopped", "err", err)
+		}
 	}
 	// Changes to the proxy's kernel objects by other programs are
 	// repaired within a second (as the daemon does).

@@ -34,6 +34,8 @@ type daemonOptions struct {
 	// forceEmpty: start with an empty saved state even if the kernel
 	// holds farms (guard.go).
 	forceEmpty bool
+	// cleanup: remove xlb's kernel objects and exit (cleanup.go).
+	cleanup bool
 }
 
 func (a *app) daemonCmd() *cobra.Command {
@@ -104,6 +106,9 @@ summary line every 10 s. See docs/operations.md.`,
 			if err := o.dp.Check(); err != nil {
 				return err
 			}
+			if o.cleanup {
+				return a.runCleanup(cmd.Context(), o)
+			}
 			return a.runDaemon(cmd.Context(), o, keyFile)
 		},
 	}
@@ -113,6 +118,7 @@ summary line every 10 s. See docs/operations.md.`,
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
 	o.dp.Register(f, setup.DaemonDefaults)
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.BoolVar(&o.cleanup, "cleanup", false, "remove everything xlb put in this namespace's kernel (both data planes: the nft tables of --nft-table, any layout, and its named tables' table; the links and maps pinned under --pin-path) and exit; the saved state is kept")
 	f.BoolVar(&o.forceEmpty, "force-empty", false, "start even if the saved state is empty while the kernel holds farms of xlb's, and delete them (by default the daemon refuses: a lost --state-dir must not wipe the kernel)")
 	f.StringVar(&o.tls.cert, "tls-cert", "", "PEM certificate (chain) of the API over TLS; with --tls-key")
 	f.StringVar(&o.tls.key, "tls-key", "", "PEM private key of --tls-cert")
@@ -165,6 +171,12 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
 		return err
+	}
+	// Every farm is in this plane now: the other's leftovers go.
+	if a.removeOtherPlane != nil {
+		if err := a.removeOtherPlane(ctx, log, o.dp); err != nil {
+			log.Error("could not remove the other data plane's objects; remove them with xlb daemon --cleanup once this daemon is stopped", "err", err)
+		}
 	}
 	watchDrift(ctx, log, eng)
 	hsrv, stopHealth := startHealth(ctx, log, eng, dp)

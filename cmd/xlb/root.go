@@ -34,7 +34,12 @@ type app struct {
 	getenv        func(string) string
 	httpClient    *http.Client // nil: http.DefaultClient
 	openDataplane func(ctx context.Context, log *slog.Logger, c setup.Flags) (dataplane.Dataplane, error)
-	daemonReady   func(addr net.Addr) // tests: called once the daemon's API serves
+	// removeOtherPlane and cleanup act on the current namespace's kernel
+	// (setup.RemoveOtherPlane, setup.Cleanup); nil: skipped (tests whose
+	// planes live in namespaces of their own).
+	removeOtherPlane func(ctx context.Context, log *slog.Logger, c setup.Flags) error
+	cleanup          func(ctx context.Context, c setup.Flags) (removed, left []string, err error)
+	daemonReady      func(addr net.Addr) // tests: called once the daemon's API serves
 
 	apiURL  string
 	key     string
