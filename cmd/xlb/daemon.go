@@ -84,6 +84,16 @@ keeps the kernel, and refuses every change (503) until space is freed and it
 is restarted. A state directory removed while the daemon runs makes it refuse
 every change (503).
 
+While it runs, the daemon watches its kernel objects (nft: netlink events of
+its tables; ebpf: a poll of links, pins and map entries) and repairs what
+another program changes in them (nft flush ruleset, a rule or element
+deleted, a program detached) within a second, logging each repair; a change
+is acknowledged only on a kernel that holds the state. SIGHUP (or xlb
+reconcile) reconciles on demand. At start, once its plane holds every farm,
+it removes what the other plane left (the eBPF links and maps pinned under
+--pin-path when on nft; the nft tables of --nft-table when on ebpf).
+--cleanup removes everything xlb put in the kernel, both planes, and exits.
+
 When --listen is beyond loopback, a key shorter than 16 bytes, or a key file
 others may read, is refused (--allow-weak-key: logged as an error instead).
 --tls-cert and --tls-key serve the TCP API over TLS; --tls-client-ca also
@@ -96,6 +106,7 @@ summary line every 10 s. See docs/operations.md.`,
   XLB_KEY=s3cret xlb daemon --listen 10.0.0.1:5555
   xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576
   xlb daemon --dataplane ebpf --interfaces eth0,eth1 --xdp native
+  xlb daemon --cleanup
   xlb daemon --listen 10.0.0.1:5555 --tls-cert api.crt --tls-key api.key.pem --tls-client-ca clients.pem`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
