@@ -24,12 +24,13 @@ import (
 //   - every poll: each tcx (and XDP) link is still attached to its
 //     interface, runs xlb's program and is pinned; each map's pin is
 //     there. A few syscalls per interface and map.
-//   - every poll, within a budget of driftBudget map lookups, rotating
-//     over the farms: each farm's service entries, backends, and its
-//     first and last slot are what the plane wrote. At 10,000 farms of
-//     3 backends a full round takes about a second; the slots in between
-//     are not looked at (a slot deleted by hand is found by a reconcile,
-//     not by the poll).
+//   - every poll, within a budget of driftBudget map lookups (about 4 ms
+//     of CPU: 1.6 % of a core), rotating over the farms: each farm's
+//     service entries, backends, and its first and last slot are what
+//     the plane wrote. Up to about 650 farms of 3 backends each poll
+//     sees every farm; at 10,000 a full round takes about 4 s. The slots
+//     in between are not looked at (a slot deleted by hand is found by a
+//     reconcile, not by the poll).
 //
 // DriftSeen runs the first kind of check at once (before a change is
 // acknowledged: O(interfaces + maps), not O(farms)); a map entry deleted
@@ -42,7 +43,7 @@ var _ dataplane.DriftWatcher = (*Plane)(nil)
 
 const (
 	driftPoll   = 250 * time.Millisecond
-	driftBudget = 40000
+	driftBudget = 4000
 )
 
 type driftPoller struct {
