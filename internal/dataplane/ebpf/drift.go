@@ -24,8 +24,8 @@ import (
 //   - every poll: each tcx (and XDP) link is still attached to its
 //     interface, runs xlb's program and is pinned; each map's pin is
 //     there. A few syscalls per interface and map.
-//   - every poll, within a budget of driftBudget map lookups (about 4 ms
-//     of CPU: 1.6 % of a core), rotating over the farms: each farm's
+//   - every poll, within a budget of driftBudget map lookups (one
+//     syscall each; 16,000 a second at most), rotating over the farms: each farm's
 //     service entries, backends, and its first and last slot are what
 //     the plane wrote. Up to about 650 farms of 3 backends each poll
 //     sees every farm; at 10,000 a full round takes about 4 s. The slots
