@@ -127,11 +127,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	if o.kp.cleanup {
 		// kube-proxy --cleanup: remove what the flags name and exit,
 		// without the API server.
-		if err := setup.Cleanup(ctx, log, o.dp); err != nil {
-			return fmt.Errorf("--cleanup: %w", err)
-		}
-		log.Info("cleanup done")
-		return nil
+		return a.runCleanup(ctx, o)
 	}
 	for _, n := range kps.Notes {
 		log.Info("kube-proxy setting accepted without effect", "setting", n)
@@ -219,6 +215,17 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
 		return err
+	}
+	// Every farm is in this plane now: the other's leftovers go.
+	if a.removeOtherPlane != nil {
+		if err := a.removeOtherPlane(ctx, log, o.dp); err != nil {
+			log.Error("could not remove the other data plane's objects; remove them with --cleanup once the proxy is stopped", "err", err)
+		}
+	}
+	// Changes to the proxy's kernel objects by other programs are
+	// repaired within a second (as the daemon does).
+	if _, err := eng.WatchDrift(ctx); err != nil {
+		log.Error("no drift watch: changes to the proxy's kernel objects by other programs are repaired at the next full sync or restart", "err", err)
 	}
 
 	// A fresh node: the client may reach the API server only through the

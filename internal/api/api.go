@@ -94,6 +94,7 @@ var farmRoutes = []Route{
 	{Method: http.MethodGet, Path: "/state", handle: (*Server).getState},
 	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
 	{Method: http.MethodGet, Path: "/state/problems", handle: (*Server).getProblems},
+	{Method: http.MethodPost, Path: "/reconcile", Write: true, handle: (*Server).postReconcile},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
 	{Method: http.MethodGet, Path: "/events", handle: (*Server).getEvents},
 }

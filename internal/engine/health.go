@@ -447,7 +447,17 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 		d.Changes = append(d.Changes, plan.FarmChange{Old: old, New: nw})
 	}
 	if d = kernelDiff(d); !d.Empty() {
-		if err := e.dp.Apply(ctx, d); err != nil {
+		err := e.dp.Apply(ctx, d)
+		if err != nil {
+			// Refused by a kernel others changed? Repair, try again
+			// (after a success, the watch repairs within a second).
+			if drift, seen, serr := e.drifted(ctx); drift {
+				if rerr := e.repairLocked(ctx, seen, serr, s, e.effectiveFarms(s), "health"); rerr == nil {
+					err = e.dp.Apply(ctx, d)
+				}
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("apply health to %s data plane: %w", e.dp.Name(), err)
 		}
 	}

@@ -146,6 +146,10 @@ type Plane struct {
 	// goroutine ends.
 	events *ringbuf.Reader
 	evDone chan struct{}
+	// pinned: the maps pinned under the pin path, by name; drift: the
+	// drift poll (drift.go).
+	pinned map[string]*ebpf.Map
+	drift  driftPoller
 	// watchStop ends the link watch that keeps xlb_peer_tx current;
 	// watchDone is closed when its goroutine ends.
 	watchStop, watchDone chan struct{}
@@ -303,6 +307,7 @@ func (p *Plane) load() error {
 		}
 		return fmt.Errorf("load ebpf objects: %w", err)
 	}
+	p.pinned = pinnedMaps(spec, &p.objs.xlbMaps)
 	return nil
 }
 

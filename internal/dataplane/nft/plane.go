@@ -52,7 +52,7 @@ type Options struct {
 
 // dialNFT opens a lasting nftables netlink connection in namespace ns.
 func dialNFT(ns netns.NsHandle) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers, recordPort)}
 	if ns.IsOpen() {
 		opts = append(opts, nftables.WithNetNSFd(int(ns)))
 	}
@@ -139,6 +139,8 @@ type Plane struct {
 
 	// ctr is the counter table (counters.go); nil with NoCounters.
 	ctr *counters
+	// watch sees changes to xlb's tables by others (watch.go).
+	watch driftWatch
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)

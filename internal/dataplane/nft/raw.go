@@ -204,7 +204,14 @@ func (p *shard) sendRaw(msgs []netlink.Message) error {
 	if err != nil {
 		return fmt.Errorf("connect to nftables: %w", err)
 	}
-	defer c.Close()
+	if err := recordPort(c); err != nil {
+		c.Close()
+		return fmt.Errorf("connect to nftables: %w", err)
+	}
+	defer func() {
+		releasePort(c)
+		c.Close()
+	}()
 	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		return err
 	}

@@ -20,11 +20,9 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if s.conn == nil {
 		return errClosed
 	}
-	parts := make([][]*model.Farm, len(s.shards))
-	for _, f := range plan.SplitFarms(farms) {
-		i := s.shardOf(f.Name)
-		parts[i] = append(parts[i], f)
-	}
+	// Everything is looked at: what others changed so far is repaired.
+	s.watch.takeDirty()
+	parts := s.split(farms)
 	keep := map[string]bool{}
 	for i, p := range s.shards {
 		if err := p.reconcile(ctx, parts[i]); err != nil {
@@ -44,6 +42,16 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		s.log.Info("deleted the tables of another --nft-tables layout", "tables", dropped)
 	}
 	return nil
+}
+
+// split cuts farms by table (dual farms split: plan.SplitFarms).
+func (s *Plane) split(farms []*model.Farm) [][]*model.Farm {
+	parts := make([][]*model.Farm, len(s.shards))
+	for _, f := range plan.SplitFarms(farms) {
+		i := s.shardOf(f.Name)
+		parts[i] = append(parts[i], f)
+	}
+	return parts
 }
 
 // reconcile makes the shard's table hold exactly farms (dual farms split:
