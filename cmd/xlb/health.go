@@ -24,8 +24,19 @@ func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp d
 	wg.Add(2)
 	go func() { defer wg.Done(); mon.Run(ctx) }()
 	go func() { defer wg.Done(); mon.Watch(ctx, eng) }()
+	// Passive checks, on a plane that watches handshakes (ebpf).
+	var ej *health.Ejector
+	if r, ok := dp.(dataplane.PassiveReader); ok {
+		ej = health.NewEjector(log.With("component", "passive"), eng, r, 0)
+		wg.Add(2)
+		go func() { defer wg.Done(); ej.Run(ctx) }()
+		go func() { defer wg.Done(); ej.Watch(ctx, eng) }()
+	}
 	wire := func(s *api.Server) *api.Server {
 		s.SetChecks(mon)
+		if ej != nil {
+			s.SetPassive(ej)
+		}
 		s.SetEvents(broker)
 		return s
 	}

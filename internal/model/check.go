@@ -107,6 +107,10 @@ type Check struct {
 	Quorum      uint32 // backends up for the farm to serve from its backends; 0: 1
 	Hysteresis  uint32 // quorum is lost below quorum-hysteresis, regained at quorum+hysteresis
 	SorryServer string // a backend of the farm that serves (alone) only while the quorum is lost; it is not checked
+
+	// Passive (farm only) ejects backends whose forwarded connections
+	// fail (passive.go); nil: none. Never part of a resolved check.
+	Passive *PassiveCheck
 }
 
 // Check defaults (HAProxy's inter, rise and fall).
@@ -128,13 +132,13 @@ const (
 var DefaultStatus = []StatusRange{{200, 399}}
 
 // farmOnlyCheckFields may appear only in a farm's check.
-var farmOnlyCheckFields = []string{"on-down", "inhibit", "quorum", "hysteresis", "sorry-server"}
+var farmOnlyCheckFields = []string{"on-down", "inhibit", "quorum", "hysteresis", "sorry-server", "passive"}
 
 // durationField decodes a duration of lo to hi; lo 0 allows 0 (none).
-func durationField(name string, lo, hi time.Duration, ptr func(*Check) *time.Duration) scalarField[Check] {
-	return scalarField[Check]{
+func durationField[T any](name string, lo, hi time.Duration, ptr func(*T) *time.Duration) scalarField[T] {
+	return scalarField[T]{
 		name: name,
-		decode: func(c *Check, v string) error {
+		decode: func(c *T, v string) error {
 			v = strings.TrimSpace(v)
 			d, err := time.ParseDuration(v)
 			if err != nil || d < lo || d > hi {
@@ -143,7 +147,7 @@ func durationField(name string, lo, hi time.Duration, ptr func(*Check) *time.Dur
 			*ptr(c) = d
 			return nil
 		},
-		append: func(dst []byte, c *Check) []byte { return appendJSONString(dst, ptr(c).String()) },
+		append: func(dst []byte, c *T) []byte { return appendJSONString(dst, ptr(c).String()) },
 	}
 }
 
@@ -322,6 +326,13 @@ func appendCheckJSON(dst []byte, c *Check) []byte {
 		dst = append(dst, ':')
 		dst = checkFields[i].append(dst, c)
 	}
+	if c.Passive != nil {
+		if !first {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `"passive":`...)
+		dst = appendPassiveJSON(dst, c.Passive)
+	}
 	return append(dst, '}')
 }
 
@@ -341,11 +352,18 @@ func decodeCheck(d *doc, v int, name objName, cur *Check) (*Check, error) {
 		c = *cur
 		c.Status = append([]StatusRange(nil), cur.Status...)
 	}
-	if err := decodeMembers(d, v, name, &c, checkFields, nil); err != nil {
+	if err := decodeMembers(d, v, name, &c, checkFields, []string{"passive"}); err != nil {
 		if fe, ok := err.(*FieldError); ok {
 			fe.Field = "check." + fe.Field
 		}
 		return nil, err
+	}
+	if pv := d.lastMember(v, "passive"); pv >= 0 && !name.isBackend {
+		p, err := decodePassive(d, pv, name, c.Passive)
+		if err != nil {
+			return nil, err
+		}
+		c.Passive = p
 	}
 	if name.isBackend {
 		for k, end := d.children(v); k < end; k = d.toks[k+1].next {
@@ -431,6 +449,7 @@ func (f *Farm) Resolve(i int) (c Check, ok bool) {
 	b := &f.Backends[i]
 	if f.Check != nil {
 		c = *f.Check
+		c.Passive = nil // not an active check's: PassiveKey
 		if c.SorryServer == b.Name {
 			return Check{}, false
 		}
@@ -535,7 +554,7 @@ func overlay(c, o *Check) {
 // HasChecks reports whether any backend of f is checked, or f has a sorry
 // server (whose serving depends on the others' health).
 func (f *Farm) HasChecks() bool {
-	if f.Check != nil && f.Check.Type != CheckUnset {
+	if f.Check != nil && (f.Check.Type != CheckUnset || f.Check.Passive != nil) {
 		return true
 	}
 	for i := range f.Backends {
@@ -570,6 +589,11 @@ func (f *Farm) validateChecks() error {
 		}
 		if c.Inhibit && c.OnDown == OnDownFlush {
 			return bad("inhibit", "on", "inhibit keeps a down backend's connections (weight 0); on-down flush cuts them: choose one")
+		}
+		if c.Passive != nil {
+			if err := f.validatePassive(c.Passive); err != nil {
+				return err
+			}
 		}
 	}
 	for i := range f.Backends {

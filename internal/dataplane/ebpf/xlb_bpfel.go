@@ -90,6 +90,25 @@ type xlbCtVal struct {
 	Dmac    [6]uint8
 }
 
+type xlbPassiveBe struct {
+	_         structs.HostLayout
+	Consec    uint32
+	Pad       uint32
+	TimeoutNs uint64
+	Ok        uint64
+	Reset     uint64
+	Unreach   uint64
+	Slow      uint64
+	LastOk    uint64
+}
+
+type xlbPassiveSyn struct {
+	_       structs.HostLayout
+	Backend uint32
+	Pad     uint32
+	Ts      uint64
+}
+
 type xlbPersistKey struct {
 	_     structs.HostLayout
 	Svc   xlbSvcKey
@@ -284,38 +303,42 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xlbMapXlbBackends        = "xlb_backends"
-	xlbMapXlbBeFlags         = "xlb_be_flags"
-	xlbMapXlbBeIndex         = "xlb_be_index"
-	xlbMapXlbBeStats         = "xlb_be_stats"
-	xlbMapXlbBrPort          = "xlb_br_port"
-	xlbMapXlbCt              = "xlb_ct"
-	xlbMapXlbEvents          = "xlb_events"
-	xlbMapXlbPeerTx          = "xlb_peer_tx"
-	xlbMapXlbPersist         = "xlb_persist"
-	xlbMapXlbRr              = "xlb_rr"
-	xlbMapXlbScratch         = "xlb_scratch"
-	xlbMapXlbServices        = "xlb_services"
-	xlbMapXlbSlots           = "xlb_slots"
-	xlbMapXlbStateless       = "xlb_stateless"
-	xlbMapXlbStats           = "xlb_stats"
-	xlbMapXlbSvcFlags        = "xlb_svc_flags"
-	xlbMapXlbXdpTx           = "xlb_xdp_tx"
-	xlbProgXlbClock          = "xlb_clock"
-	xlbProgXlbIngress        = "xlb_ingress"
-	xlbProgXlbXdp            = "xlb_xdp"
-	xlbVarXlbClockOffset     = "xlb_clock_offset"
-	xlbVarXlbClockSample     = "xlb_clock_sample"
-	xlbVarXlbClockTickNs     = "xlb_clock_tick_ns"
-	xlbVarXlbCtRefreshNs     = "xlb_ct_refresh_ns"
-	xlbVarXlbEnumsBtf        = "xlb_enums_btf"
-	xlbVarXlbTimeoutClose    = "xlb_timeout_close"
-	xlbVarXlbTimeoutFin      = "xlb_timeout_fin"
-	xlbVarXlbTimeoutSyn      = "xlb_timeout_syn"
-	xlbVarXlbTimeoutTcp      = "xlb_timeout_tcp"
-	xlbVarXlbTimeoutUdp      = "xlb_timeout_udp"
-	xlbVarXlbUnusedConnEvent = "xlb_unused_conn_event"
-	xlbVarXlbXdpAnyTx        = "xlb_xdp_any_tx"
+	xlbMapXlbBackends         = "xlb_backends"
+	xlbMapXlbBeFlags          = "xlb_be_flags"
+	xlbMapXlbBeIndex          = "xlb_be_index"
+	xlbMapXlbBeStats          = "xlb_be_stats"
+	xlbMapXlbBrPort           = "xlb_br_port"
+	xlbMapXlbCt               = "xlb_ct"
+	xlbMapXlbEvents           = "xlb_events"
+	xlbMapXlbPassive          = "xlb_passive"
+	xlbMapXlbPassiveSyn       = "xlb_passive_syn"
+	xlbMapXlbPeerTx           = "xlb_peer_tx"
+	xlbMapXlbPersist          = "xlb_persist"
+	xlbMapXlbRr               = "xlb_rr"
+	xlbMapXlbScratch          = "xlb_scratch"
+	xlbMapXlbServices         = "xlb_services"
+	xlbMapXlbSlots            = "xlb_slots"
+	xlbMapXlbStateless        = "xlb_stateless"
+	xlbMapXlbStats            = "xlb_stats"
+	xlbMapXlbSvcFlags         = "xlb_svc_flags"
+	xlbMapXlbXdpTx            = "xlb_xdp_tx"
+	xlbProgXlbClock           = "xlb_clock"
+	xlbProgXlbIngress         = "xlb_ingress"
+	xlbProgXlbXdp             = "xlb_xdp"
+	xlbVarXlbClockOffset      = "xlb_clock_offset"
+	xlbVarXlbClockSample      = "xlb_clock_sample"
+	xlbVarXlbClockTickNs      = "xlb_clock_tick_ns"
+	xlbVarXlbCtRefreshNs      = "xlb_ct_refresh_ns"
+	xlbVarXlbEnumsBtf         = "xlb_enums_btf"
+	xlbVarXlbTimeoutClose     = "xlb_timeout_close"
+	xlbVarXlbTimeoutFin       = "xlb_timeout_fin"
+	xlbVarXlbTimeoutSyn       = "xlb_timeout_syn"
+	xlbVarXlbTimeoutTcp       = "xlb_timeout_tcp"
+	xlbVarXlbTimeoutUdp       = "xlb_timeout_udp"
+	xlbVarXlbUnusedConnEvent  = "xlb_unused_conn_event"
+	xlbVarXlbUnusedPassiveBe  = "xlb_unused_passive_be"
+	xlbVarXlbUnusedPassiveSyn = "xlb_unused_passive_syn"
+	xlbVarXlbXdpAnyTx         = "xlb_xdp_any_tx"
 )
 
 // loadXlb returns the embedded CollectionSpec for xlb.
@@ -369,41 +392,45 @@ type xlbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbMapSpecs struct {
-	XlbBackends  *ebpf.MapSpec `ebpf:"xlb_backends"`
-	XlbBeFlags   *ebpf.MapSpec `ebpf:"xlb_be_flags"`
-	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
-	XlbBeStats   *ebpf.MapSpec `ebpf:"xlb_be_stats"`
-	XlbBrPort    *ebpf.MapSpec `ebpf:"xlb_br_port"`
-	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
-	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
-	XlbPeerTx    *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
-	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
-	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
-	XlbScratch   *ebpf.MapSpec `ebpf:"xlb_scratch"`
-	XlbServices  *ebpf.MapSpec `ebpf:"xlb_services"`
-	XlbSlots     *ebpf.MapSpec `ebpf:"xlb_slots"`
-	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
-	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
-	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
-	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
+	XlbBackends   *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeFlags    *ebpf.MapSpec `ebpf:"xlb_be_flags"`
+	XlbBeIndex    *ebpf.MapSpec `ebpf:"xlb_be_index"`
+	XlbBeStats    *ebpf.MapSpec `ebpf:"xlb_be_stats"`
+	XlbBrPort     *ebpf.MapSpec `ebpf:"xlb_br_port"`
+	XlbCt         *ebpf.MapSpec `ebpf:"xlb_ct"`
+	XlbEvents     *ebpf.MapSpec `ebpf:"xlb_events"`
+	XlbPassive    *ebpf.MapSpec `ebpf:"xlb_passive"`
+	XlbPassiveSyn *ebpf.MapSpec `ebpf:"xlb_passive_syn"`
+	XlbPeerTx     *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
+	XlbPersist    *ebpf.MapSpec `ebpf:"xlb_persist"`
+	XlbRr         *ebpf.MapSpec `ebpf:"xlb_rr"`
+	XlbScratch    *ebpf.MapSpec `ebpf:"xlb_scratch"`
+	XlbServices   *ebpf.MapSpec `ebpf:"xlb_services"`
+	XlbSlots      *ebpf.MapSpec `ebpf:"xlb_slots"`
+	XlbStateless  *ebpf.MapSpec `ebpf:"xlb_stateless"`
+	XlbStats      *ebpf.MapSpec `ebpf:"xlb_stats"`
+	XlbSvcFlags   *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbXdpTx      *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
 // xlbVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbVariableSpecs struct {
-	XlbClockOffset     *ebpf.VariableSpec `ebpf:"xlb_clock_offset"`
-	XlbClockSample     *ebpf.VariableSpec `ebpf:"xlb_clock_sample"`
-	XlbClockTickNs     *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
-	XlbCtRefreshNs     *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
-	XlbEnumsBtf        *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
-	XlbTimeoutClose    *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
-	XlbTimeoutFin      *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
-	XlbTimeoutSyn      *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
-	XlbTimeoutTcp      *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
-	XlbTimeoutUdp      *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
-	XlbUnusedConnEvent *ebpf.VariableSpec `ebpf:"xlb_unused_conn_event"`
-	XlbXdpAnyTx        *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
+	XlbClockOffset      *ebpf.VariableSpec `ebpf:"xlb_clock_offset"`
+	XlbClockSample      *ebpf.VariableSpec `ebpf:"xlb_clock_sample"`
+	XlbClockTickNs      *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
+	XlbCtRefreshNs      *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
+	XlbEnumsBtf         *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
+	XlbTimeoutClose     *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin       *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn       *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp       *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp       *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
+	XlbUnusedConnEvent  *ebpf.VariableSpec `ebpf:"xlb_unused_conn_event"`
+	XlbUnusedPassiveBe  *ebpf.VariableSpec `ebpf:"xlb_unused_passive_be"`
+	XlbUnusedPassiveSyn *ebpf.VariableSpec `ebpf:"xlb_unused_passive_syn"`
+	XlbXdpAnyTx         *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbObjects contains all objects after they have been loaded into the kernel.
@@ -426,23 +453,25 @@ func (o *xlbObjects) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbMaps struct {
-	XlbBackends  *ebpf.Map `ebpf:"xlb_backends"`
-	XlbBeFlags   *ebpf.Map `ebpf:"xlb_be_flags"`
-	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
-	XlbBeStats   *ebpf.Map `ebpf:"xlb_be_stats"`
-	XlbBrPort    *ebpf.Map `ebpf:"xlb_br_port"`
-	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
-	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
-	XlbPeerTx    *ebpf.Map `ebpf:"xlb_peer_tx"`
-	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
-	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
-	XlbScratch   *ebpf.Map `ebpf:"xlb_scratch"`
-	XlbServices  *ebpf.Map `ebpf:"xlb_services"`
-	XlbSlots     *ebpf.Map `ebpf:"xlb_slots"`
-	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
-	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
-	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
-	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
+	XlbBackends   *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeFlags    *ebpf.Map `ebpf:"xlb_be_flags"`
+	XlbBeIndex    *ebpf.Map `ebpf:"xlb_be_index"`
+	XlbBeStats    *ebpf.Map `ebpf:"xlb_be_stats"`
+	XlbBrPort     *ebpf.Map `ebpf:"xlb_br_port"`
+	XlbCt         *ebpf.Map `ebpf:"xlb_ct"`
+	XlbEvents     *ebpf.Map `ebpf:"xlb_events"`
+	XlbPassive    *ebpf.Map `ebpf:"xlb_passive"`
+	XlbPassiveSyn *ebpf.Map `ebpf:"xlb_passive_syn"`
+	XlbPeerTx     *ebpf.Map `ebpf:"xlb_peer_tx"`
+	XlbPersist    *ebpf.Map `ebpf:"xlb_persist"`
+	XlbRr         *ebpf.Map `ebpf:"xlb_rr"`
+	XlbScratch    *ebpf.Map `ebpf:"xlb_scratch"`
+	XlbServices   *ebpf.Map `ebpf:"xlb_services"`
+	XlbSlots      *ebpf.Map `ebpf:"xlb_slots"`
+	XlbStateless  *ebpf.Map `ebpf:"xlb_stateless"`
+	XlbStats      *ebpf.Map `ebpf:"xlb_stats"`
+	XlbSvcFlags   *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbXdpTx      *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
 func (m *xlbMaps) Close() error {
@@ -454,6 +483,8 @@ func (m *xlbMaps) Close() error {
 		m.XlbBrPort,
 		m.XlbCt,
 		m.XlbEvents,
+		m.XlbPassive,
+		m.XlbPassiveSyn,
 		m.XlbPeerTx,
 		m.XlbPersist,
 		m.XlbRr,
@@ -471,18 +502,20 @@ func (m *xlbMaps) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbVariables struct {
-	XlbClockOffset     *ebpf.Variable `ebpf:"xlb_clock_offset"`
-	XlbClockSample     *ebpf.Variable `ebpf:"xlb_clock_sample"`
-	XlbClockTickNs     *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
-	XlbCtRefreshNs     *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
-	XlbEnumsBtf        *ebpf.Variable `ebpf:"xlb_enums_btf"`
-	XlbTimeoutClose    *ebpf.Variable `ebpf:"xlb_timeout_close"`
-	XlbTimeoutFin      *ebpf.Variable `ebpf:"xlb_timeout_fin"`
-	XlbTimeoutSyn      *ebpf.Variable `ebpf:"xlb_timeout_syn"`
-	XlbTimeoutTcp      *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
-	XlbTimeoutUdp      *ebpf.Variable `ebpf:"xlb_timeout_udp"`
-	XlbUnusedConnEvent *ebpf.Variable `ebpf:"xlb_unused_conn_event"`
-	XlbXdpAnyTx        *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`
+	XlbClockOffset      *ebpf.Variable `ebpf:"xlb_clock_offset"`
+	XlbClockSample      *ebpf.Variable `ebpf:"xlb_clock_sample"`
+	XlbClockTickNs      *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
+	XlbCtRefreshNs      *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
+	XlbEnumsBtf         *ebpf.Variable `ebpf:"xlb_enums_btf"`
+	XlbTimeoutClose     *ebpf.Variable `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin       *ebpf.Variable `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn       *ebpf.Variable `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp       *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp       *ebpf.Variable `ebpf:"xlb_timeout_udp"`
+	XlbUnusedConnEvent  *ebpf.Variable `ebpf:"xlb_unused_conn_event"`
+	XlbUnusedPassiveBe  *ebpf.Variable `ebpf:"xlb_unused_passive_be"`
+	XlbUnusedPassiveSyn *ebpf.Variable `ebpf:"xlb_unused_passive_syn"`
+	XlbXdpAnyTx         *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbPrograms contains all programs after they have been loaded into the kernel.
