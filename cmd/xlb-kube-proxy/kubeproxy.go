@@ -22,6 +22,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/kube"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
@@ -199,6 +200,10 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	if err != nil {
 		return err
 	}
+	// Checks a Service's xlb.io/check annotation adds (next to readiness,
+	// which the endpoints carry already).
+	checks := health.Start(ctx, log, eng, dp)
+	defer checks.Stop()
 
 	healthz := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ok, why := ctl.Healthy(60 * time.Second)

@@ -132,6 +132,7 @@ func (m *Monitor) Run(ctx context.Context) {
 	}()
 	m.loop(ctx)
 	wg.Wait()
+	m.d.close()
 }
 
 // Watch keeps the monitor's targets equal to the engine's checked

@@ -125,6 +125,11 @@ func pass(detail string) Result { return Result{OK: true, Detail: detail, Percen
 func (p *probe) failErr(err error) Result { return fail(describe(err, p.check.Timeout)) }
 
 func (p *probe) tcp(ctx context.Context, d *dialer, deadline time.Time) Result {
+	if p.check.HalfOpen && p.dst.Addr().Is4() {
+		if r, ok := p.halfOpen(ctx, d); ok {
+			return r
+		}
+	}
 	c, err := d.dial(ctx, "tcp", p.check.SourceAddr, p.dst, deadline)
 	if err != nil {
 		return p.failErr(err)
@@ -143,6 +148,25 @@ func (p *probe) tcp(ctx context.Context, d *dialer, deadline time.Time) Result {
 		return pass("sent")
 	}
 	return p.readExpect(c)
+}
+
+// halfOpen runs a half-open check (synprobe.go); ok is false when it
+// cannot (no raw socket, every source port busy): the caller connects.
+func (p *probe) halfOpen(ctx context.Context, d *dialer) (Result, bool) {
+	sp, err := d.prober()
+	if err != nil {
+		return Result{}, false
+	}
+	answer, err := sp.probe(ctx, d, p.check.SourceAddr, p.dst)
+	switch {
+	case err == nil && answer == synUp:
+		return pass(answer), true
+	case err == nil:
+		return fail(answer), true
+	case errors.Is(err, errSynBusy):
+		return Result{}, false
+	}
+	return p.failErr(err), true
 }
 
 // readExpect reads until the expected bytes arrive, the peer closes or the

@@ -96,6 +96,11 @@ type Check struct {
 	Send   string
 	Expect string
 
+	// tcp: HalfOpen sends a SYN and takes the SYN-ACK (up) or RST (down)
+	// without completing the connection (IPv4; much cheaper than a
+	// connect, see internal/health/synprobe.go).
+	HalfOpen bool
+
 	// exec: run with /bin/sh -c; exit 0 up, else down; a stdout line
 	// "weight N" sets the backend's weight (keepalived's misc_dynamic).
 	Command string
@@ -229,27 +234,9 @@ var checkFields = []scalarField[Check]{
 	textField("send", func(c *Check) *string { return &c.Send }),
 	textField("expect", func(c *Check) *string { return &c.Expect }),
 	textField("command", func(c *Check) *string { return &c.Command }),
+	onOffField("half-open", func(c *Check) *bool { return &c.HalfOpen }),
 	enumField("on-down", onDownSpec, func(c *Check) *OnDown { return &c.OnDown }),
-	{
-		name: "inhibit",
-		decode: func(c *Check, v string) error {
-			switch strings.TrimSpace(v) {
-			case "on", "true":
-				c.Inhibit = true
-			case "off", "false":
-				c.Inhibit = false
-			default:
-				return fmt.Errorf("allowed values are on, off")
-			}
-			return nil
-		},
-		append: func(dst []byte, c *Check) []byte {
-			if c.Inhibit {
-				return append(dst, `"on"`...)
-			}
-			return append(dst, `"off"`...)
-		},
-	},
+	onOffField("inhibit", func(c *Check) *bool { return &c.Inhibit }),
 	uintField("quorum", MaxBackends, 0, func(c *Check) *uint32 { return &c.Quorum }),
 	uintField("hysteresis", MaxBackends, 0, func(c *Check) *uint32 { return &c.Hysteresis }),
 	textField("sorry-server", func(c *Check) *string { return &c.SorryServer }),
@@ -296,6 +283,8 @@ func (c *Check) set(i int) bool {
 		return c.Expect != ""
 	case "command":
 		return c.Command != ""
+	case "half-open":
+		return c.HalfOpen
 	case "on-down":
 		return c.OnDown != OnDownKeep
 	case "inhibit":
@@ -549,6 +538,9 @@ func overlay(c, o *Check) {
 	set(&c.Send, o.Send)
 	set(&c.Expect, o.Expect)
 	set(&c.Command, o.Command)
+	if o.HalfOpen {
+		c.HalfOpen = true
+	}
 }
 
 // HasChecks reports whether any backend of f is checked, or f has a sorry
@@ -702,6 +694,9 @@ func checkTypeFields(c Check, bad func(field, value, problem string) error) erro
 		if x.value != "" && !x.ok {
 			return bad(x.field, x.value, "is not used by check type "+t.String())
 		}
+	}
+	if c.HalfOpen && (t != CheckTCP || c.Send != "" || c.Expect != "") {
+		return bad("half-open", "on", "is a tcp check without send or expect (a SYN answered by a SYN-ACK): not check type "+t.String()+" or with send/expect")
 	}
 	if !isHTTP && len(c.Status) > 0 && !equalStatus(c.Status, DefaultStatus) {
 		return bad("status", FormatStatusRanges(c.Status), "is used by check types http and https only")
