@@ -109,8 +109,8 @@ func newSynProber(d *dialer) (*synProber, error) {
 // ports (IPv4 header first, as a raw IPv4 socket gets them).
 func synFilter(ports []uint16) (*unix.SockFprog, error) {
 	ins := []bpf.Instruction{
-		bpf.LoadMemShift{Off: 0},                     // X = IP header length
-		bpf.LoadIndirect{Off: 2, Size: 2},            // A = TCP destination port
+		bpf.LoadMemShift{Off: 0},          // X = IP header length
+		bpf.LoadIndirect{Off: 2, Size: 2}, // A = TCP destination port
 	}
 	for i, port := range ports {
 		ins = append(ins, bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(port), SkipTrue: uint8(len(ports) - i)})
