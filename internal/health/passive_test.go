@@ -180,3 +180,35 @@ func TestEjectorAtLeastOne(t *testing.T) {
 		t.Fatalf("%+v", u)
 	}
 }
+
+// init-state down: a new check starts down (the engine takes the backend
+// out at once) and comes up after rise passes.
+func TestInitStateDown(t *testing.T) {
+	ln := lineServer(t, "hi\n", false)
+	fs, err := model.DecodeFarms([]byte(fmt.Sprintf(`{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80",
+		"check":{"type":"tcp","inter":"50ms","rise":"2","init-state":"down"},
+		"backends":[{"name":"b1","ip-addr":"%s","port":"%d"}]}`, ln.Addr(), ln.Port())), func(string) (*model.Farm, bool) { return nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &recordSink{}
+	m := New(quiet, sink, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m.Sync([]*model.Farm{&fs[0]})
+	go m.Run(ctx)
+	var seen []string
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && len(seen) < 2 {
+		sink.mu.Lock()
+		for _, u := range sink.updates {
+			seen = append(seen, fmt.Sprintf("down=%v %s", u.Down, u.Reason))
+		}
+		sink.updates = nil
+		sink.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(seen) != 2 || seen[0] != "down=true init-state down: not checked yet" || seen[1] != "down=false connected" {
+		t.Errorf("updates %q", seen)
+	}
+}

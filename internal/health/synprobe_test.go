@@ -2,9 +2,12 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -51,5 +54,27 @@ func TestHalfOpenProbe(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if out := testutil.Run(t, be.Name, "ss", "-Htn", "state", "syn-recv"); out != "" {
 		t.Errorf("backend holds half-open connections:\n%s", out)
+	}
+}
+
+// An exec check runs in the LB's network namespace (Options.NetNS), as the
+// other checks' sockets do.
+func TestExecInNamespace(t *testing.T) {
+	testutil.RequireRoot(t)
+	_, ns := testutil.NewNetNS(t)
+	var st unix.Stat_t
+	if err := unix.Fstat(int(ns), &st); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("net:[%d]", st.Ino)
+	d := &dialer{ns: ns}
+	c := model.Check{Type: model.CheckExec, Timeout: 5 * time.Second, Command: `readlink /proc/self/ns/net; test "$(readlink /proc/self/ns/net)" = "` + want + `"`}
+	f := &model.Farm{Name: "f", Backends: []model.Backend{{Name: "b", Addr: netip.MustParseAddr("10.0.0.1")}}}
+	p, err := compile(f, 0, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.run(context.Background(), d); !r.OK {
+		t.Errorf("exec ran outside %s: %+v", want, r)
 	}
 }

@@ -61,6 +61,18 @@ var onDownSpec = enumSpec[OnDown]{[]string{"keep", "flush"}}
 
 func (o OnDown) String() string { return onDownSpec.name(o) }
 
+// InitState is the state a check starts in.
+type InitState uint8
+
+const (
+	InitUp   InitState = iota // serving until fall failures
+	InitDown                  // out until rise passes
+)
+
+var initStateSpec = enumSpec[InitState]{[]string{"up", "down"}}
+
+func (s InitState) String() string { return initStateSpec.name(s) }
+
 // StatusRange is an inclusive range of HTTP status codes.
 type StatusRange struct{ First, Last uint16 }
 
@@ -90,11 +102,21 @@ type Check struct {
 	Status     []StatusRange // expected status codes; empty: 200-399
 	BodyRegex  string        // the body must match
 	BodyDigest string        // hex MD5 (32 digits) or SHA-256 (64) of the body
+	// https: Verify checks the backend's certificate (against CAFile, or
+	// the system's roots) and its name (host, else the backend's address).
+	Verify bool
+	CAFile string // PEM file of the CAs to trust (an absolute path)
 
 	// tcp, udp, agent: Send is sent after connecting (udp: the datagram);
 	// tcp, udp: Expect must appear in the answer. "hex:..." spells bytes.
 	Send   string
 	Expect string
+
+	// InitState is a new check's state before its first results: up
+	// (keepalived's default; `fall` failures take it down) or down (it
+	// needs `rise` passes: keepalived's alpha, HAProxy's init-state
+	// fully-down).
+	InitState InitState
 
 	// tcp: HalfOpen sends a SYN and takes the SYN-ACK (up) or RST (down)
 	// without completing the connection (IPv4; much cheaper than a
@@ -235,6 +257,9 @@ var checkFields = []scalarField[Check]{
 	textField("expect", func(c *Check) *string { return &c.Expect }),
 	textField("command", func(c *Check) *string { return &c.Command }),
 	onOffField("half-open", func(c *Check) *bool { return &c.HalfOpen }),
+	onOffField("verify", func(c *Check) *bool { return &c.Verify }),
+	textField("ca-file", func(c *Check) *string { return &c.CAFile }),
+	enumField("init-state", initStateSpec, func(c *Check) *InitState { return &c.InitState }),
 	enumField("on-down", onDownSpec, func(c *Check) *OnDown { return &c.OnDown }),
 	onOffField("inhibit", func(c *Check) *bool { return &c.Inhibit }),
 	uintField("quorum", MaxBackends, 0, func(c *Check) *uint32 { return &c.Quorum }),
@@ -285,6 +310,12 @@ func (c *Check) set(i int) bool {
 		return c.Command != ""
 	case "half-open":
 		return c.HalfOpen
+	case "verify":
+		return c.Verify
+	case "ca-file":
+		return c.CAFile != ""
+	case "init-state":
+		return c.InitState != InitUp
 	case "on-down":
 		return c.OnDown != OnDownKeep
 	case "inhibit":
@@ -495,7 +526,7 @@ func overlay(c, o *Check) {
 			// not carry over.
 			*c = Check{OnDown: c.OnDown, Inhibit: c.Inhibit, Quorum: c.Quorum, Hysteresis: c.Hysteresis, SorryServer: c.SorryServer,
 				SourceAddr: c.SourceAddr, Inter: c.Inter, FastInter: c.FastInter, DownInter: c.DownInter,
-				Timeout: c.Timeout, Warmup: c.Warmup, Rise: c.Rise, Fall: c.Fall}
+				Timeout: c.Timeout, Warmup: c.Warmup, Rise: c.Rise, Fall: c.Fall, InitState: c.InitState}
 		}
 		c.Type = o.Type
 	}
@@ -540,6 +571,13 @@ func overlay(c, o *Check) {
 	set(&c.Command, o.Command)
 	if o.HalfOpen {
 		c.HalfOpen = true
+	}
+	if o.Verify {
+		c.Verify = true
+	}
+	set(&c.CAFile, o.CAFile)
+	if o.InitState != InitUp {
+		c.InitState = o.InitState
 	}
 }
 
@@ -671,6 +709,9 @@ func validateCheck(obj string, c *Check) error {
 			return bad(p.field, p.v, err.Error())
 		}
 	}
+	if c.CAFile != "" && (!strings.HasPrefix(c.CAFile, "/") || strings.ContainsAny(c.CAFile, "\x00\n")) {
+		return bad("ca-file", c.CAFile, "must be an absolute path of a PEM file")
+	}
 	if strings.ContainsAny(c.Command, "\x00") {
 		return bad("command", c.Command, "must not hold NUL bytes")
 	}
@@ -694,6 +735,12 @@ func checkTypeFields(c Check, bad func(field, value, problem string) error) erro
 		if x.value != "" && !x.ok {
 			return bad(x.field, x.value, "is not used by check type "+t.String())
 		}
+	}
+	if c.Verify && t != CheckHTTPS {
+		return bad("verify", "on", "is used by check type https only")
+	}
+	if c.CAFile != "" && !(t == CheckHTTPS && c.Verify) {
+		return bad("ca-file", c.CAFile, "is used by check type https with verify on only")
 	}
 	if c.HalfOpen && (t != CheckTCP || c.Send != "" || c.Expect != "") {
 		return bad("half-open", "on", "is a tcp check without send or expect (a SYN answered by a SYN-ACK): not check type "+t.String()+" or with send/expect")
