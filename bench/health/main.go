@@ -73,6 +73,9 @@ var (
 	cpuRuns  = flag.Int("cpu-runs", 3, "CPU samples of each kind")
 	cpuKinds = flag.String("cpu-checks", "connect,half-open", "kinds of tcp check measured: connect (a full connect, closed with a reset), half-open (SYN, SYN-ACK)")
 	detectOn = flag.Bool("detect", true, "run the fault part")
+	doFlap   = flag.Bool("flap", true, "measure flapping: transitions of healthy backends with the machine idle and under CPU load")
+	flapSecs = flag.Int("flap-seconds", 30, "length of each flapping sample")
+	flapHogs = flag.Int("flap-hogs", 4, "busy-looping processes that load the CPU during the loaded sample")
 	perfOut  = flag.String("perf", "", "record the daemon's CPU profile (perf record -g -p) during the first checked CPU sample into this file")
 )
 
@@ -99,6 +102,15 @@ func main() {
 					rep.Runs = append(rep.Runs, r)
 				}
 			}
+		}
+	}
+	if *doFlap {
+		for _, plane := range strings.Split(*planes, ",") {
+			f, err := flapRun(ctx, plane)
+			if err != nil {
+				log.Fatalf("flap: %v", err)
+			}
+			rep.Flap = append(rep.Flap, f...)
 		}
 	}
 	if *doCPU {
@@ -153,6 +165,25 @@ type report struct {
 	Bound             float64
 	Runs              []runResult
 	CPU               []cpuResult
+	Flap              []flapResult
+}
+
+// flapResult: transitions of healthy backends under one check, with the
+// machine idle and under CPU load.
+type flapResult struct {
+	Plane, Check  string
+	Backends      int
+	Seconds       int
+	Hogs          int
+	IdleChecks    uint64
+	IdleDowns     int
+	LoadChecks    uint64
+	LoadDowns     int
+	LoadFails     uint64 // failed checks under load
+	IdleFails     uint64
+	MachineIdle   float64 // cores busy
+	MachineLoaded float64
+	LoadReasons   []string
 }
 
 // env is one topology with a daemon.
@@ -610,6 +641,135 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 	return res, nil
 }
 
+// flapRun checks 3 healthy backends with two checks (the bench's, and an
+// aggressive one) for -flap-seconds with the machine idle, then as long
+// with -flap-hogs busy loops running, and counts the down transitions:
+// every one is a flap, as nothing is broken.
+func flapRun(ctx context.Context, plane string) ([]flapResult, error) {
+	e, err := newEnv(ctx, plane, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	checks := []struct{ name, check string }{
+		{"bench", fmt.Sprintf(`{"type":"http","path":"/","inter":%q,"timeout":%q,"rise":"%d","fall":"%d"}`, inter.String(), timeout.String(), rise, fall)},
+		{"aggressive", `{"type":"tcp","inter":"100ms","timeout":"20ms","rise":"2","fall":"2"}`},
+	}
+	for i, c := range checks {
+		farm := fmt.Sprintf(`{"name":"f%d","virtual-addr":"10.99.2.%d","virtual-ports":"80","check":%s,"backends":[`, i, i+1, c.check)
+		for j, ip := range topo.Backends {
+			if j > 0 {
+				farm += ","
+			}
+			farm += fmt.Sprintf(`{"name":"be%d","ip-addr":%q,"port":"8080"}`, j+1, ip)
+		}
+		if err := e.c.PutFarm(ctx, fmt.Sprintf("f%d", i), []byte(farm+"]}")); err != nil {
+			return nil, err
+		}
+	}
+	var mu sync.Mutex
+	var evs []events.Event
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go e.c.Events(wctx, 0, func(ev events.Event) error {
+		mu.Lock()
+		evs = append(evs, ev)
+		mu.Unlock()
+		return nil
+	})
+	counts := func(farm string) (checks, fails uint64, err error) {
+		raw, err := e.c.GetFarmJSON(ctx, farm)
+		if err != nil {
+			return 0, 0, err
+		}
+		var doc struct {
+			Farms []struct {
+				Backends []struct {
+					Last struct{ Checks, Failures string } `json:"last-check"`
+				}
+			}
+		}
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			return 0, 0, err
+		}
+		for _, b := range doc.Farms[0].Backends {
+			var n, f uint64
+			fmt.Sscan(b.Last.Checks, &n)
+			fmt.Sscan(b.Last.Failures, &f)
+			checks, fails = checks+n, fails+f
+		}
+		return checks, fails, nil
+	}
+	time.Sleep(3 * time.Second)
+	out := make([]flapResult, len(checks))
+	sample := func(loaded bool) error {
+		var n0, f0 [2]uint64
+		for i := range checks {
+			var err error
+			if n0[i], f0[i], err = counts(fmt.Sprintf("f%d", i)); err != nil {
+				return err
+			}
+		}
+		mu.Lock()
+		first := len(evs)
+		mu.Unlock()
+		m0, t0 := machineCPU(), time.Now()
+		var hogs []*exec.Cmd
+		if loaded {
+			for range *flapHogs {
+				// Bounded: each loop ends after the sample.
+				h := exec.Command("timeout", fmt.Sprint(*flapSecs), "sh", "-c", "while :; do :; done")
+				if err := h.Start(); err != nil {
+					return err
+				}
+				hogs = append(hogs, h)
+			}
+		}
+		time.Sleep(time.Duration(*flapSecs) * time.Second)
+		for _, h := range hogs {
+			h.Process.Kill()
+			h.Wait()
+		}
+		busy := (machineCPU() - m0).Seconds() / time.Since(t0).Seconds()
+		mu.Lock()
+		got := append([]events.Event(nil), evs[first:]...)
+		mu.Unlock()
+		for i := range checks {
+			n1, f1, err := counts(fmt.Sprintf("f%d", i))
+			if err != nil {
+				return err
+			}
+			r := &out[i]
+			r.Plane, r.Check, r.Backends, r.Seconds, r.Hogs = plane, checks[i].check, len(topo.Backends), *flapSecs, *flapHogs
+			downs := 0
+			var reasons []string
+			for _, ev := range got {
+				if ev.Kind == events.KindHealth && ev.State == "down" && ev.Farm == fmt.Sprintf("f%d", i) {
+					downs++
+					reasons = append(reasons, ev.Reason)
+				}
+			}
+			if loaded {
+				r.LoadChecks, r.LoadFails, r.LoadDowns, r.MachineLoaded, r.LoadReasons = n1-n0[i], f1-f0[i], downs, busy, reasons
+			} else {
+				r.IdleChecks, r.IdleFails, r.IdleDowns, r.MachineIdle = n1-n0[i], f1-f0[i], downs, busy
+			}
+		}
+		return nil
+	}
+	if err := sample(false); err != nil {
+		return nil, err
+	}
+	if err := sample(true); err != nil {
+		return nil, err
+	}
+	for _, r := range out {
+		log.Printf("flap %s %s: idle %d checks %d failed %d down (machine %.2f cores); %d hogs: %d checks %d failed %d down (machine %.2f cores)",
+			plane, r.Check, r.IdleChecks, r.IdleFails, r.IdleDowns, r.MachineIdle, r.Hogs, r.LoadChecks, r.LoadFails, r.LoadDowns, r.MachineLoaded)
+	}
+	return out, nil
+}
+
 func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Health checks: detection, client failures, CPU\n\n")
@@ -666,6 +826,24 @@ func (r *report) markdown() string {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %d | %.2f (%.2f-%.2f)%s | %d/%d | %.2f | %d | %d | %d | %d | %s |\n",
 			k.plane, k.fault, len(xs), ds.Median, ds.Min, ds.Max, miss, within, len(xs), rs.Median, fb, fa, fr, n, strings.Join(rl, "; "))
+	}
+	if len(r.Flap) > 0 {
+		fmt.Fprintf(&b, "\n## Flapping under CPU load\n\n3 healthy backends, checked for %d s with the machine otherwise as it was, then for %d s with %d busy-looping processes (on 2 cores). "+
+			"Nothing is broken: every down transition is a flap.\n\n", r.Flap[0].Seconds, r.Flap[0].Seconds, r.Flap[0].Hogs)
+		b.WriteString("| plane | check | idle: checks / failed / down | machine busy | loaded: checks / failed / down | machine busy | reasons under load |\n|---|---|---|---|---|---|---|\n")
+		for _, f := range r.Flap {
+			reasons := map[string]int{}
+			for _, x := range f.LoadReasons {
+				reasons[x]++
+			}
+			var rl []string
+			for k, n := range reasons {
+				rl = append(rl, fmt.Sprintf("%s (%d)", k, n))
+			}
+			slices.Sort(rl)
+			fmt.Fprintf(&b, "| %s | `%s` | %d / %d / %d | %.2f | %d / %d / %d | %.2f | %s |\n", f.Plane, f.Check, f.IdleChecks, f.IdleFails, f.IdleDowns, f.MachineIdle,
+				f.LoadChecks, f.LoadFails, f.LoadDowns, f.MachineLoaded, strings.Join(rl, "; "))
+		}
 	}
 	for _, c := range r.CPU {
 		id, mi := stats.Summarize(c.Idle), stats.Summarize(c.MachineId)
