@@ -940,7 +940,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
 		if (p->k.proto == IPPROTO_TCP)
-			passive_syn_sent(&p->k, bid, now);
+			passive_new_flow(&p->k, fv.svc, bid, now);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */

@@ -103,6 +103,20 @@ static __attribute__((noinline)) int passive_syn_sent(const struct ct_key *k, __
 	return 0;
 }
 
+/**
+ * passive_new_flow() - hook for a new TCP flow of service generation @svc
+ * (forward key @k, backend @bid): watched if its farm has passive checks
+ * (XLB_SVC_F_PASSIVE, an inlined array lookup: farms without pay no more).
+ */
+static __always_inline void passive_new_flow(const struct ct_key *k, __u32 svc, __u32 bid,
+					     __u64 now)
+{
+	__u32 *fl = bpf_map_lookup_elem(&xlb_svc_flags, &svc);
+
+	if (fl && (*fl & XLB_SVC_F_PASSIVE))
+		passive_syn_sent(k, bid, now);
+}
+
 /* passive_fail() - count one failure of @pb in counter @c. */
 static __always_inline void passive_fail(struct passive_be *pb, __u64 *c)
 {

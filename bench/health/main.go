@@ -62,6 +62,7 @@ var (
 	xlbBin   = flag.String("xlb", "bin/xlb", "xlb binary")
 	echoBin  = flag.String("echo", "bin/xlb-echo", "xlb-echo binary")
 	outDir   = flag.String("out", "bench/results", "results directory")
+	outName  = flag.String("name", "health", "results file name (<name>.md, <name>.json)")
 	prefix   = flag.String("prefix", fmt.Sprintf("xlbh-%d", os.Getpid()), "namespace name prefix")
 	runs     = flag.Int("runs", 5, "runs of each fault on each data plane")
 	planes   = flag.String("planes", "nft,ebpf", "data planes")
@@ -123,7 +124,7 @@ func main() {
 		}
 	}
 	rep.Finished = time.Now().UTC()
-	if err := results.Write(*outDir, "health", rep, rep.markdown()); err != nil {
+	if err := results.Write(*outDir, *outName, rep, rep.markdown()); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -287,7 +287,8 @@ const (
 type xlbXlbSvcFlag uint32
 
 const (
-	xlbXlbSvcFlagXLB_SVC_F_LOG xlbXlbSvcFlag = 1
+	xlbXlbSvcFlagXLB_SVC_F_LOG     xlbXlbSvcFlag = 1
+	xlbXlbSvcFlagXLB_SVC_F_PASSIVE xlbXlbSvcFlag = 2
 )
 
 type xlbXlbVerdict uint32
