@@ -778,10 +778,10 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "`bench/health`, %s to %s UTC.\n", r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"))
 	} else {
 		fmt.Fprintf(&b, "`bench/health` (`make bench-health`), %s to %s UTC. Check: %s; bound fall × inter + timeout = %.1f s, target bound + 0.1 s. "+
-		"Client: HTTP requests to the VIP at %d/s (new connection each, 2 s timeout), round robin over 3 backends; the fault hits be2. "+
-		"Detection: from the fault to the daemon's `down` event (sent once the data plane has the change). "+
-		"Failures are counted by when the request started: between the fault and its detection, after detection (until the repair), and after the repair.\n\n",
-		r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"), r.Check, r.Bound, *rate)
+			"Client: HTTP requests to the VIP at %d/s (new connection each, 2 s timeout), round robin over 3 backends; the fault hits be2. "+
+			"Detection: from the fault to the daemon's `down` event (sent once the data plane has the change). "+
+			"Failures are counted by when the request started: between the fault and its detection, after detection (until the repair), and after the repair.\n\n",
+			r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"), r.Check, r.Bound, *rate)
 	}
 	type key struct{ plane, fault string }
 	var keys []key
