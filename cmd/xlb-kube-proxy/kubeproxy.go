@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"strings"
@@ -20,7 +21,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/kube"
@@ -38,6 +42,7 @@ type kubeProxyOptions struct {
 	healthzAddr       string
 	logLevel          string
 	apiEndpoints      []string
+	kp                kpOptions // kube-proxy's own flags and --config (kpflags.go)
 }
 
 // The proxy's table and pin path are apart from xlb daemon's (xlb,
@@ -79,7 +84,11 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
   xlb kube-proxy --hostname-override "$NODE_NAME" --dataplane ebpf --interfaces eth0,cni0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.runKubeProxy(cmd.Context(), o)
+			level, err := o.kp.logLevel(cmd.Flags(), o.logLevel)
+			if err != nil {
+				return err
+			}
+			return a.runKubeProxy(cmd.Context(), o, level)
 		},
 	}
 	f := cmd.Flags()
@@ -92,16 +101,46 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringSliceVar(&o.apiEndpoints, "apiserver-endpoints", nil, "the API server's real address:port(s): program the kubernetes Service's cluster IP to them before the first sync, so a fresh node's in-cluster configuration can reach the API server")
-	cmd.PreRunE = func(*cobra.Command, []string) error { return o.dp.Check() }
+	o.kp.register(f)
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := o.kp.resolve(cmd.Flags(), &o); err != nil {
+			return err
+		}
+		if err := o.dp.Check(); err != nil {
+			return err
+		}
+		if o.kp.conntrackSized(cmd.Flags()) {
+			o.dp.ConnTableSet = true
+		}
+		return nil
+	}
 	return cmd
 }
 
-func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level %q: allowed values are debug, info, warn, error", o.logLevel)
+func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.Level) error {
+	kps := o.kp.settings
+	var handler slog.Handler = slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level})
+	if kps.LogFormat == "json" {
+		handler = slog.NewJSONHandler(a.errOut, &slog.HandlerOptions{Level: level})
 	}
-	log := slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
+	log := slog.New(handler)
+	if o.kp.cleanup {
+		// kube-proxy --cleanup: remove what the flags name and exit,
+		// without the API server.
+		if err := setup.Cleanup(ctx, log, o.dp); err != nil {
+			return fmt.Errorf("--cleanup: %w", err)
+		}
+		log.Info("cleanup done")
+		return nil
+	}
+	for _, n := range kps.Notes {
+		log.Info("kube-proxy setting accepted without effect", "setting", n)
+	}
+	if kps.OOMScoreAdj != nil {
+		if err := setOOMScoreAdj(*kps.OOMScoreAdj); err != nil {
+			return err
+		}
+	}
 	node := o.hostname
 	if node == "" {
 		node = a.getenv("NODE_NAME")
@@ -113,18 +152,10 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		}
 		node = strings.ToLower(h)
 	}
-	var within []netip.Prefix
-	for _, s := range o.nodePortAddresses {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("--nodeport-addresses %q: must be CIDRs such as 192.168.0.0/16 or 2001:db8::/64", s)
-		}
-		within = append(within, p.Masked())
-	}
 	var cfg *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if o.kubeconfig != "" || o.kp.master != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags(o.kp.master, o.kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 		if errors.Is(err, rest.ErrNotInCluster) {
@@ -135,6 +166,18 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}
 	cfg.UserAgent = "xlb-kube-proxy"
+	if kps.QPS > 0 {
+		cfg.QPS = kps.QPS
+	}
+	if kps.Burst > 0 {
+		cfg.Burst = int(kps.Burst)
+	}
+	if kps.ContentType != "" {
+		cfg.ContentType = kps.ContentType
+	}
+	if kps.AcceptContentTypes != "" {
+		cfg.AcceptContentTypes = kps.AcceptContentTypes
+	}
 	var apiEndpoints []netip.AddrPort
 	for _, s := range o.apiEndpoints {
 		if strings.TrimSpace(s) == "" {
@@ -163,6 +206,15 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	if err != nil {
 		return fmt.Errorf("open %s data plane: %w", o.dp.Plane, err)
 	}
+	if o.dp.Plane == "nft" {
+		ct := kps.Conntrack
+		err := nft.SetConntrackTimeouts(netns.None(), nft.ConntrackTimeouts{TCPEstablished: ct.TCPEstablished,
+			TCPCloseWait: ct.TCPCloseWait, UDP: ct.UDP, UDPStream: ct.UDPStream, TCPBeLiberal: ct.TCPBeLiberal})
+		if err != nil {
+			dp.Close()
+			return fmt.Errorf("conntrack settings: %w", err)
+		}
+	}
 	defer dp.Close() // leaves the kernel's rules (and pinned eBPF maps) in place
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
@@ -188,7 +240,8 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
-		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
+		NodePortAddresses: kps.NodePortAddresses.CIDRs, NodePortPrimary: kps.NodePortAddresses.Primary,
+		MasqueradeAll: kps.MasqueradeAll, Metrics: kube.NewMetrics(reg),
 		APIHost: cfg.Host, WaitHint: waitHint,
 	}
 	// Stale UDP flows of removed endpoints are deleted from netfilter's
@@ -205,14 +258,8 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	checks := health.Start(ctx, log, eng, dp)
 	defer checks.Stop()
 
-	healthz := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ok, why := ctl.Healthy(60 * time.Second)
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !ok {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-		fmt.Fprintln(w, why)
-	})
+	// kube-proxy's /healthz and /livez, with its JSON bodies.
+	health := kube.NewProxyHealth(ctl, 60*time.Second, reg)
 	var servers []*http.Server
 	serve := func(addr string, mux *http.ServeMux) error {
 		if addr == "" {
@@ -235,9 +282,18 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	}
 	mm := http.NewServeMux()
 	mm.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mm.Handle("/healthz", healthz)
+	mm.Handle("/healthz", health.Healthz())
+	mm.Handle("/livez", health.Livez())
+	if kps.Profiling {
+		mm.HandleFunc("/debug/pprof/", pprof.Index)
+		mm.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mm.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mm.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mm.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	hm := http.NewServeMux()
-	hm.Handle("/healthz", healthz)
+	hm.Handle("/healthz", health.Healthz())
+	hm.Handle("/livez", health.Livez())
 	if err := serve(o.metricsAddr, mm); err != nil {
 		return err
 	}

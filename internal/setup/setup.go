@@ -55,8 +55,9 @@ type Flags struct {
 	ConnTableSize int
 	ConnTableSet  bool
 	// eBPF only.
-	Interfaces         []string // empty: every interface but loopback
+	Interfaces         []string // names or patterns; empty: every interface but loopback
 	PinPath            string
+	SocketCgroup       string // cgroup v2 directory of socket-level balancing; empty: off
 	XDP                string // off, generic, native
 	Timeouts           ebpf.Timeouts
 	BridgePortRedirect bool
@@ -66,7 +67,7 @@ type Flags struct {
 
 // ebpfOnly and nftOnly are the flags of one plane.
 var (
-	ebpfOnly = []string{"interfaces", "pin-path", "xdp", "bridge-port-redirect",
+	ebpfOnly = []string{"interfaces", "pin-path", "xdp", "bridge-port-redirect", "socket-lb-cgroup",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
 	nftOnly = []string{"nft-table", "nft-tables"}
 )
@@ -78,7 +79,8 @@ func (c *Flags) Register(fs *pflag.FlagSet, d Defaults) {
 	fs.StringVar(&c.NFTTable, "nft-table", d.NFTTable, "nft: the inet table (and netdev table) xlb owns; with --nft-tables > 1 the prefix of its tables (<name>-00, ...)")
 	fs.IntVar(&c.NFTTables, "nft-tables", nft.DefaultShards, fmt.Sprintf("nft: tables the farms are spread over (1-%d; a change costs in proportion to the farms of its table)", nft.MaxShards))
 	fs.IntVar(&c.ConnTableSize, "conn-table-size", DefaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
-	fs.StringSliceVar(&c.Interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback, as found at start)")
+	fs.StringSliceVar(&c.Interfaces, "interfaces", nil, "ebpf: interfaces to attach to, by name or shell pattern (veth*, lxc*); interfaces created later are attached as they appear (default every interface but loopback)")
+	fs.StringVar(&c.SocketCgroup, "socket-lb-cgroup", "", "ebpf: balance the connections of this cgroup v2's processes (the node's own: host processes, hostNetwork Pods) at the socket, at connect time (e.g. /sys/fs/cgroup); empty: off")
 	fs.StringVar(&c.PinPath, "pin-path", d.PinPath, "ebpf: bpffs directory where maps and links are pinned")
 	fs.StringVar(&c.XDP, "xdp", string(ebpf.XDPOff), "ebpf: XDP fast path for tracked dsr flows: off, generic (any driver), native (XDP drivers)")
 	fs.BoolVar(&c.BridgePortRedirect, "bridge-port-redirect", false, "ebpf: send packets for backends behind a bridge without VLAN filtering straight to their container's veth (skips the bridge's transmit and output hooks)")
@@ -119,6 +121,14 @@ func (c *Flags) Check() error {
 		}
 		if c.PinPath == "" {
 			return errors.New("--pin-path: must be a directory on a bpf file system")
+		}
+		if err := ebpf.ValidateInterfaces(c.Interfaces); err != nil {
+			return err
+		}
+		if c.SocketCgroup != "" {
+			if err := ebpf.CheckCgroup(c.SocketCgroup); err != nil {
+				return err
+			}
 		}
 		for _, t := range []struct {
 			flag string
@@ -161,11 +171,12 @@ func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, 
 			PinPath:            c.PinPath,
 			Timeouts:           c.Timeouts,
 			BridgePortRedirect: c.BridgePortRedirect,
+			SocketCgroup:       c.SocketCgroup,
 		})
 		if err != nil {
 			return nil, err
 		}
-		log.Info("ebpf data plane attached", "interfaces", c.Interfaces, "pin_path", c.PinPath, "conn_table_size", c.ConnTableSize)
+		log.Info("ebpf data plane attached", "interfaces", c.Interfaces, "pin_path", c.PinPath, "conn_table_size", c.ConnTableSize, "socket_lb_cgroup", c.SocketCgroup)
 		return p, nil
 	}
 	return nil, fmt.Errorf("--dataplane %q: allowed values are %s", c.Plane, PlaneNames)
