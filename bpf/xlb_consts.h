@@ -134,6 +134,8 @@ enum xlb_be_flag {
 /* xlb_svc_flags value (per service generation id) */
 enum xlb_svc_flag {
 	XLB_SVC_F_LOG = 1, /* farm log: one xlb_events record per new connection */
+	XLB_SVC_F_PASSIVE =
+		2, /* passive checks: new TCP flows' handshakes watched (xlb_passive.h) */
 };
 
 /* struct ct_val.dir */

@@ -190,6 +190,8 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->ifindex = 0;
 }
 
+#include "xlb_passive.h"
+
 static __always_inline __u64 ct_timeout(__u8 state)
 {
 	switch (state) {
@@ -807,6 +809,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
+		if (p->k.proto == IPPROTO_TCP)
+			passive_new_flow(&p->k, fv.svc, bid, now);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */
@@ -877,6 +881,8 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 				return XLB_CT_MISS;
 			}
 		}
+		if (v->dir == XLB_CT_REPLY && v->state == XLB_CT_STATE_SYN)
+			passive_reply(&p->k, v, p->tcp_flags, now);
 		st = ct_next_state(v->state, p->tcp_flags);
 		if (st != v->state)
 			ct_set_state(&p->k, v, st, now);
@@ -937,6 +943,8 @@ static __always_inline int lb4_icmp(struct __sk_buff *skb, struct pkt *p)
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
 	if (!v)
 		return XLB_NEXT;
+	if (ic->type == XLB_ICMP_DEST_UNREACH && ic->code != XLB_ICMP_FRAG_NEEDED)
+		passive_icmp(&k, v);
 	if (p->ttl <= 1)
 		return XLB_NEXT;
 
@@ -1034,7 +1042,11 @@ static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
 	k.proto = in->nexthdr;
 	k.family = XLB_AF_INET6;
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
-	if (!v || p->ttl <= 1)
+	if (!v)
+		return XLB_NEXT;
+	if (ic->type == XLB_ICMPV6_DEST_UNREACH)
+		passive_icmp(&k, v);
+	if (p->ttl <= 1)
 		return XLB_NEXT;
 
 	__builtin_memcpy(odst, v->dst, 16);

@@ -26,6 +26,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/kube"
 	"github.com/xlb-lb/xlb/internal/observe"
 	"github.com/xlb-lb/xlb/internal/setup"
@@ -265,6 +266,10 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	if err != nil {
 		return err
 	}
+	// Checks a Service's xlb.io/check annotation adds (next to readiness,
+	// which the endpoints carry already).
+	checks := health.Start(ctx, log, eng, dp, health.Options{Observe: obs.ObserveCheck})
+	defer checks.Stop()
 
 	// kube-proxy's /healthz and /livez, with its JSON bodies.
 	health := kube.NewProxyHealth(ctl, 60*time.Second, reg)

@@ -42,6 +42,7 @@ type Server struct {
 	auth *authLimiter
 
 	checks  CheckStatus    // health.go; nil: no last checks shown
+	passive PassiveStatus  // health.go; nil: no passive counts shown
 	events  *events.Broker // events.go; nil: GET /events answers 501
 	streams streams        // events.go
 

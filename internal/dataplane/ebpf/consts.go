@@ -34,7 +34,8 @@ const (
 	beFlagMask  = uint32(xlbXlbBeFlagXLB_BE_F_MASK)
 	beSlotShift = uint32(xlbXlbBeFlagXLB_BE_SLOT_SHIFT)
 
-	svcFlagLog = uint32(xlbXlbSvcFlagXLB_SVC_F_LOG)
+	svcFlagLog     = uint32(xlbXlbSvcFlagXLB_SVC_F_LOG)
+	svcFlagPassive = uint32(xlbXlbSvcFlagXLB_SVC_F_PASSIVE)
 
 	ctFwd   = uint8(xlbXlbCtDirXLB_CT_FWD)
 	ctReply = uint8(xlbXlbCtDirXLB_CT_REPLY)

@@ -142,6 +142,8 @@ type Plane struct {
 	// its xlb_be_flags value too); statSlots allocates them.
 	statSlot map[uint32]uint32
 	statSlots
+	// watched: the backend ids in xlb_passive (passive.go).
+	watched map[uint32]*watch
 	// events reads the connection log; evDone is closed when its
 	// goroutine ends.
 	events *ringbuf.Reader
@@ -180,7 +182,8 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		return nil, err
 	}
 	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, xdpLinks: map[string]link.Link{}, farms: map[string]*generation{},
-		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{}}
+		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{},
+		watched: map[uint32]*watch{}}
 	p.statSlots.init()
 	p.tbls.reset()
 	p.svcIDs.init()

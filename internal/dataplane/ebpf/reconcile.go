@@ -233,6 +233,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if err := p.syncBackendStats(liveBE); err != nil {
 		return err
 	}
+	if err := p.reconcilePassive(); err != nil {
+		return err
+	}
 	known := map[string]bool{}
 	for _, f := range farms {
 		known[f.Name] = true
