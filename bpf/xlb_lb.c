@@ -17,6 +17,7 @@
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
 #include "xlb_pick.h"
+#include "xlb_tables.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -188,6 +189,8 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->seen = v->seen;
 	pv->ifindex = 0;
 }
+
+#include "xlb_passive.h"
 
 static __always_inline __u64 ct_timeout(__u8 state)
 {
@@ -826,6 +829,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
+		if (p->k.proto == IPPROTO_TCP)
+			passive_new_flow(&p->k, fv.svc, bid, now);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */
@@ -896,6 +901,8 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 				return XLB_CT_MISS;
 			}
 		}
+		if (v->dir == XLB_CT_REPLY && v->state == XLB_CT_STATE_SYN)
+			passive_reply(&p->k, v, p->tcp_flags, now);
 		st = ct_next_state(v->state, p->tcp_flags);
 		if (st != v->state)
 			ct_set_state(&p->k, v, st, now);
@@ -956,6 +963,8 @@ static __always_inline int lb4_icmp(struct __sk_buff *skb, struct pkt *p)
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
 	if (!v)
 		return XLB_NEXT;
+	if (ic->type == XLB_ICMP_DEST_UNREACH && ic->code != XLB_ICMP_FRAG_NEEDED)
+		passive_icmp(&k, v);
 	if (p->ttl <= 1)
 		return XLB_NEXT;
 
@@ -1053,7 +1062,11 @@ static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
 	k.proto = in->nexthdr;
 	k.family = XLB_AF_INET6;
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
-	if (!v || p->ttl <= 1)
+	if (!v)
+		return XLB_NEXT;
+	if (ic->type == XLB_ICMPV6_DEST_UNREACH)
+		passive_icmp(&k, v);
+	if (p->ttl <= 1)
 		return XLB_NEXT;
 
 	__builtin_memcpy(odst, v->dst, 16);
@@ -1130,7 +1143,8 @@ int xlb_clock(struct __sk_buff *skb)
 }
 
 /**
- * xlb_xdp() - the XDP fast path: a forward packet of a tracked dsr flow
+ * xlb_xdp() - the XDP fast path: a packet a farm's policy refuses is
+ * dropped here, before the kernel builds an skb for it; a forward packet of a tracked dsr flow
  * whose next hop is cached leaves at once (MACs and TTL rewritten,
  * XDP_REDIRECT), before the kernel builds an skb for it in native mode.
  * Everything else — new flows, replies, other modes, TCP state changes
@@ -1149,6 +1163,10 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
+	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0)) {
+		stat_inc(XLB_STAT_XDP_POLICY_DROP);
+		return XDP_DROP;
+	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
 		return XDP_PASS;
@@ -1212,6 +1230,10 @@ int xlb_ingress(struct __sk_buff *skb)
 	default:
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
+	}
+	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0)) {
+		stat_inc(XLB_STAT_POLICY_DROP);
+		return XLB_DROP;
 	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (v) {

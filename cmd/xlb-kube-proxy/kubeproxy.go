@@ -15,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -23,11 +22,14 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/ifaddr"
 	"github.com/xlb-lb/xlb/internal/kube"
+	"github.com/xlb-lb/xlb/internal/observe"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -134,11 +136,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	if o.kp.cleanup {
 		// kube-proxy --cleanup: remove what the flags name and exit,
 		// without the API server.
-		if err := setup.Cleanup(ctx, log, o.dp); err != nil {
-			return fmt.Errorf("--cleanup: %w", err)
-		}
-		log.Info("cleanup done")
-		return nil
+		return a.runCleanup(ctx, o)
 	}
 	for _, n := range kps.Notes {
 		log.Info("kube-proxy setting accepted without effect", "setting", n)
@@ -227,6 +225,17 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	if err != nil {
 		return err
 	}
+	// Every farm is in this plane now: the other's leftovers go.
+	if a.removeOtherPlane != nil {
+		if err := a.removeOtherPlane(ctx, log, o.dp); err != nil {
+			log.Error("could not remove the other data plane's objects; remove them with --cleanup once the proxy is stopped", "err", err)
+		}
+	}
+	// Changes to the proxy's kernel objects by other programs are
+	// repaired within a second (as the daemon does).
+	if _, err := eng.WatchDrift(ctx); err != nil {
+		log.Error("no drift watch: changes to the proxy's kernel objects by other programs are repaired at the next full sync or restart", "err", err)
+	}
 
 	// A fresh node: the client may reach the API server only through the
 	// kubernetes Service's cluster IP, which nothing serves yet.
@@ -245,6 +254,11 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The daemon's metrics (xlb_farm_*, xlb_backend_*, xlb_engine_*, ...)
+	// next to the proxy's own (xlb_kubeproxy_*), in one registry.
+	obs := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"), Registry: reg,
+		NoRuntime: true, Version: api.Version(), Dataplane: dp.Name()})
+	eng.SetObserver(obs)
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: kps.NodePortAddresses.CIDRs, NodePortPrimary: kps.NodePortAddresses.Primary,
@@ -263,6 +277,10 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	if err != nil {
 		return err
 	}
+	// Checks a Service's xlb.io/check annotation adds (next to readiness,
+	// which the endpoints carry already).
+	checks := health.Start(ctx, log, eng, dp, health.Options{Observe: obs.ObserveCheck})
+	defer checks.Stop()
 
 	// kube-proxy's /healthz and /livez, with its JSON bodies.
 	health := kube.NewProxyHealth(ctl, 60*time.Second, reg)
@@ -287,7 +305,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 		return nil
 	}
 	mm := http.NewServeMux()
-	mm.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mm.Handle("/metrics", obs)
 	mm.Handle("/healthz", health.Healthz())
 	mm.Handle("/livez", health.Livez())
 	if kps.Profiling {

@@ -21,7 +21,7 @@ func TestCheck(t *testing.T) {
 		{[]string{"--dataplane", "xdp"}, `--dataplane "xdp": allowed values are nft, ebpf`},
 		{[]string{"--interfaces", "eth0"}, "--interfaces: only with --dataplane ebpf"},
 		{[]string{"--ct-timeout-udp", "10s"}, "--ct-timeout-udp: only with --dataplane ebpf"},
-		{[]string{"--dataplane", "ebpf", "--nft-table", "x"}, "--nft-table: only with --dataplane nft"},
+		{[]string{"--dataplane", "ebpf", "--nft-tables", "2"}, "--nft-tables: only with --dataplane nft"},
 		{[]string{"--nft-tables", "257"}, "--nft-tables 257: allowed values are 1 to 256"},
 		{[]string{"--nft-table", ""}, `--nft-table "": must name a table`},
 		{[]string{"--conn-table-size", "0"}, "--conn-table-size 0: allowed values are 1 to"},

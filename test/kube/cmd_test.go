@@ -321,6 +321,11 @@ func TestKubeProxyCommand(t *testing.T) {
 		"kubeproxy_sync_proxy_rules_service_changes_total",
 		"kubeproxy_sync_proxy_rules_endpoint_changes_pending",
 		"kubeproxy_sync_proxy_rules_service_changes_pending",
+		// xlb's own families, the same names as xlb daemon's (docs/observability.md).
+		"xlb_farms ",
+		"xlb_backend_weight{farm=",
+		"xlb_backend_connections_active{farm=",
+		"xlb_engine_change_duration_seconds_count",
 	} {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics has no %q", m)

@@ -145,10 +145,16 @@ type Plane struct {
 	// its xlb_be_flags value too); statSlots allocates them.
 	statSlot map[uint32]uint32
 	statSlots
+	// watched: the backend ids in xlb_passive (passive.go).
+	watched map[uint32]*watch
 	// events reads the connection log; evDone is closed when its
 	// goroutine ends.
 	events *ringbuf.Reader
 	evDone chan struct{}
+	// pinned: the maps pinned under the pin path, by name; drift: the
+	// drift poll (drift.go).
+	pinned map[string]*ebpf.Map
+	drift  driftPoller
 	// watchStop ends the link watch that keeps xlb_peer_tx current;
 	// watchDone is closed when its goroutine ends.
 	watchStop, watchDone chan struct{}
@@ -156,6 +162,8 @@ type Plane struct {
 	// when Options.SocketCgroup is set.
 	sock      *sockObjects
 	sockLinks []link.Link
+	// tbls: named tables and policies as applied (tables.go).
+	tbls tableState
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -177,8 +185,10 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		return nil, err
 	}
 	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, xdpLinks: map[string]link.Link{}, farms: map[string]*generation{},
-		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{}}
+		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{},
+		watched: map[uint32]*watch{}}
 	p.statSlots.init()
+	p.tbls.reset()
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {
@@ -251,6 +261,8 @@ func (p *Plane) load() error {
 		return fmt.Errorf("load ebpf spec: %w", err)
 	}
 	spec.Maps[xlbMapXlbCt].MaxEntries = uint32(p.opts.ConnTableSize)
+	p.tbls.inner4 = spec.Maps[xlbMapXlbTblAddr4].InnerMap.Copy()
+	p.tbls.inner6 = spec.Maps[xlbMapXlbTblAddr6].InnerMap.Copy()
 	to := p.opts.Timeouts.withDefaults()
 	for name, d := range map[string]time.Duration{
 		xlbVarXlbTimeoutTcp: to.TCP, xlbVarXlbTimeoutFin: to.TCPFin, xlbVarXlbTimeoutUdp: to.UDP,
@@ -301,6 +313,7 @@ func (p *Plane) load() error {
 		}
 		return fmt.Errorf("load ebpf objects: %w", err)
 	}
+	p.pinned = pinnedMaps(spec, &p.objs.xlbMaps)
 	return nil
 }
 
@@ -478,6 +491,10 @@ func (p *Plane) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closeLinks()
+	for _, s := range p.tbls.slots {
+		s.close() // the outer maps keep the tries bound to a table
+	}
+	p.tbls.reset()
 	err := errors.Join(p.closeSockets(), p.objs.Close())
 	p.nl.Close()
 	return err
@@ -504,11 +521,12 @@ func (p *Plane) Destroy() error {
 		}
 	}
 	p.detachSockets() // and their maps' pins
-	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
-		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
-		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx, p.objs.XlbPeerTx, p.objs.XlbBrPort} {
+	// Every map the program pins (p.pinned, from the collection spec), so
+	// a map added to bpf/ is never left behind (a hand-kept list here
+	// once forgot the passive checks' maps).
+	for name, m := range p.pinned {
 		if err := m.Unpin(); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("unpin map %s: %w", name, err))
 		}
 	}
 	p.mu.Unlock()

@@ -22,6 +22,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	defer p.mu.Unlock()
 	p.srcMemo = sourceCache{}
 	defer func() { p.srcMemo = nil }()
+	// Pins removed and programs detached by others (drift.go).
+	if err := p.repairPins(); err != nil {
+		return err
+	}
 	p.freePending()
 
 	svcs := map[xlbSvcKey]xlbSvcVal{}
@@ -229,6 +233,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 	}
 	if err := p.syncBackendStats(liveBE); err != nil {
+		return err
+	}
+	if err := p.reconcilePassive(); err != nil {
 		return err
 	}
 	known := map[string]bool{}
