@@ -355,18 +355,13 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "pod to cluster IP", from: fromPod, to: ap(cip(svc), 80), want: "b0"},
 			{name: "external to nodePort", from: fromExternal, to: ap(e.LB.IPv4, np), want: "b0 masq"},
 			{name: "nodePort bypasses LoadBalancerSourceRanges", from: fromBlocked, to: ap(e.LB.IPv4, np), want: "b0 masq"},
-			// ebpf: docs note 3 (the plane keeps no named tables yet, so
-			// the load balancer IPs of a Service with source ranges are
-			// not served at all).
-			{name: "accepted external to LB1", from: fromExternal, to: lb1, want: "b0 masq",
-				known: map[string]string{"ebpf": "DROP"}},
-			{name: "accepted external to LB2", from: fromExternal, to: lb2, want: "b0 masq",
-				known: map[string]string{"ebpf": "DROP"}},
+			{name: "accepted external to LB1", from: fromExternal, to: lb1, want: "b0 masq"},
+			{name: "accepted external to LB2", from: fromExternal, to: lb2, want: "b0 masq"},
 			{name: "blocked external to LB1", from: fromBlocked, to: lb1, want: "DROP"},
 			{name: "blocked external to LB2", from: fromBlocked, to: lb2, want: "DROP"},
 			{name: "pod to LB1 (blocked by LoadBalancerSourceRanges)", from: fromPod, to: lb1, want: "DROP"},
 			{name: "node to LB1 (allowed by LoadBalancerSourceRanges)", from: fromNode, to: lb1, want: "b0 masq",
-				known: map[string]string{"ebpf": "DROP"}},
+				known: map[string]string{"ebpf": "b0"}}, // docs note 4: balanced at the socket, nothing to masquerade
 		}
 	}},
 	{"NodePorts", func(e *env) []flow {

@@ -10,14 +10,19 @@ import (
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
 
-// TestLoadBalancerSourceRanges (nft plane): a Service's ranges are an
+// TestLoadBalancerSourceRanges, on both planes: a Service's ranges are an
 // allow list on its load balancer IP only; changing them changes who is
 // served, removing them serves everyone again and destroys the table, and
-// so does deleting the Service. (The ebpf plane keeps no named tables yet:
-// it leaves such load balancer IPs out, TestKubeProxyScenarios/ebpf.)
+// so does deleting the Service.
 func TestLoadBalancerSourceRanges(t *testing.T) {
+	for _, plane := range []string{"nft", "ebpf"} {
+		t.Run(plane, func(t *testing.T) { testSourceRanges(t, plane) })
+	}
+}
+
+func testSourceRanges(t *testing.T, plane string) {
 	e := newWorld(t, 3)
-	e.startController("nft")
+	e.startController(plane)
 	e.startServers()
 	e.scenarioSources()
 	s := service("lbsr", corev1.ServiceTypeLoadBalancer)
@@ -30,10 +35,10 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	table := kube.SourceRangesTableName(e.ns, "lbsr")
 	check := func(step string, flows []flow) {
 		t.Helper()
-		e.settle("nft", flows[0])
+		e.settle(plane, flows[0])
 		for _, f := range flows {
 			f.name = step + ": " + f.name
-			e.runFlows(t, "nft", []flow{f})
+			e.runFlows(t, plane, []flow{f})
 		}
 	}
 	check("203.0.113.0/25", []flow{
