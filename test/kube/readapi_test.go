@@ -13,9 +13,8 @@ import (
 
 // TestKubeProxyReadAPI runs the real `xlb kube-proxy` with --api-listen
 // on both planes: `xlb list`, `xlb dump` and `xlb list --stats` against it
-// show the Service's farms (ebpf: with the counters of the real traffic
-// sent; nft keeps no per-farm counters and says so), and a write (`xlb
-// farm del`) is refused, leaving the farm in place.
+// show the Service's farms (with the counters of the real traffic sent),
+// and a write (`xlb farm del`) is refused, leaving the farm in place.
 func TestKubeProxyReadAPI(t *testing.T) {
 	for _, plane := range []string{"nft", "ebpf"} {
 		t.Run(plane, func(t *testing.T) {
@@ -52,17 +51,11 @@ func TestKubeProxyReadAPI(t *testing.T) {
 					t.Errorf("xlb %s: %v, output lacks %s:\n%s", strings.Join(c.args, " "), err, c.want, out)
 				}
 			}
+			// waitBothEndpoints connected to both backends: counted on
+			// both planes.
 			out, err := xlb("list", "-n", "--stats")
-			switch plane {
-			case "nft":
-				if err == nil || !strings.Contains(out, "keeps no per-farm counters") {
-					t.Errorf("xlb list --stats on nft: %v:\n%s", err, out)
-				}
-			default:
-				// waitBothEndpoints connected to both backends.
-				if err != nil || !strings.Contains(out, vip) || !strings.Contains(out, "10.200.0.11:8080") {
-					t.Errorf("xlb list --stats: %v:\n%s", err, out)
-				}
+			if err != nil || !strings.Contains(out, vip) || !strings.Contains(out, "10.200.0.11:8080") || !strings.Contains(out, "10.200.0.12:8080") {
+				t.Errorf("xlb list --stats: %v:\n%s", err, out)
 			}
 			out, err = xlb("farm", "del", farm)
 			if err == nil || !strings.Contains(out, "read-only") {
