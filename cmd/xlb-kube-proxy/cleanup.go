@@ -3,7 +3,8 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
+
+	"github.com/xlb-lb/xlb/internal/setup"
 )
 
 // runCleanup is --cleanup: every object the proxy put in this namespace's
@@ -14,14 +15,5 @@ func (a *app) runCleanup(ctx context.Context, o kubeProxyOptions) error {
 		return errors.New("--cleanup: not available in this build")
 	}
 	removed, left, err := a.cleanup(ctx, o.dp)
-	for _, r := range removed {
-		fmt.Fprintf(a.out, "removed %s\n", r)
-	}
-	for _, l := range left {
-		fmt.Fprintf(a.out, "still attached (held by another pin path or process): %s\n", l)
-	}
-	if err != nil {
-		return fmt.Errorf("--cleanup: %w", err)
-	}
-	return nil
+	return setup.Report(a.out, removed, left, err)
 }

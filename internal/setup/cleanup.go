@@ -3,6 +3,8 @@ package setup
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 
 	"github.com/vishvananda/netns"
@@ -71,4 +73,23 @@ func removePins(ctx context.Context, pinPath string) ([]string, error) {
 		return nil, nil
 	}
 	return ebpf.RemovePins(ctx, pinPath)
+}
+
+// Report prints what a Cleanup removed and what it left attached, one line
+// each, for --cleanup of either binary; it returns err with the flag
+// named.
+func Report(w io.Writer, removed, left []string, err error) error {
+	for _, r := range removed {
+		fmt.Fprintf(w, "removed %s\n", r)
+	}
+	for _, l := range left {
+		fmt.Fprintf(w, "still attached (held by another pin path or process): %s\n", l)
+	}
+	if len(removed) == 0 && err == nil {
+		fmt.Fprintln(w, "nothing of xlb's in the kernel")
+	}
+	if err != nil {
+		return fmt.Errorf("--cleanup: %w", err)
+	}
+	return nil
 }

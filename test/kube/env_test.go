@@ -397,6 +397,27 @@ func service(name string, typ corev1.ServiceType) *corev1.Service {
 // answers by backend name. Every request must be answered.
 func (e *env) spread(addr netip.AddrPort, udp bool, n int) map[string]int {
 	e.t.Helper()
+	out, err := e.trySpread(addr, udp, n)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// spreadNow is spread for a waitFor condition: a failed ask is "not yet"
+// (a Service whose endpoints are not programmed yet refuses, as
+// kube-proxy's REJECT does), not a failure of the test.
+func (e *env) spreadNow(addr netip.AddrPort, udp bool, n int) map[string]int {
+	e.t.Helper()
+	out, err := e.trySpread(addr, udp, n)
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// trySpread asks n times and counts the answers per endpoint.
+func (e *env) trySpread(addr netip.AddrPort, udp bool, n int) (map[string]int, error) {
 	out := map[string]int{}
 	for range n {
 		ask := testutil.AskTCP
@@ -413,15 +434,15 @@ func (e *env) spread(addr netip.AddrPort, udp bool, n int) map[string]int {
 		}
 		got, err := ask(e.Client.NS, addr)
 		if err != nil {
-			e.t.Fatalf("ask %s (udp=%v): %v", addr, udp, err)
+			return nil, fmt.Errorf("ask %s (udp=%v): %w", addr, udp, err)
 		}
 		name, _, err := testutil.ParseReply(got)
 		if err != nil {
-			e.t.Fatal(err)
+			return nil, err
 		}
 		out[name]++
 	}
-	return out
+	return out, nil
 }
 
 // udpSourcePort hands out client source ports below the kernel's ephemeral

@@ -68,8 +68,8 @@ func TestKubeProxyNodeTraffic(t *testing.T) {
 	cip4 := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIPs[0]), 80)
 	cip6 := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIPs[1]), 80)
 	nodePort := netip.AddrPortFrom(e.LB.IPv4, uint16(svc.Spec.Ports[0].NodePort))
-	e.waitFor("all three endpoints from the client", func() bool { return len(e.spread(cip4, false, 6)) == 3 })
-	e.waitFor("all three IPv6 endpoints from the client", func() bool { return len(e.spread(cip6, false, 6)) == 3 })
+	e.waitFor("all three endpoints from the client", func() bool { return len(e.spreadNow(cip4, false, 6)) == 3 })
+	e.waitFor("all three IPv6 endpoints from the client", func() bool { return len(e.spreadNow(cip6, false, 6)) == 3 })
 
 	const n = 30
 	for _, c := range []struct {

@@ -518,12 +518,12 @@ func (p *Plane) Destroy() error {
 		}
 	}
 	p.detachSockets() // and their maps' pins
-	for _, m := range []*ebpf.Map{p.objs.XlbServices, p.objs.XlbSlots, p.objs.XlbBackends,
-		p.objs.XlbRr, p.objs.XlbCt, p.objs.XlbStats, p.objs.XlbPersist, p.objs.XlbBeIndex, p.objs.XlbStateless, p.objs.XlbBeFlags,
-		p.objs.XlbBeStats, p.objs.XlbSvcFlags, p.objs.XlbEvents, p.objs.XlbXdpTx, p.objs.XlbPeerTx, p.objs.XlbBrPort,
-		p.objs.XlbTblAddr4, p.objs.XlbTblAddr6, p.objs.XlbTblMeta, p.objs.XlbTblPolicy, p.objs.XlbTblConf} {
+	// Every map the program pins (p.pinned, from the collection spec), so
+	// a map added to bpf/ is never left behind (a hand-kept list here
+	// once forgot the passive checks' maps).
+	for name, m := range p.pinned {
 		if err := m.Unpin(); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("unpin map %s: %w", name, err))
 		}
 	}
 	p.mu.Unlock()

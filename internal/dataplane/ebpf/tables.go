@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -521,7 +522,7 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		}
 		return err
 	}
-	tables := maps2(t.tables)
+	tables := maps.Clone(t.tables)
 	// 1. Slots: new ones made and filled, changed ones given the
 	// difference.
 	for _, c := range d.Slots {
@@ -587,12 +588,12 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	undo = append(undo, func() { _ = p.bind(ids, prev) })
 	// 3. Farms: their policy keys, and those of farms whose tables'
 	// order changed.
-	farms := maps2(t.farms)
+	farms := maps.Clone(t.farms)
 	rewrite := map[string]bool{}
 	for _, c := range d.Tables {
 		if c.Old != nil && c.New != nil && c.Old.Priority != c.New.Priority {
 			for name, f := range farms {
-				if usesTable(f, c.New.Name) {
+				if f.UsesPolicy(c.New.Name) {
 					rewrite[name] = true
 				}
 			}
@@ -708,23 +709,6 @@ func (p *Plane) undoEntries(s *tblSlot, c plan.SlotChange) {
 	}, true); err != nil {
 		p.log.Error("taking back table entries failed", "err", err)
 	}
-}
-
-func usesTable(f *model.Farm, name string) bool {
-	for _, ref := range f.Policies {
-		if ref.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-func maps2[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // TableCounters implements dataplane.TableCounterReader: the packets and

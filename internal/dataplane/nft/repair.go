@@ -12,7 +12,8 @@ var _ dataplane.DriftRepairer = (*Plane)(nil)
 
 // RepairDrift implements dataplane.DriftRepairer: only the tables the
 // watch saw others change (inet or netdev of the same name) are
-// reconciled, and a table whose farms are not those the plane holds;
+// reconciled (the counter table too), and a table whose farms are not
+// those the plane holds;
 // with events lost, or no watch, every table. Reconciling all 32 tables
 // of the default layout takes most of a second on a busy machine; one
 // table, a few milliseconds.
@@ -32,6 +33,15 @@ func (s *Plane) RepairDrift(ctx context.Context, farms []*model.Farm) error {
 			// Not repaired: the next repair looks at it again.
 			s.watch.markDirty(map[string]bool{p.opts.Table: true}, false)
 			return fmt.Errorf("table inet %s: %w", p.opts.Table, err)
+		}
+	}
+	// The counter table: a change's batch adds its elements, so a
+	// counter table deleted by others fails every change until it is
+	// back (nft flush ruleset takes it with the farms' tables).
+	if s.ctr != nil && (all || dirty[s.ctr.table.Name]) {
+		if err := s.reconcileCounters(farms); err != nil {
+			s.watch.markDirty(map[string]bool{s.ctr.table.Name: true}, false)
+			return err
 		}
 	}
 	return nil

@@ -435,10 +435,10 @@ func (s *Plane) ours(typ int, family byte, attrs []byte) (what, table string, ok
 
 // ownsTable reports whether the table of that family and name is xlb's:
 // a farms' table of any --nft-tables layout (inet, or its netdev twin),
-// or the named tables' table.
+// the named tables' table, or the counter table.
 func (s *Plane) ownsTable(family, name string) bool {
 	if isLayoutTable(s.opts.Table, name) {
 		return true
 	}
-	return family == "inet" && name == s.opts.Table+tablesSuffix
+	return family == "inet" && (name == s.opts.Table+tablesSuffix || name == s.opts.Table+countersSuffix)
 }
