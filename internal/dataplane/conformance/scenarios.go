@@ -31,6 +31,7 @@ var scenarios = []scenario{
 	{name: "sched-hash-srcip-ipv6", backends: 3, v6: true, farm: weightedHashFarm(model.KeySrcIP), run: runHash},
 	{name: "sched-hash-srcip-srcport", backends: 3, farm: weightedHashFarm(model.KeySrcIP | model.KeySrcPort), run: runHash},
 	{name: "sched-hash-srcip-srcport-ipv6", backends: 3, v6: true, farm: weightedHashFarm(model.KeySrcIP | model.KeySrcPort), run: runHash},
+	{name: "sched-hash-all-keys", backends: 3, farm: weightedHashFarm(model.KeySrcIP | model.KeyDstIP | model.KeySrcPort | model.KeyDstPort), run: runHash},
 	{name: "sched-hash-srcmac", backends: 3, farm: hashFarm(model.SchedHash, model.KeySrcMAC), run: runSameBackend},
 	{name: "sched-symhash", backends: 3, farm: hashFarm(model.SchedSymhash, model.KeySrcIP|model.KeySrcPort), run: runFlowHash},
 	{name: "sched-maglev", backends: 5, farm: func(e *Env) model.Farm {

@@ -8,8 +8,8 @@
 // them themselves, so they cannot disagree: a flow hashed on the nftables
 // plane and on the eBPF plane, on this node or on another, lands on the same
 // backend of the same backend set: the conformance scenarios sched-maglev,
-// sched-hash-srcip, sched-hash-srcip-srcport and their -ipv6 twins
-// (internal/dataplane/conformance), which both planes run, send real flows through each kernel and require every one to
+// sched-hash-srcip, sched-hash-srcip-srcport, their -ipv6 twins and
+// sched-hash-all-keys (internal/dataplane/conformance), which both planes run, send real flows through each kernel and require every one to
 // reach the backend this package's model names, before and after a backend
 // goes down.
 //
