@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -191,54 +192,76 @@ type StaticSession struct {
 }
 
 // NftlbFieldInUse names the first nftlb 1.0 field (or value) the farm uses
-// that no data plane implements yet (dataplane.CheckNftlbFields refuses
-// it), and its value; ok is false when the farm uses none.
-func (f *Farm) NftlbFieldInUse() (field, value string, ok bool) {
-	switch {
-	case f.Mode == ModeLocal:
-		return "mode", f.Mode.String(), true
-	case f.NewRTLimit != 0 && f.NewRTUnit != PerSecond:
-		return "new-rtlimit", fmt.Sprintf("%d/%s", f.NewRTLimit, f.NewRTUnit), true
-	case f.RstRTLimit != 0 && f.RstRTUnit != PerSecond:
-		return "rst-rtlimit", fmt.Sprintf("%d/%s", f.RstRTLimit, f.RstRTUnit), true
-	case f.LogRTLimit != 0:
-		return "log-rtlimit", fmt.Sprintf("%d/%s", f.LogRTLimit, f.LogRTUnit), true
-	case f.LimitsTTL != DefaultLimitsTTL:
-		return "limits-ttl", fmt.Sprint(f.LimitsTTL), true
-	case f.NewRTLogPrefix != "":
-		return "new-rtlimit-log-prefix", f.NewRTLogPrefix, true
-	case f.RstRTLogPrefix != "":
-		return "rst-rtlimit-log-prefix", f.RstRTLogPrefix, true
-	case f.EstConnLogPrefix != "":
-		return "est-connlimit-log-prefix", f.EstConnLogPrefix, true
-	case f.TCPStrictLogPrefix != "":
-		return "tcp-strict-log-prefix", f.TCPStrictLogPrefix, true
-	case f.Queue != -1:
-		return "queue", fmt.Sprint(f.Queue), true
-	case f.Verdict != DefaultVerdict:
-		return "verdict", f.Verdict.String(), true
-	case f.FlowOffload:
-		return "flow-offload", "on", true
-	case len(f.Addresses) > 0:
-		return "addresses", f.Addresses[0].Name, true
-	case len(f.Sessions) > 0:
-		return "sessions", f.Sessions[0].Client, true
-	case f.Protocol == ProtoAll && len(f.VirtualPorts) > 0:
-		return "virtual-ports", formatPorts(f.VirtualPorts), true
-	case f.Mode == ModeStlsDNAT && (f.Iface != "" || f.Oface != "" || !f.EtherAddr.IsZero()):
-		return "iface", f.Iface + "," + f.Oface + "," + f.EtherAddr.String(), true
+// beyond what every data plane does (its value as nftlb prints it), or ok
+// false. A plane that implements some of them names those in implemented
+// (by field name) and is told about the others only.
+func (f *Farm) NftlbFieldInUse(implemented ...string) (field, value string, ok bool) {
+	for _, u := range f.nftlbFieldsInUse() {
+		if !slices.Contains(implemented, u[0]) {
+			return u[0], u[1], true
+		}
+	}
+	return "", "", false
+}
+
+// nftlbFieldsInUse lists the nftlb 1.0 fields the farm uses at values
+// other than nftlb's defaults, as {field, value}.
+func (f *Farm) nftlbFieldsInUse() [][2]string {
+	var out [][2]string
+	use := func(field, value string) { out = append(out, [2]string{field, value}) }
+	if f.Mode == ModeLocal {
+		use("mode", f.Mode.String())
+	}
+	if f.NewRTLimit != 0 && f.NewRTUnit != PerSecond {
+		use("new-rtlimit", fmt.Sprintf("%d/%s", f.NewRTLimit, f.NewRTUnit))
+	}
+	if f.RstRTLimit != 0 && f.RstRTUnit != PerSecond {
+		use("rst-rtlimit", fmt.Sprintf("%d/%s", f.RstRTLimit, f.RstRTUnit))
+	}
+	if f.LogRTLimit != 0 {
+		use("log-rtlimit", fmt.Sprintf("%d/%s", f.LogRTLimit, f.LogRTUnit))
+	}
+	if f.LimitsTTL != DefaultLimitsTTL {
+		use("limits-ttl", fmt.Sprint(f.LimitsTTL))
+	}
+	for _, x := range [][2]string{{"new-rtlimit-log-prefix", f.NewRTLogPrefix}, {"rst-rtlimit-log-prefix", f.RstRTLogPrefix},
+		{"est-connlimit-log-prefix", f.EstConnLogPrefix}, {"tcp-strict-log-prefix", f.TCPStrictLogPrefix}} {
+		if x[1] != "" {
+			use(x[0], x[1])
+		}
+	}
+	if f.Queue != -1 {
+		use("queue", fmt.Sprint(f.Queue))
+	}
+	if f.Verdict != DefaultVerdict {
+		use("verdict", f.Verdict.String())
+	}
+	if f.FlowOffload {
+		use("flow-offload", "on")
+	}
+	if len(f.Addresses) > 0 {
+		use("addresses", f.Addresses[0].Name)
+	}
+	if len(f.Sessions) > 0 {
+		use("sessions", f.Sessions[0].Client)
+	}
+	if f.Protocol == ProtoAll && len(f.VirtualPorts) > 0 {
+		use("virtual-ports", formatPorts(f.VirtualPorts))
+	}
+	if f.Mode == ModeStlsDNAT && (f.Iface != "" || f.Oface != "" || !f.EtherAddr.IsZero()) {
+		use("iface", f.Iface+","+f.Oface+","+f.EtherAddr.String())
 	}
 	for _, b := range f.Backends {
 		switch {
 		case b.SourceAddr.IsValid():
-			return "backends.source-addr", b.SourceAddr.String(), true
+			use("backends.source-addr", b.SourceAddr.String())
 		case b.EstConnLogPrefix != "":
-			return "backends.est-connlimit-log-prefix", b.EstConnLogPrefix, true
+			use("backends.est-connlimit-log-prefix", b.EstConnLogPrefix)
 		case b.Port != 0 && f.Protocol == ProtoAll:
-			return "backends.port", fmt.Sprint(b.Port), true
+			use("backends.port", fmt.Sprint(b.Port))
 		}
 	}
-	return "", "", false
+	return out
 }
 
 // decodeSessions sets the farm's static sessions from the value at ss: an

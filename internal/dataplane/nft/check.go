@@ -9,11 +9,23 @@ import (
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
+// implementedNftlbFields are the nftlb 1.0 fields beyond the core model
+// that this plane implements (model.Farm.NftlbFieldInUse): rate units,
+// limits-ttl, the limits' verdict and log prefixes and log-rtlimit
+// (clientlimits.go, verdict.go).
+var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
+	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
+	"verdict", "backends.est-connlimit-log-prefix"}
+
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
-	if err := dataplane.CheckNftlbFields(PlaneName, f); err != nil {
+	if err := dataplane.CheckNftlbFields(PlaneName, f, implementedNftlbFields...); err != nil {
 		return err
+	}
+	if f.Verdict != model.DefaultVerdict && len(f.Policies) > 0 {
+		return dataplane.Refuse(f, "verdict", f.Verdict.String(),
+			"the "+PlaneName+" data plane applies a farm's verdict to its limits and tcp-strict, not yet to its policies (each policy's type decides); use the default \"log drop accept\" on farms with policies")
 	}
 	switch {
 	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():

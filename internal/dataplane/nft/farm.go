@@ -126,18 +126,13 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		// Its rules use the old maps, deleted below.
 		b.c.FlushChain(&nftables.Chain{Table: b.tableOf(oldPlan), Name: oldPlan.chain})
 	}
+	// Objects the farm's rules refer to come first: its per-client limit
+	// sets and verdict chains.
+	b.addClientSets(pl, f)
+	pl.vchains = b.putVerdictChains(verdictChains(f, pl.logGroup, pl.fchain != ""))
 	s := &farmState{plan: pl}
 	if !pl.isDirect() {
 		s = b.buildFarm(pl, f, ownChain && !moved)
-	}
-	keep := map[string]bool{pl.persist: true}
-	for _, name := range s.sets() {
-		keep[name] = true
-	}
-	for _, name := range old.sets() {
-		if !keep[name] {
-			b.c.DelSet(&nftables.Set{Table: b.tableOf(oldPlan), Name: name})
-		}
 	}
 	// Removed keys first: a farm that moves a port to another set or
 	// changes a key must not collide with itself.
@@ -165,6 +160,20 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	if moved {
 		b.delChain(&nftables.Chain{Table: b.tableOf(oldPlan), Name: oldPlan.chain})
 	}
+	// Last, the old sets and verdict chains the farm no longer uses: the
+	// rules that referred to them (farm, filter chains) are rebuilt above.
+	keep := map[string]bool{pl.persist: true}
+	for _, name := range s.sets() {
+		keep[name] = true
+	}
+	for _, name := range old.sets() {
+		if !keep[name] {
+			b.c.DelSet(&nftables.Set{Table: b.tableOf(oldPlan), Name: name})
+		}
+	}
+	if oldPlan != nil {
+		b.dropVerdictChains(oldPlan.vchains, pl.vchains)
+	}
 	return s
 }
 
@@ -188,7 +197,7 @@ var auxes = []aux{
 				// (its name says everything about it).
 				b.c.AddObj(helperObj(b.p.table, f, pl.helper))
 			}
-			return filterRules(f, pl.helper)
+			return pl.filterRules(f, pl.helper)
 		},
 	},
 	{
@@ -303,6 +312,7 @@ func (b *batch) removeFarm(old *farmState) {
 	if pl.helper != "" {
 		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: pl.helper, Type: nftables.ObjTypeCtHelper})
 	}
+	b.dropVerdictChains(pl.vchains, nil)
 	for _, name := range old.sets() {
 		b.c.DelSet(&nftables.Set{Table: b.tableOf(pl), Name: name})
 	}

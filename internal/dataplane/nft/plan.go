@@ -68,6 +68,14 @@ type farmPlan struct {
 	// its one backend); the farm has no chain or map of its own and its
 	// svc elements go to the shared direct chain (see setDirect).
 	direct []elem
+	// clients are the farm's per-client limit sets (clientlimits.go),
+	// clientSetDefs their definitions in the batch being built; vchains
+	// the verdict chains its limits jump to (verdict.go); logGroup the
+	// NFLOG group of its log lines (Options.LogGroup).
+	clients       clientSets
+	clientSetDefs map[string]*nftables.Set
+	vchains       []string
+	logGroup      uint16
 }
 
 // planFarm derives what a farm needs in the kernel. A farm that is not up
@@ -79,6 +87,7 @@ func planFarm(f *model.Farm) *farmPlan {
 	}
 	p := &farmPlan{name: f.Name, placement: placement{v6: f.VirtualAddr.Is6(), via: chainOwn, chain: chainName(f.Name)}}
 	defer p.place()
+	defer p.planClientSets(f) // runs first: p.v6 is final by then
 	if f.IsMarkFarm() {
 		p.mark, p.v6 = true, f.Family == model.FamilyIPv6
 		key := binaryutil.NativeEndian.PutUint32(f.Mark)
@@ -118,7 +127,7 @@ func planFarm(f *model.Farm) *farmPlan {
 			p.logs[i].Jump = true
 		}
 	}
-	if len(filterRules(f, p.helper)) > 0 {
+	if needsFilter(f, p.helper) {
 		p.fchain = farmFilter + nameHash(f.Name)
 		p.filt = svcElems(f, p.fchain, nil)
 	}

@@ -95,6 +95,11 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 			b.joinGroup(pl, -1)
 		}
 		keepChains[pl.chain] = true
+		b.addClientSets(pl, f)
+		pl.vchains = b.putVerdictChains(verdictChains(f, pl.logGroup, pl.fchain != ""))
+		for _, name := range pl.vchains {
+			keepChains[name] = true
+		}
 		if pl.helper != "" {
 			keepHelpers[pl.helper] = true
 		}
