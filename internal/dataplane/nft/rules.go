@@ -231,7 +231,7 @@ func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, 
 
 // needsFilter reports whether a farm needs a filter chain (filterRules).
 func needsFilter(f *model.Farm, helper string) bool {
-	return f.TCPStrict || f.RstRTLimit != 0 || helper != ""
+	return f.TCPStrict || f.RstRTLimit != 0 || f.Queue >= 0 || helper != ""
 }
 
 // filterRules returns the rules of a farm's filter chain: what must see
@@ -240,6 +240,7 @@ func needsFilter(f *model.Farm, helper string) bool {
 //
 //	ct state invalid counter log prefix "..." drop                      (tcp-strict)
 //	tcp flags & rst == rst add @rl-... { ip saddr limit rate over ... } (rst-rtlimit, per client)
+//	ct state new counter queue num N bypass                              (queue, queue.go)
 //	ct helper set "h-<hash>-<helper>-<proto>"                           (helper)
 //
 // What follows a match is the farm's verdict (verdict.go). helper is the
@@ -256,6 +257,9 @@ func (p *farmPlan) filterRules(f *model.Farm, helper string) [][]expr.Any {
 		}, then...))
 	}
 	if r := rstLimitRule(f, p.v6, p.clientSetDefs[p.clients.rstRT], p.logGroup); r != nil {
+		out = append(out, r)
+	}
+	if r := queueRule(f); r != nil {
 		out = append(out, r)
 	}
 	if helper != "" {
