@@ -15,7 +15,7 @@ import (
 // (clientlimits.go, verdict.go).
 var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
 	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
-	"verdict", "backends.est-connlimit-log-prefix", "queue"}
+	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr"}
 
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {
@@ -84,6 +84,12 @@ func check(f *model.Farm) error {
 		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
 			return dataplane.RefuseBackend(f, b.Name, "mark", fmt.Sprint(b.Mark),
 				"is already the mark of another backend of this farm; in the "+PlaneName+" data plane a backend mark names the backend, so marks must be unique per farm")
+		case b.SourceAddr.IsValid() && (f.Mode != model.ModeSNAT || f.IsMarkFarm()):
+			return dataplane.RefuseBackend(f, b.Name, "source-addr", b.SourceAddr.String(),
+				"a backend's source-addr applies to snat VIP farms only (nftlb ignores it in other modes)")
+		case b.SourceAddr.IsValid() && b.SourceAddr.Is4() != b.Addr.Is4():
+			return dataplane.RefuseBackend(f, b.Name, "source-addr", b.SourceAddr.String(),
+				"is not of the backend's family ("+b.Addr.String()+"): nftables cannot translate between families")
 		case b.EstConnLimit != 0 && f.Persistence != 0:
 			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit)+" with persistence")
 		}

@@ -151,6 +151,13 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, func(p *farmPlan) string { return p.svcSet })
 	b.diffElems(oldPlan, pl, oldPost, pl.post, func(p *farmPlan) string { return p.postSet })
 	b.diffElems(oldPlan, pl, oldDirect, pl.direct, func(p *farmPlan) string { return p.dstSet })
+	oldBsnat := map[string]elem{}
+	if oldPlan != nil {
+		for _, e := range oldPlan.bsnat {
+			oldBsnat[e.id()] = e
+		}
+	}
+	b.diffElems(oldPlan, pl, oldBsnat, pl.bsnat, (*farmPlan).bsnatSet)
 	for _, x := range auxes {
 		b.putAux(x, oldPlan, pl, f)
 	}
@@ -290,6 +297,9 @@ func (b *batch) removeFarm(old *farmState) {
 	b.delFrom(pl.svcSet, pl.svc)
 	if len(pl.post) > 0 {
 		b.delFrom(pl.postSet, pl.post)
+	}
+	if len(pl.bsnat) > 0 {
+		b.delFrom(pl.bsnatSet(), pl.bsnat)
 	}
 	switch {
 	case pl.isDirect():

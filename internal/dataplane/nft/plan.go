@@ -72,6 +72,9 @@ type farmPlan struct {
 	// clientSetDefs their definitions in the batch being built; vchains
 	// the verdict chains its limits jump to (verdict.go); logGroup the
 	// NFLOG group of its log lines (Options.LogGroup).
+	// bsnat: the farm's elements in snatb4/6 (backend source-addr,
+	// backendsnat.go).
+	bsnat         []elem
 	clients       clientSets
 	clientSetDefs map[string]*nftables.Set
 	vchains       []string
@@ -138,6 +141,7 @@ func planFarm(f *model.Farm) *farmPlan {
 			p.post = markExact(svcElems(f, "", nil))
 		}
 	}
+	p.planBackendSnat(f)
 	p.svc = markExact(p.svc)
 	p.backends(f)
 	p.setDirect(f)

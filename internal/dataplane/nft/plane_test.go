@@ -405,10 +405,20 @@ table inet xlb {
 	chain STICKYL {
 		log prefix "stk xlb farm=sticky "
 	}
+	map snatb4 {
+		type ipv4_addr . inet_proto . inet_service . ipv4_addr : ipv4_addr
+		flags interval
+	}
+	map snatb6 {
+		type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr
+		flags interval
+	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
 		ct original ip daddr . meta l4proto . ct original proto-dst vmap @log4
 		ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @log6
+		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst . ip daddr map @snatb4
+		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst . ip6 daddr map @snatb6
 		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snatx4
 		ct original ip daddr . meta l4proto . ct original proto-dst @masqx4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snatx6
