@@ -15,7 +15,7 @@ import (
 // (clientlimits.go, verdict.go).
 var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
 	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
-	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr"}
+	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode"}
 
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {
@@ -35,6 +35,9 @@ func check(f *model.Farm) error {
 			"firewall-mark farms in the "+PlaneName+" data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet")
 	case f.Family == model.FamilyDual:
 		return checkDual(f)
+	case f.Mode == model.ModeLocal && (f.IsMarkFarm() || f.Log != 0):
+		return dataplane.Refuse(f, "mode", f.Mode.String(),
+			"local farms in the "+PlaneName+" data plane are VIP farms without log (a packet for a local socket never reaches the postrouting hook where farms log)")
 	case f.Queue >= 0 && (f.IsMarkFarm() || f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT):
 		return dataplane.Refuse(f, "queue", fmt.Sprint(f.Queue),
 			"the "+PlaneName+" data plane queues the new connections of snat and dnat VIP farms (firewall-mark, dsr and stlsdnat farms are forwarded before or without its filter chain)")

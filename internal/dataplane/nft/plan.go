@@ -72,6 +72,9 @@ type farmPlan struct {
 	// clientSetDefs their definitions in the batch being built; vchains
 	// the verdict chains its limits jump to (verdict.go); logGroup the
 	// NFLOG group of its log lines (Options.LogGroup).
+	// local: mode local (local.go): the farm's chain holds its limits and
+	// accepts, the LB's own sockets serve the VIP.
+	local bool
 	// bsnat: the farm's elements in snatb4/6 (backend source-addr,
 	// backendsnat.go).
 	bsnat         []elem
@@ -133,6 +136,12 @@ func planFarm(f *model.Farm) *farmPlan {
 	if needsFilter(f, p.helper) {
 		p.fchain = farmFilter + nameHash(f.Name)
 		p.filt = svcElems(f, p.fchain, nil)
+	}
+	if f.Mode == model.ModeLocal {
+		// The LB itself serves the VIP (local.go): no backends, no NAT.
+		p.local = true
+		p.svc = markExact(p.svc)
+		return p
 	}
 	if f.Mode == model.ModeSNAT {
 		if f.SourceAddr.IsValid() {

@@ -147,6 +147,9 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	if p.kind == kindNone && p.stls {
 		return [][]expr.Any{drop}
 	}
+	if p.local {
+		return p.localRules(f)
+	}
 	if p.kind == kindNone {
 		// No backend can serve: refuse new connections at once (TCP reset,
 		// else ICMP port unreachable) rather than let clients time out, as
