@@ -2,6 +2,8 @@ package model
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -189,6 +191,126 @@ func (f *Farm) RenamedFrom() string { return f.renamedFrom }
 type StaticSession struct {
 	Client  string
 	Backend string
+}
+
+// SessionKey is a static session's client read by the farm's persistence:
+// the fields the persistence names are set.
+type SessionKey struct {
+	SrcIP, DstIP     netip.Addr
+	SrcPort, DstPort uint16
+	SrcMAC           net.HardwareAddr
+}
+
+// sessionFields are the persistence fields in the order a client spells
+// them (nftlb's order of its meta flags, xlb's order in session lists).
+var sessionFields = []HashKey{KeySrcIP, KeyDstIP, KeySrcPort, KeyDstPort, KeySrcMAC}
+
+// ParseSessionClient reads a static session's client by the persistence
+// k: the values of k's fields in the order srcip, dstip, srcport, dstport,
+// srcmac, separated by spaces (as nftlb prints them: "10.0.0.7 443") or by
+// '-' (as GET /farms/{name}/sessions lists them: "10.0.0.7-443").
+func ParseSessionClient(k HashKey, client string) (SessionKey, error) {
+	var key SessionKey
+	var parts []string
+	if strings.ContainsAny(client, " \t") {
+		parts = strings.Fields(client)
+	} else {
+		parts = strings.Split(client, "-")
+	}
+	var want []string
+	for _, f := range sessionFields {
+		if k&f != 0 {
+			want = append(want, f.String())
+		}
+	}
+	if len(parts) != len(want) {
+		return key, fmt.Errorf("has %d values; persistence %q takes %d: %s, separated by spaces or '-'",
+			len(parts), persistenceName(k), len(want), strings.Join(want, ", "))
+	}
+	i := 0
+	for _, f := range sessionFields {
+		if k&f == 0 {
+			continue
+		}
+		v := parts[i]
+		i++
+		switch f {
+		case KeySrcIP, KeyDstIP:
+			a, err := netip.ParseAddr(v)
+			if err != nil || a.Zone() != "" || a.Is4In6() {
+				return key, fmt.Errorf("%s %q is not an IPv4 or IPv6 address", f, v)
+			}
+			if f == KeySrcIP {
+				key.SrcIP = a
+			} else {
+				key.DstIP = a
+			}
+		case KeySrcPort, KeyDstPort:
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil {
+				return key, fmt.Errorf("%s %q is not a port (0-65535)", f, v)
+			}
+			if f == KeySrcPort {
+				key.SrcPort = uint16(n)
+			} else {
+				key.DstPort = uint16(n)
+			}
+		case KeySrcMAC:
+			m, err := net.ParseMAC(v)
+			if err != nil || len(m) != 6 {
+				return key, fmt.Errorf("%s %q is not a MAC address (aa:bb:cc:dd:ee:ff)", f, v)
+			}
+			key.SrcMAC = m
+		}
+	}
+	if key.SrcIP.IsValid() && key.DstIP.IsValid() && key.SrcIP.Is4() != key.DstIP.Is4() {
+		return key, fmt.Errorf("srcip %s and dstip %s are of different families", key.SrcIP, key.DstIP)
+	}
+	return key, nil
+}
+
+// Is4 reports whether the key's addresses are IPv4 (ok false if it has
+// none).
+func (k SessionKey) Is4() (v4, ok bool) {
+	switch {
+	case k.SrcIP.IsValid():
+		return k.SrcIP.Is4(), true
+	case k.DstIP.IsValid():
+		return k.DstIP.Is4(), true
+	}
+	return false, false
+}
+
+// validateSessions checks the farm's static sessions: each names a backend
+// of the farm and a client its persistence can read, of the farm's family,
+// once.
+func (f *Farm) validateSessions() error {
+	seen := map[string]bool{}
+	for _, s := range f.Sessions {
+		label := fmt.Sprintf("farm %q session %q", f.Name, s.Client)
+		if s.Client == "" {
+			return &FieldError{Object: farmObject(f.Name), Field: "sessions.client", Problem: "is required"}
+		}
+		if _, i := f.Backend(s.Backend); i < 0 {
+			return &FieldError{Object: label, Field: "backend", Value: s.Backend, Problem: "names no backend of the farm"}
+		}
+		if f.Persistence == 0 {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: "static sessions need persistence (srcip, srcport, ...)"}
+		}
+		k, err := ParseSessionClient(f.Persistence, s.Client)
+		if err != nil {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: err.Error()}
+		}
+		if v4, ok := k.Is4(); ok && f.Family != FamilyDual && v4 != (f.Family == FamilyIPv4) {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: "is not of the farm's family " + f.Family.String()}
+		}
+		canon := fmt.Sprintf("%s %s %d %d %s", k.SrcIP, k.DstIP, k.SrcPort, k.DstPort, k.SrcMAC)
+		if seen[canon] {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: "is listed twice"}
+		}
+		seen[canon] = true
+	}
+	return nil
 }
 
 // NftlbFieldInUse names the first nftlb 1.0 field (or value) the farm uses

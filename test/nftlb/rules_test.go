@@ -16,6 +16,9 @@ type ruleCase struct {
 	name    string
 	farm    string // farm fields after name, address and ports
 	backend string // backend fields after name, address, port and state
+	// then: farm fields posted after the backends (nftlb 1.0.7 answers
+	// 404 to static sessions that name backends of the same request).
+	then string
 	// both: statements both rulesets hold (normalized, see normRules);
 	// nftlbHas/xlbHas: statements of one side (the same work, spelled
 	// otherwise); absent: what neither may hold.
@@ -37,7 +40,8 @@ func normRules(s string) string {
 }
 
 // TestSideBySideRules: nftlb's limits, verdicts, log prefixes, log-rtlimit,
-// limits-ttl, rate units, mode local, backend source-addr and queue, each
+// limits-ttl, rate units, mode local, backend source-addr, static sessions
+// and queue, each
 // sent to Debian's nftlb and to xlb, with what each programs compared.
 func TestSideBySideRules(t *testing.T) {
 	nftlb, xlb := startPeers(t)
@@ -88,6 +92,15 @@ func TestSideBySideRules(t *testing.T) {
 				"snat to ct mark map @services-back-m"},
 			xlbHas: []string{"10.0.0.1 . tcp . 80 . 10.1.0.1 : 10.1.0.254", "10.0.0.1 . tcp . 80 . 10.1.0.2 : 10.1.0.254",
 				"snat ip to ct original ip daddr . meta l4proto . ct original proto-dst . ip daddr map @snatb4"}},
+		// Static sessions: nftlb keeps them in a map of its own, looked
+		// up first (its ids are its backend marks); xlb too (ids are
+		// its backend ids, see persist.go).
+		{name: "static sessions",
+			farm: `"persistence":"srcip","persist-ttl":"300"`,
+			then: `"sessions":[{"client":"10.0.0.9","backend":"b2"},{"client":"10.0.0.10","backend":"b1"}]`,
+			nftlbHas: []string{"ct mark set ip saddr map @static-sessions-f accept",
+				"elements = { 10.0.0.9 : 0x80000002, 10.0.0.10 : 0x80000001 }"},
+			xlbHas: []string{"ct mark set ip saddr map @s-", "10.0.0.9 : 0x", "10.0.0.10 : 0x"}},
 		// Debian's nftlb 1.0.7 emits `tcp flags syn queue num 3 bypass`,
 		// which this kernel (no nft_queue) rejects: nftlb answers
 		// success and programs nothing for the farm. xlb programs the
@@ -105,6 +118,12 @@ func TestSideBySideRules(t *testing.T) {
 			same(c.name+": its backends", "POST", "/farms", backends),
 			get("/farms/f"),
 		})
+		if c.then != "" {
+			run(t, nftlb, xlb, []step{
+				same(c.name+": then", "POST", "/farms", `{"farms":[{"name":"f",`+c.then+`}]}`),
+				get("/farms/f"),
+			})
+		}
 		rules := map[*peer]string{}
 		for _, p := range []*peer{nftlb, xlb} {
 			rules[p] = normRules(testutil.Run(t, p.nsName, "nft", "list", "ruleset"))

@@ -12,10 +12,12 @@ import (
 // implementedNftlbFields are the nftlb 1.0 fields beyond the core model
 // that this plane implements (model.Farm.NftlbFieldInUse): rate units,
 // limits-ttl, the limits' verdict and log prefixes and log-rtlimit
-// (clientlimits.go, verdict.go).
+// (clientlimits.go, verdict.go), queue (queue.go), backend source-addr
+// (backendsnat.go), mode local (local.go), static sessions
+// (staticsessions.go).
 var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
 	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
-	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode"}
+	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode", "sessions"}
 
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {
@@ -41,6 +43,9 @@ func check(f *model.Farm) error {
 	case f.Queue >= 0 && (f.IsMarkFarm() || f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT):
 		return dataplane.Refuse(f, "queue", fmt.Sprint(f.Queue),
 			"the "+PlaneName+" data plane queues the new connections of snat and dnat VIP farms (firewall-mark, dsr and stlsdnat farms are forwarded before or without its filter chain)")
+	case len(f.Sessions) > 0 && (f.Mode == model.ModeLocal || f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT):
+		return dataplane.Refuse(f, "sessions", f.Sessions[0].Client,
+			"the "+PlaneName+" data plane keeps static sessions in snat and dnat farms (mode "+f.Mode.String()+" has no persistence here)")
 	case f.Mode == model.ModeStlsDNAT && f.IsMarkFarm():
 		return dataplane.Refuse(f, "mode", f.Mode.String(),
 			"the "+PlaneName+" data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)")

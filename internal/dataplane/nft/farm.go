@@ -76,6 +76,14 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 			pset = pl.persistSet(t, f, b.nextID())
 			_ = b.c.AddSet(pset, nil)
 		}
+		pl.sset = nil
+		if pset != nil && len(pl.static) > 0 {
+			pl.sset = pl.staticSet(t, f, staticName(s.mapName), b.nextID())
+			_ = b.c.AddSet(pl.sset, nil)
+			for i := 0; i < len(pl.static); i += elemChunk {
+				_ = b.c.SetAddElements(pl.sset, pl.static[i:min(i+elemChunk, len(pl.static))])
+			}
+		}
 	}
 	rules := pl.farmRules(f, s.mapName, id, modulus, pset, aset)
 	if pl.dsrMode {

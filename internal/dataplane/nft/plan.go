@@ -59,6 +59,10 @@ type farmPlan struct {
 	// persist names the persistence map ("" without persistence or
 	// without serving backends); see persist.go.
 	persist string
+	// static are the elements of the farm's static sessions map and sset
+	// its definition in the batch being built (staticsessions.go).
+	static []nftables.SetElement
+	sset   *nftables.Set
 	// dsrMode: mode dsr (dsr.go). The chain and map live in the netdev
 	// table; svc elements are in dsr4/6 (jump), post elements in
 	// dsrif4/6 (the oface's index); dsr holds the resolved links.
@@ -188,6 +192,7 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	}
 	if f.Persistence != 0 && p.kind != kindNone {
 		p.persist = persistName(f)
+		p.planStatic(f) // staticsessions.go
 	}
 	for _, b := range p.active {
 		p.marks = p.marks || b.Mark != 0

@@ -68,6 +68,9 @@ func (s *farmState) sets() []string {
 	}
 	if s.plan.persist != "" {
 		out = append(out, s.plan.persist)
+		if len(s.plan.static) > 0 {
+			out = append(out, staticName(s.mapName))
+		}
 	}
 	for _, l := range s.plan.limitList() {
 		out = append(out, idsName(s.mapName, l), countName(s.plan.name, l))
