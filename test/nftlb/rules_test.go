@@ -141,7 +141,7 @@ func TestSideBySideRules(t *testing.T) {
 		check(xlb, c.xlbHas)
 		for _, p := range []*peer{nftlb, xlb} {
 			for _, a := range c.absent {
-				if strings.Contains(rules[p], a) {
+				if strings.Contains(withoutCounters(rules[p]), a) {
 					t.Errorf("%s: %s's ruleset holds %q:\n%s", c.name, p.name, a, rules[p])
 				}
 			}
@@ -155,4 +155,19 @@ func comma(fields string) string {
 		return ""
 	}
 	return "," + fields
+}
+
+// withoutCounters is a normalized ruleset without xlb's counters table
+// (per-backend traffic counters: it lists every backend of a farm, also
+// of one that forwards nothing).
+func withoutCounters(rules string) string {
+	start := strings.Index(rules, "table inet xlb-counters {")
+	if start < 0 {
+		return rules
+	}
+	end := strings.Index(rules[start+1:], "table ")
+	if end < 0 {
+		return rules[:start]
+	}
+	return rules[:start] + rules[start+1+end:]
 }
