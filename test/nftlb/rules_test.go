@@ -121,7 +121,7 @@ func TestSideBySideRules(t *testing.T) {
 		if c.then != "" {
 			run(t, nftlb, xlb, []step{
 				same(c.name+": then", "POST", "/farms", `{"farms":[{"name":"f",`+c.then+`}]}`),
-				get("/farms/f"),
+				get("/farms/f"), get("/farms/f/sessions"),
 			})
 		}
 		rules := map[*peer]string{}

@@ -1,10 +1,12 @@
 package nft
 
 import (
+	"context"
 	"net/netip"
 	"strings"
 	"testing"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -51,6 +53,12 @@ func TestStaticSessions(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("listing lacks %q:\n%s", want, out)
 		}
+	}
+	// Listed first, as configured, without expiry.
+	ss, err := e.p.Sessions(context.Background(), prev["static"])
+	if err != nil || len(ss) < 2 || ss[0] != (dataplane.Session{Client: "10.100.0.2", Backend: "b2", Static: true}) ||
+		ss[1] != (dataplane.Session{Client: "10.100.0.21", Backend: "b1", Static: true}) {
+		t.Errorf("sessions %+v, %v: want the two static ones first", ss, err)
 	}
 	check := func(step string, want map[netip.Addr]string) {
 		t.Helper()
