@@ -22,7 +22,8 @@ type batch struct {
 	// and the group chains it changes (see pending).
 	groups  groupCounts
 	touched map[string]groupRef
-	err     error // the first error building the batch: it must not be sent
+	hair    hairpinDelta // the hairpin counts' change (hairpin.go)
+	err     error        // the first error building the batch: it must not be sent
 	// runs holds back element adds and deletes of static sets, so that
 	// the elements of many farms go into one message per set (elemChunk
 	// elements a message) instead of one message per farm and set: the

@@ -166,6 +166,11 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		}
 	}
 	b.diffElems(oldPlan, pl, oldBsnat, pl.bsnat, (*farmPlan).bsnatSet)
+	if oldPlan != nil {
+		b.hairpin(oldPlan.hair, pl.hair, oldPlan.v6, pl.v6)
+	} else {
+		b.hairpin(nil, pl.hair, pl.v6, pl.v6)
+	}
 	for _, x := range auxes {
 		b.putAux(x, oldPlan, pl, f)
 	}
@@ -302,6 +307,7 @@ func (b *batch) removeFarm(old *farmState) {
 		return
 	}
 	pl := old.plan
+	b.hairpin(pl.hair, nil, pl.v6, pl.v6)
 	b.delFrom(pl.svcSet, pl.svc)
 	if len(pl.post) > 0 {
 		b.delFrom(pl.postSet, pl.post)

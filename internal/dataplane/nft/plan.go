@@ -72,6 +72,8 @@ type farmPlan struct {
 	// its one backend); the farm has no chain or map of its own and its
 	// svc elements go to the shared direct chain (see setDirect).
 	direct []elem
+	// hair: the farm's elements of hairpin4/6 (hairpin.go).
+	hair []elem
 	// clients are the farm's per-client limit sets (clientlimits.go),
 	// clientSetDefs their definitions in the batch being built; vchains
 	// the verdict chains its limits jump to (verdict.go); logGroup the
@@ -157,6 +159,7 @@ func planFarm(f *model.Farm) *farmPlan {
 	p.planBackendSnat(f)
 	p.svc = markExact(p.svc)
 	p.backends(f)
+	p.hair = hairpinElems(f, p)
 	p.setDirect(f)
 	p.setGrouped(f)
 	return p

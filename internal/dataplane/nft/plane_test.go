@@ -434,6 +434,15 @@ table inet xlb {
 		meta nfproto ipv4 snat ip to meta mark map @snatm4
 		meta nfproto ipv6 snat ip6 to meta mark map @snatm6
 		meta mark @masqm masquerade
+		ip saddr . ip daddr @hairpin4 masquerade
+		ip6 saddr . ip6 daddr @hairpin6 masquerade
+	}
+	set hairpin4 {
+		type ipv4_addr . ipv4_addr
+	}
+	set hairpin6 {
+		type ipv6_addr . ipv6_addr
+		elements = { fd00:200::11 . fd00:200::11, fd00:200::12 . fd00:200::12 }
 	}
 	chain WEB {
 		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN

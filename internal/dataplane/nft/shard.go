@@ -45,6 +45,10 @@ type shard struct {
 	// until a change touches the chain.
 	groups   groupCounts
 	ghandles map[string]map[string][]uint64
+
+	// hair counts the farms of the table that hold each hairpin element
+	// (hairpin.go).
+	hair map[string]int
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
