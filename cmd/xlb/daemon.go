@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xlb-lb/xlb/internal/api"
+	"github.com/xlb-lb/xlb/internal/cluster/bgp"
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
@@ -30,6 +31,8 @@ type daemonOptions struct {
 	stateDir string
 	dp       dataplaneConfig
 	logLevel string
+	// bgpConfig is the BGP speaker's configuration file ("": no speaker).
+	bgpConfig string
 }
 
 // Bounds of --conn-table-size (connections; the table holds two entries
@@ -112,6 +115,7 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.DurationVar(&o.dp.timeouts.SYN, "ct-timeout-syn", d.SYN, "ebpf: idle timeout of TCP connections before the handshake completes")
 	f.DurationVar(&o.dp.timeouts.Close, "ct-timeout-close", d.Close, "ebpf: idle timeout of TCP connections after a RST")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.bgpConfig, "bgp-config", "", "announce the VIPs over BGP with the router id, AS, peers and attributes of this YAML file (docs/ha.md)")
 	return cmd
 }
 
@@ -121,6 +125,14 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		return fmt.Errorf("--log-level %q: allowed values are debug, info, warn, error", o.logLevel)
 	}
 	log := slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
+	var bgpCfg *bgp.Config
+	if o.bgpConfig != "" {
+		c, err := bgp.LoadConfig(o.bgpConfig)
+		if err != nil {
+			return fmt.Errorf("--bgp-config: %w", err)
+		}
+		bgpCfg = c
+	}
 
 	st, err := store.OpenJournal(o.stateDir)
 	if err != nil {
@@ -144,11 +156,23 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	}
 	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
 	defer stopHealth()
+	// The speaker starts once the engine has reconciled the kernel with
+	// the saved state: every VIP it announces is in the kernel.
+	var announcer *bgp.Announcer
+	drained := func() {}
+	if bgpCfg != nil {
+		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, nil); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)
 	}
 	apiSrv := hsrv(api.New(log, eng, key))
+	if announcer != nil {
+		apiSrv.SetBGP(announcer)
+	}
 	srv := &http.Server{
 		Handler:           apiSrv,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -180,6 +204,9 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		return fmt.Errorf("serve the API: %w", err)
 	case <-ctx.Done():
 	}
+	// Drain first: the routers stop sending new flows here (routes
+	// withdrawn, drain-wait waited) before anything else stops.
+	drained()
 	log.Info("xlb daemon stopping; kernel rules stay in place")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()

@@ -67,7 +67,7 @@ key from --key, --key-file, XLB_KEY, XLB_KEY_FILE, or ` + defaultStateDir + `/` 
 	pf.StringVar(&a.apiURL, "api", defaultAPI, "daemon API: http://HOST:PORT or unix:PATH (env XLB_API; default "+defaultStateDir+"/"+socketFileName+" if it exists)")
 	pf.StringVar(&a.key, "key", "", "API key (env XLB_KEY)")
 	pf.StringVar(&a.keyFile, "key-file", "", "file holding the API key (env XLB_KEY_FILE; default "+defaultStateDir+"/"+keyFileName+" if readable)")
-	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.kubeProxyCmd(), a.eventsCmd())
+	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.kubeProxyCmd(), a.eventsCmd(), a.bgpCmd(), a.diffCmd())
 	return root
 }
 

@@ -42,6 +42,7 @@ type Server struct {
 	checks  CheckStatus    // health.go; nil: no last checks shown
 	events  *events.Broker // events.go; nil: GET /events answers 501
 	streams streams        // events.go
+	bgp     BGPStatus      // bgp.go; nil: GET /bgp answers 501
 }
 
 // Route is one method and path the API serves.
@@ -80,6 +81,7 @@ var routes = []Route{
 	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
 	{Method: http.MethodGet, Path: "/events", handle: (*Server).getEvents},
+	{Method: http.MethodGet, Path: "/bgp", handle: (*Server).getBGP},
 }
 
 // Routes returns every (method, path) the API serves.

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/xlb-lb/xlb/internal/cluster/bgp"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -376,3 +377,19 @@ func errorMessage(text string) string {
 	}
 	return text
 }
+
+// BGP returns the daemon's BGP sessions and announced routes.
+func (c *Client) BGP(ctx context.Context) (bgp.Status, error) {
+	var st bgp.Status
+	body, err := c.call(ctx, http.MethodGet, "/bgp", nil)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("decode BGP status from the daemon: %w", err)
+	}
+	return st, nil
+}
+
+// Where is the daemon's address as errors name it.
+func (c *Client) Where() string { return c.where }
