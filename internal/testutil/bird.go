@@ -92,6 +92,8 @@ type BIRD struct {
 	Sock string
 	cmd  *exec.Cmd
 	done chan struct{}
+	out  bytes.Buffer
+	args []string
 }
 
 const birdConf = `router id {{.RouterID}};
@@ -154,40 +156,65 @@ func (t *HATopology) StartBIRD(tb testing.TB, o BIRDOptions) *BIRD {
 	if err := os.WriteFile(confPath, conf.Bytes(), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	b := &BIRD{Dir: dir, Sock: filepath.Join(dir, "bird.ctl"), done: make(chan struct{})}
+	b := &BIRD{Dir: dir, Sock: filepath.Join(dir, "bird.ctl")}
 	// -f: foreground, so the test owns the process; -s and -P keep it off
 	// the host's /run/bird.
-	b.cmd = exec.Command("ip", "netns", "exec", t.Router.Name, bin, "-f", "-c", confPath,
-		"-s", b.Sock, "-P", filepath.Join(dir, "bird.pid"))
-	var out bytes.Buffer
-	b.cmd.Stdout, b.cmd.Stderr = &out, &out
+	b.args = []string{"netns", "exec", t.Router.Name, bin, "-f", "-c", confPath,
+		"-s", b.Sock, "-P", filepath.Join(dir, "bird.pid")}
+	b.start(tb)
+	tb.Cleanup(func() {
+		b.stop()
+		if tb.Failed() {
+			log, _ := os.ReadFile(filepath.Join(dir, "bird.log"))
+			tb.Logf("bird output:\n%s\nbird.log:\n%s\nconfig:\n%s", b.out.String(), log, conf.String())
+		}
+	})
+	return b
+}
+
+func (b *BIRD) start(tb testing.TB) {
+	tb.Helper()
+	os.Remove(b.Sock)
+	b.done = make(chan struct{})
+	b.cmd = exec.Command("ip", b.args...)
+	b.cmd.Stdout, b.cmd.Stderr = &b.out, &b.out
 	if err := b.cmd.Start(); err != nil {
 		tb.Fatalf("start bird: %v", err)
 	}
-	go func() { b.cmd.Wait(); close(b.done) }()
-	tb.Cleanup(func() {
-		b.cmd.Process.Kill()
-		<-b.done
-		if tb.Failed() {
-			log, _ := os.ReadFile(filepath.Join(dir, "bird.log"))
-			tb.Logf("bird output:\n%s\nbird.log:\n%s", out.String(), log)
-		}
-	})
+	done := b.done
+	go func() { b.cmd.Wait(); close(done) }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, err := os.Stat(b.Sock); err == nil {
-			return b
+			return
 		}
 		select {
 		case <-b.done:
-			tb.Fatalf("bird exited at start:\n%s\nconfig:\n%s", out.String(), conf.String())
+			tb.Fatalf("bird exited at start:\n%s", b.out.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("bird: no control socket after 5s:\n%s", out.String())
+			tb.Fatalf("bird: no control socket after 5s:\n%s", b.out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func (b *BIRD) stop() {
+	if b.cmd == nil {
+		return
+	}
+	b.cmd.Process.Kill()
+	<-b.done
+	b.cmd = nil
+}
+
+// Restart kills bird (its sessions drop, its kernel routes stay until it
+// flushes them at start) and starts it again with the same configuration.
+func (b *BIRD) Restart(tb testing.TB) {
+	tb.Helper()
+	b.stop()
+	b.start(tb)
 }
 
 // Show runs `birdc show ...` against this bird and returns its output
