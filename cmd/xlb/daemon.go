@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -33,6 +34,10 @@ type daemonOptions struct {
 	logLevel string
 	// bgpConfig is the BGP speaker's configuration file ("": no speaker).
 	bgpConfig string
+	tls       tlsOptions // exposure.go
+	// forceEmpty: start with an empty saved state even if the kernel
+	// holds farms (guard.go).
+	forceEmpty bool
 }
 
 // Bounds of --conn-table-size (connections; the table holds two entries
@@ -79,12 +84,28 @@ start, naming the sysctl. Without the flag it leaves both alone. See
 docs/dataplane-nft.md.
 
 The API key comes from --key-file, else XLB_KEY; with neither, a random key is
-generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later starts.`,
+generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later starts.
+A daemon whose saved state is empty (a new, lost or mistyped --state-dir)
+while the kernel holds farms of xlb's refuses to start, naming them: starting
+would delete them. --force-empty starts empty and deletes them. A state
+directory with no room left opens read-only: the daemon serves reads and
+keeps the kernel, and refuses every change (503) until space is freed and it
+is restarted. A state directory removed while the daemon runs makes it refuse
+every change (503).
+
+When --listen is beyond loopback, a key shorter than 16 bytes, or a key file
+others may read, is refused (--allow-weak-key: logged as an error instead).
+--tls-cert and --tls-key serve the TCP API over TLS; --tls-client-ca also
+requires a client certificate signed by that CA (mutual TLS). The Unix socket
+stays plain (it is local, mode 0600). Failed authentications are limited per
+client address (10 at once, then one a second; 429 beyond) and logged as one
+summary line every 10 s. See docs/operations.md.`,
 		Example: `  xlb daemon
   xlb daemon --state-dir /var/lib/xlb --listen 127.0.0.1:5555 --log-level debug
   XLB_KEY=s3cret xlb daemon --listen 10.0.0.1:5555
   xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576
-  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --xdp native`,
+  xlb daemon --dataplane ebpf --interfaces eth0,eth1 --xdp native
+  xlb daemon --listen 10.0.0.1:5555 --tls-cert api.crt --tls-key api.key.pem --tls-client-ca clients.pem`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			keyFile := ""
@@ -116,6 +137,11 @@ generated into <state-dir>/` + keyFileName + ` (mode 0600) and reused on later s
 	f.DurationVar(&o.dp.timeouts.Close, "ct-timeout-close", d.Close, "ebpf: idle timeout of TCP connections after a RST")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.bgpConfig, "bgp-config", "", "announce the VIPs over BGP with the router id, AS, peers and attributes of this YAML file (docs/ha.md)")
+	f.BoolVar(&o.forceEmpty, "force-empty", false, "start even if the saved state is empty while the kernel holds farms of xlb's, and delete them (by default the daemon refuses: a lost --state-dir must not wipe the kernel)")
+	f.StringVar(&o.tls.cert, "tls-cert", "", "PEM certificate (chain) of the API over TLS; with --tls-key")
+	f.StringVar(&o.tls.key, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&o.tls.clientCA, "tls-client-ca", "", "PEM CA certificates: require a client certificate signed by one (mutual TLS)")
+	f.BoolVar(&o.tls.allowWeakKey, "allow-weak-key", false, "beyond loopback, log a key shorter than 16 bytes or readable by others as an error instead of refusing to start")
 	return cmd
 }
 
@@ -134,14 +160,29 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		bgpCfg = c
 	}
 
+	_, statErr := os.Stat(o.stateDir)
 	st, err := store.OpenJournal(o.stateDir)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	if err := st.ReadOnly(); err != nil {
+		log.Error("the state directory is full: serving read-only, every change is refused until space is freed and the daemon restarted", "state_dir", o.stateDir, "err", err)
+	}
 	// The key is set up after the store is open: its lock keeps two daemons
 	// from generating two keys in one state directory.
 	key, err := daemonKey(log, keyFile, a.getenv("XLB_KEY"), o.stateDir)
+	if err != nil {
+		return err
+	}
+	keyPath := keyFile
+	if keyPath == "" && strings.TrimSpace(a.getenv("XLB_KEY")) == "" {
+		keyPath = filepath.Join(o.stateDir, keyFileName)
+	}
+	if err := checkKeyExposure(log, o.listen, key, keyPath, o.tls); err != nil {
+		return err
+	}
+	tlsConfig, err := serverTLS(o.tls)
 	if err != nil {
 		return err
 	}
@@ -150,6 +191,9 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		return fmt.Errorf("open %s data plane: %w", o.dp.name, err)
 	}
 	defer dp.Close() // leaves the kernel's rules in place
+	if err := guardEmptyState(ctx, log, dp, st, o.stateDir, statErr == nil, o.forceEmpty); err != nil {
+		return err
+	}
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
 		return err
@@ -165,14 +209,19 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 			return err
 		}
 	}
+	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)
+	}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
 	}
 	apiSrv := hsrv(api.New(log, eng, key))
 	if announcer != nil {
 		apiSrv.SetBGP(announcer)
 	}
+	defer apiSrv.FlushLog()
 	srv := &http.Server{
 		Handler:           apiSrv,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -195,7 +244,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if sock != nil {
 		sockAt = sock.Addr().String()
 	}
-	log.Info("xlb daemon serving", "addr", ln.Addr().String(), "socket", sockAt, "state_dir", o.stateDir, "dataplane", dp.Name(), "version", api.Version())
+	log.Info("xlb daemon serving", "addr", ln.Addr().String(), "tls", tlsConfig != nil, "client_certs", o.tls.clientCA != "", "socket", sockAt, "state_dir", o.stateDir, "dataplane", dp.Name(), "version", api.Version())
 	if a.daemonReady != nil {
 		a.daemonReady(ln.Addr())
 	}

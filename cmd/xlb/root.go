@@ -38,6 +38,7 @@ type app struct {
 	apiURL  string
 	key     string
 	keyFile string
+	tls     client.TLSOptions
 }
 
 func (a *app) rootCmd() *cobra.Command {
@@ -48,7 +49,8 @@ func (a *app) rootCmd() *cobra.Command {
 serves nftlb's REST API; every other command talks to the daemon through that API.
 
 The API address comes from --api or XLB_API (http://HOST:PORT, or unix:PATH for
-the daemon's Unix socket); by default the socket ` + defaultStateDir + `/` + socketFileName + ` if it
+the daemon's Unix socket, https://HOST:PORT for a daemon with --tls-cert, see
+--ca-file, --client-cert, --client-key); by default the socket ` + defaultStateDir + `/` + socketFileName + ` if it
 exists, else ` + defaultAPI + `. The
 key from --key, --key-file, XLB_KEY, XLB_KEY_FILE, or ` + defaultStateDir + `/` + keyFileName + ` if readable.`,
 		Example: `  xlb daemon --state-dir /var/lib/xlb
@@ -67,7 +69,10 @@ key from --key, --key-file, XLB_KEY, XLB_KEY_FILE, or ` + defaultStateDir + `/` 
 	pf.StringVar(&a.apiURL, "api", defaultAPI, "daemon API: http://HOST:PORT or unix:PATH (env XLB_API; default "+defaultStateDir+"/"+socketFileName+" if it exists)")
 	pf.StringVar(&a.key, "key", "", "API key (env XLB_KEY)")
 	pf.StringVar(&a.keyFile, "key-file", "", "file holding the API key (env XLB_KEY_FILE; default "+defaultStateDir+"/"+keyFileName+" if readable)")
-	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.kubeProxyCmd(), a.eventsCmd(), a.bgpCmd(), a.diffCmd())
+	pf.StringVar(&a.tls.CAFile, "ca-file", "", "https API: PEM CA certificates to verify the daemon with (env XLB_CA_FILE; default the system's)")
+	pf.StringVar(&a.tls.CertFile, "client-cert", "", "https API: PEM client certificate, for a daemon with --tls-client-ca (env XLB_CLIENT_CERT)")
+	pf.StringVar(&a.tls.KeyFile, "client-key", "", "https API: PEM key of --client-cert (env XLB_CLIENT_KEY)")
+	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.problemsCmd(), a.kubeProxyCmd(), a.tableCmd(), a.eventsCmd(), a.bgpCmd(), a.diffCmd())
 	return root
 }
 
@@ -88,7 +93,22 @@ func (a *app) client(cmd *cobra.Command) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.New(base, key, a.httpClient), nil
+	hc := a.httpClient
+	o := a.tls
+	for _, x := range []struct {
+		flag, env string
+		v         *string
+	}{{"ca-file", "XLB_CA_FILE", &o.CAFile}, {"client-cert", "XLB_CLIENT_CERT", &o.CertFile}, {"client-key", "XLB_CLIENT_KEY", &o.KeyFile}} {
+		if !cmd.Flags().Changed(x.flag) {
+			*x.v = a.getenv(x.env)
+		}
+	}
+	if hc == nil {
+		if hc, err = o.HTTPClient(); err != nil {
+			return nil, err
+		}
+	}
+	return client.New(base, key, hc), nil
 }
 
 // clientKey: --key, then --key-file, then XLB_KEY, XLB_KEY_FILE, then the

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/events"
@@ -34,10 +35,11 @@ const KeyHeader = "Key"
 
 // Server is the API's HTTP handler.
 type Server struct {
-	log *slog.Logger
-	eng *engine.Engine
-	key []byte
-	mux *http.ServeMux
+	log  *slog.Logger
+	eng  *engine.Engine
+	key  []byte
+	mux  *http.ServeMux
+	auth *authLimiter
 
 	checks  CheckStatus    // health.go; nil: no last checks shown
 	events  *events.Broker // events.go; nil: GET /events answers 501
@@ -53,7 +55,11 @@ type Route struct {
 	handle func(s *Server, w http.ResponseWriter, r *http.Request) error
 }
 
-var routes = []Route{
+// routes are every route: farms' (here), tables' (tables.go) and nftlb's
+// policies (policies.go).
+var routes = slices.Concat(farmRoutes, tableRoutes, policyRoutes)
+
+var farmRoutes = []Route{
 	{Method: http.MethodGet, Path: "/farms", handle: (*Server).getFarms},
 	{Method: http.MethodPost, Path: "/farms", Write: true, handle: (*Server).putFarms},
 	{Method: http.MethodPut, Path: "/farms", Write: true, handle: (*Server).putFarms},
@@ -79,6 +85,7 @@ var routes = []Route{
 	{Method: http.MethodDelete, Path: "/addresses/{address}", Write: true, handle: (*Server).deleteAddress},
 	{Method: http.MethodGet, Path: "/state", handle: (*Server).getState},
 	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
+	{Method: http.MethodGet, Path: "/state/problems", handle: (*Server).getProblems},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
 	{Method: http.MethodGet, Path: "/events", handle: (*Server).getEvents},
 	{Method: http.MethodGet, Path: "/bgp", handle: (*Server).getBGP},
@@ -89,9 +96,14 @@ func Routes() []Route { return slices.Clone(routes) }
 
 // New returns the API handler. Every request must carry key in the Key
 // header; an empty key refuses every request (the daemon never serves
-// without one).
-func New(log *slog.Logger, eng *engine.Engine, key string) *Server {
-	s := &Server{log: log, eng: eng, key: []byte(key), mux: http.NewServeMux()}
+// without one). Failed authentications are limited per client address
+// (authlimit.go); opts, if given, tune that.
+func New(log *slog.Logger, eng *engine.Engine, key string, opts ...Options) *Server {
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	s := &Server{log: log, eng: eng, key: []byte(key), mux: http.NewServeMux(), auth: newAuthLimiter(log, o.withDefaults())}
 	allowed := map[string][]string{}
 	for _, rt := range routes {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
@@ -115,7 +127,7 @@ func New(log *slog.Logger, eng *engine.Engine, key string) *Server {
 		if r.Method == http.MethodGet {
 			status = http.StatusBadRequest
 		}
-		writeResponse(w, status, fmt.Sprintf("%s. no such API path %q", textInvalidRequest, r.URL.Path))
+		writeResponse(w, status, fmt.Sprintf("%s. no such API path %q", textInvalidRequest, model.Clip(r.URL.Path)))
 	})
 	return s
 }
@@ -124,19 +136,32 @@ func New(log *slog.Logger, eng *engine.Engine, key string) *Server {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-	if msg, ok := s.authorized(r); !ok {
-		writeResponse(rec, http.StatusUnauthorized, msg)
+	client := clientOf(r)
+	if retry, blocked := s.auth.limited(client, start); blocked {
+		secs := int(retry/time.Second) + 1
+		rec.Header().Set("Retry-After", fmt.Sprint(secs))
+		writeError(rec, http.StatusTooManyRequests, fmt.Sprintf("too many failed authentications from %s; try again in %d s", client, secs))
+	} else if msg, ok := s.authorized(r); !ok {
+		s.auth.failure(client, start)
+		writeError(rec, http.StatusUnauthorized, msg)
 	} else {
 		s.mux.ServeHTTP(rec, r)
 	}
 	level := slog.LevelDebug
-	if r.Method != http.MethodGet && r.Method != http.MethodHead || rec.status >= 400 && rec.status != http.StatusNotFound {
+	switch {
+	case rec.status == http.StatusUnauthorized || rec.status == http.StatusTooManyRequests:
+		// Counted in the periodic summary (authlimit.go), not a line each.
+	case r.Method != http.MethodGet && r.Method != http.MethodHead || rec.status >= 400 && rec.status != http.StatusNotFound:
 		level = slog.LevelInfo
 	}
 	s.log.LogAttrs(r.Context(), level, "api request",
 		slog.String("method", r.Method), slog.String("path", r.URL.Path),
 		slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)))
 }
+
+// FlushLog logs the pending summary of failed authentications now (the
+// daemon calls it when it stops).
+func (s *Server) FlushLog() { s.auth.flush() }
 
 func (s *Server) authorized(r *http.Request) (string, bool) {
 	if len(s.key) == 0 {
@@ -195,6 +220,23 @@ func badRequest(err error) error {
 func appendJSONText(dst []byte, s string) []byte {
 	b, _ := json.Marshal(s)
 	return append(dst, b...)
+}
+
+// maxErrorLen bounds an error message: values in messages are clipped
+// where they are quoted (model.Clip), and this catches any other path (a
+// name from the URL, a kernel message).
+const maxErrorLen = 2048
+
+// clipMessage cuts msg to maxErrorLen bytes at a character boundary.
+func clipMessage(msg string) string {
+	if len(msg) <= maxErrorLen {
+		return msg
+	}
+	cut := maxErrorLen
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (message of %d bytes cut)", msg[:cut], len(msg))
 }
 
 func writeJSON(w http.ResponseWriter, status int, body []byte) {

@@ -328,7 +328,7 @@ func TestErrors(t *testing.T) {
 			[]string{"error parsing buffer. ", `"scheduler"`, `"foo"`, "rr, weight, hash, symhash, maglev"}},
 		{"bad backend weight", "PUT", "/farms/web/backends", `{"backends":[{"name":"b1","weight":"x"}]}`, 400,
 			[]string{"error parsing buffer. ", `backend "b1"`, `"weight"`, "0-10000"}},
-		{"unknown field", "POST", "/farms", `{"farms":[{"name":"web","colour":"red"}]}`, 500,
+		{"unknown field", "POST", "/farms", `{"farms":[{"name":"web","colour":"red"}]}`, 400,
 			[]string{"error parsing buffer. ", `"colour"`, "unknown field", "virtual-addr"}},
 		{"malformed json", "POST", "/farms", `{"farms":[`, 400, []string{"the structure is invalid. ", "JSON"}},
 		{"wrong shape", "POST", "/farms", `{"farms":{"name":"x"}}`, 400, []string{"the structure is invalid. ", "array"}},
@@ -460,6 +460,8 @@ func TestDumpRestoreRoundTrip(t *testing.T) {
 	e := newEnv(t)
 	e.must("POST", "/farms", nftlbWeb)
 	e.must("POST", "/farms", bulkBody(50, 1))
+	e.must("POST", "/policies", `{"policies":[{"name":"deny","type":"blacklist","elements":[{"data":"192.0.2.0/24"},{"data":"2001:db8:1::/48"}]}]}`)
+	e.must("POST", "/tables", `{"name":"fl","type":"flow:src-ip,dst-port","valtype":"mark,limit","entries":[{"key":"10.0.0.1,80","value":"7,100"}]}`)
 	e.must("PUT", "/farms/v6", `{"family":"ipv6","virtual-addr":"2001:db8::1","virtual-ports":"443,8000-8100","protocol":"udp",
 		"mode":"dnat","scheduler":"hash","sched-param":"srcip dstport","persistence":"srcip-srcport","persist-ttl":"300",
 		"log":"input","log-prefix":"v6 ","new-rtlimit":"10","new-rtlimit-burst":"5","tcp-strict":"on","policies":[{"name":"deny"}],

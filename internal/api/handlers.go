@@ -110,23 +110,25 @@ func boolParam(r *http.Request, name string) (bool, error) {
 		return true, nil
 	}
 	return false, &httpError{status: http.StatusBadRequest,
-		err: fmt.Errorf("query parameter %q value %q: allowed values are 1, true, yes, 0, false, no", name, v)}
+		err: fmt.Errorf("query parameter %q value %q: allowed values are 1, true, yes, 0, false, no", name, model.Clip(v))}
 }
 
 func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 	farms := s.eng.Snapshot().Farms()
+	// Every parameter is checked whatever the format: ?stats=AAA is a
+	// mistake even where stats means nothing.
+	numeric, err := boolParam(r, "numeric")
+	if err != nil {
+		return err
+	}
+	stats, err := boolParam(r, "stats")
+	if err != nil {
+		return err
+	}
 	switch format := r.URL.Query().Get("format"); format {
 	case "", "json":
 		writeFarms(w, farms)
 	case "ipvsadm":
-		numeric, err := boolParam(r, "numeric")
-		if err != nil {
-			return err
-		}
-		stats, err := boolParam(r, "stats")
-		if err != nil {
-			return err
-		}
 		if stats {
 			return s.writeStatsListing(w, r, numeric)
 		}
@@ -140,7 +142,7 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 		w.Write(buf)
 	default:
 		return &httpError{status: http.StatusBadRequest,
-			err: fmt.Errorf("query parameter \"format\" value %q: allowed values are json, ipvsadm, names", format)}
+			err: fmt.Errorf("query parameter \"format\" value %q: allowed values are json, ipvsadm, names", model.Clip(format))}
 	}
 	return nil
 }
@@ -247,7 +249,12 @@ func farmBodyFor(body []byte, name string) ([]byte, error) {
 	return json.Marshal(obj)
 }
 
+// jsonObject reads body into a map. A key given twice is refused first:
+// the map would keep its last value silently.
 func jsonObject(body []byte) (map[string]json.RawMessage, error) {
+	if err := model.CheckUniqueKeys(body); err != nil {
+		return nil, err
+	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil || obj == nil {
 		if err == nil {
@@ -355,7 +362,7 @@ func (s *Server) deleteBackend(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getState(w http.ResponseWriter, r *http.Request) error {
-	writeFarms(w, s.eng.Snapshot().Farms())
+	writeState(w, s.eng.Snapshot())
 	return nil
 }
 
@@ -366,12 +373,19 @@ func (s *Server) putState(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// A restore is not a patch: every farm starts from the defaults.
+	body, tables, err := model.SplitState(body)
+	if err != nil {
+		return badRequest(err)
+	}
 	farms, err := model.DecodeFarms(body, func(string) (*model.Farm, bool) { return nil, false })
 	if err != nil {
 		return badRequest(err)
 	}
 	_, err = s.eng.Change(r.Context(), func(tx *engine.Txn) error {
 		tx.ReplaceAll()
+		if err := restoreTables(tx, tables); err != nil {
+			return err
+		}
 		for _, f := range farms {
 			if err := tx.Put(f); err != nil {
 				return err

@@ -6,6 +6,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/store"
 )
 
 // Replies are nftlb 1.0's: {"response": "success"} for a change, and for an
@@ -69,6 +70,7 @@ func reply(err error) (int, string) {
 		nf  *engine.NotFoundError
 		ce  *engine.ConflictError
 		nse *engine.NotSupportedError
+		ue  *store.UnavailableError
 	)
 	text, status := "", 0
 	if errors.As(err, &re) {
@@ -83,6 +85,10 @@ func reply(err error) (int, string) {
 		}
 	}
 	switch {
+	case errors.As(err, &ue):
+		// The state is read-only (a full disk) or its directory is gone:
+		// nothing changed, and the change may work later.
+		def(textRules, http.StatusServiceUnavailable)
 	case errors.As(err, &mbe):
 		def(textStructure, http.StatusRequestEntityTooLarge)
 	case errors.As(err, &se):
@@ -98,11 +104,10 @@ func reply(err error) (int, string) {
 	case errors.As(err, &nse):
 		def(textInvalidRequest, http.StatusNotImplemented)
 	case errors.As(err, &fe):
-		if fe.UnknownField {
-			// nftlb answers an unknown key with 500 ("error parsing
-			// buffer. Unknown key 'x'").
-			def(textParsing, http.StatusInternalServerError)
-		}
+		// nftlb answers an unknown key with 500 ("error parsing buffer.
+		// Unknown key 'x'"); xlb with 400, as every other bad value: a 5xx
+		// makes clients and proxies retry, and alerts count a server fault
+		// (docs/nftlb-compat.md).
 		def(textParsing, http.StatusBadRequest)
 	default:
 		def(textRules, http.StatusInternalServerError)
@@ -113,7 +118,7 @@ func reply(err error) (int, string) {
 // writeResponse writes nftlb's {"response": "<text>"} (its spacing
 // included).
 func writeResponse(w http.ResponseWriter, status int, text string) {
-	body := append([]byte(`{"response": `), appendJSONText(nil, text)...)
+	body := append([]byte(`{"response": `), appendJSONText(nil, clipMessage(text))...)
 	writeJSON(w, status, append(body, '}'))
 }
 

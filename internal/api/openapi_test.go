@@ -60,7 +60,9 @@ func TestOpenAPIRoutes(t *testing.T) {
 		}
 	}
 	for _, r := range api.Routes() {
-		served = append(served, r.Method+" "+r.Path)
+		// OpenAPI has no wildcard for the rest of a path: {key...} is
+		// documented as {key}.
+		served = append(served, r.Method+" "+strings.ReplaceAll(r.Path, "...}", "}"))
 	}
 	sort.Strings(documented)
 	sort.Strings(served)
@@ -158,4 +160,59 @@ func resolves(tree any, ref string) bool {
 		}
 	}
 	return true
+}
+
+// Every farm and backend property's JSON types in the document are the
+// ones the codec takes (string, and integer or boolean where it reads
+// numbers or on/off): a schema saying "string" for a field that takes 80
+// too, or "integer" for text, is drift. policies may be null, backends
+// may not.
+func TestOpenAPITypesMatchCodec(t *testing.T) {
+	doc, _ := loadOpenAPI(t)
+	for _, c := range []struct{ schema, object string }{{"Farm", "farm"}, {"Backend", "backend"}} {
+		props := doc.Components.Schemas[c.schema].Properties
+		for field, want := range model.FieldTypes(c.object) {
+			got := schemaTypes(map[string]any(props[field]))
+			if field == "name" {
+				got = []string{"string"} // $ref Name
+			}
+			sort.Strings(got)
+			sort.Strings(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("schema %s property %q takes %v; the codec takes %v", c.schema, field, got, want)
+			}
+		}
+	}
+	props := doc.Components.Schemas["Farm"].Properties
+	if p := props["policies"]; p["nullable"] != true {
+		t.Errorf(`schema Farm: "policies" is not nullable, but the codec takes "policies": null`)
+	}
+	if p := props["backends"]; p["nullable"] == true {
+		t.Errorf(`schema Farm: "backends" is nullable, but the codec refuses "backends": null`)
+	}
+	for _, body := range []string{
+		`{"name":"f","virtual-addr":"10.0.0.1","policies":null}`,
+	} {
+		if _, err := model.DecodeFarms([]byte(body), func(string) (*model.Farm, bool) { return nil, false }); err != nil {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+	if _, err := model.DecodeFarms([]byte(`{"name":"f","virtual-addr":"10.0.0.1","backends":null}`), func(string) (*model.Farm, bool) { return nil, false }); err == nil {
+		t.Errorf(`"backends": null accepted`)
+	}
+}
+
+// schemaTypes lists the types a property schema allows: its type, or
+// those of its oneOf.
+func schemaTypes(p any) []string {
+	m, _ := p.(map[string]any)
+	if t, ok := m["type"].(string); ok {
+		return []string{t}
+	}
+	var out []string
+	alts, _ := m["oneOf"].([]any)
+	for _, a := range alts {
+		out = append(out, schemaTypes(a)...)
+	}
+	return out
 }

@@ -72,13 +72,18 @@ func IsNotFound(err error) bool {
 // do sends a request and returns the response of a 2xx answer; the caller
 // closes its body. Other answers become an *APIError.
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	return c.doType(ctx, method, path, "application/json", body)
+}
+
+// doType is do with the body's content type.
+func (c *Client) doType(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return nil, fmt.Errorf("build request %s %s: %w", method, path, err)
 	}
 	req.Header.Set(KeyHeader, c.key)
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -133,15 +138,15 @@ func (c *Client) call(ctx context.Context, method, path string, body []byte) ([]
 
 func farmPath(name string) string { return "/farms/" + url.PathEscape(name) }
 
-func noFarm(string) (*model.Farm, bool) { return nil, false }
-
 // ListFarms returns every farm, ordered by name.
 func (c *Client) ListFarms(ctx context.Context) ([]model.Farm, error) {
 	body, err := c.call(ctx, http.MethodGet, "/farms", nil)
 	if err != nil {
 		return nil, err
 	}
-	farms, err := model.DecodeFarms(body, noFarm)
+	// Unchecked: the daemon may serve a saved farm that no longer
+	// validates (GET /state/problems); the client must still read it.
+	farms, err := model.DecodeFarmsUnchecked(body)
 	if err != nil {
 		return nil, fmt.Errorf("decode farms from the daemon: %w", err)
 	}
@@ -163,7 +168,7 @@ func (c *Client) GetFarm(ctx context.Context, name string) (model.Farm, error) {
 	if err != nil {
 		return model.Farm{}, err
 	}
-	farms, err := model.DecodeFarms(body, noFarm)
+	farms, err := model.DecodeFarmsUnchecked(body) // see ListFarms
 	if err != nil {
 		return model.Farm{}, fmt.Errorf("decode farm %q from the daemon: %w", name, err)
 	}
@@ -393,3 +398,27 @@ func (c *Client) BGP(ctx context.Context) (bgp.Status, error) {
 
 // Where is the daemon's address as errors name it.
 func (c *Client) Where() string { return c.where }
+
+// Problem is a saved farm the daemon loaded with a problem, or set aside,
+// at its last start (GET /state/problems).
+type Problem struct {
+	Farm    string `json:"farm"`
+	Loaded  string `json:"loaded"` // "yes" or "no"
+	Problem string `json:"problem"`
+	File    string `json:"file"`
+}
+
+// Problems lists the problems of the daemon's saved state.
+func (c *Client) Problems(ctx context.Context) ([]Problem, error) {
+	body, err := c.call(ctx, http.MethodGet, "/state/problems", nil)
+	if err != nil {
+		return nil, err
+	}
+	var out struct {
+		Problems []Problem `json:"problems"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return nil, fmt.Errorf("decode problems from the daemon: %w", err)
+	}
+	return out.Problems, nil
+}

@@ -41,6 +41,11 @@ type Engine struct {
 
 	mu  sync.Mutex // serializes writers; readers use cur
 	cur atomic.Pointer[State]
+	// problems of the saved state found at start (load.go).
+	problems atomic.Pointer[[]Problem]
+
+	// now is the clock table entries' timeouts count on (tests set it).
+	now func() time.Time
 
 	subMu sync.Mutex
 	subs  []chan<- *State
@@ -58,32 +63,53 @@ type Engine struct {
 // disk while the kernel applies, so a crash can leave a last change on disk
 // that the kernel never took (and whose caller never got an answer).
 func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store.Store) (*Engine, error) {
-	e := &Engine{log: log, dp: dp, store: st, health: newHealthTable()}
-	s, err := e.load(ctx)
+	e := &Engine{log: log, dp: dp, store: st, health: newHealthTable(), now: time.Now}
+	l, err := e.loadSaved(ctx)
 	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
+	if err := e.reconcileTables(ctx, l.state); err != nil {
+		return nil, err
+	}
+	if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
-		u, ok := st.(store.Undoer)
-		if !ok {
+		if len(l.invalid) > 0 {
+			// Saved farms that no longer validate may be what the kernel
+			// refuses: serve the others, set those aside (their saved
+			// JSON goes to a file, nothing is lost).
+			log.Warn("the kernel refused the saved state; trying again without the saved farms that no longer validate", "err", err)
+			l.withoutInvalid(e, err)
+			if rerr := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); rerr != nil {
+				err = fmt.Errorf("reconcile %s data plane with saved state (without the farms that no longer validate): %w", dp.Name(), rerr)
+			} else {
+				err = nil
+			}
+		}
+		if u, ok := st.(store.Undoer); ok && err != nil {
+			names, uerr := u.UndoLast(ctx)
+			if uerr != nil || len(names) == 0 {
+				return nil, errors.Join(err, uerr)
+			}
+			log.Warn("the kernel refused the saved state; taking back the last saved change, which a crash left unconfirmed",
+				"farms", names, "err", err)
+			aside := l
+			if l, err = e.loadSaved(ctx); err != nil {
+				return nil, err
+			}
+			l.keepAside(e, aside)
+			if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); err != nil {
+				return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
+			}
+		}
+		if err != nil {
 			return nil, err
-		}
-		names, uerr := u.UndoLast(ctx)
-		if uerr != nil || len(names) == 0 {
-			return nil, errors.Join(err, uerr)
-		}
-		log.Warn("the kernel refused the saved state; taking back the last saved change, which a crash left unconfirmed",
-			"farms", names, "err", err)
-		if s, err = e.load(ctx); err != nil {
-			return nil, err
-		}
-		if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(s))); err != nil {
-			return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 		}
 	}
-	log.Info("state loaded", "farms", s.Len(), "dataplane", dp.Name(), "reconcile", time.Since(start))
+	e.report(ctx, l)
+	s := l.state
+	s.version = 1 // the load is the first version, however many builds it took
+	log.Info("state loaded", "farms", s.Len(), "tables", s.ts.tables.Len(), "problems", len(e.Problems()), "dataplane", dp.Name(), "reconcile", time.Since(start))
 	e.cur.Store(s)
 	return e, nil
 }
@@ -95,6 +121,9 @@ func (e *Engine) load(ctx context.Context) (*State, error) {
 		return nil, err
 	}
 	tx := e.begin(emptyState())
+	if err := e.loadTables(ctx, tx); err != nil {
+		return nil, err
+	}
 	for i := range farms {
 		if err := tx.Put(farms[i]); err != nil {
 			return nil, fmt.Errorf("saved state: %w", err)
@@ -103,7 +132,10 @@ func (e *Engine) load(ctx context.Context) (*State, error) {
 	if err := tx.validate(); err != nil {
 		return nil, fmt.Errorf("saved state: %w", err)
 	}
-	return tx.build(), nil
+	if err := tx.validateTables(); err != nil {
+		return nil, fmt.Errorf("saved state: %w", err)
+	}
+	return tx.build(tx.diff()), nil
 }
 
 // Snapshot returns the current state. It never blocks.
@@ -133,9 +165,21 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	if err := tx.validate(); err != nil {
 		return base, err
 	}
+	if err := tx.validateTables(); err != nil {
+		return base, err
+	}
 	diff := tx.diff()
-	if diff.Empty() {
+	// The tables' plane gets the farms the kernel gets (kernelDiff).
+	tdiff := tx.tableDiff(kernelDiff(diff))
+	if diff.Empty() && tdiff.Empty() {
 		return base, nil
+	}
+	// A store that cannot take the change (read-only, or its directory
+	// gone) refuses it before the kernel sees it.
+	if g, ok := e.store.(store.Guard); ok {
+		if err := g.Writable(); err != nil {
+			return base, err
+		}
 	}
 	// The disk and the kernel take the change at the same time: the commit
 	// costs the slower of the two, not their sum. Whichever fails, the other
@@ -144,31 +188,31 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	saved := make(chan error, 1)
 	var diskTime time.Duration
 	go func() {
-		err := e.store.Apply(ctx, diff)
+		err := e.save(ctx, diff, tdiff)
 		diskTime = time.Since(t0)
 		saved <- err
 	}()
 	// The data plane takes the effective farms (health.go), without
-	// those that listen nowhere (listen.go).
+	// those that listen nowhere (listen.go), tables first (tables_apply.go).
 	pdiff, effs, lost := e.planeDiff(diff)
 	kdiff := kernelDiff(pdiff)
-	var kerr error
-	if !kdiff.Empty() {
-		kerr = e.dp.Apply(ctx, kdiff)
-	}
+	kerr := e.applyKernel(ctx, kdiff, tdiff)
 	t1 := time.Now()
 	derr := <-saved
 	switch {
 	case kerr != nil && derr != nil:
 		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
 	case kerr != nil:
-		e.revertDisk(ctx, diff)
+		e.revertDisk(ctx, diff, tdiff)
 		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
 	case derr != nil:
 		// The kernel has the change but the disk does not: undo the kernel
 		// side so both agree with what the caller is told (nothing changed).
-		if rerr := e.dp.Apply(context.WithoutCancel(ctx), kdiff.Inverse()); rerr != nil {
+		if rerr := e.unapplyKernel(context.WithoutCancel(ctx), kdiff, tdiff); rerr != nil {
 			e.log.Error("rollback failed; reconciling the whole data plane", "err", rerr)
+			if rerr := e.reconcileTables(context.WithoutCancel(ctx), base); rerr != nil {
+				e.log.Error("reconcile of tables after failed rollback failed", "err", rerr)
+			}
 			if rerr := e.dp.Reconcile(context.WithoutCancel(ctx), kernelFarms(e.effectiveFarms(base))); rerr != nil {
 				e.log.Error("reconcile after failed rollback failed", "err", rerr)
 			}
@@ -177,9 +221,10 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	}
 	t2 := time.Now()
 	e.commitHealth(diff, effs, lost)
-	next := tx.build()
+	next := tx.build(diff)
 	e.cur.Store(next)
 	e.publish(next)
+	e.clearProblems(tx.order)
 	// Phase timings at debug level: where a slow change spends its time
 	// (kernel transaction, fsync, snapshot build) without a profiler.
 	e.log.Debug("change committed", "farms_changed", len(diff.Changes),
@@ -189,13 +234,18 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 }
 
 // revertDisk takes back a diff the disk saved but the kernel refused.
-func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff) {
+func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff, tdiff dataplane.TableDiff) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
-	if u, ok := e.store.(store.Undoer); ok {
+	switch u, ok := e.store.(store.Undoer); {
+	case diff.Empty():
+	case ok:
 		err = u.Revert(ctx, diff)
-	} else {
+	default:
 		err = e.store.Apply(ctx, diff.Inverse())
+	}
+	if terr := e.revertTablesOnDisk(ctx, tdiff); terr != nil {
+		err = errors.Join(err, terr)
 	}
 	if err != nil {
 		// The disk keeps a change the kernel refused; a restart tries it
@@ -220,7 +270,11 @@ func (e *Engine) publish(s *State) {
 func (e *Engine) Reconcile(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.dp.Reconcile(ctx, kernelFarms(e.effectiveFarms(e.cur.Load())))
+	s := e.cur.Load()
+	if err := e.reconcileTables(ctx, s); err != nil {
+		return err
+	}
+	return e.dp.Reconcile(ctx, kernelFarms(e.effectiveFarms(s)))
 }
 
 // Txn is a working copy of the state inside Engine.Change.
@@ -230,6 +284,7 @@ type Txn struct {
 	farms   map[string]*model.Farm // changed farms: nil value = deleted
 	order   []string               // change order, for a deterministic diff
 	replace bool                   // every farm not Put is deleted
+	tt      *tableTxn              // tables touched (tables.go); nil: none
 }
 
 func (e *Engine) begin(base *State) *Txn {
@@ -278,6 +333,7 @@ func (tx *Txn) Delete(name string) error {
 // ReplaceAll makes the transaction start from an empty state: farms not Put
 // afterwards are deleted (restore).
 func (tx *Txn) ReplaceAll() {
+	tx.replaceAllTables()
 	tx.replace = true
 	for _, f := range tx.base.Farms() {
 		if _, changed := tx.farms[f.Name]; !changed {
@@ -363,8 +419,8 @@ func (tx *Txn) diff() dataplane.Diff {
 	return d
 }
 
-// build returns the new published state.
-func (tx *Txn) build() *State {
+// build returns the new published state; diff is tx.diff().
+func (tx *Txn) build(diff dataplane.Diff) *State {
 	farms := tx.base.farms.Txn()
 	listeners := tx.base.listeners.Txn()
 	for _, name := range tx.order {
@@ -386,7 +442,7 @@ func (tx *Txn) build() *State {
 			}
 		}
 	}
-	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1}
+	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1, ts: tx.buildTables(diff)}
 }
 
 func removeListener(t *iradix.Txn[[]string], key []byte, name string) {

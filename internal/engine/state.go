@@ -19,10 +19,12 @@ type State struct {
 	// conflicts in O(farms on that VIP).
 	listeners *iradix.Tree[[]string]
 	version   uint64
+	// ts holds the named tables (tables.go).
+	ts tableState
 }
 
 func emptyState() *State {
-	return &State{farms: iradix.New[*model.Farm](), listeners: iradix.New[[]string]()}
+	return &State{farms: iradix.New[*model.Farm](), listeners: iradix.New[[]string](), ts: emptyTableState()}
 }
 
 // Version counts the changes applied since the daemon started.

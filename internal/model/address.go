@@ -143,7 +143,7 @@ func decodeAddressObject(d *doc, obj int, owner string, a *Address) error {
 		}
 		i := fieldIndex(addressFields, key)
 		if i < 0 {
-			return &FieldError{Object: label, Field: strings.Clone(key), Problem: "unknown field; known fields are " + fieldNames(addressFields) + ", policies", UnknownField: true}
+			return &FieldError{Object: label, Field: strings.Clone(clip(key)), Problem: "unknown field; known fields are " + fieldNames(addressFields) + ", policies", UnknownField: true}
 		}
 		text, ok := d.scalar(v)
 		if !ok {
@@ -372,7 +372,7 @@ func DecodeAddresses(body []byte, current AddressLookup) ([]Address, error) {
 	if as := d.lastMember(0, "addresses"); as >= 0 {
 		for k, e := d.children(0); k < e; k = d.toks[k+1].next {
 			if d.key(k) != "addresses" {
-				return nil, &FieldError{Field: strings.Clone(d.key(k)), Problem: "unknown top-level field; the body is {\"addresses\": [...]}", UnknownField: true}
+				return nil, &FieldError{Field: strings.Clone(clip(d.key(k))), Problem: "unknown top-level field; the body is {\"addresses\": [...]}", UnknownField: true}
 			}
 		}
 		if d.toks[as].kind != '[' {

@@ -341,7 +341,7 @@ func decodeCheck(d *doc, v int, name objName, cur *Check) (*Check, error) {
 		c = *cur
 		c.Status = append([]StatusRange(nil), cur.Status...)
 	}
-	if err := decodeMembers(d, v, name, &c, checkFields, nil, true); err != nil {
+	if err := decodeMembers(d, v, name, &c, checkFields, nil); err != nil {
 		if fe, ok := err.(*FieldError); ok {
 			fe.Field = "check." + fe.Field
 		}

@@ -20,6 +20,10 @@ import (
 
 type scalarField[T any] struct {
 	name string
+	// json are the JSON value types the field takes besides a string:
+	// numbers for numeric fields, booleans for on/off ones. Text (names,
+	// addresses, prefixes) must be a JSON string.
+	json jsonTypes
 	// decode sets the field from v, the value as text. v may be a
 	// substring of a whole request body: a decode that keeps v must keep
 	// a clone of it.
@@ -36,11 +40,71 @@ func parseUint(field, v string, max uint64) (uint64, error) {
 	return n, nil
 }
 
+// jsonTypes are the JSON types of a field's value other than a string.
+type jsonTypes uint8
+
+const (
+	jsonNumber jsonTypes = 1 << iota
+	jsonBool
+)
+
+// allows reports whether a value of tape kind k may set the field, and
+// if not, what the field takes.
+func (j jsonTypes) allows(k byte) (bool, string) {
+	switch {
+	case k == '"':
+		return true, ""
+	case (k == '-' || k >= '0' && k <= '9') && j&jsonNumber != 0:
+		return true, ""
+	case (k == 't' || k == 'f') && j&jsonBool != 0:
+		return true, ""
+	}
+	switch j {
+	case jsonNumber:
+		return false, "must be a string or a number"
+	case jsonBool:
+		return false, "must be a string or a boolean"
+	}
+	return false, "must be a JSON string"
+}
+
+// names lists the OpenAPI types of the field's values.
+func (j jsonTypes) names() []string {
+	out := []string{"string"}
+	if j&jsonNumber != 0 {
+		out = append(out, "integer")
+	}
+	if j&jsonBool != 0 {
+		out = append(out, "boolean")
+	}
+	return out
+}
+
+// FieldTypes returns, for each scalar field of a farm (object "farm") or a
+// backend ("backend"), the JSON types its value may have in a request, as
+// OpenAPI names them ("string", "integer", "boolean"). The OpenAPI test
+// holds api/openapi.yaml to it.
+func FieldTypes(object string) map[string][]string {
+	out := map[string][]string{}
+	switch object {
+	case "farm":
+		for _, f := range farmFields {
+			out[f.name] = f.json.names()
+		}
+	case "backend":
+		for _, f := range backendFields {
+			out[f.name] = f.json.names()
+		}
+	}
+	return out
+}
+
 // uintField is a number field; "" (nftlb's unset) is the field's default,
 // def.
 func uintField[T any](name string, max uint64, def uint32, ptr func(*T) *uint32) scalarField[T] {
 	return scalarField[T]{
 		name: name,
+		json: jsonNumber,
 		decode: func(t *T, v string) error {
 			if strings.TrimSpace(v) == "" {
 				*ptr(t) = def
@@ -60,6 +124,7 @@ func uintField[T any](name string, max uint64, def uint32, ptr func(*T) *uint32)
 func markField[T any](ptr func(*T) *uint32) scalarField[T] {
 	return scalarField[T]{
 		name: "mark",
+		json: jsonNumber,
 		decode: func(t *T, v string) error {
 			if strings.TrimSpace(v) == "" {
 				*ptr(t) = 0
@@ -171,8 +236,9 @@ var farmFields = []scalarField[Farm]{
 		// separated by a comma.
 		name: "virtual-addr",
 		decode: func(f *Farm, v string) error {
+			// No white space is trimmed: " 10.0.0.1" is refused, as
+			// in ip-addr, rather than quietly read as another value.
 			first, second, two := strings.Cut(v, ",")
-			first, second = strings.TrimSpace(first), strings.TrimSpace(second)
 			f.VirtualAddr, f.VirtualAddr2 = netip.Addr{}, netip.Addr{}
 			if first == "" && !two {
 				return nil
@@ -202,6 +268,7 @@ var farmFields = []scalarField[Farm]{
 	},
 	{
 		name: "virtual-ports",
+		json: jsonNumber, // "virtual-ports": 80
 		decode: func(f *Farm, v string) error {
 			ps, err := ParsePorts(v)
 			if err != nil {
@@ -285,6 +352,7 @@ var backendFields = []scalarField[Backend]{
 	addrField("ip-addr", func(b *Backend) *netip.Addr { return &b.Addr }),
 	{
 		name: "port",
+		json: jsonNumber,
 		decode: func(b *Backend, v string) error {
 			if v == "" {
 				b.Port = 0
@@ -344,7 +412,7 @@ func ParsePorts(v string) ([]PortRange, error) {
 // substrings of the request body (doc.s): they are cloned, so an error kept
 // for a log line does not hold the body.
 func fieldError(obj, key, value, problem string) error {
-	return &FieldError{Object: obj, Field: strings.Clone(key), Value: strings.Clone(value), Problem: problem}
+	return &FieldError{Object: obj, Field: strings.Clone(clip(key)), Value: strings.Clone(clip(value)), Problem: problem}
 }
 
 // objName names the object being decoded, for errors. It is built only
@@ -361,8 +429,8 @@ func (o objName) String() string {
 	return farmObject(o.farm)
 }
 
-// maxFields bounds the fields of one object kind (decodeMembers keeps one
-// slot per field on the stack).
+// maxFields bounds the fields of one object kind (decodeMembers keeps a
+// bit per field in a uint64).
 const maxFields = 64
 
 // fieldIndex returns the index of the field named key, or -1.
@@ -376,37 +444,86 @@ func fieldIndex[T any](fields []scalarField[T], key string) int {
 }
 
 // decodeMembers sets t's fields from the members of object obj, in
-// document order, except those named in skip (decoded elsewhere). With
-// lastWins a key given twice is decoded once, from its last value, as when
-// the object was read into a map (farms); otherwise every member is
-// decoded in turn (backends).
-func decodeMembers[T any](d *doc, obj int, name objName, t *T, fields []scalarField[T], skip []string, lastWins bool) error {
-	var last [maxFields]int // field index -> tape index of its last value
-	if lastWins {
-		for k, end := d.children(obj); k < end; k = d.toks[k+1].next {
-			if i := fieldIndex(fields, d.key(k)); i >= 0 {
-				last[i] = k + 1
-			}
-		}
-	}
+// document order, except those named in skip (decoded elsewhere). A key
+// given twice is refused: encoding/json (and nftlb) would keep the last
+// value, silently.
+func decodeMembers[T any](d *doc, obj int, name objName, t *T, fields []scalarField[T], skip []string) error {
+	var seen, seenSkip uint64 // bit i: fields[i] (skip[i]) was given
 	for k, end := d.children(obj); k < end; k = d.toks[k+1].next {
 		key, v := d.key(k), k+1
-		if slices.Contains(skip, key) {
+		if j := slices.Index(skip, key); j >= 0 {
+			if seenSkip&(1<<j) != 0 {
+				return fieldError(name.String(), key, "", duplicateKey)
+			}
+			seenSkip |= 1 << j
 			continue
 		}
 		i := fieldIndex(fields, key)
 		if i < 0 || fields[i].decode == nil {
-			return &FieldError{Object: name.String(), Field: strings.Clone(key), Problem: "unknown field; known fields are " + fieldNames(fields), UnknownField: true}
+			return &FieldError{Object: name.String(), Field: strings.Clone(clip(key)), Problem: "unknown field; known fields are " + fieldNames(fields), UnknownField: true}
 		}
-		if lastWins && last[i] != v {
-			continue
+		if seen&(1<<i) != 0 {
+			return fieldError(name.String(), key, "", duplicateKey)
 		}
-		text, ok := d.scalar(v)
-		if !ok {
-			return fieldError(name.String(), key, truncate(d.raw(v)), "must be a string, number or boolean")
+		seen |= 1 << i
+		if ok, problem := fields[i].json.allows(d.toks[v].kind); !ok {
+			return fieldError(name.String(), key, truncate(d.raw(v)), problem)
 		}
+		text, _ := d.scalar(v)
 		if err := fields[i].decode(t, text); err != nil {
 			return fieldError(name.String(), key, text, err.Error())
+		}
+	}
+	return nil
+}
+
+// duplicateKey is the problem of a key given twice in one object.
+const duplicateKey = "is given twice in one object; give each field once"
+
+// dupKey returns a key that object obj holds twice, if any.
+func (d *doc) dupKey(obj int) (string, bool) {
+	first, end := d.children(obj)
+	n := 0
+	for k := first; k < end; k = d.toks[k+1].next {
+		n++
+	}
+	if n <= 16 {
+		for k := first; k < end; k = d.toks[k+1].next {
+			for o := d.toks[k+1].next; o < end; o = d.toks[o+1].next {
+				if d.key(o) == d.key(k) {
+					return d.key(k), true
+				}
+			}
+		}
+		return "", false
+	}
+	seen := make(map[string]struct{}, n)
+	for k := first; k < end; k = d.toks[k+1].next {
+		key := d.key(k)
+		if _, dup := seen[key]; dup {
+			return key, true
+		}
+		seen[key] = struct{}{}
+	}
+	return "", false
+}
+
+// CheckUniqueKeys refuses a JSON document in which an object holds a key
+// twice, naming the key. Callers that read a body into a map first (and
+// would keep the last value) call it before. A document that is not JSON
+// passes: the caller's own decode reports that.
+func CheckUniqueKeys(body []byte) error {
+	d, ok := scanDoc(body)
+	defer d.release()
+	if !ok {
+		return nil
+	}
+	for i := range d.toks {
+		if d.toks[i].kind != '{' {
+			continue
+		}
+		if k, dup := d.dupKey(i); dup {
+			return fieldError("", k, "", duplicateKey)
 		}
 	}
 	return nil
@@ -447,6 +564,20 @@ func DecodeFarms(body []byte, current FarmLookup) ([]Farm, error) {
 // DecodeFarmsWith is DecodeFarms with a lookup for addresses a farm names
 // without giving their values ({"addresses":[{"name":"a1"}]}).
 func DecodeFarmsWith(body []byte, current FarmLookup, addrs AddressLookup) ([]Farm, error) {
+	return decodeFarms(body, current, addrs, true)
+}
+
+// DecodeFarmsUnchecked decodes farms as DecodeFarms does, each onto the
+// defaults, but does not validate them: a value that no longer passes
+// validation (a rule that became stricter since it was saved) is kept as
+// it is. It is for farms that were accepted before: the saved state, and
+// what the daemon answers to a client. A value that cannot be read at all
+// (an unknown field, a bad number) is still an error.
+func DecodeFarmsUnchecked(body []byte) ([]Farm, error) {
+	return decodeFarms(body, func(string) (*Farm, bool) { return nil, false }, nil, false)
+}
+
+func decodeFarms(body []byte, current FarmLookup, addrs AddressLookup, check bool) ([]Farm, error) {
 	d, ok := scanDoc(body)
 	defer d.release()
 	if !ok || d.toks[0].kind != '{' {
@@ -470,7 +601,7 @@ func DecodeFarmsWith(body []byte, current FarmLookup, addrs AddressLookup) ([]Fa
 	out := make([]Farm, 0, n)
 	seen := make(map[string]bool, n)
 	for i, it := 0, items; it < end; i, it = i+1, d.toks[it].next {
-		f, err := decodeFarm(&d, it, i, current, addrs)
+		f, err := decodeFarm(&d, it, i, current, addrs, check)
 		if err != nil {
 			return nil, err
 		}
@@ -490,7 +621,10 @@ func (d *doc) farmItems() (first, end int, err error) {
 	farms, other := -1, -1
 	for k, e := d.children(0); k < e; k = d.toks[k+1].next {
 		if d.key(k) == "farms" {
-			farms = k + 1 // a key given twice keeps its last value
+			if farms >= 0 {
+				return 0, 0, &FieldError{Field: "farms", Problem: duplicateKey}
+			}
+			farms = k + 1
 		} else if other < 0 {
 			other = k
 		}
@@ -499,7 +633,7 @@ func (d *doc) farmItems() (first, end int, err error) {
 		return 0, d.toks[0].next, nil // the body is one farm
 	}
 	if other >= 0 {
-		return 0, 0, &FieldError{Field: strings.Clone(d.key(other)), Problem: "unknown top-level field; the body is {\"farms\": [...]}", UnknownField: true}
+		return 0, 0, &FieldError{Field: strings.Clone(clip(d.key(other))), Problem: "unknown top-level field; the body is {\"farms\": [...]}", UnknownField: true}
 	}
 	if d.toks[farms].kind != '[' {
 		return 0, 0, &StructureError{Msg: "field \"farms\" must be an array of farm objects"}
@@ -511,11 +645,11 @@ func (d *doc) farmItems() (first, end int, err error) {
 // farmSkip are the farm members decoded apart from the scalar fields.
 var farmSkip = []string{"name", "addresses", "backends", "sessions", "policies", "check"}
 
-func decodeFarm(d *doc, item, index int, current FarmLookup, addrs AddressLookup) (Farm, error) {
+func decodeFarm(d *doc, item, index int, current FarmLookup, addrs AddressLookup, check bool) (Farm, error) {
 	if d.toks[item].kind != '{' {
 		return Farm{}, &StructureError{Msg: fmt.Sprintf("farms[%d] must be a JSON object", index)}
 	}
-	nameText, ok := d.scalar(d.lastMember(item, "name"))
+	nameText, ok := d.str(d.lastMember(item, "name"))
 	if !ok || !ValidName(nameText) {
 		if !ok || nameText == "" {
 			return Farm{}, &MissingNameError{What: fmt.Sprintf("farms[%d]", index)}
@@ -530,7 +664,7 @@ func decodeFarm(d *doc, item, index int, current FarmLookup, addrs AddressLookup
 		f = NewFarm(name)
 	}
 	obj := objName{farm: f.Name}
-	if err := decodeMembers(d, item, obj, &f, farmFields, farmSkip, true); err != nil {
+	if err := decodeMembers(d, item, obj, &f, farmFields, farmSkip); err != nil {
 		return Farm{}, err
 	}
 	if f.renamedFrom != "" {
@@ -578,6 +712,9 @@ func decodeFarm(d *doc, item, index int, current FarmLookup, addrs AddressLookup
 		}
 		f.Check = chk
 	}
+	if !check {
+		return f, nil
+	}
 	if err := f.Validate(); err != nil {
 		return Farm{}, err
 	}
@@ -598,6 +735,9 @@ func decodePolicies(f *Farm, d *doc, ps int) error {
 	for e, end := d.children(ps); e < end; e = d.toks[e].next {
 		if k := d.toks[e].kind; k != '{' && k != 'n' {
 			return &FieldError{Object: farmObject(f.Name), Field: "policies", Problem: "must be an array of {\"name\": ...} objects"}
+		}
+		if k, dup := d.dupKey(e); d.toks[e].kind == '{' && dup {
+			return fieldError(farmObject(f.Name), "policies."+k, "", duplicateKey)
 		}
 	}
 	for e, end := d.children(ps); e < end; e = d.toks[e].next {
@@ -647,8 +787,11 @@ func decodeBackends(f *Farm, d *doc, first, end int) error {
 	for i := range f.Backends {
 		index[f.Backends[i].Name] = i
 	}
+	// given marks the backends this request names: one named twice would
+	// be patched twice, the second silently winning.
+	given := make([]bool, len(f.Backends)+n)
 	for i, e := 0, first; e < end; i, e = i+1, d.toks[e].next {
-		name, ok := d.scalar(d.lastMember(e, "name"))
+		name, ok := d.str(d.lastMember(e, "name"))
 		if !ok || !ValidName(name) {
 			return fieldError(farmObject(f.Name), fmt.Sprintf("backends[%d].name", i), name, "is required and must be "+nameRule)
 		}
@@ -662,8 +805,12 @@ func decodeBackends(f *Farm, d *doc, first, end int) error {
 			index[name] = idx
 			f.Backends = append(f.Backends, NewBackend(name))
 		}
+		if given[idx] {
+			return fieldError(farmObject(f.Name), fmt.Sprintf("backends[%d].name", i), name, "names a backend given earlier in the same request; give each backend once")
+		}
+		given[idx] = true
 		obj := objName{farm: f.Name, backend: name, isBackend: true}
-		if err := decodeMembers(d, e, obj, &f.Backends[idx], backendFields, backendSkip, false); err != nil {
+		if err := decodeMembers(d, e, obj, &f.Backends[idx], backendFields, backendSkip); err != nil {
 			return err
 		}
 		if c := d.lastMember(e, "check"); c >= 0 {

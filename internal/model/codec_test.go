@@ -87,7 +87,7 @@ func TestEncodeDefaults(t *testing.T) {
 
 // A family dual farm may have an IPv4 and an IPv6 VIP.
 func TestDualVirtualAddrs(t *testing.T) {
-	f := decodeOne(t, `{"name":"d","family":"dual","virtual-addr":"fd00::1, 10.0.0.1","virtual-ports":"80",
+	f := decodeOne(t, `{"name":"d","family":"dual","virtual-addr":"fd00::1,10.0.0.1","virtual-ports":"80",
 		"backends":[{"name":"b4","ip-addr":"10.1.0.1"},{"name":"b6","ip-addr":"fd00:1::1"}]}`)
 	if f.VirtualAddr.String() != "fd00::1" || f.VirtualAddr2.String() != "10.0.0.1" || len(f.VirtualAddrs()) != 2 {
 		t.Fatalf("decoded %v %v", f.VirtualAddr, f.VirtualAddr2)
@@ -208,9 +208,9 @@ func TestFieldErrors(t *testing.T) {
 		{farm, "est-connlimit", `"est-connlimit":"5","mode":"stlsdnat"`, []string{`"est-connlimit"`, "stlsdnat"}},
 		{farm, "tcp-strict", `"tcp-strict":"on","mode":"stlsdnat"`, []string{`"tcp-strict"`, "stlsdnat"}},
 		{`{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80","mode":"dsr","backends":[{"name":"b1","ip-addr":"10.1.0.1",%s}]}`, "dsr port", `"port":"8080"`, []string{`backend "b1"`, `"port"`, `"8080"`, "dsr"}},
-		{farm, "virtual-addr", `"family":"dual","virtual-addr":"10.0.0.1,10.0.0.2"`, []string{`"virtual-addr"`, `"10.0.0.1,10.0.0.2"`, "one IPv4 and one IPv6"}},
-		{farm, "virtual-addr", `"virtual-addr":"10.0.0.1,fd00::1"`, []string{`"virtual-addr"`, "need family dual", "family ipv4"}},
-		{farm, "virtual-addr", `"family":"dual","virtual-addr":"10.0.0.1,fd00::1,fd00::2"`, []string{`"virtual-addr"`, "one of each separated by a comma"}},
+		{`{"name":"web",%s}`, "virtual-addr", `"family":"dual","virtual-addr":"10.0.0.1,10.0.0.2"`, []string{`"virtual-addr"`, `"10.0.0.1,10.0.0.2"`, "one IPv4 and one IPv6"}},
+		{`{"name":"web",%s}`, "virtual-addr", `"virtual-addr":"10.0.0.1,fd00::1"`, []string{`"virtual-addr"`, "need family dual", "family ipv4"}},
+		{`{"name":"web",%s}`, "virtual-addr", `"family":"dual","virtual-addr":"10.0.0.1,fd00::1,fd00::2"`, []string{`"virtual-addr"`, "one of each separated by a comma"}},
 		{farm, "iface", `"iface":"eth0"`, []string{`"iface"`, `"eth0"`, "only used by modes dsr and stlsdnat"}},
 		{farm, "oface", `"mode":"dsr","oface":"a/b"`, []string{`"oface"`, `"a/b"`, "interface name"}},
 		{farm, "iface", `"mode":"dsr","iface":"0123456789abcdef"`, []string{`"iface"`, "1 to 15 characters"}},
@@ -241,10 +241,10 @@ func TestFieldErrors(t *testing.T) {
 		{farm, "est-connlimit", `"est-connlimit":"1.5"`, []string{`"est-connlimit"`}},
 		{farm, "tcp-strict", `"tcp-strict":"maybe"`, []string{`"tcp-strict"`, "on, off"}},
 		{farm, "unknown", `"colour":"blue"`, []string{`"colour"`, "unknown field", "virtual-addr"}},
-		{farm, "object value", `"mode":{"a":1}`, []string{`"mode"`, "string, number or boolean"}},
+		{farm, "object value", `"mode":{"a":1}`, []string{`"mode"`, "must be a JSON string"}},
 		{farm, "policies", `"policies":[{"name":"bad name"}]`, []string{`"policies"`, "bad name"}},
 		{`{"name":"bad/name","virtual-addr":"10.0.0.1"%s}`, "name", ``, []string{`"name"`, `"bad/name"`}},
-		{backend, "ip-addr", `"port":"80","ip-addr":"fd00::1"`, []string{`backend "b1"`, `"ip-addr"`, "family ipv4"}},
+		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1",%s}]}`, "ip-addr", `"port":"80","ip-addr":"fd00::1"`, []string{`backend "b1"`, `"ip-addr"`, "family ipv4"}},
 		{backend, "port", `"port":"65536"`, []string{`backend "b1"`, `"port"`, "1-65535"}},
 		{backend, "weight", `"weight":"10001"`, []string{`"weight"`, "0-10000"}},
 		{backend, "priority", `"priority":"0"`, []string{`"priority"`, "1-1000"}},
@@ -252,7 +252,7 @@ func TestFieldErrors(t *testing.T) {
 		{backend, "est-connlimit", `"est-connlimit":"-1"`, []string{`"est-connlimit"`}},
 		{backend, "unknown", `"colour":"red"`, []string{`"colour"`, "unknown field", "ip-addr"}},
 		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1"%s}]}`, "ip-addr missing", ``, []string{`"ip-addr"`, "required"}},
-		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1","ip-addr":"10.1.0.1"},{"name":"b1","ip-addr":"10.1.0.2"}%s]}`, "duplicate backend", ``, nil},
+		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1","ip-addr":"10.1.0.1"},{"name":"b1","ip-addr":"10.1.0.2"}%s]}`, "duplicate backend", ``, []string{`backends[1].name`, `"b1"`, "earlier in the same request"}},
 		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"ip-addr":"10.1.0.1"%s}]}`, "backend name", ``, []string{`backends[0].name`, "required"}},
 	}
 	for _, c := range cases {
@@ -261,13 +261,6 @@ func TestFieldErrors(t *testing.T) {
 			body = strings.Replace(c.tmpl, "%s", "", 1)
 		}
 		_, err := DecodeFarms([]byte(body), noFarm)
-		if c.field == "duplicate backend" {
-			// Upsert by name: the second b1 patches the first, as nftlb does.
-			if err != nil {
-				t.Errorf("duplicate backend names in one request should upsert, got %v", err)
-			}
-			continue
-		}
 		if err == nil {
 			t.Errorf("%s: %s accepted", c.field, body)
 			continue
@@ -317,6 +310,8 @@ func TestMarkFarmNeedsNoVIP(t *testing.T) {
 func FuzzDecodeFarms(f *testing.F) {
 	f.Add([]byte(`{"farms":[{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80","backends":[{"name":"b","ip-addr":"10.0.0.2"}]}]}`))
 	f.Add([]byte(`{"name":"x","mark":"1"}`))
+	f.Add([]byte("{\"name\":\"x\",\"virtual-addr\":\"10.0.0.1\",\"log-prefix\":\"" + strings.Repeat("\xff", 24) + "\"}"))
+	f.Add([]byte(`{"name":"x","virtual-addr":"10.0.0.1","log-prefix":"\u0000\ud800"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		fs, err := DecodeFarms(body, noFarm)
 		if err != nil {

@@ -167,8 +167,8 @@ const (
 	MaxWeight     = 10000
 	MaxPriority   = 1000
 	MaxPortRanges = 64
-	// MaxLogPrefixLen: the kernel's log prefix holds 127 bytes, and the nft
-	// data plane adds " xlb farm=<name> " (up to 75 bytes) after it.
+	// MaxLogPrefixLen: the kernel's log prefix holds 127 bytes (counted
+	// in bytes, as the kernel does), and the nft data plane adds " xlb farm=<name> " (up to 75 bytes) after it.
 	MaxLogPrefixLen  = 127 - len(" xlb farm= ") - MaxNameLen
 	DefaultTTL       = 60
 	DefaultLimitsTTL = 120 // nftlb's limits-ttl
@@ -276,7 +276,8 @@ type FieldError struct {
 	Value   string
 	Problem string // what is wrong, including what is allowed
 	// UnknownField is set when the field itself is unknown (not its
-	// value): nftlb answers those differently (internal/api).
+	// value). (nftlb answers those with 500; xlb with 400 as any bad
+	// value: docs/nftlb-compat.md.)
 	UnknownField bool
 }
 
@@ -288,7 +289,7 @@ func (e *FieldError) Error() string {
 	}
 	fmt.Fprintf(&b, "field %q", e.Field)
 	if e.Value != "" {
-		fmt.Fprintf(&b, " value %q", e.Value)
+		fmt.Fprintf(&b, " value %q", clip(e.Value))
 	}
 	b.WriteString(": ")
 	b.WriteString(e.Problem)

@@ -318,6 +318,14 @@ func (d *doc) lastMember(obj int, name string) int {
 	return v
 }
 
+// str returns value v as text if it is a JSON string (names must be).
+func (d *doc) str(v int) (string, bool) {
+	if v < 0 || d.toks[v].kind != '"' {
+		return "", false
+	}
+	return d.scalar(v)
+}
+
 // scalar returns value v as text if it is a JSON string, number or
 // boolean. A string without escapes is its bytes between the quotes, as
 // sent (invalid UTF-8 included); one with escapes is decoded by

@@ -52,6 +52,7 @@ func parseRate(v string, max uint64) (uint32, RateUnit, error) {
 func rateField(name string, n func(*Farm) *uint32, u func(*Farm) *RateUnit) scalarField[Farm] {
 	return scalarField[Farm]{
 		name: name,
+		json: jsonNumber, // a bare number is per second
 		decode: func(f *Farm, v string) error {
 			num, unit, err := parseRate(v, 1<<31-1)
 			if err != nil {
@@ -91,6 +92,7 @@ func (v Verdict) String() string { return verdictSpec.name(v) }
 func onOffField[T any](name string, ptr func(*T) *bool) scalarField[T] {
 	return scalarField[T]{
 		name: name,
+		json: jsonBool,
 		decode: func(t *T, v string) error {
 			switch strings.TrimSpace(v) {
 			case "on", "true":
@@ -122,6 +124,7 @@ func stringField[T any](name string, ptr func(*T) *string) scalarField[T] {
 
 var queueField = scalarField[Farm]{
 	name: "queue",
+	json: jsonNumber,
 	decode: func(f *Farm, v string) error {
 		v = strings.TrimSpace(v)
 		if v == "" || v == "-1" {
@@ -271,7 +274,7 @@ func decodeSessions(f *Farm, d *doc, ss int) error {
 				s.Backend = strings.Clone(text)
 			case "expiration":
 			default:
-				return &FieldError{Object: farmObject(f.Name), Field: "sessions." + strings.Clone(key),
+				return &FieldError{Object: farmObject(f.Name), Field: "sessions." + strings.Clone(clip(key)),
 					Problem: "unknown field; known fields are client, backend, expiration", UnknownField: true}
 			}
 		}

@@ -59,6 +59,9 @@ func (f *Farm) Validate() error {
 		if f.VirtualAddr.Is4In6() {
 			return bad("virtual-addr", f.VirtualAddr.String(), "write IPv4 addresses in dotted form")
 		}
+		if p := addrProblem(f.VirtualAddr, true); p != "" {
+			return bad("virtual-addr", f.VirtualAddr.String(), p)
+		}
 		if err := f.checkFamily("virtual-addr", f.VirtualAddr.Is4()); err != nil {
 			return err
 		}
@@ -78,10 +81,16 @@ func (f *Farm) Validate() error {
 		case a.Is4() == f.VirtualAddr.Is4():
 			return bad("virtual-addr", both, "the two addresses of a dual farm must be one IPv4 and one IPv6 address")
 		}
+		if p := addrProblem(a, true); p != "" {
+			return bad("virtual-addr", both, p)
+		}
 	}
 	if f.SourceAddr.IsValid() {
 		if err := f.checkFamily("source-addr", f.SourceAddr.Is4()); err != nil {
 			return err
+		}
+		if p := addrProblem(f.SourceAddr, false); p != "" {
+			return bad("source-addr", f.SourceAddr.String(), p)
 		}
 		if f.Mode != ModeSNAT {
 			return bad("source-addr", f.SourceAddr.String(), "is only used by mode snat (this farm has mode "+f.Mode.String()+")")
@@ -131,8 +140,8 @@ func (f *Farm) Validate() error {
 	if err := f.validateCombinations(); err != nil {
 		return err
 	}
-	if len(f.LogPrefix) > MaxLogPrefixLen {
-		return bad("log-prefix", f.LogPrefix, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
+	if p := textProblem(f.LogPrefix, MaxLogPrefixLen); p != "" {
+		return bad("log-prefix", f.LogPrefix, p)
 	}
 	if f.Priority < 1 || f.Priority > MaxPriority {
 		return bad("priority", fmt.Sprint(f.Priority), fmt.Sprintf("must be 1-%d", MaxPriority))
@@ -143,8 +152,8 @@ func (f *Farm) Validate() error {
 		field, value string
 	}{{"new-rtlimit-log-prefix", f.NewRTLogPrefix}, {"rst-rtlimit-log-prefix", f.RstRTLogPrefix},
 		{"est-connlimit-log-prefix", f.EstConnLogPrefix}, {"tcp-strict-log-prefix", f.TCPStrictLogPrefix}} {
-		if len(x.value) > MaxLogPrefixLen {
-			return bad(x.field, x.value, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
+		if p := textProblem(x.value, MaxLogPrefixLen); p != "" {
+			return bad(x.field, x.value, p)
 		}
 	}
 	if err := f.validateAddresses(); err != nil {
@@ -312,6 +321,9 @@ func (f *Farm) validateBackend(b *Backend) error {
 	if b.Addr.Zone() != "" || b.Addr.Is4In6() {
 		return bad("ip-addr", b.Addr.String(), "must be a plain IPv4 or IPv6 address")
 	}
+	if p := addrProblem(b.Addr, false); p != "" {
+		return bad("ip-addr", b.Addr.String(), p)
+	}
 	if f.Family != FamilyDual && (f.Family == FamilyIPv4) != b.Addr.Is4() {
 		return bad("ip-addr", b.Addr.String(), "does not match the farm's family "+f.Family.String())
 	}
@@ -325,8 +337,8 @@ func (f *Farm) validateBackend(b *Backend) error {
 		f.Family != FamilyDual && (f.Family == FamilyIPv4) != b.SourceAddr.Is4()) {
 		return bad("source-addr", b.SourceAddr.String(), "must be a plain address of the farm's family "+f.Family.String())
 	}
-	if len(b.EstConnLogPrefix) > MaxLogPrefixLen {
-		return bad("est-connlimit-log-prefix", b.EstConnLogPrefix, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
+	if p := textProblem(b.EstConnLogPrefix, MaxLogPrefixLen); p != "" {
+		return bad("est-connlimit-log-prefix", b.EstConnLogPrefix, p)
 	}
 	if b.EtherAddr[0]&1 != 0 {
 		return bad("ether-addr", b.EtherAddr.String(), "must be a unicast Ethernet address (not multicast or broadcast)")

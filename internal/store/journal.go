@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -60,6 +61,13 @@ type Journal struct {
 	// bbolt file; a record larger than bigRecord, or a diff of more than
 	// bulkChanges farms, goes to the bbolt file directly.
 	foldAt, bigRecord int64
+
+	// ro is set when the state was opened read-only (readonly.go): the
+	// disk had no room to fold or preallocate the journal.
+	ro *UnavailableError
+	// id is what the state directory and its files were at open
+	// (guard.go): a change is refused once they are gone or replaced.
+	id stateID
 }
 
 const (
@@ -76,8 +84,18 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 var _ Undoer = (*Journal)(nil)
 
 // OpenJournal opens (creating if needed) the state in dir and folds what
-// the journal holds into the bbolt file.
+// the journal holds into the bbolt file. If the disk has no room for that,
+// it opens the state read-only instead (ReadOnly says why): the saved
+// state loads, changes are refused.
 func OpenJournal(dir string) (*Journal, error) {
+	j, err := openJournal(dir)
+	if err != nil && isNoSpace(err) {
+		return openReadOnly(dir, err)
+	}
+	return j, err
+}
+
+func openJournal(dir string) (*Journal, error) {
 	db, err := OpenBolt(dir)
 	if err != nil {
 		return nil, err
@@ -107,6 +125,9 @@ func OpenJournal(dir string) (*Journal, error) {
 	if err == nil {
 		err = j.preallocate(st.Size())
 	}
+	if err == nil {
+		j.id, err = identify(dir)
+	}
 	if err != nil {
 		f.Close()
 		db.Close()
@@ -126,6 +147,9 @@ func syncDir(dir string) error {
 
 // Load implements Store.
 func (j *Journal) Load(ctx context.Context) ([]model.Farm, error) {
+	if j.ro != nil {
+		return j.loadReadOnly(ctx)
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if err := j.fold(); err != nil {
@@ -138,6 +162,9 @@ func (j *Journal) Load(ctx context.Context) ([]model.Farm, error) {
 func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if j.ro != nil {
+		return j.ro
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -196,7 +223,14 @@ func (j *Journal) UndoLast(ctx context.Context) ([]string, error) {
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return errors.Join(j.f.Close(), j.db.Close())
+	var errs []error
+	if j.f != nil { // nil: read-only without a journal file
+		errs = append(errs, j.f.Close())
+	}
+	if j.db != nil {
+		errs = append(errs, j.db.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // fold applies the journal's records to the bbolt file in one transaction
@@ -204,6 +238,9 @@ func (j *Journal) Close() error {
 // was used). Records after the first bad one are dropped: they were never
 // acknowledged.
 func (j *Journal) fold() error {
+	if j.ro != nil {
+		return j.ro
+	}
 	if j.size == 0 && j.used == 0 {
 		return nil
 	}
@@ -211,20 +248,7 @@ func (j *Journal) fold() error {
 	if _, err := io.ReadFull(io.NewSectionReader(j.f, 0, j.size), buf); err != nil {
 		return fmt.Errorf("read journal: %w", err)
 	}
-	var recs [][]byte
-	for len(buf) >= recordHeader {
-		n := binary.LittleEndian.Uint32(buf)
-		sum := binary.LittleEndian.Uint32(buf[4:])
-		if n == 0 || uint64(n) > uint64(len(buf)-recordHeader) {
-			break
-		}
-		payload := buf[recordHeader : recordHeader+int(n)]
-		if crc32.Checksum(payload, castagnoli) != sum {
-			break
-		}
-		recs = append(recs, payload)
-		buf = buf[recordHeader+int(n):]
-	}
+	recs := validRecords(buf)
 	if len(recs) > 0 {
 		err := j.db.db.Update(func(tx *bolt.Tx) error {
 			farms := tx.Bucket(farmsBucket)
@@ -262,17 +286,56 @@ func (j *Journal) fold() error {
 	return nil
 }
 
+// validRecords returns the payloads of the journal's records up to the
+// first that is short, zero or fails its checksum.
+func validRecords(buf []byte) [][]byte {
+	var recs [][]byte
+	for len(buf) >= recordHeader {
+		n := binary.LittleEndian.Uint32(buf)
+		sum := binary.LittleEndian.Uint32(buf[4:])
+		if n == 0 || uint64(n) > uint64(len(buf)-recordHeader) {
+			break
+		}
+		payload := buf[recordHeader : recordHeader+int(n)]
+		if crc32.Checksum(payload, castagnoli) != sum {
+			break
+		}
+		recs = append(recs, payload)
+		buf = buf[recordHeader+int(n):]
+	}
+	return recs
+}
+
 // preallocate makes the (empty) journal file foldAt bytes of written zeros
 // if it is shorter (a new file, or one of an xlb that appended), so that
 // records only ever overwrite blocks that exist. Not fallocate: on ext4 its
 // unwritten extents would be converted, a metadata change, at each first
 // write.
+//
+// A disk without room for foldAt bytes gets a smaller journal: at most
+// half the free space, so the bbolt file has room to take the folds (at
+// least minJournal; below that the state opens read-only). A change then
+// folds more often, and a record over half the journal goes to the bbolt
+// file directly.
 func (j *Journal) preallocate(size int64) error {
 	if size >= j.foldAt {
 		return nil
 	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(j.f.Fd()), &fs); err == nil {
+		if half := size + int64(fs.Bavail)*int64(fs.Bsize)/2; half < j.foldAt {
+			j.foldAt = half &^ 4095
+			j.bigRecord = min(j.bigRecord, j.foldAt/2)
+		}
+	}
+	if j.foldAt < minJournal {
+		return fmt.Errorf("preallocate the journal: %d bytes of room, at least %d needed: %w", 2*j.foldAt, 2*minJournal, syscall.ENOSPC)
+	}
+	if size >= j.foldAt {
+		return nil
+	}
 	if _, err := j.f.WriteAt(make([]byte, j.foldAt-size), size); err != nil {
-		return fmt.Errorf("preallocate: %w", err)
+		return fmt.Errorf("preallocate %d bytes: %w", j.foldAt, err)
 	}
 	if err := j.f.Sync(); err != nil {
 		return fmt.Errorf("preallocate: %w", err)

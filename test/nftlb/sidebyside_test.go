@@ -69,7 +69,8 @@ func TestSideBySide(t *testing.T) {
 		same("delete a missing farm", "DELETE", "/farms/nope", ""),
 		{name: "get a missing farm", method: "GET", path: "/farms/nope", statuses: [2]int{500, 404},
 			why: "404 tells a missing farm from a broken server; nftlb's DELETE of a missing farm answers 404 too"},
-		same("unknown key", "POST", "/farms", `{"farms":[{"name":"web","bogus":"1"}]}`),
+		{name: "unknown key", method: "POST", path: "/farms", body: `{"farms":[{"name":"web","bogus":"1"}]}`, statuses: [2]int{500, 400},
+			why: "bad input is the client's error (4xx): a 5xx makes clients and proxies retry and alerts count a server fault"},
 		same("not JSON", "POST", "/farms", `not json`),
 		same("farms not an array", "POST", "/farms", `{"farms":{"name":"x"}}`),
 		// nftlb applies a farm object without a name to the farm it

@@ -242,7 +242,10 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			if !src.IsValid() {
 				var err error
 				if src, err = p.sourceFor(b.Addr); err != nil {
-					return be, fmt.Errorf("farm %q backend %q: %w", f.Name, b.Name, err)
+					// The request's value, not the kernel, is at fault:
+					// a *model.FieldError, so the API answers 400.
+					return be, &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "ip-addr", Value: b.Addr.String(),
+						Problem: fmt.Sprintf("mode snat needs a route to the backend to pick the source address, and there is none (%v); add a route or set the farm's source-addr", err)}
 				}
 			}
 			be.Snat = addrWords(src)

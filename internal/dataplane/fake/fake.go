@@ -23,6 +23,11 @@ type Plane struct {
 	FailReconcile func(farms []*model.Farm) error
 	// Refuse, when set, is the plane's Check.
 	Refuse func(f *model.Farm) error
+	// FailTables, when set, fails ApplyTables calls for which it returns
+	// an error.
+	FailTables func(d dataplane.TableDiff) error
+
+	tables *tableKernel // tables.go
 }
 
 // New returns an empty fake plane.

@@ -89,6 +89,9 @@ type Plane struct {
 	// lastElemMsgs: the static sets' element messages of the last Apply
 	// (tests check that a bulk change shares them, see batch.runs).
 	lastElemMsgs int
+
+	// tables holds named tables and policies (tables_plane.go).
+	tables lazyTables
 }
 
 // hookState is which of the table's per-packet base chains exist. The NAT
@@ -295,6 +298,7 @@ func (p *Plane) Name() string { return PlaneName }
 // Close releases the netlink connection. The table stays in the kernel, so
 // traffic keeps flowing while xlb restarts.
 func (p *Plane) Close() error {
+	p.tables.close()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil {
@@ -345,7 +349,9 @@ func (p *Plane) Check(f *model.Farm) error {
 		// priority other than the default has no meaning here yet.
 		return no("priority", fmt.Sprint(f.Priority))
 	case len(f.Policies) > 0:
-		return no("policies", f.Policies[0].Name)
+		if err := CheckPolicies(f); err != nil { // tables.go
+			return err
+		}
 	}
 	if f.Mode == model.ModeDSR {
 		if err := dsrCheck(f); err != nil {

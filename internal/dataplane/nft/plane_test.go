@@ -87,7 +87,11 @@ func TestCheck(t *testing.T) {
 			f.Persistence = model.KeySrcIP | model.KeyDstIP
 		}},
 		{"priority", func(f *model.Farm) { f.Priority = 2 }},
-		{"policies", func(f *model.Farm) { f.Policies = []model.PolicyRef{{Name: "deny"}} }},
+		// Policies are checked at prerouting, which stlsdnat bypasses.
+		{"policies", func(f *model.Farm) {
+			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
+			f.Policies = []model.PolicyRef{{Name: "deny"}}
+		}},
 		{"mark", func(f *model.Farm) {
 			b := f.Backends[0]
 			b.Name, b.Addr, b.Mark = "b2", netip.MustParseAddr("10.0.1.2"), 1

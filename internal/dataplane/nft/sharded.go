@@ -48,6 +48,9 @@ type Sharded struct {
 	conn   *nftables.Conn // shared by the shards: one batch spans tables
 	shards []*Plane
 	idBase uint32
+
+	// tables holds named tables and policies (tables_plane.go).
+	tables lazyTables
 }
 
 var _ dataplane.Dataplane = (*Sharded)(nil)
@@ -217,6 +220,7 @@ func (s *Sharded) Reconcile(ctx context.Context, farms []*model.Farm) error {
 
 // Close releases the netlink connection; the tables stay in the kernel.
 func (s *Sharded) Close() error {
+	s.tables.close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range s.shards {

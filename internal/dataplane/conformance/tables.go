@@ -1,0 +1,213 @@
+package conformance
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// Scenarios of named tables used by farms as policies (nftlb's blacklists
+// and whitelists). A plane that keeps tables implements
+// dataplane.TablePlane; one that does not refuses the farm's "policies" in
+// Check (list the scenarios in Plane.Refuses).
+
+func init() {
+	// Registered here so the tables' scenarios live in their own file.
+	scenarios = append(scenarios,
+		scenario{name: "policy-blacklist", farm: policyFarm, run: runBlacklist},
+		scenario{name: "policy-whitelist", farm: policyFarm, run: runWhitelist},
+		scenario{name: "policy-nested-prefixes", farm: policyFarm, run: runNestedPrefixes},
+		scenario{name: "policy-swap", farm: policyFarm, run: runPolicySwap},
+		scenario{name: "policy-blacklist-ipv6", v6: true, farm: policyFarm, run: runBlacklist},
+		scenario{name: "policy-two-policies", farm: policyFarm, run: runTwoPolicies},
+	)
+}
+
+// policyFarm is a snat farm with the policy "pol" attached.
+func policyFarm(e *Env) model.Farm {
+	f := e.Farm("pol-farm", model.ProtoTCP)
+	f.Policies = []model.PolicyRef{{Name: "pol"}}
+	return f
+}
+
+// tableSet is the tables a scenario has given the plane, as the engine
+// would keep them: IDs and slots assigned, the last applied versions.
+type tableSet struct {
+	tp     dataplane.TablePlane
+	tables map[string]*model.Table
+	nextID uint16
+}
+
+func (e *Env) tablePlane(t testing.TB) *tableSet {
+	t.Helper()
+	tp, ok := e.DP.(dataplane.TablePlane)
+	if !ok {
+		t.Fatalf("%s accepts farms with policies but does not implement dataplane.TablePlane", e.plane.Name)
+	}
+	return &tableSet{tp: tp, tables: map[string]*model.Table{}}
+}
+
+// put creates or replaces a table with these entries (keys as text).
+func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...string) {
+	t.Helper()
+	tb := model.NewTable(name, model.TableAddr)
+	tb.Verdict = v
+	old := s.tables[name]
+	if old != nil {
+		tb.ID, tb.Slot = old.ID, old.Slot
+	} else {
+		s.nextID++
+		tb.ID, tb.Slot = s.nextID, uint32(s.nextID)
+	}
+	for _, k := range keys {
+		e, err := tb.ParseEntry(model.EntryInput{Key: k}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb.PutEntry(e)
+	}
+	d := dataplane.TableDiff{Tables: []dataplane.TableChange{{Old: old, New: &tb}}}
+	if old == nil {
+		d.Slots = []dataplane.SlotChange{{Slot: tb.Slot, New: &tb}}
+	} else {
+		sc := dataplane.SlotChange{Slot: tb.Slot, Old: old, New: &tb}
+		old.Entries("", func(e model.TableEntry) bool {
+			if _, ok := tb.Entry(e.Key); !ok {
+				sc.Del = append(sc.Del, e)
+			}
+			return true
+		})
+		tb.Entries("", func(e model.TableEntry) bool {
+			if _, ok := old.Entry(e.Key); !ok {
+				sc.Put = append(sc.Put, e)
+			}
+			return true
+		})
+		d.Slots = []dataplane.SlotChange{sc}
+	}
+	s.apply(t, d)
+	s.tables[name] = &tb
+}
+
+// swap exchanges the entries of two tables, as the engine's swap does.
+func (s *tableSet) swap(t testing.TB, a, b string) {
+	t.Helper()
+	ta, tb := s.tables[a], s.tables[b]
+	na, nb := ta.WithEntriesOf(tb), tb.WithEntriesOf(ta)
+	s.apply(t, dataplane.TableDiff{Tables: []dataplane.TableChange{{Old: ta, New: &na}, {Old: tb, New: &nb}}})
+	s.tables[a], s.tables[b] = &na, &nb
+}
+
+func (s *tableSet) apply(t testing.TB, d dataplane.TableDiff) {
+	t.Helper()
+	if err := s.tp.ApplyTables(context.Background(), d); err != nil {
+		t.Fatalf("apply tables: %v", err)
+	}
+}
+
+// putFarm applies a farm with policies: tables' side first, then the farm.
+func (s *tableSet) putFarm(t testing.TB, e *Env, f model.Farm) {
+	t.Helper()
+	nf := f.Clone()
+	s.apply(t, dataplane.TableDiff{Farms: []dataplane.FarmChange{{Old: e.prev[f.Name], New: &nf}}})
+	e.Put(t, f)
+}
+
+// answers reports whether a TCP connection from local to the farm gets
+// an answer within a short time.
+func (e *Env) answers(f model.Farm, local netip.Addr) bool {
+	c, err := testutil.DialTCPFrom(e.Client.NS, netip.AddrPortFrom(local, 0), e.vipPort(f), 700*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_, err = testutil.ReadLine(c, time.Second)
+	return err == nil
+}
+
+func (e *Env) expect(t *testing.T, f model.Farm, what string, want map[netip.Addr]bool) {
+	t.Helper()
+	for a, ok := range want {
+		if got := e.answers(f, a); got != ok {
+			t.Errorf("%s: client %s answered %v, want %v", what, a, got, ok)
+		}
+	}
+}
+
+func prefixOf(a netip.Addr, bits int) string {
+	p, _ := a.Prefix(bits)
+	return p.String()
+}
+
+// runBlacklist: a blacklisted client is dropped, another is served; after
+// its entry is deleted it is served again.
+func runBlacklist(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.put(t, "pol", model.ListDeny, c[0].String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "blacklist", map[netip.Addr]bool{c[0]: false, c[1]: true})
+	ts.put(t, "pol", model.ListDeny)
+	e.expect(t, f, "entry deleted", map[netip.Addr]bool{c[0]: true, c[1]: true})
+}
+
+// runWhitelist: only the listed client is served.
+func runWhitelist(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.put(t, "pol", model.ListAllow, c[1].String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "whitelist", map[netip.Addr]bool{c[0]: false, c[1]: true})
+	// The farm without the policy serves everyone again.
+	f.Policies = nil
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "policy detached", map[netip.Addr]bool{c[0]: true, c[1]: true})
+}
+
+// runNestedPrefixes: a table holding a prefix and a longer one inside it
+// (as ipfw allows) denies both; taking either away leaves the other in
+// force.
+func runNestedPrefixes(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	wide := prefixOf(c[0], 16)
+	ts.put(t, "pol", model.ListDeny, wide, c[0].String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "/16 and /32", map[netip.Addr]bool{c[0]: false, c[1]: false})
+	ts.put(t, "pol", model.ListDeny, c[0].String())
+	e.expect(t, f, "/32 only", map[netip.Addr]bool{c[0]: false, c[1]: true})
+	ts.put(t, "pol", model.ListDeny, wide)
+	e.expect(t, f, "/16 only", map[netip.Addr]bool{c[0]: false, c[1]: false})
+}
+
+// runPolicySwap: the farm's blacklist swapped with another table denies
+// the other table's clients from then on.
+func runPolicySwap(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.put(t, "pol", model.ListDeny, c[0].String())
+	ts.put(t, "next", model.ListNone, c[1].String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "before swap", map[netip.Addr]bool{c[0]: false, c[1]: true})
+	ts.swap(t, "pol", "next")
+	e.expect(t, f, "after swap", map[netip.Addr]bool{c[0]: true, c[1]: false})
+	ts.swap(t, "pol", "next")
+	e.expect(t, f, "swapped back", map[netip.Addr]bool{c[0]: false, c[1]: true})
+}
+
+// runTwoPolicies: a whitelist of a prefix and a blacklist of one address
+// in it: the prefix's other clients are served.
+func runTwoPolicies(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 3)
+	ts := e.tablePlane(t)
+	ts.put(t, "pol", model.ListAllow, prefixOf(c[0], 24))
+	ts.put(t, "bl", model.ListDeny, c[1].String())
+	f.Policies = append(f.Policies, model.PolicyRef{Name: "bl"})
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "whitelist and blacklist", map[netip.Addr]bool{c[0]: true, c[1]: false, c[2]: true})
+}

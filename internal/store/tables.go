@@ -1,0 +1,319 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Tables on disk: bucket "tables" maps a table's name to its definition
+// (uint16 ID, uint32 slot, then the table's JSON without entries); bucket
+// "slots" holds one nested bucket per slot (its 4-byte big-endian number)
+// mapping each entry's binary key to its expiry and value (entryValue). So
+// adding k entries writes k keys, and a swap rewrites two definitions and
+// no entry: the same O(changed) as in the kernel.
+var (
+	tablesBucket = []byte("tables")
+	slotsBucket  = []byte("slots")
+)
+
+// TableStore is a Store that keeps named tables too.
+type TableStore interface {
+	// LoadTables returns every saved table with its entries.
+	LoadTables(ctx context.Context) ([]*model.Table, error)
+	// ApplyTables saves the table and slot changes of d atomically (its
+	// Farms are saved by Apply).
+	ApplyTables(ctx context.Context, d dataplane.TableDiff) error
+}
+
+var (
+	_ TableStore = (*Bolt)(nil)
+	_ TableStore = (*Journal)(nil)
+)
+
+// LoadTables implements TableStore.
+func (s *Bolt) LoadTables(ctx context.Context) ([]*model.Table, error) {
+	var out []*model.Table
+	err := s.db.View(func(tx *bolt.Tx) error {
+		tb := tx.Bucket(tablesBucket)
+		if tb == nil {
+			return nil
+		}
+		slots := tx.Bucket(slotsBucket)
+		return tb.ForEach(func(k, v []byte) error {
+			t, err := decodeTableMeta(v)
+			if err != nil {
+				return fmt.Errorf("saved table %q: %w", k, err)
+			}
+			var sb *bolt.Bucket
+			if slots != nil {
+				sb = slots.Bucket(slotKey(t.Slot))
+			}
+			if sb != nil {
+				if err := sb.ForEach(func(ek, ev []byte) error {
+					e, err := decodeEntry(t, ek, ev)
+					if err != nil {
+						return fmt.Errorf("saved table %q entry %q: %w", t.Name, t.FormatKey(model.TableKey(ek)), err)
+					}
+					t.PutEntry(e)
+					return nil
+				}); err != nil {
+					return err
+				}
+			}
+			out = append(out, t)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load tables: %w", err)
+	}
+	return out, nil
+}
+
+// ApplyTables implements TableStore.
+func (s *Bolt) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(d.Tables) == 0 && len(d.Slots) == 0 {
+		return nil
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error { return writeTables(tx, d) }); err != nil {
+		return fmt.Errorf("save tables: %w", err)
+	}
+	return nil
+}
+
+func writeTables(tx *bolt.Tx, d dataplane.TableDiff) error {
+	tb, err := tx.CreateBucketIfNotExists(tablesBucket)
+	if err != nil {
+		return err
+	}
+	slots, err := tx.CreateBucketIfNotExists(slotsBucket)
+	if err != nil {
+		return err
+	}
+	for _, c := range d.Tables {
+		if c.Old != nil && (c.New == nil || c.New.Name != c.Old.Name) {
+			if err := tb.Delete([]byte(c.Old.Name)); err != nil {
+				return err
+			}
+		}
+		if c.New != nil {
+			if err := tb.Put([]byte(c.New.Name), encodeTableMeta(c.New)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, c := range d.Slots {
+		key := slotKey(c.Slot)
+		switch {
+		case c.New == nil:
+			if err := slots.DeleteBucket(key); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+				return err
+			}
+		case c.Old == nil:
+			if err := slots.DeleteBucket(key); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+				return err
+			}
+			b, err := slots.CreateBucket(key)
+			if err != nil {
+				return err
+			}
+			// Entries come in key order: full pages, no splits half
+			// way.
+			b.FillPercent = 1.0
+			var arena valueArena
+			c.New.Entries("", func(e model.TableEntry) bool {
+				err = b.Put([]byte(e.Key), arena.value(c.New, e))
+				return err == nil
+			})
+			if err != nil {
+				return err
+			}
+		default:
+			b, err := slots.CreateBucketIfNotExists(key)
+			if err != nil {
+				return err
+			}
+			for _, e := range c.Del {
+				if err := b.Delete([]byte(e.Key)); err != nil {
+					return err
+				}
+			}
+			var arena valueArena
+			for _, e := range c.Put {
+				if err := b.Put([]byte(e.Key), arena.value(c.New, e)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// valueArena hands out encoded values that stay valid until the
+// transaction commits, as bbolt requires of what Put is given, without an
+// allocation per entry: values are appended to one buffer, and a buffer
+// that is outgrown is left to the values already in it.
+type valueArena struct{ buf []byte }
+
+func (a *valueArena) value(t *model.Table, e model.TableEntry) []byte {
+	if cap(a.buf)-len(a.buf) < 64 {
+		a.buf = make([]byte, 0, 64<<10)
+	}
+	start := len(a.buf)
+	a.buf = appendEntryValue(a.buf, t, e)
+	return a.buf[start:len(a.buf):len(a.buf)]
+}
+
+func slotKey(slot uint32) []byte { return binary.BigEndian.AppendUint32(nil, slot) }
+
+func encodeTableMeta(t *model.Table) []byte {
+	b := binary.BigEndian.AppendUint16(nil, t.ID)
+	b = binary.BigEndian.AppendUint32(b, t.Slot)
+	return t.AppendJSON(b, model.VocabTables, false, 0, 0)
+}
+
+func decodeTableMeta(v []byte) (*model.Table, error) {
+	if len(v) < 6 {
+		return nil, errors.New("definition is corrupt")
+	}
+	none := func(string) (*model.Table, bool) { return nil, false }
+	tds, err := model.DecodeTables(v[6:], none, model.VocabTables)
+	if err != nil {
+		return nil, err
+	}
+	t := tds[0].Table
+	t.ID = binary.BigEndian.Uint16(v)
+	t.Slot = binary.BigEndian.Uint32(v[2:])
+	return &t, nil
+}
+
+// appendEntryValue encodes an entry's expiry and value: uvarint expiry
+// (0: never), then the fields of the table's valtype in order (numbers as
+// uvarints, names as uvarint length and bytes).
+func appendEntryValue(b []byte, t *model.Table, e model.TableEntry) []byte {
+	b = binary.AppendUvarint(b, uint64(e.Expires))
+	if t.Values == 0 {
+		return b
+	}
+	v := e.Value
+	if v == nil {
+		v = &model.TableValue{}
+	}
+	if t.Values&model.ValMark != 0 {
+		b = binary.AppendUvarint(b, uint64(v.Mark))
+	}
+	if t.Values&model.ValFarm != 0 {
+		b = binary.AppendUvarint(b, uint64(len(v.Farm)))
+		b = append(b, v.Farm...)
+	}
+	if t.Values&model.ValBackend != 0 {
+		b = binary.AppendUvarint(b, uint64(len(v.Backend)))
+		b = append(b, v.Backend...)
+	}
+	if t.Values&model.ValLimit != 0 {
+		b = binary.AppendUvarint(b, uint64(v.Limit))
+	}
+	if t.Values&model.ValDSCP != 0 {
+		b = append(b, v.DSCP)
+	}
+	if t.Values&model.ValTag != 0 {
+		b = binary.AppendUvarint(b, uint64(v.Tag))
+	}
+	return b
+}
+
+func decodeEntry(t *model.Table, k, b []byte) (model.TableEntry, error) {
+	e := model.TableEntry{Key: model.TableKey(k)}
+	corrupt := errors.New("saved value is corrupt")
+	num := func() (uint64, bool) {
+		n, m := binary.Uvarint(b)
+		if m <= 0 {
+			return 0, false
+		}
+		b = b[m:]
+		return n, true
+	}
+	str := func() (string, bool) {
+		n, ok := num()
+		if !ok || uint64(len(b)) < n {
+			return "", false
+		}
+		s := string(b[:n])
+		b = b[n:]
+		return s, true
+	}
+	exp, ok := num()
+	if !ok {
+		return e, corrupt
+	}
+	e.Expires = int64(exp)
+	if t.Values == 0 {
+		return e, nil
+	}
+	v := &model.TableValue{}
+	var n uint64
+	if t.Values&model.ValMark != 0 {
+		if n, ok = num(); !ok {
+			return e, corrupt
+		}
+		v.Mark = uint32(n)
+	}
+	if t.Values&model.ValFarm != 0 {
+		if v.Farm, ok = str(); !ok {
+			return e, corrupt
+		}
+	}
+	if t.Values&model.ValBackend != 0 {
+		if v.Backend, ok = str(); !ok {
+			return e, corrupt
+		}
+	}
+	if t.Values&model.ValLimit != 0 {
+		if n, ok = num(); !ok {
+			return e, corrupt
+		}
+		v.Limit = uint32(n)
+	}
+	if t.Values&model.ValDSCP != 0 {
+		if len(b) < 1 {
+			return e, corrupt
+		}
+		v.DSCP, b = b[0], b[1:]
+	}
+	if t.Values&model.ValTag != 0 {
+		if n, ok = num(); !ok {
+			return e, corrupt
+		}
+		v.Tag = uint32(n)
+	}
+	e.Value = v
+	return e, nil
+}
+
+// LoadTables implements TableStore.
+func (j *Journal) LoadTables(ctx context.Context) ([]*model.Table, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.db.LoadTables(ctx)
+}
+
+// ApplyTables implements TableStore. Table changes go to the bbolt file
+// directly, not through the journal: a batch of entries is a large record
+// anyway. The engine saves the parts of one change that create before its
+// farms and those that destroy after, so a crash between the two never
+// leaves a farm naming a table that is not saved.
+func (j *Journal) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.db.ApplyTables(ctx, d)
+}
