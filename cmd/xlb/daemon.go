@@ -198,14 +198,14 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
-	hsrv, stopHealth := startHealth(ctx, log, eng, dp)
+	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp)
 	defer stopHealth()
 	// The speaker starts once the engine has reconciled the kernel with
 	// the saved state: every VIP it announces is in the kernel.
 	var announcer *bgp.Announcer
 	drained := func() {}
 	if bgpCfg != nil {
-		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, nil); err != nil {
+		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, nil); err != nil {
 			return err
 		}
 	}

@@ -14,9 +14,10 @@ import (
 )
 
 // startHealth starts the health monitor of the daemon's farms and the
-// event broker. It returns what wires both into the API server, and a
-// function that stops the monitor.
-func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane) (func(*api.Server) *api.Server, func()) {
+// event broker. It returns what wires both into the API server, the
+// monitor (the BGP announcer reads its checks), and a function that stops
+// the monitor.
+func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane) (func(*api.Server) *api.Server, *health.Monitor, func()) {
 	broker := events.NewBroker(events.DefaultKeep)
 	eng.SetEvents(broker)
 	if _, ok := dp.(dataplane.FlowFlusher); !ok && dp.Name() == "nft" {
@@ -36,5 +37,5 @@ func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp d
 		s.SetEvents(broker)
 		return s
 	}
-	return wire, func() { cancel(); wg.Wait() }
+	return wire, mon, func() { cancel(); wg.Wait() }
 }

@@ -30,6 +30,10 @@ type haNode struct {
 	waited  chan struct{}
 }
 
+// haKey is the HA nodes' API key: their APIs listen beyond loopback (xlb
+// diff reads the other node's), where the daemon refuses a short key.
+const haKey = "ha-test-key-0123456789abcdef"
+
 const haBGPConfig = `router-id: %s
 as: %d
 hold-time: 3s
@@ -50,7 +54,6 @@ func newHANode(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, arg
 	if err := os.WriteFile(n.bgpConf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n.start()
 	t.Cleanup(func() {
 		n.kill()
 		if t.Failed() {
@@ -58,6 +61,7 @@ func newHANode(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, arg
 			t.Logf("%s daemon log:\n%s", lb.Name, log)
 		}
 	})
+	n.start()
 	return n
 }
 
@@ -70,7 +74,7 @@ func (n *haNode) start() {
 	defer logf.Close()
 	cmd := exec.Command("ip", append([]string{"netns", "exec", n.lb.Name, n.bin, "daemon",
 		"--listen", "0.0.0.0:5555", "--state-dir", n.state, "--bgp-config", n.bgpConf}, n.args...)...)
-	cmd.Env = append(os.Environ(), "XLB_KEY="+testKey)
+	cmd.Env = append(os.Environ(), "XLB_KEY="+haKey)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
@@ -98,7 +102,7 @@ func (n *haNode) kill() {
 
 func (n *haNode) cli(args ...string) (string, error) {
 	cmd := exec.Command("ip", append([]string{"netns", "exec", n.lb.Name, n.bin}, args...)...)
-	cmd.Env = append(os.Environ(), "XLB_KEY="+testKey, "XLB_API=http://127.0.0.1:5555")
+	cmd.Env = append(os.Environ(), "XLB_KEY="+haKey, "XLB_API=http://127.0.0.1:5555")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/events"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -31,6 +32,12 @@ type Source interface {
 	EffectiveFarm(name string) (*model.Farm, bool)
 }
 
+// Checks gives the last result of a backend's health check: the health
+// monitor.
+type Checks interface {
+	Status(farm, backend string) (health.Status, bool)
+}
+
 // Announcer keeps the speaker's routes equal to the VIPs that should be
 // announced: those of farms in the kernel, up, wanting announcement, and
 // (with WithdrawWhenDown) with a serving backend; none until the gate
@@ -41,16 +48,17 @@ type Announcer struct {
 	sp     *Speaker
 	src    Source
 	events *events.Broker
+	checks Checks
 	gate   Gate
 
 	mu      sync.Mutex
 	waiting string
 }
 
-// NewAnnouncer wires a speaker to the engine. broker (health events) and
-// gate may be nil.
-func NewAnnouncer(log *slog.Logger, cfg *Config, sp *Speaker, src Source, broker *events.Broker, gate Gate) *Announcer {
-	return &Announcer{log: log, cfg: cfg, sp: sp, src: src, events: broker, gate: gate}
+// NewAnnouncer wires a speaker to the engine. broker (health events),
+// checks and gate may be nil.
+func NewAnnouncer(log *slog.Logger, cfg *Config, sp *Speaker, src Source, broker *events.Broker, checks Checks, gate Gate) *Announcer {
+	return &Announcer{log: log, cfg: cfg, sp: sp, src: src, events: broker, checks: checks, gate: gate}
 }
 
 // retryEvery is how often a failed Set is tried again.
@@ -73,6 +81,15 @@ func (a *Announcer) Run(ctx context.Context) {
 	}
 	retry := time.NewTicker(retryEvery)
 	defer retry.Stop()
+	// A checked backend's first passing check publishes no event (it
+	// counted as up before it): farms that withdraw when down are looked
+	// at again every second.
+	var recheck <-chan time.Time
+	if a.cfg.withdrawWhenDown() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		recheck = t.C
+	}
 	failed := false
 	sync := func() {
 		err := a.sp.Set(ctx, a.Desired())
@@ -101,6 +118,8 @@ func (a *Announcer) Run(ctx context.Context) {
 			if failed {
 				sync()
 			}
+		case <-recheck:
+			sync()
 		}
 	}
 }
@@ -127,14 +146,19 @@ func (a *Announcer) Desired() map[netip.Addr]Attrs {
 			return nil
 		}
 	}
-	return desired(a.cfg, a.src.Snapshot().Farms(), a.src.EffectiveFarm)
+	return desired(a.cfg, a.src.Snapshot().Farms(), a.src.EffectiveFarm, a.checks)
 }
 
 // desired is the set of VIPs to announce for these farms: a VIP is
 // announced when at least one farm on it wants it; several farms on one
 // VIP (different ports) share the route, with the communities of all of
 // them, the lowest MED and the highest local-pref.
-func desired(cfg *Config, farms []*model.Farm, effective func(string) (*model.Farm, bool)) map[netip.Addr]Attrs {
+//
+// A farm that withdraws when down wants its VIPs while a backend serves in
+// the data plane and, if that backend is checked, its check has passed at
+// least once: a checked backend counts as up until its first check, and
+// a VIP announced then would draw traffic to a farm that may have none.
+func desired(cfg *Config, farms []*model.Farm, effective func(string) (*model.Farm, bool), checks Checks) map[netip.Addr]Attrs {
 	out := map[netip.Addr]Attrs{}
 	for _, f := range farms {
 		if !f.Listens() || f.State != model.StateUp {
@@ -145,8 +169,7 @@ func desired(cfg *Config, farms []*model.Farm, effective func(string) (*model.Fa
 			continue
 		}
 		if at.WithdrawWhenDown {
-			eff, ok := effective(f.Name)
-			if !ok || !slices.ContainsFunc(eff.Backends, func(b model.Backend) bool { return b.Serving() }) {
+			if !serving(f, effective, checks) {
 				continue
 			}
 		}
@@ -189,4 +212,30 @@ func (a *Announcer) Status(ctx context.Context) (Status, error) {
 	var err error
 	st.Sessions, err = a.sp.Sessions(ctx)
 	return st, err
+}
+
+// serving reports whether a backend of f serves and, if checked, has
+// passed its check.
+func serving(f *model.Farm, effective func(string) (*model.Farm, bool), checks Checks) bool {
+	eff, ok := effective(f.Name)
+	if !ok {
+		return false
+	}
+	if len(eff.Backends) != len(f.Backends) {
+		// Not the desired farm's backends one for one: the data plane's
+		// word alone.
+		return slices.ContainsFunc(eff.Backends, func(b model.Backend) bool { return b.Serving() })
+	}
+	for i := range eff.Backends {
+		if !eff.Backends[i].Serving() {
+			continue
+		}
+		if _, checked := f.Resolve(i); !checked || checks == nil {
+			return true
+		}
+		if st, ok := checks.Status(f.Name, f.Backends[i].Name); ok && st.Checked && st.Up {
+			return true
+		}
+	}
+	return false
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/osrg/gobgp/v3/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v3/pkg/server"
 
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -98,7 +99,7 @@ func TestDesired(t *testing.T) {
 	farms[4].VirtualPorts = nil
 	eff := map[string]*model.Farm{"checked": farms[0]}
 	get := func(n string) (*model.Farm, bool) { f, ok := eff[n]; return f, ok }
-	got := desired(cfg, farms, get)
+	got := desired(cfg, farms, get, nil)
 	if len(got) != 2 {
 		t.Fatalf("desired %v, want 10.99.0.1 and fd00:99::1", got)
 	}
@@ -108,11 +109,29 @@ func TestDesired(t *testing.T) {
 	if a := got[netip.MustParseAddr("fd00:99::1")]; *a.MED != 5 || !slices.Equal(a.Communities, []Community{100, 200}) {
 		t.Fatalf("shared VIP: %+v, want MED 5 and both communities", a)
 	}
+	// With a health check on its backend: not before the check has
+	// passed once.
+	farms[0].Check = &model.Check{Type: model.CheckTCP}
+	checks := fakeChecks{}
+	if got := desired(cfg, farms, get, checks); len(got) != 1 {
+		t.Fatalf("desired %v before the first check", got)
+	}
+	checks["checked/b"] = health.Status{Up: true, Checked: true}
+	if got := desired(cfg, farms, get, checks); len(got) != 2 {
+		t.Fatalf("desired %v after the first check passed", got)
+	}
 	// Every backend of the checked farm down by health: withdrawn.
 	eff["checked"] = farm(t, "checked", "10.99.0.1", model.StateUp, down)
-	if got := desired(cfg, farms, get); len(got) != 1 {
+	if got := desired(cfg, farms, get, checks); len(got) != 1 {
 		t.Fatalf("desired %v with checked's backends down", got)
 	}
+}
+
+type fakeChecks map[string]health.Status
+
+func (f fakeChecks) Status(farm, backend string) (health.Status, bool) {
+	st, ok := f[farm+"/"+backend]
+	return st, ok
 }
 
 // testRouter is a GoBGP server on a loopback address standing in for a

@@ -288,3 +288,16 @@ func (c *Config) attrsFor(farm string) Attrs {
 	a.WithdrawWhenDown = a.WithdrawWhenDown || o.WithdrawWhenDown
 	return a
 }
+
+// withdrawWhenDown reports whether any farm's VIPs follow its health.
+func (c *Config) withdrawWhenDown() bool {
+	if c.Default.WithdrawWhenDown {
+		return true
+	}
+	for _, a := range c.Farms {
+		if a.WithdrawWhenDown {
+			return true
+		}
+	}
+	return false
+}
