@@ -1,0 +1,412 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	ct "github.com/ti-mo/conntrack"
+	"github.com/ti-mo/netfilter"
+	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+)
+
+// Syncer implements dataplane.ConnSyncer with the kernel's conntrack for
+// the nft data plane: events out through ctnetlink's multicast groups,
+// entries in with IPCTNL_MSG_CT_NEW and their NAT bindings (CTA_NAT_DST,
+// CTA_NAT_SRC), as conntrackd does. Only connections the kernel translated
+// (dnat or snat: xlb's farms) are synchronised. It works in the network
+// namespace of the calling process.
+type Syncer struct {
+	// IsVIP, if set, limits the connections synchronised to those whose
+	// original destination it accepts.
+	IsVIP func(netip.Addr) bool
+
+	mu sync.Mutex
+	// installed remembers the connections this node installed from peers
+	// for a moment, so their own events are not sent back.
+	installed map[connKey]time.Time
+}
+
+type connKey struct {
+	proto       uint8
+	client, vip netip.AddrPort
+}
+
+// echoWindow is how long an installed connection's events are not sent
+// back to the peers.
+const echoWindow = 2 * time.Second
+
+// Batching of events: at most this many, or this long.
+const (
+	batchMax  = 256
+	batchWait = 10 * time.Millisecond
+)
+
+// WatchConns streams batches of balanced connections' events.
+func (s *Syncer) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) error {
+	w, err := dialWatch()
+	if err != nil {
+		return err
+	}
+	return s.watch(ctx, w, fn)
+}
+
+// watchConn is a ctnetlink socket in the conntrack event groups.
+type watchConn struct {
+	c     *ct.Conn
+	evCh  chan ct.Event
+	errCh chan error
+}
+
+// dialWatch opens the event socket in the calling thread's namespace.
+func dialWatch() (*watchConn, error) {
+	c, err := ct.Dial(nil)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack events: dial ctnetlink: %w", err)
+	}
+	// A burst of new connections must not overflow the socket (ENOBUFS
+	// loses events): 8 MiB holds tens of thousands of them.
+	_ = c.SetReadBuffer(8 << 20)
+	w := &watchConn{c: c, evCh: make(chan ct.Event, 4096)}
+	w.errCh, err = c.Listen(w.evCh, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew, netfilter.GroupCTUpdate, netfilter.GroupCTDestroy})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("conntrack events: join groups: %w", err)
+	}
+	return w, nil
+}
+
+func (s *Syncer) watch(ctx context.Context, w *watchConn, fn func([]dataplane.ConnEvent)) error {
+	defer w.c.Close()
+	var batch []dataplane.ConnEvent
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	flush := func() {
+		if len(batch) > 0 {
+			fn(batch)
+			batch = nil
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			flush()
+			return nil
+		case err := <-w.errCh:
+			flush()
+			return fmt.Errorf("conntrack events: %w", err)
+		case ev := <-w.evCh:
+			e, ok := s.event(ev)
+			if !ok {
+				continue
+			}
+			if len(batch) == 0 {
+				timer.Reset(batchWait)
+			}
+			batch = append(batch, e)
+			if len(batch) >= batchMax {
+				timer.Stop()
+				flush()
+			}
+		case <-timer.C:
+			flush()
+		}
+	}
+}
+
+func (s *Syncer) event(ev ct.Event) (dataplane.ConnEvent, bool) {
+	if ev.Flow == nil {
+		return dataplane.ConnEvent{}, false
+	}
+	var kind dataplane.ConnEventKind
+	switch ev.Type {
+	case ct.EventNew:
+		kind = dataplane.ConnNew
+	case ct.EventUpdate:
+		kind = dataplane.ConnUpdate
+	case ct.EventDestroy:
+		kind = dataplane.ConnEnd
+	default:
+		return dataplane.ConnEvent{}, false
+	}
+	c, ok := s.conn(ev.Flow)
+	if !ok {
+		return dataplane.ConnEvent{}, false
+	}
+	if kind != dataplane.ConnEnd && s.echo(c) {
+		return dataplane.ConnEvent{}, false
+	}
+	return dataplane.ConnEvent{Kind: kind, Conn: c}, true
+}
+
+// conn converts a flow the kernel translated (reply tuple differs from the
+// inverse of the original) to a Conn.
+func (s *Syncer) conn(f *ct.Flow) (dataplane.Conn, bool) {
+	o, r := f.TupleOrig, f.TupleReply
+	p := o.Proto.Protocol
+	if p != unix.IPPROTO_TCP && p != unix.IPPROTO_UDP && p != unix.IPPROTO_SCTP {
+		return dataplane.Conn{}, false
+	}
+	c := dataplane.Conn{
+		Proto:   p,
+		Client:  netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
+		VIP:     netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort),
+		Backend: netip.AddrPortFrom(r.IP.SourceAddress.Unmap(), r.Proto.SourcePort),
+		Reply:   netip.AddrPortFrom(r.IP.DestinationAddress.Unmap(), r.Proto.DestinationPort),
+		Timeout: f.Timeout,
+		Mark:    f.Mark,
+	}
+	if c.Backend == c.VIP && c.Reply == c.Client {
+		return c, false // not translated: not a balanced connection
+	}
+	if s.IsVIP != nil && !s.IsVIP(c.VIP.Addr()) {
+		return c, false
+	}
+	if f.ProtoInfo.TCP != nil {
+		c.TCPState = f.ProtoInfo.TCP.State
+	}
+	return c, true
+}
+
+func (s *Syncer) echo(c dataplane.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.installed[connKey{c.Proto, c.Client, c.VIP}]
+	return ok && time.Since(t) < echoWindow
+}
+
+func (s *Syncer) remember(c dataplane.Conn, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.installed == nil {
+		s.installed = map[connKey]time.Time{}
+	}
+	if len(s.installed) > 1<<16 {
+		for k, t := range s.installed {
+			if now.Sub(t) > echoWindow {
+				delete(s.installed, k)
+			}
+		}
+	}
+	s.installed[connKey{c.Proto, c.Client, c.VIP}] = now
+}
+
+// DumpConns lists every balanced connection.
+func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.Conn, error) {
+	c, err := ct.Dial(nil)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack dump: dial ctnetlink: %w", err)
+	}
+	defer c.Close()
+	flows, err := c.Dump(nil)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack dump: %w", err)
+	}
+	out := make([]dataplane.Conn, 0, len(flows))
+	for i := range flows {
+		if cn, ok := s.conn(&flows[i]); ok {
+			out = append(out, cn)
+		}
+	}
+	return out, nil
+}
+
+// InstallConns creates (or updates) the entries of new and updated
+// connections, with their NAT bindings, and deletes those of ended ones.
+func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
+	nc, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return 0, fmt.Errorf("conntrack install: dial ctnetlink: %w", err)
+	}
+	defer nc.Close()
+	n := 0
+	var first error
+	now := time.Now()
+	for _, ev := range evs {
+		var err error
+		if ev.Kind == dataplane.ConnEnd {
+			err = send(nc, ev.Conn, msgDelete, 0)
+			if isErrno(err, unix.ENOENT) {
+				continue
+			}
+		} else {
+			s.remember(ev.Conn, now)
+			err = send(nc, ev.Conn, msgNew, netlink.Create|netlink.Excl)
+			if isErrno(err, unix.EEXIST) {
+				// Known here already: refresh its timeout and state.
+				err = send(nc, ev.Conn, msgNew, 0)
+			}
+		}
+		if err != nil {
+			if first == nil {
+				first = fmt.Errorf("install connection %s %s -> %s: %w", protoName(ev.Conn.Proto), ev.Conn.Client, ev.Conn.VIP, err)
+			}
+			continue
+		}
+		n++
+	}
+	return n, first
+}
+
+func isErrno(err error, e unix.Errno) bool {
+	var oe *netlink.OpError
+	return errors.As(err, &oe) && errors.Is(oe.Err, e)
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
+}
+
+// ctnetlink message types and attributes (linux/netfilter/nfnetlink_conntrack.h).
+const (
+	msgNew    = 0 // IPCTNL_MSG_CT_NEW
+	msgDelete = 2 // IPCTNL_MSG_CT_DELETE
+
+	ctaTupleOrig  = 1
+	ctaTupleReply = 2
+	ctaStatus     = 3
+	ctaProtoinfo  = 4
+	ctaNatSrc     = 6
+	ctaTimeout    = 7
+	ctaMark       = 8
+	ctaNatDst     = 13
+
+	ctaTupleIP    = 1
+	ctaTupleProto = 2
+	ctaIPv4Src    = 1
+	ctaIPv4Dst    = 2
+	ctaIPv6Src    = 3
+	ctaIPv6Dst    = 4
+	ctaProtoNum   = 1
+	ctaProtoSrc   = 2
+	ctaProtoDst   = 3
+
+	ctaNatV4MinIP = 1
+	ctaNatV4MaxIP = 2
+	ctaNatProto   = 3
+	ctaNatV6MinIP = 4
+	ctaNatV6MaxIP = 5
+	ctaPortMin    = 1
+	ctaPortMax    = 2
+
+	ctaProtoinfoTCP      = 1
+	ctaProtoinfoTCPState = 1
+
+	statusSeenReply = 1 << 1
+	statusAssured   = 1 << 2
+	// The kernel marks a new entry confirmed before it applies CTA_STATUS
+	// and refuses (EBUSY) a status that would clear that bit.
+	statusConfirmed = 1 << 3
+
+	tcpEstablished = 3 // TCP_CONNTRACK_ESTABLISHED
+)
+
+// send sends one ctnetlink request for c and waits for its answer.
+func send(nc *netlink.Conn, c dataplane.Conn, typ uint8, flags netlink.HeaderFlags) error {
+	attrs := []netfilter.Attribute{tuple(ctaTupleOrig, c.Proto, c.Client, c.VIP)}
+	if typ == msgNew {
+		// The reply tuple as it stands before translation; the NAT
+		// bindings below turn it into the translated one.
+		attrs = append(attrs, tuple(ctaTupleReply, c.Proto, c.VIP, c.Client))
+		if flags&netlink.Create != 0 {
+			if c.Backend != c.VIP {
+				attrs = append(attrs, natRange(ctaNatDst, c.Backend))
+			}
+			if c.Reply != c.Client {
+				attrs = append(attrs, natRange(ctaNatSrc, c.Reply))
+			}
+		}
+		timeout := c.Timeout
+		if timeout == 0 {
+			timeout = 120
+		}
+		attrs = append(attrs, u32(ctaTimeout, timeout))
+		if c.Mark != 0 {
+			attrs = append(attrs, u32(ctaMark, c.Mark))
+		}
+		if c.Proto == unix.IPPROTO_TCP && c.TCPState != 0 {
+			attrs = append(attrs, netfilter.Attribute{Type: ctaProtoinfo, Nested: true, Children: []netfilter.Attribute{
+				{Type: ctaProtoinfoTCP, Nested: true, Children: []netfilter.Attribute{
+					{Type: ctaProtoinfoTCPState, Data: []byte{c.TCPState}},
+				}},
+			}})
+		}
+		if c.Proto != unix.IPPROTO_TCP || c.TCPState >= tcpEstablished {
+			attrs = append(attrs, u32(ctaStatus, statusSeenReply|statusAssured|statusConfirmed))
+		}
+	}
+	fam := netfilter.ProtoIPv4
+	if c.Client.Addr().Is6() {
+		fam = netfilter.ProtoIPv6
+	}
+	req, err := netfilter.MarshalNetlink(netfilter.Header{
+		SubsystemID: netfilter.NFSubsysCTNetlink,
+		MessageType: netfilter.MessageType(typ),
+		Family:      fam,
+		Flags:       netlink.Request | netlink.Acknowledge | flags,
+	}, attrs)
+	if err != nil {
+		return err
+	}
+	_, err = nc.Execute(req)
+	return err
+}
+
+func u32(t uint16, v uint32) netfilter.Attribute {
+	a := netfilter.Attribute{Type: t}
+	a.PutUint32(v)
+	return a
+}
+
+func u16(t uint16, v uint16) netfilter.Attribute {
+	a := netfilter.Attribute{Type: t}
+	a.PutUint16(v)
+	return a
+}
+
+func tuple(t uint16, proto uint8, src, dst netip.AddrPort) netfilter.Attribute {
+	ipSrc, ipDst := uint16(ctaIPv4Src), uint16(ctaIPv4Dst)
+	if src.Addr().Is6() {
+		ipSrc, ipDst = ctaIPv6Src, ctaIPv6Dst
+	}
+	return netfilter.Attribute{Type: t, Nested: true, Children: []netfilter.Attribute{
+		{Type: ctaTupleIP, Nested: true, Children: []netfilter.Attribute{
+			{Type: ipSrc, Data: src.Addr().AsSlice()},
+			{Type: ipDst, Data: dst.Addr().AsSlice()},
+		}},
+		{Type: ctaTupleProto, Nested: true, Children: []netfilter.Attribute{
+			{Type: ctaProtoNum, Data: []byte{proto}},
+			u16(ctaProtoSrc, src.Port()),
+			u16(ctaProtoDst, dst.Port()),
+		}},
+	}}
+}
+
+func natRange(t uint16, to netip.AddrPort) netfilter.Attribute {
+	minT, maxT := uint16(ctaNatV4MinIP), uint16(ctaNatV4MaxIP)
+	if to.Addr().Is6() {
+		minT, maxT = ctaNatV6MinIP, ctaNatV6MaxIP
+	}
+	return netfilter.Attribute{Type: t, Nested: true, Children: []netfilter.Attribute{
+		{Type: minT, Data: to.Addr().AsSlice()},
+		{Type: maxT, Data: to.Addr().AsSlice()},
+		{Type: ctaNatProto, Nested: true, Children: []netfilter.Attribute{
+			u16(ctaPortMin, to.Port()),
+			u16(ctaPortMax, to.Port()),
+		}},
+	}}
+}
