@@ -76,3 +76,41 @@ speaker only with --bgp-config (docs/ha.md).`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "the API's JSON")
 	return cmd
 }
+
+func (a *app) syncCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sync",
+		Short: "Show connection sync's peers and counters",
+		Long: `Show this node's connection sync (daemon --sync-listen): each peer, whether
+this node's stream to it is connected and whether the peer's whole state has
+arrived here, then the counters as JSON (frames, connections sent, received
+and installed, events dropped, and what was refused: unconfigured peers, bad
+MACs, malformed frames).`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			st, err := c.Sync(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "sync %s, ready %v", st.Listen, st.Ready)
+			if st.Waiting != "" {
+				fmt.Fprintf(a.out, " (%s)", st.Waiting)
+			}
+			fmt.Fprintln(a.out)
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "Peer\tSending\tCaught up\tLast error")
+			for _, p := range st.Peers {
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", p.Address, p.Sending, p.CaughtUp, p.LastErr)
+			}
+			tw.Flush()
+			b, _ := json.MarshalIndent(st.Counters, "", "  ")
+			_, err = fmt.Fprintln(a.out, string(b))
+			return err
+		},
+	}
+	return cmd
+}

@@ -1,10 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
 
 	"github.com/xlb-lb/xlb/internal/cluster/bgp"
+	"github.com/xlb-lb/xlb/internal/cluster/connsync"
+	"github.com/xlb-lb/xlb/internal/conntrack"
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
 )
 
@@ -21,4 +30,100 @@ func startBGP(ctx context.Context, log *slog.Logger, cfg *bgp.Config, eng *engin
 	done := make(chan struct{})
 	go func() { defer close(done); an.Run(ctx) }()
 	return an, func() { <-done }, nil
+}
+
+// syncOptions are the daemon's --sync-* flags.
+type syncOptions struct {
+	listen  string
+	peers   []string
+	keyFile string
+	wait    time.Duration
+}
+
+func (o syncOptions) enabled() bool { return o.listen != "" }
+
+// syncConfig checks the --sync-* flags.
+func (o syncOptions) config(dp dataplane.Dataplane) (connsync.Config, dataplane.ConnSyncer, error) {
+	var c connsync.Config
+	if !o.enabled() {
+		if len(o.peers) > 0 || o.keyFile != "" {
+			return c, nil, fmt.Errorf("--sync-peers and --sync-key-file need --sync-listen")
+		}
+		return c, nil, nil
+	}
+	var err error
+	if c.Listen, err = netip.ParseAddrPort(o.listen); err != nil || c.Listen.Addr().IsUnspecified() {
+		return c, nil, fmt.Errorf("--sync-listen %q: must be this node's address:port on the peers' network (peers know the node by it)", o.listen)
+	}
+	if len(o.peers) == 0 {
+		return c, nil, fmt.Errorf("--sync-peers: at least one peer address:port is required with --sync-listen")
+	}
+	for _, p := range o.peers {
+		ap, err := netip.ParseAddrPort(p)
+		if err != nil {
+			return c, nil, fmt.Errorf("--sync-peers %q: must be address:port", p)
+		}
+		c.Peers = append(c.Peers, ap)
+	}
+	if o.keyFile == "" {
+		return c, nil, fmt.Errorf("--sync-key-file: required with --sync-listen (a secret of at least %d bytes shared by every node)", connsync.MinKeyLen)
+	}
+	key, err := os.ReadFile(o.keyFile)
+	if err != nil {
+		return c, nil, fmt.Errorf("--sync-key-file: %w", err)
+	}
+	c.Key = bytes.TrimSpace(key)
+	if len(c.Key) < connsync.MinKeyLen {
+		return c, nil, fmt.Errorf("--sync-key-file %q: %d bytes, at least %d required", o.keyFile, len(c.Key), connsync.MinKeyLen)
+	}
+	c.Wait = o.wait
+	switch dp.Name() {
+	case "nft":
+		if err := conntrack.Liberal(); err != nil {
+			return c, nil, err
+		}
+		return c, &conntrack.Syncer{}, nil
+	}
+	return c, nil, fmt.Errorf("--sync-listen: connection sync is not implemented for the %s data plane yet (nft only)", dp.Name())
+}
+
+// startSync runs connection sync between the nodes; the syncer is told
+// which destinations are VIPs from the engine's published states.
+func startSync(ctx context.Context, log *slog.Logger, cfg connsync.Config, syncer dataplane.ConnSyncer, eng *engine.Engine) (*connsync.Node, error) {
+	if s, ok := syncer.(*conntrack.Syncer); ok {
+		var vips atomic.Pointer[map[netip.Addr]struct{}]
+		update := func(st *engine.State) {
+			m := map[netip.Addr]struct{}{}
+			for _, f := range st.Farms() {
+				for _, v := range f.VirtualAddrs() {
+					m[v.Unmap()] = struct{}{}
+				}
+			}
+			vips.Store(&m)
+		}
+		update(eng.Snapshot())
+		states := make(chan *engine.State, 1)
+		eng.Subscribe(states)
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case st := <-states:
+					update(st)
+				}
+			}
+		}()
+		s.IsVIP = func(a netip.Addr) bool { _, ok := (*vips.Load())[a]; return ok }
+	}
+	n, err := connsync.New(log.With("component", "sync"), cfg, syncer)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		if err := n.Run(ctx); err != nil {
+			log.Error("connection sync stopped", "err", err)
+		}
+	}()
+	return n, nil
 }

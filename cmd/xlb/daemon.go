@@ -20,6 +20,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/cluster/bgp"
+	"github.com/xlb-lb/xlb/internal/cluster/connsync"
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
@@ -34,7 +35,8 @@ type daemonOptions struct {
 	logLevel string
 	// bgpConfig is the BGP speaker's configuration file ("": no speaker).
 	bgpConfig string
-	tls       tlsOptions // exposure.go
+	sync      syncOptions // cluster.go
+	tls       tlsOptions  // exposure.go
 	// forceEmpty: start with an empty saved state even if the kernel
 	// holds farms (guard.go).
 	forceEmpty bool
@@ -136,6 +138,10 @@ summary line every 10 s. See docs/operations.md.`,
 	f.DurationVar(&o.dp.timeouts.SYN, "ct-timeout-syn", d.SYN, "ebpf: idle timeout of TCP connections before the handshake completes")
 	f.DurationVar(&o.dp.timeouts.Close, "ct-timeout-close", d.Close, "ebpf: idle timeout of TCP connections after a RST")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.sync.listen, "sync-listen", "", "connection sync: this node's address:port that its peers connect to (nft data plane; docs/ha.md)")
+	f.StringSliceVar(&o.sync.peers, "sync-peers", nil, "connection sync: the other nodes' --sync-listen addresses")
+	f.StringVar(&o.sync.keyFile, "sync-key-file", "", "connection sync: file holding the secret (16 bytes or more) every node shares; frames are HMAC-SHA256'd with it")
+	f.DurationVar(&o.sync.wait, "sync-wait", 10*time.Second, "connection sync: longest wait for the peers' state before the VIPs are announced")
 	f.StringVar(&o.bgpConfig, "bgp-config", "", "announce the VIPs over BGP with the router id, AS, peers and attributes of this YAML file (docs/ha.md)")
 	f.BoolVar(&o.forceEmpty, "force-empty", false, "start even if the saved state is empty while the kernel holds farms of xlb's, and delete them (by default the daemon refuses: a lost --state-dir must not wipe the kernel)")
 	f.StringVar(&o.tls.cert, "tls-cert", "", "PEM certificate (chain) of the API over TLS; with --tls-key")
@@ -202,10 +208,20 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	defer stopHealth()
 	// The speaker starts once the engine has reconciled the kernel with
 	// the saved state: every VIP it announces is in the kernel.
+	var syncNode *connsync.Node
+	var gate bgp.Gate
+	if syncCfg, syncer, err := o.sync.config(dp); err != nil {
+		return err
+	} else if syncer != nil {
+		if syncNode, err = startSync(ctx, log, syncCfg, syncer, eng); err != nil {
+			return fmt.Errorf("connection sync: %w", err)
+		}
+		gate = syncNode
+	}
 	var announcer *bgp.Announcer
 	drained := func() {}
 	if bgpCfg != nil {
-		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, nil); err != nil {
+		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, gate); err != nil {
 			return err
 		}
 	}
@@ -220,6 +236,9 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	apiSrv := hsrv(api.New(log, eng, key))
 	if announcer != nil {
 		apiSrv.SetBGP(announcer)
+	}
+	if syncNode != nil {
+		apiSrv.SetSync(syncNode)
 	}
 	defer apiSrv.FlushLog()
 	srv := &http.Server{

@@ -45,6 +45,7 @@ type Server struct {
 	events  *events.Broker // events.go; nil: GET /events answers 501
 	streams streams        // events.go
 	bgp     BGPStatus      // bgp.go; nil: GET /bgp answers 501
+	sync    SyncStatus     // bgp.go; nil: GET /sync answers 501
 }
 
 // Route is one method and path the API serves.
@@ -89,6 +90,7 @@ var farmRoutes = []Route{
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
 	{Method: http.MethodGet, Path: "/events", handle: (*Server).getEvents},
 	{Method: http.MethodGet, Path: "/bgp", handle: (*Server).getBGP},
+	{Method: http.MethodGet, Path: "/sync", handle: (*Server).getSync},
 }
 
 // Routes returns every (method, path) the API serves.

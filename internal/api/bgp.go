@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/xlb-lb/xlb/internal/cluster/bgp"
+	"github.com/xlb-lb/xlb/internal/cluster/connsync"
 	"github.com/xlb-lb/xlb/internal/engine"
 )
 
@@ -13,6 +14,27 @@ import (
 // announcer of internal/cluster/bgp.
 type BGPStatus interface {
 	Status(ctx context.Context) (bgp.Status, error)
+}
+
+// SyncStatus gives connection sync's peers and counters: the node of
+// internal/cluster/connsync.
+type SyncStatus interface {
+	Status() connsync.Status
+}
+
+// SetSync makes GET /sync show n's peers and counters.
+func (s *Server) SetSync(n SyncStatus) { s.sync = n }
+
+func (s *Server) getSync(w http.ResponseWriter, r *http.Request) error {
+	if s.sync == nil {
+		return &engine.NotSupportedError{Msg: "this daemon runs no connection sync (start it with --sync-listen)"}
+	}
+	body, err := json.Marshal(s.sync.Status())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, append(body, '\n'))
+	return nil
 }
 
 // SetBGP makes GET /bgp show b's sessions and routes.

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/xlb-lb/xlb/internal/cluster/bgp"
+	"github.com/xlb-lb/xlb/internal/cluster/connsync"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -421,4 +422,17 @@ func (c *Client) Problems(ctx context.Context) ([]Problem, error) {
 		return nil, fmt.Errorf("decode problems from the daemon: %w", err)
 	}
 	return out.Problems, nil
+}
+
+// Sync returns the daemon's connection sync peers and counters.
+func (c *Client) Sync(ctx context.Context) (connsync.Status, error) {
+	var st connsync.Status
+	body, err := c.call(ctx, http.MethodGet, "/sync", nil)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("decode sync status from the daemon: %w", err)
+	}
+	return st, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -28,19 +29,19 @@ type Syncer struct {
 	IsVIP func(netip.Addr) bool
 
 	mu sync.Mutex
-	// installed remembers the connections this node installed from peers
-	// for a moment, so their own events are not sent back.
-	installed map[connKey]time.Time
+	// fromPeers holds the connections installed from peers: their events
+	// are not sent back. Each node sends what its own traffic created;
+	// whoever carries a connection after a failover keeps it alive in its
+	// own kernel, and a node that (re)joins gets every entry in its
+	// peers' dumps. Only ends are always sent (a peer's copy goes too).
+	// Bounded by the conntrack table's size.
+	fromPeers map[connKey]struct{}
 }
 
 type connKey struct {
 	proto       uint8
 	client, vip netip.AddrPort
 }
-
-// echoWindow is how long an installed connection's events are not sent
-// back to the peers.
-const echoWindow = 2 * time.Second
 
 // Batching of events: at most this many, or this long.
 const (
@@ -139,7 +140,7 @@ func (s *Syncer) event(ev ct.Event) (dataplane.ConnEvent, bool) {
 	if !ok {
 		return dataplane.ConnEvent{}, false
 	}
-	if kind != dataplane.ConnEnd && s.echo(c) {
+	if s.fromPeer(c, kind == dataplane.ConnEnd) && kind != dataplane.ConnEnd {
 		return dataplane.ConnEvent{}, false
 	}
 	return dataplane.ConnEvent{Kind: kind, Conn: c}, true
@@ -174,27 +175,44 @@ func (s *Syncer) conn(f *ct.Flow) (dataplane.Conn, bool) {
 	return c, true
 }
 
-func (s *Syncer) echo(c dataplane.Conn) bool {
+// fromPeer reports whether c was installed from a peer; an end forgets
+// it.
+func (s *Syncer) fromPeer(c dataplane.Conn, end bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, ok := s.installed[connKey{c.Proto, c.Client, c.VIP}]
-	return ok && time.Since(t) < echoWindow
+	k := connKey{c.Proto, c.Client, c.VIP}
+	_, ok := s.fromPeers[k]
+	if end {
+		delete(s.fromPeers, k)
+	}
+	return ok
 }
 
-func (s *Syncer) remember(c dataplane.Conn, now time.Time) {
+// maxFromPeers bounds the set of installed connections (the largest
+// conntrack table --conn-table-size allows).
+const maxFromPeers = 1 << 26
+
+func (s *Syncer) remember(c dataplane.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.installed == nil {
-		s.installed = map[connKey]time.Time{}
+	if s.fromPeers == nil || len(s.fromPeers) >= maxFromPeers {
+		s.fromPeers = map[connKey]struct{}{}
 	}
-	if len(s.installed) > 1<<16 {
-		for k, t := range s.installed {
-			if now.Sub(t) > echoWindow {
-				delete(s.installed, k)
-			}
-		}
+	s.fromPeers[connKey{c.Proto, c.Client, c.VIP}] = struct{}{}
+}
+
+// Liberal makes the kernel's TCP tracking accept segments outside the
+// windows it has seen (nf_conntrack_tcp_be_liberal=1, in the calling
+// process's network namespace): an entry installed from a peer knows
+// nothing of the connection's windows, and without this the first
+// segments it carries would be marked invalid. conntrackd's documentation
+// asks the same of its users.
+func Liberal() error {
+	const p = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
+	if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("set net.netfilter.nf_conntrack_tcp_be_liberal=1 for connection sync: %w", err)
 	}
-	s.installed[connKey{c.Proto, c.Client, c.VIP}] = now
+	return nil
 }
 
 // DumpConns lists every balanced connection.
@@ -227,7 +245,6 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 	defer nc.Close()
 	n := 0
 	var first error
-	now := time.Now()
 	for _, ev := range evs {
 		var err error
 		if ev.Kind == dataplane.ConnEnd {
@@ -236,7 +253,7 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 				continue
 			}
 		} else {
-			s.remember(ev.Conn, now)
+			s.remember(ev.Conn)
 			err = send(nc, ev.Conn, msgNew, netlink.Create|netlink.Excl)
 			if isErrno(err, unix.EEXIST) {
 				// Known here already: refresh its timeout and state.

@@ -75,6 +75,8 @@ type HATopology struct {
 
 	tb   testing.TB
 	ipv6 bool
+	// returnVia[i]: LB i is a next hop of the backends' default route.
+	returnVia []bool
 }
 
 // NewHATopology builds the topology in new namespaces, removed in
@@ -183,6 +185,19 @@ func (t *HATopology) connectBackend(j int, b Host) error {
 	if err := t.switchPort(t.Switch, "backs", fmt.Sprintf("be%d", j), b); err != nil {
 		return err
 	}
+	// A lost LB's neighbour entry fails within about a second (a
+	// reachable entry is confirmed every second, probed twice 200 ms
+	// apart), so the multipath route skips it.
+	for s, v := range map[string]string{
+		"net/ipv4/neigh/eth0/base_reachable_time_ms": "1000",
+		"net/ipv4/neigh/eth0/delay_first_probe_time": "1",
+		"net/ipv4/neigh/eth0/retrans_time_ms":        "200",
+		"net/ipv4/neigh/eth0/ucast_solicit":          "2",
+	} {
+		if err := WriteSysctl(b.NS, s, v); err != nil {
+			return fmt.Errorf("sysctl %s in %s: %w", s, b.Name, err)
+		}
+	}
 	return withHandle(b.NS, func(h *netlink.Handle) error {
 		return upWithAddrs(h, "eth0", netip.PrefixFrom(b.IPv4, 24), pfx(b.IPv6, 64))
 	})
@@ -256,6 +271,7 @@ func (t *HATopology) AddLB(tb testing.TB) *LBNode {
 		tb.Fatalf("ha topology: add lb%d: %v", i, err)
 	}
 	t.LBs = append(t.LBs, n)
+	t.returnVia = append(t.returnVia, true)
 	if err := t.backendRoutes(); err != nil {
 		tb.Fatalf("ha topology: add lb%d: %v", i, err)
 	}
@@ -310,7 +326,10 @@ func (t *HATopology) backendRoutes() error {
 				if fam == netlink.FAMILY_V6 {
 					r.Dst = prefixNet(netip.MustParsePrefix("::/0"))
 				}
-				for _, n := range t.LBs {
+				for i, n := range t.LBs {
+					if !t.returnVia[i] {
+						continue
+					}
 					gw := n.Back4
 					if fam == netlink.FAMILY_V6 {
 						gw = n.Back6
@@ -328,6 +347,16 @@ func (t *HATopology) backendRoutes() error {
 		}
 	}
 	return nil
+}
+
+// SetReturnVia puts LB i in the backends' multipath default route or
+// takes it out (a node added is put in once it holds its peers' state).
+func (t *HATopology) SetReturnVia(tb testing.TB, i int, on bool) {
+	tb.Helper()
+	t.returnVia[i] = on
+	if err := t.backendRoutes(); err != nil {
+		tb.Fatalf("ha topology: %v", err)
+	}
 }
 
 // SetLBLinks takes LB i's links down (a node lost: nothing reaches it

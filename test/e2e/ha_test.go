@@ -38,8 +38,7 @@ const haBGPConfig = `router-id: %s
 as: %d
 hold-time: 3s
 drain-wait: 1500ms
-next-hop-ipv6: %s
-peers:
+%speers:
   - {address: %s, as: %d}
 announce: {communities: ["65001:100"]}
 farms:
@@ -50,7 +49,11 @@ func newHANode(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, arg
 	dir := t.TempDir()
 	n := &haNode{t: t, lb: lb, bin: xlbBinary(t), state: filepath.Join(dir, "state"),
 		logFile: filepath.Join(dir, "daemon.log"), bgpConf: filepath.Join(dir, "bgp.yaml"), args: args}
-	conf := fmt.Sprintf(haBGPConfig, lb.IPv4, testutil.LBAS, lb.IPv6, topo.RouterLB4, testutil.RouterAS)
+	nh6 := ""
+	if lb.IPv6.IsValid() {
+		nh6 = "next-hop-ipv6: " + lb.IPv6.String() + "\n"
+	}
+	conf := fmt.Sprintf(haBGPConfig, lb.IPv4, testutil.LBAS, nh6, topo.RouterLB4, testutil.RouterAS)
 	if err := os.WriteFile(n.bgpConf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
