@@ -237,36 +237,64 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.Conn, error) {
 
 // InstallConns creates (or updates) the entries of new and updated
 // connections, with their NAT bindings, and deletes those of ended ones.
+// A batch goes to the kernel in one write and its acknowledgements are
+// read together: one round trip per batch, not per connection.
 func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
-	nc, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	sock, err := openNetlink()
 	if err != nil {
-		return 0, fmt.Errorf("conntrack install: dial ctnetlink: %w", err)
+		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
-	defer nc.Close()
-	n := 0
-	var first error
-	for _, ev := range evs {
-		var err error
+	defer sock.close()
+	reqs := make([][]byte, len(evs))
+	for i, ev := range evs {
+		typ, flags := uint8(msgNew), netlink.Create|netlink.Excl
 		if ev.Kind == dataplane.ConnEnd {
-			err = send(nc, ev.Conn, msgDelete, 0)
-			if isErrno(err, unix.ENOENT) {
-				continue
-			}
+			typ, flags = msgDelete, 0
 		} else {
 			s.remember(ev.Conn)
-			err = send(nc, ev.Conn, msgNew, netlink.Create|netlink.Excl)
-			if isErrno(err, unix.EEXIST) {
-				// Known here already: refresh its timeout and state.
-				err = send(nc, ev.Conn, msgNew, 0)
+		}
+		if reqs[i], err = request(ev.Conn, typ, flags); err != nil {
+			return 0, fmt.Errorf("conntrack install: %w", err)
+		}
+	}
+	errs, err := sock.exec(reqs)
+	if err != nil {
+		return 0, fmt.Errorf("conntrack install: %w", err)
+	}
+	// Entries known here already: refresh their timeout and state.
+	var again []int
+	for i, e := range errs {
+		if e == unix.EEXIST && evs[i].Kind != dataplane.ConnEnd {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		upd := make([][]byte, len(again))
+		for j, i := range again {
+			if upd[j], err = request(evs[i].Conn, msgNew, 0); err != nil {
+				return 0, fmt.Errorf("conntrack install: %w", err)
 			}
 		}
+		uerrs, err := sock.exec(upd)
 		if err != nil {
-			if first == nil {
-				first = fmt.Errorf("install connection %s %s -> %s: %w", protoName(ev.Conn.Proto), ev.Conn.Client, ev.Conn.VIP, err)
-			}
-			continue
+			return 0, fmt.Errorf("conntrack install: %w", err)
 		}
-		n++
+		for j, i := range again {
+			errs[i] = uerrs[j]
+		}
+	}
+	n := 0
+	var first error
+	for i, e := range errs {
+		switch {
+		case e == 0:
+			n++
+		case e == unix.ENOENT && evs[i].Kind == dataplane.ConnEnd:
+			// Gone already.
+		case first == nil:
+			c := evs[i].Conn
+			first = fmt.Errorf("install connection %s %s -> %s: %w", protoName(c.Proto), c.Client, c.VIP, e)
+		}
 	}
 	return n, first
 }
@@ -332,8 +360,9 @@ const (
 	tcpEstablished = 3 // TCP_CONNTRACK_ESTABLISHED
 )
 
-// send sends one ctnetlink request for c and waits for its answer.
-func send(nc *netlink.Conn, c dataplane.Conn, typ uint8, flags netlink.HeaderFlags) error {
+// request builds the ctnetlink request of c (its sequence number is set
+// when it is sent).
+func request(c dataplane.Conn, typ uint8, flags netlink.HeaderFlags) ([]byte, error) {
 	attrs := []netfilter.Attribute{tuple(ctaTupleOrig, c.Proto, c.Client, c.VIP)}
 	if typ == msgNew {
 		// The reply tuple as it stands before translation; the NAT
@@ -377,10 +406,10 @@ func send(nc *netlink.Conn, c dataplane.Conn, typ uint8, flags netlink.HeaderFla
 		Flags:       netlink.Request | netlink.Acknowledge | flags,
 	}, attrs)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = nc.Execute(req)
-	return err
+	req.Header.Length = uint32(unix.NLMSG_HDRLEN + len(req.Data))
+	return req.MarshalBinary()
 }
 
 func u32(t uint16, v uint32) netfilter.Attribute {

@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sort"
 	"testing"
@@ -118,5 +119,37 @@ func TestSyncerInstall(t *testing.T) {
 			t.Fatalf("the installing node would send back %+v", b)
 		}
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// BenchmarkInstallConns is the cost per connection of installing
+// synchronised connections (new dnat entries, batches of 256) into a
+// namespace's conntrack, then of reading them back as a dump.
+func BenchmarkInstallConns(b *testing.B) {
+	testutil.RequireRoot(b)
+	_, ns := testutil.NewNetNS(b)
+	s := &Syncer{}
+	ctx := context.Background()
+	evs := make([]dataplane.ConnEvent, 256)
+	port := 0
+	err := testutil.Do(ns, func() error {
+		b.ResetTimer()
+		for b.Loop() {
+			for i := range evs {
+				port++
+				c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 100, byte(port >> 16), byte(port >> 8)}), uint16(port))
+				evs[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: dataplane.Conn{Proto: unix.IPPROTO_TCP,
+					Client: c, VIP: netip.MustParseAddrPort("10.99.0.1:80"), Backend: netip.MustParseAddrPort("10.200.0.11:8080"),
+					Reply: c, Timeout: 300, TCPState: tcpEstablished}}
+			}
+			if n, err := s.InstallConns(ctx, evs); err != nil || n != len(evs) {
+				return fmt.Errorf("installed %d: %v", n, err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(evs)), "ns/conn")
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
 	}
 }
