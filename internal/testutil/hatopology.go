@@ -1,13 +1,17 @@
 package testutil
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Several balancers as one: NewHATopology builds
@@ -45,6 +49,13 @@ type HAOptions struct {
 	LBs      int  // LB namespaces made at once (default 2); AddLB adds more
 	Backends int  // backend namespaces (default 1)
 	IPv6     bool // also configure the IPv6 networks
+	// SymmetricReturn makes each backend answer through the LB that last
+	// sent it a packet of the connection (nftables in the backend marks
+	// the connection by the LB's MAC address; policy routing by the mark),
+	// as backends behind NAT balancers must when several balancers are
+	// active. Without it the backends' multipath default route spreads
+	// replies over every LB. IPv4 only.
+	SymmetricReturn bool
 }
 
 // LBNode is one balancer of an HA topology.
@@ -73,8 +84,9 @@ type HATopology struct {
 	LBs      []*LBNode
 	Backends []Host // j-th: 10.200.0.(11+j), fd00:200::(11+j) written with the same digits
 
-	tb   testing.TB
-	ipv6 bool
+	tb        testing.TB
+	ipv6      bool
+	symmetric bool
 	// returnVia[i]: LB i is a next hop of the backends' default route.
 	returnVia []bool
 }
@@ -92,7 +104,7 @@ func NewHATopology(tb testing.TB, opts HAOptions) *HATopology {
 	if opts.LBs > 8 || opts.Backends > 80 {
 		tb.Fatalf("ha topology: at most 8 LBs and 80 backends")
 	}
-	t := &HATopology{tb: tb, ipv6: opts.IPv6}
+	t := &HATopology{tb: tb, ipv6: opts.IPv6, symmetric: opts.SymmetricReturn}
 	t.Client = t.newHost("client")
 	t.Router = t.newHost("router")
 	t.Switch = t.newHost("switch")
@@ -312,6 +324,11 @@ func (t *HATopology) backendRoutes() error {
 	if err != nil {
 		return err
 	}
+	if t.symmetric {
+		if err := t.symmetricReturn(); err != nil {
+			return err
+		}
+	}
 	for _, b := range t.Backends {
 		err := withHandle(b.NS, func(h *netlink.Handle) error {
 			l, err := h.LinkByName("eth0")
@@ -487,6 +504,68 @@ func defaultRoutes(h *netlink.Handle, link string, gw4, gw6 netip.Addr) error {
 	if gw6.IsValid() {
 		if err := h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw6.AsSlice(), Family: netlink.FAMILY_V6}); err != nil {
 			return fmt.Errorf("default route via %s: %w", gw6, err)
+		}
+	}
+	return nil
+}
+
+// symmetricReturn (re)writes each backend's return routing: connections
+// marked by the MAC of the LB whose packet came last, a routing table per
+// LB with its default route through that LB.
+func (t *HATopology) symmetricReturn() error {
+	var elems []string
+	for i, n := range t.LBs {
+		var mac net.HardwareAddr
+		err := withHandle(n.NS, func(h *netlink.Handle) error {
+			l, err := h.LinkByName("eth1")
+			if err != nil {
+				return err
+			}
+			mac = l.Attrs().HardwareAddr
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		elems = append(elems, fmt.Sprintf("%s : %d", mac, i+1))
+	}
+	ruleset := fmt.Sprintf(`table ip xlbt_return
+delete table ip xlbt_return
+table ip xlbt_return {
+	map lb { type ether_addr : mark; elements = { %s } }
+	chain in { type filter hook prerouting priority -150; ct mark set ether saddr map @lb; }
+	chain out { type route hook output priority -150; meta mark set ct mark; }
+}
+`, strings.Join(elems, ", "))
+	for _, b := range t.Backends {
+		cmd := exec.Command("ip", "netns", "exec", b.Name, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(ruleset)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("return routing in %s: %v: %s", b.Name, err, out)
+		}
+		err := withHandle(b.NS, func(h *netlink.Handle) error {
+			l, err := h.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			for i, n := range t.LBs {
+				table := 101 + i
+				if err := h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: n.Back4.AsSlice(),
+					Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0")), Table: table}); err != nil {
+					return fmt.Errorf("return route via %s: %w", n.Back4, err)
+				}
+				r := netlink.NewRule()
+				r.Mark, r.Table, r.Priority = uint32(i+1), table, 100+i
+				mask := uint32(0xffffffff)
+				r.Mask = &mask
+				if err := h.RuleAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+					return fmt.Errorf("rule fwmark %d: %w", i+1, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("return routing in %s: %w", b.Name, err)
 		}
 	}
 	return nil

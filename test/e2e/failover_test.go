@@ -62,7 +62,10 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	}
 	res := failoverResult{Opts: o, Broken: map[string]int{}, BrokenHow: map[string]int{}, NewFailed: map[string]int{},
 		NewTotal: map[string]int{}, RouteTimes: map[string]string{}, Sync: map[string]json.RawMessage{}}
-	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3})
+	// dnat: the backends answer the client, and must answer through the
+	// node that forwarded (docs/ha.md): each connection's replies follow
+	// the LB its last packet came from.
+	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3, SymmetricReturn: o.Mode == "dnat"})
 	bird := topo.StartBIRD(t, testutil.BIRDOptions{Peers: 3})
 	_ = bird
 	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
@@ -279,13 +282,19 @@ func newHANodeState(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode
 	return n
 }
 
-// TestSyncFailover: dnat on the nft plane with connection sync: long-lived
-// connections through two nodes survive one node's daemon being killed,
-// its return, and a third node added; the backends' replies cross nodes
-// (their default route spreads over every node), which only works because
-// each node holds the others' connections.
+// TestSyncFailover: snat and dnat on the nft plane with connection sync:
+// long-lived connections through two nodes survive one node's daemon being
+// killed (the routers move its flows to the other node, which has never
+// seen them), its return, and a third node added. Without sync the same
+// runs break connections (bench/results/ha.md).
 func TestSyncFailover(t *testing.T) {
-	res := runFailover(t, failoverOpts{Mode: "snat", Plane: "nft", Sync: true, Conns: 60, NewRate: 10, Phase: 4 * time.Second})
+	for _, mode := range []string{"snat", "dnat"} {
+		t.Run(mode, func(t *testing.T) { syncFailover(t, mode) })
+	}
+}
+
+func syncFailover(t *testing.T, mode string) {
+	res := runFailover(t, failoverOpts{Mode: mode, Plane: "nft", Sync: true, Conns: 60, NewRate: 10, Phase: 4 * time.Second})
 	b, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("result:\n%s", b)
 	if res.Established < 55 {
