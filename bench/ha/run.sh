@@ -36,9 +36,10 @@ out=bench/results/ha.jsonl
 for r in $(seq "$RUNS"); do
 	for c in "${cases[@]}"; do
 		echo "bench-ha: run $r: $c" >&2
-		# Each case bounded: 4 phases and set-up, killed after 5 minutes.
+		# Each case bounded: 4 phases and set-up, killed after 5 minutes;
+		# under the shared lock of privileged tests, one case at a time.
 		XLB_PRIVILEGED_TESTS=1 XLB_HA_BENCH="$PWD/$out.new" XLB_HA_CONNS=$CONNS XLB_HA_PHASE=$PHASE XLB_HA_CASES="$c" \
-			timeout 300 go test -count=1 -timeout 290s ./test/e2e -run 'TestHABench$' >&2 || echo "bench-ha: $c failed" >&2
+			flock /tmp/xlb-privtest.lock timeout 300 go test -count=1 -timeout 290s ./test/e2e -run 'TestHABench$' >&2 || echo "bench-ha: $c failed" >&2
 	done
 done
 mv "$out.new" "$out"

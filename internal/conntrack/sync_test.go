@@ -153,3 +153,52 @@ func BenchmarkInstallConns(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkEventsPerConn is the cost per connection of the sending side:
+// the kernel's event for a new entry, read and decoded by WatchConns
+// (entries made by InstallConns in batches of 256, their events seen by a
+// second syncer). It includes the install; subtract BenchmarkInstallConns
+// for the events alone.
+func BenchmarkEventsPerConn(b *testing.B) {
+	testutil.RequireRoot(b)
+	_, ns := testutil.NewNetNS(b)
+	installer, watcher := &Syncer{}, &Syncer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seen := make(chan int, 1024)
+	evs := make([]dataplane.ConnEvent, 256)
+	port := 0
+	err := testutil.Do(ns, func() error {
+		w, err := dialWatch()
+		if err != nil {
+			return err
+		}
+		go watcher.watch(ctx, w, func(batch []dataplane.ConnEvent) { seen <- len(batch) })
+		b.ResetTimer()
+		for b.Loop() {
+			for i := range evs {
+				port++
+				c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 100, byte(port >> 16), byte(port >> 8)}), uint16(port))
+				evs[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: dataplane.Conn{Proto: unix.IPPROTO_TCP,
+					Client: c, VIP: netip.MustParseAddrPort("10.99.0.1:80"), Backend: netip.MustParseAddrPort("10.200.0.11:8080"),
+					Reply: c, Timeout: 300, TCPState: tcpEstablished}}
+			}
+			if n, err := installer.InstallConns(ctx, evs); err != nil || n != len(evs) {
+				return fmt.Errorf("installed %d: %v", n, err)
+			}
+			for got := 0; got < len(evs); {
+				select {
+				case n := <-seen:
+					got += n
+				case <-time.After(5 * time.Second):
+					return fmt.Errorf("events: saw %d of %d", got, len(evs))
+				}
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(evs)), "ns/conn")
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
