@@ -86,7 +86,8 @@ this node's stream to it is connected and whether the peer's whole state has
 arrived here, then the counters as JSON (frames, connections sent, received
 and installed, events dropped, and what was refused: unconfigured peers, bad
 MACs, malformed frames).`,
-		Args: args(),
+		Example: `  xlb sync`,
+		Args:    args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			c, err := a.client(cmd)
 			if err != nil {

@@ -42,49 +42,64 @@ type syncOptions struct {
 
 func (o syncOptions) enabled() bool { return o.listen != "" }
 
-// syncConfig checks the --sync-* flags.
-func (o syncOptions) config(dp dataplane.Dataplane) (connsync.Config, dataplane.ConnSyncer, error) {
+// config checks the --sync-* flags (before anything starts) and returns
+// the sync configuration (zero Listen: no sync).
+func (o syncOptions) config(plane string) (connsync.Config, error) {
 	var c connsync.Config
 	if !o.enabled() {
 		if len(o.peers) > 0 || o.keyFile != "" {
-			return c, nil, fmt.Errorf("--sync-peers and --sync-key-file need --sync-listen")
+			return c, fmt.Errorf("--sync-peers and --sync-key-file need --sync-listen")
 		}
-		return c, nil, nil
+		return c, nil
+	}
+	if plane != "nft" {
+		return c, fmt.Errorf("--sync-listen: connection sync is not implemented for the %s data plane yet (nft only)", plane)
 	}
 	var err error
 	if c.Listen, err = netip.ParseAddrPort(o.listen); err != nil || c.Listen.Addr().IsUnspecified() {
-		return c, nil, fmt.Errorf("--sync-listen %q: must be this node's address:port on the peers' network (peers know the node by it)", o.listen)
+		return c, fmt.Errorf("--sync-listen %q: must be this node's address:port on the peers' network (peers know the node by it)", o.listen)
 	}
 	if len(o.peers) == 0 {
-		return c, nil, fmt.Errorf("--sync-peers: at least one peer address:port is required with --sync-listen")
+		return c, fmt.Errorf("--sync-peers: at least one peer address:port is required with --sync-listen")
 	}
 	for _, p := range o.peers {
 		ap, err := netip.ParseAddrPort(p)
 		if err != nil {
-			return c, nil, fmt.Errorf("--sync-peers %q: must be address:port", p)
+			return c, fmt.Errorf("--sync-peers %q: must be address:port", p)
 		}
 		c.Peers = append(c.Peers, ap)
 	}
 	if o.keyFile == "" {
-		return c, nil, fmt.Errorf("--sync-key-file: required with --sync-listen (a secret of at least %d bytes shared by every node)", connsync.MinKeyLen)
+		return c, fmt.Errorf("--sync-key-file: required with --sync-listen (a secret of at least %d bytes shared by every node)", connsync.MinKeyLen)
 	}
 	key, err := os.ReadFile(o.keyFile)
 	if err != nil {
-		return c, nil, fmt.Errorf("--sync-key-file: %w", err)
+		return c, fmt.Errorf("--sync-key-file: %w", err)
 	}
 	c.Key = bytes.TrimSpace(key)
 	if len(c.Key) < connsync.MinKeyLen {
-		return c, nil, fmt.Errorf("--sync-key-file %q: %d bytes, at least %d required", o.keyFile, len(c.Key), connsync.MinKeyLen)
+		return c, fmt.Errorf("--sync-key-file %q: %d bytes, at least %d required", o.keyFile, len(c.Key), connsync.MinKeyLen)
+	}
+	if o.wait <= 0 || o.wait > 10*time.Minute {
+		return c, fmt.Errorf("--sync-wait %s: allowed values are 1ns to 10m", o.wait)
 	}
 	c.Wait = o.wait
-	switch dp.Name() {
-	case "nft":
-		if err := conntrack.Liberal(); err != nil {
-			return c, nil, err
-		}
-		return c, &conntrack.Syncer{}, nil
+	return c, nil
+}
+
+// syncerFor returns the data plane's connection syncer.
+func syncerFor(dp dataplane.Dataplane) (dataplane.ConnSyncer, error) {
+	if s, ok := dp.(dataplane.ConnSyncer); ok {
+		return s, nil
 	}
-	return c, nil, fmt.Errorf("--sync-listen: connection sync is not implemented for the %s data plane yet (nft only)", dp.Name())
+	if dp.Name() == "nft" {
+		// The nft plane's connections are the kernel's conntrack.
+		if err := conntrack.Liberal(); err != nil {
+			return nil, err
+		}
+		return &conntrack.Syncer{}, nil
+	}
+	return nil, fmt.Errorf("connection sync is not implemented for the %s data plane yet", dp.Name())
 }
 
 // startSync runs connection sync between the nodes; the syncer is told

@@ -165,6 +165,10 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		}
 		bgpCfg = c
 	}
+	syncCfg, err := o.sync.config(o.dp.name)
+	if err != nil {
+		return err
+	}
 
 	_, statErr := os.Stat(o.stateDir)
 	st, err := store.OpenJournal(o.stateDir)
@@ -210,9 +214,11 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	// the saved state: every VIP it announces is in the kernel.
 	var syncNode *connsync.Node
 	var gate bgp.Gate
-	if syncCfg, syncer, err := o.sync.config(dp); err != nil {
-		return err
-	} else if syncer != nil {
+	if syncCfg.Listen.IsValid() {
+		syncer, err := syncerFor(dp)
+		if err != nil {
+			return fmt.Errorf("connection sync: %w", err)
+		}
 		if syncNode, err = startSync(ctx, log, syncCfg, syncer, eng); err != nil {
 			return fmt.Errorf("connection sync: %w", err)
 		}
