@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-health bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube bench-ha clean
+.PHONY: all deps build test vet staticcheck fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-health bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube bench-ha clean
 
 all: build
 
@@ -19,11 +19,19 @@ build: deps
 vet:
 	$(GO) vet $(PKGS)
 
+# staticcheck is a tool dependency in go.mod (like bpf2go), so every machine
+# runs the same version.
+staticcheck:
+	$(GO) tool staticcheck $(PKGS)
+
+# Go with gofmt, bpf/*.c and *.h with clang-format (bpf/.clang-format).
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+	clang-format -i $$(git ls-files 'bpf/*.c' 'bpf/*.h')
 
-check-fmt:
+check-fmt: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@clang-format --dry-run --Werror $$(git ls-files 'bpf/*.c' 'bpf/*.h') || { echo "clang-format needed: run make fmt"; exit 1; }
 
 # The eBPF objects (bpf/*.c -> internal/dataplane/ebpf/xlb_bpfel.{go,o}) with
 # bpf2go; the generated files are committed.
@@ -45,7 +53,7 @@ kube-binaries:
 # kube-apiserver) run as root; with XLB_PRIVILEGED_TESTS=1 (as in CI) they fail
 # instead of skipping. check-generate fails when the committed bpf2go output
 # differs from what bpf/*.c gives.
-test: build vet check-fmt check-generate kube-binaries
+test: build vet staticcheck check-fmt check-generate kube-binaries
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
 demo: build

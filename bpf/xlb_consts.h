@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Sizes, flags and verdicts of xlb's eBPF data plane. Every size is
  * #ifndef-guarded so a build can override it with -D. The Go side reads the
- * same values through the generated bindings (constants are mirrored in
- * internal/dataplane/ebpf/consts.go and checked by a test).
+ * same values through the bindings bpf2go generates from the enums below.
  */
 #ifndef XLB_CONSTS_H
 #define XLB_CONSTS_H
@@ -63,73 +62,113 @@
 #define XLB_EVENTS_SIZE 4194304
 #endif
 
-/* Seed of the hash scheduler: fixed so a restart keeps the mapping. */
-#define XLB_HASH_SEED 0x786c6221
+/* Values shared with Go. They are enums, not #defines, so that bpf2go
+ * generates them into internal/dataplane/ebpf/xlb_bpfel.go (-type of each
+ * enum; struct xlb_enums below puts them in the object's BTF): the Go side
+ * never keeps a copy by hand. The sizes above stay #defines so a build can
+ * override them with -D; enum xlb_size passes their values on. */
+enum xlb_size {
+	XLB_SIZE_SERVICES = XLB_MAX_SERVICES,
+	XLB_SIZE_SVC_IDS = XLB_MAX_SVC_IDS,
+	XLB_SIZE_BACKENDS = XLB_MAX_BACKENDS,
+	XLB_SIZE_STAT_SLOTS = XLB_MAX_STAT_SLOTS,
+	XLB_SIZE_SLOTS = XLB_MAX_SLOTS,
+	XLB_SIZE_PERSIST = XLB_MAX_PERSIST,
+};
+
+/* Seed of the hash schedulers: fixed so a restart keeps the mapping; for
+ * maglev it is plan.FlowSeed, the nft plane's seed too. */
+enum xlb_seed {
+	XLB_HASH_SEED = 0x786c6221,
+};
 
 /* tcx verdicts (linux/bpf.h of 6.6+; defined here for older headers). */
-#define XLB_NEXT (-1)  /* TCX_NEXT: not ours, next program / the stack */
-#define XLB_PASS 0     /* TCX_PASS: to the stack (rewritten or not) */
-#define XLB_DROP 2     /* TCX_DROP */
-#define XLB_REDIRECT 7 /* TCX_REDIRECT */
+enum xlb_verdict {
+	XLB_NEXT = -1,	  /* TCX_NEXT: not ours, next program / the stack */
+	XLB_PASS = 0,	  /* TCX_PASS: to the stack (rewritten or not) */
+	XLB_DROP = 2,	  /* TCX_DROP */
+	XLB_REDIRECT = 7, /* TCX_REDIRECT */
+};
 
 /* Address families in keys. */
-#define XLB_AF_INET 4
-#define XLB_AF_INET6 6
+enum xlb_af {
+	XLB_AF_INET = 4,
+	XLB_AF_INET6 = 6,
+};
 
 /* struct svc_val.mode */
-#define XLB_MODE_DNAT 0
-#define XLB_MODE_SNAT 1
-#define XLB_MODE_DSR 2 /* destination MAC only: backends hold the VIP and answer clients directly */
-#define XLB_MODE_STLSDNAT 3 /* dnat without conntrack: each packet scheduled, replies mapped back by xlb_stateless */
+enum xlb_mode {
+	XLB_MODE_DNAT = 0,
+	XLB_MODE_SNAT = 1,
+	XLB_MODE_DSR =
+		2, /* destination MAC only: backends hold the VIP and answer clients directly */
+	XLB_MODE_STLSDNAT =
+		3, /* dnat without conntrack: each packet scheduled, replies mapped back */
+};
 
 /* struct svc_val.sched */
-#define XLB_SCHED_RR 0     /* round robin over slots, one atomic counter per service */
-#define XLB_SCHED_WEIGHT 1 /* random over weighted slots */
-#define XLB_SCHED_HASH 2   /* jhash of hash_keys over weighted slots */
-#define XLB_SCHED_SYMHASH 3 /* jhash of address and/or port pairs, the same both ways */
-#define XLB_SCHED_MAGLEV 4  /* jhash of hash_keys over a Maglev table (computed in Go) */
+enum xlb_sched {
+	XLB_SCHED_RR = 0,      /* round robin over slots, one atomic counter per service */
+	XLB_SCHED_WEIGHT = 1,  /* random over weighted slots */
+	XLB_SCHED_HASH = 2,    /* jhash of hash_keys over weighted slots */
+	XLB_SCHED_SYMHASH = 3, /* jhash of address and/or port pairs, the same both ways */
+	XLB_SCHED_MAGLEV = 4,  /* xlb_flow_hash over a Maglev table (plan.Maglev, in Go) */
+};
 
 /* struct svc_val.hash_keys */
-#define XLB_HASH_SRCIP 1
-#define XLB_HASH_SRCPORT 2
+enum xlb_hash_key {
+	XLB_HASH_SRCIP = 1,
+	XLB_HASH_SRCPORT = 2,
+};
 
-/* struct backend.flags, and the low 8 bits of an xlb_be_flags value */
-#define XLB_BE_F_GONE 1 /* down or off in its farm: its tracked flows expire (expire_nodest_conn) */
-/* An xlb_be_flags value's bits above XLB_BE_SLOT_SHIFT: the backend's
- * counter slot in xlb_be_stats (0: not counted). */
-#define XLB_BE_SLOT_SHIFT 8
+/* struct backend.flags, the low 8 bits of an xlb_be_flags value; the bits
+ * above XLB_BE_SLOT_SHIFT are the backend's counter slot in xlb_be_stats
+ * (0: not counted). */
+enum xlb_be_flag {
+	XLB_BE_F_GONE =
+		1, /* down or off in its farm: its tracked flows expire (expire_nodest_conn) */
+	XLB_BE_F_MASK = 0xff,
+	XLB_BE_SLOT_SHIFT = 8,
+};
 
 /* xlb_svc_flags value (per service generation id) */
-#define XLB_SVC_F_LOG 1 /* farm log: one xlb_events record per new connection */
+enum xlb_svc_flag {
+	XLB_SVC_F_LOG = 1, /* farm log: one xlb_events record per new connection */
+};
 
 /* struct ct_val.dir */
-#define XLB_CT_FWD 0   /* client -> VIP */
-#define XLB_CT_REPLY 1 /* backend -> client (or LB snat address) */
+enum xlb_ct_dir {
+	XLB_CT_FWD = 0,	  /* client -> VIP */
+	XLB_CT_REPLY = 1, /* backend -> client (or LB snat address) */
+};
 
 /* struct ct_val.nh_flags: how to send to the cached next hop */
-#define XLB_NH_F_PEER 1 /* a veth/netkit whose peer is in another namespace
-			 * (xlb_peer_tx): bpf_redirect_peer, straight to the
-			 * peer's ingress */
+enum xlb_nh_flag {
+	XLB_NH_F_PEER = 1, /* a veth/netkit whose peer is in another namespace (xlb_peer_tx):
+			    * bpf_redirect_peer, straight to the peer's ingress */
+};
 
 /* struct ct_val.state: where a flow is, which picks its idle timeout
  * (set at load time, see xlb_lb.c; defaults like IPVS's). */
-#define XLB_CT_STATE_SYN 0   /* TCP: SYN seen, handshake not completed */
-#define XLB_CT_STATE_EST 1   /* TCP: established */
-#define XLB_CT_STATE_FIN 2   /* TCP: FIN seen in either direction */
-#define XLB_CT_STATE_CLOSE 3 /* TCP: RST seen */
-#define XLB_CT_STATE_UDP 4   /* UDP */
+enum xlb_ct_state {
+	XLB_CT_STATE_SYN = 0,	/* TCP: SYN seen, handshake not completed */
+	XLB_CT_STATE_EST = 1,	/* TCP: established */
+	XLB_CT_STATE_FIN = 2,	/* TCP: FIN seen in either direction */
+	XLB_CT_STATE_CLOSE = 3, /* TCP: RST seen */
+	XLB_CT_STATE_UDP = 4,	/* UDP */
+};
 
 /* Per-CPU counters in xlb_stats. */
 enum xlb_stat {
 	XLB_STAT_RX = 0,
-	XLB_STAT_NOT_PARSED,   /* not IPv4 TCP/UDP, malformed, truncated: passed */
-	XLB_STAT_FRAGMENT,     /* IPv4 fragment: passed (not balanced) */
-	XLB_STAT_CT_FWD,       /* conntrack hit, forward direction */
-	XLB_STAT_CT_REPLY,     /* conntrack hit, reply direction */
-	XLB_STAT_NOT_VIP,      /* no conntrack, no service: passed */
-	XLB_STAT_NOT_SYN,      /* TCP to a VIP without SYN and without conntrack: passed */
-	XLB_STAT_NEW_FLOW,     /* new flow scheduled */
-	XLB_STAT_NO_BACKEND,   /* service without backends: refused (ICMP unreachable; stlsdnat: dropped) */
+	XLB_STAT_NOT_PARSED, /* not TCP/UDP over IPv4 or IPv6, malformed, truncated: passed */
+	XLB_STAT_FRAGMENT,   /* IPv4 fragment: passed (not balanced) */
+	XLB_STAT_CT_FWD,     /* conntrack hit, forward direction */
+	XLB_STAT_CT_REPLY,   /* conntrack hit, reply direction */
+	XLB_STAT_NOT_VIP,    /* no conntrack, no service: passed */
+	XLB_STAT_NOT_SYN,    /* TCP to a VIP without SYN and without conntrack: passed */
+	XLB_STAT_NEW_FLOW,   /* new flow scheduled */
+	XLB_STAT_NO_BACKEND, /* service without backends: refused (ICMP unreachable; stlsdnat: dropped) */
 	XLB_STAT_SNAT_FULL,    /* no free snat source port: dropped */
 	XLB_STAT_CT_RACE,      /* another CPU created the same flow first */
 	XLB_STAT_PEER_REPAIR,  /* evicted peer entry recreated */
@@ -137,16 +176,34 @@ enum xlb_stat {
 	XLB_STAT_FIB_NEIGH,    /* forwarded with bpf_redirect_neigh */
 	XLB_STAT_FIB_PASS,     /* rewritten, handed to the stack (no fib result) */
 	XLB_STAT_FIB_DROP,     /* blackhole/unreachable/prohibit route: dropped */
-	XLB_STAT_ERROR,        /* helper failure: dropped */
+	XLB_STAT_ERROR,	       /* helper failure: dropped */
 	XLB_STAT_CT_EXPIRED,   /* conntrack entry idle past its timeout: removed */
 	XLB_STAT_PERSIST_HIT,  /* new flow sent to its client's persistent backend */
 	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
 	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
-	XLB_STAT_CT_NODEST,    /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
-	XLB_STAT_LOG_LOST,     /* connection log record lost: the ring buffer was full */
-	XLB_STAT_XDP_FWD,      /* dsr packet forwarded by the XDP fast path */
-	XLB_STAT_FIB_PEER,     /* forwarded with bpf_redirect_peer (not counted in fib_redirect) */
+	XLB_STAT_CT_NODEST, /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
+	XLB_STAT_LOG_LOST, /* connection log record lost: the ring buffer was full */
+	XLB_STAT_XDP_FWD,  /* dsr packet forwarded by the XDP fast path */
+	XLB_STAT_FIB_PEER, /* forwarded with bpf_redirect_peer (not counted in fib_redirect) */
 	XLB_STAT_MAX,
+};
+
+/* One field of each enum, so the object's BTF holds them all for bpf2go
+ * (xlb_lb.c declares the only variable of this type). */
+struct xlb_enums {
+	enum xlb_size size;
+	enum xlb_seed seed;
+	enum xlb_verdict verdict;
+	enum xlb_af af;
+	enum xlb_mode mode;
+	enum xlb_sched sched;
+	enum xlb_hash_key hash_key;
+	enum xlb_be_flag be_flag;
+	enum xlb_svc_flag svc_flag;
+	enum xlb_ct_dir ct_dir;
+	enum xlb_nh_flag nh_flag;
+	enum xlb_ct_state ct_state;
+	enum xlb_stat stat;
 };
 
 #endif /* XLB_CONSTS_H */

@@ -20,7 +20,7 @@
  * order, as long as all three agree). */
 static __always_inline void csum16_replace(__u16 *sum, __u16 from, __u16 to)
 {
-	__u32 s = (__u16)~*sum;
+	__u32 s = (__u16) ~*sum;
 
 	s += (__u16)~from;
 	s += to;
@@ -43,8 +43,8 @@ static __always_inline void seed32_replace(__u16 *sum, __u32 from, __u32 to)
 {
 	__u32 s = *sum;
 
-	s += (__u16)~(from & 0xffff);
-	s += (__u16)~(from >> 16);
+	s += (__u16) ~(from & 0xffff);
+	s += (__u16) ~(from >> 16);
 	s += to & 0xffff;
 	s += to >> 16;
 	s = (s & 0xffff) + (s >> 16);
@@ -268,14 +268,111 @@ static __always_inline __u32 xlb_jhash_3words(__u32 a, __u32 b, __u32 c, __u32 i
 	a += XLB_JHASH_INITVAL;
 	b += XLB_JHASH_INITVAL;
 	c += initval;
-	c ^= b; c -= xlb_rol32(b, 14);
-	a ^= c; a -= xlb_rol32(c, 11);
-	b ^= a; b -= xlb_rol32(a, 25);
-	c ^= b; c -= xlb_rol32(b, 16);
-	a ^= c; a -= xlb_rol32(c, 4);
-	b ^= a; b -= xlb_rol32(a, 14);
-	c ^= b; c -= xlb_rol32(b, 24);
+	c ^= b;
+	c -= xlb_rol32(b, 14);
+	a ^= c;
+	a -= xlb_rol32(c, 11);
+	b ^= a;
+	b -= xlb_rol32(a, 25);
+	c ^= b;
+	c -= xlb_rol32(b, 16);
+	a ^= c;
+	a -= xlb_rol32(c, 4);
+	b ^= a;
+	b -= xlb_rol32(a, 14);
+	c ^= b;
+	c -= xlb_rol32(b, 24);
 	return c;
 }
+
+/* The kernel's __jhash_mix and __jhash_final (linux/jhash.h). */
+#define XLB_JHASH_MIX(a, b, c)         \
+	do {                           \
+		a -= c;                \
+		a ^= xlb_rol32(c, 4);  \
+		c += b;                \
+		b -= a;                \
+		b ^= xlb_rol32(a, 6);  \
+		a += c;                \
+		c -= b;                \
+		c ^= xlb_rol32(b, 8);  \
+		b += a;                \
+		a -= c;                \
+		a ^= xlb_rol32(c, 16); \
+		c += b;                \
+		b -= a;                \
+		b ^= xlb_rol32(a, 19); \
+		a += c;                \
+		c -= b;                \
+		c ^= xlb_rol32(b, 4);  \
+		b += a;                \
+	} while (0)
+
+#define XLB_JHASH_FINAL(a, b, c)       \
+	do {                           \
+		c ^= b;                \
+		c -= xlb_rol32(b, 14); \
+		a ^= c;                \
+		a -= xlb_rol32(c, 11); \
+		b ^= a;                \
+		b -= xlb_rol32(a, 25); \
+		c ^= b;                \
+		c -= xlb_rol32(b, 16); \
+		a ^= c;                \
+		a -= xlb_rol32(c, 4);  \
+		b ^= a;                \
+		b -= xlb_rol32(a, 14); \
+		c ^= b;                \
+		c -= xlb_rol32(b, 24); \
+	} while (0)
+
+/**
+ * xlb_flow_hash() - the flow hash of the maglev scheduler (plan.FlowSlot in
+ * Go): the kernel's jhash(key, len, XLB_HASH_SEED) over source address,
+ * destination address, source port and destination port, each padded to
+ * 4 bytes (a port is its two bytes in network order, then two zero bytes),
+ * which is what the nftables plane's `jhash ip saddr . ip daddr . th sport .
+ * th dport seed ...` hashes over its registers. So both planes send a flow
+ * to the same slot of the same table. A key of 16 bytes (IPv4) is one
+ * jhash block and a 4-byte tail, one of 40 bytes (IPv6) three blocks and a
+ * tail. Little-endian only, like the rest of the program.
+ * @k: the packet's tuple.
+ * Return: the 32-bit hash.
+ */
+static __always_inline __u32 xlb_flow_hash(const struct ct_key *k)
+{
+	__u32 a, b, c;
+
+	if (k->family == XLB_AF_INET) {
+		a = b = c = XLB_JHASH_INITVAL + 16 + XLB_HASH_SEED;
+		a += k->src[0];
+		b += k->dst[0];
+		c += k->sport;
+		XLB_JHASH_MIX(a, b, c);
+		a += k->dport;
+		XLB_JHASH_FINAL(a, b, c);
+		return c;
+	}
+	a = b = c = XLB_JHASH_INITVAL + 40 + XLB_HASH_SEED;
+	a += k->src[0];
+	b += k->src[1];
+	c += k->src[2];
+	XLB_JHASH_MIX(a, b, c);
+	a += k->src[3];
+	b += k->dst[0];
+	c += k->dst[1];
+	XLB_JHASH_MIX(a, b, c);
+	a += k->dst[2];
+	b += k->dst[3];
+	c += k->sport;
+	XLB_JHASH_MIX(a, b, c);
+	a += k->dport;
+	XLB_JHASH_FINAL(a, b, c);
+	return c;
+}
+
+/* xlb_scale() - @h onto [0, @n), as the kernel's reciprocal_scale (what
+ * nft's jhash expression does with its modulus). */
+static __always_inline __u32 xlb_scale(__u32 h, __u32 n) { return (__u32)(((__u64)h * n) >> 32); }
 
 #endif /* XLB_CSUM_H */

@@ -2,7 +2,8 @@
 
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* xlb's tcx ingress program: layer-4 load balancing with full NAT both ways
- * (dnat and snat modes) for IPv4 TCP and UDP. See docs/dataplane-ebpf.md.
+ * (dnat, snat, dsr and stlsdnat modes) for TCP and UDP over IPv4 and IPv6.
+ * See docs/dataplane-ebpf.md.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -20,6 +21,10 @@
 #define AF_INET6 10
 
 char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* Never read: a variable of struct xlb_enums puts every enum shared with Go
+ * into the object's BTF, where bpf2go finds them (xlb_consts.h). */
+const struct xlb_enums *xlb_enums_btf __attribute__((unused));
 
 /* Idle timeouts per conntrack state, in ns. Set by the loader before the
  * program is loaded (Options.Timeouts); the verifier sees constants. The
@@ -354,7 +359,8 @@ static __always_inline __u32 lb_bridge_port(__u32 bridge, const __u8 *mac)
  * has no forwarding answer (the stack handles the rewritten packet),
  * XLB_DROP for blackhole/unreachable/prohibit routes or errors.
  */
-static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v, int fresh)
+static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct ct_val *v,
+				   int fresh)
 {
 	struct bpf_fib_lookup fib = {};
 	struct bpf_redir_neigh nh = {};
@@ -501,7 +507,12 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 		sk.idx = h % svc->slots;
 		break;
 	}
-	default: /* XLB_SCHED_HASH, XLB_SCHED_MAGLEV: the table makes the difference */
+	case XLB_SCHED_MAGLEV:
+		/* The same slot as the nft plane and every node: the table
+		 * comes from plan.Maglev, the hash is plan.FlowSlot's. */
+		sk.idx = xlb_scale(xlb_flow_hash(&p->k), svc->slots);
+		break;
+	default: /* XLB_SCHED_HASH */
 		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? addr_fold(p->k.src) : 0,
 				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
 				     XLB_HASH_SEED);
@@ -544,7 +555,7 @@ static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_v
  * Return: the backend id, 0 if none.
  */
 static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *svc,
-						 struct svc_key *key, __u64 now)
+						struct svc_key *key, __u64 now)
 {
 	struct persist_key pk = {};
 	struct backend *be;
@@ -577,7 +588,7 @@ static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *s
  * it in).
  */
 static __attribute__((noinline)) int lb4_stateless(struct __sk_buff *skb, struct pkt *p,
-					 struct svc_val *svc, struct svc_key *key)
+						   struct svc_val *svc, struct svc_key *key)
 {
 	struct backend *be;
 	struct scratch *sc;
@@ -676,7 +687,8 @@ static __always_inline int lb4_reject(struct __sk_buff *skb, const __u32 quote)
 	 * CHECKSUM_NONE), then open room for the new headers after the
 	 * Ethernet header. */
 	if (bpf_skb_change_tail(skb, sizeof(struct ethhdr) + quote, 0) ||
-	    bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct xlb_icmphdr), BPF_ADJ_ROOM_MAC, 0))
+	    bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct xlb_icmphdr),
+				BPF_ADJ_ROOM_MAC, 0))
 		return XLB_DROP;
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
@@ -715,14 +727,16 @@ static __always_inline int lb4_reject(struct __sk_buff *skb, const __u32 quote)
  */
 static __always_inline int lb6_reject(struct __sk_buff *skb, const __u32 quote)
 {
-	__u32 pseudo[2] = { bpf_htonl(sizeof(struct xlb_icmphdr) + quote), bpf_htonl(XLB_NEXTHDR_ICMPV6) };
+	__u32 pseudo[2] = { bpf_htonl(sizeof(struct xlb_icmphdr) + quote),
+			    bpf_htonl(XLB_NEXTHDR_ICMPV6) };
 	struct xlb_ipv6hdr *ip6, *in;
 	struct xlb_icmphdr *ic;
 	void *data, *end;
 	__s64 sum;
 
 	if (bpf_skb_change_tail(skb, sizeof(struct ethhdr) + quote, 0) ||
-	    bpf_skb_adjust_room(skb, sizeof(struct xlb_ipv6hdr) + sizeof(struct xlb_icmphdr), BPF_ADJ_ROOM_MAC, 0))
+	    bpf_skb_adjust_room(skb, sizeof(struct xlb_ipv6hdr) + sizeof(struct xlb_icmphdr),
+				BPF_ADJ_ROOM_MAC, 0))
 		return XLB_DROP;
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
@@ -970,7 +984,8 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 			stat_inc(XLB_STAT_CT_NODEST);
 			ct_delete(&p->k, v);
 			if (p->k.proto == IPPROTO_TCP &&
-			    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN)
+			    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) !=
+				    XLB_TCP_SYN)
 				return XLB_DROP;
 			return XLB_CT_MISS;
 		}
@@ -978,7 +993,8 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 	if (p->k.proto == IPPROTO_TCP) {
 		__u8 st;
 
-		if (v->dir == XLB_CT_FWD && (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
+		if (v->dir == XLB_CT_FWD &&
+		    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK)) == XLB_TCP_SYN) {
 			/* A SYN on a tracked tuple: a retransmission keeps its
 			 * backend; a new connection on a closed tuple, or one
 			 * whose backend is gone (removed from its farm), is
@@ -1249,8 +1265,9 @@ int xlb_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	if (xlb_elapsed(xlb_now(), v->seen) > xlb_ct_refresh_ns)
 		return XDP_PASS; /* tcx refreshes the entry, or expires it */
-	if (p.k.proto == IPPROTO_TCP && ((p.tcp_flags & (XLB_TCP_SYN | XLB_TCP_RST | XLB_TCP_FIN)) ||
-					 ct_next_state(v->state, p.tcp_flags) != v->state))
+	if (p.k.proto == IPPROTO_TCP &&
+	    ((p.tcp_flags & (XLB_TCP_SYN | XLB_TCP_RST | XLB_TCP_FIN)) ||
+	     ct_next_state(v->state, p.tcp_flags) != v->state))
 		return XDP_PASS;
 	bid = v->backend;
 	fl = bpf_map_lookup_elem(&xlb_be_flags, &bid);

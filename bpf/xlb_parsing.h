@@ -27,7 +27,7 @@ struct xlb_icmphdr {
 	__u8 type;
 	__u8 code;
 	__u16 checksum; /* net */
-	__u32 rest;     /* type-specific (e.g. next-hop MTU) */
+	__u32 rest;	/* type-specific (e.g. next-hop MTU) */
 };
 
 #define XLB_ICMP_DEST_UNREACH 3
@@ -35,8 +35,8 @@ struct xlb_icmphdr {
 
 /* IPv6 header (linux/ipv6.h drags in libc headers). */
 struct xlb_ipv6hdr {
-	__u8 vtc;       /* version (4 bits), traffic class (high 4 bits) */
-	__u8 tc_flow;   /* traffic class (low 4 bits), flow label */
+	__u8 vtc;	/* version (4 bits), traffic class (high 4 bits) */
+	__u8 tc_flow;	/* traffic class (low 4 bits), flow label */
 	__u16 flow_lbl; /* flow label */
 	__u16 payload_len;
 	__u8 nexthdr;
@@ -59,25 +59,22 @@ static __always_inline int addr_eq(const __u32 *a, const __u32 *b)
 
 /* addr_fold() - an address folded to 32 bits for hashing (an IPv4 address
  * is itself). */
-static __always_inline __u32 addr_fold(const __u32 *a)
-{
-	return a[0] ^ a[1] ^ a[2] ^ a[3];
-}
+static __always_inline __u32 addr_fold(const __u32 *a) { return a[0] ^ a[1] ^ a[2] ^ a[3]; }
 
 /* What the program needs from a packet. */
 struct pkt {
 	struct ct_key k; /* tuple as it arrived */
-	__u32 l4off;     /* offset of the TCP/UDP header from skb->data */
-	__u16 ttl_word;  /* raw (memory order) 16 bits holding TTL and protocol */
-	__u8 ttl;        /* IPv4 TTL or IPv6 hop limit */
+	__u32 l4off;	 /* offset of the TCP/UDP header from skb->data */
+	__u16 ttl_word;	 /* raw (memory order) 16 bits holding TTL and protocol */
+	__u8 ttl;	 /* IPv4 TTL or IPv6 hop limit */
 	__u8 tcp_flags;
 };
 
 enum xlb_parse {
 	XLB_PARSE_OK = 0,
-	XLB_PARSE_NOT_OURS, /* not IPv4 TCP/UDP, truncated or malformed */
+	XLB_PARSE_NOT_OURS, /* not TCP/UDP over IPv4 or IPv6, truncated or malformed */
 	XLB_PARSE_FRAGMENT, /* an IPv4 fragment */
-	XLB_PARSE_ICMP,     /* an ICMP message (p->l4off, p->ttl*, addresses set) */
+	XLB_PARSE_ICMP,	    /* an ICMP message (p->l4off, p->ttl*, addresses set) */
 };
 
 /* lb_ports() - read the TCP/UDP ports (and TCP flags) at p->l4off of the

@@ -20,12 +20,12 @@ struct svc_key {
 
 /* xlb_services value: the current generation of a service. */
 struct svc_val {
-	__u32 id;       /* host: generation id; xlb_rr index, slot_key.svc */
-	__u32 slots;    /* host: number of slots; 0 = no backend: drop new flows */
-	__u8 mode;      /* XLB_MODE_* */
-	__u8 sched;     /* XLB_SCHED_* */
-	__u8 hash_keys; /* XLB_HASH_* */
-	__u8 persist;   /* XLB_HASH_* of the persistence key; 0 = none */
+	__u32 id;	   /* host: generation id; xlb_rr index, slot_key.svc */
+	__u32 slots;	   /* host: number of slots; 0 = no backend: drop new flows */
+	__u8 mode;	   /* XLB_MODE_* */
+	__u8 sched;	   /* XLB_SCHED_* */
+	__u8 hash_keys;	   /* XLB_HASH_* */
+	__u8 persist;	   /* XLB_HASH_* of the persistence key; 0 = none */
 	__u32 persist_ttl; /* host: persistence timeout in seconds */
 };
 
@@ -101,13 +101,13 @@ struct ct_key {
  * is this value's tuple reversed and its value is this key's tuple reversed.
  */
 struct ct_val {
-	__u32 src[4]; /* net */
-	__u32 dst[4]; /* net */
-	__u16 sport;  /* net */
-	__u16 dport;  /* net */
-	__u8 dir;     /* XLB_CT_FWD or XLB_CT_REPLY */
-	__u8 state;   /* XLB_CT_STATE_*: the flow's, kept the same in both entries */
-	__u8 mode;    /* XLB_MODE_*; dsr flows have a forward entry only */
+	__u32 src[4];  /* net */
+	__u32 dst[4];  /* net */
+	__u16 sport;   /* net */
+	__u16 dport;   /* net */
+	__u8 dir;      /* XLB_CT_FWD or XLB_CT_REPLY */
+	__u8 state;    /* XLB_CT_STATE_*: the flow's, kept the same in both entries */
+	__u8 mode;     /* XLB_MODE_*; dsr flows have a forward entry only */
 	__u8 nh_flags; /* XLB_NH_F_* of the cached next hop (0 in entries of
 			* versions before it: plain bpf_redirect) */
 	__u32 svc;     /* host: service generation that created the flow */
@@ -129,7 +129,7 @@ struct br_port_key {
  * ipvsadm --stats shows per real server. "in" is client -> backend, "out"
  * backend -> client; bytes are the IP packet's (no Ethernet header). */
 struct be_stats {
-	__u64 conns;     /* new connections scheduled to the backend */
+	__u64 conns; /* new connections scheduled to the backend */
 	__u64 in_pkts;
 	__u64 in_bytes;
 	__u64 out_pkts;

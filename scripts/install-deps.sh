@@ -6,9 +6,9 @@ set -euo pipefail
 
 need=()
 # haproxy, iptables-legacy and gnuplot: the data-path baselines and the charts
-# of make bench.
+# of make bench; clang-format: make check-fmt of bpf/*.c.
 for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack hyperfine:hyperfine wrk:wrk clang:clang llvm-strip:llvm \
-	haproxy:haproxy iptables-legacy:iptables gnuplot:gnuplot-nox; do
+	clang-format:clang-format haproxy:haproxy iptables-legacy:iptables gnuplot:gnuplot-nox; do
 	cmd=${pair%%:*} pkg=${pair##*:}
 	command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

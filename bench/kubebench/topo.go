@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/kube/kubetest"
+	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
 // topo is the traffic side of the benchmark. The bench runs in a network
@@ -50,30 +50,7 @@ func podAddr(i int) netip.Addr {
 }
 
 // inNS runs fn on a thread in ns.
-func inNS(ns netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		// The thread is left locked (and so discarded) if it cannot go
-		// back to its namespace.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		err = fn()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
+func inNS(ns netns.NsHandle, fn func() error) error { return nsenter.Run(ns, fn) }
 
 // newTopo builds the namespaces with prefix (names prefix-cl, prefix-ep),
 // the listener with npods addresses, and the node's routes.

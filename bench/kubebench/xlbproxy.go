@@ -49,7 +49,7 @@ func startXLB(ctx context.Context, c kubernetes.Interface, plane, dir string) (*
 	var err error
 	switch plane {
 	case "nft":
-		dp, err = nft.Open(ctx, quiet, nft.Options{Table: nftTablePrefix, Shards: *tables})
+		dp, err = nft.New(ctx, quiet, nft.Options{Table: nftTablePrefix, Shards: *tables})
 		if err == nil {
 			undo = append(undo, func() { dp.Close(); deleteNftTables(nftTablePrefix) })
 		}
@@ -83,7 +83,7 @@ func startXLB(ctx context.Context, c kubernetes.Interface, plane, dir string) (*
 		cleanup()
 		return nil, err
 	}
-	st := kube.NewWriteBehind(bolt, quiet) // as xlb kube-proxy does
+	st := store.NewWriteBehind(bolt, quiet) // as xlb kube-proxy does
 	undo = append(undo, func() { st.Close() })
 	eng, err := engine.New(ctx, quiet, dp, st)
 	if err != nil {

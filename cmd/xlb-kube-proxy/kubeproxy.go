@@ -16,47 +16,33 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"github.com/vishvananda/netns"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
-	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
-	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/kube"
+	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
 
 type kubeProxyOptions struct {
 	kubeconfig        string
 	hostname          string
-	dataplane         string
-	nftTable          string
-	nftTables         int
+	dp                setup.Flags
 	stateDir          string
 	nodePortAddresses []string
 	metricsAddr       string
 	healthzAddr       string
 	logLevel          string
-	// ebpf only.
-	interfaces    []string
-	connTableSize int
-	pinPath       string
+	apiEndpoints      []string
 }
 
-// kubeProxyDataplanes are the values --dataplane accepts for kube-proxy.
-const kubeProxyDataplanes = "nft, ebpf"
-
-const (
-	// defaultKubePinPath is apart from xlb daemon's /sys/fs/bpf/xlb: the
-	// two may run on one host, each with its own maps.
-	defaultKubePinPath = "/sys/fs/bpf/xlb-kube"
-	// defaultConnTableSize and maxConnTableSize are xlb daemon's.
-	defaultConnTableSize = 131072
-	maxConnTableSize     = 1 << 26
-)
+// The proxy's table and pin path are apart from xlb daemon's (xlb,
+// /sys/fs/bpf/xlb): the two may run on one host, each with its own rules
+// and maps.
+var kubeProxyDefaults = setup.Defaults{NFTTable: "xlb-kube", PinPath: "/sys/fs/bpf/xlb-kube"}
 
 func (a *app) kubeProxyCmd() *cobra.Command {
 	var o kubeProxyOptions
@@ -69,8 +55,9 @@ LoadBalancer status IPs and externalIPs; TCP, UDP, SCTP; IPv4, IPv6 and
 dual-stack. Each change of a Service or its EndpointSlices is one kernel
 transaction on that Service's farms only. Annotations under xlb.io/ (and
 kube-nftlb's service.kubernetes.io/kube-nftlb-load-balancer-*) set mode,
-scheduler, persistence, helper, log and limits; an invalid one becomes an
-Event on the Service, which keeps its previous rules. See docs/kube-proxy.md.
+scheduler, persistence, helper, log and limits; an invalid or refused one
+becomes an Event on the Service, which is served with the defaults and
+always follows its endpoints. See docs/kube-proxy.md.
 
 Farms are named <namespace>.<service>.<port>.<kind>-<address> and live in
 their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
@@ -78,8 +65,8 @@ their own nftables tables (--nft-table), apart from "xlb daemon"'s. With
 attached at tcx ingress of --interfaces, with its maps pinned under
 --pin-path. It balances what arrives on those interfaces (not what the
 node itself sends), and Service features it does not implement (SCTP, the
-helper and est-connlimit annotations) are refused per Service with an Event
-(see docs/kube-proxy.md). The state
+helper and est-connlimit annotations) fall back to the defaults, or leave
+that port out, with an Event (see docs/kube-proxy.md). The state
 is saved in --state-dir, so a restart keeps the rules in place until the
 first sync replaces them.
 
@@ -97,18 +84,14 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the in-cluster configuration)")
 	f.StringVar(&o.hostname, "hostname-override", "", "this node's name (default: $NODE_NAME, else the host name)")
-	f.StringVar(&o.dataplane, "dataplane", "nft", "kernel data plane: "+kubeProxyDataplanes+" (ebpf: see --interfaces, --conn-table-size, --pin-path)")
-	f.StringVar(&o.nftTable, "nft-table", "xlb-kube", "nftables table (inet) this proxy owns; with --nft-tables > 1 the prefix of its tables (xlb-kube-00, ...)")
-	f.IntVar(&o.nftTables, "nft-tables", nft.DefaultShards, "tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
+	o.dp.Register(f, kubeProxyDefaults)
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir+"/kube-proxy", "directory of the saved state")
 	f.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts only on node addresses inside these CIDRs (default: every InternalIP and ExternalIP of the Node)")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address:port of /metrics and /healthz (empty: off)")
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringSliceVar(&o.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback, as found at start)")
-	f.IntVar(&o.connTableSize, "conn-table-size", defaultConnTableSize, "ebpf: connections the conntrack table holds (352 bytes of kernel memory each)")
-	f.StringVar(&o.pinPath, "pin-path", defaultKubePinPath, "ebpf: bpffs directory where maps and links are pinned (apart from xlb daemon's)")
-	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error { return checkDataplaneFlags(cmd, &o) }
+	f.StringSliceVar(&o.apiEndpoints, "apiserver-endpoints", nil, "the API server's real address:port(s): program the kubernetes Service's cluster IP to them before the first sync, so a fresh node's in-cluster configuration can reach the API server")
+	cmd.PreRunE = func(*cobra.Command, []string) error { return o.dp.Check() }
 	return cmd
 }
 
@@ -151,6 +134,17 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}
 	cfg.UserAgent = "xlb-kube-proxy"
+	var apiEndpoints []netip.AddrPort
+	for _, s := range o.apiEndpoints {
+		if strings.TrimSpace(s) == "" {
+			continue // an empty value from the manifest's ConfigMap
+		}
+		ep, err := netip.ParseAddrPort(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("--apiserver-endpoints %q: must be address:port, e.g. 192.168.0.10:6443 or [2001:db8::10]:6443", s)
+		}
+		apiEndpoints = append(apiEndpoints, ep)
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
@@ -161,12 +155,12 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return err
 	}
 	// Saved behind the kernel: the API server is the source of truth, the
-	// saved state only bridges restarts (see kube.WriteBehind).
-	st := kube.NewWriteBehind(bolt, log)
+	// saved state only bridges restarts (see store.WriteBehind).
+	st := store.NewWriteBehind(bolt, log)
 	defer st.Close()
-	dp, err := openDataplane(ctx, log, o)
+	dp, err := setup.Open(ctx, log, o.dp)
 	if err != nil {
-		return err
+		return fmt.Errorf("open %s data plane: %w", o.dp.Plane, err)
 	}
 	defer dp.Close() // leaves the kernel's rules (and pinned eBPF maps) in place
 	eng, err := engine.New(ctx, log, dp, st)
@@ -174,17 +168,32 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return err
 	}
 
+	// A fresh node: the client may reach the API server only through the
+	// kubernetes Service's cluster IP, which nothing serves yet.
+	apiSvc, viaIP := kube.APIServiceAddr(cfg.Host)
+	if viaIP && len(apiEndpoints) > 0 {
+		if err := kube.BootstrapAPIFarm(ctx, eng, apiSvc, apiEndpoints); err != nil {
+			return err
+		}
+		log.Info("kubernetes Service programmed before the first sync", "service", apiSvc.String(), "endpoints", fmt.Sprint(apiEndpoints))
+	}
+	waitHint := ""
+	inCluster := viaIP && a.getenv("KUBERNETES_SERVICE_HOST") == apiSvc.Addr().String()
+	if _, served := eng.Snapshot().Farm(kube.FarmName("default", "kubernetes", "https", kube.KindCluster, apiSvc.Addr())); inCluster && !served {
+		waitHint = kube.FreshNodeHint(apiSvc)
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
+		APIHost: cfg.Host, WaitHint: waitHint,
 	}
 	// Stale UDP flows of removed endpoints are deleted from netfilter's
 	// conntrack (nft) or from the ebpf plane's own table.
-	kc.Conntrack = kube.NetlinkConntrack{NS: netns.None()}
-	if p, ok := dp.(*ebpf.Plane); ok {
-		kc.Conntrack = kube.EBPFConntrack{Plane: p}
+	if ff, ok := dp.(dataplane.FlowFlusher); ok {
+		kc.Flows = ff
 	}
 	ctl, err := kube.New(kc)
 	if err != nil {
@@ -243,58 +252,4 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	err = ctl.Run(ctx)
 	log.Info("xlb kube-proxy stopping; kernel rules stay in place")
 	return err
-}
-
-// checkDataplaneFlags validates the data plane flags: each plane's flags
-// only with that plane, sizes in range.
-func checkDataplaneFlags(cmd *cobra.Command, o *kubeProxyOptions) error {
-	changed := cmd.Flags().Changed
-	switch o.dataplane {
-	case "nft":
-		for _, n := range []string{"interfaces", "conn-table-size", "pin-path"} {
-			if changed(n) {
-				return fmt.Errorf("--%s: only with --dataplane ebpf", n)
-			}
-		}
-		if o.nftTables < 1 || o.nftTables > nft.MaxShards {
-			return fmt.Errorf("--nft-tables %d: allowed values are 1 to %d", o.nftTables, nft.MaxShards)
-		}
-	case "ebpf":
-		for _, n := range []string{"nft-table", "nft-tables"} {
-			if changed(n) {
-				return fmt.Errorf("--%s: only with --dataplane nft", n)
-			}
-		}
-		if o.connTableSize < 1 || o.connTableSize > maxConnTableSize {
-			return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", o.connTableSize, maxConnTableSize)
-		}
-		if o.pinPath == "" {
-			return errors.New("--pin-path: must be a directory on a bpf file system")
-		}
-	default:
-		return fmt.Errorf("--dataplane %q: allowed values are %s", o.dataplane, kubeProxyDataplanes)
-	}
-	return nil
-}
-
-// openDataplane opens the data plane of --dataplane in the current network
-// namespace.
-func openDataplane(ctx context.Context, log *slog.Logger, o kubeProxyOptions) (dataplane.Dataplane, error) {
-	if o.dataplane == "ebpf" {
-		p, err := ebpf.New(ctx, log, ebpf.Options{
-			Interfaces:    o.interfaces,
-			ConnTableSize: 2 * o.connTableSize, // two entries per connection
-			PinPath:       o.pinPath,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("open ebpf data plane: %w", err)
-		}
-		log.Info("ebpf data plane attached", "interfaces", o.interfaces, "pin_path", o.pinPath, "conn_table_size", o.connTableSize)
-		return p, nil
-	}
-	p, err := nft.Open(ctx, log, nft.Options{Table: o.nftTable, Shards: o.nftTables})
-	if err != nil {
-		return nil, fmt.Errorf("open nft data plane: %w", err)
-	}
-	return p, nil
 }

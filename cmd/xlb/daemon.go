@@ -21,9 +21,8 @@ import (
 	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/cluster/bgp"
 	"github.com/xlb-lb/xlb/internal/cluster/connsync"
-	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
-	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
 
@@ -31,7 +30,7 @@ type daemonOptions struct {
 	listen   string
 	socket   string // "" = <state-dir>/api.sock, "none" = no socket
 	stateDir string
-	dp       dataplaneConfig
+	dp       setup.Flags
 	logLevel string
 	// bgpConfig is the BGP speaker's configuration file ("": no speaker).
 	bgpConfig string
@@ -41,13 +40,6 @@ type daemonOptions struct {
 	// holds farms (guard.go).
 	forceEmpty bool
 }
-
-// Bounds of --conn-table-size (connections; the table holds two entries
-// per connection).
-const (
-	defaultConnTableSize = 131072
-	maxConnTableSize     = 1 << 26
-)
 
 func (a *app) daemonCmd() *cobra.Command {
 	var o daemonOptions
@@ -114,7 +106,7 @@ summary line every 10 s. See docs/operations.md.`,
 			if cmd.Flags().Changed("key-file") {
 				keyFile = a.keyFile
 			}
-			if err := checkDataplaneFlags(cmd, &o.dp); err != nil {
+			if err := o.dp.Check(); err != nil {
 				return err
 			}
 			return a.runDaemon(cmd.Context(), o, keyFile)
@@ -124,19 +116,7 @@ summary line every 10 s. See docs/operations.md.`,
 	f.StringVar(&o.listen, "listen", defaultListen, "address:port the API listens on")
 	f.StringVar(&o.socket, "socket", "", `Unix socket the API is also served on (default <state-dir>/`+socketFileName+`; "none": no socket)`)
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
-	f.StringVar(&o.dp.name, "dataplane", "nft", "kernel data plane: "+dataplaneNames)
-	f.IntVar(&o.dp.nftTables, "nft-tables", nft.DefaultShards, "nft: tables the farms are spread over (1-256; a change costs in proportion to the farms of its table)")
-	f.StringSliceVar(&o.dp.interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback)")
-	f.IntVar(&o.dp.connTableSize, "conn-table-size", defaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
-	f.StringVar(&o.dp.pinPath, "pin-path", ebpf.DefaultPinPath, "ebpf: bpffs directory where maps and links are pinned")
-	f.StringVar(&o.dp.xdp, "xdp", string(ebpf.XDPOff), "ebpf: XDP fast path for tracked dsr flows: off, generic (any driver), native (XDP drivers)")
-	f.BoolVar(&o.dp.bridgePortRedirect, "bridge-port-redirect", false, "ebpf: send packets for backends behind a bridge without VLAN filtering straight to their container's veth (skips the bridge's transmit and output hooks)")
-	d := ebpf.DefaultTimeouts
-	f.DurationVar(&o.dp.timeouts.TCP, "ct-timeout-tcp", d.TCP, "ebpf: idle timeout of established TCP connections")
-	f.DurationVar(&o.dp.timeouts.TCPFin, "ct-timeout-tcpfin", d.TCPFin, "ebpf: idle timeout of TCP connections after a FIN")
-	f.DurationVar(&o.dp.timeouts.UDP, "ct-timeout-udp", d.UDP, "ebpf: idle timeout of UDP flows")
-	f.DurationVar(&o.dp.timeouts.SYN, "ct-timeout-syn", d.SYN, "ebpf: idle timeout of TCP connections before the handshake completes")
-	f.DurationVar(&o.dp.timeouts.Close, "ct-timeout-close", d.Close, "ebpf: idle timeout of TCP connections after a RST")
+	o.dp.Register(f, setup.DaemonDefaults)
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.sync.listen, "sync-listen", "", "connection sync: this node's address:port that its peers connect to (nft data plane; docs/ha.md)")
 	f.StringSliceVar(&o.sync.peers, "sync-peers", nil, "connection sync: the other nodes' --sync-listen addresses")
@@ -165,7 +145,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		}
 		bgpCfg = c
 	}
-	syncCfg, err := o.sync.config(o.dp.name)
+	syncCfg, err := o.sync.config(o.dp.Plane)
 	if err != nil {
 		return err
 	}
@@ -198,7 +178,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	}
 	dp, err := a.openDataplane(ctx, log, o.dp)
 	if err != nil {
-		return fmt.Errorf("open %s data plane: %w", o.dp.name, err)
+		return fmt.Errorf("open %s data plane: %w", o.dp.Plane, err)
 	}
 	defer dp.Close() // leaves the kernel's rules in place
 	if err := guardEmptyState(ctx, log, dp, st, o.stateDir, statErr == nil, o.forceEmpty); err != nil {
@@ -340,50 +320,6 @@ func listenSocket(log *slog.Logger, o daemonOptions) (net.Listener, error) {
 		return nil, fmt.Errorf("--socket %q: %w", path, err)
 	}
 	return ln, nil
-}
-
-// checkDataplaneFlags validates the data plane flags: ebpf-only flags need
-// --dataplane ebpf, and sizes and timeouts must be in range.
-func checkDataplaneFlags(cmd *cobra.Command, c *dataplaneConfig) error {
-	c.connTableSet = cmd.Flags().Changed("conn-table-size")
-	if c.connTableSet && (c.connTableSize < 1 || c.connTableSize > maxConnTableSize) {
-		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)
-	}
-	ebpfOnly := []string{"interfaces", "pin-path", "xdp", "bridge-port-redirect",
-		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
-	if c.name != "nft" && cmd.Flags().Changed("nft-tables") {
-		return fmt.Errorf("--nft-tables: only with --dataplane nft")
-	}
-	if c.nftTables < 1 || c.nftTables > nft.MaxShards {
-		return fmt.Errorf("--nft-tables %d: allowed values are 1 to %d", c.nftTables, nft.MaxShards)
-	}
-	if c.name != "ebpf" {
-		for _, n := range ebpfOnly {
-			if cmd.Flags().Changed(n) {
-				return fmt.Errorf("--%s: only with --dataplane ebpf", n)
-			}
-		}
-		return nil
-	}
-	if _, err := ebpf.ParseXDPMode(c.xdp); err != nil {
-		return err
-	}
-	if c.connTableSize < 1 || c.connTableSize > maxConnTableSize {
-		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.connTableSize, maxConnTableSize)
-	}
-	for _, t := range []struct {
-		flag string
-		v    time.Duration
-	}{
-		{"ct-timeout-tcp", c.timeouts.TCP}, {"ct-timeout-tcpfin", c.timeouts.TCPFin},
-		{"ct-timeout-udp", c.timeouts.UDP}, {"ct-timeout-syn", c.timeouts.SYN},
-		{"ct-timeout-close", c.timeouts.Close},
-	} {
-		if t.v < time.Second || t.v > 30*24*time.Hour {
-			return fmt.Errorf("--%s %s: allowed values are 1s to 720h", t.flag, t.v)
-		}
-	}
-	return nil
 }
 
 // daemonKey returns the API key: from keyFile, else envKey, else the key

@@ -13,6 +13,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/setup"
 )
 
 // syncBuffer is a bytes.Buffer safe for the daemon's log writes and the
@@ -55,7 +56,7 @@ func startDaemonWith(t *testing.T, open func() (dataplane.Dataplane, error), env
 		open = func() (dataplane.Dataplane, error) { return fake.New(), nil }
 	}
 	a := &app{in: strings.NewReader(""), out: io.Discard, errOut: buf, getenv: func(k string) string { return env[k] },
-		openDataplane: func(context.Context, *slog.Logger, dataplaneConfig) (dataplane.Dataplane, error) { return open() },
+		openDataplane: func(context.Context, *slog.Logger, setup.Flags) (dataplane.Dataplane, error) { return open() },
 		daemonReady:   func(a net.Addr) { ready <- a }}
 	done := make(chan int, 1)
 	go func() { done <- a.run(ctx, append([]string{"daemon", "--listen", "127.0.0.1:0"}, args...)) }()

@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/xlb-lb/xlb/internal/api"
-	"github.com/xlb-lb/xlb/internal/conntrack"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/events"
@@ -20,12 +19,6 @@ import (
 func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane) (func(*api.Server) *api.Server, *health.Monitor, func()) {
 	broker := events.NewBroker(events.DefaultKeep)
 	eng.SetEvents(broker)
-	if _, ok := dp.(dataplane.FlowFlusher); !ok && dp.Name() == "nft" {
-		// The nft plane's connections are the kernel's conntrack entries.
-		// (The ebpf plane expires the flows of a backend whose effective
-		// state is down itself.)
-		eng.SetFlowFlusher(conntrack.Flusher{})
-	}
 	mon := health.New(log.With("component", "health"), eng, health.Options{})
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

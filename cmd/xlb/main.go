@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/xlb-lb/xlb/internal/setup"
 )
 
 func main() {
@@ -22,7 +24,7 @@ func main() {
 // run executes one xlb command line and returns the exit code. Errors are
 // printed as "xlb: <message>".
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{in: stdin, out: stdout, errOut: stderr, getenv: getenv, openDataplane: openDataplane}
+	a := &app{in: stdin, out: stdout, errOut: stderr, getenv: getenv, openDataplane: setup.Open}
 	return a.run(ctx, args)
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
 
@@ -60,7 +61,7 @@ func runCLI(t *testing.T, env map[string]string, stdin string, args ...string) r
 	t.Helper()
 	var out, errOut bytes.Buffer
 	a := &app{in: strings.NewReader(stdin), out: &out, errOut: &errOut,
-		getenv: func(k string) string { return env[k] }, openDataplane: openDataplane}
+		getenv: func(k string) string { return env[k] }, openDataplane: setup.Open}
 	code := a.run(t.Context(), args)
 	return result{out.String(), errOut.String(), code}
 }
@@ -301,9 +302,9 @@ func TestDaemonCommand(t *testing.T) {
 		ready := make(chan net.Addr, 1)
 		var logs bytes.Buffer
 		a := &app{in: strings.NewReader(""), out: io.Discard, errOut: &logs, getenv: func(string) string { return "" },
-			openDataplane: func(_ context.Context, _ *slog.Logger, c dataplaneConfig) (dataplane.Dataplane, error) {
-				if c.name != "nft" {
-					return nil, fmt.Errorf("unexpected data plane %q", c.name)
+			openDataplane: func(_ context.Context, _ *slog.Logger, c setup.Flags) (dataplane.Dataplane, error) {
+				if c.Plane != "nft" {
+					return nil, fmt.Errorf("unexpected data plane %q", c.Plane)
 				}
 				return fake.New(), nil
 			},

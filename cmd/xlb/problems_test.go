@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -28,7 +28,7 @@ func TestDaemonStartsOnInvalidSavedFarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs[0].LogPrefix = strings.Repeat("\xff", 24)
-	if err := st.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: &fs[0]}}}); err != nil {
+	if err := st.Commit(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: &fs[0]}}}); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()

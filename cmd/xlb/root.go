@@ -14,6 +14,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/client"
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/setup"
 )
 
 // Defaults shared by the daemon and the client commands.
@@ -32,7 +33,7 @@ type app struct {
 	out, errOut   io.Writer
 	getenv        func(string) string
 	httpClient    *http.Client // nil: http.DefaultClient
-	openDataplane func(ctx context.Context, log *slog.Logger, c dataplaneConfig) (dataplane.Dataplane, error)
+	openDataplane func(ctx context.Context, log *slog.Logger, c setup.Flags) (dataplane.Dataplane, error)
 	daemonReady   func(addr net.Addr) // tests: called once the daemon's API serves
 
 	apiURL  string

@@ -127,7 +127,7 @@ func TestLostStateDirKeepsNftKernel(t *testing.T) {
 	testutil.RequireRoot(t)
 	_, ns := testutil.NewNetNS(t)
 	open := func() (dataplane.Dataplane, error) {
-		return nft.Open(t.Context(), slog.New(slog.DiscardHandler), nft.Options{NetNS: ns, Shards: 4})
+		return nft.New(t.Context(), slog.New(slog.DiscardHandler), nft.Options{NetNS: ns, Shards: 4})
 	}
 	base := t.TempDir()
 	env := map[string]string{"XLB_KEY": "state-dir-test-key"}

@@ -14,8 +14,8 @@ import (
 	"testing"
 
 	"github.com/xlb-lb/xlb/internal/api"
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -403,7 +403,7 @@ func TestKernelFailure(t *testing.T) {
 	e := newEnv(t)
 	e.must("POST", "/farms", nftlbWeb)
 	before, plane, saved := e.must("GET", "/farms", ""), e.planeDump(), e.storeDump()
-	e.plane.FailApply = func(dataplane.Diff) error { return fake.ErrInjected }
+	e.plane.FailApply = func(plan.Diff) error { return fake.ErrInjected }
 	for _, req := range [][3]string{
 		{"POST", "/farms", bulkBody(10, 1)},
 		{"PUT", "/farms/web/backends", `{"backends":[{"name":"b9","ip-addr":"10.200.0.19"}]}`},

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/xlb-lb/xlb/internal/api"
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -21,9 +21,9 @@ import (
 // of the request, not the fsync.
 type nopStore struct{}
 
-func (nopStore) Load(context.Context) ([]model.Farm, error)  { return nil, nil }
-func (nopStore) Apply(context.Context, dataplane.Diff) error { return nil }
-func (nopStore) Close() error                                { return nil }
+func (nopStore) Load(context.Context) ([]model.Farm, error) { return nil, nil }
+func (nopStore) Commit(context.Context, plan.Diff) error    { return nil }
+func (nopStore) Close() error                               { return nil }
 
 // BenchmarkPostFarm100Backends is POST /farms adding a farm of 100
 // backends, through the handler, with a store and a data plane that do

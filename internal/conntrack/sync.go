@@ -2,7 +2,6 @@ package conntrack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -299,10 +298,6 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 	return n, first
 }
 
-func isErrno(err error, e unix.Errno) bool {
-	var oe *netlink.OpError
-	return errors.As(err, &oe) && errors.Is(oe.Err, e)
-}
 
 func protoName(p uint8) string {
 	switch p {

@@ -1,38 +1,20 @@
 // Package dataplane defines the one interface behind which xlb's kernel data
 // planes (nftables, eBPF) sit. The engine hands a data plane the difference
-// between two states; the data plane applies it as one kernel transaction.
+// between two states (a plan.Diff); the data plane applies it as one kernel
+// transaction. What is computed the same way for both planes (the
+// dual-family split, Maglev, weighted slots, the flow hash) lives in
+// package plan, below both.
 package dataplane
 
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
-
-// FarmChange is one farm's change. Old is nil for an added farm, New is nil
-// for a deleted one; both set is an update. Farms are immutable.
-type FarmChange struct {
-	Old, New *model.Farm
-}
-
-// Diff is an ordered set of farm changes applied together.
-type Diff struct {
-	Changes []FarmChange
-}
-
-// Empty reports whether the diff changes nothing.
-func (d Diff) Empty() bool { return len(d.Changes) == 0 }
-
-// Inverse returns the diff that undoes d (used to roll back).
-func (d Diff) Inverse() Diff {
-	inv := Diff{Changes: make([]FarmChange, len(d.Changes))}
-	for i, c := range d.Changes {
-		inv.Changes[len(d.Changes)-1-i] = FarmChange{Old: c.New, New: c.Old}
-	}
-	return inv
-}
 
 // Dataplane programs farms into the kernel.
 type Dataplane interface {
@@ -44,7 +26,7 @@ type Dataplane interface {
 	Check(f *model.Farm) error
 	// Apply applies the diff to the kernel as one transaction: either all of
 	// it takes effect or none of it does.
-	Apply(ctx context.Context, d Diff) error
+	Apply(ctx context.Context, d plan.Diff) error
 	// Reconcile makes the kernel hold exactly the given farms, repairing
 	// anything changed by hand, without a moment where existing farms are
 	// missing (no flush).
@@ -57,12 +39,18 @@ type Dataplane interface {
 // Unsupported builds the error a data plane returns for a farm field value it
 // does not implement.
 func Unsupported(plane string, f *model.Farm, field, value string) error {
-	return &model.FieldError{
-		Object:  fmt.Sprintf("farm %q", f.Name),
-		Field:   field,
-		Value:   value,
-		Problem: fmt.Sprintf("is not implemented by the %s data plane yet", plane),
-	}
+	return Refuse(f, field, value, fmt.Sprintf("is not implemented by the %s data plane yet", plane))
+}
+
+// Refuse builds the error a data plane's Check returns for a farm field
+// value it cannot take; problem says why and what it takes instead.
+func Refuse(f *model.Farm, field, value, problem string) error {
+	return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: field, Value: value, Problem: problem}
+}
+
+// RefuseBackend is Refuse for a field of the farm's backend named backend.
+func RefuseBackend(f *model.Farm, backend, field, value, problem string) error {
+	return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, backend), Field: field, Value: value, Problem: problem}
 }
 
 // Session is one persistence entry of a farm: a client key and the backend
@@ -129,4 +117,26 @@ type FarmCounters struct {
 type CounterReader interface {
 	// Counters reads the farm's counters from the kernel.
 	Counters(ctx context.Context, f *model.Farm) (FarmCounters, error)
+}
+
+// StaleFlow names the tracked UDP flows to VIP:Port that were sent to
+// Backend, a backend that went away.
+type StaleFlow struct {
+	VIP     netip.Addr
+	Port    uint16
+	Backend netip.Addr
+}
+
+// FlowFlusher is implemented by data planes that can forget tracked flows
+// (both do: nft in netfilter's conntrack of its namespace, eBPF in its own
+// table). A configuration change never cuts tracked flows by itself; this
+// is for a caller that knows a backend is gone for good: the Kubernetes
+// proxy, when an endpoint goes away, because a UDP client that keeps its
+// source port would otherwise stay on the dead endpoint until its flow
+// idles out (kube-proxy's long-standing UDP black-hole bug).
+type FlowFlusher interface {
+	// DeleteUDPFlows deletes the tracked UDP flows of flows, so the next
+	// datagram of each is scheduled afresh, and returns how many it
+	// deleted.
+	DeleteUDPFlows(ctx context.Context, flows []StaleFlow) (int, error)
 }

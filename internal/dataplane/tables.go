@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -11,85 +12,6 @@ import (
 // are bound to a slot (the name and ID farms refer to). A swap of two
 // tables exchanges their slots, so the kernel changes one binding per
 // table, whatever the tables' sizes.
-
-// TableChange is one table's change. Old is nil for a created table, New is
-// nil for a destroyed one. Old.Slot != New.Slot is a swap: the table is
-// bound to another slot, whose entries do not change.
-type TableChange struct {
-	Old, New *model.Table
-}
-
-// SlotChange is a change of one slot's entries. Old is the table that held
-// the slot before (nil: the slot is new and takes every entry of New), New
-// the one that holds it after (nil: the slot is freed with its entries).
-// When both are set, Put lists the entries added or whose value changed
-// (their new versions), Replaced the old versions of those that existed,
-// and Del the entries removed.
-type SlotChange struct {
-	Slot          uint32
-	Old, New      *model.Table
-	Put, Replaced []model.TableEntry
-	Del           []model.TableEntry
-}
-
-// Entries reports how many entries the change writes or removes in the
-// kernel.
-func (c SlotChange) Entries() int {
-	switch {
-	case c.Old == nil && c.New != nil:
-		return c.New.Len()
-	case c.New == nil && c.Old != nil:
-		return c.Old.Len()
-	}
-	return len(c.Put) + len(c.Del)
-}
-
-// TableDiff is what one engine change does to tables, and the farm changes
-// of the same engine change that concern policies (Old or New attaches
-// one), so a plane can update how farms use tables in the same kernel
-// transaction.
-type TableDiff struct {
-	Tables []TableChange
-	Slots  []SlotChange
-	Farms  []FarmChange
-}
-
-// Empty reports whether the diff changes nothing.
-func (d TableDiff) Empty() bool {
-	return len(d.Tables) == 0 && len(d.Slots) == 0 && len(d.Farms) == 0
-}
-
-// Inverse returns the diff that undoes d (used to roll back).
-func (d TableDiff) Inverse() TableDiff {
-	inv := TableDiff{
-		Tables: make([]TableChange, len(d.Tables)),
-		Slots:  make([]SlotChange, len(d.Slots)),
-		Farms:  Diff{Changes: d.Farms}.Inverse().Changes,
-	}
-	for i, c := range d.Tables {
-		inv.Tables[len(d.Tables)-1-i] = TableChange{Old: c.New, New: c.Old}
-	}
-	for i, c := range d.Slots {
-		ic := SlotChange{Slot: c.Slot, Old: c.New, New: c.Old}
-		if c.Old != nil && c.New != nil {
-			replaced := make(map[model.TableKey]bool, len(c.Replaced))
-			for _, e := range c.Replaced {
-				replaced[e.Key] = true
-			}
-			ic.Put = append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
-			ic.Replaced = c.Put[:0:0]
-			for _, e := range c.Put {
-				if replaced[e.Key] {
-					ic.Replaced = append(ic.Replaced, e)
-				} else {
-					ic.Del = append(ic.Del, e)
-				}
-			}
-		}
-		inv.Slots[len(d.Slots)-1-i] = ic
-	}
-	return inv
-}
 
 // TablePlane is implemented by data planes that keep named tables in the
 // kernel and enforce farms' policies.
@@ -100,7 +22,7 @@ type TablePlane interface {
 	// ApplyTables applies d as one kernel transaction, before the farm
 	// changes of the same engine change are applied (so a farm never
 	// serves a moment without the policies it is given).
-	ApplyTables(ctx context.Context, d TableDiff) error
+	ApplyTables(ctx context.Context, d plan.TableDiff) error
 	// ReconcileTables makes the kernel hold exactly these tables and
 	// these farms' policies, repairing what was changed by hand, without
 	// a moment where a table is empty. It runs before Reconcile.

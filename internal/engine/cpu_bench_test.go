@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -15,9 +15,9 @@ import (
 // engine's own CPU (decode, validate, diff, build), not bbolt's fsyncs.
 type memStore struct{}
 
-func (memStore) Load(context.Context) ([]model.Farm, error)  { return nil, nil }
-func (memStore) Apply(context.Context, dataplane.Diff) error { return nil }
-func (memStore) Close() error                                { return nil }
+func (memStore) Load(context.Context) ([]model.Farm, error) { return nil, nil }
+func (memStore) Commit(context.Context, plan.Diff) error    { return nil }
+func (memStore) Close() error                               { return nil }
 
 // addBody is the body of POST /farms adding farm name with n backends.
 func addBody(name string, n int) []byte {

@@ -1,9 +1,9 @@
-// Package engine is xlb's one writer. Every change, from the API, the CLI, the
-// config file or Kubernetes, goes through Engine.Change, which serializes it:
-// validate -> build the new immutable state -> apply the difference to the
-// data plane as one kernel transaction -> persist -> publish. If the kernel or
-// the disk fails, both are returned to the old state and the caller gets the
-// error.
+// Package engine is xlb's one writer. Every change, from the API (which the
+// CLI uses) or from Kubernetes, goes through Engine.Change, which serializes
+// it: validate -> diff against the current state -> the data plane applies
+// the diff to the kernel as one transaction while the store commits it to
+// disk -> publish the new immutable state. If the kernel or the disk fails,
+// both are returned to the old state and the caller gets the error.
 package engine
 
 import (
@@ -19,6 +19,7 @@ import (
 	iradix "github.com/hashicorp/go-immutable-radix/v2"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -234,7 +235,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 }
 
 // revertDisk takes back a diff the disk saved but the kernel refused.
-func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff, tdiff dataplane.TableDiff) {
+func (e *Engine) revertDisk(ctx context.Context, diff plan.Diff, tdiff plan.TableDiff) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
 	switch u, ok := e.store.(store.Undoer); {
@@ -242,7 +243,7 @@ func (e *Engine) revertDisk(ctx context.Context, diff dataplane.Diff, tdiff data
 	case ok:
 		err = u.Revert(ctx, diff)
 	default:
-		err = e.store.Apply(ctx, diff.Inverse())
+		err = e.store.Commit(ctx, diff.Inverse())
 	}
 	if terr := e.revertTablesOnDisk(ctx, tdiff); terr != nil {
 		err = errors.Join(err, terr)
@@ -403,8 +404,8 @@ func (tx *Txn) validate() error {
 }
 
 // diff lists what the transaction changed, skipping puts equal to the base.
-func (tx *Txn) diff() dataplane.Diff {
-	var d dataplane.Diff
+func (tx *Txn) diff() plan.Diff {
+	var d plan.Diff
 	for _, name := range tx.order {
 		old, _ := tx.base.Farm(name)
 		nf := tx.farms[name]
@@ -414,13 +415,13 @@ func (tx *Txn) diff() dataplane.Diff {
 		if old != nil && nf != nil && farmsEqual(old, nf) {
 			continue
 		}
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: old, New: nf})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: old, New: nf})
 	}
 	return d
 }
 
 // build returns the new published state; diff is tx.diff().
-func (tx *Txn) build(diff dataplane.Diff) *State {
+func (tx *Txn) build(diff plan.Diff) *State {
 	farms := tx.base.farms.Txn()
 	listeners := tx.base.listeners.Txn()
 	for _, name := range tx.order {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -31,21 +32,21 @@ func webFarm(t testing.TB, name, vip, ports string) model.Farm {
 	return farm(t, fmt.Sprintf(`{"name":%q,"virtual-addr":%q,"virtual-ports":%q,"backends":[{"name":"b1","ip-addr":"10.1.0.1"}]}`, name, vip, ports))
 }
 
-// failingStore wraps a store and fails Apply on demand.
+// failingStore wraps a store and fails Commit on demand.
 type failingStore struct {
 	store.Store
 	fail bool
 }
 
-func (s *failingStore) Apply(ctx context.Context, d dataplane.Diff) error {
+func (s *failingStore) Commit(ctx context.Context, d plan.Diff) error {
 	if s.fail {
 		return errors.New("injected disk failure")
 	}
-	return s.Store.Apply(ctx, d)
+	return s.Store.Commit(ctx, d)
 }
 
 // Revert and UndoLast pass through to the bbolt store (store.Undoer).
-func (s *failingStore) Revert(ctx context.Context, d dataplane.Diff) error {
+func (s *failingStore) Revert(ctx context.Context, d plan.Diff) error {
 	return s.Store.(store.Undoer).Revert(ctx, d)
 }
 
@@ -115,7 +116,7 @@ func TestKernelFailureChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := e.Snapshot()
-	dp.FailApply = func(dataplane.Diff) error { return fake.ErrInjected }
+	dp.FailApply = func(plan.Diff) error { return fake.ErrInjected }
 	err := put(e, webFarm(t, "b", "10.0.0.2", "80"))
 	if !errors.Is(err, fake.ErrInjected) || !strings.Contains(err.Error(), "apply to fake data plane") {
 		t.Fatalf("error %v, want the injected kernel failure with context", err)
@@ -221,8 +222,8 @@ func TestDiffIsOnlyWhatChanged(t *testing.T) {
 	if err := put(e, all...); err != nil {
 		t.Fatal(err)
 	}
-	var seen []dataplane.Diff
-	dp.FailApply = func(d dataplane.Diff) error { seen = append(seen, d); return nil }
+	var seen []plan.Diff
+	dp.FailApply = func(d plan.Diff) error { seen = append(seen, d); return nil }
 	// Re-putting unchanged farms is not a change at all.
 	if err := put(e, all[:10]...); err != nil {
 		t.Fatal(err)
@@ -381,7 +382,7 @@ func TestKernelFailureLeavesNoUndo(t *testing.T) {
 	if err := put(e, webFarm(t, "a", "10.0.0.1", "80")); err != nil {
 		t.Fatal(err)
 	}
-	dp.FailApply = func(dataplane.Diff) error { return fake.ErrInjected }
+	dp.FailApply = func(plan.Diff) error { return fake.ErrInjected }
 	if err := put(e, webFarm(t, "b", "10.0.0.2", "80")); !errors.Is(err, fake.ErrInjected) {
 		t.Fatalf("error %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/events"
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -79,7 +80,7 @@ type healthTable struct {
 	eff map[string]*model.Farm
 	// flusher cuts connections of backends going down in farms with
 	// on-down flush when the data plane cannot (SetFlowFlusher).
-	flusher dataplane.FlowFlusher
+	flusher dataplane.BackendFlusher
 	events  *events.Broker
 }
 
@@ -96,8 +97,8 @@ func (e *Engine) SetEvents(b *events.Broker) {
 
 // SetFlowFlusher gives the engine what cuts a down backend's connections
 // in farms with on-down flush, for a data plane that does not implement
-// dataplane.FlowFlusher itself.
-func (e *Engine) SetFlowFlusher(f dataplane.FlowFlusher) {
+// dataplane.BackendFlusher itself.
+func (e *Engine) SetFlowFlusher(f dataplane.BackendFlusher) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.health.flusher = f
@@ -243,13 +244,13 @@ func effectiveWeight(configured uint32, h *healthEntry) uint32 {
 
 // planeDiff turns a diff of desired farms into the diff of effective farms
 // the data plane applies, and the quorum states that go with it.
-func (e *Engine) planeDiff(d dataplane.Diff) (dataplane.Diff, map[string]*model.Farm, map[string]bool) {
+func (e *Engine) planeDiff(d plan.Diff) (plan.Diff, map[string]*model.Farm, map[string]bool) {
 	// Farms without checks (nearly all of a bulk change) are their own
 	// effective farms: nothing is recorded for them.
 	if len(e.health.eff) == 0 && !anyChecks(d) {
 		return d, nil, nil
 	}
-	out := dataplane.Diff{Changes: make([]dataplane.FarmChange, 0, len(d.Changes))}
+	out := plan.Diff{Changes: make([]plan.FarmChange, 0, len(d.Changes))}
 	effs := map[string]*model.Farm{}
 	lost := map[string]bool{}
 	for _, c := range d.Changes {
@@ -265,14 +266,14 @@ func (e *Engine) planeDiff(d dataplane.Diff) (dataplane.Diff, map[string]*model.
 				lost[nw.Name] = true
 			}
 		}
-		out.Changes = append(out.Changes, dataplane.FarmChange{Old: old, New: nw})
+		out.Changes = append(out.Changes, plan.FarmChange{Old: old, New: nw})
 	}
 	return out, effs, lost
 }
 
 // anyChecks reports whether a farm of the diff has checks, before or
 // after.
-func anyChecks(d dataplane.Diff) bool {
+func anyChecks(d plan.Diff) bool {
 	for _, c := range d.Changes {
 		if c.Old != nil && c.Old.HasChecks() || c.New != nil && c.New.HasChecks() {
 			return true
@@ -284,7 +285,7 @@ func anyChecks(d dataplane.Diff) bool {
 // commitHealth records, after a change was applied, the effective farms
 // and quorum states it computed, drops the health of farms deleted, and
 // that of backends whose check changed (the checker starts them afresh).
-func (e *Engine) commitHealth(d dataplane.Diff, effs map[string]*model.Farm, lost map[string]bool) {
+func (e *Engine) commitHealth(d plan.Diff, effs map[string]*model.Farm, lost map[string]bool) {
 	if effs == nil && len(e.health.byFarm) == 0 && len(e.health.quorumLost) == 0 && len(e.health.eff) == 0 {
 		return // no farm has or had health to record (planeDiff)
 	}
@@ -432,7 +433,7 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 		next[a.u.Farm][a.u.Backend] = h
 		trans = append(trans, transition{a.farm, a.i, h, changed})
 	}
-	var d dataplane.Diff
+	var d plan.Diff
 	effs := map[string]*model.Farm{}
 	lost := map[string]bool{}
 	for _, name := range order {
@@ -443,7 +444,7 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 		if old == nw || model.SameJSON(old, nw) {
 			continue
 		}
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: old, New: nw})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: old, New: nw})
 	}
 	if d = kernelDiff(d); !d.Empty() {
 		if err := e.dp.Apply(ctx, d); err != nil {
@@ -494,7 +495,7 @@ func (e *Engine) reportHealth(ctx context.Context, f *model.Farm, i int, h *heal
 	if !h.down || f.Check == nil || f.Check.OnDown != model.OnDownFlush {
 		return
 	}
-	ff, ok := e.dp.(dataplane.FlowFlusher)
+	ff, ok := e.dp.(dataplane.BackendFlusher)
 	if !ok {
 		ff = e.health.flusher
 	}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/events"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
@@ -275,7 +275,7 @@ func TestHealthApplyFails(t *testing.T) {
 	if err := put(e, checkedFarm(t, `{"type":"tcp"}`)); err != nil {
 		t.Fatal(err)
 	}
-	dp.FailApply = func(dataplane.Diff) error { return fake.ErrInjected }
+	dp.FailApply = func(plan.Diff) error { return fake.ErrInjected }
 	err := e.SetHealth(context.Background(), []HealthUpdate{down(t, e, "b1", "x")})
 	if !errors.Is(err, fake.ErrInjected) {
 		t.Fatalf("err %v", err)

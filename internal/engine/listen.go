@@ -1,7 +1,7 @@
 package engine
 
 import (
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -20,7 +20,7 @@ func inKernel(f *model.Farm) *model.Farm {
 
 // kernelDiff is d as the data plane takes it: farms that listen nowhere
 // are absent.
-func kernelDiff(d dataplane.Diff) dataplane.Diff {
+func kernelDiff(d plan.Diff) plan.Diff {
 	skip := false
 	for _, c := range d.Changes {
 		if inKernel(c.Old) != c.Old || inKernel(c.New) != c.New {
@@ -31,9 +31,9 @@ func kernelDiff(d dataplane.Diff) dataplane.Diff {
 	if !skip {
 		return d
 	}
-	out := dataplane.Diff{Changes: make([]dataplane.FarmChange, 0, len(d.Changes))}
+	out := plan.Diff{Changes: make([]plan.FarmChange, 0, len(d.Changes))}
 	for _, c := range d.Changes {
-		if k := (dataplane.FarmChange{Old: inKernel(c.Old), New: inKernel(c.New)}); k.Old != nil || k.New != nil {
+		if k := (plan.FarmChange{Old: inKernel(c.Old), New: inKernel(c.New)}); k.Old != nil || k.New != nil {
 			out.Changes = append(out.Changes, k)
 		}
 	}

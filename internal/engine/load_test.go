@@ -13,6 +13,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -35,7 +36,7 @@ func TestStartNeverRefusesSavedState(t *testing.T) {
 		webFarm(t, "zclash", "10.0.0.1", "80"), // the same listener as good
 		webFarm(t, "refused", "10.0.0.3", "80"),
 	} {
-		if err := st.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: &f}}}); err != nil {
+		if err := st.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: &f}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -124,7 +125,7 @@ func TestStartSetsAsideWhatTheKernelRefuses(t *testing.T) {
 	bad.LogPrefix = strings.Repeat("\xff", 24)
 	good := webFarm(t, "good", "10.0.0.1", "80")
 	for _, f := range []model.Farm{good, bad} {
-		if err := st.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: &f}}}); err != nil {
+		if err := st.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: &f}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	iradix "github.com/hashicorp/go-immutable-radix/v2"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -532,8 +533,8 @@ func usesPolicy(f *model.Farm, table string) bool {
 
 // tableDiff lists what the transaction did to tables, and the farm changes
 // of diff that concern policies.
-func (tx *Txn) tableDiff(farms dataplane.Diff) dataplane.TableDiff {
-	var d dataplane.TableDiff
+func (tx *Txn) tableDiff(farms plan.Diff) plan.TableDiff {
+	var d plan.TableDiff
 	for _, c := range farms.Changes {
 		if c.Old != nil && len(c.Old.Policies) > 0 || c.New != nil && len(c.New.Policies) > 0 {
 			d.Farms = append(d.Farms, c)
@@ -548,20 +549,20 @@ func (tx *Txn) tableDiff(farms dataplane.Diff) dataplane.TableDiff {
 		switch {
 		case old == nil && nw == nil:
 		case old == nil:
-			d.Tables = append(d.Tables, dataplane.TableChange{New: nw})
-			d.Slots = append(d.Slots, dataplane.SlotChange{Slot: nw.Slot, New: nw})
+			d.Tables = append(d.Tables, plan.TableChange{New: nw})
+			d.Slots = append(d.Slots, plan.SlotChange{Slot: nw.Slot, New: nw})
 		case nw == nil:
-			d.Tables = append(d.Tables, dataplane.TableChange{Old: old})
-			d.Slots = append(d.Slots, dataplane.SlotChange{Slot: old.Slot, Old: old})
+			d.Tables = append(d.Tables, plan.TableChange{Old: old})
+			d.Slots = append(d.Slots, plan.SlotChange{Slot: old.Slot, Old: old})
 		case old.ID != nw.ID:
 			// Destroyed and created again with another kind (restore).
-			d.Tables = append(d.Tables, dataplane.TableChange{Old: old}, dataplane.TableChange{New: nw})
-			d.Slots = append(d.Slots, dataplane.SlotChange{Slot: old.Slot, Old: old}, dataplane.SlotChange{Slot: nw.Slot, New: nw})
+			d.Tables = append(d.Tables, plan.TableChange{Old: old}, plan.TableChange{New: nw})
+			d.Slots = append(d.Slots, plan.SlotChange{Slot: old.Slot, Old: old}, plan.SlotChange{Slot: nw.Slot, New: nw})
 		case w.swapped:
-			d.Tables = append(d.Tables, dataplane.TableChange{Old: old, New: nw})
+			d.Tables = append(d.Tables, plan.TableChange{Old: old, New: nw})
 		default:
 			if !old.SameSpec(nw) {
-				d.Tables = append(d.Tables, dataplane.TableChange{Old: old, New: nw})
+				d.Tables = append(d.Tables, plan.TableChange{Old: old, New: nw})
 			}
 			if sc := entryDiff(old, nw, w); len(sc.Put)+len(sc.Del) > 0 {
 				d.Slots = append(d.Slots, sc)
@@ -574,8 +575,8 @@ func (tx *Txn) tableDiff(farms dataplane.Diff) dataplane.TableDiff {
 // entryDiff compares the entries of a table before and after: by the keys
 // the transaction touched, or, when it replaced them wholesale, by walking
 // both in key order.
-func entryDiff(old, nw *model.Table, w *tableWork) dataplane.SlotChange {
-	sc := dataplane.SlotChange{Slot: nw.Slot, Old: old, New: nw}
+func entryDiff(old, nw *model.Table, w *tableWork) plan.SlotChange {
+	sc := plan.SlotChange{Slot: nw.Slot, Old: old, New: nw}
 	one := func(o model.TableEntry, okO bool, n model.TableEntry, okN bool) {
 		switch {
 		case okO && okN:
@@ -626,7 +627,7 @@ func entryDiff(old, nw *model.Table, w *tableWork) dataplane.SlotChange {
 }
 
 // buildTables returns the tables' part of the new published state.
-func (tx *Txn) buildTables(farms dataplane.Diff) tableState {
+func (tx *Txn) buildTables(farms plan.Diff) tableState {
 	ts := tx.base.ts
 	users := ts.users.Txn()
 	for _, c := range farms.Changes {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -27,7 +28,7 @@ func (e *Engine) tablePlane() (dataplane.TablePlane, error) {
 
 // applyKernel applies a change's tables and farms, tables first; if the
 // farms fail the tables are taken back.
-func (e *Engine) applyKernel(ctx context.Context, diff dataplane.Diff, tdiff dataplane.TableDiff) error {
+func (e *Engine) applyKernel(ctx context.Context, diff plan.Diff, tdiff plan.TableDiff) error {
 	var tp dataplane.TablePlane
 	if !tdiff.Empty() {
 		var err error
@@ -53,7 +54,7 @@ func (e *Engine) applyKernel(ctx context.Context, diff dataplane.Diff, tdiff dat
 }
 
 // unapplyKernel takes back a change applyKernel applied.
-func (e *Engine) unapplyKernel(ctx context.Context, diff dataplane.Diff, tdiff dataplane.TableDiff) error {
+func (e *Engine) unapplyKernel(ctx context.Context, diff plan.Diff, tdiff plan.TableDiff) error {
 	var err error
 	if !diff.Empty() {
 		err = e.dp.Apply(ctx, diff.Inverse())
@@ -68,7 +69,7 @@ func (e *Engine) unapplyKernel(ctx context.Context, diff dataplane.Diff, tdiff d
 
 // splitTableDiff separates what a diff destroys (saved after the farms)
 // from the rest (saved before).
-func splitTableDiff(d dataplane.TableDiff) (first, last dataplane.TableDiff) {
+func splitTableDiff(d plan.TableDiff) (first, last plan.TableDiff) {
 	for _, c := range d.Tables {
 		if c.New == nil {
 			last.Tables = append(last.Tables, c)
@@ -88,12 +89,12 @@ func splitTableDiff(d dataplane.TableDiff) (first, last dataplane.TableDiff) {
 
 // noTables reports whether d saves nothing of tables (its Farms are saved
 // with the farms).
-func noTables(d dataplane.TableDiff) bool { return len(d.Tables)+len(d.Slots) == 0 }
+func noTables(d plan.TableDiff) bool { return len(d.Tables)+len(d.Slots) == 0 }
 
 // save writes a change to disk: tables that are created or changed, the
 // farms, then tables that are destroyed. If a step fails, the steps before
 // it are taken back.
-func (e *Engine) save(ctx context.Context, diff dataplane.Diff, tdiff dataplane.TableDiff) error {
+func (e *Engine) save(ctx context.Context, diff plan.Diff, tdiff plan.TableDiff) error {
 	first, last := splitTableDiff(tdiff)
 	var ts store.TableStore
 	if !noTables(first) || !noTables(last) {
@@ -103,27 +104,27 @@ func (e *Engine) save(ctx context.Context, diff dataplane.Diff, tdiff dataplane.
 		}
 	}
 	if !noTables(first) {
-		if err := ts.ApplyTables(ctx, first); err != nil {
+		if err := ts.CommitTables(ctx, first); err != nil {
 			return err
 		}
 	}
 	undoFirst := func() {
 		if !noTables(first) {
-			if err := ts.ApplyTables(context.WithoutCancel(ctx), first.Inverse()); err != nil {
+			if err := ts.CommitTables(context.WithoutCancel(ctx), first.Inverse()); err != nil {
 				e.log.Error("taking back saved tables failed", "err", err)
 			}
 		}
 	}
 	if !diff.Empty() {
-		if err := e.store.Apply(ctx, diff); err != nil {
+		if err := e.store.Commit(ctx, diff); err != nil {
 			undoFirst()
 			return err
 		}
 	}
 	if !noTables(last) {
-		if err := ts.ApplyTables(ctx, last); err != nil {
+		if err := ts.CommitTables(ctx, last); err != nil {
 			if !diff.Empty() {
-				e.revertDisk(ctx, diff, dataplane.TableDiff{})
+				e.revertDisk(ctx, diff, plan.TableDiff{})
 			}
 			undoFirst()
 			return err
@@ -133,7 +134,7 @@ func (e *Engine) save(ctx context.Context, diff dataplane.Diff, tdiff dataplane.
 }
 
 // revertTablesOnDisk takes back the tables of a change save wrote.
-func (e *Engine) revertTablesOnDisk(ctx context.Context, tdiff dataplane.TableDiff) error {
+func (e *Engine) revertTablesOnDisk(ctx context.Context, tdiff plan.TableDiff) error {
 	if noTables(tdiff) {
 		return nil
 	}
@@ -141,7 +142,7 @@ func (e *Engine) revertTablesOnDisk(ctx context.Context, tdiff dataplane.TableDi
 	if !ok {
 		return nil
 	}
-	return ts.ApplyTables(ctx, tdiff.Inverse())
+	return ts.CommitTables(ctx, tdiff.Inverse())
 }
 
 // loadTables puts the saved tables into the load transaction.

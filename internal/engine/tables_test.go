@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -20,11 +20,11 @@ type tableStore struct {
 	failTables bool
 }
 
-func (s *tableStore) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+func (s *tableStore) CommitTables(ctx context.Context, d plan.TableDiff) error {
 	if s.failTables {
 		return errors.New("injected disk failure")
 	}
-	return s.Bolt.ApplyTables(ctx, d)
+	return s.Bolt.CommitTables(ctx, d)
 }
 
 func newTableEngine(t *testing.T) (*Engine, *fake.Plane, *tableStore, string) {
@@ -258,7 +258,7 @@ func TestTablePoliciesReferences(t *testing.T) {
 func TestTableKernelFailureChangesNothing(t *testing.T) {
 	e, dp, st, _ := newTableEngine(t)
 	createTable(t, e, "acl", "addr", "", nil)
-	dp.FailTables = func(dataplane.TableDiff) error { return fake.ErrInjected }
+	dp.FailTables = func(plan.TableDiff) error { return fake.ErrInjected }
 	if _, err := addEntries(e, "acl", EntryOptions{}, "10.0.0.1"); !errors.Is(err, fake.ErrInjected) {
 		t.Fatalf("error %v, want the injected one", err)
 	}

@@ -18,7 +18,7 @@ const (
 
 // annotationKeys are the settings both prefixes accept, and the farm field
 // each one sets (its values are nftlb's, see docs/kube-proxy.md).
-var annotationKeys = []string{"mode", "scheduler", "sched-param", "persistence", "persist-ttl", "helper", "log", "est-connlimit"}
+var annotationKeys = []string{"mode", "scheduler", "sched-param", "persistence", "persist-ttl", "helper", "log", "est-connlimit", "iface"}
 
 // AnnotationError says which annotation of a Service has a bad value.
 type AnnotationError struct {
@@ -42,7 +42,11 @@ type settings struct {
 	helper       *model.Helper
 	log          *model.LogHook
 	estConnLimit *uint32
+	iface        *string
 }
+
+// any reports whether an annotation changes a farm field.
+func (s *settings) any() bool { return *s != settings{} }
 
 // parseAnnotations reads the xlb.io/ and kube-nftlb annotations. The xlb.io/
 // key wins when both spell the same setting; an unknown xlb.io/ key is an
@@ -98,6 +102,11 @@ func allowedKeys() string {
 // and their texts are the model's.
 func (s *settings) set(name, v string) error {
 	f := model.NewFarm("annotation")
+	if name == "scheduler" {
+		if keys, ok := strings.CutPrefix(v, "hash-"); ok {
+			return s.setHashScheduler(keys)
+		}
+	}
 	if err := f.SetField(name, v); err != nil {
 		return err
 	}
@@ -110,6 +119,8 @@ func (s *settings) set(name, v string) error {
 			k := model.KeySrcIP // nftlb's default keys for the hash schedulers
 			s.schedParam = &k
 		}
+	case "iface":
+		s.iface = &f.Iface
 	case "sched-param":
 		s.schedParam = &f.SchedParam
 	case "persistence":
@@ -126,10 +137,42 @@ func (s *settings) set(name, v string) error {
 	return nil
 }
 
-// apply sets the overridden fields on a farm.
-func (s *settings) apply(f *model.Farm) {
+// setHashScheduler reads kube-nftlb's scheduler values hash-<key>[-<key>...]
+// ("hash-srcip", "hash-srcip-srcport"): its README documents them, as the
+// hash scheduler over those keys, because kube-nftlb had no sched-param
+// annotation.
+func (s *settings) setHashScheduler(keys string) error {
+	f := model.NewFarm("annotation")
+	if err := f.SetField("sched-param", strings.ReplaceAll(keys, "-", " ")); err != nil {
+		return fmt.Errorf("hash-<keys>: the keys after hash- joined by '-': %w", err)
+	}
+	sched := model.SchedHash
+	s.scheduler = &sched
+	s.schedParam = &f.SchedParam
+	return nil
+}
+
+// override sets the overridden fields on a farm.
+//
+// Modes dsr and stlsdnat keep no connection state, so they pick a backend
+// for every packet: unless the scheduler annotation says otherwise, they
+// hash the flow (hash over srcip srcport) instead of the default rr, which
+// would send each packet of a connection elsewhere; and sessionAffinity
+// ClientIP becomes a hash over the client's address (the same backend for
+// every connection of a client, without a timeout) instead of persistence,
+// which these modes cannot keep.
+func (s *settings) override(f *model.Farm) {
 	if s.mode != nil {
 		f.Mode = *s.mode
+	}
+	if (f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT) && s.scheduler == nil {
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		if f.Persistence == model.KeySrcIP && s.persistence == nil {
+			f.SchedParam, f.Persistence, f.PersistTTL = model.KeySrcIP, 0, model.DefaultTTL
+		}
+	}
+	if s.iface != nil {
+		f.Iface = *s.iface
 	}
 	if s.scheduler != nil {
 		f.Scheduler = *s.scheduler
@@ -143,7 +186,9 @@ func (s *settings) apply(f *model.Farm) {
 	if s.persistTTL != nil {
 		f.PersistTTL = *s.persistTTL
 	}
-	if s.helper != nil {
+	if s.helper != nil && s.helper.Handles(f.Protocol) {
+		// A Service asks once for all its ports (DNS has a TCP and a UDP
+		// one): the helper goes to those of the protocol it handles.
 		f.Helper = *s.helper
 	}
 	if s.log != nil {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -56,14 +57,23 @@ type Config struct {
 	// NodePortAddresses restricts NodePorts to node addresses inside these
 	// prefixes; empty means every address in the Node's status.
 	NodePortAddresses []netip.Prefix
+	// PodInterface is the interface Pods' traffic arrives on, where mode
+	// dsr for cluster IPs works (see Node.PodInterface).
+	PodInterface string
 	// Metrics, if set, receives sync timings.
 	Metrics *Metrics
-	// Conntrack, if set, deletes the UDP conntrack entries of endpoints
-	// that went away (in the data plane's namespace).
-	Conntrack Conntrack
+	// Flows, if set, deletes the tracked UDP flows of endpoints that
+	// went away (both data planes can: dataplane.FlowFlusher).
+	Flows dataplane.FlowFlusher
 	// Listen opens the health check node port listeners (default
 	// net.Listen).
 	Listen ListenFunc
+	// APIHost and WaitHint are logged, with the API server's answer, every
+	// WaitLogInterval (default 5s) while the informer caches are not
+	// synced (see waitLogger).
+	APIHost         string
+	WaitHint        string
+	WaitLogInterval time.Duration
 	// ErrorBackoff bounds how long a failed sync waits before the full
 	// reconcile that follows it (default 1s to 30s, doubling).
 	ErrorBackoffMax time.Duration
@@ -103,6 +113,8 @@ type Controller struct {
 	lastSync  time.Time
 	onSynced  func(key string, st *engine.State)
 	pendingAt map[string]time.Time
+	// Service keys queued for a change of the Service / of its slices.
+	svcPending, slicePending map[string]bool
 }
 
 // New builds a controller; Run starts it.
@@ -117,12 +129,13 @@ func New(cfg Config) (*Controller, error) {
 		cfg.ErrorBackoffMax = 30 * time.Second
 	}
 	c := &Controller{
-		cfg:       cfg,
-		log:       cfg.Log,
-		node:      Node{Name: cfg.NodeName},
-		owned:     map[string][]string{},
-		lastErr:   map[string]string{},
-		pendingAt: map[string]time.Time{},
+		cfg:        cfg,
+		log:        cfg.Log,
+		node:       Node{Name: cfg.NodeName},
+		owned:      map[string][]string{},
+		lastErr:    map[string]string{},
+		pendingAt:  map[string]time.Time{},
+		svcPending: map[string]bool{}, slicePending: map[string]bool{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, cfg.ErrorBackoffMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "xlb-kube-proxy"}),
@@ -156,9 +169,9 @@ func New(cfg Config) (*Controller, error) {
 	nodeInf := c.nodeInf.Core().V1().Nodes().Informer()
 
 	if _, err := svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.enqueueObj(obj) },
-		UpdateFunc: func(_, obj any) { c.enqueueObj(obj) },
-		DeleteFunc: func(obj any) { c.enqueueObj(obj) },
+		AddFunc:    func(obj any) { c.enqueueObj(obj, false) },
+		UpdateFunc: func(_, obj any) { c.enqueueObj(obj, false) },
+		DeleteFunc: func(obj any) { c.enqueueObj(obj, false) },
 	}); err != nil {
 		return nil, err
 	}
@@ -199,7 +212,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.factory.Shutdown()
 	defer c.sliceFactory.Shutdown()
 	defer c.nodeInf.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+	waitCtx, stopWaitLog := context.WithCancel(ctx)
+	interval := c.cfg.WaitLogInterval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	go waitLogger(waitCtx, c.log, c.cfg.Client, c.cfg.APIHost, c.cfg.WaitHint, interval)
+	synced := cache.WaitForCacheSync(ctx.Done(), c.synced...)
+	stopWaitLog()
+	if !synced {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -270,13 +291,13 @@ func (c *Controller) Healthy(maxAge time.Duration) (bool, string) {
 // and benchmarks; set it before Run.
 func (c *Controller) OnSynced(fn func(key string, st *engine.State)) { c.onSynced = fn }
 
-func (c *Controller) enqueueObj(obj any) {
+func (c *Controller) enqueueObj(obj any, slice bool) {
 	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	if err != nil {
 		c.log.Warn("bad object from informer", "err", err)
 		return
 	}
-	c.enqueue(key)
+	c.enqueueKind(key, slice)
 }
 
 func (c *Controller) enqueueSlice(obj any) {
@@ -291,7 +312,23 @@ func (c *Controller) enqueueSlice(obj any) {
 	if name == "" {
 		return
 	}
-	c.enqueue(s.Namespace + "/" + name)
+	c.enqueueKind(s.Namespace+"/"+name, true)
+}
+
+// enqueueKind queues a Service key for a change of the Service or (slice)
+// of one of its EndpointSlices, counted apart for kube-proxy's metrics.
+func (c *Controller) enqueueKind(key string, slice bool) {
+	now := time.Now()
+	c.stateMu.Lock()
+	if slice {
+		c.slicePending[key] = true
+	} else {
+		c.svcPending[key] = true
+	}
+	sp, ep := len(c.svcPending), len(c.slicePending)
+	c.stateMu.Unlock()
+	c.cfg.Metrics.queued(slice, now, sp, ep)
+	c.enqueue(key)
 }
 
 func (c *Controller) enqueue(key string) {
@@ -357,26 +394,26 @@ func NodeAddrs(n *corev1.Node, within []netip.Prefix) []netip.Addr {
 func (c *Controller) currentNode() Node {
 	c.nodeMu.Lock()
 	defer c.nodeMu.Unlock()
-	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs)}
+	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs), PodInterface: c.cfg.PodInterface}
 }
 
-// desired computes the farms of one Service from the informer caches. svc
-// is nil when the Service is gone.
-func (c *Controller) desired(key string) (*corev1.Service, []*discoveryv1.EndpointSlice, []model.Farm, error) {
+// plan translates one Service from the informer caches (a plan without
+// Service when it is gone).
+func (c *Controller) plan(key string) (*servicePlan, error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	svc, err := c.services.Services(ns).Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil, nil, nil, nil
+		return newPlan(key, nil, nil, Node{}), nil
 	}
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	objs, err := c.slices.ByIndex(sliceIndex, key)
 	if err != nil {
-		return svc, nil, nil, err
+		return nil, err
 	}
 	eps := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, o := range objs {
@@ -384,95 +421,113 @@ func (c *Controller) desired(key string) (*corev1.Service, []*discoveryv1.Endpoi
 			eps = append(eps, s)
 		}
 	}
-	farms, err := Farms(svc, eps, c.currentNode())
-	return svc, eps, farms, err
+	return newPlan(key, svc, eps, c.currentNode()), nil
 }
 
-// isRejection reports whether err is the engine refusing a farm (a bad
-// value, something the data plane cannot do, a clash with another farm) as
-// opposed to a failure of the kernel or the disk.
-func isRejection(err error) bool {
-	var fe *model.FieldError
-	var ce *engine.ConflictError
-	var ae *AnnotationError
-	var ue *UnsupportedError
-	return errors.As(err, &fe) || errors.As(err, &ce) || errors.As(err, &ae) || errors.As(err, &ue)
-}
-
-// syncService makes the engine hold exactly the farms of one Service, in
-// one transaction. A rejected Service keeps its previous farms and gets an
-// Event; the returned error is only for failures of the kernel or the disk.
+// syncService makes the engine hold the farms of one Service, in one
+// transaction, stepping down to the defaults, or to the farms that are
+// accepted, when some are refused (see fallback.go). A Service never keeps
+// farms with endpoints it no longer has. The returned error is only for
+// failures of the kernel or the disk.
 func (c *Controller) syncService(ctx context.Context, key string) error {
 	start := time.Now()
 	c.stateMu.Lock()
 	queued, ok := c.pendingAt[key]
 	delete(c.pendingAt, key)
+	delete(c.svcPending, key)
+	delete(c.slicePending, key)
+	sp, ep := len(c.svcPending), len(c.slicePending)
 	c.stateMu.Unlock()
+	c.cfg.Metrics.pendingKinds(sp, ep)
 	if !ok {
 		queued = start
 	}
-	svc, eps, farms, terr := c.desired(key)
-	if terr != nil {
-		if isRejection(terr) {
-			c.reject(key, svc, ReasonInvalidAnnotation, terr)
-			c.finish(key, start, queued, nil)
-			return nil
-		}
-		return terr
-	}
-	names := make([]string, len(farms))
-	for i := range farms {
-		names[i] = farms[i].Name
-	}
-	base := c.cfg.Engine.Snapshot() // this controller is the engine's only writer
-	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
-		for _, old := range c.owned[key] {
-			if !slices.Contains(names, old) {
-				if _, ok := tx.Get(old); ok {
-					if err := tx.Delete(old); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		for i := range farms {
-			if err := tx.Put(farms[i]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	p, err := c.plan(key)
 	if err != nil {
-		if isRejection(err) {
-			c.reject(key, svc, ReasonRejected, err)
-			c.finish(key, start, queued, nil)
-			return nil
-		}
 		return err
 	}
-	c.flushStale(key, base, st, c.owned[key])
-	c.hc.update(key, svc, eps, c.cfg.NodeName)
-	if svc == nil {
+	owned := c.owned[key]
+	base := c.cfg.Engine.Snapshot() // this controller is the engine's only writer
+	var o outcome
+	commit := func(noAnnotations bool) (*engine.State, error) {
+		return c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
+			var err error
+			if o, err = p.put(tx, noAnnotations); err != nil {
+				return err
+			}
+			return deleteOthers(tx, owned, o.names)
+		})
+	}
+	st, err := commit(false)
+	var annRefused error
+	if err != nil && isRejection(err) && p.annotated != nil && o.annRefused == nil {
+		// Refused at commit (a clash, or the data plane), not by Put.
+		annRefused = err
+		st, err = commit(true)
+	}
+	if err != nil && isRejection(err) {
+		st, o, err = c.syncFarmByFarm(ctx, p, owned)
+	}
+	if err != nil {
+		return err
+	}
+	if o.annRefused == nil {
+		o.annRefused = annRefused
+	}
+	c.flushStale(ctx, key, base, st, owned)
+	c.hc.update(key, p.svc, p.eps, c.cfg.NodeName)
+	if p.svc == nil {
 		delete(c.owned, key)
 		delete(c.lastErr, key)
 	} else {
-		c.owned[key] = names
-		if _, had := c.lastErr[key]; had {
-			delete(c.lastErr, key)
-			c.recorder.Event(svc, corev1.EventTypeNormal, ReasonSynced, "xlb programs this Service again")
-		}
+		c.owned[key] = o.names
+		c.report(p, o)
 	}
 	c.finish(key, start, queued, st)
 	return nil
 }
 
+// syncFarmByFarm is the last step for a Service whose default farms are
+// refused when committed together (a clash with another Service, or a data
+// plane refusing one at apply time): one transaction per farm, so the
+// accepted ones serve and the refused ones are deleted.
+func (c *Controller) syncFarmByFarm(ctx context.Context, p *servicePlan, owned []string) (*engine.State, outcome, error) {
+	var o outcome
+	keep := farmNames(p.defaults)
+	if p.err != nil {
+		keep = nil
+		o.farmRefused = append(o.farmRefused, p.err)
+	}
+	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error { return deleteOthers(tx, owned, keep) })
+	if err != nil {
+		return st, o, err
+	}
+	for i := range keep {
+		f := p.defaults[i]
+		st, err = c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error { return tx.Put(f) })
+		if err == nil {
+			o.names = append(o.names, f.Name)
+			continue
+		}
+		if !isRejection(err) {
+			return st, o, err
+		}
+		o.farmRefused = append(o.farmRefused, errFarm(f.Name, err))
+		st, err = c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error { return deleteOthers(tx, []string{f.Name}, nil) })
+		if err != nil {
+			return st, o, err
+		}
+	}
+	return st, o, nil
+}
+
 // flushStale deletes the UDP conntrack entries of backends that the
 // Service's farms had in base and no longer have in next.
-func (c *Controller) flushStale(key string, base, next *engine.State, farmNames []string) {
-	if c.cfg.Conntrack == nil || next == nil {
+func (c *Controller) flushStale(ctx context.Context, key string, base, next *engine.State, farmNames []string) {
+	if c.cfg.Flows == nil || next == nil {
 		return
 	}
-	var stale []StaleFlow
+	var stale []dataplane.StaleFlow
 	for _, n := range farmNames {
 		old, ok := base.Farm(n)
 		if !ok || old.Protocol != model.ProtoUDP || len(old.VirtualPorts) != 1 {
@@ -483,13 +538,13 @@ func (c *Controller) flushStale(key string, base, next *engine.State, farmNames 
 			if cur != nil && slices.ContainsFunc(cur.Backends, func(x model.Backend) bool { return x.Addr == b.Addr && x.Port == b.Port }) {
 				continue
 			}
-			stale = append(stale, StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
+			stale = append(stale, dataplane.StaleFlow{VIP: old.VirtualAddr, Port: old.VirtualPorts[0].First, Backend: b.Addr})
 		}
 	}
 	if len(stale) == 0 {
 		return
 	}
-	n, err := c.cfg.Conntrack.DeleteUDP(stale)
+	n, err := c.cfg.Flows.DeleteUDPFlows(ctx, stale)
 	if err != nil {
 		c.log.Warn("flush stale udp conntrack entries", "service", key, "err", err)
 		return
@@ -514,131 +569,81 @@ func (c *Controller) finish(key string, start, queued time.Time, st *engine.Stat
 	}
 }
 
-// reject reports a Service the engine refused: a log line, and an Event on
-// the Service unless the same error was already reported.
-func (c *Controller) reject(key string, svc *corev1.Service, reason string, err error) {
-	c.cfg.Metrics.rejected()
-	msg := err.Error()
-	if c.lastErr[key] == msg {
+// report tells what a Service did not get as asked: a log line, and a
+// Warning Event on the Service unless the same was already reported; once
+// it gets everything again, a Normal Event says so.
+func (c *Controller) report(p *servicePlan, o outcome) {
+	reason, msg := p.problems(o)
+	prev, had := c.lastErr[p.key]
+	if msg == "" {
+		if had {
+			delete(c.lastErr, p.key)
+			c.log.Info("service programmed as asked again", "service", p.key)
+			c.recorder.Event(p.svc, corev1.EventTypeNormal, ReasonSynced, "xlb programs this Service as asked again")
+		}
 		return
 	}
-	c.lastErr[key] = msg
-	c.log.Warn("service rejected; its previous rules stay", "service", key, "reason", reason, "err", msg)
-	if svc != nil {
-		c.recorder.Eventf(svc, corev1.EventTypeWarning, reason, "xlb keeps this Service's previous rules: %s", msg)
+	c.cfg.Metrics.rejected()
+	if had && prev == msg {
+		return
 	}
+	c.lastErr[p.key] = msg
+	c.log.Warn("service not programmed as asked", "service", p.key, "reason", reason, "err", msg)
+	if len(msg) > maxEventMessage {
+		msg = msg[:maxEventMessage-3] + "..."
+	}
+	c.recorder.Event(p.svc, corev1.EventTypeWarning, reason, msg)
 }
 
+// maxEventMessage keeps Event messages within the API server's limit.
+const maxEventMessage = 1000
+
 // fullSync replaces the engine's whole state with the farms of every
-// Service, in one transaction. A Service that is rejected keeps its farms as
-// they were. If the transaction as a whole fails (two Services claiming the
-// same address and port, or the kernel failing), it falls back to one
-// transaction per Service, so one bad Service cannot hold the others back.
+// Service, in one transaction, each Service stepping down as in
+// syncService when its farms are refused. If the transaction as a whole
+// fails (two Services claiming the same address and port, the data plane
+// refusing a farm when applying it, or the kernel failing), it falls back
+// to one transaction per Service, so one bad Service cannot hold the others
+// back.
 func (c *Controller) fullSync(ctx context.Context) error {
 	start := time.Now()
 	svcs, err := c.services.List(labels.Everything())
 	if err != nil {
 		return err
 	}
-	type plan struct {
-		key   string
-		svc   *corev1.Service
-		eps   []*discoveryv1.EndpointSlice
-		farms []model.Farm
-		err   error
-		prev  []string // farm names this Service may already own
-	}
-	node := c.currentNode()
-	plans := make([]plan, 0, len(svcs))
+	plans := make([]*servicePlan, 0, len(svcs))
 	for _, svc := range svcs {
-		key := svc.Namespace + "/" + svc.Name
-		p := plan{key: key, svc: svc}
-		_, p.eps, p.farms, p.err = c.desired(key)
-		p.prev = append(FarmNames(svc, node), c.owned[key]...)
+		p, err := c.plan(svc.Namespace + "/" + svc.Name)
+		if err != nil {
+			return err
+		}
 		plans = append(plans, p)
 	}
-	rejected := map[string]error{}
+	outcomes := make([]outcome, len(plans))
 	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
-		base := c.cfg.Engine.Snapshot() // the transaction's base: writers are serialized
 		tx.ReplaceAll()
-		for _, p := range plans {
-			if p.err == nil {
-				p.err = putAll(tx, base, p.farms, p.prev)
-			}
-			if p.err != nil {
-				if !isRejection(p.err) {
-					return p.err
-				}
-				rejected[p.key] = p.err
-				// Keep what this Service had.
-				for _, n := range p.prev {
-					if f, ok := base.Farm(n); ok {
-						if err := tx.Put(*f); err != nil {
-							return fmt.Errorf("keep farm %q of rejected service %s: %w", n, p.key, err)
-						}
-					}
-				}
+		for i, p := range plans {
+			var err error
+			if outcomes[i], err = p.put(tx, false); err != nil {
+				return fmt.Errorf("service %s: %w", p.key, err)
 			}
 		}
 		return nil
 	})
 	if err != nil {
 		c.log.Warn("full reconcile in one transaction failed; syncing services one by one", "err", err)
-		return c.fullSyncOneByOne(ctx, plans2keys(len(plans), func(i int) string { return plans[i].key }))
+		keys := make([]string, len(plans))
+		for i, p := range plans {
+			keys[i] = p.key
+		}
+		return c.fullSyncOneByOne(ctx, keys)
 	}
-	for _, p := range plans {
-		if rerr, bad := rejected[p.key]; bad {
-			reason := ReasonRejected
-			var ae *AnnotationError
-			if errors.As(rerr, &ae) {
-				reason = ReasonInvalidAnnotation
-			}
-			c.reject(p.key, p.svc, reason, rerr)
-			kept := []string{}
-			for _, n := range p.prev {
-				if _, ok := st.Farm(n); ok {
-					kept = append(kept, n)
-				}
-			}
-			c.owned[p.key] = kept
-			continue
-		}
-		names := make([]string, len(p.farms))
-		for i := range p.farms {
-			names[i] = p.farms[i].Name
-		}
-		c.owned[p.key] = names
-		delete(c.lastErr, p.key)
+	for i, p := range plans {
+		c.owned[p.key] = outcomes[i].names
+		c.report(p, outcomes[i])
 		c.hc.update(p.key, p.svc, p.eps, c.cfg.NodeName)
 	}
 	c.finishFull(start, st, len(plans))
-	return nil
-}
-
-func plans2keys(n int, key func(int) string) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = key(i)
-	}
-	return out
-}
-
-// putAll puts one Service's farms into tx; if one is refused, the farms put
-// so far are taken back (to what base had), so the Service changes all or
-// nothing.
-func putAll(tx *engine.Txn, base *engine.State, farms []model.Farm, prev []string) error {
-	for i := range farms {
-		if err := tx.Put(farms[i]); err != nil {
-			for _, f := range farms[:i] {
-				if old, ok := base.Farm(f.Name); ok && slices.Contains(prev, f.Name) {
-					_ = tx.Put(*old)
-				} else if _, ok := tx.Get(f.Name); ok {
-					_ = tx.Delete(f.Name)
-				}
-			}
-			return err
-		}
-	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
@@ -49,13 +50,13 @@ func newCtlEnv(t *testing.T, objs []runtime.Object, saved []model.Farm, plane *f
 	}
 	if len(saved) > 0 {
 		// A previous run's state: saved farms, already in the "kernel".
-		var d dataplane.Diff
+		var d plan.Diff
 		for i := range saved {
 			f := saved[i].Clone()
 			f.Seal()
-			d.Changes = append(d.Changes, dataplane.FarmChange{New: &f})
+			d.Changes = append(d.Changes, plan.FarmChange{New: &f})
 		}
-		if err := st.Apply(ctx, d); err != nil {
+		if err := st.Commit(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -189,7 +190,7 @@ func TestFullSyncClash(t *testing.T) {
 func TestKernelFailureThenFullSync(t *testing.T) {
 	plane := fake.New()
 	var fail atomic.Int32
-	plane.FailApply = func(d dataplane.Diff) error {
+	plane.FailApply = func(d plan.Diff) error {
 		if fail.Load() > 0 {
 			fail.Add(-1)
 			return fake.ErrInjected
@@ -230,5 +231,67 @@ func TestServiceDeletedAndRecreated(t *testing.T) {
 	e.waitFor("a's new farm", func() bool { return e.hasFarm("shop.a.http.cluster-10.96.0.7") })
 	if after, _ := e.eng.Snapshot().Farm("shop.b.http.cluster-10.96.0.2"); after != before {
 		t.Error("b's farm was rebuilt by changes of a")
+	}
+}
+
+// TestClashFarmByFarm: a Service created with an external IP another
+// Service already serves gets every farm but the clashing one (one
+// transaction per farm after the Service's transaction is refused), an
+// XLBRejected Event naming the clash, and keeps following its endpoints.
+func TestClashFarmByFarm(t *testing.T) {
+	e := newCtlEnv(t, []runtime.Object{
+		testService("a", "10.96.0.1", "198.51.100.1"), testSlice("a", "10.244.0.1"),
+	}, nil, fake.New())
+	ctx := context.Background()
+	if _, err := e.client.CoreV1().Services("shop").Create(ctx, testService("b", "10.96.0.2", "198.51.100.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.DiscoveryV1().EndpointSlices("shop").Create(ctx, testSlice("b", "10.244.0.2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("b's cluster farm with its endpoint", func() bool {
+		f, ok := e.eng.Snapshot().Farm("shop.b.http.cluster-10.96.0.2")
+		return ok && len(f.Backends) == 1
+	})
+	if e.hasFarm("shop.b.http.external-198.51.100.1") {
+		t.Error("b's clashing external farm was programmed")
+	}
+	e.waitFor("an XLBRejected event on b", func() bool { return len(e.events("shop", ReasonRejected)) == 1 })
+	if ev := e.events("shop", ReasonRejected)[0]; ev.InvolvedObject.Name != "b" || !strings.Contains(ev.Message, "198.51.100.1") {
+		t.Errorf("event on %s: %s", ev.InvolvedObject.Name, ev.Message)
+	}
+	if _, err := e.client.DiscoveryV1().EndpointSlices("shop").Update(ctx, testSlice("b", "10.244.0.3"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("b's endpoint change", func() bool {
+		f, ok := e.eng.Snapshot().Farm("shop.b.http.cluster-10.96.0.2")
+		return ok && len(f.Backends) == 1 && f.Backends[0].Addr == netip.MustParseAddr("10.244.0.3")
+	})
+	if f, ok := e.eng.Snapshot().Farm("shop.a.http.external-198.51.100.1"); !ok || f.Backends[0].Addr != netip.MustParseAddr("10.244.0.1") {
+		t.Errorf("a's external farm changed: %v", f)
+	}
+}
+
+// TestRefusedAnnotationFallsBack: annotations whose farms the data plane
+// refuses (here: a fake plane that refuses mode snat) give the Service its
+// default farms, with the endpoints it has now, and an Event.
+func TestRefusedAnnotationFallsBack(t *testing.T) {
+	plane := fake.New()
+	plane.Refuse = func(f *model.Farm) error {
+		if f.Mode == model.ModeSNAT {
+			return &model.FieldError{Object: "farm " + f.Name, Field: "mode", Value: "snat", Problem: "refused by the test"}
+		}
+		return nil
+	}
+	svc := testService("a", "10.96.0.1")
+	svc.Annotations = map[string]string{"xlb.io/mode": "snat"}
+	e := newCtlEnv(t, []runtime.Object{svc, testSlice("a", "10.244.0.1", "10.244.0.2")}, nil, plane)
+	f, ok := e.eng.Snapshot().Farm("shop.a.http.cluster-10.96.0.1")
+	if !ok || f.Mode != model.ModeDNAT || len(f.Backends) != 2 {
+		t.Fatalf("farm %v %v, want the default (dnat) with both endpoints", ok, f)
+	}
+	e.waitFor("an XLBRejected event", func() bool { return len(e.events("shop", ReasonRejected)) == 1 })
+	if ev := e.events("shop", ReasonRejected)[0]; !strings.Contains(ev.Message, "refused by the test") || !strings.Contains(ev.Message, "serving with the defaults") {
+		t.Errorf("event: %s", ev.Message)
 	}
 }

@@ -19,6 +19,7 @@ type Metrics struct {
 	farms           prometheus.Gauge
 	errors          prometheus.Counter
 	rejectedChanges prometheus.Counter
+	kp              *kubeProxyMetrics
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -60,11 +61,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		rejectedChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "xlb_kubeproxy_rejected_changes_total",
-			Help: "Service changes refused (invalid annotation, unsupported feature, address clash); the Service keeps its previous rules.",
+			Help: "Service syncs that could not program a Service as asked (invalid or refused annotations: the defaults serve; farms refused by the data plane or clashing with another Service: left out).",
 		}),
 	}
 	reg.MustRegister(m.syncDuration, m.queueLatency, m.fullDuration, m.lastSync, m.lastFullSync,
 		m.pending, m.farms, m.errors, m.rejectedChanges)
+	m.kp = newKubeProxyMetrics(reg)
 	return m
 }
 
@@ -76,6 +78,10 @@ func (m *Metrics) synced(took, sinceQueued time.Duration, now time.Time, pending
 	m.queueLatency.Observe(sinceQueued.Seconds())
 	m.lastSync.Set(float64(now.UnixNano()) / 1e9)
 	m.pending.Set(float64(pending))
+	m.kp.syncDuration.Observe(took.Seconds())
+	m.kp.partialDuration.Observe(took.Seconds())
+	m.kp.networkProgramming.Observe(sinceQueued.Seconds())
+	m.kp.lastSync.Set(float64(now.UnixNano()) / 1e9)
 }
 
 func (m *Metrics) fullSynced(took time.Duration, now time.Time) {
@@ -85,6 +91,9 @@ func (m *Metrics) fullSynced(took time.Duration, now time.Time) {
 	m.fullDuration.Observe(took.Seconds())
 	m.lastSync.Set(float64(now.UnixNano()) / 1e9)
 	m.lastFullSync.Set(float64(now.UnixNano()) / 1e9)
+	m.kp.syncDuration.Observe(took.Seconds())
+	m.kp.fullDuration.Observe(took.Seconds())
+	m.kp.lastSync.Set(float64(now.UnixNano()) / 1e9)
 }
 
 func (m *Metrics) setPending(n int) {

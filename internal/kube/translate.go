@@ -31,6 +31,12 @@ type Node struct {
 	Name string
 	// Addrs are the addresses NodePorts are served on.
 	Addrs []netip.Addr
+	// PodInterface is the interface Pods' traffic arrives on (a CNI
+	// bridge such as cni0): mode dsr for a cluster IP works at netdev
+	// ingress of one interface, and a cluster IP is held by none (kube-nftlb
+	// used its configured Docker bridge the same way). Empty: the
+	// xlb.io/iface annotation must name it.
+	PodInterface string
 }
 
 // Kind says which address of a Service a farm serves.
@@ -292,13 +298,40 @@ func (e *UnsupportedError) Error() string {
 //   - sessionAffinity ClientIP sets persistence srcip with the Service's
 //     timeout (default 10800 s).
 //   - Annotations (see parseAnnotations) override mode, scheduler,
-//     sched-param, persistence, persist-ttl, helper, log and est-connlimit.
+//     sched-param, persistence, persist-ttl, helper, log, est-connlimit and
+//     iface.
 //
-// On an invalid annotation Farms returns an *AnnotationError (and farms with
-// the names the Service maps to, built without the annotations, so a caller
-// can tell which farms belong to it).
+// An annotation is a request, never a condition of service: on an invalid
+// one Farms returns the farms built with the defaults (no annotation
+// applied) together with the *AnnotationError, and the caller serves those.
 func Farms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) ([]model.Farm, error) {
 	set, aerr := parseAnnotations(svc.Annotations)
+	if aerr != nil {
+		set = settings{}
+	}
+	farms, err := buildFarms(svc, eps, node, &set)
+	if err != nil {
+		return nil, err
+	}
+	return farms, aerr
+}
+
+// DefaultFarms is Farms without the Service's annotations: what it falls
+// back to when the farms its annotations make are refused.
+func DefaultFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) ([]model.Farm, error) {
+	return buildFarms(svc, eps, node, &settings{})
+}
+
+// HasAnnotations reports whether a Service carries annotations that change
+// its farms (valid ones: an invalid one changes nothing).
+func HasAnnotations(svc *corev1.Service) bool {
+	set, err := parseAnnotations(svc.Annotations)
+	return err == nil && set.any()
+}
+
+// buildFarms builds a Service's farms with the settings of its annotations
+// (empty: the defaults).
+func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node, set *settings) ([]model.Farm, error) {
 	var out []model.Farm
 	for i := range svc.Spec.Ports {
 		sp := &svc.Spec.Ports[i]
@@ -363,11 +396,14 @@ func Farms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) ([]
 					f.PersistTTL = uint32(*c.ClientIP.TimeoutSeconds)
 				}
 			}
-			if aerr == nil {
-				set.apply(&f)
+			set.override(&f)
+			if f.Mode == model.ModeDSR && f.Iface == "" && sa.Kind == KindCluster {
+				// A cluster IP is on no interface and rarely routed:
+				// its traffic arrives where the Pods are.
+				f.Iface = node.PodInterface
 			}
 			out = append(out, f)
 		}
 	}
-	return out, aerr
+	return out, nil
 }

@@ -32,11 +32,10 @@ func svc(mut ...func(*corev1.Service)) *corev1.Service {
 }
 
 type ep struct {
-	addr              string
-	node              string
-	ready, serving    *bool
-	terminating       *bool
-	noConditionsReady bool
+	addr           string
+	node           string
+	ready, serving *bool
+	terminating    *bool
 }
 
 func slice(family discoveryv1.AddressType, port int32, portName string, proto corev1.Protocol, eps ...ep) *discoveryv1.EndpointSlice {
@@ -366,6 +365,22 @@ func TestFarmsAnnotations(t *testing.T) {
 			func(f *model.Farm) bool { return f.Scheduler == model.SchedHash && f.SchedParam == model.KeySrcIP }},
 		{"hash with keys", map[string]string{"xlb.io/scheduler": "hash", "xlb.io/sched-param": "srcip srcport"},
 			func(f *model.Farm) bool { return f.SchedParam == model.KeySrcIP|model.KeySrcPort }},
+		{"kube-nftlb hash-srcip", map[string]string{"service.kubernetes.io/kube-nftlb-load-balancer-scheduler": "hash-srcip"},
+			func(f *model.Farm) bool { return f.Scheduler == model.SchedHash && f.SchedParam == model.KeySrcIP }},
+		{"kube-nftlb hash-srcip-srcport", map[string]string{"service.kubernetes.io/kube-nftlb-load-balancer-scheduler": "hash-srcip-srcport"},
+			func(f *model.Farm) bool {
+				return f.Scheduler == model.SchedHash && f.SchedParam == model.KeySrcIP|model.KeySrcPort
+			}},
+		{"stateless mode hashes the flow, affinity by client address", map[string]string{"xlb.io/mode": "stlsdnat"},
+			func(f *model.Farm) bool {
+				return f.Mode == model.ModeStlsDNAT && f.Scheduler == model.SchedHash && f.SchedParam == model.KeySrcIP && f.Persistence == 0
+			}},
+		{"dsr keeps an asked scheduler", map[string]string{"xlb.io/mode": "dsr", "xlb.io/scheduler": "maglev", "xlb.io/iface": "cni0"},
+			func(f *model.Farm) bool {
+				return f.Mode == model.ModeDSR && f.Scheduler == model.SchedMaglev && f.Iface == "cni0"
+			}},
+		{"helper only on ports of its protocol", map[string]string{"xlb.io/helper": "tftp"},
+			func(f *model.Farm) bool { return f.Helper == model.HelperNone }},
 		{"maglev", map[string]string{"xlb.io/scheduler": "maglev"},
 			func(f *model.Farm) bool { return f.Scheduler == model.SchedMaglev }},
 		{"persistence with ttl", map[string]string{"xlb.io/persistence": "srcip-srcport", "xlb.io/persist-ttl": "30"},

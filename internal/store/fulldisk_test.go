@@ -9,7 +9,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
 
@@ -45,7 +45,7 @@ func TestFullDiskOpensReadOnly(t *testing.T) {
 	if got := names(t, j); !slices.Equal(got, want) {
 		t.Fatalf("read-only load: %d farms, want %d", len(got), len(want))
 	}
-	if err := j.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(t, 900)}}}); !errors.As(err, &ue) {
+	if err := j.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: testFarm(t, 900)}}}); !errors.As(err, &ue) {
 		t.Fatalf("Apply on a read-only state: %v", err)
 	}
 	if err := j.Writable(); !errors.As(err, &ue) {

@@ -15,7 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -57,7 +57,7 @@ type Journal struct {
 	// a write that failed); a fold zeroes them.
 	used int64
 
-	// foldAt is the journal size past which Apply first folds it into the
+	// foldAt is the journal size past which Commit first folds it into the
 	// bbolt file; a record larger than bigRecord, or a diff of more than
 	// bulkChanges farms, goes to the bbolt file directly.
 	foldAt, bigRecord int64
@@ -158,8 +158,8 @@ func (j *Journal) Load(ctx context.Context) ([]model.Farm, error) {
 	return j.db.Load(ctx)
 }
 
-// Apply implements Store: the change is on disk when it returns.
-func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
+// Commit implements Store: the change is on disk when it returns.
+func (j *Journal) Commit(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -174,7 +174,7 @@ func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 		if err := j.fold(); err != nil {
 			return fmt.Errorf("save state: %w", err)
 		}
-		return j.db.Apply(ctx, d)
+		return j.db.Commit(ctx, d)
 	}
 	rec := encodeRecord(d)
 	if int64(len(rec)) > j.bigRecord || j.size+int64(len(rec)) > j.foldAt {
@@ -182,7 +182,7 @@ func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 			return fmt.Errorf("save state: %w", err)
 		}
 		if int64(len(rec)) > j.bigRecord {
-			return j.db.Apply(ctx, d)
+			return j.db.Commit(ctx, d)
 		}
 	}
 	// A failed write or sync leaves the record unacknowledged; the next
@@ -200,7 +200,7 @@ func (j *Journal) Apply(ctx context.Context, d dataplane.Diff) error {
 
 // Revert implements Undoer. It is rare (the kernel refused a change the disk
 // took), so it folds the journal and lets the bbolt file take d back.
-func (j *Journal) Revert(ctx context.Context, d dataplane.Diff) error {
+func (j *Journal) Revert(ctx context.Context, d plan.Diff) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if err := j.fold(); err != nil {
@@ -352,7 +352,7 @@ func (j *Journal) preallocate(size int64) error {
 // appended straight into it: it was copied three times (AppendJSON into a
 // buffer of its own, into the redo list, into the payload), about 50 KB
 // allocated for a farm of 100 backends.
-func encodeRecord(d dataplane.Diff) []byte {
+func encodeRecord(d plan.Diff) []byte {
 	last := make(map[string]int, len(d.Changes)) // name -> index in entries
 	type entry struct {
 		name string

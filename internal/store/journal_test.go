@@ -9,13 +9,13 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 )
 
 func put(t *testing.T, s Store, from, to int) {
 	t.Helper()
 	for i := from; i < to; i++ {
-		if err := s.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(t, i)}}}); err != nil {
+		if err := s.Commit(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: testFarm(t, i)}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -115,7 +115,7 @@ func TestJournalDropsATornRecord(t *testing.T) {
 			if end == 0 {
 				t.Fatal("the changes did not go to the journal")
 			}
-			rec := torn.cut(encodeRecord(dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(t, 9)}}}))
+			rec := torn.cut(encodeRecord(plan.Diff{Changes: []plan.FarmChange{{New: testFarm(t, 9)}}}))
 			f, err := os.OpenFile(filepath.Join(dir, JournalName), os.O_WRONLY, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -156,13 +156,13 @@ func TestJournalStaysShort(t *testing.T) {
 	if j.size > j.foldAt {
 		t.Errorf("journal holds %d bytes, past its fold size %d", j.size, j.foldAt)
 	}
-	var bulk dataplane.Diff
+	var bulk plan.Diff
 	for i := 100; i < 140; i++ {
-		bulk.Changes = append(bulk.Changes, dataplane.FarmChange{New: testFarm(t, i)})
+		bulk.Changes = append(bulk.Changes, plan.FarmChange{New: testFarm(t, i)})
 	}
 	j.bigRecord = 1000
 	before := j.size
-	if err := j.Apply(context.Background(), bulk); err != nil {
+	if err := j.Commit(context.Background(), bulk); err != nil {
 		t.Fatal(err)
 	}
 	if j.size != 0 || before == 0 && journalEnd(t, dir) != 0 {
@@ -172,11 +172,11 @@ func TestJournalStaysShort(t *testing.T) {
 	// whatever its size.
 	put(t, j, 200, 201)
 	j.bigRecord = defaultBigRecord
-	bulk = dataplane.Diff{}
+	bulk = plan.Diff{}
 	for i := 300; i < 300+bulkChanges+1; i++ {
-		bulk.Changes = append(bulk.Changes, dataplane.FarmChange{New: testFarm(t, i)})
+		bulk.Changes = append(bulk.Changes, plan.FarmChange{New: testFarm(t, i)})
 	}
-	if err := j.Apply(context.Background(), bulk); err != nil {
+	if err := j.Commit(context.Background(), bulk); err != nil {
 		t.Fatal(err)
 	}
 	if j.size != 0 {
@@ -206,7 +206,7 @@ func TestJournalReplayTwiceIsHarmless(t *testing.T) {
 	a := testFarm(t, 0)
 	a2 := a.Clone()
 	a2.Backends[0].Weight = 9
-	if err := j.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a, New: &a2}, {Old: testFarm(t, 1)}}}); err != nil {
+	if err := j.Commit(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: a, New: &a2}, {Old: testFarm(t, 1)}}}); err != nil {
 		t.Fatal(err)
 	}
 	j.Close()
@@ -246,12 +246,12 @@ func TestJournalReplayTwiceIsHarmless(t *testing.T) {
 	}
 }
 
-// BenchmarkJournalBulk times one Apply of 16,000 new farms (a restore), the
+// BenchmarkJournalBulk times one Commit of 16,000 new farms (a restore), the
 // path where the journal hands the change to the bbolt file.
 func BenchmarkJournalBulk(b *testing.B) {
-	var d dataplane.Diff
+	var d plan.Diff
 	for i := range 16000 {
-		d.Changes = append(d.Changes, dataplane.FarmChange{New: testFarm(b, i)})
+		d.Changes = append(d.Changes, plan.FarmChange{New: testFarm(b, i)})
 	}
 	for b.Loop() {
 		b.StopTimer()
@@ -260,7 +260,7 @@ func BenchmarkJournalBulk(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		if err := j.Apply(context.Background(), d); err != nil {
+		if err := j.Commit(context.Background(), d); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -33,7 +33,7 @@ func bigFarm(t testing.TB, name string, n, weight int) *model.Farm {
 // BenchmarkEncodeRecordAddFarm100Backends is the journal record of an
 // API call that adds a farm of 100 backends.
 func BenchmarkEncodeRecordAddFarm100Backends(b *testing.B) {
-	d := dataplane.Diff{Changes: []dataplane.FarmChange{{New: bigFarm(b, "web", 100, 1)}}}
+	d := plan.Diff{Changes: []plan.FarmChange{{New: bigFarm(b, "web", 100, 1)}}}
 	b.ReportAllocs()
 	for b.Loop() {
 		encodeRecord(d)
@@ -42,7 +42,7 @@ func BenchmarkEncodeRecordAddFarm100Backends(b *testing.B) {
 
 // refEncodeRecord is encodeRecord as it was before it built the record in
 // one buffer: the bytes must not change (old journals are read back).
-func refEncodeRecord(d dataplane.Diff) []byte {
+func refEncodeRecord(d plan.Diff) []byte {
 	entry := func(buf []byte, name string, v []byte) []byte {
 		buf = binary.AppendUvarint(buf, uint64(len(name)))
 		buf = append(buf, name...)
@@ -106,12 +106,12 @@ func TestEncodeRecordBytes(t *testing.T) {
 	b1, long := bigFarm(t, "b", 1, 1), bigFarm(t, strings.Repeat("x", 64), 300, 3)
 	unsealed := *bigFarm(t, "u", 2, 1)
 	unsealed.Backends = append([]model.Backend(nil), unsealed.Backends...)
-	for i, d := range []dataplane.Diff{
-		{Changes: []dataplane.FarmChange{{New: a1}}},
-		{Changes: []dataplane.FarmChange{{Old: a1}}},
-		{Changes: []dataplane.FarmChange{{Old: a1, New: a2}, {New: b1}, {Old: long}}},
-		{Changes: []dataplane.FarmChange{{Old: a1, New: a2}, {Old: a2, New: a1}, {New: long}, {Old: long, New: b1}}},
-		{Changes: []dataplane.FarmChange{{New: &unsealed}, {Old: b1}}},
+	for i, d := range []plan.Diff{
+		{Changes: []plan.FarmChange{{New: a1}}},
+		{Changes: []plan.FarmChange{{Old: a1}}},
+		{Changes: []plan.FarmChange{{Old: a1, New: a2}, {New: b1}, {Old: long}}},
+		{Changes: []plan.FarmChange{{Old: a1, New: a2}, {Old: a2, New: a1}, {New: long}, {Old: long, New: b1}}},
+		{Changes: []plan.FarmChange{{New: &unsealed}, {Old: b1}}},
 		{},
 	} {
 		got, want := encodeRecord(d), refEncodeRecord(d)

@@ -7,8 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/model/modeltest"
@@ -41,7 +41,7 @@ func TestAcceptedFarmsSurviveRestart(t *testing.T) {
 		f.Seal()
 		// Saved as the engine saves a change: the journal, one record a
 		// change, the farm replacing its earlier version.
-		if err := st.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: current[f.Name], New: &f}}}); err != nil {
+		if err := st.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: current[f.Name], New: &f}}}); err != nil {
 			t.Fatal(err)
 		}
 		current[f.Name] = &f

@@ -24,15 +24,16 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
 var (
 	farmsBucket = []byte("farms")
 	metaBucket  = []byte("meta")
-	// undoKey holds the undo of the last Apply (see encodeUndo).
+	// undoKey holds the undo of the last Commit (see encodeUndo).
 	undoKey = []byte("undo-last")
 )
 
@@ -40,20 +41,22 @@ var (
 type Store interface {
 	// Load returns every saved farm.
 	Load(ctx context.Context) ([]model.Farm, error)
-	// Apply saves a diff atomically (all of it or none of it).
-	Apply(ctx context.Context, d dataplane.Diff) error
+	// Commit writes a diff to disk atomically (all of it or none of
+	// it). (The data plane "applies" a diff to the kernel; the store
+	// "commits" it.)
+	Commit(ctx context.Context, d plan.Diff) error
 	Close() error
 }
 
-// Undoer is a Store that remembers the undo of its last Apply. The undo is
-// only as good as the Old farms of the diffs given to Apply (the engine's
+// Undoer is a Store that remembers the undo of its last Commit. The undo is
+// only as good as the Old farms of the diffs given to Commit (the engine's
 // diffs carry them; a store that merges diffs, like the Kubernetes proxy's
 // write-behind, must not offer UndoLast).
 type Undoer interface {
-	// Revert takes back d, the diff of the last Apply, and forgets it: the
+	// Revert takes back d, the diff of the last Commit, and forgets it: the
 	// kernel refused d after the disk had taken it.
-	Revert(ctx context.Context, d dataplane.Diff) error
-	// UndoLast takes back the last Apply if it is still remembered and
+	Revert(ctx context.Context, d plan.Diff) error
+	// UndoLast takes back the last Commit if it is still remembered and
 	// returns the names of the farms it restored (none if there was nothing
 	// to take back).
 	UndoLast(ctx context.Context) ([]string, error)
@@ -87,7 +90,7 @@ func OpenBolt(dir string) (*Bolt, error) {
 	// 30 % of a 16,000-farm restore's disk phase.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, InitialMmapSize: initialMmapSize})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("open state %q: locked by another process (is another xlb daemon using this --state-dir?)", path)
 		}
 		return nil, fmt.Errorf("open state %q: %w", path, err)
@@ -126,8 +129,8 @@ func (s *Bolt) Load(ctx context.Context) ([]model.Farm, error) {
 	return farms, nil
 }
 
-// Apply implements Store. The same transaction records the undo of d.
-func (s *Bolt) Apply(ctx context.Context, d dataplane.Diff) error {
+// Commit implements Store. The same transaction records the undo of d.
+func (s *Bolt) Commit(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -143,7 +146,7 @@ func (s *Bolt) Apply(ctx context.Context, d dataplane.Diff) error {
 }
 
 // Revert implements Undoer.
-func (s *Bolt) Revert(ctx context.Context, d dataplane.Diff) error {
+func (s *Bolt) Revert(ctx context.Context, d plan.Diff) error {
 	if err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := writeDiff(tx, d.Inverse()); err != nil {
 			return err
@@ -189,7 +192,7 @@ func (s *Bolt) UndoLast(ctx context.Context) ([]string, error) {
 // appends. A restore of 16,000 farms in the order of its file spent half
 // its disk time shifting (BenchmarkJournalBulk: 116 -> 57 ms). The sort is
 // stable, so the operations of one name keep their order.
-func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
+func writeDiff(tx *bolt.Tx, d plan.Diff) error {
 	type op struct {
 		name string
 		farm *model.Farm // nil: delete
@@ -223,10 +226,10 @@ func writeDiff(tx *bolt.Tx, d dataplane.Diff) error {
 // d (or nothing if it did not exist): records of uvarint name length, name,
 // uvarint (length of the old JSON + 1, 0 for "did not exist"), old JSON.
 // A name touched twice keeps its first (oldest) version.
-func encodeUndo(d dataplane.Diff) []byte { return appendUndo(nil, d) }
+func encodeUndo(d plan.Diff) []byte { return appendUndo(nil, d) }
 
 // appendUndo appends encodeUndo's list to buf.
-func appendUndo(buf []byte, d dataplane.Diff) []byte {
+func appendUndo(buf []byte, d plan.Diff) []byte {
 	seen := make(map[string]bool, 2*len(d.Changes))
 	rec := func(name string, old *model.Farm) {
 		if !seen[name] {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -47,9 +47,9 @@ func eachStore(t *testing.T, fn func(t *testing.T, open func(string) (undoStore,
 	}
 }
 
-func TestApplyLoadDelete(t *testing.T) { eachStore(t, testApplyLoadDelete) }
+func TestCommitLoadDelete(t *testing.T) { eachStore(t, testCommitLoadDelete) }
 
-func testApplyLoadDelete(t *testing.T, open func(string) (undoStore, error)) {
+func testCommitLoadDelete(t *testing.T, open func(string) (undoStore, error)) {
 	dir := t.TempDir()
 	s, err := open(dir)
 	if err != nil {
@@ -57,10 +57,10 @@ func testApplyLoadDelete(t *testing.T, open func(string) (undoStore, error)) {
 	}
 	ctx := context.Background()
 	a, b := testFarm(t, 1), testFarm(t, 2)
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}, {New: b}}}); err != nil {
+	if err := s.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: a}, {New: b}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a}}}); err != nil {
+	if err := s.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: a}}}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -119,7 +119,7 @@ func TestMain(m *testing.M) {
 }
 
 // crashChild applies farms one at a time forever, printing "ack N" after each
-// Apply returns: an acknowledged change.
+// Commit returns: an acknowledged change.
 func crashChild(dir string) {
 	var s Store
 	var err error
@@ -133,7 +133,7 @@ func crashChild(dir string) {
 		os.Exit(1)
 	}
 	for i := 0; ; i++ {
-		if err := s.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: testFarm(nil, i)}}}); err != nil {
+		if err := s.Commit(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: testFarm(nil, i)}}}); err != nil {
 			fmt.Println("error", err)
 			os.Exit(1)
 		}
@@ -199,7 +199,7 @@ func testCrash(t *testing.T, store string, open func(string) (undoStore, error))
 	}
 }
 
-// UndoLast takes back exactly the last Apply: farms it added go, farms it
+// UndoLast takes back exactly the last Commit: farms it added go, farms it
 // changed or deleted come back as they were; a second UndoLast does nothing.
 func TestUndoLast(t *testing.T) { eachStore(t, testUndoLast) }
 
@@ -211,12 +211,12 @@ func testUndoLast(t *testing.T, open func(string) (undoStore, error)) {
 	defer s.Close()
 	ctx := context.Background()
 	a, b, c := testFarm(t, 1), testFarm(t, 2), testFarm(t, 3)
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}, {New: b}}}); err != nil {
+	if err := s.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: a}, {New: b}}}); err != nil {
 		t.Fatal(err)
 	}
 	a2 := a.Clone()
 	a2.Backends[0].Weight = 7
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: a, New: &a2}, {Old: b}, {New: c}}}); err != nil {
+	if err := s.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: a, New: &a2}, {Old: b}, {New: c}}}); err != nil {
 		t.Fatal(err)
 	}
 	names, err := s.UndoLast(ctx)
@@ -250,11 +250,11 @@ func testRevert(t *testing.T, open func(string) (undoStore, error)) {
 	defer s.Close()
 	ctx := context.Background()
 	a, b := testFarm(t, 1), testFarm(t, 2)
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}}}); err != nil {
+	if err := s.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: a}}}); err != nil {
 		t.Fatal(err)
 	}
-	d := dataplane.Diff{Changes: []dataplane.FarmChange{{New: b}}}
-	if err := s.Apply(ctx, d); err != nil {
+	d := plan.Diff{Changes: []plan.FarmChange{{New: b}}}
+	if err := s.Commit(ctx, d); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Revert(ctx, d); err != nil {
@@ -292,7 +292,7 @@ func TestDSRFieldsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := s.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: &fs[0]}}}); err != nil {
+	if err := s.Commit(ctx, plan.Diff{Changes: []plan.FarmChange{{New: &fs[0]}}}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()

@@ -7,8 +7,9 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -27,9 +28,9 @@ var (
 type TableStore interface {
 	// LoadTables returns every saved table with its entries.
 	LoadTables(ctx context.Context) ([]*model.Table, error)
-	// ApplyTables saves the table and slot changes of d atomically (its
-	// Farms are saved by Apply).
-	ApplyTables(ctx context.Context, d dataplane.TableDiff) error
+	// CommitTables saves the table and slot changes of d atomically (its
+	// Farms are saved by Commit).
+	CommitTables(ctx context.Context, d plan.TableDiff) error
 }
 
 var (
@@ -77,8 +78,8 @@ func (s *Bolt) LoadTables(ctx context.Context) ([]*model.Table, error) {
 	return out, nil
 }
 
-// ApplyTables implements TableStore.
-func (s *Bolt) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+// CommitTables implements TableStore.
+func (s *Bolt) CommitTables(ctx context.Context, d plan.TableDiff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -91,7 +92,7 @@ func (s *Bolt) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
 	return nil
 }
 
-func writeTables(tx *bolt.Tx, d dataplane.TableDiff) error {
+func writeTables(tx *bolt.Tx, d plan.TableDiff) error {
 	tb, err := tx.CreateBucketIfNotExists(tablesBucket)
 	if err != nil {
 		return err
@@ -116,11 +117,11 @@ func writeTables(tx *bolt.Tx, d dataplane.TableDiff) error {
 		key := slotKey(c.Slot)
 		switch {
 		case c.New == nil:
-			if err := slots.DeleteBucket(key); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			if err := slots.DeleteBucket(key); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 				return err
 			}
 		case c.Old == nil:
-			if err := slots.DeleteBucket(key); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			if err := slots.DeleteBucket(key); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 				return err
 			}
 			b, err := slots.CreateBucket(key)
@@ -307,13 +308,13 @@ func (j *Journal) LoadTables(ctx context.Context) ([]*model.Table, error) {
 	return j.db.LoadTables(ctx)
 }
 
-// ApplyTables implements TableStore. Table changes go to the bbolt file
+// CommitTables implements TableStore. Table changes go to the bbolt file
 // directly, not through the journal: a batch of entries is a large record
 // anyway. The engine saves the parts of one change that create before its
 // farms and those that destroy after, so a crash between the two never
 // leaves a farm naming a table that is not saved.
-func (j *Journal) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+func (j *Journal) CommitTables(ctx context.Context, d plan.TableDiff) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.db.ApplyTables(ctx, d)
+	return j.db.CommitTables(ctx, d)
 }

@@ -39,6 +39,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
 // PrivilegedEnv is the environment variable that makes privileged tests
@@ -138,30 +140,10 @@ func deleteNetNS(tb testing.TB, name string, h netns.NsHandle) {
 	}
 }
 
-// Do runs fn with the calling goroutine's OS thread switched into the
-// namespace ns, then switches back. Sockets created by fn stay in ns for
-// their whole life. fn must not start goroutines that expect to run in ns.
-func Do(ns netns.NsHandle, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("get current namespace: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter namespace %s: %w", ns, err)
-	}
-	defer func() {
-		if err := netns.Set(orig); err != nil {
-			// Keep the thread locked so it is thrown away with the goroutine.
-			return
-		}
-		runtime.UnlockOSThread()
-	}()
-	return fn()
-}
+// Do runs fn inside the namespace ns (nsenter.Run). Sockets created by fn
+// stay in ns for their whole life. fn must not start goroutines that
+// expect to run in ns.
+func Do(ns netns.NsHandle, fn func() error) error { return nsenter.Run(ns, fn) }
 
 // withHandle runs fn with a netlink handle bound to ns.
 func withHandle(ns netns.NsHandle, fn func(*netlink.Handle) error) error {

@@ -116,15 +116,23 @@ func (e *env) bindProxyRole() {
 // (its certificate is for 127.0.0.1).
 func (e *env) forwardAPI(host string) string {
 	e.t.Helper()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(host, "https://"))
+	e.forwardAPIAt(e.LB, "127.0.0.1:"+port, host)
+	return "https://127.0.0.1:" + port
+}
+
+// forwardAPIAt listens on listen inside h's namespace and forwards each
+// connection to the API server at host (on the host's 127.0.0.1).
+func (e *env) forwardAPIAt(h testutil.Host, listen, host string) {
+	e.t.Helper()
 	target := strings.TrimPrefix(host, "https://")
-	_, port, _ := net.SplitHostPort(target)
 	var ln net.Listener
-	if err := testutil.Do(e.LB.NS, func() error {
+	if err := testutil.Do(h.NS, func() error {
 		var err error
-		ln, err = net.Listen("tcp", "127.0.0.1:"+port)
+		ln, err = net.Listen("tcp", listen)
 		return err
 	}); err != nil {
-		e.t.Fatalf("listen in the LB namespace: %v", err)
+		e.t.Fatalf("listen on %s in %s: %v", listen, h.Name, err)
 	}
 	var wg sync.WaitGroup
 	e.t.Cleanup(func() { ln.Close(); wg.Wait() })
@@ -152,7 +160,6 @@ func (e *env) forwardAPI(host string) string {
 			go pipe(c, u)
 		}
 	}()
-	return "https://127.0.0.1:" + port
 }
 
 // proxyProcess is `xlb kube-proxy` running in the LB namespace.
@@ -181,10 +188,19 @@ func (s *syncBuffer) String() string {
 
 func (e *env) startProxy(bin, kubeconfig, stateDir string, extra ...string) *proxyProcess {
 	e.t.Helper()
+	return e.startProxyEnv(nil, bin, kubeconfig, stateDir, extra...)
+}
+
+// startProxyEnv is startProxy with more environment variables (NAME=value).
+func (e *env) startProxyEnv(env []string, bin, kubeconfig, stateDir string, extra ...string) *proxyProcess {
+	e.t.Helper()
 	args := append([]string{"netns", "exec", e.LB.Name, bin, "kube-proxy",
 		"--kubeconfig", kubeconfig, "--hostname-override", e.node, "--state-dir", stateDir,
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256"}, extra...)
 	cmd := exec.Command("ip", args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	p := &proxyProcess{cmd: cmd, done: make(chan error, 1), log: &syncBuffer{}}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -288,6 +304,17 @@ func TestKubeProxyCommand(t *testing.T) {
 		"xlb_kubeproxy_sync_proxy_rules_pending_changes",
 		"xlb_kubeproxy_network_programming_duration_seconds_bucket",
 		"xlb_kubeproxy_rejected_changes_total 1",
+		// kube-proxy's own names, for existing dashboards and alerts.
+		"kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+		"kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+		"kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+		"kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\"}",
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total",
+		"kubeproxy_sync_proxy_rules_service_changes_total",
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+		"kubeproxy_sync_proxy_rules_service_changes_pending",
 	} {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics has no %q", m)
@@ -295,6 +322,13 @@ func TestKubeProxyCommand(t *testing.T) {
 	}
 	if n := metricValue(body, "xlb_kubeproxy_sync_proxy_rules_duration_seconds_count"); n < 2 {
 		t.Errorf("sync count %v, want at least 2", n)
+	}
+	// One Service created, its slice created, its annotation changed.
+	if n := metricValue(body, "kubeproxy_sync_proxy_rules_service_changes_total"); n < 2 {
+		t.Errorf("kubeproxy service changes %v, want at least 2", n)
+	}
+	if n := metricValue(body, "kubeproxy_sync_proxy_rules_endpoint_changes_total"); n < 1 {
+		t.Errorf("kubeproxy endpoint changes %v, want at least 1", n)
 	}
 
 	old := e.createService(service("old", corev1.ServiceTypeClusterIP))

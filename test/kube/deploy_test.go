@@ -65,6 +65,8 @@ func TestDeployManifests(t *testing.T) {
 				_, err = api.Client.RbacV1().ClusterRoles().Create(ctx, o, dry)
 			case *rbacv1.ClusterRoleBinding:
 				_, err = api.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, dry)
+			case *corev1.ConfigMap:
+				_, err = api.Client.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, dry)
 			case *appsv1.DaemonSet:
 				_, err = api.Client.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, dry)
 			default:
@@ -75,7 +77,7 @@ func TestDeployManifests(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"} {
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"} {
 		if kinds[k] != 1 {
 			t.Errorf("deploy/ has %d %s objects, want 1", kinds[k], k)
 		}

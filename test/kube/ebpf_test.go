@@ -22,9 +22,10 @@ import (
 // IPs (TCP and UDP) and on the node's address (masqueraded); a
 // sessionAffinity ClientIP Service keeps the client on one endpoint; an
 // endpoint removal takes it out; a Service without endpoints refuses new
-// connections (TCP and UDP, IPv4 and IPv6); a Service with an SCTP port, which the eBPF plane does not
-// implement, gets an XLBRejected Event while the others keep working; and
-// deleting a Service stops its traffic.
+// connections (TCP and UDP, IPv4 and IPv6); a Service with an SCTP port,
+// which the eBPF plane does not implement, gets an XLBRejected Event and
+// its TCP port served, while the others keep working; and deleting a
+// Service stops its traffic.
 func TestEBPFServices(t *testing.T) {
 	e := newWorld(t, 3)
 	e.startController("ebpf")
@@ -125,17 +126,27 @@ func TestEBPFServices(t *testing.T) {
 		}
 	}
 
-	// SCTP is not implemented by the eBPF plane: an Event on that Service,
-	// the others unaffected.
+	// SCTP is not implemented by the eBPF plane: the SCTP port gets no
+	// farm and the Service an Event; its TCP port is served, and the
+	// other Services are unaffected.
 	sc := service("sctp", corev1.ServiceTypeClusterIP)
-	sc.Spec.Ports = []corev1.ServicePort{{Name: "sctp", Port: 80, Protocol: corev1.ProtocolSCTP}}
-	e.createService(sc)
+	sc.Spec.Ports = []corev1.ServicePort{{Name: "tcp", Port: 80, Protocol: corev1.ProtocolTCP}, {Name: "sctp", Port: 81, Protocol: corev1.ProtocolSCTP}}
+	scs := e.createService(sc)
+	e.setEndpoints("sctp", false, ready(1))
 	ev := e.waitEvent("sctp", kube.ReasonRejected)
 	if !strings.Contains(ev.Message, "protocol") || !strings.Contains(ev.Message, "ebpf") {
 		t.Errorf("event message %q does not name the protocol and the ebpf plane", ev.Message)
 	}
+	sccip := netip.MustParseAddr(scs.Spec.ClusterIP)
+	e.waitFarm(kube.FarmName(e.ns, "sctp", "tcp", kube.KindCluster, sccip), hasBackends(1))
+	if _, ok := e.eng.Snapshot().Farm(kube.FarmName(e.ns, "sctp", "sctp", kube.KindCluster, sccip)); ok {
+		t.Errorf("the SCTP port has a farm on the ebpf plane")
+	}
+	if got := e.spread(netip.AddrPortFrom(sccip, 80), false, 3); keys(got) != "b1" {
+		t.Errorf("the TCP port of the Service with an SCTP port: answers %v, want b1", got)
+	}
 	if got := e.spread(netip.AddrPortFrom(cip4, 80), false, 4); keys(got) != "b0,b2" {
-		t.Errorf("web after the SCTP Service was refused: answers %v", got)
+		t.Errorf("web after the SCTP port was refused: answers %v", got)
 	}
 
 	// Deleting the Service removes its farms and its traffic.

@@ -173,15 +173,11 @@ func (e *env) startController(planeName string) {
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var plane dataplane.Dataplane
 	var err error
-	var conntrack kube.Conntrack = kube.NetlinkConntrack{NS: e.LB.NS}
 	switch planeName {
 	case "nft":
 		plane, err = nft.New(ctx, log, nft.Options{NetNS: e.LB.NS})
 	case "ebpf":
-		var p *ebpf.Plane
-		p, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384})
-		plane = p
-		conntrack = kube.EBPFConntrack{Plane: p} // as xlb kube-proxy --dataplane ebpf
+		plane, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384})
 	default:
 		t.Fatalf("data plane %q", planeName)
 	}
@@ -192,13 +188,13 @@ func (e *env) startController(planeName string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := kube.NewWriteBehind(bolt, log)
+	st := store.NewWriteBehind(bolt, log)
 	e.eng, err = engine.New(ctx, log, plane, st)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.ctl, err = kube.New(kube.Config{Client: api.Client, Engine: e.eng, Log: log, NodeName: e.node,
-		Conntrack: conntrack,
+		Flows: plane.(dataplane.FlowFlusher), // as xlb kube-proxy does
 		Listen: func(network, addr string) (net.Listener, error) {
 			var ln net.Listener
 			err := testutil.Do(e.LB.NS, func() error {

@@ -150,12 +150,14 @@ func TestDualStackAndLocalPolicy(t *testing.T) {
 	}
 }
 
-// TestInvalidAnnotation: a Service whose annotation is invalid (or whose
-// farms the engine refuses) gets an Event and keeps its previous rules;
-// other Services are programmed as usual, and fixing the annotation
-// applies it.
+// TestInvalidAnnotation: an annotation is a request, never a condition of
+// service. A Service whose annotation becomes invalid (or whose annotated
+// farms the engine refuses) is served with the defaults, gets a Warning
+// Event, and keeps following its endpoints: a removed endpoint stops
+// receiving traffic at once. A new Service with a bad annotation is served
+// with the defaults from the start. Fixing the annotation applies it.
 func TestInvalidAnnotation(t *testing.T) {
-	e := newEnv(t, 2)
+	e := newEnv(t, 3)
 	e.startServers()
 	a := e.createService(service("a", corev1.ServiceTypeClusterIP))
 	e.setEndpoints("a", false, ready(0, 1))
@@ -163,42 +165,52 @@ func TestInvalidAnnotation(t *testing.T) {
 	e.waitFarm(aFarm, hasBackends(2))
 	aAddr := netip.AddrPortFrom(netip.MustParseAddr(a.Spec.ClusterIP), 80)
 
-	// 1. A value no farm field accepts.
+	// 1. A value no farm field accepts: the defaults serve.
 	e.annotate("a", map[string]string{"xlb.io/mode": "fast"})
 	ev := e.waitEvent("a", kube.ReasonInvalidAnnotation)
-	for _, w := range []string{"xlb.io/mode", "fast", "snat, dnat"} {
+	for _, w := range []string{"xlb.io/mode", "fast", "snat, dnat", "serving with the defaults"} {
 		if !strings.Contains(ev.Message, w) {
 			t.Errorf("event message %q does not say %q", ev.Message, w)
 		}
 	}
-	// An endpoint change of the broken Service is not applied either: its
-	// previous rules stay as they were.
-	e.setEndpoints("a", false, ready(0))
-	b := e.createService(service("b", corev1.ServiceTypeClusterIP))
+	// The endpoint change of the Service is applied: b1 (a deleted Pod, in
+	// a cluster) gets no more traffic.
+	e.setEndpoints("a", false, ready(0, 2))
+	e.waitFarm(aFarm, func(f *model.Farm) bool {
+		return len(f.Backends) == 2 && f.Backends[1].Addr == e.Backends[2].IPv4 && f.Mode == model.ModeDNAT
+	})
+	if got := e.spread(aAddr, false, 10); keys(got) != "b0,b2" {
+		t.Errorf("service a with an invalid annotation, after the endpoint change: answers %v, want b0,b2", got)
+	}
+
+	// 2. A new Service with a bad annotation is served with the defaults.
+	bs := service("b", corev1.ServiceTypeClusterIP)
+	bs.Annotations = map[string]string{"service.kubernetes.io/kube-nftlb-load-balancer-scheduler": "fastest"}
+	b := e.createService(bs)
 	e.setEndpoints("b", false, ready(1))
 	bFarm := kube.FarmName(e.ns, "b", "tcp", kube.KindCluster, netip.MustParseAddr(b.Spec.ClusterIP))
 	e.waitFarm(bFarm, hasBackends(1))
 	if got := e.spread(netip.AddrPortFrom(netip.MustParseAddr(b.Spec.ClusterIP), 80), false, 4); keys(got) != "b1" {
-		t.Errorf("service b: answers %v", got)
+		t.Errorf("new service b with a bad annotation: answers %v, want b1", got)
 	}
-	if f, _ := e.eng.Snapshot().Farm(aFarm); f == nil || len(f.Backends) != 2 || f.Mode != model.ModeDNAT {
-		t.Errorf("service a's farm changed while its annotation is invalid")
-	}
-	if got := e.spread(aAddr, false, 10); keys(got) != "b0,b1" {
-		t.Errorf("service a (previous rules): answers %v", got)
+	if ev := e.waitEvent("b", kube.ReasonInvalidAnnotation); !strings.Contains(ev.Message, "fastest") {
+		t.Errorf("service b's event %q does not name the value", ev.Message)
 	}
 
-	// 2. Values that parse but make an invalid farm (the engine refuses).
+	// 3. Values that parse but make a farm the engine refuses: the
+	// defaults serve, and endpoints are followed.
 	e.annotate("a", map[string]string{"xlb.io/scheduler": "hash", "xlb.io/sched-param": "none"})
 	ev = e.waitEvent("a", kube.ReasonRejected)
-	if !strings.Contains(ev.Message, "sched-param") {
-		t.Errorf("event message %q does not name sched-param", ev.Message)
+	if !strings.Contains(ev.Message, "sched-param") || !strings.Contains(ev.Message, "serving with the defaults") {
+		t.Errorf("event message %q does not name sched-param and the fallback", ev.Message)
 	}
-	if got := e.spread(aAddr, false, 10); keys(got) != "b0,b1" {
-		t.Errorf("service a (previous rules): answers %v", got)
+	e.setEndpoints("a", false, ready(0))
+	e.waitFarm(aFarm, func(f *model.Farm) bool { return len(f.Backends) == 1 && f.Scheduler == model.SchedRR })
+	if got := e.spread(aAddr, false, 6); keys(got) != "b0" {
+		t.Errorf("service a with refused annotations: answers %v, want b0", got)
 	}
 
-	// 3. Fixed: the annotation and the pending endpoint change apply.
+	// 4. Fixed: the annotation applies.
 	e.annotate("a", map[string]string{"xlb.io/mode": "snat"})
 	e.waitFarm(aFarm, func(f *model.Farm) bool { return f.Mode == model.ModeSNAT && len(f.Backends) == 1 })
 	e.waitEvent("a", kube.ReasonSynced)

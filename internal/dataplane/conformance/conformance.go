@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -199,7 +200,7 @@ func (e *Env) Put(t testing.TB, farms ...model.Farm) {
 
 // TryPut is Put returning the error; on error nothing is remembered.
 func (e *Env) TryPut(farms ...model.Farm) error {
-	var d dataplane.Diff
+	var d plan.Diff
 	for i := range farms {
 		f := farms[i].Clone()
 		if err := f.Validate(); err != nil {
@@ -208,7 +209,7 @@ func (e *Env) TryPut(farms ...model.Farm) error {
 		if err := e.DP.Check(&f); err != nil {
 			return fmt.Errorf("check: %w", err)
 		}
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: e.prev[f.Name], New: &f})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: e.prev[f.Name], New: &f})
 	}
 	if err := e.DP.Apply(context.Background(), d); err != nil {
 		return fmt.Errorf("apply: %w", err)
@@ -309,7 +310,7 @@ func (e *Env) checkRefused(t *testing.T, f *model.Farm, want string) {
 	err := e.DP.Check(f)
 	if err == nil {
 		nf := f.Clone()
-		err = e.DP.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: &nf}}})
+		err = e.DP.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: &nf}}})
 	}
 	switch {
 	case err == nil:

@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -9,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -32,6 +32,11 @@ var scenarios = []scenario{
 	{name: "sched-hash-srcmac", backends: 3, farm: hashFarm(model.SchedHash, model.KeySrcMAC), run: runSameBackend},
 	{name: "sched-symhash", backends: 3, farm: hashFarm(model.SchedSymhash, model.KeySrcIP|model.KeySrcPort), run: runFlowHash},
 	{name: "sched-maglev", backends: 5, farm: func(e *Env) model.Farm {
+		f := e.Farm("maglev", model.ProtoUDP)
+		f.Scheduler = model.SchedMaglev
+		return f
+	}, run: runMaglev},
+	{name: "sched-maglev-ipv6", backends: 5, v6: true, farm: func(e *Env) model.Farm {
 		f := e.Farm("maglev", model.ProtoUDP)
 		f.Scheduler = model.SchedMaglev
 		return f
@@ -332,44 +337,6 @@ func runDSR(t *testing.T, e *Env, f model.Farm) {
 	}
 }
 
-// sendUDP4Raw sends one UDP datagram from h's IPv4 address and port sport
-// to dst through a raw socket, so it can leave from a port a server holds.
-func sendUDP4Raw(h testutil.Host, sport uint16, dst netip.AddrPort, payload []byte) error {
-	u := make([]byte, 8+len(payload))
-	binary.BigEndian.PutUint16(u[0:], sport)
-	binary.BigEndian.PutUint16(u[2:], dst.Port())
-	binary.BigEndian.PutUint16(u[4:], uint16(len(u)))
-	copy(u[8:], payload)
-	// Checksum over the pseudo header (source, destination, protocol,
-	// length) and the datagram.
-	src, d := h.IPv4.As4(), dst.Addr().As4()
-	sum := uint32(17) + uint32(len(u))
-	words := append(append(append([]byte{}, src[:]...), d[:]...), u...)
-	if len(words)%2 == 1 {
-		words = append(words, 0)
-	}
-	for i := 0; i < len(words); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(words[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	c := ^uint16(sum)
-	if c == 0 {
-		c = 0xffff
-	}
-	binary.BigEndian.PutUint16(u[6:], c)
-	return testutil.Do(h.NS, func() error {
-		conn, err := net.ListenPacket("ip4:udp", h.IPv4.String())
-		if err != nil {
-			return fmt.Errorf("raw udp socket: %w", err)
-		}
-		defer conn.Close()
-		_, err = conn.WriteTo(u, &net.IPAddr{IP: dst.Addr().AsSlice()})
-		return err
-	})
-}
-
 func runRR(t *testing.T, e *Env, f model.Farm) {
 	e.Put(t, f)
 	c := Count(30, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
@@ -444,35 +411,65 @@ func runFlowHash(t *testing.T, e *Env, f model.Farm) {
 	}
 }
 
-// runMaglev: flows stick to their backend, and removing one backend of 5
-// moves only the flows it had (about 1/5) plus little else.
+// runMaglev: every flow goes to the backend plan.Maglev and plan.FlowSlot
+// say, before and after a backend goes down. Every plane runs this
+// scenario against the same Go model, so it proves the planes pick the
+// same backend for the same flow and backend set (and any node would: the
+// model has no input but the flow and the backends). Removing one backend
+// of 5 moves the flows it had (about 1/5) and few others.
 func runMaglev(t *testing.T, e *Env, f model.Farm) {
 	e.Put(t, f)
 	const flows = 150
 	src := e.Client.Addr(e.v6)
 	local := func(i int) netip.AddrPort { return netip.AddrPortFrom(src, uint16(41000+i)) }
+	predict := func(g *model.Farm, i int) string {
+		active := g.ActiveBackends()
+		table := plan.MaglevTable(g, active)
+		fl := plan.Flow{Src: src, Dst: g.VirtualAddr, SPort: local(i).Port(), DPort: g.VirtualPorts[0].First}
+		return active[table[plan.FlowSlot(plan.MaglevKeys(g), fl, len(table))]].Name
+	}
 	before := make([]string, flows)
 	c := map[string]int{}
 	for i := range flows {
 		before[i], _ = e.ask(t, f, local(i))
 		c[before[i]]++
+		if want := predict(&f, i); before[i] != want {
+			t.Errorf("maglev: flow %d from %s went to %s, the plan says %s", i, local(i), before[i], want)
+		}
 	}
 	if len(c) != len(e.Backends) {
 		t.Fatalf("maglev: %d flows reached %v, want every backend", flows, c)
 	}
+	// Netfilter's conntrack would keep UDP flows on the down backend
+	// until they time out; the eBPF plane expires them itself.
 	e.FlushConntrack(t)
 	g := f.Clone()
 	g.Backends[2].State = model.StateDown
 	e.Put(t, g)
+	// New flows follow the plan of the new backend set. A flow that was
+	// on b2 is scheduled again (its backend is gone); a tracked flow of
+	// another backend may stay where it is (the eBPF plane keeps its own
+	// connection table), which is why new flows are the strict check.
+	for i := range flows {
+		if now, _ := e.ask(t, f, local(flows+i)); now != predict(&g, flows+i) {
+			t.Errorf("maglev, b2 down: new flow %d from %s went to %s, the plan says %s", i, local(flows+i), now, predict(&g, flows+i))
+		}
+		now, _ := e.ask(t, f, local(i))
+		switch {
+		case now == "b2":
+			t.Errorf("flow %d reached the down backend", i)
+		case before[i] == "b2" && now != predict(&g, i):
+			t.Errorf("maglev, b2 down: flow %d of b2 from %s went to %s, the plan says %s", i, local(i), now, predict(&g, i))
+		case now != before[i] && now != predict(&g, i):
+			t.Errorf("maglev, b2 down: flow %d from %s went to %s, neither its backend %s nor the plan's %s", i, local(i), now, before[i], predict(&g, i))
+		}
+	}
+	// What the change moves, by the plan both kernels just followed.
 	moved, movedOther := 0, 0
 	for i := range flows {
-		now, _ := e.ask(t, f, local(i))
-		if now == "b2" {
-			t.Errorf("flow %d reached the down backend", i)
-		}
-		if now != before[i] {
+		if a, b := predict(&f, i), predict(&g, i); a != b {
 			moved++
-			if before[i] != "b2" {
+			if a != "b2" {
 				movedOther++
 			}
 		}

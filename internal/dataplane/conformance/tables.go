@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -71,11 +72,11 @@ func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...s
 		}
 		tb.PutEntry(e)
 	}
-	d := dataplane.TableDiff{Tables: []dataplane.TableChange{{Old: old, New: &tb}}}
+	d := plan.TableDiff{Tables: []plan.TableChange{{Old: old, New: &tb}}}
 	if old == nil {
-		d.Slots = []dataplane.SlotChange{{Slot: tb.Slot, New: &tb}}
+		d.Slots = []plan.SlotChange{{Slot: tb.Slot, New: &tb}}
 	} else {
-		sc := dataplane.SlotChange{Slot: tb.Slot, Old: old, New: &tb}
+		sc := plan.SlotChange{Slot: tb.Slot, Old: old, New: &tb}
 		old.Entries("", func(e model.TableEntry) bool {
 			if _, ok := tb.Entry(e.Key); !ok {
 				sc.Del = append(sc.Del, e)
@@ -88,7 +89,7 @@ func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...s
 			}
 			return true
 		})
-		d.Slots = []dataplane.SlotChange{sc}
+		d.Slots = []plan.SlotChange{sc}
 	}
 	s.apply(t, d)
 	s.tables[name] = &tb
@@ -99,11 +100,11 @@ func (s *tableSet) swap(t testing.TB, a, b string) {
 	t.Helper()
 	ta, tb := s.tables[a], s.tables[b]
 	na, nb := ta.WithEntriesOf(tb), tb.WithEntriesOf(ta)
-	s.apply(t, dataplane.TableDiff{Tables: []dataplane.TableChange{{Old: ta, New: &na}, {Old: tb, New: &nb}}})
+	s.apply(t, plan.TableDiff{Tables: []plan.TableChange{{Old: ta, New: &na}, {Old: tb, New: &nb}}})
 	s.tables[a], s.tables[b] = &na, &nb
 }
 
-func (s *tableSet) apply(t testing.TB, d dataplane.TableDiff) {
+func (s *tableSet) apply(t testing.TB, d plan.TableDiff) {
 	t.Helper()
 	if err := s.tp.ApplyTables(context.Background(), d); err != nil {
 		t.Fatalf("apply tables: %v", err)
@@ -114,7 +115,7 @@ func (s *tableSet) apply(t testing.TB, d dataplane.TableDiff) {
 func (s *tableSet) putFarm(t testing.TB, e *Env, f model.Farm) {
 	t.Helper()
 	nf := f.Clone()
-	s.apply(t, dataplane.TableDiff{Farms: []dataplane.FarmChange{{Old: e.prev[f.Name], New: &nf}}})
+	s.apply(t, plan.TableDiff{Farms: []plan.FarmChange{{Old: e.prev[f.Name], New: &nf}}})
 	e.Put(t, f)
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -22,8 +23,22 @@ func check(f *model.Farm) error {
 	if err := dataplane.CheckNftlbFields(Name, f); err != nil {
 		return err
 	}
+	if f.Family == model.FamilyDual {
+		// Programmed as its halves (plan.Halves), one per VIP, each
+		// served by the backends of its family: no translation between
+		// families is needed.
+		if !plan.IsDual(f) {
+			return dataplane.Refuse(f, "family", f.Family.String(),
+				"the "+Name+" data plane serves a dual farm with an IPv4 and an IPv6 virtual-addr (e.g. \"10.0.0.1,fd00::1\"), each by the backends of its family: it does not translate between families")
+		}
+		for _, h := range plan.Halves(f) {
+			if err := check(h); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if f.Family != model.FamilyIPv4 && f.Family != model.FamilyIPv6 {
-		// dual would take translation between families (NAT64).
 		return unsupported(f, "family", f.Family.String())
 	}
 	if f.IsMarkFarm() || f.Mark != 0 {
@@ -42,15 +57,16 @@ func check(f *model.Farm) error {
 		// Without conntrack every packet is scheduled: only a hash keeps a
 		// TCP connection on one backend.
 		if f.Protocol == model.ProtoTCP && (f.Scheduler == model.SchedRR || f.Scheduler == model.SchedWeight) {
-			return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "scheduler", Value: f.Scheduler.String(),
-				Problem: "stlsdnat schedules every packet: with tcp use hash, symhash or maglev so a connection stays on one backend"}
+			return dataplane.Refuse(f, "scheduler", f.Scheduler.String(),
+				"stlsdnat schedules every packet: with tcp use hash, symhash or maglev so a connection stays on one backend")
 		}
 	default:
 		return unsupported(f, "mode", f.Mode.String())
 	}
 	switch f.Scheduler {
 	case model.SchedRR, model.SchedWeight:
-	case model.SchedHash, model.SchedMaglev:
+	case model.SchedMaglev:
+	case model.SchedHash:
 		if f.SchedParam&^(model.KeySrcIP|model.KeySrcPort) != 0 {
 			return unsupported(f, "sched-param", f.SchedParam.String())
 		}
@@ -66,18 +82,14 @@ func check(f *model.Farm) error {
 		return unsupported(f, "persistence", f.Persistence.String())
 	}
 	if f.Helper != model.HelperNone {
-		return &model.FieldError{
-			Object: fmt.Sprintf("farm %q", f.Name),
-			Field:  "helper",
-			Value:  f.Helper.String(),
-			Problem: "is not possible with the ebpf data plane: conntrack helpers are part of " +
-				"netfilter's connection tracking, which this data plane bypasses; use the nft data plane",
-		}
+		return dataplane.Refuse(f, "helper", f.Helper.String(),
+			"is not possible with the ebpf data plane: conntrack helpers are part of "+
+				"netfilter's connection tracking, which this data plane bypasses; use the nft data plane")
 	}
 	if f.Log != 0 && f.Mode == model.ModeStlsDNAT {
 		// The connection log is a record per new connection.
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "log", Value: f.Log.String(),
-			Problem: "stlsdnat keeps no connections to log with the ebpf data plane: use dnat, or log none"}
+		return dataplane.Refuse(f, "log", f.Log.String(),
+			"stlsdnat keeps no connections to log with the ebpf data plane: use dnat, or log none")
 	}
 	for _, l := range []struct {
 		field string
@@ -112,40 +124,35 @@ func check(f *model.Farm) error {
 		ports += int(r.Last) - int(r.First) + 1
 	}
 	if ports > maxPortsPerFarm {
-		return &model.FieldError{
-			Object:  fmt.Sprintf("farm %q", f.Name),
-			Field:   "virtual-ports",
-			Value:   fmt.Sprint(ports, " ports"),
-			Problem: fmt.Sprintf("the ebpf data plane takes at most %d ports per farm (leave it empty for every port)", maxPortsPerFarm),
-		}
+		return dataplane.Refuse(f, "virtual-ports", fmt.Sprint(ports, " ports"),
+			fmt.Sprintf("the ebpf data plane takes at most %d ports per farm (leave it empty for every port)", maxPortsPerFarm))
 	}
 	for _, b := range f.Backends {
-		obj := fmt.Sprintf("farm %q backend %q", f.Name, b.Name)
 		if b.Addr.Is6() != v6 {
-			return &model.FieldError{Object: obj, Field: "ip-addr", Value: b.Addr.String(),
-				Problem: "must be of the farm's family with the ebpf data plane (no translation between IPv4 and IPv6)"}
+			return dataplane.RefuseBackend(f, b.Name, "ip-addr", b.Addr.String(),
+				"must be of the farm's family with the ebpf data plane (no translation between IPv4 and IPv6)")
 		}
 		if f.Mode == model.ModeDSR && b.Port != 0 &&
 			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last || f.VirtualPorts[0].First != b.Port) {
-			return &model.FieldError{Object: obj, Field: "port", Value: fmt.Sprint(b.Port),
-				Problem: "dsr keeps the packet's destination port: leave it 0, or make it the farm's one virtual port"}
+			return dataplane.RefuseBackend(f, b.Name, "port", fmt.Sprint(b.Port),
+				"dsr keeps the packet's destination port: leave it 0, or make it the farm's one virtual port")
 		}
 		if f.Mode == model.ModeStlsDNAT && b.Port != 0 &&
 			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last) {
-			return &model.FieldError{Object: obj, Field: "port", Value: fmt.Sprint(b.Port),
-				Problem: "stlsdnat maps replies back statelessly: a backend port needs a farm with one virtual port (or leave it 0)"}
+			return dataplane.RefuseBackend(f, b.Name, "port", fmt.Sprint(b.Port),
+				"stlsdnat maps replies back statelessly: a backend port needs a farm with one virtual port (or leave it 0)")
 		}
 		if b.Mark != 0 {
-			return &model.FieldError{Object: obj, Field: "mark", Value: fmt.Sprint(b.Mark),
-				Problem: "is not implemented by the ebpf data plane yet"}
+			return dataplane.RefuseBackend(f, b.Name, "mark", fmt.Sprint(b.Mark),
+				"is not implemented by the ebpf data plane yet")
 		}
 		if !b.EtherAddr.IsZero() {
-			return &model.FieldError{Object: obj, Field: "ether-addr", Value: b.EtherAddr.String(),
-				Problem: "is not implemented by the ebpf data plane (it finds backend MACs with bpf_fib_lookup)"}
+			return dataplane.RefuseBackend(f, b.Name, "ether-addr", b.EtherAddr.String(),
+				"is not implemented by the ebpf data plane (it finds backend MACs with bpf_fib_lookup)")
 		}
 		if b.EstConnLimit != 0 {
-			return &model.FieldError{Object: obj, Field: "est-connlimit", Value: fmt.Sprint(b.EstConnLimit),
-				Problem: "is not implemented by the ebpf data plane yet"}
+			return dataplane.RefuseBackend(f, b.Name, "est-connlimit", fmt.Sprint(b.EstConnLimit),
+				"is not implemented by the ebpf data plane yet")
 		}
 	}
 	if len(f.Backends) > maxBackendsPerFarm {
@@ -154,5 +161,6 @@ func check(f *model.Farm) error {
 	return nil
 }
 
-// maxBackendsPerFarm: every backend needs at least one slot.
-const maxBackendsPerFarm = maxSlotsPerService
+// maxBackendsPerFarm: every backend needs at least one slot of the
+// weighted slot table.
+const maxBackendsPerFarm = plan.MaxWeightedSlots

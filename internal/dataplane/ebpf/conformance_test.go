@@ -15,7 +15,6 @@ import (
 // and docs/dataplane-ebpf.md. Conntrack helpers are refused for good: they
 // are netfilter conntrack, which this plane bypasses.
 var ebpfRefuses = map[string]string{
-	"family-dual":                 `"family" value "dual"`,
 	"protocol-all":                `"protocol" value "all"`,
 	"protocol-sctp":               `"protocol" value "sctp"`,
 	"sched-hash-srcmac":           `"sched-param" value "srcmac"`,

@@ -1,52 +1,56 @@
 package ebpf
 
-// Values mirrored from bpf/xlb_consts.h (bpf2go generates types, not macros).
-// TestConstsMatchHeader checks them against the header.
+// The program's constants, from the enums of bpf/xlb_consts.h that bpf2go
+// generates into xlb_bpfel.go (-type in gen.go): short names for the Go
+// side, typed as the maps' fields hold them. Nothing here is a copy.
 const (
-	maxServices = 65536
-	maxSvcIDs   = 16384
-	maxBackends = 262144
-	maxSlots    = 1048576
-	maxPersist  = 262144
+	maxServices  = int(xlbXlbSizeXLB_SIZE_SERVICES)
+	maxSvcIDs    = uint32(xlbXlbSizeXLB_SIZE_SVC_IDS)
+	maxBackends  = uint32(xlbXlbSizeXLB_SIZE_BACKENDS)
+	maxSlots     = int(xlbXlbSizeXLB_SIZE_SLOTS)
+	maxPersist   = int(xlbXlbSizeXLB_SIZE_PERSIST)
+	maxStatSlots = uint32(xlbXlbSizeXLB_SIZE_STAT_SLOTS)
 
-	afInet  = 4
-	afInet6 = 6
+	hashSeed = uint32(xlbXlbSeedXLB_HASH_SEED)
 
-	modeDNAT = 0
-	modeSNAT = 1
-	modeDSR  = 2
-	modeSTL  = 3
+	afInet  = uint8(xlbXlbAfXLB_AF_INET)
+	afInet6 = uint8(xlbXlbAfXLB_AF_INET6)
 
-	schedRR      = 0
-	schedWeight  = 1
-	schedHash    = 2
-	schedSymhash = 3
-	schedMaglev  = 4
+	modeDNAT = uint8(xlbXlbModeXLB_MODE_DNAT)
+	modeSNAT = uint8(xlbXlbModeXLB_MODE_SNAT)
+	modeDSR  = uint8(xlbXlbModeXLB_MODE_DSR)
+	modeSTL  = uint8(xlbXlbModeXLB_MODE_STLSDNAT)
 
-	hashSrcIP   = 1
-	hashSrcPort = 2
+	schedRR      = uint8(xlbXlbSchedXLB_SCHED_RR)
+	schedWeight  = uint8(xlbXlbSchedXLB_SCHED_WEIGHT)
+	schedHash    = uint8(xlbXlbSchedXLB_SCHED_HASH)
+	schedSymhash = uint8(xlbXlbSchedXLB_SCHED_SYMHASH)
+	schedMaglev  = uint8(xlbXlbSchedXLB_SCHED_MAGLEV)
 
-	beFlagGone   = 1
-	beFlagMask   = 0xff
-	beSlotShift  = 8
-	maxStatSlots = 65536
+	hashSrcIP   = uint8(xlbXlbHashKeyXLB_HASH_SRCIP)
+	hashSrcPort = uint8(xlbXlbHashKeyXLB_HASH_SRCPORT)
 
-	svcFlagLog = 1
+	beFlagGone  = uint8(xlbXlbBeFlagXLB_BE_F_GONE)
+	beFlagMask  = uint32(xlbXlbBeFlagXLB_BE_F_MASK)
+	beSlotShift = uint32(xlbXlbBeFlagXLB_BE_SLOT_SHIFT)
 
-	ctFwd   = 0
-	ctReply = 1
+	svcFlagLog = uint32(xlbXlbSvcFlagXLB_SVC_F_LOG)
 
-	ctStateSYN   = 0
-	ctStateEST   = 1
-	ctStateFIN   = 2
-	ctStateClose = 3
-	ctStateUDP   = 4
+	ctFwd   = uint8(xlbXlbCtDirXLB_CT_FWD)
+	ctReply = uint8(xlbXlbCtDirXLB_CT_REPLY)
 
-	// Verdicts of the program (tcx return codes).
-	verdictNext     = -1
-	verdictPass     = 0
-	verdictDrop     = 2
-	verdictRedirect = 7
+	ctStateSYN   = uint8(xlbXlbCtStateXLB_CT_STATE_SYN)
+	ctStateEST   = uint8(xlbXlbCtStateXLB_CT_STATE_EST)
+	ctStateFIN   = uint8(xlbXlbCtStateXLB_CT_STATE_FIN)
+	ctStateClose = uint8(xlbXlbCtStateXLB_CT_STATE_CLOSE)
+	ctStateUDP   = uint8(xlbXlbCtStateXLB_CT_STATE_UDP)
+
+	// Verdicts of the program (tcx return codes), as BPF_PROG_TEST_RUN
+	// returns them.
+	verdictNext     = uint32(xlbXlbVerdictXLB_NEXT)
+	verdictPass     = uint32(xlbXlbVerdictXLB_PASS)
+	verdictDrop     = uint32(xlbXlbVerdictXLB_DROP)
+	verdictRedirect = uint32(xlbXlbVerdictXLB_REDIRECT)
 )
 
 // statNames are the per-CPU counters of xlb_stats, in enum xlb_stat order.
@@ -56,10 +60,6 @@ var statNames = []string{
 	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired", "persist_hit", "icmp_nat", "stateless",
 	"ct_nodest", "log_lost", "xdp_fwd", "fib_peer",
 }
-
-// maxSlotsPerService bounds the weighted slots of one service: weights are
-// scaled down (each active backend keeps at least one slot) to fit.
-const maxSlotsPerService = 16384
 
 // maxPortsPerFarm bounds how many service keys one farm's virtual ports
 // expand to (each port is one xlb_services entry).

@@ -7,6 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -191,9 +192,14 @@ func (p *Plane) setSvcFlags(g *generation) error {
 func (p *Plane) Counters(ctx context.Context, f *model.Farm) (dataplane.FarmCounters, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := dataplane.FarmCounters{Counters: p.carry[f.Name]}
+	var out dataplane.FarmCounters
 	byName := map[string]dataplane.Counters{}
-	if g := p.farms[f.Name]; g != nil {
+	for _, h := range plan.Halves(f) { // a dual farm's halves are counted apart
+		out.Add(p.carry[h.Name])
+		g := p.farms[h.Name]
+		if g == nil {
+			continue
+		}
 		for i, id := range g.ids {
 			if id == 0 || i >= len(g.names) {
 				continue

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -120,11 +121,11 @@ func TestTrafficCountersAndLog(t *testing.T) {
 	before, _ := p.Counters(context.Background(), web)
 	web2 := *web
 	web2.Backends = web.Backends[1:]
-	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: web, New: &web2}}}); err != nil {
+	if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: web, New: &web2}}}); err != nil {
 		t.Fatal(err)
 	}
 	// The old generation is freed at the next change.
-	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: quiet, New: nil}}}); err != nil {
+	if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: quiet, New: nil}}}); err != nil {
 		t.Fatal(err)
 	}
 	after, err := p.Counters(context.Background(), &web2)
@@ -135,10 +136,10 @@ func TestTrafficCountersAndLog(t *testing.T) {
 		t.Errorf("after removing b1: farm counters %+v (%d backends), before %+v", after.Counters, len(after.Backends), before.Counters)
 	}
 	// A farm deleted and added again starts from zero.
-	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: &web2}}}); err != nil {
+	if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: &web2}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: web}}}); err != nil {
+	if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: web}}}); err != nil {
 		t.Fatal(err)
 	}
 	if fc, err := p.Counters(context.Background(), web); err != nil || fc.Counters != (dataplane.Counters{}) {

@@ -56,7 +56,7 @@ func TestConntrackStates(t *testing.T) {
 		desc    string
 		pkt     pktSpec
 		backend netip.Addr // the backend the output goes to (or comes from)
-		state   int
+		state   uint8
 	}{
 		{"SYN", fromClient(tcpSYN), be1, ctStateSYN},
 		{"SYN-ACK keeps SYN", fromBackend(be1, 0, tcpSYN|tcpACK), be1, ctStateSYN},
@@ -83,7 +83,7 @@ func TestConntrackStates(t *testing.T) {
 		if got.dst == client && got.src != vip1 {
 			t.Errorf("%s: reply from %s, want the VIP", s.desc, got.src)
 		}
-		if f, r := ctState(t, p, fwd); f != s.state || r != s.state {
+		if f, r := ctState(t, p, fwd); f != int(s.state) || r != int(s.state) {
 			t.Errorf("%s: states (forward %d, reply %d), want %d in both", s.desc, f, r, s.state)
 		}
 	}
@@ -91,7 +91,7 @@ func TestConntrackStates(t *testing.T) {
 	if verdict != verdictRedirect {
 		t.Fatalf("UDP: verdict %d", verdict)
 	}
-	if f, r := ctState(t, p, ctKey(client, 5100, vip1, 53, protoUDP)); f != ctStateUDP || r != ctStateUDP {
+	if f, r := ctState(t, p, ctKey(client, 5100, vip1, 53, protoUDP)); f != int(ctStateUDP) || r != int(ctStateUDP) {
 		t.Errorf("UDP flow: states %d, %d, want %d", f, r, ctStateUDP)
 	}
 }
@@ -190,7 +190,7 @@ func TestICMPErrorFixtures(t *testing.T) {
 	for _, c := range []struct {
 		desc     string
 		in       []byte
-		verdict  int32
+		verdict  uint32
 		src, dst netip.Addr // outer, after
 		qsrc     netip.Addr
 		qsport   uint16

@@ -27,7 +27,7 @@ var (
 
 // runProg runs the program once on pkt inside ns and returns its verdict
 // and output packet.
-func runProg(tb testing.TB, ns netns.NsHandle, prog *ebpf.Program, pkt []byte) (int32, []byte) {
+func runProg(tb testing.TB, ns netns.NsHandle, prog *ebpf.Program, pkt []byte) (uint32, []byte) {
 	tb.Helper()
 	var ret uint32
 	out := make([]byte, len(pkt)+256)
@@ -41,7 +41,7 @@ func runProg(tb testing.TB, ns netns.NsHandle, prog *ebpf.Program, pkt []byte) (
 	if err != nil {
 		tb.Fatalf("BPF_PROG_TEST_RUN (%d bytes): %v", len(pkt), err)
 	}
-	return int32(ret), out
+	return ret, out
 }
 
 // fixtureFarms are the farms every fixture runs against.
@@ -83,7 +83,7 @@ func TestFixtures(t *testing.T) {
 	tests := []struct {
 		desc      string
 		in        []byte
-		verdict   int32
+		verdict   uint32
 		unchanged bool  // output must equal input
 		want      *want // fields of the output packet
 	}{

@@ -1,28 +1,20 @@
 package ebpf
 
 import (
+	"context"
+	"fmt"
+
 	"golang.org/x/sys/unix"
 
-	"fmt"
-	"net/netip"
+	"github.com/xlb-lb/xlb/internal/dataplane"
 )
 
-// UDPFlow names the tracked UDP flows to VIP:Port that were sent to
-// Backend.
-type UDPFlow struct {
-	VIP     netip.Addr
-	Port    uint16
-	Backend netip.Addr
-}
+var _ dataplane.FlowFlusher = (*Plane)(nil)
 
-// DeleteUDPFlows removes the tracked UDP flows (both conntrack entries) to
-// each VIP:Port that were sent to its Backend, so the next datagram of such
-// a flow is scheduled afresh. A configuration change never cuts tracked
-// flows by itself; this is for a caller that knows a backend is gone for
-// good (the Kubernetes proxy, when an endpoint goes away: a UDP client that
-// keeps its source port would otherwise stay on it until the flow idles
-// out). The table is walked once; it returns the number of flows removed.
-func (p *Plane) DeleteUDPFlows(flows []UDPFlow) (int, error) {
+// DeleteUDPFlows implements dataplane.FlowFlusher: it removes the tracked
+// UDP flows (both conntrack entries) to each VIP:Port that were sent to its
+// Backend. The table is walked once.
+func (p *Plane) DeleteUDPFlows(ctx context.Context, flows []dataplane.StaleFlow) (int, error) {
 	if len(flows) == 0 {
 		return 0, nil
 	}
@@ -42,6 +34,9 @@ func (p *Plane) DeleteUDPFlows(flows []UDPFlow) (int, error) {
 	var del []xlbCtKey
 	it := p.objs.XlbCt.Iterate()
 	for it.Next(&k, &v) {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
 		if k.Proto != unix.IPPROTO_UDP || v.Dir != ctFwd || !want[fwd{k.Dst, k.Dport, v.Dst}] {
 			continue
 		}

@@ -16,7 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -171,8 +171,8 @@ func farm(tb testing.TB, name, vip string, port uint16, proto model.Protocol, mo
 }
 
 type (
-	dataplaneDiff   = dataplane.Diff
-	dataplaneChange = dataplane.FarmChange
+	dataplaneDiff   = plan.Diff
+	dataplaneChange = plan.FarmChange
 )
 
 // setTxChecksum turns transmit checksum offload of ifname in ns on or off

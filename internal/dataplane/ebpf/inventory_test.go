@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -22,7 +22,7 @@ func TestKernelObjects(t *testing.T) {
 		t.Fatalf("no farm: %v %v", objs, err)
 	}
 	f := farm(t, "web", "10.100.0.10", 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:80")
-	if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
+	if err := p.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: f}}}); err != nil {
 		t.Fatal(err)
 	}
 	p.Close()

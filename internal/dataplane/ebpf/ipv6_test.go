@@ -67,7 +67,7 @@ func TestFixturesIPv6(t *testing.T) {
 	for _, c := range []struct {
 		desc    string
 		in      pktSpec
-		verdict int32
+		verdict uint32
 		want    *want
 	}{
 		{"new TCP flow, dnat", tcp(client6, 40000, vip6a, 80, tcpSYN), verdictRedirect,

@@ -51,7 +51,7 @@ func TestMalformedPackets(t *testing.T) {
 		icmp6Error(macBackend(0), macBack, a("fd00:200::fe"), a("fd00:100::2"), 2, 0, toBackend6),
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	valid := map[int32]bool{verdictNext: true, verdictPass: true, verdictDrop: true, verdictRedirect: true}
+	valid := map[uint32]bool{verdictNext: true, verdictPass: true, verdictDrop: true, verdictRedirect: true}
 	runs, refused := 0, 0
 	for i := range 6000 {
 		base := bases[i%len(bases)]
@@ -77,7 +77,7 @@ func TestMalformedPackets(t *testing.T) {
 			continue
 		}
 		runs++
-		v := int32(ret)
+		v := ret
 		if !valid[v] {
 			t.Fatalf("packet %d: verdict %d\n%x", i, v, in)
 		}

@@ -1,5 +1,6 @@
 // Package ebpf is xlb's eBPF data plane: a tcx ingress program (bpf/xlb_lb.c)
-// that balances IPv4 TCP and UDP with full NAT both ways, and the Go side
+// that balances TCP and UDP over IPv4 and IPv6 (dnat and snat with NAT both
+// ways, dsr, stlsdnat), and the Go side
 // that loads it, attaches it to the interfaces of a network namespace and
 // keeps its maps in line with the farms. Programs, links and maps are pinned
 // under a bpffs directory so a restarted daemon adopts them without dropping
@@ -13,7 +14,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
 // DefaultPinPath is where maps and links are pinned unless Options says otherwise.
@@ -384,30 +385,9 @@ func (p *Plane) interfaces() (map[string]int, error) {
 	return out, nil
 }
 
-// inNS runs fn on a thread inside the plane's network namespace (attaching
-// by ifindex resolves the index in the caller's namespace).
-func (p *Plane) inNS(fn func() error) error {
-	if p.ns < 0 {
-		return fn()
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("get current namespace: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(p.ns); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter namespace: %w", err)
-	}
-	defer func() {
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		} // else the thread stays locked and dies with the goroutine
-	}()
-	return fn()
-}
+// inNS runs fn inside the plane's network namespace (attaching by ifindex
+// resolves the index in the caller's namespace).
+func (p *Plane) inNS(fn func() error) error { return nsenter.Run(p.ns, fn) }
 
 // ensureBPFFS makes sure dir exists on a bpf file system, mounting bpffs at
 // /sys/fs/bpf when dir is below it and nothing is mounted there (as after

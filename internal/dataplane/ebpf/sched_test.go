@@ -2,12 +2,12 @@ package ebpf
 
 import (
 	"context"
-	"fmt"
 	"math/bits"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -36,8 +36,6 @@ func jhash3(a, b, c, initval uint32) uint32 {
 	return c
 }
 
-const hashSeed = 0x786c6221
-
 // symhash is the program's symmetric hash of a tuple (ports in host order).
 func symhash(src, dst netip.Addr, sport, dport uint16, proto uint8) uint32 {
 	a, b := ne32(src), ne32(dst)
@@ -59,70 +57,6 @@ func TestSymhashIsSymmetric(t *testing.T) {
 	}
 }
 
-func TestMaglevTable(t *testing.T) {
-	names := func(n int) []string {
-		var out []string
-		for i := range n {
-			out = append(out, fmt.Sprintf("10.0.%d.%d:80", i/250, i%250+1))
-		}
-		return out
-	}
-	ones := func(n int) []uint32 {
-		w := make([]uint32, n)
-		for i := range w {
-			w[i] = 1
-		}
-		return w
-	}
-	share := func(tab []int, n int) []int {
-		c := make([]int, n)
-		for _, b := range tab {
-			c[b]++
-		}
-		return c
-	}
-	// Even: every backend within 1% of M/N (maglev fills round robin).
-	for _, n := range []int{1, 3, 10, 40, 100} {
-		m := maglevSize(n)
-		tab := maglevTable(names(n), ones(n), m)
-		if len(tab) != m {
-			t.Fatalf("n=%d: table of %d, want %d", n, len(tab), m)
-		}
-		for i, c := range share(tab, n) {
-			if d := float64(c) - float64(m)/float64(n); d > 1+float64(m)/100 || d < -1-float64(m)/100 {
-				t.Errorf("n=%d: backend %d has %d slots, want about %d", n, i, c, m/n)
-			}
-		}
-	}
-	// Weights: 1:2:3 gives slots 1:2:3 (within 1%).
-	tab := maglevTable(names(3), []uint32{1, 2, 3}, maglevSmall)
-	c := share(tab, 3)
-	for i, want := range []float64{1, 2, 3} {
-		if got := float64(c[i]) / float64(maglevSmall) * 6; got < want-0.06 || got > want+0.06 {
-			t.Errorf("weight %v: %d slots of %d", want, c[i], maglevSmall)
-		}
-	}
-	// Disruption: removing one of 10 backends moves its slots, and keeps
-	// at least 90% of the others' in place.
-	all := names(10)
-	before := maglevTable(all, ones(10), maglevSmall)
-	after := maglevTable(all[1:], ones(9), maglevSmall)
-	kept, others := 0, 0
-	for s, b := range before {
-		if b == 0 {
-			continue
-		}
-		others++
-		if all[1:][after[s]] == all[b] {
-			kept++
-		}
-	}
-	if float64(kept) < 0.9*float64(others) {
-		t.Errorf("removing one of 10 backends moved %d of the others' %d slots", others-kept, others)
-	}
-	t.Logf("removing 1 of 10 backends kept %d of %d other slots (%.1f%%)", kept, others, 100*float64(kept)/float64(others))
-}
-
 // TestSchedulerFixtures checks with BPF_PROG_TEST_RUN that symhash and
 // maglev farms send each flow where the Go model of the program's hash and
 // the farm's table say, and that priority groups are honoured.
@@ -133,7 +67,6 @@ func TestSchedulerFixtures(t *testing.T) {
 	bes := []string{"10.200.0.11:8080", "10.200.0.12:8080", "10.200.0.13:8080"}
 	sym := farm(t, "sym", "10.99.0.1", 80, model.ProtoTCP, model.ModeDNAT, model.SchedSymhash, bes...)
 	mag := farm(t, "mag", "10.99.0.2", 80, model.ProtoTCP, model.ModeDNAT, model.SchedMaglev, bes...)
-	mag.SchedParam = model.KeySrcIP | model.KeySrcPort
 	prio := farm(t, "prio", "10.99.0.3", 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, bes...)
 	prio.Backends[0].Priority = 2
 	prio.Backends[1].Priority = 1
@@ -160,16 +93,18 @@ func TestSchedulerFixtures(t *testing.T) {
 			t.Errorf("symhash flow from port %d went to %s, want %s", sport, got.dst, want)
 		}
 		spread["sym"][got.dst]++
-		// maglev over srcip and srcport
+		// maglev: plan.FlowSlot over the whole flow
 		_, out = runProg(t, ns, p.objs.XlbIngress, pktSpec{src: client, sport: sport, dst: vip2, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
 		if got, err = parse(out); err != nil {
 			t.Fatal(err)
 		}
 		g := p.farms["mag"]
-		if len(g.slots) != maglevSmall {
-			t.Fatalf("maglev farm has %d slots, want %d", len(g.slots), maglevSmall)
+		if len(g.slots) != plan.MaglevSize(3) {
+			t.Fatalf("maglev farm has %d slots, want %d", len(g.slots), plan.MaglevSize(3))
 		}
-		want = backendOf(g, jhash3(ne32(client), uint32(ne16(sport)), 0, hashSeed))
+		slot := plan.FlowSlot(plan.MaglevKeys(mag), plan.Flow{Src: client, Dst: vip2, SPort: sport, DPort: 80}, len(g.slots))
+		be := g.bes[g.slots[slot]]
+		want = netip.AddrFrom4(ne4(be.Addr[0]))
 		if got.dst != want {
 			t.Errorf("maglev flow from port %d went to %s, want %s", sport, got.dst, want)
 		}

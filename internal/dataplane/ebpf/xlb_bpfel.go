@@ -153,6 +153,133 @@ type xlbSvcVal struct {
 	PersistTtl uint32
 }
 
+type xlbXlbAf uint32
+
+const (
+	xlbXlbAfXLB_AF_INET  xlbXlbAf = 4
+	xlbXlbAfXLB_AF_INET6 xlbXlbAf = 6
+)
+
+type xlbXlbBeFlag uint32
+
+const (
+	xlbXlbBeFlagXLB_BE_F_GONE     xlbXlbBeFlag = 1
+	xlbXlbBeFlagXLB_BE_F_MASK     xlbXlbBeFlag = 255
+	xlbXlbBeFlagXLB_BE_SLOT_SHIFT xlbXlbBeFlag = 8
+)
+
+type xlbXlbCtDir uint32
+
+const (
+	xlbXlbCtDirXLB_CT_FWD   xlbXlbCtDir = 0
+	xlbXlbCtDirXLB_CT_REPLY xlbXlbCtDir = 1
+)
+
+type xlbXlbCtState uint32
+
+const (
+	xlbXlbCtStateXLB_CT_STATE_SYN   xlbXlbCtState = 0
+	xlbXlbCtStateXLB_CT_STATE_EST   xlbXlbCtState = 1
+	xlbXlbCtStateXLB_CT_STATE_FIN   xlbXlbCtState = 2
+	xlbXlbCtStateXLB_CT_STATE_CLOSE xlbXlbCtState = 3
+	xlbXlbCtStateXLB_CT_STATE_UDP   xlbXlbCtState = 4
+)
+
+type xlbXlbHashKey uint32
+
+const (
+	xlbXlbHashKeyXLB_HASH_SRCIP   xlbXlbHashKey = 1
+	xlbXlbHashKeyXLB_HASH_SRCPORT xlbXlbHashKey = 2
+)
+
+type xlbXlbMode uint32
+
+const (
+	xlbXlbModeXLB_MODE_DNAT     xlbXlbMode = 0
+	xlbXlbModeXLB_MODE_SNAT     xlbXlbMode = 1
+	xlbXlbModeXLB_MODE_DSR      xlbXlbMode = 2
+	xlbXlbModeXLB_MODE_STLSDNAT xlbXlbMode = 3
+)
+
+type xlbXlbNhFlag uint32
+
+const (
+	xlbXlbNhFlagXLB_NH_F_PEER xlbXlbNhFlag = 1
+)
+
+type xlbXlbSched uint32
+
+const (
+	xlbXlbSchedXLB_SCHED_RR      xlbXlbSched = 0
+	xlbXlbSchedXLB_SCHED_WEIGHT  xlbXlbSched = 1
+	xlbXlbSchedXLB_SCHED_HASH    xlbXlbSched = 2
+	xlbXlbSchedXLB_SCHED_SYMHASH xlbXlbSched = 3
+	xlbXlbSchedXLB_SCHED_MAGLEV  xlbXlbSched = 4
+)
+
+type xlbXlbSeed uint32
+
+const (
+	xlbXlbSeedXLB_HASH_SEED xlbXlbSeed = 2020368929
+)
+
+type xlbXlbSize uint32
+
+const (
+	xlbXlbSizeXLB_SIZE_SERVICES   xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_SVC_IDS    xlbXlbSize = 16384
+	xlbXlbSizeXLB_SIZE_BACKENDS   xlbXlbSize = 262144
+	xlbXlbSizeXLB_SIZE_STAT_SLOTS xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_SLOTS      xlbXlbSize = 1048576
+	xlbXlbSizeXLB_SIZE_PERSIST    xlbXlbSize = 262144
+)
+
+type xlbXlbStat uint32
+
+const (
+	xlbXlbStatXLB_STAT_RX           xlbXlbStat = 0
+	xlbXlbStatXLB_STAT_NOT_PARSED   xlbXlbStat = 1
+	xlbXlbStatXLB_STAT_FRAGMENT     xlbXlbStat = 2
+	xlbXlbStatXLB_STAT_CT_FWD       xlbXlbStat = 3
+	xlbXlbStatXLB_STAT_CT_REPLY     xlbXlbStat = 4
+	xlbXlbStatXLB_STAT_NOT_VIP      xlbXlbStat = 5
+	xlbXlbStatXLB_STAT_NOT_SYN      xlbXlbStat = 6
+	xlbXlbStatXLB_STAT_NEW_FLOW     xlbXlbStat = 7
+	xlbXlbStatXLB_STAT_NO_BACKEND   xlbXlbStat = 8
+	xlbXlbStatXLB_STAT_SNAT_FULL    xlbXlbStat = 9
+	xlbXlbStatXLB_STAT_CT_RACE      xlbXlbStat = 10
+	xlbXlbStatXLB_STAT_PEER_REPAIR  xlbXlbStat = 11
+	xlbXlbStatXLB_STAT_FIB_REDIRECT xlbXlbStat = 12
+	xlbXlbStatXLB_STAT_FIB_NEIGH    xlbXlbStat = 13
+	xlbXlbStatXLB_STAT_FIB_PASS     xlbXlbStat = 14
+	xlbXlbStatXLB_STAT_FIB_DROP     xlbXlbStat = 15
+	xlbXlbStatXLB_STAT_ERROR        xlbXlbStat = 16
+	xlbXlbStatXLB_STAT_CT_EXPIRED   xlbXlbStat = 17
+	xlbXlbStatXLB_STAT_PERSIST_HIT  xlbXlbStat = 18
+	xlbXlbStatXLB_STAT_ICMP_NAT     xlbXlbStat = 19
+	xlbXlbStatXLB_STAT_STATELESS    xlbXlbStat = 20
+	xlbXlbStatXLB_STAT_CT_NODEST    xlbXlbStat = 21
+	xlbXlbStatXLB_STAT_LOG_LOST     xlbXlbStat = 22
+	xlbXlbStatXLB_STAT_XDP_FWD      xlbXlbStat = 23
+	xlbXlbStatXLB_STAT_FIB_PEER     xlbXlbStat = 24
+	xlbXlbStatXLB_STAT_MAX          xlbXlbStat = 25
+)
+
+type xlbXlbSvcFlag uint32
+
+const (
+	xlbXlbSvcFlagXLB_SVC_F_LOG xlbXlbSvcFlag = 1
+)
+
+type xlbXlbVerdict uint32
+
+const (
+	xlbXlbVerdictXLB_NEXT     xlbXlbVerdict = 4294967295
+	xlbXlbVerdictXLB_PASS     xlbXlbVerdict = 0
+	xlbXlbVerdictXLB_DROP     xlbXlbVerdict = 2
+	xlbXlbVerdictXLB_REDIRECT xlbXlbVerdict = 7
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -181,6 +308,7 @@ const (
 	xlbVarXlbClockSample     = "xlb_clock_sample"
 	xlbVarXlbClockTickNs     = "xlb_clock_tick_ns"
 	xlbVarXlbCtRefreshNs     = "xlb_ct_refresh_ns"
+	xlbVarXlbEnumsBtf        = "xlb_enums_btf"
 	xlbVarXlbTimeoutClose    = "xlb_timeout_close"
 	xlbVarXlbTimeoutFin      = "xlb_timeout_fin"
 	xlbVarXlbTimeoutSyn      = "xlb_timeout_syn"
@@ -268,6 +396,7 @@ type xlbVariableSpecs struct {
 	XlbClockSample     *ebpf.VariableSpec `ebpf:"xlb_clock_sample"`
 	XlbClockTickNs     *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs     *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
+	XlbEnumsBtf        *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
 	XlbTimeoutClose    *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin      *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
 	XlbTimeoutSyn      *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
@@ -346,6 +475,7 @@ type xlbVariables struct {
 	XlbClockSample     *ebpf.Variable `ebpf:"xlb_clock_sample"`
 	XlbClockTickNs     *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs     *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
+	XlbEnumsBtf        *ebpf.Variable `ebpf:"xlb_enums_btf"`
 	XlbTimeoutClose    *ebpf.Variable `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin      *ebpf.Variable `ebpf:"xlb_timeout_fin"`
 	XlbTimeoutSyn      *ebpf.Variable `ebpf:"xlb_timeout_syn"`

@@ -8,7 +8,7 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -18,14 +18,14 @@ type Plane struct {
 	farms   map[string]*model.Farm
 	applies int
 	// FailApply, when set, fails the next Apply calls for which it returns an error.
-	FailApply func(d dataplane.Diff) error
+	FailApply func(d plan.Diff) error
 	// FailReconcile, when set, fails Reconcile calls for which it returns an error.
 	FailReconcile func(farms []*model.Farm) error
 	// Refuse, when set, is the plane's Check.
 	Refuse func(f *model.Farm) error
 	// FailTables, when set, fails ApplyTables calls for which it returns
 	// an error.
-	FailTables func(d dataplane.TableDiff) error
+	FailTables func(d plan.TableDiff) error
 
 	tables *tableKernel // tables.go
 }
@@ -45,7 +45,7 @@ func (p *Plane) Check(f *model.Farm) error {
 	return nil
 }
 
-func (p *Plane) Apply(ctx context.Context, d dataplane.Diff) error {
+func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.FailApply != nil {

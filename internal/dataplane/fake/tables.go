@@ -6,6 +6,7 @@ import (
 	"maps"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -33,7 +34,7 @@ func (p *Plane) tk() *tableKernel {
 func (p *Plane) CheckTable(t *model.Table) error { return nil }
 
 // ApplyTables implements dataplane.TablePlane.
-func (p *Plane) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.FailTables != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -46,16 +47,16 @@ func BenchmarkApplyAddFarm100Backends(b *testing.B) {
 // existing farms, farm j with backends(j) backends.
 func benchPlane(b *testing.B, shards, existing int, backends func(j int) int) dataplane.Dataplane {
 	_, ns := testutil.NewNetNS(b)
-	p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
+	p, err := New(context.Background(), testLogger(), Options{NetNS: ns, Shards: shards})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { p.Close() })
 	const chunk = 500
 	for i := 0; i < existing; i += chunk {
-		var d dataplane.Diff
+		var d plan.Diff
 		for j := i; j < min(i+chunk, existing); j++ {
-			d.Changes = append(d.Changes, dataplane.FarmChange{New: benchFarm(j, backends(j))})
+			d.Changes = append(d.Changes, plan.FarmChange{New: benchFarm(j, backends(j))})
 		}
 		if err := p.Apply(context.Background(), d); err != nil {
 			b.Fatalf("setup: %v", err)
@@ -80,11 +81,11 @@ func timeAdds(b *testing.B, p dataplane.Dataplane, existing int, pause time.Dura
 		time.Sleep(pause)
 		f := benchFarm(existing+1+i%1000, 100)
 		b.StartTimer()
-		if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{New: f}}}); err != nil {
+		if err := p.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{New: f}}}); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		if err := p.Apply(ctx, dataplane.Diff{Changes: []dataplane.FarmChange{{Old: f}}}); err != nil {
+		if err := p.Apply(ctx, plan.Diff{Changes: []plan.FarmChange{{Old: f}}}); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

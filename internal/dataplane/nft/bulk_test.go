@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -65,9 +65,9 @@ func TestBulkElementsShareMessages(t *testing.T) {
 	}
 
 	g1 := gen(1)
-	var d dataplane.Diff
+	var d plan.Diff
 	for _, f := range g1 {
-		d.Changes = append(d.Changes, dataplane.FarmChange{New: f})
+		d.Changes = append(d.Changes, plan.FarmChange{New: f})
 	}
 	if err := pa.Apply(context.Background(), d); err != nil {
 		t.Fatal(err)
@@ -85,12 +85,12 @@ func TestBulkElementsShareMessages(t *testing.T) {
 	// the engine orders a restore): the same keys are deleted and added
 	// again, and farm own1's chain is deleted after its elements.
 	g2 := gen(2)
-	d = dataplane.Diff{}
+	d = plan.Diff{}
 	for _, f := range g1 {
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: f})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: f})
 	}
 	for _, f := range g2 {
-		d.Changes = append(d.Changes, dataplane.FarmChange{New: f})
+		d.Changes = append(d.Changes, plan.FarmChange{New: f})
 	}
 	if err := pa.Apply(context.Background(), d); err != nil {
 		t.Fatal(err)

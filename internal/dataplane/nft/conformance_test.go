@@ -36,7 +36,7 @@ func conformanceRun(t *testing.T, shards int) {
 				t.Fatalf("open namespace %s: %v", path, err)
 			}
 			t.Cleanup(func() { ns.Close() })
-			p, err := Open(context.Background(), testLogger(), Options{NetNS: ns, LogGroup: conformance.LogGroup, Shards: shards})
+			p, err := New(context.Background(), testLogger(), Options{NetNS: ns, LogGroup: conformance.LogGroup, Shards: shards})
 			if err != nil {
 				t.Fatalf("new nft plane: %v", err)
 			}

@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
 // The nft data plane keeps no connection table of its own: it relies on
@@ -70,20 +71,7 @@ func (e *SysctlError) Unwrap() error { return e.Err }
 // left as it was. A value already in place is not rewritten (writing
 // nf_conntrack_buckets rehashes every entry).
 func SetConntrack(ns netns.NsHandle, l ConntrackLimits) error {
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread exits with the goroutine, so no
-		// other goroutine runs in ns.
-		runtime.LockOSThread()
-		if ns.IsOpen() {
-			if err := netns.Set(ns); err != nil {
-				errc <- fmt.Errorf("enter network namespace: %w", err)
-				return
-			}
-		}
-		errc <- setConntrack(l)
-	}()
-	return <-errc
+	return nsenter.Run(ns, func() error { return setConntrack(l) })
 }
 
 func setConntrack(l ConntrackLimits) error {

@@ -1,14 +1,26 @@
 // Package nft is xlb's nftables data plane. docs/dataplane-nft.md describes
-// every object and each mode's requirements; persist.go, helper.go,
-// maglev.go and filterRules (build.go) describe persistence, helpers,
-// Maglev and the per-farm filter chains. It programs the kernel over
-// netlink only (google/nftables), one batch per change, so every Apply and
-// Reconcile is atomic in the kernel. The nft binary is never run here; tests
-// use `nft list` as an oracle.
+// every object and each mode's requirements; persist.go, helper.go and
+// filterRules (rules.go) describe persistence, helpers and the per-farm
+// filter chains; Maglev, weighted slots and the dual-family split come from
+// package plan. It programs the kernel over netlink only (google/nftables),
+// one batch per change, so every Apply and Reconcile is atomic in the
+// kernel. The nft binary is never run here; tests use `nft list` as an
+// oracle.
+//
+// # Files
+//
+// A farm's way in, in the order it is taken: plane.go (Plane, New, the
+// tables), apply.go (Apply: split, cut by table, queue, send, commit) or
+// reconcile.go (Reconcile), farm.go (putFarm, removeFarm: one farm into the
+// batch), plan.go (planFarm: what the farm holds), placement.go (where it
+// goes: table, chain kind, static sets), rules.go, sets.go, stateless.go,
+// dsr.go, persist.go, limits.go, group.go (the rule and element builders),
+// batch.go (the netlink transaction). shard.go is one table's state;
+// check.go what the plane refuses.
 //
 // # Tables
 //
-// The daemon spreads farms over 32 tables, inet xlb-00 ... xlb-1f (Sharded,
+// The daemon spreads farms over 32 tables, inet xlb-00 ... xlb-1f (Plane,
 // --nft-tables), each a complete copy of the ruleset below holding the
 // farms whose name hashes to it; a change is still one netlink batch over
 // all of them. The kernel's cost of a commit grows with the tables it
@@ -34,7 +46,7 @@
 //
 // # Ruleset
 //
-// Each of xlb's tables (one, inet xlb, when not sharded):
+// Each of xlb's tables (one, inet xlb, with --nft-tables 1):
 //
 //	table inet xlb {
 //	  map svcx4 { type ipv4_addr . inet_proto . inet_service : verdict; }        single ports (and svcx6)
@@ -114,7 +126,7 @@
 // Mode dsr lives in a netdev table of the same name next to each inet
 // table (dsr.go): an ingress chain per interface in use, MAC rewrite and
 // fwd. A family dual farm is programmed as two farms, one per VIP
-// (dual.go). --conn-table-size sizes the kernel's conntrack (conntrack.go).
+// (plan.Halves). --conn-table-size sizes the kernel's conntrack (conntrack.go).
 //
 // # Changes
 //

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -18,7 +17,9 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
 // Mode dsr, as nftlb does it: at netdev ingress of the interface where the
@@ -166,7 +167,7 @@ func dsrRulesRaw() ([][]rawExpr, error) {
 }
 
 // programDSR replaces the rules of the netdev table's chain dsr in one batch.
-func (p *Plane) programDSR() error {
+func (p *shard) programDSR() error {
 	rules, err := dsrRulesRaw()
 	if err != nil {
 		return fmt.Errorf("encode dsr rules: %w", err)
@@ -213,14 +214,7 @@ func (p *farmPlan) dsrFarmRules(f *model.Farm, mapName string, mapID, modulus ui
 			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		)
 	case model.SchedHash, model.SchedMaglev:
-		keys := f.SchedParam
-		if f.Scheduler == model.SchedMaglev {
-			keys = maglevKeys(f)
-		}
-		loads, _, n := keyLoads(keys, p.v6, reg32)
-		r = append(r, loads...)
-		r = append(r, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
-			Seed: seed(f.Name), Type: expr.HashTypeJenkins})
+		r = append(r, hashExprs(f, f.SchedParam, p.v6, modulus)...)
 	case model.SchedSymhash:
 		r = append(r, &expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym})
 	}
@@ -243,7 +237,8 @@ func (p *farmPlan) setDSR(f *model.Farm, l *dsrLink) {
 // dsrCheck refuses what the nft data plane's dsr cannot do.
 func dsrCheck(f *model.Farm) error {
 	bad := func(field, value, problem string) error {
-		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: field, Value: value, Problem: problem}
+		return dataplane.Refuse(f, field, value,
+			problem)
 	}
 	const why = "mode dsr in the " + PlaneName + " data plane forwards frames at netdev ingress, before conntrack, so it takes no "
 	switch {
@@ -270,8 +265,8 @@ func dsrCheck(f *model.Farm) error {
 			if b.Mark == 0 {
 				field, v = "est-connlimit", fmt.Sprint(b.EstConnLimit)
 			}
-			return &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: field, Value: v,
-				Problem: why + "backend marks or est-connlimit"}
+			return dataplane.RefuseBackend(f, b.Name, field, v,
+				why+"backend marks or est-connlimit")
 		}
 	}
 	return nil
@@ -308,36 +303,35 @@ func resolveDSR(ns netns.NsHandle, farms []*model.Farm) (map[string]*dsrLink, er
 }
 
 func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, error) {
-	obj := fmt.Sprintf("farm %q", f.Name)
 	l := &dsrLink{iface: f.Iface, oface: f.Oface, macs: map[netip.Addr][etherAlen]byte{}}
 	if l.iface == "" {
 		name, err := vipIface(h, f.VirtualAddr)
 		if err != nil {
-			return nil, &model.FieldError{Object: obj, Field: "iface", Problem: fmt.Sprintf("not set, and %v; set iface to the interface where traffic for %s arrives", err, f.VirtualAddr)}
+			return nil, dataplane.Refuse(f, "iface", "", fmt.Sprintf("not set, and %v; set iface to the interface where traffic for %s arrives", err, f.VirtualAddr))
 		}
 		l.iface = name
 	} else if _, err := h.LinkByName(l.iface); err != nil {
-		return nil, &model.FieldError{Object: obj, Field: "iface", Value: l.iface, Problem: "no such interface in the data plane's network namespace"}
+		return nil, dataplane.Refuse(f, "iface", l.iface, "no such interface in the data plane's network namespace")
 	}
 	active := f.ActiveBackends()
 	if l.oface == "" {
 		for _, b := range active {
 			rs, err := h.RouteGet(b.Addr.AsSlice())
 			if err != nil || len(rs) == 0 {
-				return nil, &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "ip-addr", Value: b.Addr.String(),
-					Problem: "has no route in the data plane's network namespace; mode dsr needs the backend on a directly connected link (or set the farm's oface)"}
+				return nil, dataplane.RefuseBackend(f, b.Name, "ip-addr", b.Addr.String(),
+					"has no route in the data plane's network namespace; mode dsr needs the backend on a directly connected link (or set the farm's oface)")
 			}
 			if rs[0].Gw != nil {
-				return nil, &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "ip-addr", Value: b.Addr.String(),
-					Problem: fmt.Sprintf("is reached through the gateway %s; mode dsr rewrites only MAC addresses, so backends must be on the LB's own link", rs[0].Gw)}
+				return nil, dataplane.RefuseBackend(f, b.Name, "ip-addr", b.Addr.String(),
+					fmt.Sprintf("is reached through the gateway %s; mode dsr rewrites only MAC addresses, so backends must be on the LB's own link", rs[0].Gw))
 			}
 			lk, err := h.LinkByIndex(rs[0].LinkIndex)
 			if err != nil {
-				return nil, fmt.Errorf("%s: link %d of the route to %s: %w", obj, rs[0].LinkIndex, b.Addr, err)
+				return nil, fmt.Errorf("farm %q: link %d of the route to %s: %w", f.Name, rs[0].LinkIndex, b.Addr, err)
 			}
 			if l.oface != "" && l.oface != lk.Attrs().Name {
-				return nil, &model.FieldError{Object: fmt.Sprintf("farm %q backend %q", f.Name, b.Name), Field: "ip-addr", Value: b.Addr.String(),
-					Problem: fmt.Sprintf("is on %s but other backends are on %s; a dsr farm forwards to one oface", lk.Attrs().Name, l.oface)}
+				return nil, dataplane.RefuseBackend(f, b.Name, "ip-addr", b.Addr.String(),
+					fmt.Sprintf("is on %s but other backends are on %s; a dsr farm forwards to one oface", lk.Attrs().Name, l.oface))
 			}
 			l.oface = lk.Attrs().Name
 		}
@@ -348,7 +342,7 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 	}
 	lk, err := h.LinkByName(l.oface)
 	if err != nil {
-		return nil, &model.FieldError{Object: obj, Field: "oface", Value: l.oface, Problem: "no such interface in the data plane's network namespace"}
+		return nil, dataplane.Refuse(f, "oface", l.oface, "no such interface in the data plane's network namespace")
 	}
 	l.ofIdx = uint32(lk.Attrs().Index)
 	if !f.EtherAddr.IsZero() {
@@ -356,7 +350,7 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 	} else if hw := lk.Attrs().HardwareAddr; len(hw) == etherAlen {
 		copy(l.lbMAC[:], hw)
 	} else {
-		return nil, &model.FieldError{Object: obj, Field: "ether-addr", Problem: fmt.Sprintf("not set, and %s has no Ethernet address; set ether-addr", l.oface)}
+		return nil, dataplane.Refuse(f, "ether-addr", "", fmt.Sprintf("not set, and %s has no Ethernet address; set ether-addr", l.oface))
 	}
 	var missing []model.Backend
 	for _, b := range active {
@@ -373,7 +367,7 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 		for _, fam := range []int{vnl.FAMILY_V4, vnl.FAMILY_V6} {
 			ns, err := h.NeighList(int(l.ofIdx), fam)
 			if err != nil {
-				return fmt.Errorf("%s: list neighbours on %s: %w", obj, l.oface, err)
+				return fmt.Errorf("farm %q: list neighbours on %s: %w", f.Name, l.oface, err)
 			}
 			for _, n := range ns {
 				a, ok := netip.AddrFromSlice(n.IP)
@@ -413,7 +407,7 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 		if !probed {
 			for _, b := range still {
 				if err := probe(ns, l.oface, b.Addr); err != nil {
-					return nil, fmt.Errorf("%s: probe %s on %s: %w", obj, b.Addr, l.oface, err)
+					return nil, fmt.Errorf("farm %q: probe %s on %s: %w", f.Name, b.Addr, l.oface, err)
 				}
 			}
 		}
@@ -507,19 +501,9 @@ func vipIface(h *vnl.Handle, vip netip.Addr) (string, error) {
 }
 
 // probe sends one empty UDP datagram to addr's discard port out of dev in
-// namespace ns, so the kernel resolves addr's MAC. The socket is made on a
-// thread of its own that is never returned to the pool (the namespace
-// switch could not be undone safely).
+// namespace ns, so the kernel resolves addr's MAC.
 func probe(ns netns.NsHandle, dev string, addr netip.Addr) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		if ns.IsOpen() {
-			if err := netns.Set(ns); err != nil {
-				errc <- fmt.Errorf("enter namespace: %w", err)
-				return
-			}
-		}
+	return nsenter.Run(ns, func() error {
 		fam := unix.AF_INET6
 		var sa unix.Sockaddr = &unix.SockaddrInet6{Port: probePort, Addr: addr.As16()}
 		if addr.Is4() {
@@ -528,20 +512,17 @@ func probe(ns netns.NsHandle, dev string, addr netip.Addr) error {
 		}
 		fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			errc <- err
-			return
+			return err
 		}
 		defer unix.Close(fd)
 		if err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev); err != nil {
-			errc <- fmt.Errorf("bind to %s: %w", dev, err)
-			return
+			return fmt.Errorf("bind to %s: %w", dev, err)
 		}
 		// An unreachable neighbour is not an error here: the caller waits
 		// for the entry and says what is missing.
 		_ = unix.Sendto(fd, nil, unix.MSG_DONTWAIT, sa)
-		errc <- nil
-	}()
-	return <-errc
+		return nil
+	})
 }
 
 func splitDevs(s string) []string {
@@ -577,10 +558,4 @@ func (b *batch) addDevChain(dev string) {
 		Hooknum: nftables.ChainHookIngress, Priority: prio, Device: dev, Policy: &accept})
 	b.c.FlushChain(ch)
 	b.c.AddRule(&nftables.Rule{Table: b.p.ntable, Chain: ch, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: chainDsr}}})
-}
-
-// macData is a backend's slot data in a dsr farm's map.
-func (p *farmPlan) macData(b model.Backend) []byte {
-	m := p.dsr.macs[b.Addr]
-	return m[:]
 }

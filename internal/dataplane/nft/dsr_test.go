@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -165,7 +166,7 @@ func (l *flatL2) replyCounter(t *testing.T) func() int {
 
 func apply(t *testing.T, p dataplane.Dataplane, prev map[string]*model.Farm, farms ...model.Farm) error {
 	t.Helper()
-	var d dataplane.Diff
+	var d plan.Diff
 	for i := range farms {
 		f := farms[i].Clone()
 		if err := f.Validate(); err != nil {
@@ -174,7 +175,7 @@ func apply(t *testing.T, p dataplane.Dataplane, prev map[string]*model.Farm, far
 		if err := p.Check(&f); err != nil {
 			t.Fatalf("farm %s: %v", f.Name, err)
 		}
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: prev[f.Name], New: &f})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: prev[f.Name], New: &f})
 	}
 	if err := p.Apply(context.Background(), d); err != nil {
 		return err
@@ -284,9 +285,9 @@ func TestDSRFlatL2(t *testing.T) {
 	if _, err := testutil.AskUDP(l.client.ns, netip.AddrPortFrom(l.vip4, 53)); err != nil {
 		t.Errorf("after reconcile: %v", err)
 	}
-	var d dataplane.Diff
+	var d plan.Diff
 	for _, f := range prev {
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: f})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: f})
 	}
 	if err := p.Apply(context.Background(), d); err != nil {
 		t.Fatalf("delete: %v", err)

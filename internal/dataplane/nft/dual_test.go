@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -58,7 +58,7 @@ func TestDualChanges(t *testing.T) {
 		t.Fatalf("reconcile: %v", err)
 	}
 	both(true)
-	if err := e.p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: prev["web"]}}}); err != nil {
+	if err := e.p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: prev["web"]}}}); err != nil {
 		t.Fatalf("delete: %v", err)
 	}
 	if out := e.nft(t, "list", "table", "inet", "xlb"); strings.Contains(out, "chain f-") {
@@ -82,7 +82,7 @@ func TestStlsIPv6Listing(t *testing.T) {
 	b.Addr, b.Port = netip.MustParseAddr("fd00:200::11"), 5353
 	f.Backends = []model.Backend{b}
 	nf := mustValid(t, p, &f)
-	if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: nf}}}); err != nil {
+	if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: nf}}}); err != nil {
 		t.Fatal(err)
 	}
 	out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb")

@@ -65,8 +65,6 @@ type groupRef struct {
 	i  int
 }
 
-func (g groupRef) chain() string { return groupChain(g.v6, g.i) }
-
 func (g groupCounts) clone() groupCounts {
 	return groupCounts{slices.Clone(g[0]), slices.Clone(g[1])}
 }
@@ -74,8 +72,10 @@ func (g groupCounts) clone() groupCounts {
 // setGrouped marks the farm for a group chain if its chain would hold its
 // scheduling rule and nothing else (see above). Called after setDirect.
 func (p *farmPlan) setGrouped(f *model.Farm) {
-	p.grouped = !p.isDirect() && !p.mark && !p.dsrMode && !p.stls && p.kind != kindNone && !p.ids &&
-		f.NewRTLimit == 0 && f.EstConnLimit == 0 && len(f.VirtualPorts) <= 1
+	if !p.isDirect() && !p.mark && !p.dsrMode && !p.stls && p.kind != kindNone && !p.ids &&
+		f.NewRTLimit == 0 && f.EstConnLimit == 0 && len(f.VirtualPorts) <= 1 {
+		p.via = chainGroup
+	}
 }
 
 // setChain points the farm's service elements at chain.
@@ -224,7 +224,7 @@ func (b *batch) leaveGroup(pl *farmPlan) {
 // groupHandles returns the rule handles of each farm in a group chain,
 // listing the chain from the kernel unless no change touched it since it
 // was last listed.
-func (p *Plane) groupHandles(chain string) (map[string][]uint64, error) {
+func (p *shard) groupHandles(chain string) (map[string][]uint64, error) {
 	if h, ok := p.ghandles[chain]; ok {
 		return h, nil
 	}

@@ -155,10 +155,7 @@ func TestGroupChains(t *testing.T) {
 
 	// Emptying grp4-0 deletes it; new farms fill the open group, then take
 	// the number 0 again.
-	var gone []string
-	for _, name := range groupsOf(list())["grp4-0"] {
-		gone = append(gone, name)
-	}
+	gone := append([]string(nil), groupsOf(list())["grp4-0"]...)
 	e.del(t, prev, gone...)
 	if out := list(); strings.Contains(out, "chain grp4-0 ") {
 		t.Errorf("grp4-0 survived its last farm:\n%s", out)

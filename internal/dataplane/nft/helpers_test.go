@@ -13,7 +13,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -81,10 +81,10 @@ func mustValid(tb testing.TB, p *Plane, f *model.Farm) *model.Farm {
 // put applies farms as adds or updates (old taken from prev).
 func (e *env) put(tb testing.TB, prev map[string]*model.Farm, farms ...model.Farm) {
 	tb.Helper()
-	var d dataplane.Diff
+	var d plan.Diff
 	for i := range farms {
 		nf := mustValid(tb, e.p, &farms[i])
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: prev[nf.Name], New: nf})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: prev[nf.Name], New: nf})
 		prev[nf.Name] = nf
 	}
 	if err := e.p.Apply(context.Background(), d); err != nil {
@@ -137,9 +137,9 @@ func (e *env) nft(tb testing.TB, args ...string) string {
 // del deletes the named farms (old taken from prev).
 func (e *env) del(tb testing.TB, prev map[string]*model.Farm, names ...string) {
 	tb.Helper()
-	var d dataplane.Diff
+	var d plan.Diff
 	for _, n := range names {
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: prev[n]})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: prev[n]})
 		delete(prev, n)
 	}
 	if err := e.p.Apply(context.Background(), d); err != nil {

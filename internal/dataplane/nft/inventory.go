@@ -10,25 +10,13 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane"
 )
 
-var (
-	_ dataplane.KernelInventory = (*Plane)(nil)
-	_ dataplane.KernelInventory = (*Sharded)(nil)
-)
+var _ dataplane.KernelInventory = (*Plane)(nil)
 
 // KernelObjects implements dataplane.KernelInventory: xlb's tables (of
 // any --nft-tables layout) whose sets and maps hold elements. Every farm
 // puts elements into them (service and backend maps); a table without
 // farms holds none.
-func (p *Plane) KernelObjects(ctx context.Context) ([]string, error) {
-	prefix := p.opts.Table
-	if p.shared != nil {
-		prefix = p.shared.opts.Table
-	}
-	return kernelObjects(p.opts.NetNS, prefix)
-}
-
-// KernelObjects implements dataplane.KernelInventory.
-func (s *Sharded) KernelObjects(ctx context.Context) ([]string, error) {
+func (s *Plane) KernelObjects(ctx context.Context) ([]string, error) {
 	return kernelObjects(s.opts.NetNS, s.opts.Table)
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -37,7 +38,7 @@ func refMapElems(p *farmPlan, f *model.Farm) ([]nftables.SetElement, uint32) {
 	}
 	var out []nftables.SetElement
 	if f.Scheduler == model.SchedMaglev {
-		table := maglevTable(p.active, len(f.Backends))
+		table := plan.MaglevTable(f, p.active)
 		for i, bi := range table {
 			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: slot(p.active[bi])})
 		}
@@ -49,12 +50,16 @@ func refMapElems(p *farmPlan, f *model.Farm) ([]nftables.SetElement, uint32) {
 		}
 		return out, uint32(len(p.active))
 	}
-	var total uint32
+	var weights []uint32
 	for _, b := range p.active {
+		weights = append(weights, b.Weight)
+	}
+	var total uint32
+	for i, n := range plan.SlotRuns(weights, plan.MaxWeightedSlots) {
 		out = append(out,
-			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: slot(b)},
-			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + b.Weight), IntervalEnd: true})
-		total += b.Weight
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total), Val: slot(p.active[i])},
+			nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(total + uint32(n)), IntervalEnd: true})
+		total += uint32(n)
 	}
 	return out, total
 }
@@ -96,7 +101,7 @@ func TestMapElemsBytes(t *testing.T) {
 				if variant == "persist" {
 					f.Persistence, f.PersistTTL = model.KeySrcIP, 60
 				}
-				p := plan(&f)
+				p := planFarm(&f)
 				if variant == "dsr" {
 					p.dsrMode, p.dsr = true, link
 				}
@@ -117,7 +122,7 @@ func BenchmarkPlanFarm100Backends(b *testing.B) {
 	f := benchFarm(1, 100)
 	b.ReportAllocs()
 	for b.Loop() {
-		p := plan(f)
+		p := planFarm(f)
 		_, m := p.mapElems(f)
 		p.farmRules(f, "map", 1, m, nil, nil)
 	}

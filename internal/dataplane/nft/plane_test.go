@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -267,9 +267,9 @@ func TestListing(t *testing.T) {
 	b = model.NewBackend("a")
 	b.Addr = netip.MustParseAddr("10.200.0.11")
 	one.Backends = []model.Backend{b}
-	var d dataplane.Diff
+	var d plan.Diff
 	for _, f := range []model.Farm{web, dns, h, empty, sticky, stls, one} {
-		d.Changes = append(d.Changes, dataplane.FarmChange{New: mustValid(t, p, &f)})
+		d.Changes = append(d.Changes, plan.FarmChange{New: mustValid(t, p, &f)})
 	}
 	if err := p.Apply(context.Background(), d); err != nil {
 		t.Fatal(err)
@@ -566,28 +566,28 @@ func TestChangeTouchesOnlyItsOwn(t *testing.T) {
 		}
 		return mustValid(t, p, &f)
 	}
-	apply := func(cs ...dataplane.FarmChange) {
+	apply := func(cs ...plan.FarmChange) {
 		t.Helper()
-		if err := p.Apply(context.Background(), dataplane.Diff{Changes: cs}); err != nil {
+		if err := p.Apply(context.Background(), plan.Diff{Changes: cs}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	a := mk("a", "10.99.0.1", "10.200.0.11", "10.200.0.12")
-	apply(dataplane.FarmChange{New: a})
+	apply(plan.FarmChange{New: a})
 	before := ruleHandles(t, name, "a")
-	mapA := p.farms["a"].mapName
+	mapA := p.shards[0].farms["a"].mapName
 	elemsA := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA)
 
 	b1 := mk("b", "10.99.0.2", "10.200.0.13")
-	apply(dataplane.FarmChange{New: b1})
+	apply(plan.FarmChange{New: b1})
 	b2 := mk("b", "10.99.0.2", "10.200.0.13", "10.200.0.14")
-	apply(dataplane.FarmChange{Old: b1, New: b2})
-	apply(dataplane.FarmChange{Old: b2})
+	apply(plan.FarmChange{Old: b1, New: b2})
+	apply(plan.FarmChange{Old: b2})
 
 	if after := ruleHandles(t, name, "a"); after != before {
 		t.Errorf("farm a's chain changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	if p.farms["a"].mapName != mapA {
+	if p.shards[0].farms["a"].mapName != mapA {
 		t.Errorf("farm a's map renamed")
 	}
 	if got := testutil.Run(t, name, "nft", "list", "map", "inet", "xlb", mapA); got != elemsA {
@@ -614,7 +614,7 @@ func TestApplyAtomic(t *testing.T) {
 	a2 := a.Clone()
 	a2.Backends = a2.Backends[:1]
 	clash := e.farm("clash", vip, 80, model.ProtoTCP, 8080)
-	d := dataplane.Diff{Changes: []dataplane.FarmChange{
+	d := plan.Diff{Changes: []plan.FarmChange{
 		{Old: prev["a"], New: mustValid(t, e.p, &a2)},
 		{New: mustValid(t, e.p, &clash)},
 	}}
@@ -776,7 +776,7 @@ func TestFilterObjectsLifecycle(t *testing.T) {
 	list := func() string { return testutil.Run(t, name, "nft", "list", "table", "inet", "xlb") }
 	apply := func(old, nf *model.Farm) {
 		t.Helper()
-		if err := p.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{Old: old, New: nf}}}); err != nil {
+		if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: old, New: nf}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -862,24 +862,24 @@ func TestApplyMatchesReconcile(t *testing.T) {
 		// Farm "x" goes from step i-1's settings to step i's, farm "y"
 		// from step i+2's to i+3's (so every feature is also switched
 		// off), farm "z" is added and deleted in turn.
-		var d dataplane.Diff
+		var d plan.Diff
 		x := base("x", 1)
 		step(&x)
 		y := base("y", 2)
 		steps[(i+3)%len(steps)](&y)
 		for _, f := range []model.Farm{x, y} {
 			nf := mustValid(t, pa, &f)
-			d.Changes = append(d.Changes, dataplane.FarmChange{Old: cur[nf.Name], New: nf})
+			d.Changes = append(d.Changes, plan.FarmChange{Old: cur[nf.Name], New: nf})
 			cur[nf.Name] = nf
 		}
 		if i%2 == 0 {
 			z := base("z", 3)
 			step(&z)
 			nz := mustValid(t, pa, &z)
-			d.Changes = append(d.Changes, dataplane.FarmChange{Old: cur["z"], New: nz})
+			d.Changes = append(d.Changes, plan.FarmChange{Old: cur["z"], New: nz})
 			cur["z"] = nz
 		} else if cur["z"] != nil {
-			d.Changes = append(d.Changes, dataplane.FarmChange{Old: cur["z"]})
+			d.Changes = append(d.Changes, plan.FarmChange{Old: cur["z"]})
 			delete(cur, "z")
 		}
 		if err := pa.Apply(context.Background(), d); err != nil {

@@ -147,7 +147,7 @@ func nftMsg(family byte, typ int, flags netlink.HeaderFlags, attrs []netlink.Att
 }
 
 // programPostrouting replaces the postrouting chain's rules in one batch.
-func (p *Plane) programPostrouting() error {
+func (p *shard) programPostrouting() error {
 	rules, err := postRulesRaw()
 	if err != nil {
 		return fmt.Errorf("encode postrouting rules: %w", err)
@@ -157,7 +157,7 @@ func (p *Plane) programPostrouting() error {
 
 // sendRules replaces the rules of chain (in xlb's table of that family)
 // with rules, in one batch.
-func (p *Plane) sendRules(family byte, chain string, rules [][]rawExpr) error {
+func (p *shard) sendRules(family byte, chain string, rules [][]rawExpr) error {
 	chainAttrs := []netlink.Attribute{
 		{Type: unix.NFTA_RULE_TABLE, Data: []byte(p.table.Name + "\x00")},
 		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
@@ -189,7 +189,7 @@ func (p *Plane) sendRules(family byte, chain string, rules [][]rawExpr) error {
 
 // sendRaw sends msgs as one nftables batch on a connection of its own and
 // waits for every ack.
-func (p *Plane) sendRaw(msgs []netlink.Message) error {
+func (p *shard) sendRaw(msgs []netlink.Message) error {
 	cfg := &netlink.Config{}
 	if p.opts.NetNS.IsOpen() {
 		cfg.NetNS = int(p.opts.NetNS)
@@ -229,7 +229,7 @@ func (p *Plane) sendRaw(msgs []netlink.Message) error {
 // table. google/nftables v0.3.0 cannot parse ct helper objects
 // (GetObjects fails with "malformed stateful object"), so this is a raw
 // NFT_MSG_GETOBJ dump that reads only the names.
-func (p *Plane) listHelperObjects() ([]string, error) {
+func (p *shard) listHelperObjects() ([]string, error) {
 	cfg := &netlink.Config{}
 	if p.opts.NetNS.IsOpen() {
 		cfg.NetNS = int(p.opts.NetNS)

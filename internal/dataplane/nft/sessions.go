@@ -13,10 +13,9 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
-
-var _ dataplane.SessionStore = (*Plane)(nil)
 
 // sessionKey formats a persistence map key: its fields joined by "-".
 func sessionKey(k model.HashKey, v6 bool, key []byte) string {
@@ -46,7 +45,7 @@ func sessionKey(k model.HashKey, v6 bool, key []byte) string {
 
 // sessionElems lists a farm's persistence map. It returns nil without
 // persistence or serving backends (then the farm has no map).
-func (p *Plane) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftables.SetElement, error) {
+func (p *shard) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftables.SetElement, error) {
 	if p.conn == nil {
 		return nil, nil, nil, errors.New("nft data plane is closed")
 	}
@@ -63,22 +62,21 @@ func (p *Plane) sessionElems(f *model.Farm) (*farmPlan, *nftables.Set, []nftable
 	return s.plan, set, els, nil
 }
 
-// Sessions implements dataplane.SessionStore.
-func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
+// sessions lists the farm's sessions in the shard's table
+// (Plane.Sessions).
+func (p *shard) sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if hs := halves(f); len(hs) > 1 {
+	if hs := plan.Halves(f); len(hs) > 1 {
 		var all []dataplane.Session
 		err := dualSessions(f, "", func(h *model.Farm) error {
-			ss, err := p.Sessions(ctx, h)
+			ss, err := p.sessions(ctx, h)
 			all = append(all, ss...)
 			return err
 		})
 		return all, err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	pl, _, els, err := p.sessionElems(f)
 	if err != nil || pl == nil {
 		return nil, err
@@ -98,13 +96,13 @@ func (p *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 	return out, nil
 }
 
-// DeleteSessions implements dataplane.SessionStore: one batch deletes the
-// matching sessions.
-func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
+// deleteSessions deletes the matching sessions of the farm in one batch
+// (Plane.DeleteSessions).
+func (p *shard) deleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	if hs := halves(f); len(hs) > 1 {
+	if hs := plan.Halves(f); len(hs) > 1 {
 		if backend != "" {
 			if _, i := f.Backend(backend); i < 0 {
 				return 0, fmt.Errorf("farm %q has no backend %q", f.Name, backend)
@@ -112,14 +110,12 @@ func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backe
 		}
 		total := 0
 		err := dualSessions(f, backend, func(h *model.Farm) error {
-			n, err := p.DeleteSessions(ctx, h, client, backend)
+			n, err := p.deleteSessions(ctx, h, client, backend)
 			total += n
 			return err
 		})
 		return total, err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	pl, set, els, err := p.sessionElems(f)
 	if err != nil || pl == nil {
 		return 0, err
@@ -156,4 +152,40 @@ func (p *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backe
 		return 0, fmt.Errorf("delete sessions of farm %q: %w", f.Name, err)
 	}
 	return len(del), nil
+}
+
+// Sessions implements dataplane.SessionStore on the farm's table.
+func (s *Plane) Sessions(ctx context.Context, f *model.Farm) ([]dataplane.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		return nil, errClosed
+	}
+	return s.shards[s.shardOf(f.Name)].sessions(ctx, f)
+}
+
+// DeleteSessions implements dataplane.SessionStore on the farm's table.
+func (s *Plane) DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		return 0, errClosed
+	}
+	return s.shards[s.shardOf(f.Name)].deleteSessions(ctx, f, client, backend)
+}
+
+// dualSessions runs fn on each half of a dual farm that has the backend
+// (any, when backend is "").
+func dualSessions(f *model.Farm, backend string, fn func(h *model.Farm) error) error {
+	for _, h := range plan.Halves(f) {
+		if backend != "" {
+			if _, i := h.Backend(backend); i < 0 {
+				continue
+			}
+		}
+		if err := fn(h); err != nil {
+			return err
+		}
+	}
+	return nil
 }

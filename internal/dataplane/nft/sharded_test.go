@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -20,19 +20,19 @@ func TestShardedPlane(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2, false)
 	e.startServers(t, 8080)
-	s, err := NewSharded(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s, err := New(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 
-	var d dataplane.Diff
+	var d plan.Diff
 	farms := map[string]*model.Farm{}
 	for i := 1; i <= 8; i++ {
 		f := e.farm(fmt.Sprintf("web%d", i), testutil.VIP4(i), 80, model.ProtoTCP, 8080)
 		nf := mustValid(t, e.p, &f)
 		farms[nf.Name] = nf
-		d.Changes = append(d.Changes, dataplane.FarmChange{New: nf})
+		d.Changes = append(d.Changes, plan.FarmChange{New: nf})
 	}
 	if err := s.Apply(context.Background(), d); err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestShardedPlane(t *testing.T) {
 
 	// Restart: a new plane adopts the tables and reconciles them.
 	s.Close()
-	s2, err := NewSharded(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s2, err := New(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,9 +84,9 @@ func TestShardedPlane(t *testing.T) {
 	ask("after restart")
 
 	// Delete every farm in one Apply: nothing of them is left.
-	d = dataplane.Diff{}
+	d = plan.Diff{}
 	for _, f := range farms {
-		d.Changes = append(d.Changes, dataplane.FarmChange{Old: f})
+		d.Changes = append(d.Changes, plan.FarmChange{Old: f})
 	}
 	if err := s2.Apply(context.Background(), d); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestShardedApplyIsOneBatch(t *testing.T) {
 	testutil.RequireRoot(t)
 	t.Parallel()
 	e := newEnv(t, 1, false)
-	s, err := NewSharded(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s, err := New(context.Background(), testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestShardedApplyIsOneBatch(t *testing.T) {
 	}
 	e.nft(t, "delete", "table", "inet", ShardTable(DefaultTable, s.shardOf(b.Name)))
 	before := e.nft(t, "list", "table", "inet", ShardTable(DefaultTable, s.shardOf(a.Name)))
-	err = s.Apply(context.Background(), dataplane.Diff{Changes: []dataplane.FarmChange{{New: a}, {New: b}}})
+	err = s.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: a}, {New: b}}})
 	if err == nil {
 		t.Fatal("apply into a deleted table succeeded")
 	}
@@ -158,7 +158,7 @@ func TestOtherLayoutIsDeleted(t *testing.T) {
 		return strings.Join(strings.Fields(e.nft(t, "list", "tables")), " ")
 	}
 
-	s, err := NewSharded(ctx, testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
+	s, err := New(ctx, testLogger(), Options{NetNS: e.LB.NS, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

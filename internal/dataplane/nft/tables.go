@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -520,7 +521,7 @@ func (b *tablesBatch) writeFarm(f *model.Farm) {
 }
 
 // ApplyTables implements dataplane.TablePlane: one netlink batch.
-func (t *Tables) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

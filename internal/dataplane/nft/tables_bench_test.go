@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -41,7 +41,7 @@ func BenchmarkTablesNft(b *testing.B) {
 			return tp
 		}
 		create := func(tp *Tables, t *model.Table) error {
-			return tp.ApplyTables(ctx, dataplane.TableDiff{Tables: []dataplane.TableChange{{New: t}}, Slots: []dataplane.SlotChange{{Slot: t.Slot, New: t}}})
+			return tp.ApplyTables(ctx, plan.TableDiff{Tables: []plan.TableChange{{New: t}}, Slots: []plan.SlotChange{{Slot: t.Slot, New: t}}})
 		}
 		b.Run(fmt.Sprintf("create/n=%d", n), func(b *testing.B) {
 			for b.Loop() {
@@ -64,7 +64,7 @@ func BenchmarkTablesNft(b *testing.B) {
 			x, y := a1, a2
 			for b.Loop() {
 				nx, ny := x.WithEntriesOf(y), y.WithEntriesOf(x)
-				if err := tp.ApplyTables(ctx, dataplane.TableDiff{Tables: []dataplane.TableChange{{Old: x, New: &nx}, {Old: y, New: &ny}}}); err != nil {
+				if err := tp.ApplyTables(ctx, plan.TableDiff{Tables: []plan.TableChange{{Old: x, New: &nx}, {Old: y, New: &ny}}}); err != nil {
 					b.Fatal(err)
 				}
 				x, y = &nx, &ny
@@ -81,7 +81,7 @@ func BenchmarkTablesNft(b *testing.B) {
 				i++
 				nt := a1.Clone()
 				nt.PutEntry(e)
-				if err := tp.ApplyTables(ctx, dataplane.TableDiff{Slots: []dataplane.SlotChange{{Slot: a1.Slot, Old: a1, New: &nt, Put: []model.TableEntry{e}}}}); err != nil {
+				if err := tp.ApplyTables(ctx, plan.TableDiff{Slots: []plan.SlotChange{{Slot: a1.Slot, Old: a1, New: &nt, Put: []model.TableEntry{e}}}}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -6,18 +6,17 @@ import (
 	"sync"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
-// The nft planes (one table, or Sharded) offer dataplane.TablePlane
-// through a Tables of their own, opened on first use: its nft table is
-// apart from the farms', so the farm code needs no change for it.
+// The nft plane offers dataplane.TablePlane through a Tables of its own,
+// opened on first use: its nft table is apart from the farms', so the farm
+// code needs no change for it.
 
 var (
 	_ dataplane.TablePlane     = (*Plane)(nil)
-	_ dataplane.TablePlane     = (*Sharded)(nil)
 	_ dataplane.TableDescriber = (*Plane)(nil)
-	_ dataplane.TableDescriber = (*Sharded)(nil)
 )
 
 // lazyTables opens a plane's Tables when first needed.
@@ -59,34 +58,10 @@ func (l *lazyTables) close() {
 }
 
 // CheckTable implements dataplane.TablePlane.
-func (p *Plane) CheckTable(t *model.Table) error { return nil }
+func (s *Plane) CheckTable(t *model.Table) error { return nil }
 
 // ApplyTables implements dataplane.TablePlane.
-func (p *Plane) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
-	t, err := p.tables.get(ctx, p.log, p.opts)
-	if err != nil {
-		return err
-	}
-	return t.ApplyTables(ctx, d)
-}
-
-// ReconcileTables implements dataplane.TablePlane.
-func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farms []*model.Farm) error {
-	t, err := p.tables.get(ctx, p.log, p.opts)
-	if err != nil {
-		return err
-	}
-	return t.ReconcileTables(ctx, tables, farms)
-}
-
-// TableAlgorithm implements dataplane.TableDescriber.
-func (p *Plane) TableAlgorithm(tb *model.Table) string { return p.tables.describe(tb) }
-
-// CheckTable implements dataplane.TablePlane.
-func (s *Sharded) CheckTable(t *model.Table) error { return nil }
-
-// ApplyTables implements dataplane.TablePlane.
-func (s *Sharded) ApplyTables(ctx context.Context, d dataplane.TableDiff) error {
+func (s *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	t, err := s.tables.get(ctx, s.log, s.opts)
 	if err != nil {
 		return err
@@ -95,7 +70,7 @@ func (s *Sharded) ApplyTables(ctx context.Context, d dataplane.TableDiff) error 
 }
 
 // ReconcileTables implements dataplane.TablePlane.
-func (s *Sharded) ReconcileTables(ctx context.Context, tables []*model.Table, farms []*model.Farm) error {
+func (s *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farms []*model.Farm) error {
 	t, err := s.tables.get(ctx, s.log, s.opts)
 	if err != nil {
 		return err
@@ -104,4 +79,4 @@ func (s *Sharded) ReconcileTables(ctx context.Context, tables []*model.Table, fa
 }
 
 // TableAlgorithm implements dataplane.TableDescriber.
-func (s *Sharded) TableAlgorithm(tb *model.Table) string { return s.tables.describe(tb) }
+func (s *Plane) TableAlgorithm(tb *model.Table) string { return s.tables.describe(tb) }

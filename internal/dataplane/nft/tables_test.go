@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -42,10 +42,10 @@ func TestTablesRuleset(t *testing.T) {
 	f.VirtualAddr = testutil.VIP4(1)
 	f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
 	f.Policies = []model.PolicyRef{{Name: "bl"}}
-	err = tp.ApplyTables(ctx, dataplane.TableDiff{
-		Tables: []dataplane.TableChange{{New: bl}, {New: nx}},
-		Slots:  []dataplane.SlotChange{{Slot: 1, New: bl}, {Slot: 2, New: nx}},
-		Farms:  []dataplane.FarmChange{{New: &f}},
+	err = tp.ApplyTables(ctx, plan.TableDiff{
+		Tables: []plan.TableChange{{New: bl}, {New: nx}},
+		Slots:  []plan.SlotChange{{Slot: 1, New: bl}, {Slot: 2, New: nx}},
+		Farms:  []plan.FarmChange{{New: &f}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestTablesRuleset(t *testing.T) {
 		}
 	}
 	na, nn := bl.WithEntriesOf(nx), nx.WithEntriesOf(bl)
-	if err := tp.ApplyTables(ctx, dataplane.TableDiff{Tables: []dataplane.TableChange{{Old: bl, New: &na}, {Old: nx, New: &nn}}}); err != nil {
+	if err := tp.ApplyTables(ctx, plan.TableDiff{Tables: []plan.TableChange{{Old: bl, New: &na}, {Old: nx, New: &nn}}}); err != nil {
 		t.Fatal(err)
 	}
 	out = testutil.Run(t, name, "nft", "list", "chain", "inet", "xlb-tables", "t1")

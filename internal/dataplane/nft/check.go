@@ -1,0 +1,116 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// check refuses every farm field value this data plane does not implement.
+func check(f *model.Farm) error {
+	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
+	if err := dataplane.CheckNftlbFields(PlaneName, f); err != nil {
+		return err
+	}
+	switch {
+	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
+		return no("virtual-addr", "")
+	case f.IsMarkFarm() && (f.Family == model.FamilyDual || f.Helper != model.HelperNone || f.TCPStrict || f.RstRTLimit != 0 || f.Log != 0):
+		return dataplane.Refuse(f, "mark", fmt.Sprint(f.Mark),
+			"firewall-mark farms in the "+PlaneName+" data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet")
+	case f.Family == model.FamilyDual:
+		return checkDual(f)
+	case f.Mode == model.ModeStlsDNAT && f.IsMarkFarm():
+		return dataplane.Refuse(f, "mode", f.Mode.String(),
+			"the "+PlaneName+" data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)")
+	case f.Mode == model.ModeStlsDNAT && f.Scheduler != model.SchedHash && f.Scheduler != model.SchedSymhash && f.Scheduler != model.SchedMaglev:
+		return dataplane.Refuse(f, "scheduler", f.Scheduler.String(),
+			"mode stlsdnat picks a backend for every packet, so it needs a scheduler that hashes the flow: hash, symhash or maglev")
+	case f.Mode == model.ModeStlsDNAT && (f.Protocol != model.ProtoTCP && f.Protocol != model.ProtoUDP):
+		return dataplane.Refuse(f, "protocol", f.Protocol.String(),
+			"mode stlsdnat rewrites ports and checksums of tcp or udp only")
+	case f.Mode == model.ModeStlsDNAT && (f.NewRTLimit != 0 || f.RstRTLimit != 0 || f.Log != 0 || len(f.Backends) > 0 && stlsPortProblem(f)):
+		return dataplane.Refuse(f, "mode", f.Mode.String(),
+			"stlsdnat farms in the "+PlaneName+" data plane take no new-rtlimit, rst-rtlimit, log, backend marks or backend est-connlimit; all backends need the same port, and a port needs a single virtual port")
+	case f.Persistence != 0 && persistKeySize(f) > maxKeySize:
+		return dataplane.Refuse(f, "persistence", f.Persistence.String(),
+			fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize))
+	case f.Mark != 0 && !f.IsMarkFarm():
+		return no("mark", fmt.Sprint(f.Mark))
+	case f.Priority != 1:
+		// Backend priority groups follow model.Farm.ActiveBackends; a farm
+		// priority other than the default has no meaning here yet.
+		return no("priority", fmt.Sprint(f.Priority))
+	case len(f.Policies) > 0:
+		if err := CheckPolicies(f); err != nil { // tables.go
+			return err
+		}
+	}
+	if f.Mode == model.ModeDSR {
+		if err := dsrCheck(f); err != nil {
+			return err
+		}
+	}
+	var zeroPort, port bool
+	marks := map[uint32]string{}
+	for i := range f.Backends {
+		b := &f.Backends[i]
+		if b.Mark != 0 && marks[b.Mark] == "" {
+			marks[b.Mark] = netip.AddrPortFrom(b.Addr, b.Port).String()
+		}
+		bno := func(field, value string) error {
+			return dataplane.RefuseBackend(f, b.Name, field, value,
+				"is not implemented by the "+PlaneName+" data plane yet")
+		}
+		switch {
+		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
+			return dataplane.RefuseBackend(f, b.Name, "mark", fmt.Sprint(b.Mark),
+				"is already the mark of another backend of this farm; in the "+PlaneName+" data plane a backend mark names the backend, so marks must be unique per farm")
+		case b.EstConnLimit != 0 && f.Persistence != 0:
+			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit)+" with persistence")
+		}
+		zeroPort = zeroPort || b.Port == 0
+		port = port || b.Port != 0
+	}
+	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+	if zeroPort && port && !single {
+		return dataplane.Refuse(f, "backends.port", "0",
+			"backends with port 0 (keep the client's port) and backends with a port cannot be mixed in a farm with several virtual ports in the "+PlaneName+" data plane")
+	}
+	return nil
+}
+
+// stlsPortProblem: the backends of a stateless farm share one port (the
+// rewrite is a constant), and a farm whose backends change the port has
+// one virtual port (the reverse rewrite needs to know it); no marks.
+func stlsPortProblem(f *model.Farm) bool {
+	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
+	for _, b := range f.Backends {
+		if b.Port != 0 && !single || b.Mark != 0 || b.EstConnLimit != 0 || b.Port != f.Backends[0].Port {
+			return true
+		}
+	}
+	return false
+}
+
+// Family dual: the plane programs a dual farm as its two halves
+// (plan.Halves), one per VIP, so a dual farm has two chains, two backend
+// maps and (with persistence) two session maps; its log lines name the
+// half.
+
+// checkDual refuses a dual farm the plane cannot serve and checks each half.
+func checkDual(f *model.Farm) error {
+	if !f.VirtualAddr2.IsValid() {
+		return dataplane.Refuse(f, "family", f.Family.String(),
+			"the "+PlaneName+" data plane serves a dual farm with an IPv4 and an IPv6 virtual-addr (e.g. \"10.0.0.1,fd00::1\"), each by the backends of its family: nftables cannot translate between families")
+	}
+	for _, h := range plan.Halves(f) {
+		if err := check(h); err != nil {
+			return err
+		}
+	}
+	return nil
+}

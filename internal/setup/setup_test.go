@@ -1,0 +1,48 @@
+package setup
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// TestCheck: each plane's flags are refused with the other plane, values
+// out of range name the flag, the value and what is allowed, and the
+// defaults of both binaries pass.
+func TestCheck(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string // "" = accepted
+	}{
+		{nil, ""},
+		{[]string{"--dataplane", "ebpf"}, ""},
+		{[]string{"--dataplane", "nft", "--conn-table-size", "1000"}, ""},
+		{[]string{"--dataplane", "xdp"}, `--dataplane "xdp": allowed values are nft, ebpf`},
+		{[]string{"--interfaces", "eth0"}, "--interfaces: only with --dataplane ebpf"},
+		{[]string{"--ct-timeout-udp", "10s"}, "--ct-timeout-udp: only with --dataplane ebpf"},
+		{[]string{"--dataplane", "ebpf", "--nft-table", "x"}, "--nft-table: only with --dataplane nft"},
+		{[]string{"--nft-tables", "257"}, "--nft-tables 257: allowed values are 1 to 256"},
+		{[]string{"--nft-table", ""}, `--nft-table "": must name a table`},
+		{[]string{"--conn-table-size", "0"}, "--conn-table-size 0: allowed values are 1 to"},
+		{[]string{"--dataplane", "ebpf", "--xdp", "fast"}, `--xdp "fast": allowed values are off, generic, native`},
+		{[]string{"--dataplane", "ebpf", "--ct-timeout-tcp", "0s"}, "--ct-timeout-tcp 0s: allowed values are 1s to 720h"},
+		{[]string{"--dataplane", "ebpf", "--pin-path", ""}, "--pin-path: must be a directory on a bpf file system"},
+	} {
+		for _, d := range []Defaults{DaemonDefaults, {NFTTable: "xlb-kube", PinPath: "/sys/fs/bpf/xlb-kube"}} {
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			var f Flags
+			f.Register(fs, d)
+			if err := fs.Parse(c.args); err != nil {
+				t.Fatalf("%v: parse: %v", c.args, err)
+			}
+			err := f.Check()
+			switch {
+			case c.want == "" && err != nil:
+				t.Errorf("%v: %v, want it accepted", c.args, err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Errorf("%v: error %v, want %q", c.args, err, c.want)
+			}
+		}
+	}
+}
