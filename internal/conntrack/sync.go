@@ -298,7 +298,6 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 	return n, first
 }
 
-
 func protoName(p uint8) string {
 	switch p {
 	case unix.IPPROTO_TCP:
