@@ -69,7 +69,10 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	bird := topo.StartBIRD(t, testutil.BIRDOptions{Peers: 3})
 	_ = bird
 	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
-	stateless := o.Mode == "dsr" || o.Mode == "stlsdnat"
+	// dsr: the backends hold the VIP and answer the client directly.
+	// stlsdnat: they listen on their own address, and any node turns
+	// their replies' source back into the VIP (stateless both ways).
+	stateless := o.Mode == "dsr"
 	for i, b := range topo.Backends {
 		if stateless {
 			testutil.Run(t, b.Name, "ip", "addr", "add", vip.Addr().String()+"/32", "dev", "lo")
@@ -115,8 +118,8 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	}
 	startNode := func(lb *testutil.LBNode) *haNode {
 		if stateless {
-			// dsr and stlsdnat take the VIP's packets at ingress; the
-			// route keeps the node's kernel from answering for it.
+			// dsr takes the VIP's packets at ingress; the route keeps
+			// the node's kernel from answering for it.
 			testutil.RunErr(lb.Name, "ip", "route", "replace", vip.Addr().String()+"/32", "dev", "eth0")
 		}
 		n := newHANodeState(t, topo, lb, stateFile, nodeArgs(lb)...)
