@@ -147,13 +147,13 @@ func (s *Syncer) event(ev ct.Event) (dataplane.ConnEvent, bool) {
 
 // conn converts a flow the kernel translated (reply tuple differs from the
 // inverse of the original) to a Conn.
-func (s *Syncer) conn(f *ct.Flow) (dataplane.Conn, bool) {
+func (s *Syncer) conn(f *ct.Flow) (dataplane.SyncConn, bool) {
 	o, r := f.TupleOrig, f.TupleReply
 	p := o.Proto.Protocol
 	if p != unix.IPPROTO_TCP && p != unix.IPPROTO_UDP && p != unix.IPPROTO_SCTP {
-		return dataplane.Conn{}, false
+		return dataplane.SyncConn{}, false
 	}
-	c := dataplane.Conn{
+	c := dataplane.SyncConn{
 		Proto:   p,
 		Client:  netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
 		VIP:     netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort),
@@ -176,7 +176,7 @@ func (s *Syncer) conn(f *ct.Flow) (dataplane.Conn, bool) {
 
 // fromPeer reports whether c was installed from a peer; an end forgets
 // it.
-func (s *Syncer) fromPeer(c dataplane.Conn, end bool) bool {
+func (s *Syncer) fromPeer(c dataplane.SyncConn, end bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := connKey{c.Proto, c.Client, c.VIP}
@@ -191,7 +191,7 @@ func (s *Syncer) fromPeer(c dataplane.Conn, end bool) bool {
 // conntrack table --conn-table-size allows).
 const maxFromPeers = 1 << 26
 
-func (s *Syncer) remember(c dataplane.Conn) {
+func (s *Syncer) remember(c dataplane.SyncConn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fromPeers == nil || len(s.fromPeers) >= maxFromPeers {
@@ -215,7 +215,7 @@ func Liberal() error {
 }
 
 // DumpConns lists every balanced connection.
-func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.Conn, error) {
+func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 	c, err := ct.Dial(nil)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack dump: dial ctnetlink: %w", err)
@@ -225,7 +225,7 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("conntrack dump: %w", err)
 	}
-	out := make([]dataplane.Conn, 0, len(flows))
+	out := make([]dataplane.SyncConn, 0, len(flows))
 	for i := range flows {
 		if cn, ok := s.conn(&flows[i]); ok {
 			out = append(out, cn)
@@ -356,7 +356,7 @@ const (
 
 // request builds the ctnetlink request of c (its sequence number is set
 // when it is sent).
-func request(c dataplane.Conn, typ uint8, flags netlink.HeaderFlags) ([]byte, error) {
+func request(c dataplane.SyncConn, typ uint8, flags netlink.HeaderFlags) ([]byte, error) {
 	attrs := []netfilter.Attribute{tuple(ctaTupleOrig, c.Proto, c.Client, c.VIP)}
 	if typ == msgNew {
 		// The reply tuple as it stands before translation; the NAT

@@ -23,7 +23,7 @@ func TestSyncerInstall(t *testing.T) {
 	_, ns := testutil.NewNetNS(t)
 	ctx := context.Background()
 	ap := netip.MustParseAddrPort
-	conns := []dataplane.Conn{
+	conns := []dataplane.SyncConn{
 		{Proto: unix.IPPROTO_TCP, Client: ap("10.100.0.2:40000"), VIP: ap("10.99.0.1:80"),
 			Backend: ap("10.200.0.11:8080"), Reply: ap("10.100.0.2:40000"), Timeout: 300, TCPState: tcpEstablished},
 		{Proto: unix.IPPROTO_TCP, Client: ap("10.100.0.2:40001"), VIP: ap("10.99.0.1:80"),
@@ -138,7 +138,7 @@ func BenchmarkInstallConns(b *testing.B) {
 			for i := range evs {
 				port++
 				c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 100, byte(port >> 16), byte(port >> 8)}), uint16(port))
-				evs[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: dataplane.Conn{Proto: unix.IPPROTO_TCP,
+				evs[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: dataplane.SyncConn{Proto: unix.IPPROTO_TCP,
 					Client: c, VIP: netip.MustParseAddrPort("10.99.0.1:80"), Backend: netip.MustParseAddrPort("10.200.0.11:8080"),
 					Reply: c, Timeout: 300, TCPState: tcpEstablished}}
 			}
@@ -179,7 +179,7 @@ func BenchmarkEventsPerConn(b *testing.B) {
 			for i := range evs {
 				port++
 				c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 100, byte(port >> 16), byte(port >> 8)}), uint16(port))
-				evs[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: dataplane.Conn{Proto: unix.IPPROTO_TCP,
+				evs[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: dataplane.SyncConn{Proto: unix.IPPROTO_TCP,
 					Client: c, VIP: netip.MustParseAddrPort("10.99.0.1:80"), Backend: netip.MustParseAddrPort("10.200.0.11:8080"),
 					Reply: c, Timeout: 300, TCPState: tcpEstablished}}
 			}

@@ -5,10 +5,11 @@ import (
 	"net/netip"
 )
 
-// Conn is one tracked, balanced connection as nodes of a cluster exchange
-// it: enough for another node to carry the connection's next packet as
-// this node would (to the same backend, with the same translation).
-type Conn struct {
+// SyncConn is one tracked, balanced connection as nodes of a cluster
+// exchange it: enough for another node to carry the connection's next
+// packet as this node would (to the same backend, with the same
+// translation).
+type SyncConn struct {
 	Proto uint8 // IP protocol number
 	// Client and VIP are the connection as the client sent it.
 	Client, VIP netip.AddrPort
@@ -37,7 +38,7 @@ const (
 // ConnEvent is one new, updated or ended connection.
 type ConnEvent struct {
 	Kind ConnEventKind
-	Conn Conn
+	Conn SyncConn
 }
 
 // ConnSyncer is implemented for data planes whose connection state can be
@@ -47,7 +48,7 @@ type ConnSyncer interface {
 	// until ctx ends or the event source fails.
 	WatchConns(ctx context.Context, fn func([]ConnEvent)) error
 	// DumpConns returns every tracked connection (a full resync).
-	DumpConns(ctx context.Context) ([]Conn, error)
+	DumpConns(ctx context.Context) ([]SyncConn, error)
 	// InstallConns makes the plane hold (or forget, for ConnEnd) the
 	// connections of events that another node sent, and returns how many
 	// it installed or removed.

@@ -18,12 +18,12 @@ import (
 // fakePlane is a data plane's connection table in memory.
 type fakePlane struct {
 	mu     sync.Mutex
-	conns  map[netip.AddrPort]dataplane.Conn // by client
+	conns  map[netip.AddrPort]dataplane.SyncConn // by client
 	events chan []dataplane.ConnEvent
 }
 
-func newFakePlane(conns ...dataplane.Conn) *fakePlane {
-	f := &fakePlane{conns: map[netip.AddrPort]dataplane.Conn{}, events: make(chan []dataplane.ConnEvent, 16)}
+func newFakePlane(conns ...dataplane.SyncConn) *fakePlane {
+	f := &fakePlane{conns: map[netip.AddrPort]dataplane.SyncConn{}, events: make(chan []dataplane.ConnEvent, 16)}
 	for _, c := range conns {
 		f.conns[c.Client] = c
 	}
@@ -41,10 +41,10 @@ func (f *fakePlane) WatchConns(ctx context.Context, fn func([]dataplane.ConnEven
 	}
 }
 
-func (f *fakePlane) DumpConns(context.Context) ([]dataplane.Conn, error) {
+func (f *fakePlane) DumpConns(context.Context) ([]dataplane.SyncConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]dataplane.Conn, 0, len(f.conns))
+	out := make([]dataplane.SyncConn, 0, len(f.conns))
 	for _, c := range f.conns {
 		out = append(out, c)
 	}
@@ -64,16 +64,16 @@ func (f *fakePlane) InstallConns(_ context.Context, evs []dataplane.ConnEvent) (
 	return len(evs), nil
 }
 
-func (f *fakePlane) has(client netip.AddrPort) (dataplane.Conn, bool) {
+func (f *fakePlane) has(client netip.AddrPort) (dataplane.SyncConn, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, ok := f.conns[client]
 	return c, ok
 }
 
-func conn(i int, v6 bool) dataplane.Conn {
+func conn(i int, v6 bool) dataplane.SyncConn {
 	ap := netip.MustParseAddrPort
-	c := dataplane.Conn{Proto: 6, Client: netip.AddrPortFrom(netip.MustParseAddr("10.100.0.2"), uint16(40000+i)),
+	c := dataplane.SyncConn{Proto: 6, Client: netip.AddrPortFrom(netip.MustParseAddr("10.100.0.2"), uint16(40000+i)),
 		VIP: ap("10.99.0.1:80"), Backend: ap("10.200.0.11:8080"), Reply: ap("10.200.0.2:40000"), Timeout: 300, TCPState: 3, Mark: 9}
 	if v6 {
 		c.Client = netip.AddrPortFrom(netip.MustParseAddr("fd00:100::2"), uint16(40000+i))
@@ -132,7 +132,7 @@ func TestSyncTwoNodes(t *testing.T) {
 	}
 	nodeB := startNode(t, Config{Name: "b", Listen: b, Peers: []netip.AddrPort{a}, Key: key, Wait: time.Minute}, planeB)
 	waitFor(t, "b caught up with a", func() bool { ok, _ := nodeB.Ready(); return ok })
-	for _, c := range []dataplane.Conn{conn(1, false), conn(2, true)} {
+	for _, c := range []dataplane.SyncConn{conn(1, false), conn(2, true)} {
 		got, ok := planeB.has(c.Client)
 		if !ok || got != c {
 			t.Fatalf("b holds %+v, %v; want %+v", got, ok, c)

@@ -185,7 +185,7 @@ func parseConns(b []byte) ([]dataplane.ConnEvent, error) {
 			aps[j] = netip.AddrPortFrom(a, binary.BigEndian.Uint16(p[al:al+2]))
 			p = p[al+2:]
 		}
-		out = append(out, dataplane.ConnEvent{Kind: kind, Conn: dataplane.Conn{
+		out = append(out, dataplane.ConnEvent{Kind: kind, Conn: dataplane.SyncConn{
 			Proto: proto, Client: aps[0], VIP: aps[1], Backend: aps[2], Reply: aps[3],
 			Timeout: binary.BigEndian.Uint32(p), TCPState: p[4], Mark: binary.BigEndian.Uint32(p[5:]),
 		}})
