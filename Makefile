@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet staticcheck fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-health bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube bench-ha clean
+.PHONY: all deps build test vet staticcheck fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-health bench-dashboard bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube bench-ha clean
 
 all: build
 
@@ -89,6 +89,12 @@ bench-health: build
 # through 2-3 xlb nodes behind BIRD's ECMP, per mode, plane and sync.
 bench-ha: deps
 	bench/ha/run.sh
+
+# The picture of the Grafana dashboard in docs/img/dashboard.png (a 4-minute run
+# with Prometheus scraping xlb; see docs/observability.md).
+bench-dashboard: build
+	$(GO) build -o $(BIN)/dashboard ./bench/dashboard
+	$(BIN)/dashboard -xlb $(BIN)/xlb -echo $(BIN)/xlb-echo -out docs/img/dashboard.png
 
 bench-rulescale: build
 	bench/run.sh rulescale charts

@@ -134,6 +134,8 @@ enum xlb_be_flag {
 /* xlb_svc_flags value (per service generation id) */
 enum xlb_svc_flag {
 	XLB_SVC_F_LOG = 1, /* farm log: one xlb_events record per new connection */
+	XLB_SVC_F_PASSIVE =
+		2, /* passive checks: new TCP flows' handshakes watched (xlb_passive.h) */
 };
 
 /* struct ct_val.dir */
@@ -182,9 +184,11 @@ enum xlb_stat {
 	XLB_STAT_ICMP_NAT,     /* ICMP error about a tracked flow translated */
 	XLB_STAT_STATELESS,    /* stlsdnat packet translated (either direction) */
 	XLB_STAT_CT_NODEST, /* tracked flow whose backend is gone: expired (UDP, SYN: rescheduled; else dropped) */
-	XLB_STAT_LOG_LOST, /* connection log record lost: the ring buffer was full */
-	XLB_STAT_XDP_FWD,  /* dsr packet forwarded by the XDP fast path */
-	XLB_STAT_FIB_PEER, /* forwarded with bpf_redirect_peer (not counted in fib_redirect) */
+	XLB_STAT_LOG_LOST,    /* connection log record lost: the ring buffer was full */
+	XLB_STAT_XDP_FWD,     /* dsr packet forwarded by the XDP fast path */
+	XLB_STAT_FIB_PEER,    /* forwarded with bpf_redirect_peer (not counted in fib_redirect) */
+	XLB_STAT_POLICY_DROP, /* refused by a farm's policy (xlb_tables.h): dropped */
+	XLB_STAT_XDP_POLICY_DROP, /* refused by a farm's policy in the XDP fast path */
 	XLB_STAT_MAX,
 };
 

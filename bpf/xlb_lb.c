@@ -16,6 +16,8 @@
 #include "xlb_maps.h"
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
+#include "xlb_pick.h"
+#include "xlb_tables.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -72,14 +74,6 @@ static __always_inline __u64 xlb_now(void)
 	return bpf_jiffies64() * tick + xlb_clock_offset;
 }
 
-/* xlb_elapsed() - ns from @then to @now; 0 if @then is later (see above). */
-static __always_inline __u64 xlb_elapsed(__u64 now, __u64 then)
-{
-	__s64 d = (__s64)(now - then);
-
-	return d > 0 ? (__u64)d : 0;
-}
-
 /* XDP fast path: 1 when it runs in generic mode, where a redirect to any
  * interface works (the frame is an skb); 0 in native mode, where it
  * redirects only to interfaces in xlb_xdp_tx. Set by the loader. */
@@ -88,14 +82,6 @@ volatile const __u32 xlb_xdp_any_tx = 0;
 /* Returned by lb4_ct_hit() when the entry is gone (expired, or a new
  * connection reuses the tuple): schedule the packet as a new flow. */
 #define XLB_CT_MISS (-100)
-
-static __always_inline void stat_inc(__u32 idx)
-{
-	__u64 *c = bpf_map_lookup_elem(&xlb_stats, &idx);
-
-	if (c)
-		*c += 1;
-}
 
 /**
  * be_count() - count a packet of a flow of backend @bid in xlb_be_stats.
@@ -203,6 +189,8 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->seen = v->seen;
 	pv->ifindex = 0;
 }
+
+#include "xlb_passive.h"
 
 static __always_inline __u64 ct_timeout(__u8 state)
 {
@@ -463,122 +451,6 @@ static __attribute__((noinline)) int lb4_nat_call(struct __sk_buff *skb, struct 
 						  struct ct_val *v, int fresh)
 {
 	return lb4_nat(skb, p, v, fresh);
-}
-
-/**
- * lb4_schedule() - pick a backend of service @svc for packet @p.
- * Return: the backend id, 0 if none.
- */
-static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
-{
-	struct slot_key sk = { .svc = svc->id };
-	__u32 *bid, *ctr, h;
-
-	switch (svc->sched) {
-	case XLB_SCHED_RR:
-		ctr = bpf_map_lookup_elem(&xlb_rr, &svc->id);
-		if (!ctr)
-			return 0;
-		sk.idx = __sync_fetch_and_add(ctr, 1) % svc->slots;
-		break;
-	case XLB_SCHED_WEIGHT:
-		sk.idx = bpf_get_prandom_u32() % svc->slots;
-		break;
-	case XLB_SCHED_SYMHASH: {
-		/* The same value for the tuple and its reverse: both
-		 * addresses (XLB_HASH_SRCIP) and/or both ports
-		 * (XLB_HASH_SRCPORT), each pair in sorted order. */
-		__u32 a = addr_fold(p->k.src), b = addr_fold(p->k.dst);
-		__u16 x = bpf_ntohs(p->k.sport), y = bpf_ntohs(p->k.dport);
-
-		if (a > b) {
-			a = addr_fold(p->k.dst);
-			b = addr_fold(p->k.src);
-		}
-		if (x > y) {
-			x = bpf_ntohs(p->k.dport);
-			y = bpf_ntohs(p->k.sport);
-		}
-		if (!(svc->hash_keys & XLB_HASH_SRCIP))
-			a = b = 0;
-		if (!(svc->hash_keys & XLB_HASH_SRCPORT))
-			x = y = 0;
-		h = xlb_jhash_3words(a, b, ((__u32)x << 16) | y, XLB_HASH_SEED ^ p->k.proto);
-		sk.idx = h % svc->slots;
-		break;
-	}
-	case XLB_SCHED_MAGLEV:
-		/* The same slot as the nft plane and every node: the table
-		 * comes from plan.Maglev, the hash is plan.FlowSlot's. */
-		sk.idx = xlb_scale(xlb_flow_hash(&p->k), svc->slots);
-		break;
-	default: /* XLB_SCHED_HASH */
-		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? addr_fold(p->k.src) : 0,
-				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
-				     XLB_HASH_SEED);
-		sk.idx = h % svc->slots;
-		break;
-	}
-	bid = bpf_map_lookup_elem(&xlb_slots, &sk);
-	return bid ? *bid : 0;
-}
-
-/**
- * lb4_persistent() - the backend a persistent client of @svc was last sent
- * to, if that was less than the service's TTL ago and the backend is still
- * in the service's current generation.
- * Return: the backend id, 0 if none.
- */
-static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_val *svc, __u64 now)
-{
-	struct be_index_key ik = { .svc = svc->id };
-	struct persist_val *pv;
-	__u32 *bid;
-
-	pv = bpf_map_lookup_elem(&xlb_persist, pk);
-	if (!pv || xlb_elapsed(now, pv->seen) > (__u64)svc->persist_ttl * 1000000000ULL)
-		return 0;
-	__builtin_memcpy(ik.addr, pv->addr, 16);
-	ik.port = pv->port;
-	bid = bpf_map_lookup_elem(&xlb_be_index, &ik);
-	if (!bid)
-		return 0;
-	stat_inc(XLB_STAT_PERSIST_HIT);
-	return *bid;
-}
-
-/**
- * lb4_pick() - the backend for a new flow of service @svc (found under
- * @key): the client's persistent one if any, else the scheduler's choice,
- * which is then recorded for persistence. A function of its own (not
- * inlined) to keep its stack out of the caller's.
- * Return: the backend id, 0 if none.
- */
-static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *svc,
-						struct svc_key *key, __u64 now)
-{
-	struct persist_key pk = {};
-	struct backend *be;
-	__u32 bid = 0;
-
-	if (!svc->persist)
-		return lb4_schedule(p, svc);
-	__builtin_memcpy(&pk.svc, key, sizeof(*key));
-	if (svc->persist & XLB_HASH_SRCIP)
-		__builtin_memcpy(pk.src, p->k.src, 16);
-	if (svc->persist & XLB_HASH_SRCPORT)
-		pk.sport = p->k.sport;
-	bid = lb4_persistent(&pk, svc, now);
-	if (!bid)
-		bid = lb4_schedule(p, svc);
-	be = bid ? bpf_map_lookup_elem(&xlb_backends, &bid) : NULL;
-	if (be) {
-		struct persist_val pv = { .port = be->port, .seen = now };
-
-		__builtin_memcpy(pv.addr, be->addr, 16);
-		bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY);
-	}
-	return bid;
 }
 
 /**
@@ -937,6 +809,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
+		if (p->k.proto == IPPROTO_TCP)
+			passive_new_flow(&p->k, fv.svc, bid, now);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */
@@ -1007,6 +881,8 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 				return XLB_CT_MISS;
 			}
 		}
+		if (v->dir == XLB_CT_REPLY && v->state == XLB_CT_STATE_SYN)
+			passive_reply(&p->k, v, p->tcp_flags, now);
 		st = ct_next_state(v->state, p->tcp_flags);
 		if (st != v->state)
 			ct_set_state(&p->k, v, st, now);
@@ -1067,6 +943,8 @@ static __always_inline int lb4_icmp(struct __sk_buff *skb, struct pkt *p)
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
 	if (!v)
 		return XLB_NEXT;
+	if (ic->type == XLB_ICMP_DEST_UNREACH && ic->code != XLB_ICMP_FRAG_NEEDED)
+		passive_icmp(&k, v);
 	if (p->ttl <= 1)
 		return XLB_NEXT;
 
@@ -1164,7 +1042,11 @@ static __always_inline int lb6_icmp(struct __sk_buff *skb, struct pkt *p)
 	k.proto = in->nexthdr;
 	k.family = XLB_AF_INET6;
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
-	if (!v || p->ttl <= 1)
+	if (!v)
+		return XLB_NEXT;
+	if (ic->type == XLB_ICMPV6_DEST_UNREACH)
+		passive_icmp(&k, v);
+	if (p->ttl <= 1)
 		return XLB_NEXT;
 
 	__builtin_memcpy(odst, v->dst, 16);
@@ -1241,7 +1123,8 @@ int xlb_clock(struct __sk_buff *skb)
 }
 
 /**
- * xlb_xdp() - the XDP fast path: a forward packet of a tracked dsr flow
+ * xlb_xdp() - the XDP fast path: a packet a farm's policy refuses is
+ * dropped here, before the kernel builds an skb for it; a forward packet of a tracked dsr flow
  * whose next hop is cached leaves at once (MACs and TTL rewritten,
  * XDP_REDIRECT), before the kernel builds an skb for it in native mode.
  * Everything else — new flows, replies, other modes, TCP state changes
@@ -1260,6 +1143,10 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
+	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0)) {
+		stat_inc(XLB_STAT_XDP_POLICY_DROP);
+		return XDP_DROP;
+	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
 		return XDP_PASS;
@@ -1323,6 +1210,10 @@ int xlb_ingress(struct __sk_buff *skb)
 	default:
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
+	}
+	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0)) {
+		stat_inc(XLB_STAT_POLICY_DROP);
+		return XLB_DROP;
 	}
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (v) {

@@ -31,6 +31,7 @@ struct xlb_icmphdr {
 };
 
 #define XLB_ICMP_DEST_UNREACH 3
+#define XLB_ICMP_FRAG_NEEDED 4 /* code of XLB_ICMP_DEST_UNREACH */
 #define XLB_ICMP_TIME_EXCEEDED 11
 
 /* IPv6 header (linux/ipv6.h drags in libc headers). */

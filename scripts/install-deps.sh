@@ -6,9 +6,11 @@ set -euo pipefail
 
 need=()
 # haproxy, iptables-legacy and gnuplot: the data-path baselines and the charts
-# of make bench; clang-format: make check-fmt of bpf/*.c.
+# of make bench; clang-format: make check-fmt of bpf/*.c. prometheus: promtool
+# checks the metrics in the tests, and the server draws the dashboard's picture
+# (make bench-dashboard).
 for pair in nft:nftables ip:iproute2 curl:curl conntrack:conntrack hyperfine:hyperfine wrk:wrk clang:clang llvm-strip:llvm \
-	clang-format:clang-format haproxy:haproxy iptables-legacy:iptables gnuplot:gnuplot-nox; do
+	clang-format:clang-format haproxy:haproxy iptables-legacy:iptables gnuplot:gnuplot-nox promtool:prometheus; do
 	cmd=${pair%%:*} pkg=${pair##*:}
 	command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -14,6 +14,10 @@
 //   - conntable.json -> conntable.png: CPU per packet and packets/s relative
 //     to the plain-forwarding reference, by tracked connections (log scale),
 //     a line per data plane and table size, a column per load.
+//   - tables.json -> tables.png: the LB's CPU per packet with a deny list of
+//     1k, 100k and 1M CIDRs, each plane with and without the list and a
+//     plain nftables set (bars at the median over rounds), from
+//     bench/tablesreport;
 //   - kube-create-delete.json -> kube-create-delete.png: boxplots of the time
 //     from a Service's create (delete) call until traffic reaches (no longer
 //     reaches) its endpoints, by endpoint count, xlb nft, xlb ebpf, kube-proxy
@@ -61,6 +65,7 @@ func main() {
 		{"converge.json", converge},
 		{"conntable.json", conntable},
 		{"kube-create-delete.json", kubeCreateDelete},
+		{"tables.json", tablesChart},
 	} {
 		if *only != "" && c.json != *only {
 			continue
@@ -542,6 +547,55 @@ func conntable(dir, tmp string, raw []byte) error {
 		}
 	}
 	s.WriteString("unset multiplot\n")
+	if err := gnuplot(tmp, s.String()); err != nil {
+		return err
+	}
+	log.Printf("wrote %s", out)
+	return nil
+}
+
+// tablesChart draws tables.json (bench/tablesreport): per list size, the
+// median LB ns per packet of each system.
+func tablesChart(dir, tmp string, raw []byte) error {
+	var rep map[string]map[string]summary
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return err
+	}
+	systems := []string{"nft-0", "nft-list", "nft-set", "ebpf-0", "ebpf-list", "stls-0", "stls-list"}
+	var names []string
+	for n := range rep {
+		names = append(names, n)
+	}
+	// BenchmarkTablesLBCPU/n=1000 before n=100000 before n=1000000.
+	slices.SortFunc(names, func(a, b string) int { return len(a) - len(b) })
+	var d strings.Builder
+	d.WriteString("size")
+	for _, s := range systems {
+		fmt.Fprintf(&d, " %q", s)
+	}
+	d.WriteString("\n")
+	for _, n := range names {
+		fmt.Fprintf(&d, "%q", strings.TrimPrefix(n, "BenchmarkTablesLBCPU/"))
+		for _, s := range systems {
+			fmt.Fprintf(&d, " %g", rep[n][s+"-lb-ns/pkt"].Median)
+		}
+		d.WriteString("\n")
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "tables.dat"), []byte(d.String()), 0o644); err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "tables.png")
+	abs, _ := filepath.Abs(out)
+	var s strings.Builder
+	fmt.Fprintf(&s, header, 900, 480, abs)
+	s.WriteString("set title \"CPU the LB spends per forwarded packet, with a deny list of n CIDRs (the client in none)\"\n")
+	s.WriteString("set key top left\nset xlabel \"deny-list entries\"\nset ylabel \"LB ns per packet (median over rounds)\"\nset yrange [0:*]\n")
+	s.WriteString("set style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.6 border -1\n")
+	var plots []string
+	for i := range systems {
+		plots = append(plots, fmt.Sprintf("'tables.dat' using %d:xtic(1) title columnhead", i+2))
+	}
+	s.WriteString("plot " + strings.Join(plots, ", ") + "\n")
 	if err := gnuplot(tmp, s.String()); err != nil {
 		return err
 	}

@@ -62,6 +62,7 @@ var (
 	xlbBin   = flag.String("xlb", "bin/xlb", "xlb binary")
 	echoBin  = flag.String("echo", "bin/xlb-echo", "xlb-echo binary")
 	outDir   = flag.String("out", "bench/results", "results directory")
+	outName  = flag.String("name", "health", "results file name (<name>.md, <name>.json)")
 	prefix   = flag.String("prefix", fmt.Sprintf("xlbh-%d", os.Getpid()), "namespace name prefix")
 	runs     = flag.Int("runs", 5, "runs of each fault on each data plane")
 	planes   = flag.String("planes", "nft,ebpf", "data planes")
@@ -71,7 +72,12 @@ var (
 	cpuBE    = flag.Int("cpu-backends", 10000, "backends checked every second in the CPU part")
 	cpuSecs  = flag.Int("cpu-seconds", 10, "length of each CPU sample")
 	cpuRuns  = flag.Int("cpu-runs", 3, "CPU samples of each kind")
+	cpuKinds = flag.String("cpu-checks", "connect,half-open", "kinds of tcp check measured: connect (a full connect, closed with a reset), half-open (SYN, SYN-ACK)")
 	detectOn = flag.Bool("detect", true, "run the fault part")
+	doFlap   = flag.Bool("flap", true, "measure flapping: transitions of healthy backends with the machine idle and under CPU load")
+	flapSecs = flag.Int("flap-seconds", 30, "length of each flapping sample")
+	flapHogs = flag.Int("flap-hogs", 4, "busy-looping processes that load the CPU during the loaded sample")
+	perfOut  = flag.String("perf", "", "record the daemon's CPU profile (perf record -g -p) during the first checked CPU sample into this file")
 )
 
 func main() {
@@ -99,8 +105,17 @@ func main() {
 			}
 		}
 	}
+	if *doFlap {
+		for _, plane := range strings.Split(*planes, ",") {
+			f, err := flapRun(ctx, plane)
+			if err != nil {
+				log.Fatalf("flap: %v", err)
+			}
+			rep.Flap = append(rep.Flap, f...)
+		}
+	}
 	if *doCPU {
-		for _, plane := range strings.Split(*planes, ",")[:1] {
+		for _, plane := range strings.Split(*planes, ",") {
 			c, err := cpuRun(ctx, plane)
 			if err != nil {
 				log.Fatalf("cpu: %v", err)
@@ -109,7 +124,7 @@ func main() {
 		}
 	}
 	rep.Finished = time.Now().UTC()
-	if err := results.Write(*outDir, "health", rep, rep.markdown()); err != nil {
+	if err := results.Write(*outDir, *outName, rep, rep.markdown()); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -129,12 +144,20 @@ type cpuResult struct {
 	Plane     string
 	Backends  int
 	Seconds   int
+	Idle      []float64 // the same farms without checks: daemon CPU share of one core
+	MachineId []float64 // whole machine CPU (of 2 cores, in cores), idle
+	Variants  []cpuVariant
+}
+
+// cpuVariant is one kind of check measured.
+type cpuVariant struct {
+	Name      string    // connect, half-open
+	Check     string    // the check object
 	Checked   []float64 // daemon CPU share of one core while checking, per sample
 	User      []float64 // of which user space
-	Idle      []float64 // the same farms without checks
 	ChecksPS  []float64 // checks per second counted in the API
+	FailPS    []float64 // failed checks per second
 	MachineCk []float64 // whole machine CPU (of 2 cores, in cores) while checking
-	MachineId []float64
 }
 
 type report struct {
@@ -143,6 +166,25 @@ type report struct {
 	Bound             float64
 	Runs              []runResult
 	CPU               []cpuResult
+	Flap              []flapResult
+}
+
+// flapResult: transitions of healthy backends under one check, with the
+// machine idle and under CPU load.
+type flapResult struct {
+	Plane, Check  string
+	Backends      int
+	Seconds       int
+	Hogs          int
+	IdleChecks    uint64
+	IdleDowns     int
+	LoadChecks    uint64
+	LoadDowns     int
+	LoadFails     uint64 // failed checks under load
+	IdleFails     uint64
+	MachineIdle   float64 // cores busy
+	MachineLoaded float64
+	LoadReasons   []string
 }
 
 // env is one topology with a daemon.
@@ -486,7 +528,7 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 	pid := e.daemon.Process.Pid
 	const perFarm = 1000
 	farms := (*cpuBE + perFarm - 1) / perFarm
-	put := func(check bool) error {
+	put := func(check string) error {
 		var b strings.Builder
 		b.WriteString(`{"farms":[`)
 		n := 0
@@ -494,13 +536,7 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 			if f > 0 {
 				b.WriteByte(',')
 			}
-			fmt.Fprintf(&b, `{"name":"f%d","virtual-addr":"10.99.1.%d","virtual-ports":"80","check":`, f, f+1)
-			if check {
-				fmt.Fprintf(&b, `{"type":"tcp","inter":"1s","timeout":"500ms"}`)
-			} else {
-				b.WriteString("null")
-			}
-			b.WriteString(`,"backends":[`)
+			fmt.Fprintf(&b, `{"name":"f%d","virtual-addr":"10.99.1.%d","virtual-ports":"80","check":%s,"backends":[`, f, f+1, check)
 			for i := 0; i < perFarm && n < *cpuBE; i++ {
 				if i > 0 {
 					b.WriteByte(',')
@@ -513,12 +549,12 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 		b.WriteString("]}")
 		return e.c.PutFarms(ctx, []byte(b.String()))
 	}
-	checks := func() (uint64, error) {
-		var total uint64
+	checks := func() (uint64, uint64, error) {
+		var total, failed uint64
 		for f := range farms {
 			raw, err := e.c.GetFarmJSON(ctx, fmt.Sprintf("f%d", f))
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			var doc struct {
 				Farms []struct {
@@ -528,15 +564,17 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 				}
 			}
 			if err := json.Unmarshal(raw, &doc); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			for _, b := range doc.Farms[0].Backends {
-				var n uint64
+				var n, fl uint64
 				fmt.Sscan(b.Last.Checks, &n)
+				fmt.Sscan(b.Last.Failures, &fl)
 				total += n
+				failed += fl
 			}
 		}
-		return total, nil
+		return total, failed, nil
 	}
 	var lastUser float64
 	sampleCPU := func() (float64, float64) {
@@ -550,44 +588,201 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 		lastUser = (u1 - u0).Seconds() / el
 		return (u1 - u0 + s1 - s0).Seconds() / el, (m1 - m0).Seconds() / el
 	}
-	for range *cpuRuns {
-		if err := put(false); err != nil {
+	kinds := map[string]string{
+		"connect":   `{"type":"tcp","inter":"1s","timeout":"500ms"}`,
+		"half-open": `{"type":"tcp","inter":"1s","timeout":"500ms","half-open":"on"}`,
+	}
+	for _, k := range strings.Split(*cpuKinds, ",") {
+		if kinds[k] == "" {
+			return res, fmt.Errorf("-cpu-checks %q: allowed values are connect, half-open", k)
+		}
+		res.Variants = append(res.Variants, cpuVariant{Name: k, Check: kinds[k]})
+	}
+	for run := range *cpuRuns {
+		if err := put("null"); err != nil {
 			return res, err
 		}
 		time.Sleep(2 * time.Second)
 		d, m := sampleCPU()
 		res.Idle, res.MachineId = append(res.Idle, d), append(res.MachineId, m)
-		if err := put(true); err != nil {
-			return res, err
+		// The kinds take turns, in a different order each run.
+		for j := range res.Variants {
+			v := &res.Variants[(j+run)%len(res.Variants)]
+			if err := put(v.Check); err != nil {
+				return res, err
+			}
+			time.Sleep(3 * time.Second) // the first round spreads over a second
+			n0, f0, err := checks()
+			if err != nil {
+				return res, err
+			}
+			t0 := time.Now()
+			var perf *exec.Cmd
+			if *perfOut != "" && run == 0 {
+				perf = exec.Command("perf", "record", "-q", "-g", "-p", fmt.Sprint(pid), "-o", *perfOut+"."+plane+"."+v.Name, "--", "sleep", fmt.Sprint(*cpuSecs))
+				if err := perf.Start(); err != nil {
+					return res, fmt.Errorf("perf: %w", err)
+				}
+			}
+			d, m := sampleCPU()
+			if perf != nil {
+				perf.Wait()
+			}
+			n1, f1, err := checks()
+			if err != nil {
+				return res, err
+			}
+			el := time.Since(t0).Seconds()
+			v.Checked, v.MachineCk, v.User = append(v.Checked, d), append(v.MachineCk, m), append(v.User, lastUser)
+			v.ChecksPS, v.FailPS = append(v.ChecksPS, float64(n1-n0)/el), append(v.FailPS, float64(f1-f0)/el)
+			log.Printf("cpu %s %s: idle %.3f core, checking %d backends %.3f core (user %.3f; %.0f checks/s, %.0f failed/s); machine %.3f / %.3f cores",
+				plane, v.Name, res.Idle[len(res.Idle)-1], *cpuBE, d, lastUser, v.ChecksPS[len(v.ChecksPS)-1], v.FailPS[len(v.FailPS)-1], m, res.MachineId[len(res.MachineId)-1])
 		}
-		time.Sleep(3 * time.Second) // the first round spreads over a second
-		n0, err := checks()
-		if err != nil {
-			return res, err
-		}
-		t0 := time.Now()
-		d, m = sampleCPU()
-		n1, err := checks()
-		if err != nil {
-			return res, err
-		}
-		res.Checked, res.MachineCk = append(res.Checked, d), append(res.MachineCk, m)
-		res.User = append(res.User, lastUser)
-		res.ChecksPS = append(res.ChecksPS, float64(n1-n0)/time.Since(t0).Seconds())
-		log.Printf("cpu %s: idle %.3f core, checking %d backends %.3f core (%.0f checks/s); machine %.3f / %.3f cores",
-			plane, res.Idle[len(res.Idle)-1], *cpuBE, res.Checked[len(res.Checked)-1], res.ChecksPS[len(res.ChecksPS)-1], m, res.MachineId[len(res.MachineId)-1])
 	}
 	return res, nil
+}
+
+// flapRun checks 3 healthy backends with two checks (the bench's, and an
+// aggressive one) for -flap-seconds with the machine idle, then as long
+// with -flap-hogs busy loops running, and counts the down transitions:
+// every one is a flap, as nothing is broken.
+func flapRun(ctx context.Context, plane string) ([]flapResult, error) {
+	e, err := newEnv(ctx, plane, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	checks := []struct{ name, check string }{
+		{"bench", fmt.Sprintf(`{"type":"http","path":"/","inter":%q,"timeout":%q,"rise":"%d","fall":"%d"}`, inter.String(), timeout.String(), rise, fall)},
+		{"aggressive", `{"type":"tcp","inter":"100ms","timeout":"20ms","rise":"2","fall":"2"}`},
+	}
+	for i, c := range checks {
+		farm := fmt.Sprintf(`{"name":"f%d","virtual-addr":"10.99.2.%d","virtual-ports":"80","check":%s,"backends":[`, i, i+1, c.check)
+		for j, ip := range topo.Backends {
+			if j > 0 {
+				farm += ","
+			}
+			farm += fmt.Sprintf(`{"name":"be%d","ip-addr":%q,"port":"8080"}`, j+1, ip)
+		}
+		if err := e.c.PutFarm(ctx, fmt.Sprintf("f%d", i), []byte(farm+"]}")); err != nil {
+			return nil, err
+		}
+	}
+	var mu sync.Mutex
+	var evs []events.Event
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go e.c.Events(wctx, 0, func(ev events.Event) error {
+		mu.Lock()
+		evs = append(evs, ev)
+		mu.Unlock()
+		return nil
+	})
+	counts := func(farm string) (checks, fails uint64, err error) {
+		raw, err := e.c.GetFarmJSON(ctx, farm)
+		if err != nil {
+			return 0, 0, err
+		}
+		var doc struct {
+			Farms []struct {
+				Backends []struct {
+					Last struct{ Checks, Failures string } `json:"last-check"`
+				}
+			}
+		}
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			return 0, 0, err
+		}
+		for _, b := range doc.Farms[0].Backends {
+			var n, f uint64
+			fmt.Sscan(b.Last.Checks, &n)
+			fmt.Sscan(b.Last.Failures, &f)
+			checks, fails = checks+n, fails+f
+		}
+		return checks, fails, nil
+	}
+	time.Sleep(3 * time.Second)
+	out := make([]flapResult, len(checks))
+	sample := func(loaded bool) error {
+		var n0, f0 [2]uint64
+		for i := range checks {
+			var err error
+			if n0[i], f0[i], err = counts(fmt.Sprintf("f%d", i)); err != nil {
+				return err
+			}
+		}
+		mu.Lock()
+		first := len(evs)
+		mu.Unlock()
+		m0, t0 := machineCPU(), time.Now()
+		var hogs []*exec.Cmd
+		if loaded {
+			for range *flapHogs {
+				// Bounded: each loop ends after the sample.
+				h := exec.Command("timeout", fmt.Sprint(*flapSecs), "sh", "-c", "while :; do :; done")
+				if err := h.Start(); err != nil {
+					return err
+				}
+				hogs = append(hogs, h)
+			}
+		}
+		time.Sleep(time.Duration(*flapSecs) * time.Second)
+		for _, h := range hogs {
+			h.Process.Kill()
+			h.Wait()
+		}
+		busy := (machineCPU() - m0).Seconds() / time.Since(t0).Seconds()
+		mu.Lock()
+		got := append([]events.Event(nil), evs[first:]...)
+		mu.Unlock()
+		for i := range checks {
+			n1, f1, err := counts(fmt.Sprintf("f%d", i))
+			if err != nil {
+				return err
+			}
+			r := &out[i]
+			r.Plane, r.Check, r.Backends, r.Seconds, r.Hogs = plane, checks[i].check, len(topo.Backends), *flapSecs, *flapHogs
+			downs := 0
+			var reasons []string
+			for _, ev := range got {
+				if ev.Kind == events.KindHealth && ev.State == "down" && ev.Farm == fmt.Sprintf("f%d", i) {
+					downs++
+					reasons = append(reasons, ev.Reason)
+				}
+			}
+			if loaded {
+				r.LoadChecks, r.LoadFails, r.LoadDowns, r.MachineLoaded, r.LoadReasons = n1-n0[i], f1-f0[i], downs, busy, reasons
+			} else {
+				r.IdleChecks, r.IdleFails, r.IdleDowns, r.MachineIdle = n1-n0[i], f1-f0[i], downs, busy
+			}
+		}
+		return nil
+	}
+	if err := sample(false); err != nil {
+		return nil, err
+	}
+	if err := sample(true); err != nil {
+		return nil, err
+	}
+	for _, r := range out {
+		log.Printf("flap %s %s: idle %d checks %d failed %d down (machine %.2f cores); %d hogs: %d checks %d failed %d down (machine %.2f cores)",
+			plane, r.Check, r.IdleChecks, r.IdleFails, r.IdleDowns, r.MachineIdle, r.Hogs, r.LoadChecks, r.LoadFails, r.LoadDowns, r.MachineLoaded)
+	}
+	return out, nil
 }
 
 func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Health checks: detection, client failures, CPU\n\n")
-	fmt.Fprintf(&b, "`bench/health` (`make bench-health`), %s to %s UTC. Check: %s; bound fall × inter + timeout = %.1f s, target bound + 0.1 s. "+
-		"Client: HTTP requests to the VIP at %d/s (new connection each, 2 s timeout), round robin over 3 backends; the fault hits be2. "+
-		"Detection: from the fault to the daemon's `down` event (sent once the data plane has the change). "+
-		"Failures are counted by when the request started: between the fault and its detection, after detection (until the repair), and after the repair.\n\n",
-		r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"), r.Check, r.Bound, *rate)
+	if len(r.Runs) == 0 {
+		fmt.Fprintf(&b, "`bench/health`, %s to %s UTC.\n", r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"))
+	} else {
+		fmt.Fprintf(&b, "`bench/health` (`make bench-health`), %s to %s UTC. Check: %s; bound fall × inter + timeout = %.1f s, target bound + 0.1 s. "+
+			"Client: HTTP requests to the VIP at %d/s (new connection each, 2 s timeout), round robin over 3 backends; the fault hits be2. "+
+			"Detection: from the fault to the daemon's `down` event (sent once the data plane has the change). "+
+			"Failures are counted by when the request started: between the fault and its detection, after detection (until the repair), and after the repair.\n\n",
+			r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"), r.Check, r.Bound, *rate)
+	}
 	type key struct{ plane, fault string }
 	var keys []key
 	by := map[key][]runResult{}
@@ -637,18 +832,39 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %d | %.2f (%.2f-%.2f)%s | %d/%d | %.2f | %d | %d | %d | %d | %s |\n",
 			k.plane, k.fault, len(xs), ds.Median, ds.Min, ds.Max, miss, within, len(xs), rs.Median, fb, fa, fr, n, strings.Join(rl, "; "))
 	}
+	if len(r.Flap) > 0 {
+		fmt.Fprintf(&b, "\n## Flapping under CPU load\n\n3 healthy backends, checked for %d s with the machine otherwise as it was, then for %d s with %d busy-looping processes (on 2 cores). "+
+			"Nothing is broken: every down transition is a flap.\n\n", r.Flap[0].Seconds, r.Flap[0].Seconds, r.Flap[0].Hogs)
+		b.WriteString("| plane | check | idle: checks / failed / down | machine busy | loaded: checks / failed / down | machine busy | reasons under load |\n|---|---|---|---|---|---|---|\n")
+		for _, f := range r.Flap {
+			reasons := map[string]int{}
+			for _, x := range f.LoadReasons {
+				reasons[x]++
+			}
+			var rl []string
+			for k, n := range reasons {
+				rl = append(rl, fmt.Sprintf("%s (%d)", k, n))
+			}
+			slices.Sort(rl)
+			fmt.Fprintf(&b, "| %s | `%s` | %d / %d / %d | %.2f | %d / %d / %d | %.2f | %s |\n", f.Plane, f.Check, f.IdleChecks, f.IdleFails, f.IdleDowns, f.MachineIdle,
+				f.LoadChecks, f.LoadFails, f.LoadDowns, f.MachineLoaded, strings.Join(rl, "; "))
+		}
+	}
 	for _, c := range r.CPU {
-		id, ck := stats.Summarize(c.Idle), stats.Summarize(c.Checked)
-		mi, mc := stats.Summarize(c.MachineId), stats.Summarize(c.MachineCk)
-		ps := stats.Summarize(c.ChecksPS)
-		fmt.Fprintf(&b, "\n## CPU of %d backends checked every second (tcp connect, %s plane)\n\n", c.Backends, c.Plane)
-		fmt.Fprintf(&b, "The daemon's own CPU (user + system, /proc/PID/stat) over %d s samples, %d samples each, with the same %d backends in farms without checks as the baseline; "+
-			"the machine's busy CPU (/proc/stat, in cores of 2) includes the backends' servers accepting the connections and the kernel's work for both sides.\n\n", c.Seconds, len(c.Checked), c.Backends)
-		us := stats.Summarize(c.User)
-		b.WriteString("| | daemon CPU, share of one core: median (min-max) | of which user space | machine busy, cores | checks/s |\n|---|---|---|---|---|\n")
-		fmt.Fprintf(&b, "| farms without checks | %.3f (%.3f-%.3f) | | %.2f | 0 |\n", id.Median, id.Min, id.Max, mi.Median)
-		fmt.Fprintf(&b, "| %d backends checked | %.3f (%.3f-%.3f) | %.3f | %.2f | %.0f |\n", c.Backends, ck.Median, ck.Min, ck.Max, us.Median, mc.Median, ps.Median)
-		fmt.Fprintf(&b, "\nChecking costs the daemon %.3f of a core (target 0.05), %.1f µs of daemon CPU per check.\n", ck.Median-id.Median, (ck.Median-id.Median)/max(ps.Median, 1)*1e6)
+		id, mi := stats.Summarize(c.Idle), stats.Summarize(c.MachineId)
+		fmt.Fprintf(&b, "\n## CPU of %d backends checked every second (tcp, %s plane)\n\n", c.Backends, c.Plane)
+		fmt.Fprintf(&b, "The daemon's own CPU (user + system, /proc/PID/stat, which includes the softirq work the kernel does in the daemon's context: "+
+			"on veth that is also the backends' side of each handshake) over %d s samples, %d samples of each kind taking turns, "+
+			"with the same %d backends in farms without checks as the baseline; the machine's busy CPU (/proc/stat, in cores of 2) "+
+			"includes the backends' server accepting the connections.\n\n", c.Seconds, len(c.Idle), c.Backends)
+		b.WriteString("| check | daemon CPU, share of one core: median (min-max) | of which user space | µs of daemon CPU per check | machine busy, cores | checks/s | failed/s |\n|---|---|---|---|---|---|---|\n")
+		fmt.Fprintf(&b, "| none (baseline) | %.3f (%.3f-%.3f) | | | %.2f | 0 | 0 |\n", id.Median, id.Min, id.Max, mi.Median)
+		for _, v := range c.Variants {
+			ck, us, mc := stats.Summarize(v.Checked), stats.Summarize(v.User), stats.Summarize(v.MachineCk)
+			ps, fs := stats.Summarize(v.ChecksPS), stats.Summarize(v.FailPS)
+			fmt.Fprintf(&b, "| %s | %.3f (%.3f-%.3f) | %.3f | %.1f | %.2f | %.0f | %.0f |\n", v.Name, ck.Median, ck.Min, ck.Max, us.Median,
+				(ck.Median-id.Median)/max(ps.Median, 1)*1e6, mc.Median, ps.Median, fs.Median)
+		}
 	}
 	return b.String()
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"strings"
@@ -14,15 +15,20 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/vishvananda/netns"
+
+	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/kube"
+	"github.com/xlb-lb/xlb/internal/observe"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -37,6 +43,7 @@ type kubeProxyOptions struct {
 	healthzAddr       string
 	logLevel          string
 	apiEndpoints      []string
+	kp                kpOptions // kube-proxy's own flags and --config (kpflags.go)
 }
 
 // The proxy's table and pin path are apart from xlb daemon's (xlb,
@@ -78,7 +85,11 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
   xlb kube-proxy --hostname-override "$NODE_NAME" --dataplane ebpf --interfaces eth0,cni0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.runKubeProxy(cmd.Context(), o)
+			level, err := o.kp.logLevel(cmd.Flags(), o.logLevel)
+			if err != nil {
+				return err
+			}
+			return a.runKubeProxy(cmd.Context(), o, level)
 		},
 	}
 	f := cmd.Flags()
@@ -91,16 +102,42 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringSliceVar(&o.apiEndpoints, "apiserver-endpoints", nil, "the API server's real address:port(s): program the kubernetes Service's cluster IP to them before the first sync, so a fresh node's in-cluster configuration can reach the API server")
-	cmd.PreRunE = func(*cobra.Command, []string) error { return o.dp.Check() }
+	o.kp.register(f)
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := o.kp.resolve(cmd.Flags(), &o); err != nil {
+			return err
+		}
+		if err := o.dp.Check(); err != nil {
+			return err
+		}
+		if o.kp.conntrackSized(cmd.Flags()) {
+			o.dp.ConnTableSet = true
+		}
+		return nil
+	}
 	return cmd
 }
 
-func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level %q: allowed values are debug, info, warn, error", o.logLevel)
+func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.Level) error {
+	kps := o.kp.settings
+	var handler slog.Handler = slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level})
+	if kps.LogFormat == "json" {
+		handler = slog.NewJSONHandler(a.errOut, &slog.HandlerOptions{Level: level})
 	}
-	log := slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
+	log := slog.New(handler)
+	if o.kp.cleanup {
+		// kube-proxy --cleanup: remove what the flags name and exit,
+		// without the API server.
+		return a.runCleanup(ctx, o)
+	}
+	for _, n := range kps.Notes {
+		log.Info("kube-proxy setting accepted without effect", "setting", n)
+	}
+	if kps.OOMScoreAdj != nil {
+		if err := setOOMScoreAdj(*kps.OOMScoreAdj); err != nil {
+			return err
+		}
+	}
 	node := o.hostname
 	if node == "" {
 		node = a.getenv("NODE_NAME")
@@ -112,18 +149,10 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		}
 		node = strings.ToLower(h)
 	}
-	var within []netip.Prefix
-	for _, s := range o.nodePortAddresses {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("--nodeport-addresses %q: must be CIDRs such as 192.168.0.0/16 or 2001:db8::/64", s)
-		}
-		within = append(within, p.Masked())
-	}
 	var cfg *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if o.kubeconfig != "" || o.kp.master != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags(o.kp.master, o.kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 		if errors.Is(err, rest.ErrNotInCluster) {
@@ -134,6 +163,18 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}
 	cfg.UserAgent = "xlb-kube-proxy"
+	if kps.QPS > 0 {
+		cfg.QPS = kps.QPS
+	}
+	if kps.Burst > 0 {
+		cfg.Burst = int(kps.Burst)
+	}
+	if kps.ContentType != "" {
+		cfg.ContentType = kps.ContentType
+	}
+	if kps.AcceptContentTypes != "" {
+		cfg.AcceptContentTypes = kps.AcceptContentTypes
+	}
 	var apiEndpoints []netip.AddrPort
 	for _, s := range o.apiEndpoints {
 		if strings.TrimSpace(s) == "" {
@@ -162,10 +203,30 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	if err != nil {
 		return fmt.Errorf("open %s data plane: %w", o.dp.Plane, err)
 	}
+	if o.dp.Plane == "nft" {
+		ct := kps.Conntrack
+		err := nft.SetConntrackTimeouts(netns.None(), nft.ConntrackTimeouts{TCPEstablished: ct.TCPEstablished,
+			TCPCloseWait: ct.TCPCloseWait, UDP: ct.UDP, UDPStream: ct.UDPStream, TCPBeLiberal: ct.TCPBeLiberal})
+		if err != nil {
+			dp.Close()
+			return fmt.Errorf("conntrack settings: %w", err)
+		}
+	}
 	defer dp.Close() // leaves the kernel's rules (and pinned eBPF maps) in place
 	eng, err := engine.New(ctx, log, dp, st)
 	if err != nil {
 		return err
+	}
+	// Every farm is in this plane now: the other's leftovers go.
+	if a.removeOtherPlane != nil {
+		if err := a.removeOtherPlane(ctx, log, o.dp); err != nil {
+			log.Error("could not remove the other data plane's objects; remove them with --cleanup once the proxy is stopped", "err", err)
+		}
+	}
+	// Changes to the proxy's kernel objects by other programs are
+	// repaired within a second (as the daemon does).
+	if _, err := eng.WatchDrift(ctx); err != nil {
+		log.Error("no drift watch: changes to the proxy's kernel objects by other programs are repaired at the next full sync or restart", "err", err)
 	}
 
 	// A fresh node: the client may reach the API server only through the
@@ -185,9 +246,15 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The daemon's metrics (xlb_farm_*, xlb_backend_*, xlb_engine_*, ...)
+	// next to the proxy's own (xlb_kubeproxy_*), in one registry.
+	obs := observe.New(observe.Options{Engine: eng, Log: log.With("component", "metrics"), Registry: reg,
+		NoRuntime: true, Version: api.Version(), Dataplane: dp.Name()})
+	eng.SetObserver(obs)
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
-		NodePortAddresses: within, Metrics: kube.NewMetrics(reg),
+		NodePortAddresses: kps.NodePortAddresses.CIDRs, NodePortPrimary: kps.NodePortAddresses.Primary,
+		MasqueradeAll: kps.MasqueradeAll, Metrics: kube.NewMetrics(reg),
 		APIHost: cfg.Host, WaitHint: waitHint,
 	}
 	// Stale UDP flows of removed endpoints are deleted from netfilter's
@@ -199,15 +266,13 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 	if err != nil {
 		return err
 	}
+	// Checks a Service's xlb.io/check annotation adds (next to readiness,
+	// which the endpoints carry already).
+	checks := health.Start(ctx, log, eng, dp, health.Options{Observe: obs.ObserveCheck})
+	defer checks.Stop()
 
-	healthz := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ok, why := ctl.Healthy(60 * time.Second)
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !ok {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-		fmt.Fprintln(w, why)
-	})
+	// kube-proxy's /healthz and /livez, with its JSON bodies.
+	health := kube.NewProxyHealth(ctl, 60*time.Second, reg)
 	var servers []*http.Server
 	serve := func(addr string, mux *http.ServeMux) error {
 		if addr == "" {
@@ -229,10 +294,19 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions) error {
 		return nil
 	}
 	mm := http.NewServeMux()
-	mm.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mm.Handle("/healthz", healthz)
+	mm.Handle("/metrics", obs)
+	mm.Handle("/healthz", health.Healthz())
+	mm.Handle("/livez", health.Livez())
+	if kps.Profiling {
+		mm.HandleFunc("/debug/pprof/", pprof.Index)
+		mm.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mm.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mm.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mm.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	hm := http.NewServeMux()
-	hm.Handle("/healthz", healthz)
+	hm.Handle("/healthz", health.Healthz())
+	hm.Handle("/livez", health.Livez())
 	if err := serve(o.metricsAddr, mm); err != nil {
 		return err
 	}

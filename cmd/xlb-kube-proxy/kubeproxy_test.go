@@ -17,7 +17,7 @@ func TestDataplaneFlags(t *testing.T) {
 	}{
 		{[]string{"--dataplane", "xdp"}, `--dataplane "xdp": allowed values are nft, ebpf`},
 		{[]string{"--interfaces", "eth0"}, `--interfaces: only with --dataplane ebpf`},
-		{[]string{"--dataplane", "nft", "--pin-path", "/sys/fs/bpf/x"}, `--pin-path: only with --dataplane ebpf`},
+		{[]string{"--dataplane", "nft", "--xdp", "generic"}, `--xdp: only with --dataplane ebpf`},
 		{[]string{"--nft-tables", "0"}, `--nft-tables 0: allowed values are 1 to`},
 		{[]string{"--dataplane", "ebpf", "--nft-tables", "4"}, `--nft-tables: only with --dataplane nft`},
 		{[]string{"--dataplane", "ebpf", "--conn-table-size", "0"}, `--conn-table-size 0: allowed values are 1 to`},

@@ -9,14 +9,17 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/xlb-lb/xlb/internal/setup"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	a := &app{errOut: os.Stderr, getenv: os.Getenv}
+	a := &app{errOut: os.Stderr, out: os.Stdout, getenv: os.Getenv, removeOtherPlane: setup.RemoveOtherPlane, cleanup: setup.Cleanup}
 	cmd := a.kubeProxyCmd()
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	cmd.SetArgs(os.Args[1:])
@@ -30,8 +33,12 @@ func main() {
 
 // app is what the command needs from its process.
 type app struct {
-	errOut io.Writer
-	getenv func(string) string
+	errOut, out io.Writer
+	getenv      func(string) string
+	// removeOtherPlane and cleanup act on the current namespace's
+	// kernel (package setup); nil: skipped.
+	removeOtherPlane func(ctx context.Context, log *slog.Logger, c setup.Flags) error
+	cleanup          func(ctx context.Context, c setup.Flags) (removed, left []string, err error)
 }
 
 // defaultStateDir is xlb daemon's default; the proxy keeps its state below.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -32,11 +33,22 @@ var checkFlags = []checkFlag{
 	{"send", "send", "tcp/udp/agent check: sent after connecting (hex:... for bytes)", false},
 	{"expect", "expect", "tcp/udp check: the answer must contain it (hex:... for bytes)", false},
 	{"command", "command", "exec check: command run with /bin/sh -c; exit 0 is up", false},
+	{"half-open", "half-open", "tcp check: on: send a SYN and take the SYN-ACK, without completing the connection (IPv4)", false},
+	{"verify", "verify", "https check: on: verify the backend's certificate (against --ca-file, else the system's roots) and name", false},
+	{"ca-file", "ca-file", "https check with verify on: PEM file of the CAs to trust (absolute path)", false},
+	{"init-state", "init-state", "up (default: serving until fall failures) or down (out until rise passes)", false},
 	{"on-down", "on-down", "keep (default) or flush: a down backend's established connections go on or are cut", true},
 	{"inhibit", "inhibit", "on or off: keepalived's inhibit_on_failure", true},
 	{"quorum", "quorum", "backends that must be up; below it the sorry server serves alone (default 1)", true},
 	{"hysteresis", "hysteresis", "quorum hysteresis (default 0)", true},
 	{"sorry-server", "sorry-server", "name of the backend that serves only while the quorum is lost", true},
+	// Passive checks (ebpf plane): fields of the check's "passive" object.
+	{"passive", "passive", "on: passive checks with the defaults (or the other --passive-* flags); off: none (ebpf data plane)", true},
+	{"passive-failures", "passive.failures", "passive: consecutive connection failures that eject a backend (default 5)", true},
+	{"passive-timeout", "passive.timeout", "passive: a SYN without answer this long is a failure (default 1s)", true},
+	{"ejection-time", "passive.ejection-time", "passive: first ejection's length; the n-th in a row lasts n times as long (default 30s)", true},
+	{"max-ejection-time", "passive.max-ejection-time", "passive: the longest ejection (default 300s)", true},
+	{"max-ejected", "passive.max-ejected", "passive: share of the farm's backends ejected at once, e.g. 10% (default; at least one)", true},
 }
 
 // checkFlagSet registers the check flags on cmd (the farm-only ones when
@@ -51,14 +63,26 @@ func checkFlagSet(cmd *cobra.Command, farm bool) func(body []byte) ([]byte, int)
 		cmd.Flags().StringVar(&values[i], f.flag, "", f.usage)
 	}
 	return func(body []byte) ([]byte, int) {
-		obj := map[string]string{}
+		obj := map[string]any{}
+		passive := map[string]string{}
+		n := 0
 		for i, f := range checkFlags {
 			if (!f.farmOnly || farm) && cmd.Flags().Changed(f.flag) {
-				obj[f.field] = values[i]
+				n++
+				if sub, ok := strings.CutPrefix(f.field, "passive."); ok {
+					passive[sub] = values[i]
+				} else if f.field != "passive" {
+					obj[f.field] = values[i]
+				}
 			}
 		}
-		if len(obj) == 0 {
+		if n == 0 {
 			return body, 0
+		}
+		if farm && cmd.Flags().Changed("passive") && values[passiveFlag] == "off" {
+			obj["passive"] = nil
+		} else if len(passive) > 0 || farm && cmd.Flags().Changed("passive") {
+			obj["passive"] = passive
 		}
 		var check any = obj
 		switch obj["type"] {
@@ -73,10 +97,20 @@ func checkFlagSet(cmd *cobra.Command, farm bool) func(body []byte) ([]byte, int)
 		}
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal(body, &m); err != nil {
-			return body, len(obj) // the body is ours: always an object
+			return body, n // the body is ours: always an object
 		}
 		m["check"], _ = json.Marshal(check)
 		out, _ := json.Marshal(m)
-		return out, len(obj)
+		return out, n
 	}
 }
+
+// passiveFlag is the index of --passive in checkFlags.
+var passiveFlag = func() int {
+	for i, f := range checkFlags {
+		if f.flag == "passive" {
+			return i
+		}
+	}
+	panic("no --passive flag")
+}()

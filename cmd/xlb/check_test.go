@@ -38,9 +38,24 @@ func TestCheckFlags(t *testing.T) {
 	}
 	d.fails(t, []string{`farm "web"`, `"check.inter"`, `"0"`, "must be a duration"}, "farm", "set", "web", "--inter", "0")
 	d.fails(t, []string{`"check.type"`, `"icmp"`, "allowed values are none, tcp"}, "farm", "set", "web", "--check", "icmp")
+	d.xlb(t, "farm", "set", "web", "--passive-failures", "3", "--max-ejected", "50%")
+	f, _ = d.eng.Snapshot().Farm("web")
+	if p := f.Check.Passive; p == nil || p.Failures != 3 || p.MaxEjected != 50 || f.Check.Type != model.CheckTCP {
+		t.Fatalf("passive %+v", f.Check)
+	}
+	d.xlb(t, "farm", "set", "web", "--passive", "off")
+	f, _ = d.eng.Snapshot().Farm("web")
+	if f.Check.Passive != nil || f.Check.Type != model.CheckTCP {
+		t.Fatalf("passive off: %+v", f.Check)
+	}
 	d.xlb(t, "farm", "set", "web", "--check", "none")
 	f, _ = d.eng.Snapshot().Farm("web")
 	if f.Check != nil {
 		t.Errorf("check not removed: %+v", f.Check)
+	}
+	d.xlb(t, "farm", "set", "web", "--passive", "on")
+	f, _ = d.eng.Snapshot().Farm("web")
+	if f.Check == nil || f.Check.Passive == nil || f.Check.Type != model.CheckUnset {
+		t.Errorf("passive on alone: %+v", f.Check)
 	}
 }

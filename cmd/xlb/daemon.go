@@ -22,6 +22,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/cluster/bgp"
 	"github.com/xlb-lb/xlb/internal/cluster/connsync"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/setup"
 	"github.com/xlb-lb/xlb/internal/store"
 )
@@ -39,6 +40,12 @@ type daemonOptions struct {
 	// forceEmpty: start with an empty saved state even if the kernel
 	// holds farms (guard.go).
 	forceEmpty bool
+	// metricsListen: address of /metrics without a key ("" = none).
+	metricsListen string
+	// cleanup: remove xlb's kernel objects and exit (cleanup.go).
+	cleanup bool
+	// driftWatch: watch the kernel for changes by others (drift.go).
+	driftWatch bool
 }
 
 func (a *app) daemonCmd() *cobra.Command {
@@ -87,6 +94,16 @@ keeps the kernel, and refuses every change (503) until space is freed and it
 is restarted. A state directory removed while the daemon runs makes it refuse
 every change (503).
 
+While it runs, the daemon watches its kernel objects (nft: netlink events of
+its tables; ebpf: a poll of links, pins and map entries) and repairs what
+another program changes in them (nft flush ruleset, a rule or element
+deleted, a program detached) within a second, logging each repair; a change
+is acknowledged only on a kernel that holds the state. SIGHUP (or xlb
+reconcile) reconciles on demand. At start, once its plane holds every farm,
+it removes what the other plane left (the eBPF links and maps pinned under
+--pin-path when on nft; the nft tables of --nft-table when on ebpf).
+--cleanup removes everything xlb put in the kernel, both planes, and exits.
+
 When --listen is beyond loopback, a key shorter than 16 bytes, or a key file
 others may read, is refused (--allow-weak-key: logged as an error instead).
 --tls-cert and --tls-key serve the TCP API over TLS; --tls-client-ca also
@@ -99,6 +116,7 @@ summary line every 10 s. See docs/operations.md.`,
   XLB_KEY=s3cret xlb daemon --listen 10.0.0.1:5555
   xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576
   xlb daemon --dataplane ebpf --interfaces eth0,eth1 --xdp native
+  xlb daemon --cleanup
   xlb daemon --listen 10.0.0.1:5555 --tls-cert api.crt --tls-key api.key.pem --tls-client-ca clients.pem`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -108,6 +126,9 @@ summary line every 10 s. See docs/operations.md.`,
 			}
 			if err := o.dp.Check(); err != nil {
 				return err
+			}
+			if o.cleanup {
+				return a.runCleanup(cmd.Context(), o)
 			}
 			return a.runDaemon(cmd.Context(), o, keyFile)
 		},
@@ -123,11 +144,14 @@ summary line every 10 s. See docs/operations.md.`,
 	f.StringVar(&o.sync.keyFile, "sync-key-file", "", "connection sync: file holding the secret (16 bytes or more) every node shares; frames are HMAC-SHA256'd with it")
 	f.DurationVar(&o.sync.wait, "sync-wait", 10*time.Second, "connection sync: longest wait for the peers' state before the VIPs are announced")
 	f.StringVar(&o.bgpConfig, "bgp-config", "", "announce the VIPs over BGP with the router id, AS, peers and attributes of this YAML file (docs/ha.md)")
+	f.BoolVar(&o.cleanup, "cleanup", false, "remove everything xlb put in this namespace's kernel (both data planes: the nft tables of --nft-table, any layout, and its named tables' table; the links and maps pinned under --pin-path) and exit; the saved state is kept")
+	f.BoolVar(&o.driftWatch, "drift-watch", true, "watch xlb's kernel objects and repair what other programs change in them within a second (nft: the kernel then builds an event per object of every change, +0.25 ms on a change, +28 % on a bulk one; false: repaired only by xlb reconcile, SIGHUP or a restart)")
 	f.BoolVar(&o.forceEmpty, "force-empty", false, "start even if the saved state is empty while the kernel holds farms of xlb's, and delete them (by default the daemon refuses: a lost --state-dir must not wipe the kernel)")
 	f.StringVar(&o.tls.cert, "tls-cert", "", "PEM certificate (chain) of the API over TLS; with --tls-key")
 	f.StringVar(&o.tls.key, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&o.tls.clientCA, "tls-client-ca", "", "PEM CA certificates: require a client certificate signed by one (mutual TLS)")
 	f.BoolVar(&o.tls.allowWeakKey, "allow-weak-key", false, "beyond loopback, log a key shorter than 16 bytes or readable by others as an error instead of refusing to start")
+	f.StringVar(&o.metricsListen, "metrics-listen", "", `address:port serving Prometheus /metrics without the API key (e.g. 127.0.0.1:9555; "": none; GET /metrics on the API needs the key)`)
 	return cmd
 }
 
@@ -188,8 +212,21 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if err != nil {
 		return err
 	}
-	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp)
+	metrics, osrv, stopObserve, err := startObserve(ctx, log, eng, dp, st, o.metricsListen)
+	if err != nil {
+		return err
+	}
+	defer stopObserve()
+	// Every farm is in this plane now: the other's leftovers go.
+	if a.removeOtherPlane != nil {
+		if err := a.removeOtherPlane(ctx, log, o.dp); err != nil {
+			log.Error("could not remove the other data plane's objects; remove them with xlb daemon --cleanup once this daemon is stopped", "err", err)
+		}
+	}
+	watchDrift(ctx, log, eng, o.driftWatch)
+	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp, health.Options{Observe: metrics.ObserveCheck})
 	defer stopHealth()
+	metrics.SetChecks(mon)
 	// The speaker starts once the engine has reconciled the kernel with
 	// the saved state: every VIP it announces is in the kernel.
 	var syncNode *connsync.Node
@@ -219,7 +256,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
-	apiSrv := hsrv(api.New(log, eng, key))
+	apiSrv := osrv(hsrv(api.New(log, eng, key)))
 	if announcer != nil {
 		apiSrv.SetBGP(announcer)
 	}

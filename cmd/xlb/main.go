@@ -24,7 +24,8 @@ func main() {
 // run executes one xlb command line and returns the exit code. Errors are
 // printed as "xlb: <message>".
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{in: stdin, out: stdout, errOut: stderr, getenv: getenv, openDataplane: setup.Open}
+	a := &app{in: stdin, out: stdout, errOut: stderr, getenv: getenv, openDataplane: setup.Open,
+		removeOtherPlane: setup.RemoveOtherPlane, cleanup: setup.Cleanup}
 	return a.run(ctx, args)
 }
 

@@ -390,7 +390,7 @@ func TestDaemonFlags(t *testing.T) {
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "xdp"}, `--dataplane "xdp": allowed values are nft, ebpf`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--conn-table-size", "0"}, `--conn-table-size 0: allowed values are 1 to`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--conn-table-size", "0"}, `--conn-table-size 0: allowed values are 1 to`},
-		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--pin-path", "/x"}, `--pin-path: only with --dataplane ebpf`},
+		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--xdp", "generic"}, `--xdp: only with --dataplane ebpf`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--ct-timeout-udp", "-1s"}, `--ct-timeout-udp -1s: allowed values are`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "ebpf", "--xdp", "fast"}, `--xdp "fast": allowed values are off, generic, native`},
 		{[]string{"daemon", "--state-dir", t.TempDir(), "--dataplane", "nft", "--xdp", "native"}, `--xdp: only with --dataplane ebpf`},

@@ -23,7 +23,7 @@ const tableUsage = `table create NAME [type addr|number|iface|mac|flow:FIELDS] [
                  [timeout SECONDS] [family ipv4|ipv6|dual] [verdict deny|allow]
   table NAME add [--atomic] [--update] [--timeout S] ENTRY [VALUE] [ENTRY [VALUE]]... | -f FILE
   table NAME delete [--atomic] ENTRY... | -f FILE
-  table NAME list | info | detail | flush | destroy | lock | unlock
+  table NAME list | info | detail | counters | flush | destroy | lock | unlock
   table NAME lookup KEY
   table NAME modify limit N | timeout S | verdict V | ...
   table swap A B
@@ -164,6 +164,19 @@ func (a *app) table(cmd *cobra.Command, c *client.Client, o tableOptions, args [
 		}
 		fmt.Fprintf(a.out, "--- table(%s), type %s, %s entries ---\n", t.Name, t.Type, t.Count)
 		return c.ListEntries(ctx, name, a.out)
+	case "counters":
+		if err := noArgs(); err != nil {
+			return err
+		}
+		cs, err := c.TableCounters(ctx, name)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.out, "--- table(%s) counters: %d entries matched ---\n", cs.Name, len(cs.Entries))
+		for _, e := range cs.Entries {
+			fmt.Fprintf(a.out, "%s %s packets %s bytes\n", e.Key, e.Packets, e.Bytes)
+		}
+		return nil
 	case "lookup":
 		if len(rest) != 1 {
 			return fmt.Errorf("usage: xlb table %s lookup KEY", name)

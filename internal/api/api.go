@@ -42,10 +42,15 @@ type Server struct {
 	auth *authLimiter
 
 	checks  CheckStatus    // health.go; nil: no last checks shown
+	passive PassiveStatus  // health.go; nil: no passive counts shown
 	events  *events.Broker // events.go; nil: GET /events answers 501
 	streams streams        // events.go
 	bgp     BGPStatus      // bgp.go; nil: GET /bgp answers 501
 	sync    SyncStatus     // bgp.go; nil: GET /sync answers 501
+
+	requests RequestObserver // metrics.go; nil: not counted
+	rates    RateSource      // observe.go; nil: no rates
+	metrics  http.Handler    // observe.go; nil: GET /metrics answers 501
 }
 
 // Route is one method and path the API serves.
@@ -75,6 +80,11 @@ var farmRoutes = []Route{
 	{Method: http.MethodDelete, Path: "/farms/{name}/backends/{backend}", Write: true, handle: (*Server).deleteBackend},
 	{Method: http.MethodDelete, Path: "/farms/{name}/addresses/{address}", Write: true, handle: (*Server).deleteFarmAddress},
 	{Method: http.MethodGet, Path: "/farms/{name}/counters", handle: (*Server).getCounters},
+	{Method: http.MethodGet, Path: "/farms/{name}/rates", handle: (*Server).getRates},
+	{Method: http.MethodGet, Path: "/farms/{name}/connections", handle: (*Server).getFarmConnections},
+	{Method: http.MethodDelete, Path: "/farms/{name}/connections", Write: true, handle: (*Server).deleteFarmConnections},
+	{Method: http.MethodGet, Path: "/connections", handle: (*Server).getConnections},
+	{Method: http.MethodGet, Path: "/metrics", handle: (*Server).getMetrics},
 	{Method: http.MethodGet, Path: "/farms/{name}/sessions", handle: (*Server).getSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/sessions", Write: true, handle: (*Server).deleteAllSessions},
 	{Method: http.MethodDelete, Path: "/farms/{name}/sessions/{client}", Write: true, handle: (*Server).deleteClientSessions},
@@ -87,6 +97,7 @@ var farmRoutes = []Route{
 	{Method: http.MethodGet, Path: "/state", handle: (*Server).getState},
 	{Method: http.MethodPut, Path: "/state", Write: true, handle: (*Server).putState},
 	{Method: http.MethodGet, Path: "/state/problems", handle: (*Server).getProblems},
+	{Method: http.MethodPost, Path: "/reconcile", Write: true, handle: (*Server).postReconcile},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
 	{Method: http.MethodGet, Path: "/events", handle: (*Server).getEvents},
 	{Method: http.MethodGet, Path: "/bgp", handle: (*Server).getBGP},
@@ -156,9 +167,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.Method != http.MethodGet && r.Method != http.MethodHead || rec.status >= 400 && rec.status != http.StatusNotFound:
 		level = slog.LevelInfo
 	}
+	took := time.Since(start)
+	if s.requests != nil {
+		s.requests.ObserveRequest(r.Method, s.route(r), rec.status, took)
+	}
 	s.log.LogAttrs(r.Context(), level, "api request",
 		slog.String("method", r.Method), slog.String("path", r.URL.Path),
-		slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)))
+		slog.Int("status", rec.status), slog.Duration("duration", took))
 }
 
 // FlushLog logs the pending summary of failed authentications now (the

@@ -125,12 +125,27 @@ func (s *Server) getFarms(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	rate, err := boolParam(r, "rate")
+	if err != nil {
+		return err
+	}
+	conns, err := boolParam(r, "conns")
+	if err != nil {
+		return err
+	}
 	switch format := r.URL.Query().Get("format"); format {
 	case "", "json":
 		writeFarms(w, farms)
 	case "ipvsadm":
-		if stats {
+		switch {
+		case stats && rate || stats && conns || rate && conns:
+			return &httpError{status: http.StatusBadRequest, err: errors.New("query parameters \"stats\", \"rate\" and \"conns\": give one of them")}
+		case conns:
+			return s.writeConnsListing(w, r, farms, numeric)
+		case stats:
 			return s.writeStatsListing(w, r, numeric)
+		case rate:
+			return s.writeRateListing(w, farms, numeric)
 		}
 		s.writeListing(w, farms, numeric)
 	case "names":

@@ -21,6 +21,16 @@ type CheckStatus interface {
 // check from c.
 func (s *Server) SetChecks(c CheckStatus) { s.checks = c }
 
+// PassiveStatus gives the passive check state of a watched backend: the
+// ejector.
+type PassiveStatus interface {
+	PassiveStatus(farm, backend string) (health.PassiveStatus, bool)
+}
+
+// SetPassive makes GET /farms/{name} show each watched backend's passive
+// check counts from p.
+func (s *Server) SetPassive(p PassiveStatus) { s.passive = p }
+
 // SetEvents makes GET /events stream the events of b.
 func (s *Server) SetEvents(b *events.Broker) { s.events = b }
 
@@ -44,6 +54,9 @@ func (s *Server) writeFarm(w http.ResponseWriter, f *model.Farm) {
 		dst = append(dst, `,"effective-weight":"`...)
 		dst = strconv.AppendUint(dst, uint64(h.Weight), 10)
 		dst = append(dst, '"')
+		if h.Watched {
+			dst = s.appendPassive(dst, f.Name, f.Backends[i].Name, h)
+		}
 		if h.State == engine.HealthUnchecked || s.checks == nil {
 			return dst
 		}
@@ -92,6 +105,49 @@ func (s *Server) writeFarm(w http.ResponseWriter, f *model.Farm) {
 	})
 	buf = append(buf, "]}\n"...)
 	writeJSON(w, http.StatusOK, buf)
+}
+
+// appendPassive appends a watched backend's "passive-check" member: whether
+// it is ejected (why, since when, until when), its ejections, and what the
+// data plane counted of its handshakes.
+func (s *Server) appendPassive(dst []byte, farm, backend string, h engine.BackendHealth) []byte {
+	dst = append(dst, `,"passive-check":{"ejected":"`...)
+	if h.Ejected {
+		dst = append(dst, `yes","reason":`...)
+		dst = strconv.AppendQuote(dst, h.EjectReason)
+		dst = append(dst, `,"since":"`...)
+		dst = h.EjectedSince.UTC().AppendFormat(dst, time.RFC3339Nano)
+		dst = append(dst, '"')
+	} else {
+		dst = append(dst, `no"`...)
+	}
+	kv := []struct {
+		k string
+		v uint64
+	}{{"ejections", h.Ejections}}
+	if s.passive != nil {
+		if st, ok := s.passive.PassiveStatus(farm, backend); ok {
+			if st.Ejected {
+				dst = append(dst, `,"until":"`...)
+				dst = st.Until.UTC().AppendFormat(dst, time.RFC3339Nano)
+				dst = append(dst, '"')
+			}
+			c := st.Count
+			kv = append(kv, []struct {
+				k string
+				v uint64
+			}{{"ejections-in-a-row", uint64(st.InARow)}, {"consecutive-failures", uint64(c.Consecutive)}, {"successes", c.Successes},
+				{"resets", c.Resets}, {"timeouts", c.Timeouts}, {"unreachable", c.Unreachable}, {"slow", c.Slow}}...)
+		}
+	}
+	for _, x := range kv {
+		dst = append(dst, `,"`...)
+		dst = append(dst, x.k...)
+		dst = append(dst, `":"`...)
+		dst = strconv.AppendUint(dst, x.v, 10)
+		dst = append(dst, '"')
+	}
+	return append(dst, '}')
 }
 
 // appendListing appends a farm's lines of the ipvsadm-style table, with

@@ -28,6 +28,10 @@ const (
 	textDeleteAddress  = "error stopping address" // nftlb stops an address before deleting it
 	textDeleteFarmAddr = "error deleting farm address"
 	textDeleteSession  = "error deleting session"
+	textDeletePolicy   = "error stopping policy" // nftlb stops a policy before deleting it
+	textDetachPolicy   = "error deleting farm policy"
+	textDeleteElement  = "error deleting policy element"
+	textNoElements     = "could not get the policy elements" // an element of a missing policy
 )
 
 // SessionsDeletedHeader carries how many sessions a DELETE of sessions

@@ -18,6 +18,7 @@ var policyRoutes = []Route{
 	{Method: http.MethodGet, Path: "/policies", handle: (*Server).getPolicies},
 	{Method: http.MethodPost, Path: "/policies", Write: true, handle: (*Server).putPolicies},
 	{Method: http.MethodPut, Path: "/policies", Write: true, handle: (*Server).putPolicies},
+	{Method: http.MethodDelete, Path: "/policies", Write: true, handle: (*Server).deletePolicies},
 	{Method: http.MethodGet, Path: "/policies/{name}", handle: (*Server).getPolicy},
 	{Method: http.MethodPut, Path: "/policies/{name}", Write: true, handle: (*Server).putPolicy},
 	{Method: http.MethodDelete, Path: "/policies/{name}", Write: true, handle: (*Server).deletePolicy},
@@ -56,13 +57,38 @@ func (s *Server) policyNamed(st *engine.State, name string) (*model.Table, error
 	return t, nil
 }
 
+// getPolicy answers one policy; a missing one answers an empty list, as
+// nftlb does (200 {"policies": []}).
 func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) error {
 	st := s.eng.Snapshot()
 	t, err := s.policyNamed(st, r.PathValue("name"))
 	if err != nil {
-		return err
+		s.writePolicies(w, st, nil)
+		return nil
 	}
 	s.writePolicies(w, st, []*model.Table{t})
+	return nil
+}
+
+// deletePolicies deletes every policy, in one change. A policy a farm uses
+// refuses it all (nftlb detaches it from the farm; xlb does not detach
+// behind a farm's back: docs/nftlb-compat.md).
+func (s *Server) deletePolicies(w http.ResponseWriter, r *http.Request) error {
+	_, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error {
+		for _, t := range tx.Tables() {
+			if !t.IsPolicy() {
+				continue
+			}
+			if err := tx.DestroyTable(t.Name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return failed(textDeletePolicy, err)
+	}
+	writeOK(w)
 	return nil
 }
 
@@ -127,16 +153,16 @@ func upsertPolicy(tx *engine.Txn, td model.TableDecl) error {
 
 func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.policyNamed(s.eng.Snapshot(), r.PathValue("name")); err != nil {
-		return err
+		return failed(textDeletePolicy, err)
 	}
-	return s.deleteTable(w, r)
+	return failed(textDeletePolicy, s.deleteTable(w, r))
 }
 
 func (s *Server) deleteElement(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.policyNamed(s.eng.Snapshot(), r.PathValue("name")); err != nil {
-		return err
+		return failed(textNoElements, err)
 	}
-	return s.deleteKey(w, r, r.PathValue("data"))
+	return failed(textDeleteElement, s.deleteKey(w, r, r.PathValue("data")))
 }
 
 func (s *Server) getElements(w http.ResponseWriter, r *http.Request) error {
@@ -243,7 +269,7 @@ func (s *Server) detachPolicy(w http.ResponseWriter, r *http.Request) error {
 		return tx.Put(nf)
 	})
 	if err != nil {
-		return err
+		return failed(textDetachPolicy, err)
 	}
 	writeOK(w)
 	return nil

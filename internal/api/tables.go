@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -31,6 +32,7 @@ var tableRoutes = []Route{
 	{Method: http.MethodPut, Path: "/tables/{name}", Write: true, handle: (*Server).putTable},
 	{Method: http.MethodDelete, Path: "/tables/{name}", Write: true, handle: (*Server).deleteTable},
 	{Method: http.MethodGet, Path: "/tables/{name}/entries", handle: (*Server).getEntries},
+	{Method: http.MethodGet, Path: "/tables/{name}/counters", handle: (*Server).getTableCounters},
 	{Method: http.MethodPost, Path: "/tables/{name}/entries", Write: true, handle: (*Server).postEntries},
 	{Method: http.MethodDelete, Path: "/tables/{name}/entries", Write: true, handle: (*Server).deleteEntries},
 	{Method: http.MethodDelete, Path: "/tables/{name}/entries/{key...}", Write: true, handle: (*Server).deleteEntry},
@@ -440,5 +442,46 @@ func (s *Server) lookupTable(w http.ResponseWriter, r *http.Request) error {
 	}
 	buf := t.AppendEntryJSON(nil, e, model.VocabTables, time.Now().Unix())
 	writeJSON(w, http.StatusOK, append(buf, '\n'))
+	return nil
+}
+
+// EntryCountersJSON is one entry's counters on the wire (values as strings,
+// as nftlb's).
+type EntryCountersJSON struct {
+	Key     string `json:"key"`
+	Packets string `json:"packets"`
+	Bytes   string `json:"bytes"`
+}
+
+// TableCountersJSON is the body of GET /tables/{name}/counters.
+type TableCountersJSON struct {
+	Name    string              `json:"name"`
+	Entries []EntryCountersJSON `json:"entries"`
+}
+
+// getTableCounters answers the packets and bytes each entry matched in the
+// data plane, in key order; entries that never matched are left out (a
+// million-entry deny list answers only what it caught).
+func (s *Server) getTableCounters(w http.ResponseWriter, r *http.Request) error {
+	t, cs, err := s.eng.TableCounters(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	out := TableCountersJSON{Name: t.Name, Entries: []EntryCountersJSON{}}
+	keys := make([]model.TableKey, 0, len(cs))
+	for k := range cs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		c := cs[k]
+		out.Entries = append(out.Entries, EntryCountersJSON{Key: t.FormatKey(k),
+			Packets: strconv.FormatUint(c.Packets, 10), Bytes: strconv.FormatUint(c.Bytes, 10)})
+	}
+	body, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, append(body, '\n'))
 	return nil
 }

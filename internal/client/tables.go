@@ -146,3 +146,27 @@ func (c *Client) EntryBatch(ctx context.Context, name string, lines io.Reader, d
 func (c *Client) Lookup(ctx context.Context, name, key string) ([]byte, error) {
 	return c.call(ctx, http.MethodGet, tablePath(name)+"/lookup/"+url.PathEscape(key), nil)
 }
+
+// TableCounters fetches the counters of a table's entries (GET
+// /tables/{name}/counters): those that matched packets, in key order.
+func (c *Client) TableCounters(ctx context.Context, name string) (TableCounters, error) {
+	var out TableCounters
+	body, err := c.call(ctx, http.MethodGet, tablePath(name)+"/counters", nil)
+	if err != nil {
+		return out, err
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return out, fmt.Errorf("decode counters of table %q: %w", name, err)
+	}
+	return out, nil
+}
+
+// TableCounters is the body of GET /tables/{name}/counters.
+type TableCounters struct {
+	Name    string `json:"name"`
+	Entries []struct {
+		Key     string `json:"key"`
+		Packets string `json:"packets"`
+		Bytes   string `json:"bytes"`
+	} `json:"entries"`
+}

@@ -350,8 +350,6 @@ const (
 	// The kernel marks a new entry confirmed before it applies CTA_STATUS
 	// and refuses (EBUSY) a status that would clear that bit.
 	statusConfirmed = 1 << 3
-
-	tcpEstablished = 3 // TCP_CONNTRACK_ESTABLISHED
 )
 
 // request builds the ctnetlink request of c (its sequence number is set

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
@@ -17,7 +18,7 @@ func (e *NotSupportedError) Error() string { return e.Msg }
 func (e *Engine) counterReader() (dataplane.CounterReader, error) {
 	cr, ok := e.dp.(dataplane.CounterReader)
 	if !ok {
-		return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-farm counters (the ebpf data plane does)", e.dp.Name())}
+		return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-farm counters (the nft and ebpf data planes do)", e.dp.Name())}
 	}
 	return cr, nil
 }
@@ -38,7 +39,16 @@ func (e *Engine) Counters(ctx context.Context, farm string) (*model.Farm, datapl
 		return f, zeroCounters(f), nil // not in the kernel: nothing counted
 	}
 	c, err := cr.Counters(ctx, f)
-	return f, c, err
+	return f, c, notSupported(err)
+}
+
+// notSupported turns a plane's "no counters" into a NotSupportedError
+// (HTTP 501).
+func notSupported(err error) error {
+	if errors.Is(err, dataplane.ErrNoCounters) {
+		return &NotSupportedError{Msg: err.Error()}
+	}
+	return err
 }
 
 // zeroCounters are the counters of a farm the kernel does not hold.
@@ -57,6 +67,20 @@ func (e *Engine) AllCounters(ctx context.Context) ([]*model.Farm, []dataplane.Fa
 		return nil, nil, err
 	}
 	farms := e.Snapshot().Farms()
+	if br, ok := cr.(dataplane.BulkCounterReader); ok {
+		// One read for every farm (the nft plane dumps its counter
+		// sets once).
+		out, err := br.AllCounters(ctx, farms)
+		if err != nil {
+			return nil, nil, notSupported(err)
+		}
+		for i, f := range farms {
+			if !f.Listens() {
+				out[i] = zeroCounters(f)
+			}
+		}
+		return farms, out, nil
+	}
 	out := make([]dataplane.FarmCounters, len(farms))
 	for i, f := range farms {
 		if err := ctx.Err(); err != nil {
@@ -71,4 +95,22 @@ func (e *Engine) AllCounters(ctx context.Context) ([]*model.Farm, []dataplane.Fa
 		}
 	}
 	return farms, out, nil
+}
+
+// TableCounters reads the packets and bytes each entry of a table matched
+// in the data plane (entries that never matched are left out).
+func (e *Engine) TableCounters(ctx context.Context, name string) (*model.Table, dataplane.TableCounters, error) {
+	t, ok := e.Snapshot().Table(name)
+	if !ok {
+		return nil, nil, &NotFoundError{What: fmt.Sprintf("table %q", name)}
+	}
+	cr, ok := e.dp.(dataplane.TableCounterReader)
+	if !ok {
+		return nil, nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-entry counters (the ebpf data plane does)", e.dp.Name())}
+	}
+	c, err := cr.TableCounters(ctx, t)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read counters of table %q: %w", name, err)
+	}
+	return t, c, nil
 }

@@ -54,6 +54,12 @@ type Engine struct {
 	// health: backends' health and the effective farms the data plane
 	// holds (health.go).
 	health healthTable
+	// hooks: the change observer and the connection table (conns.go).
+	hooks observeHooks
+
+	// drift: changes to the kernel by others, and their repairs
+	// (drift.go).
+	drift driftState
 }
 
 // New loads the saved state, checks it, and reconciles the kernel with it
@@ -198,8 +204,17 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	pdiff, effs, lost := e.planeDiff(diff)
 	kdiff := kernelDiff(pdiff)
 	kerr := e.applyKernel(ctx, kdiff, tdiff)
+	// Never on top of a kernel that others changed (drift.go).
+	var next *State
+	kerr = e.settleDrift(ctx, kerr, base, func() (*State, []*model.Farm) {
+		next = tx.build(diff)
+		return next, e.nextFarms(next, pdiff)
+	}, kdiff, tdiff)
 	t1 := time.Now()
 	derr := <-saved
+	if kerr != nil || derr != nil {
+		e.observe(ChangeStats{Farms: len(diff.Changes), Kernel: t1.Sub(t0), Disk: diskTime, Err: errors.Join(kerr, derr)})
+	}
 	switch {
 	case kerr != nil && derr != nil:
 		return base, fmt.Errorf("apply to %s data plane: %w", e.dp.Name(), kerr)
@@ -222,10 +237,13 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	}
 	t2 := time.Now()
 	e.commitHealth(diff, effs, lost)
-	next := tx.build(diff)
+	if next == nil {
+		next = tx.build(diff)
+	}
 	e.cur.Store(next)
 	e.publish(next)
 	e.clearProblems(tx.order)
+	e.observe(ChangeStats{Farms: len(diff.Changes), Kernel: t1.Sub(t0), Disk: diskTime, Total: time.Since(tStart)})
 	// Phase timings at debug level: where a slow change spends its time
 	// (kernel transaction, fsync, snapshot build) without a profiler.
 	e.log.Debug("change committed", "farms_changed", len(diff.Changes),
@@ -267,15 +285,29 @@ func (e *Engine) publish(s *State) {
 }
 
 // Reconcile re-applies the whole current state to the kernel, repairing
-// drift (rules changed or deleted by hand).
-func (e *Engine) Reconcile(ctx context.Context) error {
+// drift (rules changed or deleted by hand), and returns the number of
+// farms the state holds. POST /reconcile, `xlb reconcile` and SIGHUP
+// call it.
+func (e *Engine) Reconcile(ctx context.Context) (int, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.drift.asked.Add(1)
+	var seen uint64
+	var serr error = errors.New("not watched")
+	if e.drift.w != nil {
+		seen, serr = e.drift.w.DriftSeen(ctx)
+	}
 	s := e.cur.Load()
 	if err := e.reconcileTables(ctx, s); err != nil {
-		return err
+		return 0, err
 	}
-	return e.dp.Reconcile(ctx, kernelFarms(e.effectiveFarms(s)))
+	if err := e.dp.Reconcile(ctx, kernelFarms(e.effectiveFarms(s))); err != nil {
+		return 0, err
+	}
+	if serr == nil {
+		e.drift.done = seen
+	}
+	return s.Len(), nil
 }
 
 // Txn is a working copy of the state inside Engine.Change.

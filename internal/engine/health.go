@@ -41,6 +41,25 @@ type HealthUpdate struct {
 	// Ramp is the warm-up's share of the weight, per mille: 1000 once
 	// warmed up.
 	Ramp uint32
+	// Passive: the update is a passive check's ejection (Ejected) or
+	// return, not an active check's result; Key is then the backend's
+	// model.Farm.PassiveKey, and Down, Percent, Weight and Ramp are
+	// not used. An ejected backend takes no new connections, as a down
+	// one, whatever its active check says.
+	Passive bool
+	Ejected bool
+}
+
+// Ejection returns a passive check's update: backend ejected (or back).
+func Ejection(farm, backend, key string, ejected bool, reason string) HealthUpdate {
+	return HealthUpdate{Farm: farm, Backend: backend, Key: key, Passive: true, Ejected: ejected, Reason: reason}
+}
+
+// ejection is the engine's record of a backend ejected by passive checks.
+type ejection struct {
+	key    string
+	reason string
+	since  time.Time
 }
 
 // Up returns the update of a backend that is up at full weight.
@@ -73,6 +92,11 @@ type healthTable struct {
 	// at full weight (checks start optimistic, as keepalived's do, so a
 	// daemon restart never takes backends out).
 	byFarm map[string]map[string]*healthEntry
+	// ejected: farm -> backend -> ejection by passive checks.
+	ejected map[string]map[string]*ejection
+	// ejections: farm -> backend -> ejections so far (kept after the
+	// return, for the API).
+	ejections map[string]map[string]uint64
 	// quorumLost: farms whose quorum is lost (their sorry server serves).
 	quorumLost map[string]bool
 	// eff: the effective farms given to the data plane that differ from
@@ -85,7 +109,8 @@ type healthTable struct {
 }
 
 func newHealthTable() healthTable {
-	return healthTable{byFarm: map[string]map[string]*healthEntry{}, quorumLost: map[string]bool{}, eff: map[string]*model.Farm{}}
+	return healthTable{byFarm: map[string]map[string]*healthEntry{}, ejected: map[string]map[string]*ejection{},
+		ejections: map[string]map[string]uint64{}, quorumLost: map[string]bool{}, eff: map[string]*model.Farm{}}
 }
 
 // SetEvents makes the engine publish health events to b.
@@ -136,7 +161,7 @@ func (e *Engine) startFarms(s *State) []*model.Farm {
 	clear(e.health.quorumLost)
 	farms := s.Farms()
 	for i, f := range farms {
-		nf, lost := effective(f, nil, false)
+		nf, lost := effective(f, nil, nil, false)
 		if nf != f {
 			e.health.eff[f.Name] = nf
 			farms[i] = nf
@@ -149,9 +174,10 @@ func (e *Engine) startFarms(s *State) []*model.Farm {
 }
 
 // effective returns the farm the data plane is to hold for the desired
-// farm f, with health from byFarm (entries under another key are stale and
-// ignored), and whether its quorum is lost given it was (lost) before.
-func effective(f *model.Farm, hs map[string]*healthEntry, lost bool) (*model.Farm, bool) {
+// farm f, with health from byFarm and ejections from ej (entries under
+// another key are stale and ignored), and whether its quorum is lost given
+// it was (lost) before.
+func effective(f *model.Farm, hs map[string]*healthEntry, ej map[string]*ejection, lost bool) (*model.Farm, bool) {
 	if f == nil || !f.HasChecks() {
 		return f, false
 	}
@@ -172,22 +198,34 @@ func effective(f *model.Farm, hs map[string]*healthEntry, lost bool) (*model.Far
 			continue
 		}
 		serving := b.Serving()
-		if h := hs[b.Name]; h != nil {
-			if c, ok := f.Resolve(i); ok && h.key == f.CheckKey(i, &c) {
-				w := effectiveWeight(b.Weight, h)
-				switch {
-				case h.down && flush && b.State == model.StateUp:
-					// State down: the eBPF plane expires the backend's
-					// tracked flows; the engine flushes the rest.
-					edit().Backends[i].State = model.StateDown
-				case h.down:
-					w = 0
-				}
-				if w != b.Weight {
-					edit().Backends[i].Weight = w
-				}
-				serving = serving && !h.down && w > 0
+		ejected := false
+		if x := ej[b.Name]; x != nil && x.key == f.PassiveKey(i) {
+			ejected = true
+		}
+		var h *healthEntry
+		if x := hs[b.Name]; x != nil {
+			if c, ok := f.Resolve(i); ok && x.key == f.CheckKey(i, &c) {
+				h = x
 			}
+		}
+		if h != nil || ejected {
+			w := b.Weight
+			if h != nil {
+				w = effectiveWeight(b.Weight, h)
+			}
+			down := ejected || h != nil && h.down
+			switch {
+			case down && flush && b.State == model.StateUp:
+				// State down: the eBPF plane expires the backend's
+				// tracked flows; the engine flushes the rest.
+				edit().Backends[i].State = model.StateDown
+			case down:
+				w = 0
+			}
+			if w != b.Weight {
+				edit().Backends[i].Weight = w
+			}
+			serving = serving && !down && w > 0
 		}
 		if serving {
 			up++
@@ -258,7 +296,7 @@ func (e *Engine) planeDiff(d plan.Diff) (plan.Diff, map[string]*model.Farm, map[
 		nw := c.New
 		if nw != nil {
 			var l bool
-			nw, l = effective(nw, e.health.byFarm[nw.Name], e.health.quorumLost[nw.Name])
+			nw, l = effective(nw, e.health.byFarm[nw.Name], e.health.ejected[nw.Name], e.health.quorumLost[nw.Name])
 			if nw != c.New {
 				effs[nw.Name] = nw
 			}
@@ -286,7 +324,7 @@ func anyChecks(d plan.Diff) bool {
 // and quorum states it computed, drops the health of farms deleted, and
 // that of backends whose check changed (the checker starts them afresh).
 func (e *Engine) commitHealth(d plan.Diff, effs map[string]*model.Farm, lost map[string]bool) {
-	if effs == nil && len(e.health.byFarm) == 0 && len(e.health.quorumLost) == 0 && len(e.health.eff) == 0 {
+	if effs == nil && len(e.health.byFarm) == 0 && len(e.health.ejected) == 0 && len(e.health.quorumLost) == 0 && len(e.health.eff) == 0 {
 		return // no farm has or had health to record (planeDiff)
 	}
 	e.health.mu.Lock()
@@ -297,6 +335,8 @@ func (e *Engine) commitHealth(d plan.Diff, effs map[string]*model.Farm, lost map
 			name := c.Old.Name
 			delete(e.health.eff, name)
 			delete(e.health.byFarm, name)
+			delete(e.health.ejected, name)
+			delete(e.health.ejections, name)
 			delete(e.health.quorumLost, name)
 			continue
 		}
@@ -320,6 +360,16 @@ func (e *Engine) commitHealth(d plan.Diff, effs map[string]*model.Farm, lost map
 			}
 			if len(hs) == 0 {
 				delete(e.health.byFarm, name)
+			}
+		}
+		if ej := e.health.ejected[name]; ej != nil {
+			for bn, x := range ej {
+				if _, i := c.New.Backend(bn); i < 0 || x.key != c.New.PassiveKey(i) {
+					delete(ej, bn)
+				}
+			}
+			if len(ej) == 0 {
+				delete(e.health.ejected, name)
 			}
 		}
 	}
@@ -375,14 +425,25 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 		if i < 0 {
 			continue
 		}
-		c, ok := f.Resolve(i)
-		if !ok || (u.Key != "" && u.Key != f.CheckKey(i, &c)) {
-			continue
-		}
-		if h := e.health.byFarm[u.Farm][u.Backend]; h != nil && h.key == f.CheckKey(i, &c) && h.sameState(u) {
-			continue
-		} else if h == nil && !u.Down && u.Percent == 100 && u.Weight < 0 && u.Ramp == 1000 {
-			continue // up at full weight, as a backend without an entry is
+		if u.Passive {
+			key := f.PassiveKey(i)
+			if key == "" || u.Key != key {
+				continue
+			}
+			x := e.health.ejected[u.Farm][u.Backend]
+			if (x != nil && x.key == key) == u.Ejected {
+				continue
+			}
+		} else {
+			c, ok := f.Resolve(i)
+			if !ok || (u.Key != "" && u.Key != f.CheckKey(i, &c)) {
+				continue
+			}
+			if h := e.health.byFarm[u.Farm][u.Backend]; h != nil && h.key == f.CheckKey(i, &c) && h.sameState(u) {
+				continue
+			} else if h == nil && !u.Down && u.Percent == 100 && u.Weight < 0 && u.Ramp == 1000 {
+				continue // up at full weight, as a backend without an entry is
+			}
 		}
 		acc = append(acc, accepted{u, f, i})
 		if touched[u.Farm] == nil {
@@ -395,12 +456,18 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 	}
 	// The entries as they will be: copies of the touched farms' maps.
 	next := map[string]map[string]*healthEntry{}
+	nextEj := map[string]map[string]*ejection{}
 	for _, name := range order {
 		m := make(map[string]*healthEntry, len(e.health.byFarm[name])+1)
 		for bn, h := range e.health.byFarm[name] {
 			m[bn] = h
 		}
 		next[name] = m
+		x := make(map[string]*ejection, len(e.health.ejected[name])+1)
+		for bn, j := range e.health.ejected[name] {
+			x[bn] = j
+		}
+		nextEj[name] = x
 	}
 	now := time.Now()
 	type transition struct {
@@ -408,9 +475,19 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 		i       int
 		entry   *healthEntry
 		changed bool // up <-> down
+		passive *HealthUpdate
 	}
 	var trans []transition
 	for _, a := range acc {
+		if a.u.Passive {
+			if a.u.Ejected {
+				nextEj[a.u.Farm][a.u.Backend] = &ejection{key: a.u.Key, reason: a.u.Reason, since: now}
+			} else {
+				delete(nextEj[a.u.Farm], a.u.Backend)
+			}
+			trans = append(trans, transition{farm: a.farm, i: a.i, passive: a.u})
+			continue
+		}
 		c, _ := a.farm.Resolve(a.i)
 		key := a.farm.CheckKey(a.i, &c)
 		old := next[a.u.Farm][a.u.Backend]
@@ -431,7 +508,7 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 			h.ups++
 		}
 		next[a.u.Farm][a.u.Backend] = h
-		trans = append(trans, transition{a.farm, a.i, h, changed})
+		trans = append(trans, transition{farm: a.farm, i: a.i, entry: h, changed: changed})
 	}
 	var d plan.Diff
 	effs := map[string]*model.Farm{}
@@ -439,7 +516,7 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 	for _, name := range order {
 		f := touched[name]
 		old := e.effectiveFarm(f)
-		nw, l := effective(f, next[name], e.health.quorumLost[name])
+		nw, l := effective(f, next[name], nextEj[name], e.health.quorumLost[name])
 		effs[name], lost[name] = nw, l
 		if old == nw || model.SameJSON(old, nw) {
 			continue
@@ -447,14 +524,33 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 		d.Changes = append(d.Changes, plan.FarmChange{Old: old, New: nw})
 	}
 	if d = kernelDiff(d); !d.Empty() {
-		if err := e.dp.Apply(ctx, d); err != nil {
+		err := e.dp.Apply(ctx, d)
+		if err != nil {
+			// Refused by a kernel others changed? Repair, try again
+			// (after a success, the watch repairs within a second).
+			if drift, seen, serr := e.drifted(ctx); drift {
+				if rerr := e.repairLocked(ctx, seen, serr, s, e.effectiveFarms(s), "health"); rerr == nil {
+					err = e.dp.Apply(ctx, d)
+				}
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("apply health to %s data plane: %w", e.dp.Name(), err)
 		}
 	}
 	e.health.mu.Lock()
 	for _, name := range order {
 		f := touched[name]
-		e.health.byFarm[name] = next[name]
+		if len(next[name]) > 0 {
+			e.health.byFarm[name] = next[name]
+		} else {
+			delete(e.health.byFarm, name)
+		}
+		if len(nextEj[name]) > 0 {
+			e.health.ejected[name] = nextEj[name]
+		} else {
+			delete(e.health.ejected, name)
+		}
 		if effs[name] != f {
 			e.health.eff[name] = effs[name]
 		} else {
@@ -462,11 +558,45 @@ func (e *Engine) SetHealth(ctx context.Context, updates []HealthUpdate) error {
 		}
 		e.setQuorum(f, lost[name])
 	}
+	for _, t := range trans {
+		if t.passive != nil && t.passive.Ejected {
+			m := e.health.ejections[t.farm.Name]
+			if m == nil {
+				m = map[string]uint64{}
+				e.health.ejections[t.farm.Name] = m
+			}
+			m[t.passive.Backend]++
+		}
+	}
 	e.health.mu.Unlock()
 	for _, t := range trans {
+		if t.passive != nil {
+			e.reportEjection(ctx, t.farm, t.i, t.passive, effs[t.farm.Name])
+			continue
+		}
 		e.reportHealth(ctx, t.farm, t.i, t.entry, t.changed, effs[t.farm.Name])
 	}
 	return nil
+}
+
+// reportEjection logs and publishes a passive check's ejection or return,
+// and flushes the backend's connections when it was ejected in a farm with
+// on-down flush.
+func (e *Engine) reportEjection(ctx context.Context, f *model.Farm, i int, u *HealthUpdate, eff *model.Farm) {
+	b := &f.Backends[i]
+	w := eff.Backends[i].Weight
+	if eff.Backends[i].State != model.StateUp {
+		w = 0
+	}
+	state, level := HealthReturned, slog.LevelInfo
+	if u.Ejected {
+		state, level = HealthEjected, slog.LevelWarn
+	}
+	e.log.Log(ctx, level, "backend "+state, "farm", f.Name, "backend", b.Name, "reason", u.Reason, "weight", w)
+	e.health.events.Publish(events.Event{Kind: events.KindHealth, Farm: f.Name, Backend: b.Name, State: state, Reason: u.Reason, Weight: &w})
+	if u.Ejected {
+		e.flushDown(ctx, f, i, eff)
+	}
 }
 
 // reportHealth logs and publishes one backend's new health, and flushes
@@ -492,7 +622,16 @@ func (e *Engine) reportHealth(ctx context.Context, f *model.Farm, i int, h *heal
 	}
 	e.log.Log(ctx, level, "backend "+state, "farm", f.Name, "backend", b.Name, "reason", h.reason, "weight", w)
 	e.health.events.Publish(events.Event{Kind: events.KindHealth, Farm: f.Name, Backend: b.Name, State: state, Reason: h.reason, Weight: &w})
-	if !h.down || f.Check == nil || f.Check.OnDown != model.OnDownFlush {
+	if h.down {
+		e.flushDown(ctx, f, i, eff)
+	}
+}
+
+// flushDown cuts the connections of backend i of f, gone down or ejected,
+// if the farm asks for it (on-down flush).
+func (e *Engine) flushDown(ctx context.Context, f *model.Farm, i int, eff *model.Farm) {
+	b := &f.Backends[i]
+	if f.Check == nil || f.Check.OnDown != model.OnDownFlush {
 		return
 	}
 	ff, ok := e.dp.(dataplane.BackendFlusher)
@@ -516,6 +655,10 @@ const (
 	HealthUp        = "up"
 	HealthDown      = "down"
 	HealthUnchecked = "unchecked"
+	// HealthEjected: ejected by passive checks (and not down by an
+	// active one); HealthReturned is the event of its return.
+	HealthEjected  = "ejected"
+	HealthReturned = "returned"
 )
 
 // BackendHealth is what the engine knows of one backend's health.
@@ -529,6 +672,13 @@ type BackendHealth struct {
 	Ups    uint64 // transitions back up
 	// Sorry: the farm's sorry server (serving, or not, by quorum).
 	Sorry bool
+	// Passive checks: Watched, Ejected (then EjectReason and
+	// EjectedSince), and Ejections so far.
+	Watched      bool
+	Ejected      bool
+	EjectReason  string
+	EjectedSince time.Time
+	Ejections    uint64
 }
 
 // FarmHealth returns the health of each backend of f (a farm of the
@@ -553,17 +703,28 @@ func (e *Engine) FarmHealth(f *model.Farm) ([]BackendHealth, bool) {
 			bh.State, bh.Sorry = HealthUnchecked, true
 			continue
 		}
-		c, ok := f.Resolve(i)
-		if !ok {
-			bh.State = HealthUnchecked
-			continue
-		}
-		bh.State = HealthUp
-		if h := hs[b.Name]; h != nil && h.key == f.CheckKey(i, &c) {
-			if h.down {
-				bh.State = HealthDown
+		bh.State = HealthUnchecked
+		if c, ok := f.Resolve(i); ok {
+			bh.State = HealthUp
+			if h := hs[b.Name]; h != nil && h.key == f.CheckKey(i, &c) {
+				if h.down {
+					bh.State = HealthDown
+				}
+				bh.Reason, bh.Since, bh.Downs, bh.Ups = h.reason, h.since, h.downs, h.ups
 			}
-			bh.Reason, bh.Since, bh.Downs, bh.Ups = h.reason, h.since, h.downs, h.ups
+		}
+		if key := f.PassiveKey(i); key != "" {
+			bh.Watched = true
+			bh.Ejections = e.health.ejections[f.Name][b.Name]
+			if bh.State == HealthUnchecked {
+				bh.State = HealthUp
+			}
+			if x := e.health.ejected[f.Name][b.Name]; x != nil && x.key == key {
+				bh.Ejected, bh.EjectReason, bh.EjectedSince = true, x.reason, x.since
+				if bh.State == HealthUp {
+					bh.State = HealthEjected
+				}
+			}
 		}
 	}
 	return out, e.health.quorumLost[f.Name]
@@ -603,6 +764,11 @@ func HealthSuffix(f *model.Farm, hs []BackendHealth, i int) string {
 	}
 	if h.Reason != "" && h.State == HealthDown {
 		s += " (" + h.Reason + ")"
+	}
+	if h.Ejected && h.State == HealthEjected {
+		s += " (" + h.EjectReason + ")"
+	} else if h.Ejected {
+		s += " ejected"
 	}
 	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
@@ -322,5 +323,75 @@ func TestHealthStartSorry(t *testing.T) {
 	}
 	if got := planeWeights(dp2); got != "b1:10:up b2:10:up b3:0:up " {
 		t.Errorf("plane at start: %s", got)
+	}
+}
+
+// A passive check's ejection takes the backend out of the data plane like a
+// down one, apart from its active check's health; an ejection under an old
+// passive key is ignored; the return puts it back.
+func TestPassiveEjection(t *testing.T) {
+	e, dp, _, _ := newEngine(t)
+	b := events.NewBroker(16)
+	e.SetEvents(b)
+	sub := b.Subscribe(0, 16)
+	if err := put(e, checkedFarm(t, `{"type":"tcp","passive":{"failures":"3"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := e.Snapshot().Farm("web")
+	pk := f.PassiveKey(1)
+	ctx := context.Background()
+	if err := e.SetHealth(ctx, []HealthUpdate{Ejection("web", "b2", "stale", true, "x")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := planeWeights(dp); got != "b1:10:up b2:10:up b3:10:up " {
+		t.Errorf("a stale ejection reached the plane: %s", got)
+	}
+	if err := e.SetHealth(ctx, []HealthUpdate{Ejection("web", "b2", pk, true, "3 consecutive connection failures")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := planeWeights(dp); got != "b1:10:up b2:0:up b3:10:up " {
+		t.Errorf("plane: %s", got)
+	}
+	hs, _ := e.FarmHealth(f)
+	if hs[1].State != HealthEjected || !hs[1].Ejected || hs[1].Ejections != 1 || !hs[1].Watched || hs[0].State != HealthUp {
+		t.Errorf("health: %+v", hs)
+	}
+	if s := HealthSuffix(f, hs, 1); s != " health ejected weight 0 (3 consecutive connection failures)" {
+		t.Errorf("listing suffix %q", s)
+	}
+	// Down by its active check too: still out; the active check's
+	// return does not bring it back while ejected.
+	if err := e.SetHealth(ctx, []HealthUpdate{down(t, e, "b2", "connect refused")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetHealth(ctx, []HealthUpdate{Up("web", "b2", key(t, e, "b2"), "ok")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := planeWeights(dp); got != "b1:10:up b2:0:up b3:10:up " {
+		t.Errorf("plane with b2 up by its check but ejected: %s", got)
+	}
+	if err := e.SetHealth(ctx, []HealthUpdate{Ejection("web", "b2", pk, false, "ejection of 30s over")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := planeWeights(dp); got != "b1:10:up b2:10:up b3:10:up " {
+		t.Errorf("plane after the return: %s", got)
+	}
+	var states []string
+	for len(sub.C) > 0 {
+		ev := <-sub.C
+		states = append(states, ev.State)
+	}
+	if got := strings.Join(states, ","); got != "ejected,down,up,returned" {
+		t.Errorf("events %s", got)
+	}
+	// A change of the passive configuration forgets the ejection.
+	if err := e.SetHealth(ctx, []HealthUpdate{Ejection("web", "b2", pk, true, "again")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := put(e, checkedFarm(t, `{"type":"tcp","passive":{"failures":"4"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := planeWeights(dp); got != "b1:10:up b2:10:up b3:10:up " {
+		t.Errorf("plane after a new passive configuration: %s", got)
 	}
 }

@@ -43,7 +43,7 @@ func TestFarmWithoutAddress(t *testing.T) {
 	if got := dp.Farms(); len(got) != 0 {
 		t.Fatalf("plane holds %v after the farm lost its address", got)
 	}
-	if err := e.Reconcile(context.Background()); err != nil || len(dp.Farms()) != 0 {
+	if _, err := e.Reconcile(context.Background()); err != nil || len(dp.Farms()) != 0 {
 		t.Fatalf("reconcile: %v, plane %v", err, dp.Farms())
 	}
 }

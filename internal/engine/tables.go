@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	iradix "github.com/hashicorp/go-immutable-radix/v2"
 
@@ -105,6 +106,30 @@ func (tx *Txn) Table(name string) (*model.Table, bool) {
 		}
 	}
 	return tx.base.Table(name)
+}
+
+// Tables returns the transaction's tables as it has them now, in name
+// order.
+func (tx *Txn) Tables() []*model.Table {
+	var out []*model.Table
+	seen := map[string]bool{}
+	if tx.tt == nil || !tx.tt.replace {
+		for _, t := range tx.base.Tables() {
+			seen[t.Name] = true
+			if cur, ok := tx.Table(t.Name); ok {
+				out = append(out, cur)
+			}
+		}
+	}
+	if tx.tt != nil {
+		for name, w := range tx.tt.works {
+			if !seen[name] && w.cur != nil {
+				out = append(out, w.cur)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *model.Table) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // work returns the table's work record, creating it from the base.

@@ -8,11 +8,14 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
 )
 
 // dialer makes the checks' connections: from the LB's network namespace
@@ -21,6 +24,33 @@ import (
 // sockets behind, as HAProxy's checks do.
 type dialer struct {
 	ns netns.NsHandle // zero or netns.None(): the current namespace
+
+	// The half-open checks' prober, opened at the first such check.
+	synOnce sync.Once
+	syn     *synProber
+	synErr  error
+}
+
+// do runs fn in the dialer's namespace.
+func (d *dialer) do(fn func() error) error {
+	if d.ns <= 0 {
+		return fn()
+	}
+	return inNS(d.ns, fn)
+}
+
+// prober returns the namespace's half-open prober, opening it the first
+// time.
+func (d *dialer) prober() (*synProber, error) {
+	d.synOnce.Do(func() { d.syn, d.synErr = newSynProber(d) })
+	return d.syn, d.synErr
+}
+
+// close releases what the dialer holds.
+func (d *dialer) close() {
+	if d.syn != nil {
+		d.syn.close()
+	}
 }
 
 // control sets the options every check socket gets before bind and
@@ -32,6 +62,7 @@ func control(bindNoPort bool) func(network, address string, c syscall.RawConn) e
 	return func(network, address string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
+			markSocket(int(fd))
 			if network == "tcp4" || network == "tcp6" {
 				serr = unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 			}
@@ -44,6 +75,13 @@ func control(bindNoPort bool) func(network, address string, c syscall.RawConn) e
 		}
 		return serr
 	}
+}
+
+// markSocket gives a check's socket dataplane.CheckSocketMark, so a plane
+// with conntrack (nft) leaves its packets untracked. Best effort: it takes
+// CAP_NET_ADMIN, and a check without it is only dearer.
+func markSocket(fd int) {
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, dataplane.CheckSocketMark)
 }
 
 // dial connects to dst over network ("tcp" or "udp") from src (if valid)

@@ -43,6 +43,10 @@ type Options struct {
 	Spread float64
 	// MaxInFlight bounds the checks running at once (default 4096).
 	MaxInFlight int
+	// Observe, when set, is told of every check's result with its
+	// check type (metrics). It is called with the monitor's lock held:
+	// it must be quick and must not call the monitor.
+	Observe func(typ model.CheckType, r Result)
 }
 
 // Sink takes health updates: the engine.
@@ -132,6 +136,7 @@ func (m *Monitor) Run(ctx context.Context) {
 	}()
 	m.loop(ctx)
 	wg.Wait()
+	m.d.close()
 }
 
 // Watch keeps the monitor's targets equal to the engine's checked
@@ -221,7 +226,11 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 			m.log.Error("compile health check", "farm", nw.Name, "backend", k.backend, "err", err)
 			continue
 		}
-		t := &target{tkey: k, key: key, check: c, probe: p, up: true, hidx: -1, percent: -1, weight: -1, ramp: 1000}
+		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, hidx: -1, percent: -1, weight: -1, ramp: 1000}
+		if !t.up {
+			// init-state down: out until rise passes.
+			m.emit(t, "init-state down: not checked yet")
+		}
 		// The first check at a random point of the first interval.
 		t.next = now.Add(time.Duration(m.rnd.Int64N(int64(c.Inter))))
 		m.targets[k] = t
@@ -309,6 +318,9 @@ func (m *Monitor) finish(f finished) {
 	m.checks++
 	if !r.OK {
 		m.fails++
+	}
+	if m.opts.Observe != nil {
+		m.opts.Observe(t.check.Type, r)
 	}
 	if t.removed {
 		return

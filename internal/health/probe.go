@@ -7,6 +7,7 @@ import (
 	"crypto/md5"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -50,6 +51,10 @@ type probe struct {
 	digest  []byte // md5 or sha256, by length
 	request []byte // http: the whole request
 	env     []string
+	// https: the TLS configuration; tlsErr, why there is none (a CA
+	// file that cannot be read fails every check with it).
+	tls    *tls.Config
+	tlsErr error
 }
 
 // maxBody bounds what an HTTP check reads of a body it must match.
@@ -83,6 +88,9 @@ func compile(f *model.Farm, i int, c model.Check) (*probe, error) {
 		p.request = fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: xlb-health-check\r\nAccept: */*\r\nConnection: close\r\n\r\n",
 			c.Method, c.Path, host)
 	}
+	if c.Type == model.CheckHTTPS {
+		p.tls, p.tlsErr = tlsConfig(c, p.dst.Addr())
+	}
 	if c.Type == model.CheckExec {
 		port := ""
 		if c.Port != 0 {
@@ -92,6 +100,33 @@ func compile(f *model.Farm, i int, c model.Check) (*probe, error) {
 			"XLB_BACKEND_ADDR="+b.Addr.String(), "XLB_BACKEND_PORT="+port)
 	}
 	return p, nil
+}
+
+// tlsConfig is an https check's TLS configuration. Without verify, like
+// HAProxy's "check-ssl verify none" and keepalived's SSL_GET: the check is
+// about the service answering, not its certificate. With verify, the
+// certificate must chain to the CA file's certificates (or the system's
+// roots) and name host, else the backend's address (HAProxy's "verify
+// required ca-file ... verifyhost").
+func tlsConfig(c model.Check, addr netip.Addr) (*tls.Config, error) {
+	name := c.Host
+	if name == "" {
+		name = addr.String()
+	}
+	cfg := &tls.Config{ServerName: name, InsecureSkipVerify: !c.Verify}
+	if !c.Verify || c.CAFile == "" {
+		return cfg, nil
+	}
+	pem, err := os.ReadFile(c.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA file %s: no PEM certificate in it", c.CAFile)
+	}
+	cfg.RootCAs = pool
+	return cfg, nil
 }
 
 // run performs the check once.
@@ -109,7 +144,7 @@ func (p *probe) run(ctx context.Context, d *dialer) Result {
 	case model.CheckUDP:
 		r = p.udp(ctx, d, deadline)
 	case model.CheckExec:
-		r = p.exec(ctx)
+		r = p.exec(ctx, d)
 	case model.CheckAgent:
 		r = p.agent(ctx, d, deadline)
 	default:
@@ -125,6 +160,11 @@ func pass(detail string) Result { return Result{OK: true, Detail: detail, Percen
 func (p *probe) failErr(err error) Result { return fail(describe(err, p.check.Timeout)) }
 
 func (p *probe) tcp(ctx context.Context, d *dialer, deadline time.Time) Result {
+	if p.check.HalfOpen && p.dst.Addr().Is4() {
+		if r, ok := p.halfOpen(ctx, d); ok {
+			return r
+		}
+	}
 	c, err := d.dial(ctx, "tcp", p.check.SourceAddr, p.dst, deadline)
 	if err != nil {
 		return p.failErr(err)
@@ -143,6 +183,25 @@ func (p *probe) tcp(ctx context.Context, d *dialer, deadline time.Time) Result {
 		return pass("sent")
 	}
 	return p.readExpect(c)
+}
+
+// halfOpen runs a half-open check (synprobe.go); ok is false when it
+// cannot (no raw socket, every source port busy): the caller connects.
+func (p *probe) halfOpen(ctx context.Context, d *dialer) (Result, bool) {
+	sp, err := d.prober()
+	if err != nil {
+		return Result{}, false
+	}
+	answer, err := sp.probe(ctx, d, p.check.SourceAddr, p.dst)
+	switch {
+	case err == nil && answer == synUp:
+		return pass(answer), true
+	case err == nil:
+		return fail(answer), true
+	case errors.Is(err, errSynBusy):
+		return Result{}, false
+	}
+	return p.failErr(err), true
 }
 
 // readExpect reads until the expected bytes arrive, the peer closes or the
@@ -177,13 +236,10 @@ func (p *probe) http(ctx context.Context, d *dialer, deadline time.Time) Result 
 	raw.SetDeadline(deadline)
 	var c net.Conn = raw
 	if p.check.Type == model.CheckHTTPS {
-		name := p.check.Host
-		if name == "" {
-			name = p.dst.Addr().String()
+		if p.tlsErr != nil {
+			return fail("TLS: " + p.tlsErr.Error())
 		}
-		// Like HAProxy's "check-ssl verify none" and keepalived's SSL_GET:
-		// the check is about the service answering, not its certificate.
-		tc := tls.Client(raw, &tls.Config{ServerName: name, InsecureSkipVerify: true})
+		tc := tls.Client(raw, p.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return fail("TLS handshake: " + describe(err, p.check.Timeout))
 		}
@@ -261,7 +317,7 @@ func (p *probe) udp(ctx context.Context, d *dialer, deadline time.Time) Result {
 
 // exec runs the command: exit 0 up, else down; a stdout line "weight N"
 // sets the weight (keepalived's misc_dynamic).
-func (p *probe) exec(ctx context.Context) Result {
+func (p *probe) exec(ctx context.Context, d *dialer) Result {
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", p.check.Command)
 	cmd.Env = p.env
 	// Its own process group, killed whole at the timeout: a shell's
@@ -272,7 +328,11 @@ func (p *probe) exec(ctx context.Context) Result {
 	var out limitedBuffer
 	out.max = 4096
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
+	// Started from a thread in the LB's namespace: the command runs there.
+	err := d.do(cmd.Start)
+	if err == nil {
+		err = cmd.Wait()
+	}
 	weight := int32(-1)
 	for _, line := range strings.Split(out.String(), "\n") {
 		if w, ok := strings.CutPrefix(strings.TrimSpace(line), "weight "); ok {

@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/md5"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -243,6 +246,37 @@ func TestProbeAgent(t *testing.T) {
 		r := runProbe(t, lineServer(t, answer, false), model.Check{Type: model.CheckAgent})
 		if r.OK != want.OK || r.Percent != want.Percent || r.Detail != want.Detail || r.Now != want.Now {
 			t.Errorf("agent %q: %+v, want %+v", answer, r, want)
+		}
+	}
+}
+
+// verify on: the certificate must chain to the CA file and name the host.
+func TestProbeHTTPSVerify(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) }))
+	srv.StartTLS()
+	defer srv.Close()
+	dst := addrOf(t, srv.URL)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// httptest's certificate names example.com and 127.0.0.1.
+	for _, c := range []struct {
+		check model.Check
+		ok    bool
+		want  string
+	}{
+		{model.Check{Type: model.CheckHTTPS, Verify: true, CAFile: ca}, true, "HTTP 200"},
+		{model.Check{Type: model.CheckHTTPS, Verify: true, CAFile: ca, Host: "example.com"}, true, "HTTP 200"},
+		{model.Check{Type: model.CheckHTTPS, Verify: true, CAFile: ca, Host: "other.example"}, false, "TLS handshake: tls: failed to verify certificate: x509: certificate is valid for example.com"},
+		{model.Check{Type: model.CheckHTTPS, Verify: true}, false, "TLS handshake: tls: failed to verify certificate: x509: certificate signed by unknown authority"},
+		{model.Check{Type: model.CheckHTTPS, Verify: true, CAFile: "/nonexistent/ca.pem"}, false, "TLS: CA file: open /nonexistent/ca.pem: no such file or directory"},
+		{model.Check{Type: model.CheckHTTPS}, true, "HTTP 200"},
+	} {
+		c.check.Method, c.check.Path = "GET", "/"
+		r := runProbe(t, dst, c.check)
+		if r.OK != c.ok || !strings.HasPrefix(r.Detail, c.want) {
+			t.Errorf("%+v: %+v, want ok %v %q", c.check, r, c.ok, c.want)
 		}
 	}
 }

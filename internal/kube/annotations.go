@@ -1,7 +1,9 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -18,7 +20,11 @@ const (
 
 // annotationKeys are the settings both prefixes accept, and the farm field
 // each one sets (its values are nftlb's, see docs/kube-proxy.md).
-var annotationKeys = []string{"mode", "scheduler", "sched-param", "persistence", "persist-ttl", "helper", "log", "est-connlimit", "iface"}
+var annotationKeys = []string{"mode", "scheduler", "sched-param", "persistence", "persist-ttl", "helper", "log", "est-connlimit", "iface", "check"}
+
+// xlbOnlyKeys are the keys only the xlb.io/ prefix takes (kube-nftlb had
+// no health checks).
+var xlbOnlyKeys = []string{"check"}
 
 // AnnotationError says which annotation of a Service has a bad value.
 type AnnotationError struct {
@@ -43,6 +49,9 @@ type settings struct {
 	log          *model.LogHook
 	estConnLimit *uint32
 	iface        *string
+	// check: xlb.io/check, a health check object as the API takes it
+	// (docs/health.md), added to each farm of the Service.
+	check *model.Check
 }
 
 // any reports whether an annotation changes a farm field.
@@ -77,6 +86,9 @@ func parseAnnotations(ann map[string]string) (settings, error) {
 				continue // the xlb.io/ key wins
 			}
 		}
+		if !own && slices.Contains(xlbOnlyKeys, name) {
+			continue
+		}
 		if !known(name) {
 			if own {
 				return s, &AnnotationError{Key: k, Value: ann[k], Problem: "unknown xlb.io annotation; allowed: " + allowedKeys()}
@@ -101,6 +113,9 @@ func allowedKeys() string {
 // set parses one setting with the model's own parser, so the allowed values
 // and their texts are the model's.
 func (s *settings) set(name, v string) error {
+	if name == "check" {
+		return s.setCheck(v)
+	}
 	f := model.NewFarm("annotation")
 	if name == "scheduler" {
 		if keys, ok := strings.CutPrefix(v, "hash-"); ok {
@@ -134,6 +149,27 @@ func (s *settings) set(name, v string) error {
 	case "est-connlimit":
 		s.estConnLimit = &f.EstConnLimit
 	}
+	return nil
+}
+
+// setCheck reads xlb.io/check: a JSON check object, e.g.
+// {"type":"http","path":"/healthz"}, decoded by the model as the API's
+// "check" member is. Values that need the farm (a port, the family of a
+// source address) are checked when the farm is: a farm refused for them
+// falls back to the defaults like any refused annotation.
+func (s *settings) setCheck(v string) error {
+	fs, err := model.DecodeFarmsUnchecked([]byte(`{"name":"annotation","check":` + v + `}`))
+	if err != nil {
+		var fe *model.FieldError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("field %q: %s", fe.Field, fe.Problem)
+		}
+		return fmt.Errorf("must be a JSON check object, e.g. {\"type\": \"http\", \"path\": \"/healthz\"}: %v", err)
+	}
+	if fs[0].Check == nil {
+		return errors.New(`must be a JSON check object, e.g. {"type": "http", "path": "/healthz"}`)
+	}
+	s.check = fs[0].Check
 	return nil
 }
 
@@ -196,5 +232,8 @@ func (s *settings) override(f *model.Farm) {
 	}
 	if s.estConnLimit != nil {
 		f.EstConnLimit = *s.estConnLimit
+	}
+	if s.check != nil {
+		f.Check = s.check
 	}
 }

@@ -57,6 +57,13 @@ type Config struct {
 	// NodePortAddresses restricts NodePorts to node addresses inside these
 	// prefixes; empty means every address in the Node's status.
 	NodePortAddresses []netip.Prefix
+	// NodePortPrimary serves NodePorts on the Node's primary addresses
+	// only (kube-proxy's --nodeport-addresses primary): its first
+	// InternalIP of each family, else its first ExternalIP.
+	NodePortPrimary bool
+	// MasqueradeAll masquerades all traffic to cluster IPs (kube-proxy's
+	// masqueradeAll): cluster farms in snat mode.
+	MasqueradeAll bool
 	// PodInterface is the interface Pods' traffic arrives on, where mode
 	// dsr for cluster IPs works (see Node.PodInterface).
 	PodInterface string
@@ -101,6 +108,10 @@ type Controller struct {
 
 	nodeMu sync.Mutex
 	node   Node
+	// nodeIneligible: the Node is gone, being deleted or tainted for
+	// deletion (proxyhealth.go).
+	nodeIneligible bool
+	started        time.Time
 
 	// Owned by the worker goroutine.
 	owned     map[string][]string // Service key -> farm names in the engine
@@ -132,6 +143,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg:        cfg,
 		log:        cfg.Log,
 		node:       Node{Name: cfg.NodeName},
+		started:    time.Now(),
 		owned:      map[string][]string{},
 		lastErr:    map[string]string{},
 		pendingAt:  map[string]time.Time{},
@@ -345,12 +357,16 @@ func (c *Controller) enqueue(key string) {
 // Service with a NodePort is synced again.
 func (c *Controller) nodeChanged(obj any) {
 	var addrs []netip.Addr
-	if n, ok := obj.(*corev1.Node); ok {
+	n, _ := obj.(*corev1.Node)
+	if n != nil && c.cfg.NodePortPrimary {
+		addrs = PrimaryNodeAddrs(n)
+	} else if n != nil {
 		addrs = NodeAddrs(n, c.cfg.NodePortAddresses)
 	}
 	c.nodeMu.Lock()
 	same := slices.Equal(addrs, c.node.Addrs)
 	c.node.Addrs = addrs
+	c.nodeIneligible = !nodeEligible(n)
 	c.nodeMu.Unlock()
 	if same {
 		return
@@ -391,10 +407,35 @@ func NodeAddrs(n *corev1.Node, within []netip.Prefix) []netip.Addr {
 	return out
 }
 
+// PrimaryNodeAddrs returns a Node's primary addresses, as kube-proxy's
+// --nodeport-addresses primary takes them: the first InternalIP of each
+// family, else the first ExternalIP of that family.
+func PrimaryNodeAddrs(n *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, v6 := range []bool{false, true} {
+		for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+			found := false
+			for _, na := range n.Status.Addresses {
+				a, err := netip.ParseAddr(na.Address)
+				if na.Type != typ || err != nil || a.Unmap().Is6() != v6 {
+					continue
+				}
+				out = append(out, a.Unmap())
+				found = true
+				break
+			}
+			if found {
+				break
+			}
+		}
+	}
+	return out
+}
+
 func (c *Controller) currentNode() Node {
 	c.nodeMu.Lock()
 	defer c.nodeMu.Unlock()
-	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs), PodInterface: c.cfg.PodInterface}
+	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs), PodInterface: c.cfg.PodInterface, MasqueradeAll: c.cfg.MasqueradeAll}
 }
 
 // plan translates one Service from the informer caches (a plan without

@@ -295,3 +295,29 @@ func TestRefusedAnnotationFallsBack(t *testing.T) {
 		t.Errorf("event: %s", ev.Message)
 	}
 }
+
+// An xlb.io/check annotation adds the check to the Service's farms; one the
+// model refuses once it meets the farm (a source address of the wrong
+// family) falls back to the defaults, with a Warning event.
+func TestCheckAnnotation(t *testing.T) {
+	svc := testService("a", "10.96.0.1")
+	svc.Annotations = map[string]string{"xlb.io/check": `{"type":"tcp","inter":"1s"}`}
+	bad := testService("b", "10.96.0.2")
+	bad.Annotations = map[string]string{"xlb.io/check": `{"type":"tcp","source-addr":"fd00::1"}`}
+	e := newCtlEnv(t, []runtime.Object{svc, bad, testSlice("a", "10.244.0.1", "10.244.0.2"), testSlice("b", "10.244.0.3")}, nil, fake.New())
+	f, ok := e.eng.Snapshot().Farm("shop.a.http.cluster-10.96.0.1")
+	if !ok || f.Check == nil || f.Check.Type != model.CheckTCP || len(f.Backends) != 2 {
+		t.Fatalf("farm a: %v %s", ok, f.AppendJSON(nil))
+	}
+	if c, ok := f.Resolve(0); !ok || c.Inter != time.Second {
+		t.Errorf("a's backends are not checked: %+v", c)
+	}
+	g, ok := e.eng.Snapshot().Farm("shop.b.http.cluster-10.96.0.2")
+	if !ok || g.Check != nil || len(g.Backends) != 1 {
+		t.Fatalf("farm b: %v %s, want the defaults", ok, g.AppendJSON(nil))
+	}
+	e.waitFor("an XLBRejected event", func() bool { return len(e.events("shop", ReasonRejected)) == 1 })
+	if ev := e.events("shop", ReasonRejected)[0]; !strings.Contains(ev.Message, "check.source-addr") || !strings.Contains(ev.Message, "serving with the defaults") {
+		t.Errorf("event: %s", ev.Message)
+	}
+}

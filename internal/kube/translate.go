@@ -37,6 +37,9 @@ type Node struct {
 	// used its configured Docker bridge the same way). Empty: the
 	// xlb.io/iface annotation must name it.
 	PodInterface string
+	// MasqueradeAll: cluster farms masquerade (snat) every client, as
+	// kube-proxy's masqueradeAll does, instead of keeping its address.
+	MasqueradeAll bool
 }
 
 // Kind says which address of a Service a farm serves.
@@ -381,6 +384,9 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 			if sa.Kind == KindCluster {
 				local = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 				f.Mode = model.ModeDNAT
+				if node.MasqueradeAll {
+					f.Mode = model.ModeSNAT
+				}
 			} else {
 				local = svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 				f.Mode = model.ModeSNAT

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -409,6 +410,13 @@ func TestFarmsAnnotations(t *testing.T) {
 		}, func(f *model.Farm) bool { return f.Mode == model.ModeSNAT }},
 		{"annotation persistence beats sessionAffinity", map[string]string{"xlb.io/persistence": "none"},
 			func(f *model.Farm) bool { return f.Persistence == 0 }},
+		{"a health check next to readiness", map[string]string{"xlb.io/check": `{"type":"http","path":"/healthz","inter":"5s"}`},
+			func(f *model.Farm) bool {
+				c := f.Check
+				return c != nil && c.Type == model.CheckHTTP && c.Path == "/healthz" && c.Inter == 5*time.Second
+			}},
+		{"kube-nftlb had no check annotation", map[string]string{"service.kubernetes.io/kube-nftlb-load-balancer-check": `{"type":"tcp"}`},
+			func(f *model.Farm) bool { return f.Check == nil }},
 		{"other annotations ignored", map[string]string{"example.com/x": "y", "service.kubernetes.io/kube-nftlb-load-balancer-other": "z"},
 			func(f *model.Farm) bool { return f.Mode == model.ModeDNAT }},
 	} {
@@ -439,6 +447,9 @@ func TestFarmsInvalidAnnotation(t *testing.T) {
 		{"xlb.io/est-connlimit", "-1", []string{"whole number"}},
 		{"xlb.io/modee", "snat", []string{"unknown xlb.io annotation", "xlb.io/mode"}},
 		{"service.kubernetes.io/kube-nftlb-load-balancer-helper", "http", []string{"ftp", "sip"}},
+		{"xlb.io/check", `{"type":"icmp"}`, []string{`"xlb.io/check"`, `field "check.type"`, "tcp, http, https"}},
+		{"xlb.io/check", `{"type":"http"`, []string{"must be a JSON check object"}},
+		{"xlb.io/check", `"tcp"`, []string{`field "check"`, "must be an object"}},
 	} {
 		s := svc(func(s *corev1.Service) { s.Annotations = map[string]string{c.key: c.value} })
 		farms, err := Farms(s, nil, node1)

@@ -61,6 +61,18 @@ var onDownSpec = enumSpec[OnDown]{[]string{"keep", "flush"}}
 
 func (o OnDown) String() string { return onDownSpec.name(o) }
 
+// InitState is the state a check starts in.
+type InitState uint8
+
+const (
+	InitUp   InitState = iota // serving until fall failures
+	InitDown                  // out until rise passes
+)
+
+var initStateSpec = enumSpec[InitState]{[]string{"up", "down"}}
+
+func (s InitState) String() string { return initStateSpec.name(s) }
+
 // StatusRange is an inclusive range of HTTP status codes.
 type StatusRange struct{ First, Last uint16 }
 
@@ -90,11 +102,26 @@ type Check struct {
 	Status     []StatusRange // expected status codes; empty: 200-399
 	BodyRegex  string        // the body must match
 	BodyDigest string        // hex MD5 (32 digits) or SHA-256 (64) of the body
+	// https: Verify checks the backend's certificate (against CAFile, or
+	// the system's roots) and its name (host, else the backend's address).
+	Verify bool
+	CAFile string // PEM file of the CAs to trust (an absolute path)
 
 	// tcp, udp, agent: Send is sent after connecting (udp: the datagram);
 	// tcp, udp: Expect must appear in the answer. "hex:..." spells bytes.
 	Send   string
 	Expect string
+
+	// InitState is a new check's state before its first results: up
+	// (keepalived's default; `fall` failures take it down) or down (it
+	// needs `rise` passes: keepalived's alpha, HAProxy's init-state
+	// fully-down).
+	InitState InitState
+
+	// tcp: HalfOpen sends a SYN and takes the SYN-ACK (up) or RST (down)
+	// without completing the connection (IPv4; much cheaper than a
+	// connect, see internal/health/synprobe.go).
+	HalfOpen bool
 
 	// exec: run with /bin/sh -c; exit 0 up, else down; a stdout line
 	// "weight N" sets the backend's weight (keepalived's misc_dynamic).
@@ -107,6 +134,10 @@ type Check struct {
 	Quorum      uint32 // backends up for the farm to serve from its backends; 0: 1
 	Hysteresis  uint32 // quorum is lost below quorum-hysteresis, regained at quorum+hysteresis
 	SorryServer string // a backend of the farm that serves (alone) only while the quorum is lost; it is not checked
+
+	// Passive (farm only) ejects backends whose forwarded connections
+	// fail (passive.go); nil: none. Never part of a resolved check.
+	Passive *PassiveCheck
 }
 
 // Check defaults (HAProxy's inter, rise and fall).
@@ -128,13 +159,13 @@ const (
 var DefaultStatus = []StatusRange{{200, 399}}
 
 // farmOnlyCheckFields may appear only in a farm's check.
-var farmOnlyCheckFields = []string{"on-down", "inhibit", "quorum", "hysteresis", "sorry-server"}
+var farmOnlyCheckFields = []string{"on-down", "inhibit", "quorum", "hysteresis", "sorry-server", "passive"}
 
 // durationField decodes a duration of lo to hi; lo 0 allows 0 (none).
-func durationField(name string, lo, hi time.Duration, ptr func(*Check) *time.Duration) scalarField[Check] {
-	return scalarField[Check]{
+func durationField[T any](name string, lo, hi time.Duration, ptr func(*T) *time.Duration) scalarField[T] {
+	return scalarField[T]{
 		name: name,
-		decode: func(c *Check, v string) error {
+		decode: func(c *T, v string) error {
 			v = strings.TrimSpace(v)
 			d, err := time.ParseDuration(v)
 			if err != nil || d < lo || d > hi {
@@ -143,7 +174,7 @@ func durationField(name string, lo, hi time.Duration, ptr func(*Check) *time.Dur
 			*ptr(c) = d
 			return nil
 		},
-		append: func(dst []byte, c *Check) []byte { return appendJSONString(dst, ptr(c).String()) },
+		append: func(dst []byte, c *T) []byte { return appendJSONString(dst, ptr(c).String()) },
 	}
 }
 
@@ -225,27 +256,12 @@ var checkFields = []scalarField[Check]{
 	textField("send", func(c *Check) *string { return &c.Send }),
 	textField("expect", func(c *Check) *string { return &c.Expect }),
 	textField("command", func(c *Check) *string { return &c.Command }),
+	onOffField("half-open", func(c *Check) *bool { return &c.HalfOpen }),
+	onOffField("verify", func(c *Check) *bool { return &c.Verify }),
+	textField("ca-file", func(c *Check) *string { return &c.CAFile }),
+	enumField("init-state", initStateSpec, func(c *Check) *InitState { return &c.InitState }),
 	enumField("on-down", onDownSpec, func(c *Check) *OnDown { return &c.OnDown }),
-	{
-		name: "inhibit",
-		decode: func(c *Check, v string) error {
-			switch strings.TrimSpace(v) {
-			case "on", "true":
-				c.Inhibit = true
-			case "off", "false":
-				c.Inhibit = false
-			default:
-				return fmt.Errorf("allowed values are on, off")
-			}
-			return nil
-		},
-		append: func(dst []byte, c *Check) []byte {
-			if c.Inhibit {
-				return append(dst, `"on"`...)
-			}
-			return append(dst, `"off"`...)
-		},
-	},
+	onOffField("inhibit", func(c *Check) *bool { return &c.Inhibit }),
 	uintField("quorum", MaxBackends, 0, func(c *Check) *uint32 { return &c.Quorum }),
 	uintField("hysteresis", MaxBackends, 0, func(c *Check) *uint32 { return &c.Hysteresis }),
 	textField("sorry-server", func(c *Check) *string { return &c.SorryServer }),
@@ -292,6 +308,14 @@ func (c *Check) set(i int) bool {
 		return c.Expect != ""
 	case "command":
 		return c.Command != ""
+	case "half-open":
+		return c.HalfOpen
+	case "verify":
+		return c.Verify
+	case "ca-file":
+		return c.CAFile != ""
+	case "init-state":
+		return c.InitState != InitUp
 	case "on-down":
 		return c.OnDown != OnDownKeep
 	case "inhibit":
@@ -322,6 +346,13 @@ func appendCheckJSON(dst []byte, c *Check) []byte {
 		dst = append(dst, ':')
 		dst = checkFields[i].append(dst, c)
 	}
+	if c.Passive != nil {
+		if !first {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `"passive":`...)
+		dst = appendPassiveJSON(dst, c.Passive)
+	}
 	return append(dst, '}')
 }
 
@@ -341,11 +372,18 @@ func decodeCheck(d *doc, v int, name objName, cur *Check) (*Check, error) {
 		c = *cur
 		c.Status = append([]StatusRange(nil), cur.Status...)
 	}
-	if err := decodeMembers(d, v, name, &c, checkFields, nil); err != nil {
+	if err := decodeMembers(d, v, name, &c, checkFields, []string{"passive"}); err != nil {
 		if fe, ok := err.(*FieldError); ok {
 			fe.Field = "check." + fe.Field
 		}
 		return nil, err
+	}
+	if pv := d.lastMember(v, "passive"); pv >= 0 && !name.isBackend {
+		p, err := decodePassive(d, pv, name, c.Passive)
+		if err != nil {
+			return nil, err
+		}
+		c.Passive = p
 	}
 	if name.isBackend {
 		for k, end := d.children(v); k < end; k = d.toks[k+1].next {
@@ -431,6 +469,7 @@ func (f *Farm) Resolve(i int) (c Check, ok bool) {
 	b := &f.Backends[i]
 	if f.Check != nil {
 		c = *f.Check
+		c.Passive = nil // not an active check's: PassiveKey
 		if c.SorryServer == b.Name {
 			return Check{}, false
 		}
@@ -487,7 +526,7 @@ func overlay(c, o *Check) {
 			// not carry over.
 			*c = Check{OnDown: c.OnDown, Inhibit: c.Inhibit, Quorum: c.Quorum, Hysteresis: c.Hysteresis, SorryServer: c.SorryServer,
 				SourceAddr: c.SourceAddr, Inter: c.Inter, FastInter: c.FastInter, DownInter: c.DownInter,
-				Timeout: c.Timeout, Warmup: c.Warmup, Rise: c.Rise, Fall: c.Fall}
+				Timeout: c.Timeout, Warmup: c.Warmup, Rise: c.Rise, Fall: c.Fall, InitState: c.InitState}
 		}
 		c.Type = o.Type
 	}
@@ -530,12 +569,22 @@ func overlay(c, o *Check) {
 	set(&c.Send, o.Send)
 	set(&c.Expect, o.Expect)
 	set(&c.Command, o.Command)
+	if o.HalfOpen {
+		c.HalfOpen = true
+	}
+	if o.Verify {
+		c.Verify = true
+	}
+	set(&c.CAFile, o.CAFile)
+	if o.InitState != InitUp {
+		c.InitState = o.InitState
+	}
 }
 
 // HasChecks reports whether any backend of f is checked, or f has a sorry
 // server (whose serving depends on the others' health).
 func (f *Farm) HasChecks() bool {
-	if f.Check != nil && f.Check.Type != CheckUnset {
+	if f.Check != nil && (f.Check.Type != CheckUnset || f.Check.Passive != nil) {
 		return true
 	}
 	for i := range f.Backends {
@@ -570,6 +619,11 @@ func (f *Farm) validateChecks() error {
 		}
 		if c.Inhibit && c.OnDown == OnDownFlush {
 			return bad("inhibit", "on", "inhibit keeps a down backend's connections (weight 0); on-down flush cuts them: choose one")
+		}
+		if c.Passive != nil {
+			if err := f.validatePassive(c.Passive); err != nil {
+				return err
+			}
 		}
 	}
 	for i := range f.Backends {
@@ -655,6 +709,9 @@ func validateCheck(obj string, c *Check) error {
 			return bad(p.field, p.v, err.Error())
 		}
 	}
+	if c.CAFile != "" && (!strings.HasPrefix(c.CAFile, "/") || strings.ContainsAny(c.CAFile, "\x00\n")) {
+		return bad("ca-file", c.CAFile, "must be an absolute path of a PEM file")
+	}
 	if strings.ContainsAny(c.Command, "\x00") {
 		return bad("command", c.Command, "must not hold NUL bytes")
 	}
@@ -678,6 +735,15 @@ func checkTypeFields(c Check, bad func(field, value, problem string) error) erro
 		if x.value != "" && !x.ok {
 			return bad(x.field, x.value, "is not used by check type "+t.String())
 		}
+	}
+	if c.Verify && t != CheckHTTPS {
+		return bad("verify", "on", "is used by check type https only")
+	}
+	if c.CAFile != "" && !(t == CheckHTTPS && c.Verify) {
+		return bad("ca-file", c.CAFile, "is used by check type https with verify on only")
+	}
+	if c.HalfOpen && (t != CheckTCP || c.Send != "" || c.Expect != "") {
+		return bad("half-open", "on", "is a tcp check without send or expect (a SYN answered by a SYN-ACK): not check type "+t.String()+" or with send/expect")
 	}
 	if !isHTTP && len(c.Status) > 0 && !equalStatus(c.Status, DefaultStatus) {
 		return bad("status", FormatStatusRanges(c.Status), "is used by check types http and https only")

@@ -539,6 +539,8 @@ func fieldNames[T any](fields []scalarField[T]) string {
 		names = append(names, "addresses", "backends", "sessions", "policies", "check")
 	case []scalarField[Backend]:
 		names = append(names, "check")
+	case []scalarField[Check]:
+		names = append(names, "passive")
 	}
 	return strings.Join(names, ", ")
 }
@@ -764,7 +766,7 @@ func (f *Farm) policy(name string) (*PolicyRef, bool) {
 // backendSkip are the backend members decoded apart from the scalar
 // fields, and those GET /farms/{name} adds that are read-only (ignored on
 // input, so a farm as shown can be put back).
-var backendSkip = []string{"name", "check", "health", "effective-weight", "last-check"}
+var backendSkip = []string{"name", "check", "health", "effective-weight", "last-check", "passive-check"}
 
 // decodeBackends upserts the backend objects of the tape from first to
 // just before end (siblings) into f, by name. On an error f is half

@@ -222,6 +222,11 @@ func (f *Farm) Backend(name string) (*Backend, int) {
 	return nil, -1
 }
 
+// UsesPolicy reports whether the farm names the policy (a table) name.
+func (f *Farm) UsesPolicy(name string) bool {
+	return slices.ContainsFunc(f.Policies, func(r PolicyRef) bool { return r.Name == name })
+}
+
 // IsMarkFarm reports whether the farm is selected by a firewall mark (IPVS -f)
 // rather than by virtual address and port.
 func (f *Farm) IsMarkFarm() bool { return !f.VirtualAddr.IsValid() && f.Mark != 0 }

@@ -8,6 +8,13 @@ import "strconv"
 const StatsListingHeader = "Prot LocalAddress:Port               Conns   InPkts  OutPkts  InBytes OutBytes\n" +
 	"  -> RemoteAddress:Port\n"
 
+// RateListingHeader is the header of the listing with rates (`xlb list
+// --rate`, GET /farms?format=ipvsadm&rate=1), as `ipvsadm -L --rate`
+// prints it; its lines are AppendStatsListing's with rates per second.
+const RateListingHeader = "Prot LocalAddress:Port" + "           " +
+	"      CPS    InPPS   OutPPS    InBPS   OutBPS\n" +
+	"  -> RemoteAddress:Port\n"
+
 // ListingCounters are the numbers of one line of the stats listing:
 // connections, packets in, packets out, bytes in, bytes out.
 type ListingCounters [5]uint64

@@ -111,7 +111,7 @@ func decodeTablesAt(d *doc, obj int, current TableLookup, vocab Vocabulary) ([]T
 
 var (
 	tableFieldNames  = []string{"name", "type", "family", "valtype", "limit", "locked", "timeout", "verdict", "log-prefix", "priority", "entries", "count"}
-	policyFieldNames = []string{"name", "type", "family", "log-prefix", "timeout", "priority", "elements", "used", "counters"}
+	policyFieldNames = []string{"name", "type", "family", "route", "log-prefix", "timeout", "priority", "elements", "used", "counters"}
 	// fixedFields may not change once a table exists.
 	fixedFields = []string{"type", "family", "valtype"}
 )
@@ -175,6 +175,13 @@ func decodeTableNamed(d *doc, obj int, name string, current TableLookup, vocab V
 		switch key {
 		case "name", "count", "used", "counters":
 			continue // read-only on output; accepted so a listing can be sent back
+		case "route":
+			// nftlb's policies have a route; xlb's filter the clients
+			// coming in (nftlb's "in"), the only one it takes.
+			if text, ok := d.scalar(v); !ok || text != "in" {
+				return td, fieldError(obj2, key, truncate(d.raw(v)), "allowed value is in: xlb's policies filter incoming clients")
+			}
+			continue
 		case "entries", "elements":
 			es, err := decodeEntries(d, v, name, vocab)
 			if err != nil {
@@ -384,6 +391,7 @@ func (t *Table) AppendJSON(dst []byte, vocab Vocabulary, entries bool, used int,
 	if vocab == VocabPolicies {
 		str("type", t.Verdict.PolicyType())
 		str("family", t.Family.String())
+		str("route", "in")
 		num("timeout", uint64(t.Timeout))
 		num("priority", uint64(t.Priority))
 		str("log-prefix", t.LogPrefix)

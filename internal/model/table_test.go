@@ -271,7 +271,7 @@ func TestTableJSONRoundTrip(t *testing.T) {
 
 func TestPolicyVocabulary(t *testing.T) {
 	none := func(string) (*Table, bool) { return nil, false }
-	tds, err := DecodeTables([]byte(`{"policies":[{"name":"bl","type":"whitelist","family":"ipv4","timeout":"30","elements":[{"data":"192.168.1.0/24"},{"data":"10.0.0.1","time":"5"}]}]}`), none, VocabPolicies)
+	tds, err := DecodeTables([]byte(`{"policies":[{"name":"bl","type":"whitelist","family":"ipv4","route":"in","timeout":"30","elements":[{"data":"192.168.1.0/24"},{"data":"10.0.0.1","time":"5"}]}]}`), none, VocabPolicies)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestPolicyVocabulary(t *testing.T) {
 		tb.PutEntry(e)
 	}
 	got := string(tb.AppendJSON(nil, VocabPolicies, true, 2, 1000))
-	want := `{"name":"bl","type":"whitelist","family":"ipv4","timeout":"30","priority":"1","log-prefix":"","used":"2","elements":[{"data":"10.0.0.1","time":"5"},{"data":"192.168.1.0/24","time":"30"}]}`
+	want := `{"name":"bl","type":"whitelist","family":"ipv4","route":"in","timeout":"30","priority":"1","log-prefix":"","used":"2","elements":[{"data":"10.0.0.1","time":"5"},{"data":"192.168.1.0/24","time":"30"}]}`
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}

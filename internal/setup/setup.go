@@ -48,6 +48,9 @@ type Flags struct {
 	// 1 the prefix of its tables (<name>-00, <name>-01, ...).
 	NFTTable  string
 	NFTTables int
+	// NFTCounters is --nft-counters: the nft plane's traffic counters
+	// (one set lookup per forwarded packet).
+	NFTCounters bool
 	// ConnTableSize is the number of connections tracked: for ebpf its
 	// conntrack table (two entries per connection); for nft the kernel's
 	// nf_conntrack_max and nf_conntrack_buckets, set only when the flag is
@@ -55,8 +58,9 @@ type Flags struct {
 	ConnTableSize int
 	ConnTableSet  bool
 	// eBPF only.
-	Interfaces         []string // empty: every interface but loopback
+	Interfaces         []string // names or patterns; empty: every interface but loopback
 	PinPath            string
+	SocketCgroup       string // cgroup v2 directory of socket-level balancing; empty: off
 	XDP                string // off, generic, native
 	Timeouts           ebpf.Timeouts
 	BridgePortRedirect bool
@@ -64,22 +68,26 @@ type Flags struct {
 	set *pflag.FlagSet
 }
 
-// ebpfOnly and nftOnly are the flags of one plane.
+// ebpfOnly and nftOnly are the flags of one plane. --pin-path and
+// --nft-table name the other plane's objects too, which each plane
+// removes at start (cleanup.go), so both are taken with either plane.
 var (
-	ebpfOnly = []string{"interfaces", "pin-path", "xdp", "bridge-port-redirect",
+	ebpfOnly = []string{"interfaces", "xdp", "bridge-port-redirect", "socket-lb-cgroup",
 		"ct-timeout-tcp", "ct-timeout-tcpfin", "ct-timeout-udp", "ct-timeout-syn", "ct-timeout-close"}
-	nftOnly = []string{"nft-table", "nft-tables"}
+	nftOnly = []string{"nft-tables", "nft-counters"}
 )
 
 // Register adds the data plane flags to fs.
 func (c *Flags) Register(fs *pflag.FlagSet, d Defaults) {
 	c.set = fs
 	fs.StringVar(&c.Plane, "dataplane", "nft", "kernel data plane: "+PlaneNames)
-	fs.StringVar(&c.NFTTable, "nft-table", d.NFTTable, "nft: the inet table (and netdev table) xlb owns; with --nft-tables > 1 the prefix of its tables (<name>-00, ...)")
+	fs.StringVar(&c.NFTTable, "nft-table", d.NFTTable, "nft: the inet table (and netdev table) xlb owns; with --nft-tables > 1 the prefix of its tables (<name>-00, ...); ebpf: the tables of an earlier nft plane, removed at start")
 	fs.IntVar(&c.NFTTables, "nft-tables", nft.DefaultShards, fmt.Sprintf("nft: tables the farms are spread over (1-%d; a change costs in proportion to the farms of its table)", nft.MaxShards))
+	fs.BoolVar(&c.NFTCounters, "nft-counters", true, "nft: count connections, packets and bytes per backend (xlb list --stats, --rate, metrics; one set lookup per forwarded packet)")
 	fs.IntVar(&c.ConnTableSize, "conn-table-size", DefaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
-	fs.StringSliceVar(&c.Interfaces, "interfaces", nil, "ebpf: interfaces to attach to (default every interface but loopback, as found at start)")
-	fs.StringVar(&c.PinPath, "pin-path", d.PinPath, "ebpf: bpffs directory where maps and links are pinned")
+	fs.StringSliceVar(&c.Interfaces, "interfaces", nil, "ebpf: interfaces to attach to, by name or shell pattern (veth*, lxc*); interfaces created later are attached as they appear (default every interface but loopback)")
+	fs.StringVar(&c.SocketCgroup, "socket-lb-cgroup", "", "ebpf: balance the connections of this cgroup v2's processes (the node's own: host processes, hostNetwork Pods) at the socket, at connect time (e.g. /sys/fs/cgroup); empty: off")
+	fs.StringVar(&c.PinPath, "pin-path", d.PinPath, "ebpf: bpffs directory where maps and links are pinned; nft: where an earlier eBPF plane pinned them, removed at start")
 	fs.StringVar(&c.XDP, "xdp", string(ebpf.XDPOff), "ebpf: XDP fast path for tracked dsr flows: off, generic (any driver), native (XDP drivers)")
 	fs.BoolVar(&c.BridgePortRedirect, "bridge-port-redirect", false, "ebpf: send packets for backends behind a bridge without VLAN filtering straight to their container's veth (skips the bridge's transmit and output hooks)")
 	t := ebpf.DefaultTimeouts
@@ -112,6 +120,9 @@ func (c *Flags) Check() error {
 		if c.NFTTable == "" {
 			return errors.New(`--nft-table "": must name a table (e.g. xlb)`)
 		}
+		if c.PinPath == "" {
+			return errors.New("--pin-path: must be a directory on a bpf file system")
+		}
 	case "ebpf":
 		other = nftOnly
 		if _, err := ebpf.ParseXDPMode(c.XDP); err != nil {
@@ -119,6 +130,17 @@ func (c *Flags) Check() error {
 		}
 		if c.PinPath == "" {
 			return errors.New("--pin-path: must be a directory on a bpf file system")
+		}
+		if err := ebpf.ValidateInterfaces(c.Interfaces); err != nil {
+			return err
+		}
+		if c.SocketCgroup != "" {
+			if err := ebpf.CheckCgroup(c.SocketCgroup); err != nil {
+				return err
+			}
+		}
+		if c.NFTTable == "" {
+			return errors.New(`--nft-table "": must name a table (e.g. xlb)`)
 		}
 		for _, t := range []struct {
 			flag string
@@ -161,18 +183,19 @@ func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, 
 			PinPath:            c.PinPath,
 			Timeouts:           c.Timeouts,
 			BridgePortRedirect: c.BridgePortRedirect,
+			SocketCgroup:       c.SocketCgroup,
 		})
 		if err != nil {
 			return nil, err
 		}
-		log.Info("ebpf data plane attached", "interfaces", c.Interfaces, "pin_path", c.PinPath, "conn_table_size", c.ConnTableSize)
+		log.Info("ebpf data plane attached", "interfaces", c.Interfaces, "pin_path", c.PinPath, "conn_table_size", c.ConnTableSize, "socket_lb_cgroup", c.SocketCgroup)
 		return p, nil
 	}
 	return nil, fmt.Errorf("--dataplane %q: allowed values are %s", c.Plane, PlaneNames)
 }
 
 func openNFT(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, error) {
-	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables}
+	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables, NoCounters: !c.NFTCounters}
 	if !c.ConnTableSet {
 		// The kernel's conntrack limits stay as they are.
 		p, err := nft.New(ctx, log, opts)

@@ -21,13 +21,18 @@ func TestCheck(t *testing.T) {
 		{[]string{"--dataplane", "xdp"}, `--dataplane "xdp": allowed values are nft, ebpf`},
 		{[]string{"--interfaces", "eth0"}, "--interfaces: only with --dataplane ebpf"},
 		{[]string{"--ct-timeout-udp", "10s"}, "--ct-timeout-udp: only with --dataplane ebpf"},
-		{[]string{"--dataplane", "ebpf", "--nft-table", "x"}, "--nft-table: only with --dataplane nft"},
+		{[]string{"--dataplane", "ebpf", "--nft-tables", "2"}, "--nft-tables: only with --dataplane nft"},
 		{[]string{"--nft-tables", "257"}, "--nft-tables 257: allowed values are 1 to 256"},
 		{[]string{"--nft-table", ""}, `--nft-table "": must name a table`},
 		{[]string{"--conn-table-size", "0"}, "--conn-table-size 0: allowed values are 1 to"},
 		{[]string{"--dataplane", "ebpf", "--xdp", "fast"}, `--xdp "fast": allowed values are off, generic, native`},
 		{[]string{"--dataplane", "ebpf", "--ct-timeout-tcp", "0s"}, "--ct-timeout-tcp 0s: allowed values are 1s to 720h"},
 		{[]string{"--dataplane", "ebpf", "--pin-path", ""}, "--pin-path: must be a directory on a bpf file system"},
+		{[]string{"--dataplane", "ebpf", "--interfaces", "eth0,veth*,lxc[0-9]"}, ""},
+		{[]string{"--dataplane", "ebpf", "--interfaces", "eth0,veth["}, `"veth[" is not a valid pattern`},
+		{[]string{"--socket-lb-cgroup", "/sys/fs/cgroup"}, "--socket-lb-cgroup: only with --dataplane ebpf"},
+		{[]string{"--dataplane", "ebpf", "--socket-lb-cgroup", "/proc"}, `--socket-lb-cgroup "/proc": not a cgroup v2 directory`},
+		{[]string{"--dataplane", "ebpf", "--socket-lb-cgroup", "/nonexistent"}, `--socket-lb-cgroup "/nonexistent": no such file`},
 	} {
 		for _, d := range []Defaults{DaemonDefaults, {NFTTable: "xlb-kube", PinPath: "/sys/fs/bpf/xlb-kube"}} {
 			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)

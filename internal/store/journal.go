@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -68,6 +69,19 @@ type Journal struct {
 	// id is what the state directory and its files were at open
 	// (guard.go): a change is refused once they are gone or replaced.
 	id stateID
+
+	// onSync, when set, is told how long each fdatasync of a record took
+	// (SetSyncObserver).
+	onSync func(time.Duration)
+}
+
+// SetSyncObserver makes the journal report how long each fdatasync of a
+// record takes (the store's share of a change). Call it before the first
+// change.
+func (j *Journal) SetSyncObserver(fn func(time.Duration)) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.onSync = fn
 }
 
 const (
@@ -191,8 +205,12 @@ func (j *Journal) Commit(ctx context.Context, d plan.Diff) error {
 	if _, err := j.f.WriteAt(rec, j.size); err != nil {
 		return fmt.Errorf("save state: write journal: %w", err)
 	}
+	t0 := time.Now()
 	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
 		return fmt.Errorf("save state: sync journal: %w", err)
+	}
+	if j.onSync != nil {
+		j.onSync(time.Since(t0))
 	}
 	j.size += int64(len(rec))
 	return nil

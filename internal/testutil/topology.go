@@ -323,3 +323,66 @@ func RunErr(nsName string, args ...string) (string, error) {
 	}
 	return string(out), nil
 }
+
+// AddClient adds a client namespace after the topology is built, as a Pod
+// started later adds its veth to a node: the veth's LB end is lbSide (in
+// the LB namespace, first address of net4), its other end "eth0" in the
+// new namespace (second address, default route via the LB). Removed in
+// tb.Cleanup (with the namespace, the veth goes too).
+func (t *Topology) AddClient(tb testing.TB, lbSide string, net4 netip.Prefix) Host {
+	tb.Helper()
+	name, h, err := newNetNS("late")
+	if err != nil {
+		tb.Fatalf("topology: %v", err)
+	}
+	tb.Cleanup(func() { deleteNetNS(tb, name, h) })
+	host := Host{Name: name, NS: h, Link: "eth0", IPv4: nth(net4, 2)}
+	gw := nth(net4, 1)
+	err = withHandle(t.LB.NS, func(lb *netlink.Handle) error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: lbSide}, PeerName: host.Link, PeerNamespace: netlink.NsFd(int(h))}
+		if err := lb.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth %s: %w", lbSide, err)
+		}
+		l, err := lb.LinkByName(lbSide)
+		if err != nil {
+			return err
+		}
+		if err := addAddr(lb, l, netip.PrefixFrom(gw, net4.Bits())); err != nil {
+			return err
+		}
+		return lb.LinkSetUp(l)
+	})
+	if err == nil {
+		err = withHandle(h, func(ph *netlink.Handle) error {
+			l, err := ph.LinkByName(host.Link)
+			if err != nil {
+				return err
+			}
+			if err := addAddr(ph, l, netip.PrefixFrom(host.IPv4, net4.Bits())); err != nil {
+				return err
+			}
+			if err := ph.LinkSetUp(l); err != nil {
+				return err
+			}
+			return ph.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice(), Family: netlink.FAMILY_V4})
+		})
+	}
+	if err == nil {
+		err = waitOperUp(h, 5*time.Second)
+	}
+	if err != nil {
+		tb.Fatalf("topology: add client %s: %v", lbSide, err)
+	}
+	return host
+}
+
+// DeleteLink deletes interface name in ns.
+func DeleteLink(ns netns.NsHandle, name string) error {
+	return withHandle(ns, func(h *netlink.Handle) error {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		return h.LinkDel(l)
+	})
+}

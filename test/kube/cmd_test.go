@@ -194,10 +194,16 @@ func (e *env) startProxy(bin, kubeconfig, stateDir string, extra ...string) *pro
 // startProxyEnv is startProxy with more environment variables (NAME=value).
 func (e *env) startProxyEnv(env []string, bin, kubeconfig, stateDir string, extra ...string) *proxyProcess {
 	e.t.Helper()
-	args := append([]string{"netns", "exec", e.LB.Name, bin, "kube-proxy",
-		"--kubeconfig", kubeconfig, "--hostname-override", e.node, "--state-dir", stateDir,
+	args := append([]string{"--kubeconfig", kubeconfig, "--hostname-override", e.node, "--state-dir", stateDir,
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256"}, extra...)
-	cmd := exec.Command("ip", args...)
+	return e.startProxyArgs(env, bin, args...)
+}
+
+// startProxyArgs runs `xlb kube-proxy args...` in the LB namespace with
+// more environment variables (NAME=value), killed at cleanup.
+func (e *env) startProxyArgs(env []string, bin string, args ...string) *proxyProcess {
+	e.t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", e.LB.Name, bin, "kube-proxy"}, args...)...)
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}
@@ -315,6 +321,11 @@ func TestKubeProxyCommand(t *testing.T) {
 		"kubeproxy_sync_proxy_rules_service_changes_total",
 		"kubeproxy_sync_proxy_rules_endpoint_changes_pending",
 		"kubeproxy_sync_proxy_rules_service_changes_pending",
+		// xlb's own families, the same names as xlb daemon's (docs/observability.md).
+		"xlb_farms ",
+		"xlb_backend_weight{farm=",
+		"xlb_backend_connections_active{farm=",
+		"xlb_engine_change_duration_seconds_count",
 	} {
 		if !strings.Contains(body, m) {
 			t.Errorf("/metrics has no %q", m)

@@ -65,6 +65,7 @@ func apiserver(t testing.TB) *kubetest.Env {
 }
 
 func TestMain(m *testing.M) {
+	testutil.AskMain() // client processes of the node (Cgroup.Ask)
 	code := m.Run()
 	if apiEnv != nil {
 		apiEnv.Stop()
@@ -89,6 +90,9 @@ type env struct {
 	node   string
 	eng    *engine.Engine
 	ctl    *kube.Controller
+	// cg: with the ebpf plane, the cgroup of the node's own processes
+	// balanced at the socket (--socket-lb-cgroup).
+	cg *testutil.Cgroup
 }
 
 type testWriter struct {
@@ -165,7 +169,8 @@ func newWorld(t *testing.T, backends int) *env {
 
 // startController runs the controller with data plane "nft" or "ebpf"
 // (attached to every interface of the LB namespace, pinned in a bpffs the
-// test mounts) in the LB namespace, stopped in t.Cleanup.
+// test mounts, balancing the sockets of e.cg) in the LB namespace, stopped
+// in t.Cleanup.
 func (e *env) startController(planeName string) {
 	t, ctx := e.t, e.ctx
 	api := apiserver(t)
@@ -177,7 +182,8 @@ func (e *env) startController(planeName string) {
 	case "nft":
 		plane, err = nft.New(ctx, log, nft.Options{NetNS: e.LB.NS})
 	case "ebpf":
-		plane, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384})
+		e.cg = testutil.NewCgroup(t)
+		plane, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384, SocketCgroup: e.cg.Dir})
 	default:
 		t.Fatalf("data plane %q", planeName)
 	}
@@ -391,6 +397,27 @@ func service(name string, typ corev1.ServiceType) *corev1.Service {
 // answers by backend name. Every request must be answered.
 func (e *env) spread(addr netip.AddrPort, udp bool, n int) map[string]int {
 	e.t.Helper()
+	out, err := e.trySpread(addr, udp, n)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// spreadNow is spread for a waitFor condition: a failed ask is "not yet"
+// (a Service whose endpoints are not programmed yet refuses, as
+// kube-proxy's REJECT does), not a failure of the test.
+func (e *env) spreadNow(addr netip.AddrPort, udp bool, n int) map[string]int {
+	e.t.Helper()
+	out, err := e.trySpread(addr, udp, n)
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// trySpread asks n times and counts the answers per endpoint.
+func (e *env) trySpread(addr netip.AddrPort, udp bool, n int) (map[string]int, error) {
 	out := map[string]int{}
 	for range n {
 		ask := testutil.AskTCP
@@ -407,15 +434,15 @@ func (e *env) spread(addr netip.AddrPort, udp bool, n int) map[string]int {
 		}
 		got, err := ask(e.Client.NS, addr)
 		if err != nil {
-			e.t.Fatalf("ask %s (udp=%v): %v", addr, udp, err)
+			return nil, fmt.Errorf("ask %s (udp=%v): %w", addr, udp, err)
 		}
 		name, _, err := testutil.ParseReply(got)
 		if err != nil {
-			e.t.Fatal(err)
+			return nil, err
 		}
 		out[name]++
 	}
-	return out
+	return out, nil
 }
 
 // udpSourcePort hands out client source ports below the kernel's ephemeral

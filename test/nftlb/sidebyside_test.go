@@ -19,6 +19,10 @@ type step struct {
 	refuseWith string
 	why        string // the reason, as docs/nftlb-compat.md gives it
 	nftlbOnly  bool   // sent to nftlb only (undoes what xlb refused)
+	// xlbOnly: sent to xlb only, which must answer 200: a route nftlb
+	// lacks, or what brings xlb to nftlb's state after a documented
+	// difference (why says which).
+	xlbOnly bool
 	// statuses: a documented difference of status codes only, nftlb's
 	// then xlb's (the texts still start alike).
 	statuses [2]int
@@ -177,6 +181,12 @@ func run(t *testing.T, nftlb, xlb *peer, steps []step) {
 	t.Helper()
 	quirksSeen := map[string]bool{}
 	for _, s := range steps {
+		if s.xlbOnly {
+			if x := xlb.do(t, s.method, s.path, s.body); x.status != 200 {
+				t.Errorf("%s: %s %s: xlb answered %d %s (%s)", s.name, s.method, s.path, x.status, x.body, s.why)
+			}
+			continue
+		}
 		n := nftlb.do(t, s.method, s.path, s.body)
 		if s.nftlbOnly {
 			continue

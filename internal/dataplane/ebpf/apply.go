@@ -83,6 +83,9 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 		if s.cur != nil {
 			p.syncFlags(s.cur)
 		}
+		if s.old != nil || s.cur != nil {
+			p.syncPassive(s.old, s.cur)
+		}
 		if s.old != nil {
 			p.pending = append(p.pending, s.old)
 		}

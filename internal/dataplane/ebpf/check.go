@@ -106,8 +106,8 @@ func check(f *model.Farm) error {
 	if f.TCPStrict {
 		return unsupported(f, "tcp-strict", "on")
 	}
-	if len(f.Policies) > 0 {
-		return unsupported(f, "policies", f.Policies[0].Name)
+	if err := checkPolicies(f); err != nil {
+		return err
 	}
 	// nftlb's dsr overrides: this plane finds next hops with
 	// bpf_fib_lookup and has no place to take them from the farm.

@@ -37,13 +37,6 @@ var ebpfRefuses = map[string]string{
 	"helper-pptp":                 `"helper" value "pptp"`,
 	"helper-sane":                 `"helper" value "sane"`,
 	"helper-snmp":                 `"helper" value "snmp"`,
-	// Named tables and policies are not in the eBPF plane yet (issue 17).
-	"policy-blacklist":       `"policies" value "pol"`,
-	"policy-whitelist":       `"policies" value "pol"`,
-	"policy-nested-prefixes": `"policies" value "pol"`,
-	"policy-swap":            `"policies" value "pol"`,
-	"policy-blacklist-ipv6":  `"policies" value "pol"`,
-	"policy-two-policies":    `"policies" value "pol"`,
 }
 
 // TestConformance runs the data-plane conformance suite against eBPF, the

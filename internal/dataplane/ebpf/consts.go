@@ -34,7 +34,8 @@ const (
 	beFlagMask  = uint32(xlbXlbBeFlagXLB_BE_F_MASK)
 	beSlotShift = uint32(xlbXlbBeFlagXLB_BE_SLOT_SHIFT)
 
-	svcFlagLog = uint32(xlbXlbSvcFlagXLB_SVC_F_LOG)
+	svcFlagLog     = uint32(xlbXlbSvcFlagXLB_SVC_F_LOG)
+	svcFlagPassive = uint32(xlbXlbSvcFlagXLB_SVC_F_PASSIVE)
 
 	ctFwd   = uint8(xlbXlbCtDirXLB_CT_FWD)
 	ctReply = uint8(xlbXlbCtDirXLB_CT_REPLY)
@@ -58,7 +59,7 @@ var statNames = []string{
 	"rx", "not_parsed", "fragment", "ct_fwd", "ct_reply", "not_vip", "not_syn",
 	"new_flow", "no_backend", "snat_full", "ct_race", "peer_repair",
 	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired", "persist_hit", "icmp_nat", "stateless",
-	"ct_nodest", "log_lost", "xdp_fwd", "fib_peer",
+	"ct_nodest", "log_lost", "xdp_fwd", "fib_peer", "policy_drop", "xdp_policy_drop",
 }
 
 // maxPortsPerFarm bounds how many service keys one farm's virtual ports

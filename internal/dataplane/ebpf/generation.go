@@ -42,6 +42,10 @@ type generation struct {
 	// prefix.
 	log       bool
 	logPrefix string
+	// passive: the farm's passive check (resolved), whose backends the
+	// program watches (passive.go), but its sorry server; nil: none.
+	passive *model.PassiveCheck
+	sorry   string
 }
 
 func (g *generation) hasStl(k xlbStlKey) bool {
@@ -60,6 +64,10 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		return nil, nil
 	}
 	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix}
+	if f.Check != nil && f.Check.Passive != nil {
+		r := f.Check.Passive.Resolved()
+		g.passive, g.sorry = &r, f.Check.SorryServer
+	}
 	proto := f.Protocol.Number()
 	vip, fam := addrWords(f.VirtualAddr), familyOf(f.VirtualAddr)
 	addKey := func(port uint16) {

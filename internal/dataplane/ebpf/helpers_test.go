@@ -142,6 +142,9 @@ func farm(tb testing.TB, name, vip string, port uint16, proto model.Protocol, mo
 	tb.Helper()
 	f := model.NewFarm(name)
 	f.VirtualAddr = netip.MustParseAddr(vip)
+	if f.VirtualAddr.Is6() {
+		f.Family = model.FamilyIPv6
+	}
 	if port != 0 {
 		f.VirtualPorts = []model.PortRange{{First: port, Last: port}}
 	}

@@ -36,7 +36,10 @@ import (
 //     without the LB's receive and forward (the baseline);
 //   - direct: from the client to the backend's address, plain kernel
 //     forwarding at the LB;
-//   - nft: from the client to a VIP, the nftables plane (dnat);
+//   - nft: from the client to a VIP, the nftables plane (dnat), with its
+//     traffic counters (the default);
+//   - nft-nocount: the same without them (--nft-counters=false): the
+//     counters' cost is nft's minus this;
 //   - ebpf: from the client to a VIP, this plane (dnat); the next hop is
 //     the LB's bridge to the backends (plain bpf_redirect);
 //   - ebpf-brport: the same with BridgePortRedirect: the next hop is the
@@ -53,6 +56,7 @@ func BenchmarkLBCPU(b *testing.B) {
 	testutil.RequireRoot(b)
 	plain := newLBCPUPath(b, "plain")
 	nftPath := newLBCPUPath(b, "nft")
+	nocountPath := newLBCPUPath(b, "nft-nocount")
 	ebpfPath := newLBCPUPath(b, "ebpf")
 	brPath := newLBCPUPath(b, "ebpf-brport")
 	systems := []struct {
@@ -63,10 +67,11 @@ func BenchmarkLBCPU(b *testing.B) {
 		{"local", plain, plain.sender(b, plain.topo.LB.NS, plain.be)},
 		{"direct", plain, plain.sender(b, plain.topo.Client.NS, plain.be)},
 		{"nft", nftPath, nftPath.sender(b, nftPath.topo.Client.NS, nftPath.vip)},
+		{"nft-nocount", nocountPath, nocountPath.sender(b, nocountPath.topo.Client.NS, nocountPath.vip)},
 		{"ebpf", ebpfPath, ebpfPath.sender(b, ebpfPath.topo.Client.NS, ebpfPath.vip)},
 		{"ebpf-brport", brPath, brPath.sender(b, brPath.topo.Client.NS, brPath.vip)},
 	}
-	paths := []*lbcpuPath{plain, nftPath, ebpfPath, brPath}
+	paths := []*lbcpuPath{plain, nftPath, nocountPath, ebpfPath, brPath}
 	// Warm up: conntrack entries, neighbours, next hops (and the bridge's
 	// forwarding entry of the backend's MAC, which the backend's ARP
 	// answers taught it).
@@ -111,10 +116,12 @@ func BenchmarkLBCPU(b *testing.B) {
 	lb := map[string][]float64{}
 	var ratio []float64
 	var brRatio []float64
+	var counting []float64
 	for i := range per["local"] {
-		for _, s := range []string{"direct", "nft", "ebpf", "ebpf-brport"} {
+		for _, s := range []string{"direct", "nft", "nft-nocount", "ebpf", "ebpf-brport"} {
 			lb[s] = append(lb[s], per[s][i]-per["local"][i])
 		}
+		counting = append(counting, per["nft"][i]-per["nft-nocount"][i])
 		if e := per["ebpf"][i] - per["local"][i]; e > 0 {
 			ratio = append(ratio, (per["nft"][i]-per["local"][i])/e)
 		}
@@ -122,9 +129,10 @@ func BenchmarkLBCPU(b *testing.B) {
 			brRatio = append(brRatio, (per["nft"][i]-per["local"][i])/e)
 		}
 	}
-	for _, s := range []string{"direct", "nft", "ebpf", "ebpf-brport"} {
+	for _, s := range []string{"direct", "nft", "nft-nocount", "ebpf", "ebpf-brport"} {
 		b.ReportMetric(median(lb[s]), s+"-lb-ns/pkt")
 	}
+	b.ReportMetric(median(counting), "nft-counters-ns/pkt")
 	if len(ratio) > 0 {
 		b.ReportMetric(median(ratio), "nft/ebpf")
 	}
@@ -172,8 +180,8 @@ func newLBCPUPath(b *testing.B, kind string) *lbcpuPath {
 	p.vip = netip.AddrPortFrom(testutil.VIP4(81), 53)
 	f := farm(b, "udp", p.vip.Addr().String(), 53, model.ProtoUDP, model.ModeDNAT, model.SchedRR, p.be.String())
 	switch kind {
-	case "nft":
-		pl, err := nft.New(context.Background(), testLogger(b), nft.Options{NetNS: p.topo.LB.NS})
+	case "nft", "nft-nocount":
+		pl, err := nft.New(context.Background(), testLogger(b), nft.Options{NetNS: p.topo.LB.NS, NoCounters: kind == "nft-nocount"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -500,6 +508,11 @@ func BenchmarkLBCPUVeth(b *testing.B) {
 // and the sender pays the wakeups: measured, 1,000 - 1,400 ns per packet
 // more for every system, the baseline included.
 func udpSender(b *testing.B, ns netns.NsHandle, dst netip.AddrPort) func(int) {
+	return udpSenderFrom(b, ns, netip.Addr{}, dst)
+}
+
+// udpSenderFrom is udpSender from source address src (any if not valid).
+func udpSenderFrom(b *testing.B, ns netns.NsHandle, src netip.Addr, dst netip.AddrPort) func(int) {
 	af := unix.AF_INET
 	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}
 	if dst.Addr().Is6() {
@@ -511,6 +524,11 @@ func udpSender(b *testing.B, ns netns.NsHandle, dst netip.AddrPort) func(int) {
 		var err error
 		if fd, err = unix.Socket(af, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
 			return err
+		}
+		if src.IsValid() {
+			if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: src.As4()}); err != nil {
+				return err
+			}
 		}
 		return unix.Connect(fd, sa)
 	}); err != nil {

@@ -125,9 +125,10 @@ func (p *Plane) writeBridgePorts(links []netlink.Link, peer map[uint32]bool) err
 	return nil
 }
 
-// startPeerTxWatch keeps xlb_peer_tx current while the plane runs: any
-// link change in the namespace (a container's veth created or deleted, a
-// peer moved between namespaces) rewrites it from a fresh listing. While
+// startPeerTxWatch follows the namespace's interfaces while the plane
+// runs: any link change (a container's veth created or deleted, a peer
+// moved between namespaces) attaches the program to new interfaces and
+// rewrites xlb_peer_tx from a fresh listing (linksChanged). While
 // no plane runs (a daemon killed), the map stays as it was: interfaces
 // created meanwhile take plain bpf_redirect, which is always safe.
 func (p *Plane) startPeerTxWatch() error {
@@ -165,7 +166,7 @@ func (p *Plane) startPeerTxWatch() error {
 	}
 	// Links that changed between attach's listing and the subscription.
 	p.mu.Lock()
-	err := p.writePeerTx()
+	err := p.linksChanged()
 	p.mu.Unlock()
 	if err != nil {
 		close(done)
@@ -204,10 +205,10 @@ func (p *Plane) startPeerTxWatch() error {
 				<-nch
 			}
 			p.mu.Lock()
-			err := p.writePeerTx()
+			err := p.linksChanged()
 			p.mu.Unlock()
 			if err != nil {
-				p.log.Warn("update peer redirect interfaces", "err", err)
+				p.log.Warn("follow interface changes", "err", err)
 			}
 		}
 	}()

@@ -20,6 +20,10 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	farms = plan.SplitFarms(farms) // a dual farm is its two halves
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Pins removed and programs detached by others (drift.go).
+	if err := p.repairPins(); err != nil {
+		return err
+	}
 	p.freePending()
 
 	svcs := map[xlbSvcKey]xlbSvcVal{}
@@ -227,6 +231,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 	}
 	if err := p.syncBackendStats(liveBE); err != nil {
+		return err
+	}
+	if err := p.reconcilePassive(); err != nil {
 		return err
 	}
 	known := map[string]bool{}

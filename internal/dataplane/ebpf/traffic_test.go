@@ -21,14 +21,21 @@ import (
 // every interface of the LB namespace.
 func trafficSetup(t *testing.T) (*testutil.Topology, *Plane, string) {
 	t.Helper()
+	topo := trafficTopology(t)
+	pin := mountBPFFS(t)
+	return topo, newPlane(t, topo.LB.NS, pin, nil, 16384), pin
+}
+
+// trafficTopology is trafficSetup's topology and servers, without a plane.
+func trafficTopology(t *testing.T) *testutil.Topology {
+	t.Helper()
 	testutil.RequireRoot(t)
 	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3})
 	for i, b := range topo.Backends {
 		testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8080), fmt.Sprintf("be%d", i))
 		testutil.StartUDPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8053), fmt.Sprintf("be%d", i))
 	}
-	pin := mountBPFFS(t)
-	return topo, newPlane(t, topo.LB.NS, pin, nil, 16384), pin
+	return topo
 }
 
 func backendsOf(topo *testutil.Topology, port uint16) []string {

@@ -156,6 +156,7 @@ func (p *Plane) free(g *generation) {
 			}
 			if p.unrefBackend(id) {
 				_ = p.objs.XlbBackends.Delete(id)
+				p.unwatch(id)
 				p.dropBackendStats(g.farm, id)
 				_ = p.setFlags(id, 0)
 			}

@@ -62,44 +62,10 @@ func (p *Plane) attachXDP(ifaces map[string]int) error {
 		for _, k := range stale {
 			_ = p.objs.XlbXdpTx.Delete(k)
 		}
-		flags := link.XDPGenericMode
-		if mode == XDPNative {
-			flags = link.XDPDriverMode
-		}
 		for name, idx := range ifaces {
-			path := xdpLinkPin(p.opts.PinPath, mode, name)
-			want[filepath.Base(path)] = true
-			if l, err := link.LoadPinnedLink(path, nil); err == nil {
-				info, ierr := l.Info()
-				if ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == idx {
-					if err := l.Update(p.objs.XlbXdp); err != nil {
-						l.Close()
-						return fmt.Errorf("update xdp program of %s: %w", name, err)
-					}
-					p.xdpLinks[name] = l
-				} else {
-					_ = l.Unpin()
-					l.Close()
-				}
-			}
-			if p.xdpLinks[name] == nil {
-				var l link.Link
-				err := p.inNS(func() error {
-					var err error
-					l, err = link.AttachXDP(link.XDPOptions{Program: p.objs.XlbXdp, Interface: idx, Flags: flags})
-					return err
-				})
-				if err != nil {
-					return fmt.Errorf("attach xdp (%s) to %q: %w", mode, name, err)
-				}
-				if err := l.Pin(path); err != nil {
-					l.Close()
-					return fmt.Errorf("pin xdp link of %q: %w", name, err)
-				}
-				p.xdpLinks[name] = l
-			}
-			if err := p.objs.XlbXdpTx.Update(uint32(idx), uint32(1), ebpf.UpdateAny); err != nil {
-				return fmt.Errorf("write xdp interfaces: %w", err)
+			want[filepath.Base(xdpLinkPin(p.opts.PinPath, mode, name))] = true
+			if err := p.attachXDPOne(name, idx); err != nil {
+				return err
 			}
 		}
 	}
@@ -121,4 +87,67 @@ func (p *Plane) attachXDP(ifaces map[string]int) error {
 		p.log.Info("detached xdp program", "pin", e.Name())
 	}
 	return nil
+}
+
+// attachXDPOne attaches the XDP fast path to interface name (index idx) in
+// the configured mode (nothing when off), or gives its pinned link of an
+// earlier run the program, and lets the program redirect there.
+func (p *Plane) attachXDPOne(name string, idx int) error {
+	mode := p.opts.XDP
+	if mode == XDPOff || mode == "" {
+		return nil
+	}
+	flags := link.XDPGenericMode
+	if mode == XDPNative {
+		flags = link.XDPDriverMode
+	}
+	path := xdpLinkPin(p.opts.PinPath, mode, name)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		info, ierr := l.Info()
+		if ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == idx {
+			if err := l.Update(p.objs.XlbXdp); err != nil {
+				l.Close()
+				return fmt.Errorf("update xdp program of %s: %w", name, err)
+			}
+			p.xdpLinks[name] = l
+		} else {
+			_ = l.Unpin()
+			l.Close()
+		}
+	}
+	if p.xdpLinks[name] == nil {
+		var l link.Link
+		err := p.inNS(func() error {
+			var err error
+			l, err = link.AttachXDP(link.XDPOptions{Program: p.objs.XlbXdp, Interface: idx, Flags: flags})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("attach xdp (%s) to %q: %w", mode, name, err)
+		}
+		if err := l.Pin(path); err != nil {
+			l.Close()
+			return fmt.Errorf("pin xdp link of %q: %w", name, err)
+		}
+		p.xdpLinks[name] = l
+	}
+	if err := p.objs.XlbXdpTx.Update(uint32(idx), uint32(1), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write xdp interfaces: %w", err)
+	}
+	return nil
+}
+
+// detachXDPOne removes the XDP link of interface name, if any, and its
+// entry in xlb_xdp_tx.
+func (p *Plane) detachXDPOne(name string) {
+	l := p.xdpLinks[name]
+	if l == nil {
+		return
+	}
+	if info, err := l.Info(); err == nil && info.XDP() != nil {
+		_ = p.objs.XlbXdpTx.Delete(info.XDP().Ifindex)
+	}
+	_ = l.Unpin()
+	l.Close()
+	delete(p.xdpLinks, name)
 }

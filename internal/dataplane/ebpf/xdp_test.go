@@ -20,16 +20,16 @@ import (
 // backend holds the VIP on its loopback (dsr) and routes via the LB.
 type xdpChain struct {
 	client, lb, backend netns.NsHandle
-	backendName         string
+	lbName, backendName string
 	clientIP, beIP      netip.Addr
 }
 
 func newXDPChain(t testing.TB, vip netip.Addr) *xdpChain {
 	t.Helper()
 	_, cns := testutil.NewNetNS(t)
-	_, lns := testutil.NewNetNS(t)
+	lname, lns := testutil.NewNetNS(t)
 	bname, bns := testutil.NewNetNS(t)
-	c := &xdpChain{client: cns, lb: lns, backend: bns, backendName: bname,
+	c := &xdpChain{client: cns, lb: lns, backend: bns, lbName: lname, backendName: bname,
 		clientIP: netip.MustParseAddr("10.110.0.2"), beIP: netip.MustParseAddr("10.210.0.11")}
 	lh, err := netlink.NewHandleAt(lns)
 	if err != nil {

@@ -90,6 +90,25 @@ type xlbCtVal struct {
 	Dmac    [6]uint8
 }
 
+type xlbPassiveBe struct {
+	_         structs.HostLayout
+	Consec    uint32
+	Pad       uint32
+	TimeoutNs uint64
+	Ok        uint64
+	Reset     uint64
+	Unreach   uint64
+	Slow      uint64
+	LastOk    uint64
+}
+
+type xlbPassiveSyn struct {
+	_       structs.HostLayout
+	Backend uint32
+	Pad     uint32
+	Ts      uint64
+}
+
 type xlbPersistKey struct {
 	_     structs.HostLayout
 	Svc   xlbSvcKey
@@ -151,6 +170,41 @@ type xlbSvcVal struct {
 	HashKeys   uint8
 	Persist    uint8
 	PersistTtl uint32
+}
+
+type xlbTblBind struct {
+	_       structs.HostLayout
+	Slot    uint32
+	Verdict uint32
+}
+
+type xlbTblKey4 struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type xlbTblKey6 struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [4]uint32
+}
+
+type xlbTblPolicy struct {
+	_   structs.HostLayout
+	Ids [8]uint16
+	N   uint32
+}
+
+type xlbTblVal struct {
+	_       structs.HostLayout
+	Packets uint64
+	Bytes   uint64
+	Mark    uint32
+	Limit   uint32
+	Tag     uint32
+	Dscp    uint8
+	Pad     [3]uint8
 }
 
 type xlbXlbAf uint32
@@ -237,38 +291,65 @@ const (
 type xlbXlbStat uint32
 
 const (
-	xlbXlbStatXLB_STAT_RX           xlbXlbStat = 0
-	xlbXlbStatXLB_STAT_NOT_PARSED   xlbXlbStat = 1
-	xlbXlbStatXLB_STAT_FRAGMENT     xlbXlbStat = 2
-	xlbXlbStatXLB_STAT_CT_FWD       xlbXlbStat = 3
-	xlbXlbStatXLB_STAT_CT_REPLY     xlbXlbStat = 4
-	xlbXlbStatXLB_STAT_NOT_VIP      xlbXlbStat = 5
-	xlbXlbStatXLB_STAT_NOT_SYN      xlbXlbStat = 6
-	xlbXlbStatXLB_STAT_NEW_FLOW     xlbXlbStat = 7
-	xlbXlbStatXLB_STAT_NO_BACKEND   xlbXlbStat = 8
-	xlbXlbStatXLB_STAT_SNAT_FULL    xlbXlbStat = 9
-	xlbXlbStatXLB_STAT_CT_RACE      xlbXlbStat = 10
-	xlbXlbStatXLB_STAT_PEER_REPAIR  xlbXlbStat = 11
-	xlbXlbStatXLB_STAT_FIB_REDIRECT xlbXlbStat = 12
-	xlbXlbStatXLB_STAT_FIB_NEIGH    xlbXlbStat = 13
-	xlbXlbStatXLB_STAT_FIB_PASS     xlbXlbStat = 14
-	xlbXlbStatXLB_STAT_FIB_DROP     xlbXlbStat = 15
-	xlbXlbStatXLB_STAT_ERROR        xlbXlbStat = 16
-	xlbXlbStatXLB_STAT_CT_EXPIRED   xlbXlbStat = 17
-	xlbXlbStatXLB_STAT_PERSIST_HIT  xlbXlbStat = 18
-	xlbXlbStatXLB_STAT_ICMP_NAT     xlbXlbStat = 19
-	xlbXlbStatXLB_STAT_STATELESS    xlbXlbStat = 20
-	xlbXlbStatXLB_STAT_CT_NODEST    xlbXlbStat = 21
-	xlbXlbStatXLB_STAT_LOG_LOST     xlbXlbStat = 22
-	xlbXlbStatXLB_STAT_XDP_FWD      xlbXlbStat = 23
-	xlbXlbStatXLB_STAT_FIB_PEER     xlbXlbStat = 24
-	xlbXlbStatXLB_STAT_MAX          xlbXlbStat = 25
+	xlbXlbStatXLB_STAT_RX              xlbXlbStat = 0
+	xlbXlbStatXLB_STAT_NOT_PARSED      xlbXlbStat = 1
+	xlbXlbStatXLB_STAT_FRAGMENT        xlbXlbStat = 2
+	xlbXlbStatXLB_STAT_CT_FWD          xlbXlbStat = 3
+	xlbXlbStatXLB_STAT_CT_REPLY        xlbXlbStat = 4
+	xlbXlbStatXLB_STAT_NOT_VIP         xlbXlbStat = 5
+	xlbXlbStatXLB_STAT_NOT_SYN         xlbXlbStat = 6
+	xlbXlbStatXLB_STAT_NEW_FLOW        xlbXlbStat = 7
+	xlbXlbStatXLB_STAT_NO_BACKEND      xlbXlbStat = 8
+	xlbXlbStatXLB_STAT_SNAT_FULL       xlbXlbStat = 9
+	xlbXlbStatXLB_STAT_CT_RACE         xlbXlbStat = 10
+	xlbXlbStatXLB_STAT_PEER_REPAIR     xlbXlbStat = 11
+	xlbXlbStatXLB_STAT_FIB_REDIRECT    xlbXlbStat = 12
+	xlbXlbStatXLB_STAT_FIB_NEIGH       xlbXlbStat = 13
+	xlbXlbStatXLB_STAT_FIB_PASS        xlbXlbStat = 14
+	xlbXlbStatXLB_STAT_FIB_DROP        xlbXlbStat = 15
+	xlbXlbStatXLB_STAT_ERROR           xlbXlbStat = 16
+	xlbXlbStatXLB_STAT_CT_EXPIRED      xlbXlbStat = 17
+	xlbXlbStatXLB_STAT_PERSIST_HIT     xlbXlbStat = 18
+	xlbXlbStatXLB_STAT_ICMP_NAT        xlbXlbStat = 19
+	xlbXlbStatXLB_STAT_STATELESS       xlbXlbStat = 20
+	xlbXlbStatXLB_STAT_CT_NODEST       xlbXlbStat = 21
+	xlbXlbStatXLB_STAT_LOG_LOST        xlbXlbStat = 22
+	xlbXlbStatXLB_STAT_XDP_FWD         xlbXlbStat = 23
+	xlbXlbStatXLB_STAT_FIB_PEER        xlbXlbStat = 24
+	xlbXlbStatXLB_STAT_POLICY_DROP     xlbXlbStat = 25
+	xlbXlbStatXLB_STAT_XDP_POLICY_DROP xlbXlbStat = 26
+	xlbXlbStatXLB_STAT_MAX             xlbXlbStat = 27
 )
 
 type xlbXlbSvcFlag uint32
 
 const (
-	xlbXlbSvcFlagXLB_SVC_F_LOG xlbXlbSvcFlag = 1
+	xlbXlbSvcFlagXLB_SVC_F_LOG     xlbXlbSvcFlag = 1
+	xlbXlbSvcFlagXLB_SVC_F_PASSIVE xlbXlbSvcFlag = 2
+)
+
+type xlbXlbTblConfFlag uint32
+
+const (
+	xlbXlbTblConfFlagXLB_TBL_CONF_PORT    xlbXlbTblConfFlag = 1
+	xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT xlbXlbTblConfFlag = 2
+)
+
+type xlbXlbTblSize uint32
+
+const (
+	xlbXlbTblSizeXLB_TBL_SIZE_TABLES        xlbXlbTblSize = 65536
+	xlbXlbTblSizeXLB_TBL_SIZE_ENTRIES       xlbXlbTblSize = 16777216
+	xlbXlbTblSizeXLB_TBL_SIZE_FARM_POLICIES xlbXlbTblSize = 8
+	xlbXlbTblSizeXLB_TBL_SIZE_POLICY_KEYS   xlbXlbTblSize = 65536
+)
+
+type xlbXlbTblVerdict uint32
+
+const (
+	xlbXlbTblVerdictXLB_TBL_NONE  xlbXlbTblVerdict = 0
+	xlbXlbTblVerdictXLB_TBL_DENY  xlbXlbTblVerdict = 1
+	xlbXlbTblVerdictXLB_TBL_ALLOW xlbXlbTblVerdict = 2
 )
 
 type xlbXlbVerdict uint32
@@ -284,38 +365,52 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xlbMapXlbBackends        = "xlb_backends"
-	xlbMapXlbBeFlags         = "xlb_be_flags"
-	xlbMapXlbBeIndex         = "xlb_be_index"
-	xlbMapXlbBeStats         = "xlb_be_stats"
-	xlbMapXlbBrPort          = "xlb_br_port"
-	xlbMapXlbCt              = "xlb_ct"
-	xlbMapXlbEvents          = "xlb_events"
-	xlbMapXlbPeerTx          = "xlb_peer_tx"
-	xlbMapXlbPersist         = "xlb_persist"
-	xlbMapXlbRr              = "xlb_rr"
-	xlbMapXlbScratch         = "xlb_scratch"
-	xlbMapXlbServices        = "xlb_services"
-	xlbMapXlbSlots           = "xlb_slots"
-	xlbMapXlbStateless       = "xlb_stateless"
-	xlbMapXlbStats           = "xlb_stats"
-	xlbMapXlbSvcFlags        = "xlb_svc_flags"
-	xlbMapXlbXdpTx           = "xlb_xdp_tx"
-	xlbProgXlbClock          = "xlb_clock"
-	xlbProgXlbIngress        = "xlb_ingress"
-	xlbProgXlbXdp            = "xlb_xdp"
-	xlbVarXlbClockOffset     = "xlb_clock_offset"
-	xlbVarXlbClockSample     = "xlb_clock_sample"
-	xlbVarXlbClockTickNs     = "xlb_clock_tick_ns"
-	xlbVarXlbCtRefreshNs     = "xlb_ct_refresh_ns"
-	xlbVarXlbEnumsBtf        = "xlb_enums_btf"
-	xlbVarXlbTimeoutClose    = "xlb_timeout_close"
-	xlbVarXlbTimeoutFin      = "xlb_timeout_fin"
-	xlbVarXlbTimeoutSyn      = "xlb_timeout_syn"
-	xlbVarXlbTimeoutTcp      = "xlb_timeout_tcp"
-	xlbVarXlbTimeoutUdp      = "xlb_timeout_udp"
-	xlbVarXlbUnusedConnEvent = "xlb_unused_conn_event"
-	xlbVarXlbXdpAnyTx        = "xlb_xdp_any_tx"
+	xlbMapXlbBackends         = "xlb_backends"
+	xlbMapXlbBeFlags          = "xlb_be_flags"
+	xlbMapXlbBeIndex          = "xlb_be_index"
+	xlbMapXlbBeStats          = "xlb_be_stats"
+	xlbMapXlbBrPort           = "xlb_br_port"
+	xlbMapXlbCt               = "xlb_ct"
+	xlbMapXlbEvents           = "xlb_events"
+	xlbMapXlbPassive          = "xlb_passive"
+	xlbMapXlbPassiveSyn       = "xlb_passive_syn"
+	xlbMapXlbPeerTx           = "xlb_peer_tx"
+	xlbMapXlbPersist          = "xlb_persist"
+	xlbMapXlbRr               = "xlb_rr"
+	xlbMapXlbScratch          = "xlb_scratch"
+	xlbMapXlbServices         = "xlb_services"
+	xlbMapXlbSlots            = "xlb_slots"
+	xlbMapXlbStateless        = "xlb_stateless"
+	xlbMapXlbStats            = "xlb_stats"
+	xlbMapXlbSvcFlags         = "xlb_svc_flags"
+	xlbMapXlbTblAddr4         = "xlb_tbl_addr4"
+	xlbMapXlbTblAddr6         = "xlb_tbl_addr6"
+	xlbMapXlbTblConf          = "xlb_tbl_conf"
+	xlbMapXlbTblMeta          = "xlb_tbl_meta"
+	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
+	xlbMapXlbXdpTx            = "xlb_xdp_tx"
+	xlbProgXlbClock           = "xlb_clock"
+	xlbProgXlbIngress         = "xlb_ingress"
+	xlbProgXlbXdp             = "xlb_xdp"
+	xlbVarXlbClockOffset      = "xlb_clock_offset"
+	xlbVarXlbClockSample      = "xlb_clock_sample"
+	xlbVarXlbClockTickNs      = "xlb_clock_tick_ns"
+	xlbVarXlbCtRefreshNs      = "xlb_ct_refresh_ns"
+	xlbVarXlbEnumsBtf         = "xlb_enums_btf"
+	xlbVarXlbTblEnumsBtf      = "xlb_tbl_enums_btf"
+	xlbVarXlbTimeoutClose     = "xlb_timeout_close"
+	xlbVarXlbTimeoutFin       = "xlb_timeout_fin"
+	xlbVarXlbTimeoutSyn       = "xlb_timeout_syn"
+	xlbVarXlbTimeoutTcp       = "xlb_timeout_tcp"
+	xlbVarXlbTimeoutUdp       = "xlb_timeout_udp"
+	xlbVarXlbUnusedConnEvent  = "xlb_unused_conn_event"
+	xlbVarXlbUnusedPassiveBe  = "xlb_unused_passive_be"
+	xlbVarXlbUnusedPassiveSyn = "xlb_unused_passive_syn"
+	xlbVarXlbUnusedTblBind    = "xlb_unused_tbl_bind"
+	xlbVarXlbUnusedTblKey4    = "xlb_unused_tbl_key4"
+	xlbVarXlbUnusedTblKey6    = "xlb_unused_tbl_key6"
+	xlbVarXlbUnusedTblVal     = "xlb_unused_tbl_val"
+	xlbVarXlbXdpAnyTx         = "xlb_xdp_any_tx"
 )
 
 // loadXlb returns the embedded CollectionSpec for xlb.
@@ -369,41 +464,55 @@ type xlbProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbMapSpecs struct {
-	XlbBackends  *ebpf.MapSpec `ebpf:"xlb_backends"`
-	XlbBeFlags   *ebpf.MapSpec `ebpf:"xlb_be_flags"`
-	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
-	XlbBeStats   *ebpf.MapSpec `ebpf:"xlb_be_stats"`
-	XlbBrPort    *ebpf.MapSpec `ebpf:"xlb_br_port"`
-	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
-	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
-	XlbPeerTx    *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
-	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
-	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
-	XlbScratch   *ebpf.MapSpec `ebpf:"xlb_scratch"`
-	XlbServices  *ebpf.MapSpec `ebpf:"xlb_services"`
-	XlbSlots     *ebpf.MapSpec `ebpf:"xlb_slots"`
-	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
-	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
-	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
-	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
+	XlbBackends   *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeFlags    *ebpf.MapSpec `ebpf:"xlb_be_flags"`
+	XlbBeIndex    *ebpf.MapSpec `ebpf:"xlb_be_index"`
+	XlbBeStats    *ebpf.MapSpec `ebpf:"xlb_be_stats"`
+	XlbBrPort     *ebpf.MapSpec `ebpf:"xlb_br_port"`
+	XlbCt         *ebpf.MapSpec `ebpf:"xlb_ct"`
+	XlbEvents     *ebpf.MapSpec `ebpf:"xlb_events"`
+	XlbPassive    *ebpf.MapSpec `ebpf:"xlb_passive"`
+	XlbPassiveSyn *ebpf.MapSpec `ebpf:"xlb_passive_syn"`
+	XlbPeerTx     *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
+	XlbPersist    *ebpf.MapSpec `ebpf:"xlb_persist"`
+	XlbRr         *ebpf.MapSpec `ebpf:"xlb_rr"`
+	XlbScratch    *ebpf.MapSpec `ebpf:"xlb_scratch"`
+	XlbServices   *ebpf.MapSpec `ebpf:"xlb_services"`
+	XlbSlots      *ebpf.MapSpec `ebpf:"xlb_slots"`
+	XlbStateless  *ebpf.MapSpec `ebpf:"xlb_stateless"`
+	XlbStats      *ebpf.MapSpec `ebpf:"xlb_stats"`
+	XlbSvcFlags   *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbTblAddr4   *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
+	XlbTblAddr6   *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
+	XlbTblConf    *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
+	XlbTblMeta    *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
+	XlbTblPolicy  *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
+	XlbXdpTx      *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
 // xlbVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbVariableSpecs struct {
-	XlbClockOffset     *ebpf.VariableSpec `ebpf:"xlb_clock_offset"`
-	XlbClockSample     *ebpf.VariableSpec `ebpf:"xlb_clock_sample"`
-	XlbClockTickNs     *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
-	XlbCtRefreshNs     *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
-	XlbEnumsBtf        *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
-	XlbTimeoutClose    *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
-	XlbTimeoutFin      *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
-	XlbTimeoutSyn      *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
-	XlbTimeoutTcp      *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
-	XlbTimeoutUdp      *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
-	XlbUnusedConnEvent *ebpf.VariableSpec `ebpf:"xlb_unused_conn_event"`
-	XlbXdpAnyTx        *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
+	XlbClockOffset      *ebpf.VariableSpec `ebpf:"xlb_clock_offset"`
+	XlbClockSample      *ebpf.VariableSpec `ebpf:"xlb_clock_sample"`
+	XlbClockTickNs      *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
+	XlbCtRefreshNs      *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
+	XlbEnumsBtf         *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
+	XlbTblEnumsBtf      *ebpf.VariableSpec `ebpf:"xlb_tbl_enums_btf"`
+	XlbTimeoutClose     *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin       *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn       *ebpf.VariableSpec `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp       *ebpf.VariableSpec `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp       *ebpf.VariableSpec `ebpf:"xlb_timeout_udp"`
+	XlbUnusedConnEvent  *ebpf.VariableSpec `ebpf:"xlb_unused_conn_event"`
+	XlbUnusedPassiveBe  *ebpf.VariableSpec `ebpf:"xlb_unused_passive_be"`
+	XlbUnusedPassiveSyn *ebpf.VariableSpec `ebpf:"xlb_unused_passive_syn"`
+	XlbUnusedTblBind    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
+	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
+	XlbXdpAnyTx         *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbObjects contains all objects after they have been loaded into the kernel.
@@ -426,23 +535,30 @@ func (o *xlbObjects) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbMaps struct {
-	XlbBackends  *ebpf.Map `ebpf:"xlb_backends"`
-	XlbBeFlags   *ebpf.Map `ebpf:"xlb_be_flags"`
-	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
-	XlbBeStats   *ebpf.Map `ebpf:"xlb_be_stats"`
-	XlbBrPort    *ebpf.Map `ebpf:"xlb_br_port"`
-	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
-	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
-	XlbPeerTx    *ebpf.Map `ebpf:"xlb_peer_tx"`
-	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
-	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
-	XlbScratch   *ebpf.Map `ebpf:"xlb_scratch"`
-	XlbServices  *ebpf.Map `ebpf:"xlb_services"`
-	XlbSlots     *ebpf.Map `ebpf:"xlb_slots"`
-	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
-	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
-	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
-	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
+	XlbBackends   *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeFlags    *ebpf.Map `ebpf:"xlb_be_flags"`
+	XlbBeIndex    *ebpf.Map `ebpf:"xlb_be_index"`
+	XlbBeStats    *ebpf.Map `ebpf:"xlb_be_stats"`
+	XlbBrPort     *ebpf.Map `ebpf:"xlb_br_port"`
+	XlbCt         *ebpf.Map `ebpf:"xlb_ct"`
+	XlbEvents     *ebpf.Map `ebpf:"xlb_events"`
+	XlbPassive    *ebpf.Map `ebpf:"xlb_passive"`
+	XlbPassiveSyn *ebpf.Map `ebpf:"xlb_passive_syn"`
+	XlbPeerTx     *ebpf.Map `ebpf:"xlb_peer_tx"`
+	XlbPersist    *ebpf.Map `ebpf:"xlb_persist"`
+	XlbRr         *ebpf.Map `ebpf:"xlb_rr"`
+	XlbScratch    *ebpf.Map `ebpf:"xlb_scratch"`
+	XlbServices   *ebpf.Map `ebpf:"xlb_services"`
+	XlbSlots      *ebpf.Map `ebpf:"xlb_slots"`
+	XlbStateless  *ebpf.Map `ebpf:"xlb_stateless"`
+	XlbStats      *ebpf.Map `ebpf:"xlb_stats"`
+	XlbSvcFlags   *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbTblAddr4   *ebpf.Map `ebpf:"xlb_tbl_addr4"`
+	XlbTblAddr6   *ebpf.Map `ebpf:"xlb_tbl_addr6"`
+	XlbTblConf    *ebpf.Map `ebpf:"xlb_tbl_conf"`
+	XlbTblMeta    *ebpf.Map `ebpf:"xlb_tbl_meta"`
+	XlbTblPolicy  *ebpf.Map `ebpf:"xlb_tbl_policy"`
+	XlbXdpTx      *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
 func (m *xlbMaps) Close() error {
@@ -454,6 +570,8 @@ func (m *xlbMaps) Close() error {
 		m.XlbBrPort,
 		m.XlbCt,
 		m.XlbEvents,
+		m.XlbPassive,
+		m.XlbPassiveSyn,
 		m.XlbPeerTx,
 		m.XlbPersist,
 		m.XlbRr,
@@ -463,6 +581,11 @@ func (m *xlbMaps) Close() error {
 		m.XlbStateless,
 		m.XlbStats,
 		m.XlbSvcFlags,
+		m.XlbTblAddr4,
+		m.XlbTblAddr6,
+		m.XlbTblConf,
+		m.XlbTblMeta,
+		m.XlbTblPolicy,
 		m.XlbXdpTx,
 	)
 }
@@ -471,18 +594,25 @@ func (m *xlbMaps) Close() error {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbVariables struct {
-	XlbClockOffset     *ebpf.Variable `ebpf:"xlb_clock_offset"`
-	XlbClockSample     *ebpf.Variable `ebpf:"xlb_clock_sample"`
-	XlbClockTickNs     *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
-	XlbCtRefreshNs     *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
-	XlbEnumsBtf        *ebpf.Variable `ebpf:"xlb_enums_btf"`
-	XlbTimeoutClose    *ebpf.Variable `ebpf:"xlb_timeout_close"`
-	XlbTimeoutFin      *ebpf.Variable `ebpf:"xlb_timeout_fin"`
-	XlbTimeoutSyn      *ebpf.Variable `ebpf:"xlb_timeout_syn"`
-	XlbTimeoutTcp      *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
-	XlbTimeoutUdp      *ebpf.Variable `ebpf:"xlb_timeout_udp"`
-	XlbUnusedConnEvent *ebpf.Variable `ebpf:"xlb_unused_conn_event"`
-	XlbXdpAnyTx        *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`
+	XlbClockOffset      *ebpf.Variable `ebpf:"xlb_clock_offset"`
+	XlbClockSample      *ebpf.Variable `ebpf:"xlb_clock_sample"`
+	XlbClockTickNs      *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
+	XlbCtRefreshNs      *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
+	XlbEnumsBtf         *ebpf.Variable `ebpf:"xlb_enums_btf"`
+	XlbTblEnumsBtf      *ebpf.Variable `ebpf:"xlb_tbl_enums_btf"`
+	XlbTimeoutClose     *ebpf.Variable `ebpf:"xlb_timeout_close"`
+	XlbTimeoutFin       *ebpf.Variable `ebpf:"xlb_timeout_fin"`
+	XlbTimeoutSyn       *ebpf.Variable `ebpf:"xlb_timeout_syn"`
+	XlbTimeoutTcp       *ebpf.Variable `ebpf:"xlb_timeout_tcp"`
+	XlbTimeoutUdp       *ebpf.Variable `ebpf:"xlb_timeout_udp"`
+	XlbUnusedConnEvent  *ebpf.Variable `ebpf:"xlb_unused_conn_event"`
+	XlbUnusedPassiveBe  *ebpf.Variable `ebpf:"xlb_unused_passive_be"`
+	XlbUnusedPassiveSyn *ebpf.Variable `ebpf:"xlb_unused_passive_syn"`
+	XlbUnusedTblBind    *ebpf.Variable `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
+	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
+	XlbXdpAnyTx         *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`
 }
 
 // xlbPrograms contains all programs after they have been loaded into the kernel.

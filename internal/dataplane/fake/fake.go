@@ -28,6 +28,12 @@ type Plane struct {
 	FailTables func(d plan.TableDiff) error
 
 	tables *tableKernel // tables.go
+
+	// drift.go: Tamper's count, the watch's callback, and whether the
+	// "table" is gone.
+	tampered uint64
+	drifted  func(string)
+	gone     bool
 }
 
 // New returns an empty fake plane.
@@ -53,6 +59,9 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 			return err
 		}
 	}
+	if p.gone {
+		return errGone
+	}
 	p.applies++
 	for _, c := range d.Changes {
 		if c.Old != nil {
@@ -74,6 +83,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 	}
 	p.farms = map[string]*model.Farm{}
+	p.gone = false
 	for _, f := range farms {
 		p.farms[f.Name] = f
 	}

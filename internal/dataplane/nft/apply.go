@@ -24,6 +24,7 @@ func (s *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	whole := d // the counters take whole farms (counters.go)
 	d = plan.SplitDiff(d)
 	links, err := resolveDSR(s.opts.NetNS, d.NewFarms())
 	if err != nil {
@@ -58,6 +59,10 @@ func (s *Plane) Apply(ctx context.Context, d plan.Diff) error {
 		s.redial() // drops the queued messages
 		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), buildErr)
 	}
+	var ctrNext *ctrPending
+	if s.ctr != nil {
+		ctrNext = s.ctr.queue(s.conn, whole)
+	}
 	if err := s.conn.Flush(); err != nil {
 		s.redial()
 		return fmt.Errorf("apply %d farm changes: %w", len(d.Changes), explain(err))
@@ -66,6 +71,9 @@ func (s *Plane) Apply(ctx context.Context, d plan.Diff) error {
 		if next != nil {
 			s.shards[i].commit(next)
 		}
+	}
+	if ctrNext != nil {
+		s.ctr.commit(ctrNext)
 	}
 	s.lastElemMsgs = msgs
 	return nil

@@ -128,6 +128,12 @@ func (b *batch) ensureStatic() {
 	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcExactRule(false), svcExactRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
+	// The health checks' own connections (marked by their sockets) are
+	// not tracked: no conntrack entry, no NAT chains for each check.
+	checks := b.c.AddChain(&nftables.Chain{Table: t, Name: chainChecks, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityRaw, Policy: &accept})
+	b.c.FlushChain(checks)
+	b.c.AddRule(&nftables.Rule{Table: t, Chain: checks, Exprs: checksNotrackRule()})
 	// The shared chains of direct farms (setDirect).
 	for _, v6 := range []bool{false, true} {
 		ch := b.c.AddChain(&nftables.Chain{Table: t, Name: pick(v6, chainDir4, chainDir6)})

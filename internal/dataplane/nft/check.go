@@ -15,6 +15,14 @@ func check(f *model.Farm) error {
 	if err := dataplane.CheckNftlbFields(PlaneName, f); err != nil {
 		return err
 	}
+	if f.Check != nil && f.Check.Passive != nil {
+		// The kernel's conntrack tells handshakes apart only through
+		// netlink events, one or more per connection of every farm: a
+		// per-connection cost in the daemon that the eBPF program avoids
+		// by counting in the data path (docs/health.md).
+		return dataplane.Refuse(f, "check.passive", "{...}",
+			"passive checks need the ebpf data plane (--dataplane ebpf), which watches each handshake in its own conntrack; on the "+PlaneName+" plane use active checks")
+	}
 	switch {
 	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
 		return no("virtual-addr", "")

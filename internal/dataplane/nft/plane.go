@@ -44,11 +44,15 @@ type Options struct {
 	// LogGroup, when not 0, sends the log lines of farms with "log" to
 	// this NFLOG group instead of the kernel log.
 	LogGroup uint16
+	// NoCounters leaves out the traffic counters (counters.go): no
+	// counter table, no per-packet lookup. Counters then answer that
+	// the plane keeps none.
+	NoCounters bool
 }
 
 // dialNFT opens a lasting nftables netlink connection in namespace ns.
 func dialNFT(ns netns.NsHandle) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers)}
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithSockOptions(setBuffers, recordPort)}
 	if ns.IsOpen() {
 		opts = append(opts, nftables.WithNetNSFd(int(ns)))
 	}
@@ -132,6 +136,11 @@ type Plane struct {
 
 	// tables holds named tables and policies (tables_plane.go).
 	tables lazyTables
+
+	// ctr is the counter table (counters.go); nil with NoCounters.
+	ctr *counters
+	// watch sees changes to xlb's tables by others (watch.go).
+	watch driftWatch
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -169,6 +178,10 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 			return nil, err
 		}
 		s.shards = append(s.shards, p)
+	}
+	if err := s.openCounters(); err != nil {
+		s.Close()
+		return nil, err
 	}
 	return s, nil
 }

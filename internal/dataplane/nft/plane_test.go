@@ -392,6 +392,10 @@ table inet xlb {
 		ip daddr . meta l4proto . th dport vmap @svc4
 		ip6 daddr . meta l4proto . th dport vmap @svc6
 	}
+	chain checks {
+		type filter hook output priority raw; policy accept;
+		meta mark 0x786c6263 notrack
+	}
 	map log4 {
 		type ipv4_addr . inet_proto . inet_service : verdict
 		flags interval

@@ -158,8 +158,14 @@ func (p *shard) programPostrouting() error {
 // sendRules replaces the rules of chain (in xlb's table of that family)
 // with rules, in one batch.
 func (p *shard) sendRules(family byte, chain string, rules [][]rawExpr) error {
+	return p.sendRulesIn(p.table.Name, family, chain, rules)
+}
+
+// sendRulesIn is sendRules for a chain of another of xlb's tables (the
+// counter table, counters.go).
+func (p *shard) sendRulesIn(table string, family byte, chain string, rules [][]rawExpr) error {
 	chainAttrs := []netlink.Attribute{
-		{Type: unix.NFTA_RULE_TABLE, Data: []byte(p.table.Name + "\x00")},
+		{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")},
 		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
 	}
 	var msgs []netlink.Message
@@ -198,7 +204,14 @@ func (p *shard) sendRaw(msgs []netlink.Message) error {
 	if err != nil {
 		return fmt.Errorf("connect to nftables: %w", err)
 	}
-	defer c.Close()
+	if err := recordPort(c); err != nil {
+		c.Close()
+		return fmt.Errorf("connect to nftables: %w", err)
+	}
+	defer func() {
+		releasePort(c)
+		c.Close()
+	}()
 	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		return err
 	}

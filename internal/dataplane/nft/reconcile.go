@@ -20,17 +20,18 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if s.conn == nil {
 		return errClosed
 	}
-	parts := make([][]*model.Farm, len(s.shards))
-	for _, f := range plan.SplitFarms(farms) {
-		i := s.shardOf(f.Name)
-		parts[i] = append(parts[i], f)
-	}
+	// Everything is looked at: what others changed so far is repaired.
+	s.watch.takeDirty()
+	parts := s.split(farms)
 	keep := map[string]bool{}
 	for i, p := range s.shards {
 		if err := p.reconcile(ctx, parts[i]); err != nil {
 			return fmt.Errorf("table inet %s: %w", p.opts.Table, err)
 		}
 		keep[p.opts.Table] = true
+	}
+	if err := s.reconcileCounters(farms); err != nil {
+		return err
 	}
 	dropped, err := dropOtherLayouts(s.conn, s.opts.Table, keep)
 	if err != nil {
@@ -41,6 +42,16 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		s.log.Info("deleted the tables of another --nft-tables layout", "tables", dropped)
 	}
 	return nil
+}
+
+// split cuts farms by table (dual farms split: plan.SplitFarms).
+func (s *Plane) split(farms []*model.Farm) [][]*model.Farm {
+	parts := make([][]*model.Farm, len(s.shards))
+	for _, f := range plan.SplitFarms(farms) {
+		i := s.shardOf(f.Name)
+		parts[i] = append(parts[i], f)
+	}
+	return parts
 }
 
 // reconcile makes the shard's table hold exactly farms (dual farms split:
@@ -73,7 +84,7 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range netdevSets(p.ntable) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainDsr: true,
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainChecks: true, chainDsr: true,
 		chainDir4: true, chainDir6: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {

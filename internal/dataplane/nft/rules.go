@@ -8,6 +8,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -61,6 +62,16 @@ func addrWords(v6 bool) uint32 {
 		return 4
 	}
 	return 1
+}
+
+// checksNotrackRule: meta mark 0x786c6263 notrack (the health checks'
+// packets, dataplane.CheckSocketMark).
+func checksNotrackRule() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(dataplane.CheckSocketMark)},
+		&expr.Notrack{},
+	}
 }
 
 // fwmRule: meta nfproto ipv4 meta mark vmap @fwm4 (or the ipv6 form).

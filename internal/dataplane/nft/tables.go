@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -215,7 +216,7 @@ func (t *Tables) CheckTable(tb *model.Table) error { return nil }
 func CheckPolicies(f *model.Farm) error {
 	if len(f.Policies) > 0 && (f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT) {
 		return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "policies", Value: f.Policies[0].Name,
-			Problem: fmt.Sprintf("the nft data plane enforces policies at prerouting, which mode %s bypasses (it forwards at netdev ingress): use mode snat or dnat, or the ebpf data plane once it has policies", f.Mode)}
+			Problem: fmt.Sprintf("the nft data plane enforces policies at prerouting, which mode %s bypasses (it forwards at netdev ingress): use mode snat or dnat, or the ebpf data plane (it checks policies in every mode)", f.Mode)}
 	}
 	return nil
 }
@@ -587,7 +588,7 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	}
 	// Farms: old elements and chains out, new in. A farm whose tables'
 	// order changed (priority) is rewritten too.
-	farms := maps2(t.farms)
+	farms := maps.Clone(t.farms)
 	for _, c := range d.Farms {
 		if c.Old != nil && len(c.Old.Policies) > 0 {
 			b.farmElems(c.Old, true)
@@ -605,7 +606,7 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	for _, c := range d.Tables {
 		if c.Old != nil && c.New != nil && c.Old.Priority != c.New.Priority {
 			for _, f := range farms {
-				if usesTable(f, c.New.Name) {
+				if f.UsesPolicy(c.New.Name) {
 					b.writeFarm(f)
 				}
 			}
@@ -630,23 +631,6 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	t.created, t.baseRules = true, len(farms) > 0
 	t.committed()
 	return nil
-}
-
-func usesTable(f *model.Farm, name string) bool {
-	for _, p := range f.Policies {
-		if p.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-func maps2[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // ReconcileTables implements dataplane.TablePlane. It rebuilds the whole

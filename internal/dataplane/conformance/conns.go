@@ -1,0 +1,160 @@
+package conformance
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// ConnTable returns what lists, deletes and counts the connections of the
+// plane dp opened on netnsPath: dp itself (eBPF) or the kernel's conntrack
+// read over netlink (nft). It must implement dataplane.ConnCounter too.
+type ConnTable func(t testing.TB, dp dataplane.Dataplane, netnsPath string) dataplane.ConnLister
+
+// RunConnections checks the connection listing of a plane with real
+// traffic, as `ipvsadm -Lc` shows it: a TCP farm with held connections and
+// a UDP farm, listed with protocol, state, client, VIP and backend,
+// filtered by farm, backend and client, counted per backend as active
+// (established TCP) and inactive connections, and a client's connections
+// deleted.
+func RunConnections(t *testing.T, p Plane, table ConnTable) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	e := newEnv(t, p, scenario{name: "connections", backends: 2})
+	lister := table(t, e.DP, "/run/netns/"+e.LB.Name)
+	counter, ok := lister.(dataplane.ConnCounter)
+	if !ok {
+		t.Fatalf("%T does not count connections (dataplane.ConnCounter)", lister)
+	}
+	web := e.farmOn("web", testutil.VIP4(1), VPort, model.ProtoTCP)
+	dns := e.farmOn("dns", testutil.VIP4(2), VPort, model.ProtoUDP)
+	e.Put(t, web, dns)
+	farms := []*model.Farm{&web, &dns}
+	vipWeb := netip.AddrPortFrom(testutil.VIP4(1), VPort)
+	vipDNS := netip.AddrPortFrom(testutil.VIP4(2), VPort)
+
+	// Four held TCP connections (round robin: two per backend) and two
+	// UDP flows.
+	const held = 4
+	byBackend := map[string]int{}
+	clientPorts := map[uint16]string{}
+	for range held {
+		c, err := testutil.DialTCP(e.Client.NS, vipWeb, testutil.DefaultTimeout)
+		if err != nil {
+			t.Fatalf("dial %s: %v", vipWeb, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		line, err := testutil.ReadLine(c, testutil.DefaultTimeout)
+		if err != nil {
+			t.Fatalf("read from %s: %v", vipWeb, err)
+		}
+		name, _ := parse(t, line)
+		byBackend[name]++
+		clientPorts[uint16(c.LocalAddr().(*net.TCPAddr).Port)] = name
+	}
+	for range 2 {
+		e.AskUDP(t, netip.AddrPort{}, vipDNS)
+	}
+
+	all, err := lister.Connections(ctx, farms, dataplane.ConnFilter{})
+	if err != nil {
+		t.Fatalf("list connections: %v", err)
+	}
+	var tcp, udp int
+	for _, c := range all {
+		switch c.Farm {
+		case "web":
+			tcp++
+			if c.Protocol != 6 || c.State != "ESTABLISHED" || !c.Active {
+				t.Errorf("web connection %+v: want TCP ESTABLISHED, active", c)
+			}
+			if c.Client.Addr() != e.Client.IPv4 || c.VIP != vipWeb {
+				t.Errorf("web connection %+v: want client %s, VIP %s", c, e.Client.IPv4, vipWeb)
+			}
+			if want := clientPorts[c.Client.Port()]; c.BackendName != want {
+				t.Errorf("connection from port %d: backend %q, but %q answered it", c.Client.Port(), c.BackendName, want)
+			}
+			if b, i := web.Backend(c.BackendName); i < 0 || c.Backend != netip.AddrPortFrom(b.Addr, BPort) {
+				t.Errorf("web connection %+v: backend address does not match backend %q", c, c.BackendName)
+			}
+			// IPVS's established timeout is 15 min, netfilter's 5 days.
+			if c.Expires <= 0 || c.Expires > 5*24*time.Hour {
+				t.Errorf("web connection %+v: expiry %v, want within 5 days", c, c.Expires)
+			}
+		case "dns":
+			udp++
+			if c.Protocol != 17 || c.Active || c.VIP != vipDNS || !strings.HasPrefix(c.BackendName, "b") {
+				t.Errorf("dns connection %+v: want UDP, inactive, to %s, a backend", c, vipDNS)
+			}
+		default:
+			t.Errorf("connection of farm %q: %+v", c.Farm, c)
+		}
+	}
+	if tcp != held || udp != 2 {
+		t.Fatalf("listed %d TCP and %d UDP connections, want %d and 2: %+v", tcp, udp, held, all)
+	}
+
+	// Filters: by backend, by client, one farm only.
+	for name, n := range byBackend {
+		got, err := lister.Connections(ctx, []*model.Farm{&web}, dataplane.ConnFilter{Backend: name})
+		if err != nil || len(got) != n {
+			t.Errorf("connections of backend %s: %d (%v), want %d", name, len(got), err, n)
+		}
+	}
+	other := netip.MustParseAddr("10.100.0.99")
+	if got, err := lister.Connections(ctx, farms, dataplane.ConnFilter{Client: other}); err != nil || len(got) != 0 {
+		t.Errorf("connections of client %s: %d (%v), want none", other, len(got), err)
+	}
+	if got, err := lister.Connections(ctx, []*model.Farm{&dns}, dataplane.ConnFilter{Client: e.Client.IPv4}); err != nil || len(got) != 2 {
+		t.Errorf("dns connections of client %s: %d (%v), want 2", e.Client.IPv4, len(got), err)
+	}
+
+	// Counts per backend: the held TCP connections are active, UDP
+	// flows inactive.
+	ct, err := counter.CountConns(ctx, farms)
+	if err != nil {
+		t.Fatalf("count connections: %v", err)
+	}
+	if ct.Entries < held+2 {
+		t.Errorf("table entries %d, want at least %d", ct.Entries, held+2)
+	}
+	for i, b := range web.Backends {
+		got := ct.Backends["web"]
+		if len(got) != len(web.Backends) || got[i].Active != uint64(byBackend[b.Name]) || got[i].Inactive != 0 {
+			t.Errorf("web counts %+v, want backend %s active %d, inactive 0", got, b.Name, byBackend[b.Name])
+		}
+	}
+	var udpActive, udpInactive uint64
+	for _, c := range ct.Backends["dns"] {
+		udpActive += c.Active
+		udpInactive += c.Inactive
+	}
+	if udpActive != 0 || udpInactive != 2 {
+		t.Errorf("dns counts %+v, want 2 inactive in all", ct.Backends["dns"])
+	}
+
+	// Deleting the client's web connections leaves its UDP flows.
+	n, err := lister.DeleteConnections(ctx, []*model.Farm{&web}, dataplane.ConnFilter{Client: e.Client.IPv4})
+	if err != nil || n != held {
+		t.Fatalf("delete the client's web connections: %d (%v), want %d", n, err, held)
+	}
+	left, err := lister.Connections(ctx, farms, dataplane.ConnFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range left {
+		if c.Farm == "web" {
+			t.Errorf("web connection left after deletion: %+v", c)
+		}
+	}
+	if len(left) != 2 {
+		t.Errorf("%d connections left, want the 2 UDP flows: %+v", len(left), left)
+	}
+}

@@ -1,0 +1,309 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Connection listing and counting over the program's own conntrack table
+// (xlb_ct), read with batched map lookups: a walk of a table of a million
+// entries is a few hundred system calls, not two million.
+//
+// A connection is its forward entry (client -> VIP; the key's source is
+// the client, its destination the VIP, the value's destination the
+// backend). Its reply entry (backend -> client) shares its state, and dsr
+// connections have none. Entries are matched to farms by protocol, VIP and
+// port, and to backends by address and port, not by the generation or
+// backend ids they carry: those are freed as farms change, while a
+// connection lives on until it idles out.
+
+var (
+	_ dataplane.ConnLister  = (*Plane)(nil)
+	_ dataplane.ConnCounter = (*Plane)(nil)
+	_ dataplane.PacketStats = (*Plane)(nil)
+)
+
+// ctBatch is how many entries one batched lookup asks for. A hash map's
+// batch must hold at least its fullest bucket; 4096 entries of 40+88
+// bytes are half a MiB of buffers.
+const ctBatch = 4096
+
+// walkCT calls fn for every entry of xlb_ct. Entries that come and go
+// during the walk may be seen or not (as with any dump of a live table).
+func (p *Plane) walkCT(ctx context.Context, fn func(k *xlbCtKey, v *xlbCtVal)) error {
+	keys := make([]xlbCtKey, ctBatch)
+	vals := make([]xlbCtVal, ctBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, err := p.objs.XlbCt.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			fn(&keys[i], &vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("walk the conntrack table: %w", err)
+		}
+	}
+}
+
+// ctFarm matches forward entries to one farm and its backends.
+type ctFarm struct {
+	f     *model.Farm
+	vips  [][4]uint32
+	proto uint8 // 0: any
+}
+
+func newCTFarm(f *model.Farm) ctFarm {
+	m := ctFarm{f: f, proto: f.Protocol.Number()}
+	for _, v := range f.VirtualAddrs() {
+		m.vips = append(m.vips, addrWords(v))
+	}
+	return m
+}
+
+// match reports whether forward entry k, v is one of the farm's, and the
+// index of its backend (-1: no backend of the farm has its address now).
+func (m ctFarm) match(k *xlbCtKey, v *xlbCtVal) (bool, int) {
+	if v.Dir != ctFwd || m.proto != 0 && k.Proto != m.proto {
+		return false, -1
+	}
+	found := false
+	for _, vip := range m.vips {
+		if k.Dst == vip {
+			found = true
+			break
+		}
+	}
+	if !found || !inPorts(m.f.VirtualPorts, ne16(k.Dport)) {
+		return false, -1
+	}
+	return true, m.backend(v, k.Family)
+}
+
+func (m ctFarm) backend(v *xlbCtVal, family uint8) int {
+	addr := wordsAddr(v.Dst, family)
+	port := ne16(v.Dport)
+	for i := range m.f.Backends {
+		b := &m.f.Backends[i]
+		if b.Addr == addr && (b.Port == 0 || b.Port == port) {
+			return i
+		}
+	}
+	return -1
+}
+
+func inPorts(ports []model.PortRange, p uint16) bool {
+	if len(ports) == 0 {
+		return true
+	}
+	for _, r := range ports {
+		if p >= r.First && p <= r.Last {
+			return true
+		}
+	}
+	return false
+}
+
+// ctStateNames are the flow states as IPVS names them.
+var ctStateNames = map[uint8]string{
+	ctStateSYN: "SYN_RECV", ctStateEST: "ESTABLISHED", ctStateFIN: "FIN_WAIT",
+	ctStateClose: "CLOSE", ctStateUDP: "UDP",
+}
+
+// timeout is the idle timeout of a flow in state s (ct_timeout in
+// bpf/xlb_lb.c).
+func (t Timeouts) timeout(s uint8) time.Duration {
+	switch s {
+	case ctStateSYN:
+		return t.SYN
+	case ctStateEST:
+		return t.TCP
+	case ctStateFIN:
+		return t.TCPFin
+	case ctStateClose:
+		return t.Close
+	}
+	return t.UDP
+}
+
+// monotonicCoarse is the program's conntrack clock (CLOCK_MONOTONIC_COARSE).
+func monotonicCoarse() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
+}
+
+func toConn(m ctFarm, k *xlbCtKey, v *xlbCtVal, be int, now uint64, to Timeouts) dataplane.Conn {
+	c := dataplane.Conn{
+		Farm:     m.f.Name,
+		Protocol: k.Proto,
+		State:    ctStateNames[v.State],
+		Active:   v.State == ctStateEST,
+		Client:   netip.AddrPortFrom(wordsAddr(k.Src, k.Family), ne16(k.Sport)),
+		VIP:      netip.AddrPortFrom(wordsAddr(k.Dst, k.Family), ne16(k.Dport)),
+		Backend:  netip.AddrPortFrom(wordsAddr(v.Dst, k.Family), ne16(v.Dport)),
+	}
+	if c.State == "" {
+		c.State = fmt.Sprintf("STATE_%d", v.State)
+	}
+	if be >= 0 {
+		c.BackendName = m.f.Backends[be].Name
+	}
+	// The program's clock may run a tick ahead of the coarse clock read
+	// here (calibrateClock): never more than the timeout.
+	if end := v.Seen + uint64(to.timeout(v.State)); end > now {
+		c.Expires = min(time.Duration(end-now), to.timeout(v.State))
+	}
+	return c
+}
+
+// ctIndex finds the farm of a forward entry by protocol and VIP.
+type ctIndex map[ctVIP][]ctFarm
+
+type ctVIP struct {
+	proto uint8
+	vip   [4]uint32
+}
+
+func newCTIndex(farms []*model.Farm) ctIndex {
+	x := ctIndex{}
+	for _, f := range farms {
+		m := newCTFarm(f)
+		for _, v := range m.vips {
+			x[ctVIP{m.proto, v}] = append(x[ctVIP{m.proto, v}], m)
+		}
+	}
+	return x
+}
+
+// find returns the farm of forward entry k, v and the index of its
+// backend (-1: none of the farm's backends has its address now); ok is
+// false for a reply entry or an entry of no farm given.
+func (x ctIndex) find(k *xlbCtKey, v *xlbCtVal) (ctFarm, int, bool) {
+	if v.Dir != ctFwd {
+		return ctFarm{}, -1, false
+	}
+	for _, proto := range []uint8{k.Proto, 0} {
+		for _, m := range x[ctVIP{proto, k.Dst}] {
+			if ok, be := m.match(k, v); ok {
+				return m, be, true
+			}
+		}
+	}
+	return ctFarm{}, -1, false
+}
+
+// ctFilter is a dataplane.ConnFilter resolved against farms.
+type ctFilter struct {
+	idx     ctIndex
+	backend string // "": any
+	client  [4]uint32
+	any     bool // no client given
+}
+
+func newCTFilter(farms []*model.Farm, flt dataplane.ConnFilter) ctFilter {
+	cf := ctFilter{idx: newCTIndex(farms), backend: flt.Backend, any: !flt.Client.IsValid()}
+	if !cf.any {
+		cf.client = addrWords(flt.Client.Unmap())
+	}
+	return cf
+}
+
+func (cf ctFilter) find(k *xlbCtKey, v *xlbCtVal) (ctFarm, int, bool) {
+	m, be, ok := cf.idx.find(k, v)
+	if !ok || cf.backend != "" && (be < 0 || m.f.Backends[be].Name != cf.backend) || !cf.any && k.Src != cf.client {
+		return m, be, false
+	}
+	return m, be, true
+}
+
+// Connections implements dataplane.ConnLister.
+func (p *Plane) Connections(ctx context.Context, farms []*model.Farm, flt dataplane.ConnFilter) ([]dataplane.Conn, error) {
+	cf := newCTFilter(farms, flt)
+	now, to := monotonicCoarse(), p.opts.Timeouts.withDefaults()
+	var out []dataplane.Conn
+	err := p.walkCT(ctx, func(k *xlbCtKey, v *xlbCtVal) {
+		if m, be, ok := cf.find(k, v); ok {
+			out = append(out, toConn(m, k, v, be, now, to))
+		}
+	})
+	return out, err
+}
+
+// DeleteConnections implements dataplane.ConnLister: both entries of each
+// matching connection are deleted.
+func (p *Plane) DeleteConnections(ctx context.Context, farms []*model.Farm, flt dataplane.ConnFilter) (int, error) {
+	cf := newCTFilter(farms, flt)
+	var fwd, peers []xlbCtKey
+	err := p.walkCT(ctx, func(k *xlbCtKey, v *xlbCtVal) {
+		if _, _, ok := cf.find(k, v); ok {
+			fwd = append(fwd, *k)
+			// The reply entry's key is the forward entry's value
+			// reversed (ct_peer_key in bpf/xlb_lb.c).
+			peers = append(peers, xlbCtKey{Src: v.Dst, Dst: v.Src, Sport: v.Dport, Dport: v.Sport, Proto: k.Proto, Family: k.Family})
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range fwd {
+		// Either entry may be gone already (expiry, LRU eviction, the
+		// program's own removal).
+		if p.objs.XlbCt.Delete(&fwd[i]) == nil {
+			n++
+		}
+		_ = p.objs.XlbCt.Delete(&peers[i])
+	}
+	return n, nil
+}
+
+// CountConns implements dataplane.ConnCounter: one walk of xlb_ct.
+func (p *Plane) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, error) {
+	idx := newCTIndex(farms)
+	out := dataplane.ConnTable{Capacity: uint64(p.objs.XlbCt.MaxEntries()), Backends: map[string][]dataplane.ConnCounts{}}
+	err := p.walkCT(ctx, func(k *xlbCtKey, v *xlbCtVal) {
+		out.Entries++
+		m, be, ok := idx.find(k, v)
+		if !ok || be < 0 {
+			return
+		}
+		counts := out.Backends[m.f.Name]
+		if counts == nil {
+			counts = make([]dataplane.ConnCounts, len(m.f.Backends))
+			out.Backends[m.f.Name] = counts
+		}
+		if v.State == ctStateEST {
+			counts[be].Active++
+		} else {
+			counts[be].Inactive++
+		}
+	})
+	return out, err
+}
+
+// dropReasons are the events of xlb_stats whose packets are dropped or
+// refused (statNames; see enum xlb_stat in bpf/xlb_consts.h).
+var dropReasons = []string{"no_backend", "snat_full", "fib_drop", "error"}
+
+// PacketStats implements dataplane.PacketStats with xlb_stats.
+func (p *Plane) PacketStats(ctx context.Context) (map[string]uint64, error) { return p.Stats() }
+
+// DropReasons implements dataplane.PacketStats.
+func (p *Plane) DropReasons() []string { return dropReasons }

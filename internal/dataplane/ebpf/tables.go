@@ -1,0 +1,750 @@
+package ebpf
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// Named tables in the eBPF plane (bpf/xlb_tables.h). Each slot of an addr
+// table is two LPM tries, one per address family, made here and held at
+// the slot's index in xlb_tbl_addr4/6 (arrays of maps, pinned; the tries
+// are not pinned themselves). A table id is bound to its slot's index by
+// its entry in xlb_tbl_meta (with its verdict): a swap rewrites two such
+// entries in one batch, whatever the sizes, and each table goes from its
+// old entries to its new ones at once.
+//
+// Why the ids are not keys of the arrays of maps themselves: the kernel
+// waits for an RCU grace period after every update of an array of maps
+// (maybe_wait_bpf_programs), 8-10 ms on this VM, so a swap written there
+// took 35-45 ms; a plain array takes microseconds. Making or freeing a
+// slot (creating or destroying a table) still pays that wait, twice.
+//
+// Farms' policies are keyed by the farm's service keys in xlb_tbl_policy.
+//
+// Only addr tables have kernel objects: they are what farms use. Tables of
+// the other types live in the daemon (lookups, listings, save and restore).
+
+var (
+	_ dataplane.TablePlane         = (*Plane)(nil)
+	_ dataplane.TableDescriber     = (*Plane)(nil)
+	_ dataplane.TableCounterReader = (*Plane)(nil)
+)
+
+// Sizes from bpf/xlb_tables.h.
+const (
+	maxTables       = uint32(xlbXlbTblSizeXLB_TBL_SIZE_TABLES)
+	maxFarmPolicies = int(xlbXlbTblSizeXLB_TBL_SIZE_FARM_POLICIES)
+
+	tblNone  = uint32(xlbXlbTblVerdictXLB_TBL_NONE)
+	tblDeny  = uint32(xlbXlbTblVerdictXLB_TBL_DENY)
+	tblAllow = uint32(xlbXlbTblVerdictXLB_TBL_ALLOW)
+
+	tblConfPort    = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_PORT)
+	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
+
+	// tblChunk bounds the entries of one batch syscall (and the buffers
+	// built for it).
+	tblChunk = 65536
+)
+
+// tableState is what the plane has applied of tables.
+type tableState struct {
+	// inner4, inner6: the tries' template (the outer maps' inner map
+	// spec), from the loaded collection.
+	inner4, inner6 *ebpf.MapSpec
+	slots          map[uint32]*tblSlot // by slot (the engine's number)
+	// idx allocates slot indices (1 to maxTables-1) in xlb_tbl_addr4/6.
+	idx    idxAlloc
+	tables map[string]*model.Table // as applied, by name
+	farms  map[string]*model.Farm  // farms with policies, as applied
+	keys   map[xlbSvcKey]string    // policy key -> farm
+	// noBatch: the kernel refused batch updates of a trie once; entries
+	// go one by one from then on.
+	noBatch bool
+}
+
+func (t *tableState) reset() {
+	t.slots = map[uint32]*tblSlot{}
+	t.idx = idxAlloc{next: 1}
+	t.tables = map[string]*model.Table{}
+	t.farms = map[string]*model.Farm{}
+	t.keys = map[xlbSvcKey]string{}
+}
+
+// tblSlot is one slot's tries and their index in the arrays of maps.
+type tblSlot struct {
+	idx    uint32
+	v4, v6 *ebpf.Map
+}
+
+// idxAlloc hands out slot indices; a freed one is reused.
+type idxAlloc struct {
+	next uint32
+	free []uint32
+}
+
+func (a *idxAlloc) get() (uint32, error) {
+	if n := len(a.free); n > 0 {
+		i := a.free[n-1]
+		a.free = a.free[:n-1]
+		return i, nil
+	}
+	if a.next >= maxTables {
+		return 0, fmt.Errorf("all %d slot indices of xlb_tbl_addr4/6 are in use", maxTables-1)
+	}
+	a.next++
+	return a.next - 1, nil
+}
+
+func (a *idxAlloc) put(i uint32) { a.free = append(a.free, i) }
+
+func (s *tblSlot) close() {
+	if s.v4 != nil {
+		s.v4.Close()
+	}
+	if s.v6 != nil {
+		s.v6.Close()
+	}
+}
+
+func trieName(slot uint32, v6 bool) string {
+	if v6 {
+		return fmt.Sprintf("xt6_%d", slot)
+	}
+	return fmt.Sprintf("xt4_%d", slot)
+}
+
+// newSlot makes a slot's two empty tries and puts them at a free index of
+// the arrays of maps (nothing refers to the index yet).
+func (p *Plane) newSlot(slot uint32) (*tblSlot, error) {
+	s := &tblSlot{}
+	for _, v6 := range []bool{false, true} {
+		spec := p.tbls.inner4.Copy()
+		if v6 {
+			spec = p.tbls.inner6.Copy()
+		}
+		spec.Name = trieName(slot, v6)
+		m, err := ebpf.NewMap(spec)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("make trie %s: %w", spec.Name, err)
+		}
+		if v6 {
+			s.v6 = m
+		} else {
+			s.v4 = m
+		}
+	}
+	idx, err := p.tbls.idx.get()
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.idx = idx
+	if err := p.placeSlot(s); err != nil {
+		p.freeSlot(s)
+		return nil, err
+	}
+	return s, nil
+}
+
+// placeSlot puts a slot's tries at its index.
+func (p *Plane) placeSlot(s *tblSlot) error {
+	if err := p.objs.XlbTblAddr4.Update(s.idx, s.v4, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("put trie at slot index %d: %w", s.idx, err)
+	}
+	if err := p.objs.XlbTblAddr6.Update(s.idx, s.v6, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("put trie at slot index %d: %w", s.idx, err)
+	}
+	return nil
+}
+
+// freeSlot takes a slot's tries out of the arrays of maps (the kernel frees
+// them with the last reference) and releases its index.
+func (p *Plane) freeSlot(s *tblSlot) {
+	for _, m := range []*ebpf.Map{p.objs.XlbTblAddr4, p.objs.XlbTblAddr6} {
+		if err := m.Delete(s.idx); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			p.log.Error("free table slot", "index", s.idx, "err", err)
+		}
+	}
+	s.close()
+	if s.idx != 0 {
+		p.tbls.idx.put(s.idx)
+	}
+}
+
+// CheckTable implements dataplane.TablePlane.
+func (p *Plane) CheckTable(t *model.Table) error {
+	if t.LogPrefix != "" {
+		return &model.FieldError{Object: fmt.Sprintf("table %q", t.Name), Field: "log-prefix", Value: t.LogPrefix,
+			Problem: "the ebpf data plane does not log policy drops (it counts them per entry: xlb table " + t.Name + " list shows the counters); leave it empty or use the nft data plane"}
+	}
+	return nil
+}
+
+// checkPolicies refuses more policies than the program checks.
+func checkPolicies(f *model.Farm) error {
+	if len(f.Policies) > maxFarmPolicies {
+		return dataplane.Refuse(f, "policies", fmt.Sprint(len(f.Policies), " policies"),
+			fmt.Sprintf("the ebpf data plane checks at most %d policies per farm", maxFarmPolicies))
+	}
+	return nil
+}
+
+// TableAlgorithm implements dataplane.TableDescriber.
+func (p *Plane) TableAlgorithm(t *model.Table) string {
+	if t.Type != model.TableAddr {
+		return "daemon only (no kernel object: no farm feature uses " + t.Type.String() + " tables yet)"
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	idx := uint32(0)
+	if s := p.tbls.slots[t.Slot]; s != nil {
+		idx = s.idx
+	}
+	return fmt.Sprintf("eBPF: LPM tries %s and %s (not preallocated) at index %d of xlb_tbl_addr4/6 (arrays of maps), bound to id %d in xlb_tbl_meta, in %s",
+		trieName(t.Slot, false), trieName(t.Slot, true), idx, t.ID, p.opts.PinPath)
+}
+
+// trieKey is an addr entry's key for its family's trie.
+func trieKey(k model.TableKey) (any, bool) {
+	pfx := k.Prefix()
+	a := pfx.Addr()
+	if a.Is4() {
+		return xlbTblKey4{Prefixlen: uint32(pfx.Bits()), Addr: ne32(a)}, false
+	}
+	return xlbTblKey6{Prefixlen: uint32(pfx.Bits()), Addr: addrWords(a)}, true
+}
+
+func tblValue(v *model.TableValue) xlbTblVal {
+	if v == nil {
+		return xlbTblVal{}
+	}
+	return xlbTblVal{Mark: v.Mark, Limit: v.Limit, Tag: v.Tag, Dscp: v.DSCP}
+}
+
+func key4Prefix(k xlbTblKey4) netip.Prefix {
+	a := wordsAddr([4]uint32{k.Addr}, afInet)
+	return netip.PrefixFrom(a, int(k.Prefixlen))
+}
+
+func key6Prefix(k xlbTblKey6) netip.Prefix {
+	return netip.PrefixFrom(wordsAddr(k.Addr, afInet6), int(k.Prefixlen))
+}
+
+// putEntries writes entries into a slot's tries (new keys, or values over
+// existing ones, keeping their counters when keep is set).
+func (p *Plane) putEntries(s *tblSlot, entries func(func(model.TableEntry) bool), keep bool) error {
+	var k4 []xlbTblKey4
+	var v4 []xlbTblVal
+	var k6 []xlbTblKey6
+	var v6 []xlbTblVal
+	flush := func() error {
+		if len(k4) > 0 {
+			if err := p.batchPut(s.v4, k4, v4, keep); err != nil {
+				return err
+			}
+		}
+		if len(k6) > 0 {
+			if err := p.batchPut(s.v6, k6, v6, keep); err != nil {
+				return err
+			}
+		}
+		k4, v4, k6, v6 = k4[:0], v4[:0], k6[:0], v6[:0]
+		return nil
+	}
+	var err error
+	entries(func(e model.TableEntry) bool {
+		k, is6 := trieKey(e.Key)
+		if is6 {
+			k6 = append(k6, k.(xlbTblKey6))
+			v6 = append(v6, tblValue(e.Value))
+		} else {
+			k4 = append(k4, k.(xlbTblKey4))
+			v4 = append(v4, tblValue(e.Value))
+		}
+		if len(k4)+len(k6) >= tblChunk {
+			err = flush()
+		}
+		return err == nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
+// batchPut writes keys and values into a trie: in batches where the
+// kernel takes them, one by one otherwise. keep: values replace existing
+// ones with their counters kept.
+func (p *Plane) batchPut(m *ebpf.Map, keys any, vals []xlbTblVal, keep bool) error {
+	n := len(vals)
+	one := func(i int) any {
+		switch ks := keys.(type) {
+		case []xlbTblKey4:
+			return ks[i]
+		case []xlbTblKey6:
+			return ks[i]
+		}
+		return nil
+	}
+	if keep {
+		for i := range vals {
+			var old xlbTblVal
+			if err := m.Lookup(one(i), &old); err == nil {
+				vals[i].Packets, vals[i].Bytes = old.Packets, old.Bytes
+			}
+		}
+	}
+	if !p.tbls.noBatch {
+		_, err := m.BatchUpdate(keys, vals, nil)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("write %d entries into trie: %w", n, err)
+		}
+		p.tbls.noBatch = true
+	}
+	for i := range vals {
+		if err := m.Update(one(i), vals[i], ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write entry into trie: %w", err)
+		}
+	}
+	return nil
+}
+
+// delEntries removes entries from a slot's tries, in batches where the
+// kernel takes them. Missing entries are no error (a hand edit may have
+// removed them): a batch that stops at one goes on one by one.
+func (p *Plane) delEntries(s *tblSlot, entries []model.TableEntry) error {
+	var k4 []xlbTblKey4
+	var k6 []xlbTblKey6
+	for _, e := range entries {
+		k, is6 := trieKey(e.Key)
+		if is6 {
+			k6 = append(k6, k.(xlbTblKey6))
+		} else {
+			k4 = append(k4, k.(xlbTblKey4))
+		}
+	}
+	if err := batchDel(s.v4, k4, &p.tbls.noBatch); err != nil {
+		return err
+	}
+	return batchDel(s.v6, k6, &p.tbls.noBatch)
+}
+
+func batchDel[K any](m *ebpf.Map, keys []K, noBatch *bool) error {
+	for len(keys) > 0 {
+		n := min(len(keys), tblChunk)
+		chunk := keys[:n]
+		keys = keys[n:]
+		if !*noBatch {
+			done, err := m.BatchDelete(chunk, nil)
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, ebpf.ErrNotSupported) {
+				*noBatch = true
+			} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete %d entries from trie: %w", n, err)
+			}
+			chunk = chunk[min(done, len(chunk)):]
+		}
+		for _, k := range chunk {
+			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete entry from trie: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// bind points table ids at their slots, with their verdicts, in one batch
+// (a swap's two tables at once). binds are parallel to ids.
+func (p *Plane) bind(ids []uint32, binds []xlbTblBind) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if !p.tbls.noBatch {
+		_, err := p.objs.XlbTblMeta.BatchUpdate(ids, binds, nil)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("bind %d tables: %w", len(ids), err)
+		}
+	}
+	for i, id := range ids {
+		if err := p.objs.XlbTblMeta.Update(id, binds[i], ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("bind table id %d: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// binding is what xlb_tbl_meta holds for a table (unbound if nil or not
+// an addr table, or if its slot has no tries).
+func (p *Plane) binding(t *model.Table) xlbTblBind {
+	if t == nil || t.Type != model.TableAddr {
+		return xlbTblBind{}
+	}
+	s := p.tbls.slots[t.Slot]
+	if s == nil {
+		return xlbTblBind{}
+	}
+	return xlbTblBind{Slot: s.idx, Verdict: verdictOf(t.Verdict)}
+}
+
+func verdictOf(v model.ListVerdict) uint32 {
+	switch v {
+	case model.ListDeny:
+		return tblDeny
+	case model.ListAllow:
+		return tblAllow
+	}
+	return tblNone
+}
+
+// policyKeys are a farm's service keys: each VIP's protocol and ports
+// (port 0 for a farm of every port).
+func policyKeys(f *model.Farm) []xlbSvcKey {
+	var out []xlbSvcKey
+	proto := f.Protocol.Number()
+	for _, a := range f.VirtualAddrs() {
+		k := xlbSvcKey{Addr: addrWords(a), Proto: proto, Family: familyOf(a)}
+		if len(f.VirtualPorts) == 0 {
+			out = append(out, k)
+		}
+		for _, r := range f.VirtualPorts {
+			for port := uint32(r.First); port <= uint32(r.Last); port++ {
+				k.Port = ne16(uint16(port))
+				out = append(out, k)
+			}
+		}
+	}
+	return out
+}
+
+// policyValue is a farm's policy tables' ids, by priority then name.
+func policyValue(f *model.Farm, tables map[string]*model.Table) xlbTblPolicy {
+	var ts []*model.Table
+	for _, ref := range f.Policies {
+		if t, ok := tables[ref.Name]; ok && t.Type == model.TableAddr {
+			ts = append(ts, t)
+		}
+	}
+	slices.SortStableFunc(ts, func(x, y *model.Table) int {
+		if c := cmp.Compare(x.Priority, y.Priority); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Name, y.Name)
+	})
+	var v xlbTblPolicy
+	for i, t := range ts {
+		if i == len(v.Ids) {
+			break
+		}
+		v.Ids[i] = t.ID
+		v.N++
+	}
+	return v
+}
+
+// writeFarmPolicies writes (or, with del, removes) a farm's policy keys.
+func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table, del bool) error {
+	t := &p.tbls
+	if del {
+		for _, k := range policyKeys(f) {
+			if t.keys[k] != f.Name {
+				continue
+			}
+			if err := p.objs.XlbTblPolicy.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("farm %q: remove policies: %w", f.Name, err)
+			}
+			delete(t.keys, k)
+		}
+		return nil
+	}
+	v := policyValue(f, tables)
+	for _, k := range policyKeys(f) {
+		if err := p.objs.XlbTblPolicy.Update(k, v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("farm %q: write policies: %w", f.Name, err)
+		}
+		t.keys[k] = f.Name
+	}
+	return nil
+}
+
+// writeConf tells the program which policy lookups packets need.
+func (p *Plane) writeConf() error {
+	var conf uint32
+	for _, f := range p.tbls.farms {
+		if len(f.VirtualPorts) == 0 {
+			conf |= tblConfAnyPort
+		} else {
+			conf |= tblConfPort
+		}
+	}
+	if err := p.objs.XlbTblConf.Update(uint32(0), conf, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write policy flags: %w", err)
+	}
+	return nil
+}
+
+// ApplyTables implements dataplane.TablePlane. The order keeps every
+// packet's view whole: new slots are filled before anything is bound to
+// them, tables are bound before farms use them, farms let go of tables
+// before they are unbound, and slots are freed last. If a step fails, the
+// steps before it are taken back.
+func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := &p.tbls
+	var undo []func()
+	fail := func(err error) error {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		return err
+	}
+	tables := maps.Clone(t.tables)
+	// 1. Slots: new ones made and filled, changed ones given the
+	// difference.
+	for _, c := range d.Slots {
+		switch {
+		case c.Old == nil && c.New != nil:
+			if c.New.Type != model.TableAddr {
+				continue
+			}
+			s, err := p.newSlot(c.Slot)
+			if err != nil {
+				return fail(err)
+			}
+			if err := p.putEntries(s, func(fn func(model.TableEntry) bool) { c.New.Entries("", fn) }, false); err != nil {
+				p.freeSlot(s)
+				return fail(fmt.Errorf("table %q: %w", c.New.Name, err))
+			}
+			slot := c.Slot
+			t.slots[slot] = s
+			undo = append(undo, func() { p.freeSlot(s); delete(t.slots, slot) })
+		case c.New == nil:
+		default:
+			s := t.slots[c.Slot]
+			if s == nil {
+				continue
+			}
+			if err := p.changeEntries(s, c); err != nil {
+				p.undoEntries(s, c)
+				return fail(fmt.Errorf("table %q: %w", c.New.Name, err))
+			}
+			undo = append(undo, func() { p.undoEntries(s, c) })
+		}
+	}
+	// 2. Tables created, changed or swapped: bound to their slot, all in
+	// one batch (a swap's two tables at once).
+	var ids []uint32
+	var binds, prev []xlbTblBind
+	for _, c := range d.Tables {
+		if c.Old != nil {
+			delete(tables, c.Old.Name)
+		}
+		if c.New == nil {
+			continue
+		}
+		tables[c.New.Name] = c.New
+		if c.New.Type != model.TableAddr {
+			continue
+		}
+		if t.slots[c.New.Slot] == nil {
+			return fail(fmt.Errorf("table %q: slot %d has no tries", c.New.Name, c.New.Slot))
+		}
+		ids = append(ids, uint32(c.New.ID))
+		binds = append(binds, p.binding(c.New))
+		if c.Old != nil && c.Old.ID == c.New.ID {
+			prev = append(prev, p.binding(c.Old))
+		} else {
+			prev = append(prev, xlbTblBind{})
+		}
+	}
+	if err := p.bind(ids, binds); err != nil {
+		_ = p.bind(ids, prev)
+		return fail(err)
+	}
+	undo = append(undo, func() { _ = p.bind(ids, prev) })
+	// 3. Farms: their policy keys, and those of farms whose tables'
+	// order changed.
+	farms := maps.Clone(t.farms)
+	rewrite := map[string]bool{}
+	for _, c := range d.Tables {
+		if c.Old != nil && c.New != nil && c.Old.Priority != c.New.Priority {
+			for name, f := range farms {
+				if f.UsesPolicy(c.New.Name) {
+					rewrite[name] = true
+				}
+			}
+		}
+	}
+	for _, c := range d.Farms {
+		if c.Old != nil && len(c.Old.Policies) > 0 {
+			delete(farms, c.Old.Name)
+			delete(rewrite, c.Old.Name)
+		}
+		if c.New != nil && len(c.New.Policies) > 0 {
+			farms[c.New.Name] = c.New
+			rewrite[c.New.Name] = true
+		}
+	}
+	oldFarms, oldTables := t.farms, t.tables
+	restoreFarms := func() {
+		for _, c := range d.Farms {
+			if c.New != nil && len(c.New.Policies) > 0 {
+				_ = p.writeFarmPolicies(c.New, tables, true)
+			}
+		}
+		for _, f := range oldFarms {
+			_ = p.writeFarmPolicies(f, oldTables, false)
+		}
+		t.farms = oldFarms
+		_ = p.writeConf()
+	}
+	for _, c := range d.Farms {
+		if c.Old != nil && len(c.Old.Policies) > 0 {
+			if err := p.writeFarmPolicies(c.Old, t.tables, true); err != nil {
+				restoreFarms()
+				return fail(err)
+			}
+		}
+	}
+	for name := range rewrite {
+		if err := p.writeFarmPolicies(farms[name], tables, false); err != nil {
+			restoreFarms()
+			return fail(err)
+		}
+	}
+	t.farms = farms
+	if err := p.writeConf(); err != nil {
+		restoreFarms()
+		return fail(err)
+	}
+	// 4. Tables destroyed: unbound. 5. Slots freed.
+	ids, binds = nil, nil
+	for _, c := range d.Tables {
+		if c.New == nil && c.Old.Type == model.TableAddr {
+			ids = append(ids, uint32(c.Old.ID))
+			binds = append(binds, xlbTblBind{})
+		}
+	}
+	if err := p.bind(ids, binds); err != nil {
+		p.log.Error("unbind destroyed tables", "err", err)
+	}
+	for _, c := range d.Slots {
+		if c.New == nil {
+			if s := t.slots[c.Slot]; s != nil {
+				p.freeSlot(s)
+				delete(t.slots, c.Slot)
+			}
+		}
+	}
+	t.tables = tables
+	return nil
+}
+
+// changeEntries applies a slot change's entries: values replaced (counters
+// kept), entries added, entries removed.
+func (p *Plane) changeEntries(s *tblSlot, c plan.SlotChange) error {
+	replaced := make(map[model.TableKey]bool, len(c.Replaced))
+	for _, e := range c.Replaced {
+		replaced[e.Key] = true
+	}
+	for _, keep := range []bool{false, true} {
+		if err := p.putEntries(s, func(fn func(model.TableEntry) bool) {
+			for _, e := range c.Put {
+				if replaced[e.Key] == keep && !fn(e) {
+					return
+				}
+			}
+		}, keep); err != nil {
+			return err
+		}
+	}
+	return p.delEntries(s, c.Del)
+}
+
+// undoEntries takes back changeEntries (as far as it went): added entries
+// removed, removed and replaced ones written back.
+func (p *Plane) undoEntries(s *tblSlot, c plan.SlotChange) {
+	replaced := make(map[model.TableKey]bool, len(c.Replaced))
+	for _, e := range c.Replaced {
+		replaced[e.Key] = true
+	}
+	var added []model.TableEntry
+	for _, e := range c.Put {
+		if !replaced[e.Key] {
+			added = append(added, e)
+		}
+	}
+	_ = p.delEntries(s, added)
+	back := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
+	if err := p.putEntries(s, func(fn func(model.TableEntry) bool) {
+		for _, e := range back {
+			if !fn(e) {
+				return
+			}
+		}
+	}, true); err != nil {
+		p.log.Error("taking back table entries failed", "err", err)
+	}
+}
+
+// TableCounters implements dataplane.TableCounterReader: the packets and
+// bytes each entry of an addr table matched (entries that never matched
+// are left out).
+func (p *Plane) TableCounters(ctx context.Context, tb *model.Table) (dataplane.TableCounters, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := dataplane.TableCounters{}
+	if tb.Type != model.TableAddr {
+		return out, nil
+	}
+	s := p.tbls.slots[tb.Slot]
+	if s == nil {
+		return out, nil
+	}
+	var k4 xlbTblKey4
+	var k6 xlbTblKey6
+	var v xlbTblVal
+	it := s.v4.Iterate()
+	for it.Next(&k4, &v) {
+		if v.Packets != 0 {
+			out[model.AddrKey(key4Prefix(k4))] = dataplane.EntryCounters{Packets: v.Packets, Bytes: v.Bytes}
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
+	}
+	it = s.v6.Iterate()
+	for it.Next(&k6, &v) {
+		if v.Packets != 0 {
+			out[model.AddrKey(key6Prefix(k6))] = dataplane.EntryCounters{Packets: v.Packets, Bytes: v.Bytes}
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
+	}
+	return out, ctx.Err()
+}

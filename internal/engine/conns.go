@@ -1,0 +1,149 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
+)
+
+// observeHooks are what the engine is given to be observed: set once at
+// start-up, read without the writer's lock.
+type observeHooks struct {
+	mu       sync.RWMutex
+	observer ChangeObserver
+}
+
+// ChangeObserver is told of every change the engine commits or refuses
+// (internal/observe turns them into metrics). It must not block.
+type ChangeObserver interface {
+	ObserveChange(c ChangeStats)
+}
+
+// ChangeStats describe one change.
+type ChangeStats struct {
+	// Farms is the number of farms the change touched.
+	Farms int
+	// Kernel is the data plane's transaction, Disk the store's write
+	// (both run at once), Total the whole change from the transaction's
+	// start to its publication (zero for a refused change).
+	Kernel, Disk, Total time.Duration
+	// Err is the kernel's or the disk's error; nil when committed.
+	Err error
+}
+
+// SetObserver makes the engine report its changes to o.
+func (e *Engine) SetObserver(o ChangeObserver) {
+	e.hooks.mu.Lock()
+	defer e.hooks.mu.Unlock()
+	e.hooks.observer = o
+}
+
+func (e *Engine) observe(c ChangeStats) {
+	e.hooks.mu.RLock()
+	o := e.hooks.observer
+	e.hooks.mu.RUnlock()
+	if o != nil {
+		o.ObserveChange(c)
+	}
+}
+
+func (e *Engine) connLister() (dataplane.ConnLister, error) {
+	if l, ok := e.dp.(dataplane.ConnLister); ok {
+		return l, nil
+	}
+	return nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane cannot list connections", e.dp.Name())}
+}
+
+// connFarms returns the farms whose connections are asked for: the one
+// named farm, or every farm when farm is "". The filter's backend must be
+// one of theirs.
+func (e *Engine) connFarms(farm string, flt dataplane.ConnFilter) ([]*model.Farm, error) {
+	var farms []*model.Farm
+	if farm == "" {
+		farms = e.Snapshot().Farms()
+	} else {
+		f, ok := e.Snapshot().Farm(farm)
+		if !ok {
+			return nil, &NotFoundError{What: fmt.Sprintf("farm %q", farm)}
+		}
+		farms = []*model.Farm{f}
+	}
+	if flt.Backend != "" {
+		found := false
+		for _, f := range farms {
+			if _, i := f.Backend(flt.Backend); i >= 0 {
+				found = true
+				break
+			}
+		}
+		if !found && farm != "" {
+			return nil, &NotFoundError{What: fmt.Sprintf("farm %q backend %q", farm, flt.Backend)}
+		}
+		if !found {
+			return nil, &NotFoundError{What: fmt.Sprintf("backend %q (in any farm)", flt.Backend)}
+		}
+	}
+	// Farms that listen nowhere have nothing in the kernel.
+	listening := farms[:0:0]
+	for _, f := range farms {
+		if f.Listens() {
+			listening = append(listening, f)
+		}
+	}
+	return listening, nil
+}
+
+// Connections lists the tracked connections of a farm (every farm when
+// farm is "") that match flt, like ipvsadm -Lc. Connections are kernel
+// state: reading them takes no lock of the engine.
+func (e *Engine) Connections(ctx context.Context, farm string, flt dataplane.ConnFilter) ([]dataplane.Conn, error) {
+	farms, err := e.connFarms(farm, flt)
+	if err != nil {
+		return nil, err
+	}
+	l, err := e.connLister()
+	if err != nil {
+		return nil, err
+	}
+	if len(farms) == 0 {
+		return nil, nil
+	}
+	return l.Connections(ctx, farms, flt)
+}
+
+// DeleteConnections deletes the tracked connections of a farm that match
+// flt and returns how many it deleted.
+func (e *Engine) DeleteConnections(ctx context.Context, farm string, flt dataplane.ConnFilter) (int, error) {
+	farms, err := e.connFarms(farm, flt)
+	if err != nil {
+		return 0, err
+	}
+	l, err := e.connLister()
+	if err != nil {
+		return 0, err
+	}
+	if len(farms) == 0 {
+		return 0, nil
+	}
+	return l.DeleteConnections(ctx, farms, flt)
+}
+
+// CountConns counts the active and inactive connections of every backend
+// of the given farms, and the table's entries, in one walk of the
+// connection table. ok is false when the data plane cannot count them.
+func (e *Engine) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, bool, error) {
+	c, ok := e.dp.(dataplane.ConnCounter)
+	if !ok {
+		return dataplane.ConnTable{}, false, nil
+	}
+	t, err := c.CountConns(ctx, farms)
+	return t, true, err
+}
+
+// Dataplane returns the engine's data plane, for readers of its optional
+// interfaces (counters, packet statistics).
+func (e *Engine) Dataplane() dataplane.Dataplane { return e.dp }
