@@ -110,7 +110,7 @@ enum xlb_mode {
 enum xlb_sched {
 	XLB_SCHED_RR = 0,      /* round robin over slots, one atomic counter per service */
 	XLB_SCHED_WEIGHT = 1,  /* random over weighted slots */
-	XLB_SCHED_HASH = 2,    /* jhash of hash_keys over weighted slots */
+	XLB_SCHED_HASH = 2,    /* xlb_flow_hash_keys of hash_keys over weighted slots */
 	XLB_SCHED_SYMHASH = 3, /* jhash of address and/or port pairs, the same both ways */
 	XLB_SCHED_MAGLEV = 4,  /* xlb_flow_hash over a Maglev table (plan.Maglev, in Go) */
 };
@@ -119,6 +119,8 @@ enum xlb_sched {
 enum xlb_hash_key {
 	XLB_HASH_SRCIP = 1,
 	XLB_HASH_SRCPORT = 2,
+	XLB_HASH_DSTIP = 4,   /* hash scheduler only */
+	XLB_HASH_DSTPORT = 8, /* hash scheduler only */
 };
 
 /* struct backend.flags, the low 8 bits of an xlb_be_flags value; the bits

@@ -17,6 +17,7 @@
 #include "xlb_maps.h"
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
+#include "xlb_flowhash.h"
 
 /* xlb_elapsed() - ns from @then to @now; 0 if @then is later (a timestamp of
  * another CPU or an earlier program may be a tick ahead: see xlb_lb.c's clock). */
@@ -84,10 +85,9 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 		sk.idx = xlb_scale(xlb_flow_hash(&p->k), svc->slots);
 		break;
 	default: /* XLB_SCHED_HASH */
-		h = xlb_jhash_3words(svc->hash_keys & XLB_HASH_SRCIP ? addr_fold(p->k.src) : 0,
-				     svc->hash_keys & XLB_HASH_SRCPORT ? p->k.sport : 0, 0,
-				     XLB_HASH_SEED);
-		sk.idx = h % svc->slots;
+		/* The same slot as the nft plane and every node: the slots
+		 * come from plan.HashTable, the hash is plan.FlowSlot's. */
+		sk.idx = xlb_scale(xlb_flow_hash_keys(&p->k, svc->hash_keys), svc->slots);
 		break;
 	}
 	bid = bpf_map_lookup_elem(&xlb_slots, &sk);

@@ -163,7 +163,7 @@ func TestEBPFDriftRepairedWhileRunning(t *testing.T) {
 	e.addWebFarm(vip.Addr())
 	e.requireAllBackends(vip, 9)
 	ifname := e.topo.LB.Link
-	for _, c := range []struct {
+	for i, c := range []struct {
 		name   string
 		tamper func() error
 	}{
@@ -200,6 +200,11 @@ func TestEBPFDriftRepairedWhileRunning(t *testing.T) {
 		}
 		t.Logf("%s: traffic back after %s", c.name, took.Round(time.Millisecond))
 		e.requireAllBackends(vip, 9)
+		// Traffic flows once the link is attached again; the repair
+		// then pins it and finishes: the next case starts after that.
+		e.waitLog(fmt.Sprintf("repair %d done", i+1), func(log string) bool {
+			return strings.Count(log, "kernel drift repaired") >= i+1
+		})
 	}
 	out := e.mustCLI("reconcile")
 	m := regexp.MustCompile(`drift watch yes: (\d+) changes by other programs seen, (\d+) repaired`).FindStringSubmatch(out)
@@ -234,4 +239,20 @@ func deleteAll(path string) error {
 		}
 	}
 	return nil
+}
+
+// waitLog waits up to 5 s until the daemon's log satisfies ok.
+func (e *lbEnv) waitLog(what string, ok func(log string) bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, _ := os.ReadFile(e.logFile)
+		if ok(string(b)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after 5s waiting for %s in the daemon's log", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -67,7 +67,9 @@ func check(f *model.Farm) error {
 	case model.SchedRR, model.SchedWeight:
 	case model.SchedMaglev:
 	case model.SchedHash:
-		if f.SchedParam&^(model.KeySrcIP|model.KeySrcPort) != 0 {
+		// srcmac: the program hashes the flow's IP tuple only (a source
+		// MAC is the last hop's, different on every node; see plan.HashTable).
+		if f.SchedParam&model.KeySrcMAC != 0 {
 			return unsupported(f, "sched-param", f.SchedParam.String())
 		}
 	case model.SchedSymhash:

@@ -29,6 +29,8 @@ const (
 
 	hashSrcIP   = uint8(xlbXlbHashKeyXLB_HASH_SRCIP)
 	hashSrcPort = uint8(xlbXlbHashKeyXLB_HASH_SRCPORT)
+	hashDstIP   = uint8(xlbXlbHashKeyXLB_HASH_DSTIP)
+	hashDstPort = uint8(xlbXlbHashKeyXLB_HASH_DSTPORT)
 
 	beFlagGone  = uint8(xlbXlbBeFlagXLB_BE_F_GONE)
 	beFlagMask  = uint32(xlbXlbBeFlagXLB_BE_F_MASK)

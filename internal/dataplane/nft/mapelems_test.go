@@ -16,7 +16,8 @@ import (
 
 // refMapElems is mapElems as it was before its keys and data shared one
 // buffer (one allocation each): the elements must stay byte for byte the
-// same.
+// same (the hash scheduler's elements are those of plan.HashTable, one per
+// slot, since it is the eBPF plane's table).
 func refMapElems(p *farmPlan, f *model.Farm) ([]nftables.SetElement, uint32) {
 	slot := func(b model.Backend) []byte {
 		switch {
@@ -37,8 +38,11 @@ func refMapElems(p *farmPlan, f *model.Farm) ([]nftables.SetElement, uint32) {
 		return d
 	}
 	var out []nftables.SetElement
-	if f.Scheduler == model.SchedMaglev {
+	if f.Scheduler == model.SchedMaglev || f.Scheduler == model.SchedHash {
 		table := plan.MaglevTable(f, p.active)
+		if f.Scheduler == model.SchedHash {
+			table = plan.HashTable(p.active)
+		}
 		for i, bi := range table {
 			out = append(out, nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: slot(p.active[bi])})
 		}

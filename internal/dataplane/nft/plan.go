@@ -277,8 +277,15 @@ func appendAddr(d []byte, a netip.Addr) []byte {
 // mapElems returns the backend map's elements and the modulus of the
 // scheduling expression.
 func (p *farmPlan) mapElems(f *model.Farm) ([]nftables.SetElement, uint32) {
-	if f.Scheduler == model.SchedMaglev {
-		table := plan.MaglevTable(f, p.active)
+	if f.Scheduler == model.SchedMaglev || f.Scheduler == model.SchedHash {
+		// One element per slot of the table both planes use: the
+		// Maglev table, or the hash scheduler's weighted slots.
+		var table []int
+		if f.Scheduler == model.SchedMaglev {
+			table = plan.MaglevTable(f, p.active)
+		} else {
+			table = plan.HashTable(p.active)
+		}
 		out := make([]nftables.SetElement, 0, len(table))
 		d := make(elemBytes, 0, len(table)*(4+slotSize))
 		for i, bi := range table {

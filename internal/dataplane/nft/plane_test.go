@@ -277,14 +277,14 @@ func TestListing(t *testing.T) {
 	got := normalize(testutil.Run(t, name, "nft", "list", "table", "inet", "xlb"))
 	r := strings.NewReplacer(
 		"WEB", chainName("web"), "EMPTY", chainName("empty"),
-		"SEED", fmt.Sprintf("0x%08x", seed("hash")),
+		"SEED", fmt.Sprintf("0x%08x", plan.FlowSeed),
 		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
 		"STICKYF", "g-"+nameHash("sticky"), "STICKYL", "l-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
 		"ASTICKY", "a-"+nameHash("sticky"), "PSTICKY", "p-"+nameHash("sticky"),
 		// nft prints the slot map's mark data byte-swapped (display only).
 		"ID_NFT_LISTS_SWAPPED", fmt.Sprintf("0x%08x", bits.ReverseBytes32(backendID(sticky.Backends[0]))),
 		"ID", fmt.Sprintf("0x%08x", backendID(sticky.Backends[0])),
-		"STLSR", "r-"+nameHash("stls"), "STLS", chainName("stls"), "MSTLS", "m-"+nameHash("stls"), "XSEED", fmt.Sprintf("0x%08x", seed("stls")),
+		"STLSR", "r-"+nameHash("stls"), "STLS", chainName("stls"), "MSTLS", "m-"+nameHash("stls"), "XSEED", fmt.Sprintf("0x%08x", plan.FlowSeed),
 	)
 	want := normalize(r.Replace(wantListing))
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

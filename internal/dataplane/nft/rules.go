@@ -1,8 +1,6 @@
 package nft
 
 import (
-	"hash/fnv"
-
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
@@ -21,28 +19,18 @@ const (
 	reg32      = 8 // NFT_REG32_00
 )
 
-// seed is the jhash seed of a hash farm: fixed per farm name, so the hash
-// scheduler sends a client to the same slot across rebuilds and restarts.
-// (Maglev farms hash with plan.FlowSeed, the same for every farm and on
-// both planes.)
-func seed(farm string) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(farm))
-	return h.Sum32()
-}
-
 // hashExprs loads the hashed fields into the registers from reg1 and puts
-// the slot in reg1: for maglev the flow hash of plan.FlowSlot (the keys of
-// plan.MaglevKeys, seed plan.FlowSeed), for hash jhash of keys with the
-// farm's seed.
+// the slot in reg1: the flow hash of plan.FlowSlot (jhash with seed
+// plan.FlowSeed, scaled to modulus), over plan.MaglevKeys for maglev and
+// over keys for hash. The eBPF program computes the same, so both planes
+// and every node pick the same slot.
 func hashExprs(f *model.Farm, keys model.HashKey, v6 bool, modulus uint32) []expr.Any {
-	s := seed(f.Name)
 	if f.Scheduler == model.SchedMaglev {
-		keys, s = plan.MaglevKeys(f), plan.FlowSeed
+		keys = plan.MaglevKeys(f)
 	}
 	loads, _, n := keyLoads(keys, v6, reg32)
 	return append(loads, &expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n, Modulus: modulus,
-		Seed: s, Type: expr.HashTypeJenkins})
+		Seed: plan.FlowSeed, Type: expr.HashTypeJenkins})
 }
 
 func nfproto(v6 bool) []expr.Any {

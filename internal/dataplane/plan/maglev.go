@@ -1,10 +1,8 @@
 package plan
 
 import (
-	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
-	"slices"
 
 	"github.com/xlb-lb/xlb/internal/model"
 )
@@ -80,17 +78,7 @@ func Maglev(backends []model.Backend, m int) []int {
 	// Backends take their turns in the order of their identity, not of
 	// the list: the same set gives the same table whatever order a node
 	// lists it in (EndpointSlices, API clients).
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(x, y int) int {
-		a, b := backends[x], backends[y]
-		if c := a.Addr.Compare(b.Addr); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Port, b.Port)
-	})
+	order := identityOrder(backends)
 	offset := make([]uint64, n)
 	skip := make([]uint64, n)
 	var wmax uint32
