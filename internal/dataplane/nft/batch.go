@@ -53,6 +53,9 @@ type elemRun struct {
 // plan is planFarm(f), completed with the farm's resolved links in mode dsr.
 func (b *batch) plan(f *model.Farm) *farmPlan {
 	pl := planFarm(f)
+	if pl != nil {
+		pl.logGroup = b.p.opts.LogGroup
+	}
 	if pl != nil && pl.dsrMode {
 		l := b.links[f.Name]
 		if l == nil {

@@ -73,6 +73,13 @@ func postRulesRaw() ([][]rawExpr, error) {
 		}
 		rules = append(rules, r)
 	}
+	// Then the backends' own source addresses (backendsnat.go), before
+	// the farms'.
+	bsnat, err := backendSnatRules()
+	if err != nil {
+		return nil, err
+	}
+	rules = append(rules, bsnat...)
 	for _, v6 := range []bool{false, true} {
 		w := addrWords(v6)
 		masq, snat := pick(v6, setMasq4, setMasq6), pick(v6, setSnat4, setSnat6)

@@ -106,6 +106,11 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 			b.joinGroup(pl, -1)
 		}
 		keepChains[pl.chain] = true
+		b.addClientSets(pl, f)
+		pl.vchains = b.putVerdictChains(verdictChains(f, pl.logGroup, pl.fchain != ""))
+		for _, name := range pl.vchains {
+			keepChains[name] = true
+		}
 		if pl.helper != "" {
 			keepHelpers[pl.helper] = true
 		}
@@ -135,6 +140,9 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		for _, e := range pl.post {
 			wantElems[elemSet(pl.postSet, e)][e.id()] = e
+		}
+		for _, e := range pl.bsnat {
+			wantElems[pl.bsnatSet()][e.id()] = e
 		}
 	}
 	// Per-packet base chains: (re)made if a farm needs them, else strays.
