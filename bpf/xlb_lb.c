@@ -221,14 +221,30 @@ static __always_inline __u8 ct_next_state(__u8 s, __u8 flags)
 	return s;
 }
 
-/* ct_delete() - remove both entries of the flow of (k, v). */
-static __always_inline void ct_delete(const struct ct_key *k, const struct ct_val *v)
+/* ct_delete() - remove both entries of the flow of (k, v), its forward
+ * entry first taken out of the active count (xlb_lc.h). */
+static __always_inline void ct_delete(const struct ct_key *k, struct ct_val *v)
 {
+	struct ct_val *fv = v;
 	struct ct_key pk;
 
 	ct_peer_key(k, v, &pk);
+	if (v->dir != XLB_CT_FWD)
+		fv = bpf_map_lookup_elem(&xlb_ct, &pk);
+	if (fv && fv->dir == XLB_CT_FWD)
+		lc_set_state(fv, XLB_CT_STATE_CLOSE);
 	bpf_map_delete_elem(&xlb_ct, &pk);
 	bpf_map_delete_elem(&xlb_ct, k);
+}
+
+/* ct_put_state() - set entry @v's state; the forward entry's through
+ * lc_set_state(), which keeps the active count. */
+static __always_inline void ct_put_state(struct ct_val *v, __u8 state)
+{
+	if (v->dir == XLB_CT_FWD)
+		lc_set_state(v, state);
+	else
+		v->state = state;
 }
 
 /**
@@ -256,12 +272,12 @@ static __always_inline void ct_set_state(const struct ct_key *k, struct ct_val *
 	struct ct_key pk;
 	struct ct_val *peer;
 
-	v->state = state;
+	ct_put_state(v, state);
 	v->seen = now;
 	ct_peer_key(k, v, &pk);
 	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
 	if (peer) {
-		peer->state = state;
+		ct_put_state(peer, state);
 		peer->seen = now;
 	}
 }
@@ -809,8 +825,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
-		if (p->k.proto == IPPROTO_TCP)
+		if (p->k.proto == IPPROTO_TCP) {
+			lc_add(bid, 1); /* taken back by lc_set_state() */
 			passive_new_flow(&p->k, fv.svc, bid, now);
+		}
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */
