@@ -709,6 +709,26 @@ static __attribute__((noinline)) int lb_reject(struct __sk_buff *skb, struct pkt
 }
 
 /**
+ * lb_flow_mode() - the mode a new flow of service @svc to backend @be is
+ * handled in: the service's, except that a dnat flow whose client is the
+ * backend itself (hairpin: a pod reaching its own service) is masqueraded
+ * as in snat mode, from the backend entry's snat address (the loader's
+ * address towards it), so the backend's reply comes back through here
+ * instead of going straight to itself. Without such an address (no
+ * route at load time) the flow stays dnat.
+ * Return: an enum xlb_mode value.
+ */
+static __always_inline __u8 lb_flow_mode(const struct svc_val *svc, const struct pkt *p,
+					 const struct backend *be)
+{
+	if (svc->mode != XLB_MODE_DNAT || !addr_eq(p->k.src, be->addr))
+		return svc->mode;
+	if (!(be->snat[0] | be->snat[1] | be->snat[2] | be->snat[3]))
+		return svc->mode;
+	return XLB_MODE_SNAT;
+}
+
+/**
  * lb4_new_flow() - a packet without conntrack entry: balance it if it is for
  * a service, creating both conntrack entries.
  *
@@ -768,16 +788,16 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	fv.dport = be->port ?: p->k.dport;
 	fv.dir = XLB_CT_FWD;
 	fv.state = p->k.proto == IPPROTO_TCP ? XLB_CT_STATE_SYN : XLB_CT_STATE_UDP;
-	fv.mode = svc->mode;
+	fv.mode = lb_flow_mode(svc, p, be);
 	fv.svc = svc->id;
 	fv.backend = bid;
 	fv.seen = now;
 
-	if (svc->mode == XLB_MODE_DSR) {
+	if (fv.mode == XLB_MODE_DSR) {
 		/* The packet keeps its tuple; only the next hop changes. */
 		__builtin_memcpy(fv.dst, p->k.dst, 16);
 		fv.dport = p->k.dport;
-	} else if (svc->mode == XLB_MODE_SNAT) {
+	} else if (fv.mode == XLB_MODE_SNAT) {
 		/* The reply entry's key is the allocation: inserting it with
 		 * BPF_NOEXIST claims (backend, port, snat address, port)
 		 * atomically across CPUs. First try the client's own port. */

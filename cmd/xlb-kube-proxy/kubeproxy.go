@@ -27,6 +27,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/health"
+	"github.com/xlb-lb/xlb/internal/ifaddr"
 	"github.com/xlb-lb/xlb/internal/kube"
 	"github.com/xlb-lb/xlb/internal/observe"
 	"github.com/xlb-lb/xlb/internal/setup"
@@ -43,6 +44,8 @@ type kubeProxyOptions struct {
 	healthzAddr       string
 	logLevel          string
 	apiEndpoints      []string
+	apiListen         string // read-only xlb API (readapi.go)
+	apiKeyFile        string
 	kp                kpOptions // kube-proxy's own flags and --config (kpflags.go)
 }
 
@@ -97,13 +100,18 @@ Serves /healthz on --healthz-bind-address and Prometheus /metrics (and
 	f.StringVar(&o.hostname, "hostname-override", "", "this node's name (default: $NODE_NAME, else the host name)")
 	o.dp.Register(f, kubeProxyDefaults)
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir+"/kube-proxy", "directory of the saved state")
-	f.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts only on node addresses inside these CIDRs (default: every InternalIP and ExternalIP of the Node)")
+	f.StringSliceVar(&o.nodePortAddresses, "nodeport-addresses", nil, "serve NodePorts only on the node's interface addresses inside these CIDRs, and the keywords primary (the Node's first InternalIP of each family), localhost, all, as kube-proxy (default: every InternalIP and ExternalIP of the Node)")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address:port of /metrics and /healthz (empty: off)")
 	f.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address:port of /healthz (empty: off)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringSliceVar(&o.apiEndpoints, "apiserver-endpoints", nil, "the API server's real address:port(s): program the kubernetes Service's cluster IP to them before the first sync, so a fresh node's in-cluster configuration can reach the API server")
+	f.StringVar(&o.apiListen, "api-listen", "", "loopback address:port of a read-only xlb API (xlb list, xlb dump, xlb list --stats against the proxy; empty: off)")
+	f.StringVar(&o.apiKeyFile, "api-key-file", "", "file holding the key of --api-listen (default: $XLB_KEY)")
 	o.kp.register(f)
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := checkAPIListen(o.apiListen, o.apiKeyFile); err != nil {
+			return err
+		}
 		if err := o.kp.resolve(cmd.Flags(), &o); err != nil {
 			return err
 		}
@@ -256,6 +264,9 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 		NodePortAddresses: kps.NodePortAddresses.CIDRs, NodePortPrimary: kps.NodePortAddresses.Primary,
 		MasqueradeAll: kps.MasqueradeAll, Metrics: kube.NewMetrics(reg),
 		APIHost: cfg.Host, WaitHint: waitHint,
+		// CIDRs in --nodeport-addresses filter the interfaces' addresses
+		// (of this namespace, the data plane's), as kube-proxy's do.
+		InterfaceAddrs: ifaddr.New(netns.None()),
 	}
 	// Stale UDP flows of removed endpoints are deleted from netfilter's
 	// conntrack (nft) or from the ebpf plane's own table.
@@ -274,7 +285,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	// kube-proxy's /healthz and /livez, with its JSON bodies.
 	health := kube.NewProxyHealth(ctl, 60*time.Second, reg)
 	var servers []*http.Server
-	serve := func(addr string, mux *http.ServeMux) error {
+	serve := func(addr string, mux http.Handler) error {
 		if addr == "" {
 			return nil
 		}
@@ -312,6 +323,15 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	}
 	if o.healthzAddr != o.metricsAddr {
 		if err := serve(o.healthzAddr, hm); err != nil {
+			return err
+		}
+	}
+	if o.apiListen != "" {
+		h, err := readAPI(log, eng, o.apiKeyFile, a.getenv("XLB_KEY"))
+		if err != nil {
+			return err
+		}
+		if err := serve(o.apiListen, h); err != nil {
 			return err
 		}
 	}

@@ -115,8 +115,23 @@ func New(log *slog.Logger, eng *engine.Engine, key string, opts ...Options) *Ser
 	s := &Server{log: log, eng: eng, key: []byte(key), mux: http.NewServeMux(), auth: newAuthLimiter(log, o.withDefaults())}
 	allowed := map[string][]string{}
 	for _, rt := range routes {
+		if o.ReadOnly && rt.Write {
+			continue // answered below, with why
+		}
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 		allowed[rt.Path] = append(allowed[rt.Path], rt.Method)
+	}
+	if o.ReadOnly {
+		for _, rt := range routes {
+			if !rt.Write {
+				continue
+			}
+			allow := strings.Join(allowed[rt.Path], ", ")
+			s.mux.HandleFunc(rt.Method+" "+rt.Path, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Allow", allow)
+				writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("this API is read-only: %s", o.ReadOnlyReason))
+			})
+		}
 	}
 	// Other methods on a known path: nftlb's 404 "invalid request", with
 	// Allow.

@@ -37,6 +37,11 @@ type Options struct {
 	AuthBurst        int           // failed authentications an address may make at once
 	AuthRefill       time.Duration // then one more per AuthRefill
 	AuthSummaryEvery time.Duration // how often failures are logged (one line)
+	// ReadOnly serves only the routes that change nothing (Route.Write
+	// false); a write answers 405 with ReadOnlyReason. xlb kube-proxy
+	// serves its state so: the API server's objects are its source.
+	ReadOnly       bool
+	ReadOnlyReason string
 }
 
 func (o Options) withDefaults() Options {

@@ -13,7 +13,7 @@ import (
 type SessionJSON struct {
 	Client  string `json:"client"`
 	Backend string `json:"backend"`
-	Expires string `json:"expires"` // seconds left
+	Expires string `json:"expires,omitempty"` // seconds left; none for a static session
 }
 
 // SessionsJSON is the body of GET /farms/{name}/sessions.
@@ -52,8 +52,11 @@ func (s *Server) deleteBackendSessions(w http.ResponseWriter, r *http.Request) e
 func writeSessions(w http.ResponseWriter, ss []dataplane.Session) error {
 	out := SessionsJSON{Sessions: make([]SessionJSON, 0, len(ss))}
 	for _, x := range ss {
-		out.Sessions = append(out.Sessions, SessionJSON{Client: x.Client, Backend: x.Backend,
-			Expires: strconv.Itoa(int(x.Expires.Seconds()))})
+		s := SessionJSON{Client: x.Client, Backend: x.Backend}
+		if !x.Static {
+			s.Expires = strconv.Itoa(int(x.Expires.Seconds()))
+		}
+		out.Sessions = append(out.Sessions, s)
 	}
 	body, err := json.Marshal(out)
 	if err != nil {

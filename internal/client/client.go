@@ -320,7 +320,7 @@ type plainWriter struct{ io.Writer }
 type Session struct {
 	Client  string `json:"client"`
 	Backend string `json:"backend"`
-	Expires string `json:"expires"` // seconds left
+	Expires string `json:"expires"` // seconds left; empty for a static session
 }
 
 // Sessions lists a farm's persistence sessions.

@@ -65,6 +65,10 @@ type Session struct {
 	Backend string
 	// Expires is how long the session lives without a new connection.
 	Expires time.Duration
+	// Static: a static session of the farm's configuration (nftlb's
+	// "sessions" in a farm body): it does not expire, and the sessions
+	// routes do not delete it (it goes by changing the farm).
+	Static bool
 }
 
 // SessionStore is implemented by data planes that keep persistence

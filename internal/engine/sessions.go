@@ -70,6 +70,9 @@ func (e *Engine) FlushSessions(ctx context.Context, farm string) (int, error) {
 	}
 	total := 0
 	for _, s := range list {
+		if s.Static {
+			continue // configuration, not kernel state
+		}
 		n, err := ss.DeleteSessions(ctx, f, s.Client, "")
 		if err != nil {
 			return total, err

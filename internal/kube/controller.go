@@ -55,12 +55,19 @@ type Config struct {
 	// endpoints and the Node whose addresses serve NodePorts.
 	NodeName string
 	// NodePortAddresses restricts NodePorts to node addresses inside these
-	// prefixes; empty means every address in the Node's status.
+	// prefixes (kube-proxy's --nodeport-addresses CIDRs, "localhost" and
+	// "all"); empty means every address in the Node's status. With
+	// InterfaceAddrs the addresses are the node's interfaces' (see
+	// nodeaddrs.go).
 	NodePortAddresses []netip.Prefix
 	// NodePortPrimary serves NodePorts on the Node's primary addresses
-	// only (kube-proxy's --nodeport-addresses primary): its first
-	// InternalIP of each family, else its first ExternalIP.
+	// (kube-proxy's --nodeport-addresses primary): its first InternalIP of
+	// each family, else its first ExternalIP.
 	NodePortPrimary bool
+	// InterfaceAddrs, if set, lists and watches the node's interface
+	// addresses (ifaddr.Source in the data plane's namespace), which
+	// NodePortAddresses then filters, as kube-proxy does.
+	InterfaceAddrs AddrSource
 	// MasqueradeAll masquerades all traffic to cluster IPs (kube-proxy's
 	// masqueradeAll): cluster farms in snat mode.
 	MasqueradeAll bool
@@ -108,6 +115,10 @@ type Controller struct {
 
 	nodeMu sync.Mutex
 	node   Node
+	// lastNode is the Node as last seen (nil: none); refreshMu orders
+	// the address refreshes of the Node informer and the interface watch.
+	lastNode  *corev1.Node
+	refreshMu sync.Mutex
 	// nodeIneligible: the Node is gone, being deleted or tainted for
 	// deletion (proxyhealth.go).
 	nodeIneligible bool
@@ -239,6 +250,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		return errors.New("wait for the informer caches")
 	}
 	c.log.Info("informer caches synced")
+	if err := c.watchInterfaces(ctx); err != nil {
+		return err
+	}
 	go func() {
 		<-ctx.Done()
 		c.queue.ShutDown()
@@ -353,85 +367,6 @@ func (c *Controller) enqueue(key string) {
 	c.cfg.Metrics.setPending(c.queue.Len())
 }
 
-// nodeChanged updates the NodePort addresses; if they changed, every
-// Service with a NodePort is synced again.
-func (c *Controller) nodeChanged(obj any) {
-	var addrs []netip.Addr
-	n, _ := obj.(*corev1.Node)
-	if n != nil && c.cfg.NodePortPrimary {
-		addrs = PrimaryNodeAddrs(n)
-	} else if n != nil {
-		addrs = NodeAddrs(n, c.cfg.NodePortAddresses)
-	}
-	c.nodeMu.Lock()
-	same := slices.Equal(addrs, c.node.Addrs)
-	c.node.Addrs = addrs
-	c.nodeIneligible = !nodeEligible(n)
-	c.nodeMu.Unlock()
-	if same {
-		return
-	}
-	c.log.Info("node addresses changed", "node", c.cfg.NodeName, "addrs", fmt.Sprint(addrs))
-	svcs, err := c.services.List(labels.Everything())
-	if err != nil {
-		return
-	}
-	for _, s := range svcs {
-		if s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer {
-			c.enqueue(s.Namespace + "/" + s.Name)
-		}
-	}
-}
-
-// NodeAddrs returns the addresses of a Node that serve NodePorts: its
-// InternalIP and ExternalIP status addresses, restricted to within if not
-// empty, in the order the Node lists them.
-func NodeAddrs(n *corev1.Node, within []netip.Prefix) []netip.Addr {
-	var out []netip.Addr
-	for _, na := range n.Status.Addresses {
-		if na.Type != corev1.NodeInternalIP && na.Type != corev1.NodeExternalIP {
-			continue
-		}
-		a, err := netip.ParseAddr(na.Address)
-		if err != nil {
-			continue
-		}
-		a = a.Unmap()
-		if len(within) > 0 && !slices.ContainsFunc(within, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			continue
-		}
-		if !slices.Contains(out, a) {
-			out = append(out, a)
-		}
-	}
-	return out
-}
-
-// PrimaryNodeAddrs returns a Node's primary addresses, as kube-proxy's
-// --nodeport-addresses primary takes them: the first InternalIP of each
-// family, else the first ExternalIP of that family.
-func PrimaryNodeAddrs(n *corev1.Node) []netip.Addr {
-	var out []netip.Addr
-	for _, v6 := range []bool{false, true} {
-		for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
-			found := false
-			for _, na := range n.Status.Addresses {
-				a, err := netip.ParseAddr(na.Address)
-				if na.Type != typ || err != nil || a.Unmap().Is6() != v6 {
-					continue
-				}
-				out = append(out, a.Unmap())
-				found = true
-				break
-			}
-			if found {
-				break
-			}
-		}
-	}
-	return out
-}
-
 func (c *Controller) currentNode() Node {
 	c.nodeMu.Lock()
 	defer c.nodeMu.Unlock()
@@ -496,7 +431,10 @@ func (c *Controller) syncService(ctx context.Context, key string) error {
 			if o, err = p.put(tx, noAnnotations); err != nil {
 				return err
 			}
-			return deleteOthers(tx, owned, o.names)
+			if err := deleteOthers(tx, owned, o.names); err != nil {
+				return err
+			}
+			return dropSourceRanges(tx, key, p.ranges)
 		})
 	}
 	st, err := commit(false)
@@ -539,9 +477,22 @@ func (c *Controller) syncFarmByFarm(ctx context.Context, p *servicePlan, owned [
 		keep = nil
 		o.farmRefused = append(o.farmRefused, p.err)
 	}
-	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error { return deleteOthers(tx, owned, keep) })
+	st, err := c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error {
+		refused, err := p.prepareRanges(tx)
+		if err != nil {
+			return err
+		}
+		if refused != nil {
+			p.rangesRefused = refused
+			keep = farmNames(p.defaults)
+		}
+		return deleteOthers(tx, owned, keep)
+	})
 	if err != nil {
 		return st, o, err
+	}
+	if p.rangesRefused != nil {
+		o.farmRefused = append(o.farmRefused, p.rangesRefused)
 	}
 	for i := range keep {
 		f := p.defaults[i]
@@ -559,7 +510,8 @@ func (c *Controller) syncFarmByFarm(ctx context.Context, p *servicePlan, owned [
 			return st, o, err
 		}
 	}
-	return st, o, nil
+	st, err = c.cfg.Engine.Change(ctx, func(tx *engine.Txn) error { return dropSourceRanges(tx, p.key, p.ranges) })
+	return st, o, err
 }
 
 // flushStale deletes the UDP conntrack entries of backends that the
@@ -711,7 +663,7 @@ func (c *Controller) fullSyncOneByOne(ctx context.Context, keys []string) error 
 				}
 			}
 		}
-		return nil
+		return dropStaleSourceRanges(tx, c.cfg.Engine.Snapshot().Tables(), keys)
 	})
 	if err != nil {
 		return err

@@ -42,6 +42,10 @@ type servicePlan struct {
 	annErr error
 	// err is a failure to translate the Service at all (it gets no farms).
 	err error
+	// ranges is its loadBalancerSourceRanges allow list (sourceranges.go),
+	// nil without one; rangesRefused why it was refused.
+	ranges        *sourceRanges
+	rangesRefused error
 }
 
 // outcome is what a Service got, and what was refused on the way.
@@ -70,6 +74,13 @@ func newPlan(key string, svc *corev1.Service, eps []*discoveryv1.EndpointSlice, 
 	case set.any():
 		p.annotated, p.err = buildFarms(svc, eps, node, &set)
 	}
+	if p.err == nil {
+		p.ranges, p.err = parseSourceRanges(svc, node)
+	}
+	if p.ranges != nil {
+		p.ranges.attach(p.defaults)
+		p.ranges.attach(p.annotated)
+	}
 	return p
 }
 
@@ -81,6 +92,16 @@ func (p *servicePlan) put(tx *engine.Txn, noAnnotations bool) (outcome, error) {
 	if p.err != nil {
 		o.farmRefused = append(o.farmRefused, p.err)
 		return o, nil
+	}
+	refused, err := p.prepareRanges(tx)
+	if err != nil {
+		return o, err
+	}
+	if refused != nil {
+		p.rangesRefused = refused
+	}
+	if p.rangesRefused != nil {
+		o.farmRefused = append(o.farmRefused, p.rangesRefused)
 	}
 	if p.annotated != nil && !noAnnotations {
 		err := putFarms(tx, p.annotated)

@@ -288,18 +288,6 @@ func (f *Farm) validateAddresses() error {
 			return &FieldError{Object: label, Field: "ip-addr", Value: a.Addr.String(), Problem: "must be a plain IPv4 or IPv6 address"}
 		}
 	}
-	for _, s := range f.Sessions {
-		label := fmt.Sprintf("farm %q session %q", f.Name, s.Client)
-		if s.Client == "" {
-			return &FieldError{Object: farmObject(f.Name), Field: "sessions.client", Problem: "is required"}
-		}
-		if _, i := f.Backend(s.Backend); i < 0 {
-			return &FieldError{Object: label, Field: "backend", Value: s.Backend, Problem: "names no backend of the farm"}
-		}
-		if f.Persistence == 0 {
-			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: "static sessions need persistence (srcip, srcport, ...)"}
-		}
-	}
 	return nil
 }
 

@@ -2,6 +2,9 @@ package model
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -190,55 +193,197 @@ type StaticSession struct {
 	Backend string
 }
 
-// NftlbFieldInUse names the first nftlb 1.0 field (or value) the farm uses
-// that no data plane implements yet (dataplane.CheckNftlbFields refuses
-// it), and its value; ok is false when the farm uses none.
-func (f *Farm) NftlbFieldInUse() (field, value string, ok bool) {
+// SessionKey is a static session's client read by the farm's persistence:
+// the fields the persistence names are set.
+type SessionKey struct {
+	SrcIP, DstIP     netip.Addr
+	SrcPort, DstPort uint16
+	SrcMAC           net.HardwareAddr
+}
+
+// sessionFields are the persistence fields in the order a client spells
+// them (nftlb's order of its meta flags, xlb's order in session lists).
+var sessionFields = []HashKey{KeySrcIP, KeyDstIP, KeySrcPort, KeyDstPort, KeySrcMAC}
+
+// ParseSessionClient reads a static session's client by the persistence
+// k: the values of k's fields in the order srcip, dstip, srcport, dstport,
+// srcmac, separated by spaces (as nftlb prints them: "10.0.0.7 443") or by
+// '-' (as GET /farms/{name}/sessions lists them: "10.0.0.7-443").
+func ParseSessionClient(k HashKey, client string) (SessionKey, error) {
+	var key SessionKey
+	var parts []string
+	if strings.ContainsAny(client, " \t") {
+		parts = strings.Fields(client)
+	} else {
+		parts = strings.Split(client, "-")
+	}
+	var want []string
+	for _, f := range sessionFields {
+		if k&f != 0 {
+			want = append(want, f.String())
+		}
+	}
+	if len(parts) != len(want) {
+		return key, fmt.Errorf("has %d values; persistence %q takes %d: %s, separated by spaces or '-'",
+			len(parts), persistenceName(k), len(want), strings.Join(want, ", "))
+	}
+	i := 0
+	for _, f := range sessionFields {
+		if k&f == 0 {
+			continue
+		}
+		v := parts[i]
+		i++
+		switch f {
+		case KeySrcIP, KeyDstIP:
+			a, err := netip.ParseAddr(v)
+			if err != nil || a.Zone() != "" || a.Is4In6() {
+				return key, fmt.Errorf("%s %q is not an IPv4 or IPv6 address", f, v)
+			}
+			if f == KeySrcIP {
+				key.SrcIP = a
+			} else {
+				key.DstIP = a
+			}
+		case KeySrcPort, KeyDstPort:
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil {
+				return key, fmt.Errorf("%s %q is not a port (0-65535)", f, v)
+			}
+			if f == KeySrcPort {
+				key.SrcPort = uint16(n)
+			} else {
+				key.DstPort = uint16(n)
+			}
+		case KeySrcMAC:
+			m, err := net.ParseMAC(v)
+			if err != nil || len(m) != 6 {
+				return key, fmt.Errorf("%s %q is not a MAC address (aa:bb:cc:dd:ee:ff)", f, v)
+			}
+			key.SrcMAC = m
+		}
+	}
+	if key.SrcIP.IsValid() && key.DstIP.IsValid() && key.SrcIP.Is4() != key.DstIP.Is4() {
+		return key, fmt.Errorf("srcip %s and dstip %s are of different families", key.SrcIP, key.DstIP)
+	}
+	return key, nil
+}
+
+// Is4 reports whether the key's addresses are IPv4 (ok false if it has
+// none).
+func (k SessionKey) Is4() (v4, ok bool) {
 	switch {
-	case f.Mode == ModeLocal:
-		return "mode", f.Mode.String(), true
-	case f.NewRTLimit != 0 && f.NewRTUnit != PerSecond:
-		return "new-rtlimit", fmt.Sprintf("%d/%s", f.NewRTLimit, f.NewRTUnit), true
-	case f.RstRTLimit != 0 && f.RstRTUnit != PerSecond:
-		return "rst-rtlimit", fmt.Sprintf("%d/%s", f.RstRTLimit, f.RstRTUnit), true
-	case f.LogRTLimit != 0:
-		return "log-rtlimit", fmt.Sprintf("%d/%s", f.LogRTLimit, f.LogRTUnit), true
-	case f.LimitsTTL != DefaultLimitsTTL:
-		return "limits-ttl", fmt.Sprint(f.LimitsTTL), true
-	case f.NewRTLogPrefix != "":
-		return "new-rtlimit-log-prefix", f.NewRTLogPrefix, true
-	case f.RstRTLogPrefix != "":
-		return "rst-rtlimit-log-prefix", f.RstRTLogPrefix, true
-	case f.EstConnLogPrefix != "":
-		return "est-connlimit-log-prefix", f.EstConnLogPrefix, true
-	case f.TCPStrictLogPrefix != "":
-		return "tcp-strict-log-prefix", f.TCPStrictLogPrefix, true
-	case f.Queue != -1:
-		return "queue", fmt.Sprint(f.Queue), true
-	case f.Verdict != DefaultVerdict:
-		return "verdict", f.Verdict.String(), true
-	case f.FlowOffload:
-		return "flow-offload", "on", true
-	case len(f.Addresses) > 0:
-		return "addresses", f.Addresses[0].Name, true
-	case len(f.Sessions) > 0:
-		return "sessions", f.Sessions[0].Client, true
-	case f.Protocol == ProtoAll && len(f.VirtualPorts) > 0:
-		return "virtual-ports", formatPorts(f.VirtualPorts), true
-	case f.Mode == ModeStlsDNAT && (f.Iface != "" || f.Oface != "" || !f.EtherAddr.IsZero()):
-		return "iface", f.Iface + "," + f.Oface + "," + f.EtherAddr.String(), true
+	case k.SrcIP.IsValid():
+		return k.SrcIP.Is4(), true
+	case k.DstIP.IsValid():
+		return k.DstIP.Is4(), true
+	}
+	return false, false
+}
+
+// validateSessions checks the farm's static sessions: each names a backend
+// of the farm and a client its persistence can read, of the farm's family,
+// once.
+func (f *Farm) validateSessions() error {
+	seen := map[string]bool{}
+	for _, s := range f.Sessions {
+		label := fmt.Sprintf("farm %q session %q", f.Name, s.Client)
+		if s.Client == "" {
+			return &FieldError{Object: farmObject(f.Name), Field: "sessions.client", Problem: "is required"}
+		}
+		if _, i := f.Backend(s.Backend); i < 0 {
+			return &FieldError{Object: label, Field: "backend", Value: s.Backend, Problem: "names no backend of the farm"}
+		}
+		if f.Persistence == 0 {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: "static sessions need persistence (srcip, srcport, ...)"}
+		}
+		k, err := ParseSessionClient(f.Persistence, s.Client)
+		if err != nil {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: err.Error()}
+		}
+		if v4, ok := k.Is4(); ok && f.Family != FamilyDual && v4 != (f.Family == FamilyIPv4) {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: "is not of the farm's family " + f.Family.String()}
+		}
+		canon := fmt.Sprintf("%s %s %d %d %s", k.SrcIP, k.DstIP, k.SrcPort, k.DstPort, k.SrcMAC)
+		if seen[canon] {
+			return &FieldError{Object: label, Field: "client", Value: s.Client, Problem: "is listed twice"}
+		}
+		seen[canon] = true
+	}
+	return nil
+}
+
+// NftlbFieldInUse names the first nftlb 1.0 field (or value) the farm uses
+// beyond what every data plane does (its value as nftlb prints it), or ok
+// false. A plane that implements some of them names those in implemented
+// (by field name) and is told about the others only.
+func (f *Farm) NftlbFieldInUse(implemented ...string) (field, value string, ok bool) {
+	for _, u := range f.nftlbFieldsInUse() {
+		if !slices.Contains(implemented, u[0]) {
+			return u[0], u[1], true
+		}
+	}
+	return "", "", false
+}
+
+// nftlbFieldsInUse lists the nftlb 1.0 fields the farm uses at values
+// other than nftlb's defaults, as {field, value}.
+func (f *Farm) nftlbFieldsInUse() [][2]string {
+	var out [][2]string
+	use := func(field, value string) { out = append(out, [2]string{field, value}) }
+	if f.Mode == ModeLocal {
+		use("mode", f.Mode.String())
+	}
+	if f.NewRTLimit != 0 && f.NewRTUnit != PerSecond {
+		use("new-rtlimit", fmt.Sprintf("%d/%s", f.NewRTLimit, f.NewRTUnit))
+	}
+	if f.RstRTLimit != 0 && f.RstRTUnit != PerSecond {
+		use("rst-rtlimit", fmt.Sprintf("%d/%s", f.RstRTLimit, f.RstRTUnit))
+	}
+	if f.LogRTLimit != 0 {
+		use("log-rtlimit", fmt.Sprintf("%d/%s", f.LogRTLimit, f.LogRTUnit))
+	}
+	if f.LimitsTTL != DefaultLimitsTTL {
+		use("limits-ttl", fmt.Sprint(f.LimitsTTL))
+	}
+	for _, x := range [][2]string{{"new-rtlimit-log-prefix", f.NewRTLogPrefix}, {"rst-rtlimit-log-prefix", f.RstRTLogPrefix},
+		{"est-connlimit-log-prefix", f.EstConnLogPrefix}, {"tcp-strict-log-prefix", f.TCPStrictLogPrefix}} {
+		if x[1] != "" {
+			use(x[0], x[1])
+		}
+	}
+	if f.Queue != -1 {
+		use("queue", fmt.Sprint(f.Queue))
+	}
+	if f.Verdict != DefaultVerdict {
+		use("verdict", f.Verdict.String())
+	}
+	if f.FlowOffload {
+		use("flow-offload", "on")
+	}
+	if len(f.Addresses) > 0 {
+		use("addresses", f.Addresses[0].Name)
+	}
+	if len(f.Sessions) > 0 {
+		use("sessions", f.Sessions[0].Client)
+	}
+	if f.Protocol == ProtoAll && len(f.VirtualPorts) > 0 {
+		use("virtual-ports", formatPorts(f.VirtualPorts))
+	}
+	if f.Mode == ModeStlsDNAT && (f.Iface != "" || f.Oface != "" || !f.EtherAddr.IsZero()) {
+		use("iface", f.Iface+","+f.Oface+","+f.EtherAddr.String())
 	}
 	for _, b := range f.Backends {
 		switch {
 		case b.SourceAddr.IsValid():
-			return "backends.source-addr", b.SourceAddr.String(), true
+			use("backends.source-addr", b.SourceAddr.String())
 		case b.EstConnLogPrefix != "":
-			return "backends.est-connlimit-log-prefix", b.EstConnLogPrefix, true
+			use("backends.est-connlimit-log-prefix", b.EstConnLogPrefix)
 		case b.Port != 0 && f.Protocol == ProtoAll:
-			return "backends.port", fmt.Sprint(b.Port), true
+			use("backends.port", fmt.Sprint(b.Port))
 		}
 	}
-	return "", "", false
+	return out
 }
 
 // decodeSessions sets the farm's static sessions from the value at ss: an

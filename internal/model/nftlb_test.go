@@ -167,6 +167,34 @@ func TestStaticSessions(t *testing.T) {
 		"sessions":[{"client":"10.3.3.3","backend":"b1"}]}`), noFarm); err == nil || !strings.Contains(err.Error(), "need persistence") {
 		t.Errorf("sessions without persistence: %v", err)
 	}
+	// The client is read by the farm's persistence; what it cannot read
+	// is refused naming the session, the field and the value.
+	for persistence, cases := range map[string]map[string]string{
+		"srcip": {"10.3.3.3": "", "10.3.3.300": `"10.3.3.300" is not an IPv4`, "fd00::3": "not of the farm's family ipv4",
+			"10.3.3.3 80": "has 2 values; persistence \"srcip\" takes 1: srcip"},
+		"srcip srcport": {"10.3.3.3 80": "", "10.3.3.3-80": "", "10.3.3.3 http": `srcport "http" is not a port`, "10.3.3.3": "has 1 values"},
+		"srcmac":        {"02:00:00:00:00:01": "", "02:00:00:00:00": "is not a MAC address"},
+	} {
+		for client, want := range cases {
+			body := `{"name":"s","virtual-addr":"10.0.0.1","persistence":"` + persistence + `","backends":[{"name":"b1","ip-addr":"10.1.0.1"}],
+				"sessions":[{"client":"` + client + `","backend":"b1"}]}`
+			_, err := DecodeFarms([]byte(body), noFarm)
+			switch {
+			case want == "" && err != nil:
+				t.Errorf("%s client %q: %v", persistence, client, err)
+			case want != "" && (err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `session "`+client+`"`)):
+				t.Errorf("%s client %q: %v, want an error with %q", persistence, client, err, want)
+			}
+		}
+	}
+	if _, err := DecodeFarms([]byte(`{"name":"s","virtual-addr":"10.0.0.1","persistence":"srcip","backends":[{"name":"b1","ip-addr":"10.1.0.1"}],
+		"sessions":[{"client":"10.3.3.3","backend":"b1"},{"client":" 10.3.3.3","backend":"b1"}]}`), noFarm); err == nil || !strings.Contains(err.Error(), "listed twice") {
+		t.Errorf("a client twice: %v", err)
+	}
+	k, err := ParseSessionClient(KeySrcIP|KeyDstPort|KeySrcMAC, "10.3.3.3 443 02:00:00:00:00:01")
+	if err != nil || k.SrcIP != netip.MustParseAddr("10.3.3.3") || k.DstPort != 443 || k.SrcMAC.String() != "02:00:00:00:00:01" {
+		t.Errorf("srcip dstport srcmac: %+v, %v", k, err)
+	}
 }
 
 // Decoding errors nftlb answers apart are typed.

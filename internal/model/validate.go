@@ -159,6 +159,9 @@ func (f *Farm) Validate() error {
 	if err := f.validateAddresses(); err != nil {
 		return err
 	}
+	if err := f.validateSessions(); err != nil {
+		return err
+	}
 	if len(f.Backends) > MaxBackends {
 		return bad("backends", fmt.Sprint(len(f.Backends)), fmt.Sprintf("at most %d backends per farm", MaxBackends))
 	}

@@ -203,3 +203,30 @@ func (w *WriteBehind) pendingLen() int {
 	defer w.mu.Unlock()
 	return len(w.pending)
 }
+
+var _ TableStore = (*WriteBehind)(nil)
+
+// LoadTables implements TableStore: the inner store's tables (none if it
+// keeps none).
+func (w *WriteBehind) LoadTables(ctx context.Context) ([]*model.Table, error) {
+	ts, ok := w.inner.(TableStore)
+	if !ok {
+		return nil, nil
+	}
+	return ts.LoadTables(ctx)
+}
+
+// CommitTables implements TableStore. Tables are written through, not
+// behind: the proxy's tables (loadBalancerSourceRanges allow lists) change
+// only when a Service's ranges do, so the fsync is rarely paid, and a
+// table is on disk before a farm that attaches it (which the engine saves
+// after it) can be. A farm saved later than the destruction of its table
+// is dropped with a load problem at the next start and rewritten by the
+// first full reconcile.
+func (w *WriteBehind) CommitTables(ctx context.Context, d plan.TableDiff) error {
+	ts, ok := w.inner.(TableStore)
+	if !ok {
+		return errors.New("save tables: the proxy's store keeps no tables")
+	}
+	return ts.CommitTables(ctx, d)
+}

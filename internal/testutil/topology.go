@@ -85,6 +85,13 @@ func (h Host) AddAddr(tb testing.TB, p netip.Prefix) {
 type TopologyOptions struct {
 	Backends int  // number of backend namespaces (default 1)
 	IPv6     bool // also configure the IPv6 networks
+	// Hairpin puts the backends' bridge ports in hairpin mode, as a
+	// Kubernetes node's are (kubelet's --hairpin-mode=hairpin-veth, the
+	// bridge CNI plugin's hairpinMode): with br_netfilter (whose
+	// bridge-nf-call-iptables is on in every new namespace here), a frame a
+	// backend sends to a VIP that is DNATed back to that backend is bridged
+	// out of the port it came in on, which a bridge refuses otherwise.
+	Hairpin bool
 }
 
 // Topology is client ns -> lb ns -> backend namespaces; see the package
@@ -237,6 +244,11 @@ func (t *Topology) build(opts TopologyOptions) error {
 			}
 			if err := lb.LinkSetMaster(l, brl); err != nil {
 				return fmt.Errorf("enslave %s: %w", port, err)
+			}
+			if opts.Hairpin {
+				if err := lb.LinkSetHairpin(l, true); err != nil {
+					return fmt.Errorf("hairpin mode on %s: %w", port, err)
+				}
 			}
 			if err := lb.LinkSetUp(l); err != nil {
 				return err

@@ -93,6 +93,9 @@ type env struct {
 	// cg: with the ebpf plane, the cgroup of the node's own processes
 	// balanced at the socket (--socket-lb-cgroup).
 	cg *testutil.Cgroup
+	// configure, if set, changes the controller's configuration before
+	// startController starts it.
+	configure func(*kube.Config)
 }
 
 type testWriter struct {
@@ -127,7 +130,7 @@ func newWorld(t *testing.T, backends int) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, client: api.Client}
-	e.Topology = testutil.NewTopology(t, testutil.TopologyOptions{Backends: backends, IPv6: true})
+	e.Topology = testutil.NewTopology(t, testutil.TopologyOptions{Backends: backends, IPv6: true, Hairpin: true})
 
 	ns, err := e.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "xlbt-"}}, metav1.CreateOptions{})
 	if err != nil {
@@ -199,7 +202,7 @@ func (e *env) startController(planeName string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.ctl, err = kube.New(kube.Config{Client: api.Client, Engine: e.eng, Log: log, NodeName: e.node,
+	kc := kube.Config{Client: api.Client, Engine: e.eng, Log: log, NodeName: e.node,
 		Flows: plane.(dataplane.FlowFlusher), // as xlb kube-proxy does
 		Listen: func(network, addr string) (net.Listener, error) {
 			var ln net.Listener
@@ -209,7 +212,11 @@ func (e *env) startController(planeName string) {
 				return err
 			})
 			return ln, err
-		}})
+		}}
+	if e.configure != nil {
+		e.configure(&kc)
+	}
+	e.ctl, err = kube.New(kc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -330,8 +330,7 @@ var kubeProxyScenarios = []kpScenario{
 		e.kpSliceNamed("gen2", "gen2-2", "https", readyEP(0, true), readyEP(1, false))
 		return []flow{
 			{name: "simple clusterIP", from: fromPod, to: ap(cip(svc1), 80), want: "b0"},
-			{name: "hairpin to cluster IP", from: "b0", to: ap(cip(svc1), 80), want: "b0 masq",
-				known: map[string]string{"nft": "DROP", "ebpf": "DROP"}}, // docs note 1: no hairpin masquerade
+			{name: "hairpin to cluster IP", from: "b0", to: ap(cip(svc1), 80), want: "b0 masq"},
 			{name: "clusterIP with multiple endpoints", from: fromPod, to: ap(cip(svc2), 80), want: "b0,b1"},
 			{name: "clusterIP with TargetPort", from: fromPod, to: ap(cip(svc2), 443), want: "b0,b1"},
 			{name: "clusterIP with TCP and UDP on same port (UDP)", from: fromPod, to: ap(cip(svc2), 80), udp: true, want: "b0,b1"},
@@ -358,12 +357,9 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "nodePort bypasses LoadBalancerSourceRanges", from: fromBlocked, to: ap(e.LB.IPv4, np), want: "b0 masq"},
 			{name: "accepted external to LB1", from: fromExternal, to: lb1, want: "b0 masq"},
 			{name: "accepted external to LB2", from: fromExternal, to: lb2, want: "b0 masq"},
-			{name: "blocked external to LB1", from: fromBlocked, to: lb1, want: "DROP",
-				known: map[string]string{"nft": "b0 masq", "ebpf": "b0 masq"}},
-			{name: "blocked external to LB2", from: fromBlocked, to: lb2, want: "DROP",
-				known: map[string]string{"nft": "b0 masq", "ebpf": "b0 masq"}},
-			{name: "pod to LB1 (blocked by LoadBalancerSourceRanges)", from: fromPod, to: lb1, want: "DROP",
-				known: map[string]string{"nft": "b0 masq", "ebpf": "b0 masq"}},
+			{name: "blocked external to LB1", from: fromBlocked, to: lb1, want: "DROP"},
+			{name: "blocked external to LB2", from: fromBlocked, to: lb2, want: "DROP"},
+			{name: "pod to LB1 (blocked by LoadBalancerSourceRanges)", from: fromPod, to: lb1, want: "DROP"},
 			{name: "node to LB1 (allowed by LoadBalancerSourceRanges)", from: fromNode, to: lb1, want: "b0 masq",
 				known: map[string]string{"ebpf": "b0"}}, // docs note 4: balanced at the socket, nothing to masquerade
 		}

@@ -31,11 +31,12 @@ const key = "side-by-side-key"
 
 // peer is one daemon answering nftlb's API inside its own namespace.
 type peer struct {
-	name string
-	ns   netns.NsHandle
-	hc   *http.Client
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	name   string
+	nsName string
+	ns     netns.NsHandle
+	hc     *http.Client
+	cmd    *exec.Cmd
+	log    *bytes.Buffer
 }
 
 // reply is one answer.
@@ -68,7 +69,7 @@ func (p *peer) do(t *testing.T, method, path, body string) reply {
 func newPeer(t *testing.T, name string, env []string, argv ...string) *peer {
 	t.Helper()
 	nsName, ns := testutil.NewNetNS(t)
-	p := &peer{name: name, ns: ns, log: &bytes.Buffer{}}
+	p := &peer{name: name, nsName: nsName, ns: ns, log: &bytes.Buffer{}}
 	// Each request is a connection of its own made inside the namespace
 	// (nftlb closes a connection after each answer).
 	p.hc = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{

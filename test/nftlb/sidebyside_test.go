@@ -135,11 +135,11 @@ func TestSideBySide(t *testing.T) {
 		`"virtual-ports" value "abc"`, "nftlb keeps malformed ports")...)
 	steps = append(steps, refused("unknown state", `{"farms":[{"name":"r4","virtual-addr":"10.0.5.4","state":"bogus"}]}`,
 		`"state" value "bogus"`, "nftlb replaces an unknown value by its default")...)
+	steps = append(steps, refused("backend source-addr in a dnat farm", `{"farms":[{"name":"r5","virtual-addr":"10.0.5.5","virtual-ports":"80","mode":"dnat",
+		"backends":[{"name":"s1","ip-addr":"10.1.0.31","source-addr":"10.0.0.254"}]}]}`,
+		`"source-addr" value "10.0.0.254": a backend's source-addr applies to snat VIP farms only`, "nftlb ignores it outside snat farms")...)
 	for _, c := range []struct{ field, body string }{
-		{"queue", `"queue":"3"`}, {"flow-offload", `"flow-offload":"on"`}, {"verdict", `"verdict":"drop"`},
-		{"log-rtlimit", `"log-rtlimit":"5/minute"`}, {"new-rtlimit", `"new-rtlimit":"10/minute"`}, {"limits-ttl", `"limits-ttl":"60"`},
-		{"new-rtlimit-log-prefix", `"new-rtlimit-log-prefix":"NEW"`}, {"mode", `"mode":"local"`},
-		{"backends.source-addr", `"backends":[{"name":"s1","ip-addr":"10.1.0.31","source-addr":"10.0.0.254"}]`},
+		{"flow-offload", `"flow-offload":"on"`},
 		{"addresses", `"addresses":[{"name":"ni-addr","family":"ipv4","ip-addr":"10.0.6.1","ports":"80","protocol":"tcp"},{"name":"ni-2","family":"ipv4","ip-addr":"10.0.6.2","ports":"80","protocol":"tcp"}]`},
 		{"iface", `"mode":"stlsdnat","scheduler":"hash","iface":"lo"`},
 	} {

@@ -15,6 +15,8 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	d = plan.SplitDiff(d) // a dual farm is its two halves
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.srcMemo = sourceCache{}
+	defer func() { p.srcMemo = nil }()
 	p.freePending()
 	type step struct {
 		oldName  string

@@ -159,6 +159,8 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 				}
 			}
 			be.Snat = addrWords(src)
+		} else if src := p.hairpinSource(f, b.Addr, p.srcMemo); src.IsValid() {
+			be.Snat = addrWords(src)
 		}
 		return be, nil
 	}

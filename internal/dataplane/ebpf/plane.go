@@ -129,6 +129,9 @@ type Plane struct {
 	svcIDs
 	backendIDs
 	pending []*generation // replaced generations, freed at the next change
+	// srcMemo: sourceFor's answers during one Apply or Reconcile
+	// (hairpin.go); nil outside them.
+	srcMemo sourceCache
 	// stlOwner: the farm whose stlsdnat reply mapping each xlb_stateless
 	// key is.
 	stlOwner map[xlbStlKey]string

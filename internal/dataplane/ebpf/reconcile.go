@@ -20,6 +20,8 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	farms = plan.SplitFarms(farms) // a dual farm is its two halves
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.srcMemo = sourceCache{}
+	defer func() { p.srcMemo = nil }()
 	// Pins removed and programs detached by others (drift.go).
 	if err := p.repairPins(); err != nil {
 		return err

@@ -112,7 +112,7 @@ func (p *shard) queue(b *batch, d plan.Diff) *pending {
 	b.syncHooks(p.hooks, want)
 	b.syncDevs(p.hooks.devs, want.devs)
 	b.drain() // Plane.Apply sends the batch
-	return &pending{farms: next, users: users, hooks: want, groups: b.groups, touched: b.touched, err: b.err}
+	return &pending{farms: next, users: users, hooks: want, groups: b.groups, touched: b.touched, hair: b.hair, err: b.err}
 }
 
 // commit records what a queued batch put in the kernel.
@@ -126,6 +126,7 @@ func (p *shard) commit(pd *pending) {
 	}
 	p.hooks, p.users = pd.hooks, pd.users
 	p.groups = pd.groups
+	p.commitHairpin(pd.hair)
 	for ch := range pd.touched {
 		delete(p.ghandles, ch)
 	}
@@ -193,6 +194,7 @@ type pending struct {
 	hooks   hookState
 	groups  groupCounts
 	touched map[string]groupRef // group chains the batch changes
+	hair    hairpinDelta
 	// err: the batch could not be built (listing a group chain failed);
 	// it must not be sent.
 	err error

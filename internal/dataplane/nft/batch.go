@@ -22,7 +22,8 @@ type batch struct {
 	// and the group chains it changes (see pending).
 	groups  groupCounts
 	touched map[string]groupRef
-	err     error // the first error building the batch: it must not be sent
+	hair    hairpinDelta // the hairpin counts' change (hairpin.go)
+	err     error        // the first error building the batch: it must not be sent
 	// runs holds back element adds and deletes of static sets, so that
 	// the elements of many farms go into one message per set (elemChunk
 	// elements a message) instead of one message per farm and set: the
@@ -53,6 +54,9 @@ type elemRun struct {
 // plan is planFarm(f), completed with the farm's resolved links in mode dsr.
 func (b *batch) plan(f *model.Farm) *farmPlan {
 	pl := planFarm(f)
+	if pl != nil {
+		pl.logGroup = b.p.opts.LogGroup
+	}
 	if pl != nil && pl.dsrMode {
 		l := b.links[f.Name]
 		if l == nil {

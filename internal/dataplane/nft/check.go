@@ -9,11 +9,25 @@ import (
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
+// implementedNftlbFields are the nftlb 1.0 fields beyond the core model
+// that this plane implements (model.Farm.NftlbFieldInUse): rate units,
+// limits-ttl, the limits' verdict and log prefixes and log-rtlimit
+// (clientlimits.go, verdict.go), queue (queue.go), backend source-addr
+// (backendsnat.go), mode local (local.go), static sessions
+// (staticsessions.go).
+var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
+	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
+	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode", "sessions"}
+
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
-	if err := dataplane.CheckNftlbFields(PlaneName, f); err != nil {
+	if err := dataplane.CheckNftlbFields(PlaneName, f, implementedNftlbFields...); err != nil {
 		return err
+	}
+	if f.Verdict != model.DefaultVerdict && len(f.Policies) > 0 {
+		return dataplane.Refuse(f, "verdict", f.Verdict.String(),
+			"the "+PlaneName+" data plane applies a farm's verdict to its limits and tcp-strict, not yet to its policies (each policy's type decides); use the default \"log drop accept\" on farms with policies")
 	}
 	if f.Check != nil && f.Check.Passive != nil {
 		// The kernel's conntrack tells handshakes apart only through
@@ -39,6 +53,15 @@ func check(f *model.Farm) error {
 			"firewall-mark farms in the "+PlaneName+" data plane do not take family dual, helper, tcp-strict, rst-rtlimit or log yet")
 	case f.Family == model.FamilyDual:
 		return checkDual(f)
+	case f.Mode == model.ModeLocal && (f.IsMarkFarm() || f.Log != 0):
+		return dataplane.Refuse(f, "mode", f.Mode.String(),
+			"local farms in the "+PlaneName+" data plane are VIP farms without log (a packet for a local socket never reaches the postrouting hook where farms log)")
+	case f.Queue >= 0 && (f.IsMarkFarm() || f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT):
+		return dataplane.Refuse(f, "queue", fmt.Sprint(f.Queue),
+			"the "+PlaneName+" data plane queues the new connections of snat and dnat VIP farms (firewall-mark, dsr and stlsdnat farms are forwarded before or without its filter chain)")
+	case len(f.Sessions) > 0 && (f.Mode == model.ModeLocal || f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT):
+		return dataplane.Refuse(f, "sessions", f.Sessions[0].Client,
+			"the "+PlaneName+" data plane keeps static sessions in snat and dnat farms (mode "+f.Mode.String()+" has no persistence here)")
 	case f.Mode == model.ModeStlsDNAT && f.IsMarkFarm():
 		return dataplane.Refuse(f, "mode", f.Mode.String(),
 			"the "+PlaneName+" data plane does stlsdnat for VIP farms only (a firewall mark is set after the raw hook)")
@@ -85,6 +108,12 @@ func check(f *model.Farm) error {
 		case b.Mark != 0 && marks[b.Mark] != "" && marks[b.Mark] != netip.AddrPortFrom(b.Addr, b.Port).String():
 			return dataplane.RefuseBackend(f, b.Name, "mark", fmt.Sprint(b.Mark),
 				"is already the mark of another backend of this farm; in the "+PlaneName+" data plane a backend mark names the backend, so marks must be unique per farm")
+		case b.SourceAddr.IsValid() && (f.Mode != model.ModeSNAT || f.IsMarkFarm()):
+			return dataplane.RefuseBackend(f, b.Name, "source-addr", b.SourceAddr.String(),
+				"a backend's source-addr applies to snat VIP farms only (nftlb ignores it in other modes)")
+		case b.SourceAddr.IsValid() && b.SourceAddr.Is4() != b.Addr.Is4():
+			return dataplane.RefuseBackend(f, b.Name, "source-addr", b.SourceAddr.String(),
+				"is not of the backend's family ("+b.Addr.String()+"): nftables cannot translate between families")
 		case b.EstConnLimit != 0 && f.Persistence != 0:
 			return bno("est-connlimit", fmt.Sprint(b.EstConnLimit)+" with persistence")
 		}

@@ -76,6 +76,14 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 			pset = pl.persistSet(t, f, b.nextID())
 			_ = b.c.AddSet(pset, nil)
 		}
+		pl.sset = nil
+		if pset != nil && len(pl.static) > 0 {
+			pl.sset = pl.staticSet(t, f, staticName(s.mapName), b.nextID())
+			_ = b.c.AddSet(pl.sset, nil)
+			for i := 0; i < len(pl.static); i += elemChunk {
+				_ = b.c.SetAddElements(pl.sset, pl.static[i:min(i+elemChunk, len(pl.static))])
+			}
+		}
 	}
 	rules := pl.farmRules(f, s.mapName, id, modulus, pset, aset)
 	if pl.dsrMode {
@@ -126,18 +134,13 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		// Its rules use the old maps, deleted below.
 		b.c.FlushChain(&nftables.Chain{Table: b.tableOf(oldPlan), Name: oldPlan.chain})
 	}
+	// Objects the farm's rules refer to come first: its per-client limit
+	// sets and verdict chains.
+	b.addClientSets(pl, f)
+	pl.vchains = b.putVerdictChains(verdictChains(f, pl.logGroup, pl.fchain != ""))
 	s := &farmState{plan: pl}
 	if !pl.isDirect() {
 		s = b.buildFarm(pl, f, ownChain && !moved)
-	}
-	keep := map[string]bool{pl.persist: true}
-	for _, name := range s.sets() {
-		keep[name] = true
-	}
-	for _, name := range old.sets() {
-		if !keep[name] {
-			b.c.DelSet(&nftables.Set{Table: b.tableOf(oldPlan), Name: name})
-		}
 	}
 	// Removed keys first: a farm that moves a port to another set or
 	// changes a key must not collide with itself.
@@ -156,6 +159,18 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	b.diffElems(oldPlan, pl, oldSvc, pl.svc, func(p *farmPlan) string { return p.svcSet })
 	b.diffElems(oldPlan, pl, oldPost, pl.post, func(p *farmPlan) string { return p.postSet })
 	b.diffElems(oldPlan, pl, oldDirect, pl.direct, func(p *farmPlan) string { return p.dstSet })
+	oldBsnat := map[string]elem{}
+	if oldPlan != nil {
+		for _, e := range oldPlan.bsnat {
+			oldBsnat[e.id()] = e
+		}
+	}
+	b.diffElems(oldPlan, pl, oldBsnat, pl.bsnat, (*farmPlan).bsnatSet)
+	if oldPlan != nil {
+		b.hairpin(oldPlan.hair, pl.hair, oldPlan.v6, pl.v6)
+	} else {
+		b.hairpin(nil, pl.hair, pl.v6, pl.v6)
+	}
 	for _, x := range auxes {
 		b.putAux(x, oldPlan, pl, f)
 	}
@@ -164,6 +179,20 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 	}
 	if moved {
 		b.delChain(&nftables.Chain{Table: b.tableOf(oldPlan), Name: oldPlan.chain})
+	}
+	// Last, the old sets and verdict chains the farm no longer uses: the
+	// rules that referred to them (farm, filter chains) are rebuilt above.
+	keep := map[string]bool{pl.persist: true}
+	for _, name := range s.sets() {
+		keep[name] = true
+	}
+	for _, name := range old.sets() {
+		if !keep[name] {
+			b.c.DelSet(&nftables.Set{Table: b.tableOf(oldPlan), Name: name})
+		}
+	}
+	if oldPlan != nil {
+		b.dropVerdictChains(oldPlan.vchains, pl.vchains)
 	}
 	return s
 }
@@ -188,7 +217,7 @@ var auxes = []aux{
 				// (its name says everything about it).
 				b.c.AddObj(helperObj(b.p.table, f, pl.helper))
 			}
-			return filterRules(f, pl.helper)
+			return pl.filterRules(f, pl.helper)
 		},
 	},
 	{
@@ -278,9 +307,13 @@ func (b *batch) removeFarm(old *farmState) {
 		return
 	}
 	pl := old.plan
+	b.hairpin(pl.hair, nil, pl.v6, pl.v6)
 	b.delFrom(pl.svcSet, pl.svc)
 	if len(pl.post) > 0 {
 		b.delFrom(pl.postSet, pl.post)
+	}
+	if len(pl.bsnat) > 0 {
+		b.delFrom(pl.bsnatSet(), pl.bsnat)
 	}
 	switch {
 	case pl.isDirect():
@@ -303,6 +336,7 @@ func (b *batch) removeFarm(old *farmState) {
 	if pl.helper != "" {
 		b.c.DeleteObject(&nftables.NamedObj{Table: b.p.table, Name: pl.helper, Type: nftables.ObjTypeCtHelper})
 	}
+	b.dropVerdictChains(pl.vchains, nil)
 	for _, name := range old.sets() {
 		b.c.DelSet(&nftables.Set{Table: b.tableOf(pl), Name: name})
 	}

@@ -202,6 +202,9 @@ func (p *farmPlan) persistRules(f *model.Farm, sched []expr.Any, n *expr.NAT, ps
 	head := sched[:len(sched)-2] // without counter and dnat: the id is in reg1
 	fresh := cat(nfproto(p.v6), head, []expr.Any{setMark}, loads, []expr.Any{getMark, dyn(unix.NFT_DYNSET_OP_ADD)}, resolve)
 	plain := cat(head, []expr.Any{setMark}, resolve)
+	if p.sset != nil {
+		return [][]expr.Any{p.staticRule(f, n, p.sset, aset), known, forget, fresh, plain}
+	}
 	return [][]expr.Any{known, forget, fresh, plain}
 }
 

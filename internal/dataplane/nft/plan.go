@@ -59,6 +59,10 @@ type farmPlan struct {
 	// persist names the persistence map ("" without persistence or
 	// without serving backends); see persist.go.
 	persist string
+	// static are the elements of the farm's static sessions map and sset
+	// its definition in the batch being built (staticsessions.go).
+	static []nftables.SetElement
+	sset   *nftables.Set
 	// dsrMode: mode dsr (dsr.go). The chain and map live in the netdev
 	// table; svc elements are in dsr4/6 (jump), post elements in
 	// dsrif4/6 (the oface's index); dsr holds the resolved links.
@@ -68,6 +72,22 @@ type farmPlan struct {
 	// its one backend); the farm has no chain or map of its own and its
 	// svc elements go to the shared direct chain (see setDirect).
 	direct []elem
+	// hair: the farm's elements of hairpin4/6 (hairpin.go).
+	hair []elem
+	// clients are the farm's per-client limit sets (clientlimits.go),
+	// clientSetDefs their definitions in the batch being built; vchains
+	// the verdict chains its limits jump to (verdict.go); logGroup the
+	// NFLOG group of its log lines (Options.LogGroup).
+	// local: mode local (local.go): the farm's chain holds its limits and
+	// accepts, the LB's own sockets serve the VIP.
+	local bool
+	// bsnat: the farm's elements in snatb4/6 (backend source-addr,
+	// backendsnat.go).
+	bsnat         []elem
+	clients       clientSets
+	clientSetDefs map[string]*nftables.Set
+	vchains       []string
+	logGroup      uint16
 }
 
 // planFarm derives what a farm needs in the kernel. A farm that is not up
@@ -79,6 +99,7 @@ func planFarm(f *model.Farm) *farmPlan {
 	}
 	p := &farmPlan{name: f.Name, placement: placement{v6: f.VirtualAddr.Is6(), via: chainOwn, chain: chainName(f.Name)}}
 	defer p.place()
+	defer p.planClientSets(f) // runs first: p.v6 is final by then
 	if f.IsMarkFarm() {
 		p.mark, p.v6 = true, f.Family == model.FamilyIPv6
 		key := binaryutil.NativeEndian.PutUint32(f.Mark)
@@ -118,9 +139,15 @@ func planFarm(f *model.Farm) *farmPlan {
 			p.logs[i].Jump = true
 		}
 	}
-	if len(filterRules(f, p.helper)) > 0 {
+	if needsFilter(f, p.helper) {
 		p.fchain = farmFilter + nameHash(f.Name)
 		p.filt = svcElems(f, p.fchain, nil)
+	}
+	if f.Mode == model.ModeLocal {
+		// The LB itself serves the VIP (local.go): no backends, no NAT.
+		p.local = true
+		p.svc = markExact(p.svc)
+		return p
 	}
 	if f.Mode == model.ModeSNAT {
 		if f.SourceAddr.IsValid() {
@@ -129,8 +156,10 @@ func planFarm(f *model.Farm) *farmPlan {
 			p.post = markExact(svcElems(f, "", nil))
 		}
 	}
+	p.planBackendSnat(f)
 	p.svc = markExact(p.svc)
 	p.backends(f)
+	p.hair = hairpinElems(f, p)
 	p.setDirect(f)
 	p.setGrouped(f)
 	return p
@@ -166,6 +195,7 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 	}
 	if f.Persistence != 0 && p.kind != kindNone {
 		p.persist = persistName(f)
+		p.planStatic(f) // staticsessions.go
 	}
 	for _, b := range p.active {
 		p.marks = p.marks || b.Mark != 0

@@ -281,6 +281,7 @@ func TestListing(t *testing.T) {
 		"MWEB", "m-"+nameHash("web"), "MDNS", "m-"+nameHash("dns6"), "MHASH", "m-"+nameHash("hash"),
 		"STICKYF", "g-"+nameHash("sticky"), "STICKYL", "l-"+nameHash("sticky"), "STICKY", chainName("sticky"), "MSTICKY", "m-"+nameHash("sticky"),
 		"ASTICKY", "a-"+nameHash("sticky"), "PSTICKY", "p-"+nameHash("sticky"),
+		"NSTICKY", "nl-"+nameHash("sticky"), "RSTICKY", "rl-"+nameHash("sticky"), "ESTICKY", "el-"+nameHash("sticky"),
 		// nft prints the slot map's mark data byte-swapped (display only).
 		"ID_NFT_LISTS_SWAPPED", fmt.Sprintf("0x%08x", bits.ReverseBytes32(backendID(sticky.Backends[0]))),
 		"ID", fmt.Sprintf("0x%08x", backendID(sticky.Backends[0])),
@@ -408,10 +409,20 @@ table inet xlb {
 	chain STICKYL {
 		log prefix "stk xlb farm=sticky "
 	}
+	map snatb4 {
+		type ipv4_addr . inet_proto . inet_service . ipv4_addr : ipv4_addr
+		flags interval
+	}
+	map snatb6 {
+		type ipv6_addr . inet_proto . inet_service . ipv6_addr : ipv6_addr
+		flags interval
+	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
 		ct original ip daddr . meta l4proto . ct original proto-dst vmap @log4
 		ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @log6
+		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst . ip daddr map @snatb4
+		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst . ip6 daddr map @snatb6
 		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst map @snatx4
 		ct original ip daddr . meta l4proto . ct original proto-dst @masqx4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snatx6
@@ -423,6 +434,15 @@ table inet xlb {
 		meta nfproto ipv4 snat ip to meta mark map @snatm4
 		meta nfproto ipv6 snat ip6 to meta mark map @snatm6
 		meta mark @masqm masquerade
+		ip saddr . ip daddr @hairpin4 masquerade
+		ip6 saddr . ip6 daddr @hairpin6 masquerade
+	}
+	set hairpin4 {
+		type ipv4_addr . ipv4_addr
+	}
+	set hairpin6 {
+		type ipv6_addr . ipv6_addr
+		elements = { fd00:200::11 . fd00:200::11, fd00:200::12 . fd00:200::12 }
 	}
 	chain WEB {
 		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN
@@ -507,8 +527,25 @@ table inet xlb {
 		ip6 daddr . meta l4proto . th dport vmap @fsvc6
 	}
 	chain STICKYF {
-		ct state invalid counter drop
-		tcp flags rst limit rate over 10/second counter drop
+		ct state invalid counter log prefix "tcp-strict-sticky " drop
+		tcp flags rst add @RSTICKY-4-120 { ip saddr limit rate over 10/second } counter log prefix "rst-rtlimit-sticky " drop
+	}
+	set NSTICKY-4-120 {
+		type ipv4_addr
+		size 65535
+		flags dynamic,timeout
+		timeout 2m
+	}
+	set RSTICKY-4-120 {
+		type ipv4_addr
+		size 65535
+		flags dynamic,timeout
+		timeout 2m
+	}
+	set ESTICKY-4 {
+		type ipv4_addr
+		size 65535
+		flags dynamic
 	}
 	map MSTICKY-GEN {
 		type 0 : mark
@@ -526,8 +563,8 @@ table inet xlb {
 		timeout 2m
 	}
 	chain STICKY {
-		limit rate over 100/second burst 20 packets counter drop
-		ct count over 1000 counter drop
+		add @NSTICKY-4-120 { ip saddr limit rate over 100/second burst 20 packets } counter log prefix "new-rtlimit-sticky " drop
+		add @ESTICKY-4 { ip saddr ct count over 1000 } counter log prefix "est-connlimit-sticky " drop
 		ct mark set ip saddr . th dport map @PSTICKY-49-120 update @PSTICKY-49-120 { ip saddr . th dport : ct mark } counter dnat ip to ct mark map @ASTICKY-GEN
 		delete @PSTICKY-49-120 { ip saddr . th dport : ct mark }
 		meta nfproto ipv4 ct mark set numgen inc mod 1 map @MSTICKY-GEN add @PSTICKY-49-120 { ip saddr . th dport : ct mark } counter dnat ip to ct mark map @ASTICKY-GEN

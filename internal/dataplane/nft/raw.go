@@ -73,6 +73,13 @@ func postRulesRaw() ([][]rawExpr, error) {
 		}
 		rules = append(rules, r)
 	}
+	// Then the backends' own source addresses (backendsnat.go), before
+	// the farms'.
+	bsnat, err := backendSnatRules()
+	if err != nil {
+		return nil, err
+	}
+	rules = append(rules, bsnat...)
 	for _, v6 := range []bool{false, true} {
 		w := addrWords(v6)
 		masq, snat := pick(v6, setMasq4, setMasq6), pick(v6, setSnat4, setSnat6)
@@ -119,19 +126,22 @@ func postRulesRaw() ([][]rawExpr, error) {
 		}
 		rules = append(rules, r)
 	}
-	var r []rawExpr
-	for _, e := range []expr.Any{
+	for _, exprs := range append([][]expr.Any{{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 		&expr.Lookup{SourceRegister: reg1, SetName: setMasqM},
 		&expr.Masq{},
-	} {
-		b, err := encode(e)
-		if err != nil {
-			return nil, err
+	}}, hairpinRules()...) {
+		var r []rawExpr
+		for _, e := range exprs {
+			b, err := encode(e)
+			if err != nil {
+				return nil, err
+			}
+			r = append(r, b)
 		}
-		r = append(r, b)
+		rules = append(rules, r)
 	}
-	return append(rules, r), nil
+	return rules, nil
 }
 
 func nftMsg(family byte, typ int, flags netlink.HeaderFlags, attrs []netlink.Attribute) (netlink.Message, error) {

@@ -93,6 +93,7 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 	// Group chains are packed afresh: every one in use is emptied and
 	// refilled (addGroupChain), those no farm needs are strays.
 	b.groups, b.touched = groupCounts{}, map[string]groupRef{}
+	hair := map[string]int{}
 	for _, f := range farms {
 		if _, dup := next[f.Name]; dup {
 			return fmt.Errorf("reconcile: farm %q given twice", f.Name)
@@ -106,6 +107,11 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 			b.joinGroup(pl, -1)
 		}
 		keepChains[pl.chain] = true
+		b.addClientSets(pl, f)
+		pl.vchains = b.putVerdictChains(verdictChains(f, pl.logGroup, pl.fchain != ""))
+		for _, name := range pl.vchains {
+			keepChains[name] = true
+		}
 		if pl.helper != "" {
 			keepHelpers[pl.helper] = true
 		}
@@ -135,6 +141,13 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		for _, e := range pl.post {
 			wantElems[elemSet(pl.postSet, e)][e.id()] = e
+		}
+		for _, e := range pl.hair {
+			wantElems[hairpinSet(pl.v6)][e.id()] = e
+			hair[e.id()]++
+		}
+		for _, e := range pl.bsnat {
+			wantElems[pl.bsnatSet()][e.id()] = e
 		}
 	}
 	// Per-packet base chains: (re)made if a farm needs them, else strays.
@@ -198,6 +211,7 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 		return fmt.Errorf("reconcile %d farms: %w", len(farms), err)
 	}
 	p.farms = next
+	p.hair = hair
 	p.hooks, p.users = hooks, users
 	p.groups, p.ghandles = b.groups, map[string]map[string][]uint64{}
 	if err := p.programPostrouting(); err != nil {

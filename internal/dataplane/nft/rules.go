@@ -146,6 +146,9 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	if p.kind == kindNone && p.stls {
 		return [][]expr.Any{drop}
 	}
+	if p.local {
+		return p.localRules(f)
+	}
 	if p.kind == kindNone {
 		// No backend can serve: refuse new connections at once (TCP reset,
 		// else ICMP port unreachable) rather than let clients time out, as
@@ -171,18 +174,8 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{f.Protocol.Number()}},
 			&expr.Verdict{Kind: expr.VerdictReturn}})
 	}
-	if f.NewRTLimit != 0 {
-		// The nat chain sees only the first packet of a connection, so
-		// this limits new connections.
-		pre = append(pre, []expr.Any{
-			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.NewRTLimit), Unit: expr.LimitTimeSecond, Burst: f.NewRTBurst, Over: true},
-			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
-	}
-	if f.EstConnLimit != 0 {
-		pre = append(pre, []expr.Any{
-			&expr.Connlimit{Count: f.EstConnLimit, Flags: connlimitOver},
-			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}})
-	}
+	// new-rtlimit and est-connlimit per client (clientlimits.go).
+	pre = append(pre, p.newConnLimitRules(f, p.logGroup)...)
 	r, n := p.schedRule(f, f.SchedParam, mapName, mapID, modulus)
 	var rules [][]expr.Any
 	switch {
@@ -191,7 +184,7 @@ func (p *farmPlan) farmRules(f *model.Farm, mapName string, mapID uint32, modulu
 	case aset != nil:
 		rules = p.markRules(r, n, aset)
 		if len(p.lsets) > 0 {
-			rules = p.limitRules(r, n, aset)
+			rules = p.limitRules(f, r, n, aset)
 		}
 	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcMAC != 0 && f.SchedParam != model.KeySrcMAC:
 		// Packets without a link-layer header (local clients) hash the
@@ -238,35 +231,38 @@ func (p *farmPlan) schedRule(f *model.Farm, keys model.HashKey, mapName string, 
 	return r, n
 }
 
+// needsFilter reports whether a farm needs a filter chain (filterRules).
+func needsFilter(f *model.Farm, helper string) bool {
+	return f.TCPStrict || f.RstRTLimit != 0 || f.Queue >= 0 || helper != ""
+}
+
 // filterRules returns the rules of a farm's filter chain: what must see
 // every packet of the farm's connections from clients, not only the first
 // (the nat chains see only that one).
 //
-//	ct state invalid counter drop                                        (tcp-strict)
-//	tcp flags & rst == rst limit rate over N/second burst B counter drop (rst-rtlimit)
-//	ct helper set "h-<hash>-<helper>-<proto>"                            (helper)
+//	ct state invalid counter log prefix "..." drop                      (tcp-strict)
+//	tcp flags & rst == rst add @rl-... { ip saddr limit rate over ... } (rst-rtlimit, per client)
+//	ct state new counter queue num N bypass                              (queue, queue.go)
+//	ct helper set "h-<hash>-<helper>-<proto>"                           (helper)
 //
-// helper is the name of the farm's ct helper object.
-func filterRules(f *model.Farm, helper string) [][]expr.Any {
+// What follows a match is the farm's verdict (verdict.go). helper is the
+// name of the farm's ct helper object.
+func (p *farmPlan) filterRules(f *model.Farm, helper string) [][]expr.Any {
 	var out [][]expr.Any
-	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
 	if f.TCPStrict {
+		then, _ := onMatch(f, kindStrict, limitPrefix(f.TCPStrictLogPrefix, kindStrict.kname, f.Name, ""), p.logGroup)
 		out = append(out, append([]expr.Any{
 			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
 			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitINVALID), Xor: make([]byte, 4)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
-		}, drop...))
+		}, then...))
 	}
-	if f.RstRTLimit != 0 {
-		out = append(out, append([]expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0}},
-			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(f.RstRTLimit), Unit: expr.LimitTimeSecond, Burst: f.RstRTBurst, Over: true},
-		}, drop...))
+	if r := rstLimitRule(f, p.v6, p.clientSetDefs[p.clients.rstRT], p.logGroup); r != nil {
+		out = append(out, r)
+	}
+	if r := queueRule(f); r != nil {
+		out = append(out, r)
 	}
 	if helper != "" {
 		out = append(out, []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_CT_HELPER, Name: helper}})
@@ -289,10 +285,5 @@ func logPrefix(f *model.Farm) string {
 // postrouting chain (nat: the first packet of each new connection, after
 // the backend was chosen): `log prefix "..." [group N]`, then back.
 func logRules(f *model.Farm, group uint16) [][]expr.Any {
-	l := &expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(logPrefix(f))}
-	if group != 0 {
-		l.Key |= 1 << unix.NFTA_LOG_GROUP
-		l.Group = group
-	}
-	return [][]expr.Any{{l}}
+	return [][]expr.Any{{logExpr(logPrefix(f), group)}}
 }

@@ -70,22 +70,43 @@ func (p *shard) sessions(ctx context.Context, f *model.Farm) ([]dataplane.Sessio
 	}
 	if hs := plan.Halves(f); len(hs) > 1 {
 		var all []dataplane.Session
+		static := map[string]bool{}
 		err := dualSessions(f, "", func(h *model.Farm) error {
 			ss, err := p.sessions(ctx, h)
-			all = append(all, ss...)
+			for _, s := range ss {
+				if s.Static {
+					// One without an address is listed by both halves.
+					if static[s.Client] {
+						continue
+					}
+					static[s.Client] = true
+				}
+				all = append(all, s)
+			}
 			return err
 		})
 		return all, err
 	}
+	// The farm's static sessions first, as nftlb lists them (they are
+	// configuration: listed whether or not the farm serves now).
+	var out []dataplane.Session
+	v6 := f.VirtualAddr.Is6()
+	for _, s := range f.Sessions {
+		if k, err := model.ParseSessionClient(f.Persistence, s.Client); err == nil {
+			if v4, ok := k.Is4(); ok && v4 == v6 {
+				continue // the other half's
+			}
+		}
+		out = append(out, dataplane.Session{Client: s.Client, Backend: s.Backend, Static: true})
+	}
 	pl, _, els, err := p.sessionElems(f)
 	if err != nil || pl == nil {
-		return nil, err
+		return out, err
 	}
 	names := map[uint32]string{}
 	for _, b := range f.Backends {
 		names[backendID(b)] = b.Name
 	}
-	out := make([]dataplane.Session, 0, len(els))
 	for _, e := range els {
 		var id uint32
 		if len(e.Val) >= 4 {

@@ -42,7 +42,7 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		s.Interval = false
 		return s
 	}
-	return []*nftables.Set{
+	return append([]*nftables.Set{
 		exact(svc(setSvcX4, typeSvc4)),
 		exact(svc(setSvcX6, typeSvc6)),
 		exact(set(setMasqX4, typeSvc4)),
@@ -70,7 +70,7 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		svc(setStlsR6, typeSvc6),
 		dst(setDst4, typeSvc4, typeDst4),
 		dst(setDst6, typeSvc6, typeDst6),
-	}
+	}, append(backendSnatSets(t), hairpinSets(t)...)...)
 }
 
 // exactSet names the hash twin of an interval set that holds single-port

@@ -45,6 +45,10 @@ type shard struct {
 	// until a change touches the chain.
 	groups   groupCounts
 	ghandles map[string]map[string][]uint64
+
+	// hair counts the farms of the table that hold each hairpin element
+	// (hairpin.go).
+	hair map[string]int
 }
 
 // farmState is what Apply or Reconcile programmed for one farm.
@@ -55,15 +59,22 @@ type farmState struct {
 
 // sets returns the names of the farm's sets and maps in the kernel.
 func (s *farmState) sets() []string {
-	if s == nil || s.plan == nil || s.mapName == "" {
+	if s == nil || s.plan == nil {
 		return nil
 	}
-	out := []string{s.mapName}
+	out := s.plan.clients.names()
+	if s.mapName == "" {
+		return out
+	}
+	out = append(out, s.mapName)
 	if s.plan.ids {
 		out = append(out, activeName(s.mapName))
 	}
 	if s.plan.persist != "" {
 		out = append(out, s.plan.persist)
+		if len(s.plan.static) > 0 {
+			out = append(out, staticName(s.mapName))
+		}
 	}
 	for _, l := range s.plan.limitList() {
 		out = append(out, idsName(s.mapName, l), countName(s.plan.name, l))

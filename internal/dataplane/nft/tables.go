@@ -530,7 +530,11 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	defer t.mu.Unlock()
 	t.ensure()
 	b := t.begin()
-	var dropChains []string
+	// dropChains: the farms' policy chains go before the table chains
+	// they jump to (dropTables), or the kernel refuses to delete a chain
+	// still referenced (EBUSY) when one change detaches a table from its
+	// last farm and destroys it.
+	var dropChains, dropTables []string
 	// Slots: new ones get their entries, freed ones lose their sets,
 	// changed ones get the difference.
 	for _, c := range d.Slots {
@@ -575,7 +579,7 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		switch {
 		case c.New == nil:
 			if c.Old.Type == model.TableAddr {
-				dropChains = append(dropChains, tableChainName(c.Old.ID))
+				dropTables = append(dropTables, tableChainName(c.Old.ID))
 			}
 		case c.New.Type == model.TableAddr:
 			b.rechain[c.New.Name] = true
@@ -612,7 +616,7 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			}
 		}
 	}
-	for _, name := range dropChains {
+	for _, name := range append(dropChains, dropTables...) {
 		ch := b.chain(name)
 		b.t.conn.FlushChain(ch)
 		b.t.conn.DelChain(ch)

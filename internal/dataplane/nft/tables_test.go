@@ -78,3 +78,35 @@ func TestTablesRuleset(t *testing.T) {
 		t.Errorf("reconcile did not restore the element:\n%s", out)
 	}
 }
+
+// TestTablesDetachAndDestroy: one change that takes a table off its last
+// farm and destroys it is applied (the farm's policy chain goes before the
+// table's chain it jumps to; the other order is refused with EBUSY).
+func TestTablesDetachAndDestroy(t *testing.T) {
+	testutil.RequireRoot(t)
+	name, ns := testutil.NewNetNS(t)
+	tp, err := OpenTables(context.Background(), testLogger(), Options{NetNS: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	ctx := context.Background()
+	al := addrTable(t, "al", 1, model.ListAllow, "203.0.113.0/25")
+	f := model.NewFarm("web")
+	f.VirtualAddr = testutil.VIP4(1)
+	f.VirtualPorts = []model.PortRange{{First: 80, Last: 80}}
+	f.Policies = []model.PolicyRef{{Name: "al"}}
+	if err := tp.ApplyTables(ctx, plan.TableDiff{Tables: []plan.TableChange{{New: al}}, Slots: []plan.SlotChange{{Slot: 1, New: al}},
+		Farms: []plan.FarmChange{{New: &f}}}); err != nil {
+		t.Fatal(err)
+	}
+	nf := f.Clone()
+	nf.Policies = nil
+	if err := tp.ApplyTables(ctx, plan.TableDiff{Tables: []plan.TableChange{{Old: al}}, Slots: []plan.SlotChange{{Slot: 1, Old: al}},
+		Farms: []plan.FarmChange{{Old: &f, New: &nf}}}); err != nil {
+		t.Fatalf("detach and destroy in one change: %v", err)
+	}
+	if out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb-tables"); strings.Contains(out, "chain t1") || strings.Contains(out, "s1-4-25") {
+		t.Errorf("table al left in the kernel:\n%s", out)
+	}
+}

@@ -54,33 +54,53 @@ type Settings struct {
 	Notes []string
 }
 
-// NodePortAddresses is --nodeport-addresses / nodePortAddresses: CIDRs, or
-// "primary" (the node's primary addresses), or nothing (every address of
-// the Node).
+// NodePortAddresses is --nodeport-addresses / nodePortAddresses, as
+// kube-proxy 1.37 takes it: CIDRs and the keywords "primary" (the Node's
+// primary addresses), "localhost" (127.0.0.0/8 and ::1/128) and "all"
+// (0.0.0.0/0 and ::/0), in any combination; "localhost" and "all" arrive
+// here as their CIDRs. Nothing given: every address of the Node's status
+// (see kube.Config.NodePortAddresses).
 type NodePortAddresses struct {
 	CIDRs   []netip.Prefix
 	Primary bool
 }
 
+// The keywords' CIDRs (kube-proxy's expandNodePortAddressKeywords).
+var (
+	localhostCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	allCIDRs       = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+)
+
 // ParseNodePortAddresses parses kube-proxy's nodePortAddresses values:
-// CIDRs, or the one word "primary".
+// CIDRs and keywords, each keyword at most once (as kube-proxy's
+// validation).
 func ParseNodePortAddresses(field string, vals []string) (NodePortAddresses, error) {
 	var out NodePortAddresses
+	seen := map[string]bool{}
 	for _, v := range vals {
 		v = strings.TrimSpace(v)
 		if v == "" {
 			continue
 		}
-		if v == "primary" {
-			if len(vals) != 1 {
-				return out, fmt.Errorf("%s %q: \"primary\" cannot be combined with CIDRs", field, strings.Join(vals, ","))
+		switch v {
+		case "primary", "localhost", "all":
+			if seen[v] {
+				return out, fmt.Errorf("%s %q: keyword %q given twice", field, strings.Join(vals, ","), v)
 			}
-			out.Primary = true
+			seen[v] = true
+			switch v {
+			case "primary":
+				out.Primary = true
+			case "localhost":
+				out.CIDRs = append(out.CIDRs, localhostCIDRs...)
+			default:
+				out.CIDRs = append(out.CIDRs, allCIDRs...)
+			}
 			continue
 		}
 		p, err := netip.ParsePrefix(v)
 		if err != nil {
-			return out, fmt.Errorf("%s %q: must be CIDRs such as 192.168.0.0/16 or 2001:db8::/64, or \"primary\"", field, v)
+			return out, fmt.Errorf("%s %q: must be CIDRs such as 192.168.0.0/16 or 2001:db8::/64, or the keywords \"primary\", \"localhost\", \"all\"", field, v)
 		}
 		out.CIDRs = append(out.CIDRs, p.Masked())
 	}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,7 +90,8 @@ func TestRefused(t *testing.T) {
 		{"detectLocalMode: NodeCIDR\n", `field "detectLocalMode" value NodeCIDR`},
 		{"detectLocal: {bridgeInterface: cbr0}\n", `field "detectLocal"`},
 		{"clusterCIDR: 10.244.0.0\n", `field "clusterCIDR" value 10.244.0.0: must be CIDRs`},
-		{"nodePortAddresses: [primary, 10.0.0.0/8]\n", `"primary" cannot be combined`},
+		{"nodePortAddresses: [primary, 10.0.0.0/8, primary]\n", `keyword "primary" given twice`},
+		{"nodePortAddresses: [10.0.0.0/33]\n", `"10.0.0.0/33": must be CIDRs`},
 		{"nodePortAddresses: [eth0]\n", `"eth0": must be CIDRs`},
 		{"healthzBindAddress: 10256\n", `field "healthzBindAddress" value 10256: must be address:port`},
 		{"bindAddress: 10.0.0.1\n", `field "bindAddress" value 10.0.0.1`},
@@ -111,5 +113,19 @@ func TestRefused(t *testing.T) {
 	os.WriteFile(p, []byte("apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n"), 0o600)
 	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), `apiVersion "kubeproxy.config.k8s.io/v1beta1"`) {
 		t.Errorf("another apiVersion: %v", err)
+	}
+}
+
+// TestNodePortAddressKeywords: kube-proxy 1.37's keywords, combined with
+// CIDRs, become what they stand for.
+func TestNodePortAddressKeywords(t *testing.T) {
+	got, err := ParseNodePortAddresses("--nodeport-addresses", []string{"primary", "localhost", "10.0.0.0/8", "all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.MustParsePrefix("10.0.0.0/8"),
+		netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+	if !got.Primary || !slices.Equal(got.CIDRs, want) {
+		t.Errorf("got %+v, want primary and %v", got, want)
 	}
 }
