@@ -1161,6 +1161,29 @@ int xlb_clock(struct __sk_buff *skb)
 }
 
 /**
+ * xlb_ct_remove() - remove the flow whose entry's key is @ctx (a struct
+ * ct_key, either direction) as the program removes its own (ct_delete):
+ * its forward entry is counted out of its backend's active connections
+ * (xlb_lc.h), exactly once however it races with packets. Never attached;
+ * the loader runs it with BPF_PROG_TEST_RUN for each flow it deletes
+ * (xlb connections delete), since user space cannot do the atomic exchange.
+ * Return: 0 when removed, 1 when there was no such entry.
+ */
+SEC("syscall")
+int xlb_ct_remove(struct ct_key *ctx)
+{
+	struct ct_key k;
+	struct ct_val *v;
+
+	__builtin_memcpy(&k, ctx, sizeof(k));
+	v = bpf_map_lookup_elem(&xlb_ct, &k);
+	if (!v)
+		return 1;
+	ct_delete(&k, v);
+	return 0;
+}
+
+/**
  * xlb_xdp() - the XDP fast path: a packet a farm's policy refuses is
  * dropped here, before the kernel builds an skb for it; a forward packet of a tracked dsr flow
  * whose next hop is cached leaves at once (MACs and TTL rewritten,

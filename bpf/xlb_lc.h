@@ -15,9 +15,10 @@
  *
  * Not exact: an entry the LRU evicts while SYN/EST is never decremented
  * (a +1 per evicted live flow, until the program recreates the entry
- * from its peer, which keeps it counted); flows deleted from user space
- * (xlb conns delete) stay counted; socket-LB connections (xlb_sock.c) are
- * never counted. See docs/dataplane-ebpf.md.
+ * from its peer, which keeps it counted); socket-LB connections
+ * (xlb_sock.c) are never counted. User space removes flows through
+ * xlb_ct_remove (xlb_lb.c), which counts them down. See
+ * docs/dataplane-ebpf.md.
  */
 #ifndef XLB_LC_H
 #define XLB_LC_H

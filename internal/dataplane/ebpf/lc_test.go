@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -265,5 +266,17 @@ func TestLeastConnExpiry(t *testing.T) {
 	}
 	if a := active(); a != [2]int64{1, 1} {
 		t.Fatalf("after the port's reuse: active %v, want [1 1]", a)
+	}
+	// xlb connections delete: removed through the program, counted out.
+	n, err := p.DeleteConnections(context.Background(), []*model.Farm{f}, dataplane.ConnFilter{Client: client})
+	if err != nil || n != 2 {
+		t.Fatalf("DeleteConnections = %d, %v; want 2 (flows 7001 and 7002)", n, err)
+	}
+	if a := active(); a != [2]int64{0, 0} {
+		t.Fatalf("after deleting the connections: active %v, want [0 0]", a)
+	}
+	var v xlbCtVal
+	if err := p.objs.XlbCt.Lookup(ctKey(client, 7002, vip1, 80, protoTCP), &v); err == nil {
+		t.Error("a deleted connection is still tracked")
 	}
 }

@@ -402,6 +402,7 @@ const (
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
 	xlbProgXlbClock           = "xlb_clock"
+	xlbProgXlbCtRemove        = "xlb_ct_remove"
 	xlbProgXlbIngress         = "xlb_ingress"
 	xlbProgXlbXdp             = "xlb_xdp"
 	xlbVarXlbClockOffset      = "xlb_clock_offset"
@@ -467,9 +468,10 @@ type xlbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
-	XlbClock   *ebpf.ProgramSpec `ebpf:"xlb_clock"`
-	XlbIngress *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
-	XlbXdp     *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
+	XlbClock    *ebpf.ProgramSpec `ebpf:"xlb_clock"`
+	XlbCtRemove *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
+	XlbIngress  *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
+	XlbXdp      *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
 
 // xlbMapSpecs contains maps before they are loaded into the kernel.
@@ -634,14 +636,16 @@ type xlbVariables struct {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
-	XlbClock   *ebpf.Program `ebpf:"xlb_clock"`
-	XlbIngress *ebpf.Program `ebpf:"xlb_ingress"`
-	XlbXdp     *ebpf.Program `ebpf:"xlb_xdp"`
+	XlbClock    *ebpf.Program `ebpf:"xlb_clock"`
+	XlbCtRemove *ebpf.Program `ebpf:"xlb_ct_remove"`
+	XlbIngress  *ebpf.Program `ebpf:"xlb_ingress"`
+	XlbXdp      *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
 	return _XlbClose(
 		p.XlbClock,
+		p.XlbCtRemove,
 		p.XlbIngress,
 		p.XlbXdp,
 	)
