@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all deps build test vet staticcheck fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-health bench-dashboard bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube clean
+.PHONY: all deps build test vet staticcheck fmt check-fmt generate check-generate kube-binaries demo bench bench-quick bench-datapath bench-conntable bench-converge bench-health bench-dashboard bench-rulescale bench-charts bench-ebpf bench-ebpf-cpu bench-kube bench-ha clean
 
 all: build
 
@@ -84,6 +84,11 @@ bench-conntable: build
 
 bench-health: build
 	bench/run.sh health
+
+# Several balancers as one (docs/ha.md): failover of long-lived connections
+# through 2-3 xlb nodes behind BIRD's ECMP, per mode, plane and sync.
+bench-ha: deps
+	bench/ha/run.sh
 
 # The picture of the Grafana dashboard in docs/img/dashboard.png (a 4-minute run
 # with Prometheus scraping xlb; see docs/observability.md).

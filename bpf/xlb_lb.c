@@ -729,11 +729,29 @@ static __always_inline __u8 lb_flow_mode(const struct svc_val *svc, const struct
 }
 
 /**
+ * lb_dsr_midstream() - whether @p, a TCP segment without a conntrack entry
+ * that is not a SYN, is taken up mid-stream: a plain ACK (with or without
+ * data, PSH, FIN) to a dsr service. Such a flow was opened through another
+ * node that the routers no longer send it to (ECMP after a node came,
+ * went or was added); with the same backends, Maglev picks here the
+ * backend that node picked, and dsr keeps no translation to miss, so the
+ * flow goes on where it was (docs/ha.md), as the nft plane's conntrack
+ * does with nf_conntrack_tcp_loose. Other modes need the first node's
+ * translation, which only connection sync carries: refused as before.
+ */
+static __always_inline int lb_dsr_midstream(const struct pkt *p, const struct svc_val *svc)
+{
+	return svc->mode == XLB_MODE_DSR && p->k.proto == IPPROTO_TCP &&
+	       (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) == XLB_TCP_ACK;
+}
+
+/**
  * lb4_new_flow() - a packet without conntrack entry: balance it if it is for
  * a service, creating both conntrack entries.
  *
  * Return: a tcx verdict. Not a service: XLB_NEXT. TCP without SYN (or with
- * SYN+ACK): XLB_NEXT (the stack answers with a reset). Service without
+ * SYN+ACK): XLB_NEXT (the stack answers with a reset), but for dsr's
+ * mid-stream ACKs (lb_dsr_midstream()). Service without
  * backends: refused (lb_reject()). No free snat port: XLB_DROP.
  */
 static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
@@ -747,7 +765,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	__u32 bid, i;
 	__u16 port;
 	__u64 now;
-	int fresh;
+	int fresh, midstream;
 
 	__builtin_memcpy(key.addr, p->k.dst, 16);
 	key.port = p->k.dport;
@@ -762,7 +780,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	}
 	if (svc->mode == XLB_MODE_STLSDNAT)
 		return lb4_stateless(skb, p, svc, &key);
-	if (p->k.proto == IPPROTO_TCP &&
+	midstream = lb_dsr_midstream(p, svc);
+	if (p->k.proto == IPPROTO_TCP && !midstream &&
 	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN) {
 		stat_inc(XLB_STAT_NOT_SYN);
 		return XLB_NEXT;
@@ -787,7 +806,12 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	fv.sport = p->k.sport;
 	fv.dport = be->port ?: p->k.dport;
 	fv.dir = XLB_CT_FWD;
-	fv.state = p->k.proto == IPPROTO_TCP ? XLB_CT_STATE_SYN : XLB_CT_STATE_UDP;
+	if (p->k.proto != IPPROTO_TCP)
+		fv.state = XLB_CT_STATE_UDP;
+	else if (midstream) /* established, or closing if it carries a FIN */
+		fv.state = ct_next_state(XLB_CT_STATE_EST, p->tcp_flags);
+	else
+		fv.state = XLB_CT_STATE_SYN;
 	fv.mode = lb_flow_mode(svc, p, be);
 	fv.svc = svc->id;
 	fv.backend = bid;
@@ -845,10 +869,12 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
-		if (p->k.proto == IPPROTO_TCP) {
-			lc_add(bid, 1); /* taken back by lc_set_state() */
+		/* TCP in SYN or EST (a dsr flow taken up mid-stream); taken
+		 * back by lc_set_state(). */
+		if (lc_counted(fv.state))
+			lc_add(bid, 1);
+		if (p->k.proto == IPPROTO_TCP && !midstream)
 			passive_new_flow(&p->k, fv.svc, bid, now);
-		}
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
 		if (!v) {
 			/* Evicted at once (table far too small): forward uncached. */

@@ -29,5 +29,8 @@ fi
 # Debian's nftlb, the peer test/nftlb compares xlb's API with (unpacked
 # into ~/.cache/xlb/nftlb, not installed: see the script).
 "$(dirname "$0")/nftlb-binary.sh" >/dev/null
+# BIRD 2, the BGP router of the HA tests and benchmark (unpacked into
+# ~/.cache/xlb/bird2, not installed: see the script).
+"$(dirname "$0")/deb-binary.sh" bird2 usr/sbin/bird libreadline8 libssh-gcrypt-4 libtinfo6 >/dev/null
 command -v go >/dev/null 2>&1 || { echo "install-deps: go is not installed" >&2; exit 1; }
 go mod download

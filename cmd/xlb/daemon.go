@@ -19,6 +19,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xlb-lb/xlb/internal/api"
+	"github.com/xlb-lb/xlb/internal/cluster/bgp"
+	"github.com/xlb-lb/xlb/internal/cluster/connsync"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/health"
 	"github.com/xlb-lb/xlb/internal/setup"
@@ -31,7 +33,10 @@ type daemonOptions struct {
 	stateDir string
 	dp       setup.Flags
 	logLevel string
-	tls      tlsOptions // exposure.go
+	// bgpConfig is the BGP speaker's configuration file ("": no speaker).
+	bgpConfig string
+	sync      syncOptions // cluster.go
+	tls       tlsOptions  // exposure.go
 	// forceEmpty: start with an empty saved state even if the kernel
 	// holds farms (guard.go).
 	forceEmpty bool
@@ -134,6 +139,11 @@ summary line every 10 s. See docs/operations.md.`,
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
 	o.dp.Register(f, setup.DaemonDefaults)
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.sync.listen, "sync-listen", "", "connection sync: this node's address:port that its peers connect to (nft data plane; docs/ha.md)")
+	f.StringSliceVar(&o.sync.peers, "sync-peers", nil, "connection sync: the other nodes' --sync-listen addresses")
+	f.StringVar(&o.sync.keyFile, "sync-key-file", "", "connection sync: file holding the secret (16 bytes or more) every node shares; frames are HMAC-SHA256'd with it")
+	f.DurationVar(&o.sync.wait, "sync-wait", 10*time.Second, "connection sync: longest wait for the peers' state before the VIPs are announced")
+	f.StringVar(&o.bgpConfig, "bgp-config", "", "announce the VIPs over BGP with the router id, AS, peers and attributes of this YAML file (docs/ha.md)")
 	f.BoolVar(&o.cleanup, "cleanup", false, "remove everything xlb put in this namespace's kernel (both data planes: the nft tables of --nft-table, any layout, and its named tables' table; the links and maps pinned under --pin-path) and exit; the saved state is kept")
 	f.BoolVar(&o.driftWatch, "drift-watch", true, "watch xlb's kernel objects and repair what other programs change in them within a second (nft: the kernel then builds an event per object of every change, +0.25 ms on a change, +28 % on a bulk one; false: repaired only by xlb reconcile, SIGHUP or a restart)")
 	f.BoolVar(&o.forceEmpty, "force-empty", false, "start even if the saved state is empty while the kernel holds farms of xlb's, and delete them (by default the daemon refuses: a lost --state-dir must not wipe the kernel)")
@@ -151,6 +161,18 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		return fmt.Errorf("--log-level %q: allowed values are debug, info, warn, error", o.logLevel)
 	}
 	log := slog.New(slog.NewTextHandler(a.errOut, &slog.HandlerOptions{Level: level}))
+	var bgpCfg *bgp.Config
+	if o.bgpConfig != "" {
+		c, err := bgp.LoadConfig(o.bgpConfig)
+		if err != nil {
+			return fmt.Errorf("--bgp-config: %w", err)
+		}
+		bgpCfg = c
+	}
+	syncCfg, err := o.sync.config(o.dp.Plane)
+	if err != nil {
+		return err
+	}
 
 	_, statErr := os.Stat(o.stateDir)
 	st, err := store.OpenJournal(o.stateDir)
@@ -205,6 +227,27 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp, health.Options{Observe: metrics.ObserveCheck})
 	defer stopHealth()
 	metrics.SetChecks(mon)
+	// The speaker starts once the engine has reconciled the kernel with
+	// the saved state: every VIP it announces is in the kernel.
+	var syncNode *connsync.Node
+	var gate bgp.Gate
+	if syncCfg.Listen.IsValid() {
+		syncer, err := syncerFor(dp)
+		if err != nil {
+			return fmt.Errorf("connection sync: %w", err)
+		}
+		if syncNode, err = startSync(ctx, log, syncCfg, syncer, eng); err != nil {
+			return fmt.Errorf("connection sync: %w", err)
+		}
+		gate = syncNode
+	}
+	var announcer *bgp.Announcer
+	drained := func() {}
+	if bgpCfg != nil {
+		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, gate); err != nil {
+			return err
+		}
+	}
 	go eng.RunExpiry(ctx, time.Second) // table entries' timeouts
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -214,6 +257,12 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		ln = tls.NewListener(ln, tlsConfig)
 	}
 	apiSrv := osrv(hsrv(api.New(log, eng, key)))
+	if announcer != nil {
+		apiSrv.SetBGP(announcer)
+	}
+	if syncNode != nil {
+		apiSrv.SetSync(syncNode)
+	}
 	defer apiSrv.FlushLog()
 	srv := &http.Server{
 		Handler:           apiSrv,
@@ -246,6 +295,9 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		return fmt.Errorf("serve the API: %w", err)
 	case <-ctx.Done():
 	}
+	// Drain first: the routers stop sending new flows here (routes
+	// withdrawn, drain-wait waited) before anything else stops.
+	drained()
 	log.Info("xlb daemon stopping; kernel rules stay in place")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()

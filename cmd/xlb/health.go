@@ -13,8 +13,8 @@ import (
 
 // startHealth starts the health checks of the daemon's farms (active, and
 // passive on the ebpf plane) and the event broker. It returns what wires
-// both into the API server, the active checks' monitor, and a function
-// that stops the checks.
+// both into the API server, the active checks' monitor (the BGP announcer
+// reads its checks), and a function that stops the checks.
 func startHealth(ctx context.Context, log *slog.Logger, eng *engine.Engine, dp dataplane.Dataplane, opts health.Options) (func(*api.Server) *api.Server, *health.Monitor, func()) {
 	broker := events.NewBroker(events.DefaultKeep)
 	eng.SetEvents(broker)

@@ -45,6 +45,8 @@ type Server struct {
 	passive PassiveStatus  // health.go; nil: no passive counts shown
 	events  *events.Broker // events.go; nil: GET /events answers 501
 	streams streams        // events.go
+	bgp     BGPStatus      // bgp.go; nil: GET /bgp answers 501
+	sync    SyncStatus     // bgp.go; nil: GET /sync answers 501
 
 	requests RequestObserver // metrics.go; nil: not counted
 	rates    RateSource      // observe.go; nil: no rates
@@ -98,6 +100,8 @@ var farmRoutes = []Route{
 	{Method: http.MethodPost, Path: "/reconcile", Write: true, handle: (*Server).postReconcile},
 	{Method: http.MethodGet, Path: "/version", handle: (*Server).getVersion},
 	{Method: http.MethodGet, Path: "/events", handle: (*Server).getEvents},
+	{Method: http.MethodGet, Path: "/bgp", handle: (*Server).getBGP},
+	{Method: http.MethodGet, Path: "/sync", handle: (*Server).getSync},
 }
 
 // Routes returns every (method, path) the API serves.

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/xlb-lb/xlb/internal/cluster/bgp"
+	"github.com/xlb-lb/xlb/internal/cluster/connsync"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -382,6 +384,22 @@ func errorMessage(text string) string {
 	return text
 }
 
+// BGP returns the daemon's BGP sessions and announced routes.
+func (c *Client) BGP(ctx context.Context) (bgp.Status, error) {
+	var st bgp.Status
+	body, err := c.call(ctx, http.MethodGet, "/bgp", nil)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("decode BGP status from the daemon: %w", err)
+	}
+	return st, nil
+}
+
+// Where is the daemon's address as errors name it.
+func (c *Client) Where() string { return c.where }
+
 // Problem is a saved farm the daemon loaded with a problem, or set aside,
 // at its last start (GET /state/problems).
 type Problem struct {
@@ -404,4 +422,17 @@ func (c *Client) Problems(ctx context.Context) ([]Problem, error) {
 		return nil, fmt.Errorf("decode problems from the daemon: %w", err)
 	}
 	return out.Problems, nil
+}
+
+// Sync returns the daemon's connection sync peers and counters.
+func (c *Client) Sync(ctx context.Context) (connsync.Status, error) {
+	var st connsync.Status
+	body, err := c.call(ctx, http.MethodGet, "/sync", nil)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("decode sync status from the daemon: %w", err)
+	}
+	return st, nil
 }

@@ -110,3 +110,46 @@ func TestVIP(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+// TestHATopology routes from the client to each LB through the router and
+// from a backend to the client through the LBs (added later ones too), and
+// starts BIRD in the router with a session configured per LB address.
+func TestHATopology(t *testing.T) {
+	RequireRoot(t)
+	topo := NewHATopology(t, HAOptions{LBs: 2, Backends: 1, IPv6: true})
+	topo.AddLB(t)
+	if got, want := topo.LBs[2].IPv6.String(), "fd00:101::13"; got != want {
+		t.Fatalf("lb2 address %s, want %s", got, want)
+	}
+	srv := StartTCPServer(t, topo.Client.NS, netip.MustParseAddrPort("[::]:80"), "client")
+	for _, v6 := range []bool{false, true} {
+		for _, lb := range topo.LBs {
+			StartTCPServer(t, lb.NS, netip.AddrPortFrom(lb.Addr(v6), 80), lb.Name)
+			if _, err := AskTCP(topo.Client.NS, netip.AddrPortFrom(lb.Addr(v6), 80)); err != nil {
+				t.Fatalf("client to %s: %v", lb.Addr(v6), err)
+			}
+		}
+		// A backend reaches the client through its multipath route over
+		// the LBs, each of which routes through the router.
+		got, err := AskTCP(topo.Backends[0].NS, netip.AddrPortFrom(topo.Client.Addr(v6), srv.Port()))
+		if err != nil {
+			t.Fatalf("backend to client %s: %v", topo.Client.Addr(v6), err)
+		}
+		if _, from, _ := ParseReply(got); from.Addr() != topo.Backends[0].Addr(v6) {
+			t.Fatalf("client saw %s, want the backend's %s", from, topo.Backends[0].Addr(v6))
+		}
+	}
+	out := Run(t, topo.Backends[0].Name, "ip", "route", "show", "default")
+	for _, lb := range topo.LBs {
+		if !strings.Contains(out, "via "+lb.Back4.String()) {
+			t.Fatalf("backend default route misses %s:\n%s", lb.Back4, out)
+		}
+	}
+	bird := topo.StartBIRD(t, BIRDOptions{Peers: 3})
+	if p := bird.Show("protocols"); !strings.Contains(p, "lb2") || !strings.Contains(p, "k6") {
+		t.Fatalf("bird protocols:\n%s", p)
+	}
+	if nhs, err := topo.RouteNextHops(VIP4(1)); err != nil || len(nhs) != 0 {
+		t.Fatalf("router has a route to %s before any announcement: %v %v", VIP4(1), nhs, err)
+	}
+}

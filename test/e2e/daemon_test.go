@@ -31,10 +31,16 @@ var (
 	buildErr  error
 )
 
-// xlbBinary builds cmd/xlb once per test run.
+// xlbBinary builds cmd/xlb once per test run, or takes the one
+// XLB_E2E_BIN names (bench/ha/run.sh builds it once, outside the
+// privileged-test lock, for all its runs).
 func xlbBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if p := os.Getenv("XLB_E2E_BIN"); p != "" {
+			xlbPath = p
+			return
+		}
 		dir, err := os.MkdirTemp("", "xlb-e2e-bin")
 		if err != nil {
 			buildErr = err

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# make bench-ha: several balancers as one, measured (docs/ha.md).
+#
+# Each case is one run of test/e2e's failover scenario (failover_test.go):
+# client -> BIRD (ECMP over BGP) -> two xlb nodes -> three backends, in
+# namespaces; CONNS long-lived TCP connections with an echo a second on
+# each, and 20 new connections a second; after PHASE the first node is
+# killed (kill: kill -9 of its daemon; lost: kill -9 and its links down),
+# after another PHASE it comes back, after another a third node is added,
+# and PHASE later the run ends. A connection is broken when it sees a
+# reset, an EOF or no echo within 2 s. Cases are mode/plane/sync|nosync/kill|lost.
+#
+# Without CASEs: 16 cases, ~40 min with RUNS=3.
+# Then (unless APPEND=1 or SYNCBENCH=0) the Go benchmarks of the sync
+# cost per connection (internal/conntrack, internal/cluster/connsync), 5
+# runs each, into ha-sync-bench.txt.
+#
+# usage: bench/ha/run.sh [CASE...]   (env CONNS=1000 PHASE=6s RUNS=3 APPEND=0 SYNCBENCH=1)
+# Results: bench/results/ha.jsonl (one line a run; APPEND=1 adds to it),
+# ha-sync-bench.txt, then ha.md and ha.png from all of them.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ "$(id -u)" -eq 0 ] || { echo "bench-ha: run as root (it creates network namespaces)" >&2; exit 1; }
+CONNS=${CONNS:-1000}
+PHASE=${PHASE:-6s}
+RUNS=${RUNS:-3}
+APPEND=${APPEND:-0}
+SYNCBENCH=${SYNCBENCH:-$([ "$APPEND" = 1 ] && echo 0 || echo 1)}
+cases=("$@")
+if [ ${#cases[@]} -eq 0 ]; then
+	# The issue's matrix: every mode with and without sync on the nft
+	# plane, the node lost for the modes where it differs from a kill,
+	# every mode on the eBPF plane (no sync there: not built).
+	cases=()
+	for m in snat dnat dsr stlsdnat; do
+		for s in sync nosync; do
+			cases+=("$m/nft/$s/kill")
+		done
+	done
+	cases+=(snat/nft/sync/lost snat/nft/nosync/lost dnat/nft/sync/lost dsr/nft/nosync/lost)
+	for m in snat dnat dsr stlsdnat; do
+		cases+=("$m/ebpf/nosync/kill")
+	done
+fi
+out=bench/results/ha.jsonl
+# Build the test and the daemon once, outside the lock.
+bin=$(mktemp -d /tmp/xlb-bench-ha.XXXXXX)
+trap 'rm -rf "$bin"' EXIT
+go build -o "$bin/xlb" ./cmd/xlb
+go test -c -o "$bin/e2e.test" ./test/e2e
+if [ "$SYNCBENCH" = 1 ]; then
+	go test -c -o "$bin/conntrack.test" ./internal/conntrack
+	go test -c -o "$bin/connsync.test" ./internal/cluster/connsync
+fi
+: >"$out.new"
+for r in $(seq "$RUNS"); do
+	for c in "${cases[@]}"; do
+		echo "bench-ha: run $r: $c ($(date -u +%T))" >&2
+		# Each case bounded: 4 phases and set-up, killed after 5 minutes;
+		# under the shared lock of privileged tests (-o: a daemon left
+		# behind must not hold it), one case at a time.
+		(cd test/e2e && XLB_PRIVILEGED_TESTS=1 XLB_E2E_BIN="$bin/xlb" XLB_HA_BENCH="$PWD/../../$out.new" \
+			XLB_HA_CONNS=$CONNS XLB_HA_PHASE=$PHASE XLB_HA_CASES="$c" \
+			flock -o /tmp/xlb-privtest.lock timeout 300 "$bin/e2e.test" -test.count=1 -test.timeout 290s -test.run 'TestHABench$' >&2) ||
+			echo "bench-ha: $c failed" >&2
+	done
+done
+if [ "$APPEND" = 1 ] && [ -f "$out" ]; then
+	cat "$out.new" >>"$out"
+	rm "$out.new"
+else
+	mv "$out.new" "$out"
+fi
+if [ "$SYNCBENCH" = 1 ]; then
+	sb=bench/results/ha-sync-bench.txt
+	echo "# bench/ha/run.sh, $(date -u +%FT%RZ): sync cost per connection, 5 runs each, under the privileged-test lock" >"$sb.new"
+	(cd internal/conntrack && XLB_PRIVILEGED_TESTS=1 flock -o /tmp/xlb-privtest.lock "$bin/conntrack.test" -test.run '^$' \
+		-test.bench 'BenchmarkInstallConns|BenchmarkEventsPerConn' -test.count 5 -test.benchtime 200x) >>"$sb.new"
+	(cd internal/cluster/connsync && flock -o /tmp/xlb-privtest.lock "$bin/connsync.test" -test.run '^$' \
+		-test.bench BenchmarkWire -test.count 5) >>"$sb.new"
+	mv "$sb.new" "$sb"
+fi
+python3 bench/ha/report.py "$out" bench/results/ha.md bench/results/ha.png bench/results/ha-sync-bench.txt

@@ -1,0 +1,56 @@
+package dataplane
+
+import (
+	"context"
+	"net/netip"
+)
+
+// SyncConn is one tracked, balanced connection as nodes of a cluster
+// exchange it: enough for another node to carry the connection's next
+// packet as this node would (to the same backend, with the same
+// translation).
+type SyncConn struct {
+	Proto uint8 // IP protocol number
+	// Client and VIP are the connection as the client sent it.
+	Client, VIP netip.AddrPort
+	// Backend is where it was sent (the reply's source); Reply is the
+	// address the backend answers to (the client in dnat, the node's
+	// source address in snat).
+	Backend, Reply netip.AddrPort
+	// Timeout is the seconds left before the entry expires when idle.
+	Timeout uint32
+	// TCPState is the TCP tracking state (the kernel's enum), 0 for
+	// other protocols.
+	TCPState uint8
+	Mark     uint32
+}
+
+// ConnEventKind says what happened to a connection.
+type ConnEventKind uint8
+
+// Kinds of connection events.
+const (
+	ConnNew ConnEventKind = iota + 1
+	ConnUpdate
+	ConnEnd
+)
+
+// ConnEvent is one new, updated or ended connection.
+type ConnEvent struct {
+	Kind ConnEventKind
+	Conn SyncConn
+}
+
+// ConnSyncer is implemented for data planes whose connection state can be
+// streamed to other nodes and installed from them (internal/cluster/sync).
+type ConnSyncer interface {
+	// WatchConns calls fn with batches of the plane's connection events
+	// until ctx ends or the event source fails.
+	WatchConns(ctx context.Context, fn func([]ConnEvent)) error
+	// DumpConns returns every tracked connection (a full resync).
+	DumpConns(ctx context.Context) ([]SyncConn, error)
+	// InstallConns makes the plane hold (or forget, for ConnEnd) the
+	// connections of events that another node sent, and returns how many
+	// it installed or removed.
+	InstallConns(ctx context.Context, evs []ConnEvent) (int, error)
+}
