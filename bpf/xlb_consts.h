@@ -50,6 +50,12 @@
 #endif
 #define XLB_SNAT_PORT_MIN 1024
 
+/* Serving backends an lc or wlc farm may have: lc_pick() (xlb_lc.h) looks
+ * at each one on every new flow, in a loop the verifier bounds with this. */
+#ifndef XLB_LC_MAX_BACKENDS
+#define XLB_LC_MAX_BACKENDS 256
+#endif
+
 /* Persistence records (client, service) -> backend. */
 #ifndef XLB_MAX_PERSIST
 #define XLB_MAX_PERSIST 262144
@@ -74,6 +80,13 @@ enum xlb_size {
 	XLB_SIZE_STAT_SLOTS = XLB_MAX_STAT_SLOTS,
 	XLB_SIZE_SLOTS = XLB_MAX_SLOTS,
 	XLB_SIZE_PERSIST = XLB_MAX_PERSIST,
+	XLB_SIZE_LC_BACKENDS = XLB_LC_MAX_BACKENDS,
+};
+
+/* lc/wlc: wlc's weight of serving backend i is in xlb_slots under
+ * slot_key.idx XLB_LC_WEIGHT_IDX | i (above any real slot index). */
+enum xlb_lc {
+	XLB_LC_WEIGHT_IDX = 0x40000000,
 };
 
 /* Seed of the hash schedulers: fixed so a restart keeps the mapping; for
@@ -113,6 +126,8 @@ enum xlb_sched {
 	XLB_SCHED_HASH = 2,    /* xlb_flow_hash_keys of hash_keys over weighted slots */
 	XLB_SCHED_SYMHASH = 3, /* jhash of address and/or port pairs, the same both ways */
 	XLB_SCHED_MAGLEV = 4,  /* xlb_flow_hash over a Maglev table (plan.Maglev, in Go) */
+	XLB_SCHED_LC = 5,      /* fewest active connections (xlb_lc.h) */
+	XLB_SCHED_WLC = 6,     /* fewest active connections per unit of weight (xlb_lc.h) */
 };
 
 /* struct svc_val.hash_keys */
@@ -203,6 +218,7 @@ struct xlb_enums {
 	enum xlb_af af;
 	enum xlb_mode mode;
 	enum xlb_sched sched;
+	enum xlb_lc lc;
 	enum xlb_hash_key hash_key;
 	enum xlb_be_flag be_flag;
 	enum xlb_svc_flag svc_flag;

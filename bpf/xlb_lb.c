@@ -221,14 +221,30 @@ static __always_inline __u8 ct_next_state(__u8 s, __u8 flags)
 	return s;
 }
 
-/* ct_delete() - remove both entries of the flow of (k, v). */
-static __always_inline void ct_delete(const struct ct_key *k, const struct ct_val *v)
+/* ct_delete() - remove both entries of the flow of (k, v), its forward
+ * entry first taken out of the active count (xlb_lc.h). */
+static __always_inline void ct_delete(const struct ct_key *k, struct ct_val *v)
 {
+	struct ct_val *fv = v;
 	struct ct_key pk;
 
 	ct_peer_key(k, v, &pk);
+	if (v->dir != XLB_CT_FWD)
+		fv = bpf_map_lookup_elem(&xlb_ct, &pk);
+	if (fv && fv->dir == XLB_CT_FWD)
+		lc_set_state(fv, XLB_CT_STATE_CLOSE);
 	bpf_map_delete_elem(&xlb_ct, &pk);
 	bpf_map_delete_elem(&xlb_ct, k);
+}
+
+/* ct_put_state() - set entry @v's state; the forward entry's through
+ * lc_set_state(), which keeps the active count. */
+static __always_inline void ct_put_state(struct ct_val *v, __u8 state)
+{
+	if (v->dir == XLB_CT_FWD)
+		lc_set_state(v, state);
+	else
+		v->state = state;
 }
 
 /**
@@ -256,12 +272,12 @@ static __always_inline void ct_set_state(const struct ct_key *k, struct ct_val *
 	struct ct_key pk;
 	struct ct_val *peer;
 
-	v->state = state;
+	ct_put_state(v, state);
 	v->seen = now;
 	ct_peer_key(k, v, &pk);
 	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
 	if (peer) {
-		peer->state = state;
+		ct_put_state(peer, state);
 		peer->seen = now;
 	}
 }
@@ -853,6 +869,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
+		/* TCP in SYN or EST (a dsr flow taken up mid-stream); taken
+		 * back by lc_set_state(). */
+		if (lc_counted(fv.state))
+			lc_add(bid, 1);
 		if (p->k.proto == IPPROTO_TCP && !midstream)
 			passive_new_flow(&p->k, fv.svc, bid, now);
 		v = bpf_map_lookup_elem(&xlb_ct, &p->k);
@@ -1164,6 +1184,29 @@ int xlb_clock(struct __sk_buff *skb)
 	xlb_clock_sample[2] = bpf_jiffies64();
 	xlb_clock_sample[3] = xlb_now();
 	return XLB_NEXT;
+}
+
+/**
+ * xlb_ct_remove() - remove the flow whose entry's key is @ctx (a struct
+ * ct_key, either direction) as the program removes its own (ct_delete):
+ * its forward entry is counted out of its backend's active connections
+ * (xlb_lc.h), exactly once however it races with packets. Never attached;
+ * the loader runs it with BPF_PROG_TEST_RUN for each flow it deletes
+ * (xlb connections delete), since user space cannot do the atomic exchange.
+ * Return: 0 when removed, 1 when there was no such entry.
+ */
+SEC("syscall")
+int xlb_ct_remove(struct ct_key *ctx)
+{
+	struct ct_key k;
+	struct ct_val *v;
+
+	__builtin_memcpy(&k, ctx, sizeof(k));
+	v = bpf_map_lookup_elem(&xlb_ct, &k);
+	if (!v)
+		return 1;
+	ct_delete(&k, v);
+	return 0;
 }
 
 /**

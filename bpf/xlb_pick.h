@@ -18,6 +18,7 @@
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
 #include "xlb_flowhash.h"
+#include "xlb_lc.h"
 
 /* xlb_elapsed() - ns from @then to @now; 0 if @then is later (a timestamp of
  * another CPU or an earlier program may be a tick ahead: see xlb_lb.c's clock). */
@@ -79,6 +80,9 @@ static __always_inline __u32 lb4_schedule(struct pkt *p, struct svc_val *svc)
 		sk.idx = h % svc->slots;
 		break;
 	}
+	case XLB_SCHED_LC:
+	case XLB_SCHED_WLC:
+		return lc_pick(svc);
 	case XLB_SCHED_MAGLEV:
 		/* The same slot as the nft plane and every node: the table
 		 * comes from plan.Maglev, the hash is plan.FlowSlot's. */

@@ -26,7 +26,7 @@ func farmFlags() []fieldFlag {
 		{"protocol", "proto", "tcp, udp, sctp or all"},
 		{"family", "", "ipv4, ipv6 or dual"},
 		{"mode", "", "snat, dnat, dsr or stlsdnat"},
-		{"scheduler", "sched", "rr, weight, hash, symhash or maglev"},
+		{"scheduler", "sched", "rr, weight, hash, symhash, maglev, lc or wlc (lc and wlc: eBPF plane, tcp)"},
 		{"sched-param", "", "hash keys for hash/symhash: srcip, dstip, srcport, dstport, srcmac (space separated)"},
 		{"persistence", "", "none, srcip, dstip, srcport, dstport, srcmac or several joined by '-'"},
 		{"persist-ttl", "", "persistence timeout in seconds"},

@@ -163,7 +163,7 @@ func TestBadInput(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"farm", "set", "web", "--sched", "fastest"}, []string{`field "scheduler" value "fastest"`, "rr, weight, hash, symhash, maglev"}},
+		{[]string{"farm", "set", "web", "--sched", "fastest"}, []string{`field "scheduler" value "fastest"`, "rr, weight, hash, symhash, maglev, lc, wlc"}},
 		{[]string{"farm", "add", "w2", "--vip", "10.0.0.2", "--ports", "80,x"}, []string{"virtual-ports", "80,x"}},
 		{[]string{"backend", "add", "web", "be9", "--ip", "10.200.0.300"}, []string{"ip-addr", "10.200.0.300"}},
 		{[]string{"backend", "add", "web", "be9", "--ip", "fd00::9"}, []string{"ip-addr", "family"}},

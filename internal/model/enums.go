@@ -96,9 +96,15 @@ const (
 	SchedHash
 	SchedSymhash
 	SchedMaglev
+	// SchedLC and SchedWLC are IPVS's least-connection schedulers: the
+	// serving backend with the fewest active connections (lc), or the
+	// fewest per unit of weight (wlc). Only planes that count
+	// connections per backend build them (the eBPF plane).
+	SchedLC
+	SchedWLC
 )
 
-var schedulerSpec = enumSpec[Scheduler]{[]string{"rr", "weight", "hash", "symhash", "maglev"}}
+var schedulerSpec = enumSpec[Scheduler]{[]string{"rr", "weight", "hash", "symhash", "maglev", "lc", "wlc"}}
 
 func (s Scheduler) String() string { return schedulerSpec.name(s) }
 

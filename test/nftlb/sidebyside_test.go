@@ -127,8 +127,8 @@ func TestSideBySide(t *testing.T) {
 	steps = append(steps, refused("backends with and without a port, several virtual ports",
 		`{"farms":[{"name":"mix","virtual-addr":"10.0.5.9","virtual-ports":"80,443","backends":[{"name":"p","ip-addr":"10.1.0.9","port":"8080"},{"name":"q","ip-addr":"10.1.0.10"}]}]}`,
 		`"backends.port"`, "kernel work: the nft data plane cannot mix them in a farm of several ports")...)
-	steps = append(steps, refused("unknown scheduler", `{"farms":[{"name":"r1","virtual-addr":"10.0.5.1","scheduler":"lc"}]}`,
-		`"scheduler" value "lc": allowed values are`, "nftlb replaces an unknown value by its default")...)
+	steps = append(steps, refused("unknown scheduler", `{"farms":[{"name":"r1","virtual-addr":"10.0.5.1","scheduler":"fastest"}]}`,
+		`"scheduler" value "fastest": allowed values are`, "nftlb replaces an unknown value by its default")...)
 	steps = append(steps, refused("malformed address", `{"farms":[{"name":"r2","virtual-addr":"10.0.0.300","virtual-ports":"80"}]}`,
 		`"virtual-addr" value "10.0.0.300"`, "nftlb keeps a malformed address and programs nothing for it")...)
 	steps = append(steps, refused("malformed ports", `{"farms":[{"name":"r3","virtual-addr":"10.0.5.3","virtual-ports":"abc"}]}`,

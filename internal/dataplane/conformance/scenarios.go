@@ -27,6 +27,11 @@ var scenarios = []scenario{
 		f.Backends[0].Weight, f.Backends[1].Weight = 1, 3
 		return f
 	}, run: runWeight},
+	{name: "sched-lc", backends: 3, farm: func(e *Env) model.Farm {
+		f := e.Farm("lc", model.ProtoTCP)
+		f.Scheduler = model.SchedLC
+		return f
+	}, run: runLC},
 	{name: "sched-hash-srcip", backends: 3, farm: weightedHashFarm(model.KeySrcIP), run: runHash},
 	{name: "sched-hash-srcip-ipv6", backends: 3, v6: true, farm: weightedHashFarm(model.KeySrcIP), run: runHash},
 	{name: "sched-hash-srcip-srcport", backends: 3, farm: weightedHashFarm(model.KeySrcIP | model.KeySrcPort), run: runHash},
@@ -1063,5 +1068,59 @@ func runPersistTTL(t *testing.T, e *Env, f model.Farm) {
 	time.Sleep(1500 * time.Millisecond)
 	if n, _ := e.ask(t, f, netip.AddrPort{}); n == first {
 		t.Errorf("after the ttl the client still went to %s, want it scheduled again (rr: another backend)", n)
+	}
+}
+
+// runLC: least connection over connections held open. Three connections
+// go one to each backend (ties: the first); with b1's closed, b1 has the
+// fewest and takes the next one, then b0 (a tie again). Round robin would
+// send those two to b0 and b1.
+func runLC(t *testing.T, e *Env, f model.Farm) {
+	e.Put(t, f)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	open := func() (net.Conn, string) {
+		t.Helper()
+		c, err := testutil.DialTCP(e.Client.NS, e.vipPort(f), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		line, err := testutil.ReadLine(c, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _, err := testutil.ParseReply(line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, name
+	}
+	var on1 net.Conn
+	var got []string
+	for range 3 {
+		c, name := open()
+		if name == "b1" {
+			on1 = c
+		}
+		got = append(got, name)
+	}
+	if strings.Join(got, " ") != "b0 b1 b2" {
+		t.Fatalf("lc: 3 held connections went to %v, want b0 b1 b2", got)
+	}
+	on1.Close()
+	// The close is counted when its FIN passes: give it a moment.
+	time.Sleep(300 * time.Millisecond)
+	got = nil
+	for range 2 {
+		_, name := open()
+		got = append(got, name)
+	}
+	if strings.Join(got, " ") != "b1 b0" {
+		t.Errorf("lc: after b1's connection closed, the next two went to %v, want b1 b0", got)
 	}
 }

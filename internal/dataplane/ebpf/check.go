@@ -66,6 +66,10 @@ func check(f *model.Farm) error {
 	switch f.Scheduler {
 	case model.SchedRR, model.SchedWeight:
 	case model.SchedMaglev:
+	case model.SchedLC, model.SchedWLC:
+		if err := checkLC(f); err != nil {
+			return err
+		}
 	case model.SchedHash:
 		// srcmac: the program hashes the flow's IP tuple only (a source
 		// MAC is the last hop's, different on every node; see plan.HashTable).
@@ -166,3 +170,25 @@ func check(f *model.Farm) error {
 // maxBackendsPerFarm: every backend needs at least one slot of the
 // weighted slot table.
 const maxBackendsPerFarm = plan.MaxWeightedSlots
+
+// checkLC refuses an lc or wlc farm the program cannot schedule: the
+// program counts active TCP connections only (a UDP flow has no close to
+// count down on; docs/dataplane-ebpf.md), stlsdnat keeps no connections,
+// and lc_pick (bpf/xlb_lc.h) looks at XLB_LC_MAX_BACKENDS backends at most.
+func checkLC(f *model.Farm) error {
+	s := f.Scheduler.String()
+	if f.Protocol != model.ProtoTCP {
+		return dataplane.Refuse(f, "scheduler", s,
+			"counts active TCP connections per backend; protocol "+f.Protocol.String()+" has none to count on the ebpf data plane: use protocol tcp, or rr, weight, hash, symhash or maglev")
+	}
+	if f.Mode == model.ModeStlsDNAT {
+		return dataplane.Refuse(f, "scheduler", s,
+			"stlsdnat keeps no connections to count: use dnat, snat or dsr, or a hash scheduler")
+	}
+	if len(f.Backends) > int(lcMaxBackends) {
+		return dataplane.Refuse(f, "scheduler", s,
+			fmt.Sprintf("the ebpf data plane's %s looks at each backend on every new connection and takes at most %d backends (XLB_LC_MAX_BACKENDS); this farm has %d: use weight or maglev, or split the farm",
+				s, lcMaxBackends, len(f.Backends)))
+	}
+	return nil
+}

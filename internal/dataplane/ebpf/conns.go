@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -266,12 +267,32 @@ func (p *Plane) DeleteConnections(ctx context.Context, farms []*model.Farm, flt 
 	for i := range fwd {
 		// Either entry may be gone already (expiry, LRU eviction, the
 		// program's own removal).
-		if p.objs.XlbCt.Delete(&fwd[i]) == nil {
+		removed, err := p.removeFlow(&fwd[i])
+		if err != nil {
+			return n, err
+		}
+		if removed {
 			n++
 		}
 		_ = p.objs.XlbCt.Delete(&peers[i])
 	}
 	return n, nil
+}
+
+// removeFlow removes the flow of forward entry k (both entries) through
+// the program (xlb_ct_remove in bpf/xlb_lb.c), which counts it out of its
+// backend's active connections as its own removals do; a plain map delete
+// would leave it counted. False when the entry was gone already.
+func (p *Plane) removeFlow(k *xlbCtKey) (bool, error) {
+	ctx := make([]byte, binary.Size(*k))
+	if _, err := binary.Encode(ctx, binary.NativeEndian, k); err != nil {
+		return false, fmt.Errorf("encode conntrack key: %w", err)
+	}
+	rc, err := p.objs.XlbCtRemove.Run(&ebpf.RunOptions{Context: ctx})
+	if err != nil {
+		return false, fmt.Errorf("remove connection: %w", err)
+	}
+	return rc == 0, nil
 }
 
 // CountConns implements dataplane.ConnCounter: one walk of xlb_ct.

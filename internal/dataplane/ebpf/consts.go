@@ -26,6 +26,13 @@ const (
 	schedHash    = uint8(xlbXlbSchedXLB_SCHED_HASH)
 	schedSymhash = uint8(xlbXlbSchedXLB_SCHED_SYMHASH)
 	schedMaglev  = uint8(xlbXlbSchedXLB_SCHED_MAGLEV)
+	schedLC      = uint8(xlbXlbSchedXLB_SCHED_LC)
+	schedWLC     = uint8(xlbXlbSchedXLB_SCHED_WLC)
+
+	// lc/wlc (bpf/xlb_lc.h): the most backends lc_pick looks at, and
+	// the slot index bit under which wlc's weights are kept.
+	lcMaxBackends = uint32(xlbXlbSizeXLB_SIZE_LC_BACKENDS)
+	lcWeightIdx   = uint32(xlbXlbLcXLB_LC_WEIGHT_IDX)
 
 	hashSrcIP   = uint8(xlbXlbHashKeyXLB_HASH_SRCIP)
 	hashSrcPort = uint8(xlbXlbHashKeyXLB_HASH_SRCPORT)

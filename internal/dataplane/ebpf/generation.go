@@ -29,7 +29,10 @@ type generation struct {
 	bes   []xlbBackend // distinct backends: the active ones first
 	names []string     // backend names, parallel to bes (the first of duplicates)
 	slots []int        // slot -> index into bes
-	ids   []uint32     // backend ids, parallel to bes, once written
+	// lcWeights: wlc's weight of the backend of slot i, written to
+	// xlb_slots under Idx lcWeightIdx|i (bpf/xlb_lc.h); nil for others.
+	lcWeights []uint32
+	ids       []uint32 // backend ids, parallel to bes, once written
 	// active: bes[:active] take new flows (slots, persistence); the
 	// others take none: up ones (weight 0, a higher priority level)
 	// keep their tracked flows, down or off ones (Flags beFlagGone)
@@ -116,6 +119,10 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		// (xlb_flow_hash_keys), as the nft plane does.
 		g.val.Sched = schedHash
 		g.val.HashKeys = hashKeys(f.SchedParam)
+	case model.SchedLC:
+		g.val.Sched = schedLC
+	case model.SchedWLC:
+		g.val.Sched = schedWLC
 	case model.SchedMaglev:
 		// The program hashes the whole flow with plan.FlowSlot's hash
 		// (xlb_flow_hash), as the nft plane does: no hash keys.
@@ -203,6 +210,16 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		g.slots = plan.MaglevTable(f, active)
 	case model.SchedHash:
 		g.slots = plan.HashTable(active)
+	case model.SchedLC, model.SchedWLC:
+		// One slot per serving backend, in the farm's order: lc_pick
+		// reads them all (ties go to the first).
+		g.slots = make([]int, len(active))
+		for i := range g.slots {
+			g.slots[i] = i
+		}
+		if f.Scheduler == model.SchedWLC {
+			g.lcWeights = weights
+		}
 	default:
 		g.slots = plan.WeightedSlots(weights, plan.MaxWeightedSlots)
 	}

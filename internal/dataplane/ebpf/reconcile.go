@@ -92,6 +92,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	// entries are preferred over another farm's identical ones.
 	slotIDs := map[uint32]map[uint32]bool{}
 	for k, id := range slots {
+		if k.Idx&lcWeightIdx != 0 {
+			continue // a wlc weight, not a backend id
+		}
 		if slotIDs[k.Svc] == nil {
 			slotIDs[k.Svc] = map[uint32]bool{}
 		}
@@ -293,6 +296,15 @@ func adopt(g *generation, svcs map[xlbSvcKey]xlbSvcVal, slots map[xlbSlotKey]uin
 		ids[b] = bid
 	}
 	if _, extra := slots[xlbSlotKey{Svc: id, Idx: uint32(len(g.slots))}]; extra {
+		return false
+	}
+	// wlc's weights (bpf/xlb_lc.h): the same ones, and no more.
+	for i, w := range g.lcWeights {
+		if v, ok := slots[xlbSlotKey{Svc: id, Idx: lcWeightIdx | uint32(i)}]; !ok || v != w {
+			return false
+		}
+	}
+	if _, extra := slots[xlbSlotKey{Svc: id, Idx: lcWeightIdx | uint32(len(g.lcWeights))}]; extra {
 		return false
 	}
 	for _, bid := range ids {

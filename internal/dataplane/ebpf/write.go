@@ -99,6 +99,13 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 			return fmt.Errorf("write backends: %w", err)
 		}
 		for i, id := range newIDs {
+			// A fresh id starts with no active connections.
+			if id < maxBackends {
+				if err := p.objs.XlbBeActive.Update(id, int64(0), ebpf.UpdateAny); err != nil {
+					p.free(g)
+					return fmt.Errorf("reset active connections: %w", err)
+				}
+			}
 			if err := p.newBackendStats(id); err != nil {
 				p.free(g)
 				return err
@@ -124,6 +131,10 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 			keys[i] = xlbSlotKey{Svc: id, Idx: uint32(i)}
 			vals[i] = g.ids[b]
 		}
+		for i, w := range g.lcWeights {
+			keys = append(keys, xlbSlotKey{Svc: id, Idx: lcWeightIdx | uint32(i)})
+			vals = append(vals, w)
+		}
 		if _, err := p.objs.XlbSlots.BatchUpdate(keys, vals, nil); err != nil {
 			p.free(g)
 			return fmt.Errorf("write slots: %w", err)
@@ -143,6 +154,9 @@ func (p *Plane) free(g *generation) {
 	if g.val.Id != 0 {
 		for i := range g.slots {
 			_ = p.objs.XlbSlots.Delete(xlbSlotKey{Svc: g.val.Id, Idx: uint32(i)})
+		}
+		for i := range g.lcWeights {
+			_ = p.objs.XlbSlots.Delete(xlbSlotKey{Svc: g.val.Id, Idx: lcWeightIdx | uint32(i)})
 		}
 		delete(p.used, g.val.Id)
 		if p.bySvc[g.val.Id] == g {

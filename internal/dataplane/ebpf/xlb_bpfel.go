@@ -248,6 +248,12 @@ const (
 	xlbXlbHashKeyXLB_HASH_DSTPORT xlbXlbHashKey = 8
 )
 
+type xlbXlbLc uint32
+
+const (
+	xlbXlbLcXLB_LC_WEIGHT_IDX xlbXlbLc = 1073741824
+)
+
 type xlbXlbMode uint32
 
 const (
@@ -271,6 +277,8 @@ const (
 	xlbXlbSchedXLB_SCHED_HASH    xlbXlbSched = 2
 	xlbXlbSchedXLB_SCHED_SYMHASH xlbXlbSched = 3
 	xlbXlbSchedXLB_SCHED_MAGLEV  xlbXlbSched = 4
+	xlbXlbSchedXLB_SCHED_LC      xlbXlbSched = 5
+	xlbXlbSchedXLB_SCHED_WLC     xlbXlbSched = 6
 )
 
 type xlbXlbSeed uint32
@@ -282,12 +290,13 @@ const (
 type xlbXlbSize uint32
 
 const (
-	xlbXlbSizeXLB_SIZE_SERVICES   xlbXlbSize = 65536
-	xlbXlbSizeXLB_SIZE_SVC_IDS    xlbXlbSize = 16384
-	xlbXlbSizeXLB_SIZE_BACKENDS   xlbXlbSize = 262144
-	xlbXlbSizeXLB_SIZE_STAT_SLOTS xlbXlbSize = 65536
-	xlbXlbSizeXLB_SIZE_SLOTS      xlbXlbSize = 1048576
-	xlbXlbSizeXLB_SIZE_PERSIST    xlbXlbSize = 262144
+	xlbXlbSizeXLB_SIZE_SERVICES    xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_SVC_IDS     xlbXlbSize = 16384
+	xlbXlbSizeXLB_SIZE_BACKENDS    xlbXlbSize = 262144
+	xlbXlbSizeXLB_SIZE_STAT_SLOTS  xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_SLOTS       xlbXlbSize = 1048576
+	xlbXlbSizeXLB_SIZE_PERSIST     xlbXlbSize = 262144
+	xlbXlbSizeXLB_SIZE_LC_BACKENDS xlbXlbSize = 256
 )
 
 type xlbXlbStat uint32
@@ -368,6 +377,7 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	xlbMapXlbBackends         = "xlb_backends"
+	xlbMapXlbBeActive         = "xlb_be_active"
 	xlbMapXlbBeFlags          = "xlb_be_flags"
 	xlbMapXlbBeIndex          = "xlb_be_index"
 	xlbMapXlbBeStats          = "xlb_be_stats"
@@ -392,6 +402,7 @@ const (
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
 	xlbProgXlbClock           = "xlb_clock"
+	xlbProgXlbCtRemove        = "xlb_ct_remove"
 	xlbProgXlbIngress         = "xlb_ingress"
 	xlbProgXlbXdp             = "xlb_xdp"
 	xlbVarXlbClockOffset      = "xlb_clock_offset"
@@ -457,9 +468,10 @@ type xlbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
-	XlbClock   *ebpf.ProgramSpec `ebpf:"xlb_clock"`
-	XlbIngress *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
-	XlbXdp     *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
+	XlbClock    *ebpf.ProgramSpec `ebpf:"xlb_clock"`
+	XlbCtRemove *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
+	XlbIngress  *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
+	XlbXdp      *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
 
 // xlbMapSpecs contains maps before they are loaded into the kernel.
@@ -467,6 +479,7 @@ type xlbProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbMapSpecs struct {
 	XlbBackends   *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeActive   *ebpf.MapSpec `ebpf:"xlb_be_active"`
 	XlbBeFlags    *ebpf.MapSpec `ebpf:"xlb_be_flags"`
 	XlbBeIndex    *ebpf.MapSpec `ebpf:"xlb_be_index"`
 	XlbBeStats    *ebpf.MapSpec `ebpf:"xlb_be_stats"`
@@ -538,6 +551,7 @@ func (o *xlbObjects) Close() error {
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbMaps struct {
 	XlbBackends   *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeActive   *ebpf.Map `ebpf:"xlb_be_active"`
 	XlbBeFlags    *ebpf.Map `ebpf:"xlb_be_flags"`
 	XlbBeIndex    *ebpf.Map `ebpf:"xlb_be_index"`
 	XlbBeStats    *ebpf.Map `ebpf:"xlb_be_stats"`
@@ -566,6 +580,7 @@ type xlbMaps struct {
 func (m *xlbMaps) Close() error {
 	return _XlbClose(
 		m.XlbBackends,
+		m.XlbBeActive,
 		m.XlbBeFlags,
 		m.XlbBeIndex,
 		m.XlbBeStats,
@@ -621,14 +636,16 @@ type xlbVariables struct {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
-	XlbClock   *ebpf.Program `ebpf:"xlb_clock"`
-	XlbIngress *ebpf.Program `ebpf:"xlb_ingress"`
-	XlbXdp     *ebpf.Program `ebpf:"xlb_xdp"`
+	XlbClock    *ebpf.Program `ebpf:"xlb_clock"`
+	XlbCtRemove *ebpf.Program `ebpf:"xlb_ct_remove"`
+	XlbIngress  *ebpf.Program `ebpf:"xlb_ingress"`
+	XlbXdp      *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
 	return _XlbClose(
 		p.XlbClock,
+		p.XlbCtRemove,
 		p.XlbIngress,
 		p.XlbXdp,
 	)

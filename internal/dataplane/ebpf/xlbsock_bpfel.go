@@ -188,6 +188,7 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	xlbSockMapXlbBackends          = "xlb_backends"
+	xlbSockMapXlbBeActive          = "xlb_be_active"
 	xlbSockMapXlbBeFlags           = "xlb_be_flags"
 	xlbSockMapXlbBeIndex           = "xlb_be_index"
 	xlbSockMapXlbBeStats           = "xlb_be_stats"
@@ -281,6 +282,7 @@ type xlbSockProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbSockMapSpecs struct {
 	XlbBackends  *ebpf.MapSpec `ebpf:"xlb_backends"`
+	XlbBeActive  *ebpf.MapSpec `ebpf:"xlb_be_active"`
 	XlbBeFlags   *ebpf.MapSpec `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.MapSpec `ebpf:"xlb_be_index"`
 	XlbBeStats   *ebpf.MapSpec `ebpf:"xlb_be_stats"`
@@ -336,6 +338,7 @@ func (o *xlbSockObjects) Close() error {
 // It can be passed to loadXlbSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbSockMaps struct {
 	XlbBackends  *ebpf.Map `ebpf:"xlb_backends"`
+	XlbBeActive  *ebpf.Map `ebpf:"xlb_be_active"`
 	XlbBeFlags   *ebpf.Map `ebpf:"xlb_be_flags"`
 	XlbBeIndex   *ebpf.Map `ebpf:"xlb_be_index"`
 	XlbBeStats   *ebpf.Map `ebpf:"xlb_be_stats"`
@@ -360,6 +363,7 @@ type xlbSockMaps struct {
 func (m *xlbSockMaps) Close() error {
 	return _XlbSockClose(
 		m.XlbBackends,
+		m.XlbBeActive,
 		m.XlbBeFlags,
 		m.XlbBeIndex,
 		m.XlbBeStats,

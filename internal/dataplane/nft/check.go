@@ -37,6 +37,14 @@ func check(f *model.Farm) error {
 		return dataplane.Refuse(f, "check.passive", "{...}",
 			"passive checks need the ebpf data plane (--dataplane ebpf), which watches each handshake in its own conntrack; on the "+PlaneName+" plane use active checks")
 	}
+	if f.Scheduler == model.SchedLC || f.Scheduler == model.SchedWLC {
+		// nftables picks a map element by a number (numgen, jhash) and
+		// cannot read a count of open connections per backend at that
+		// point: ct count is a limit per element, not a value to sort
+		// by. The eBPF program keeps such a count in its data path.
+		return dataplane.Refuse(f, "scheduler", f.Scheduler.String(),
+			"least-connection scheduling needs the ebpf data plane (--dataplane ebpf), which counts active connections per backend; the "+PlaneName+" data plane has rr, weight, hash, symhash and maglev")
+	}
 	switch {
 	case !f.VirtualAddr.IsValid() && !f.IsMarkFarm():
 		return no("virtual-addr", "")

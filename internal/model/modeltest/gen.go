@@ -30,7 +30,7 @@ var farmPools = map[string][]string{
 	"source-addr":       {`""`, `"10.9.9.9"`, `"fd00::9"`},
 	"mode":              {`"snat"`, `"dnat"`, `"dsr"`, `"stlsdnat"`},
 	"protocol":          {`"tcp"`, `"udp"`, `"sctp"`, `"all"`},
-	"scheduler":         {`"rr"`, `"weight"`, `"hash"`, `"symhash"`, `"maglev"`},
+	"scheduler":         {`"rr"`, `"weight"`, `"hash"`, `"symhash"`, `"maglev"`, `"lc"`, `"wlc"`},
 	"sched-param":       {`"srcip"`, `"srcip dstport"`, `"none"`},
 	"persistence":       {`"none"`, `"srcip"`, `"srcip-srcport"`},
 	"persist-ttl":       {`"60"`, `120`, `"0"`},
