@@ -291,7 +291,7 @@ type xlbXlbSize uint32
 
 const (
 	xlbXlbSizeXLB_SIZE_SERVICES    xlbXlbSize = 65536
-	xlbXlbSizeXLB_SIZE_SVC_IDS     xlbXlbSize = 16384
+	xlbXlbSizeXLB_SIZE_SVC_IDS     xlbXlbSize = 65536
 	xlbXlbSizeXLB_SIZE_BACKENDS    xlbXlbSize = 262144
 	xlbXlbSizeXLB_SIZE_STAT_SLOTS  xlbXlbSize = 65536
 	xlbXlbSizeXLB_SIZE_SLOTS       xlbXlbSize = 1048576
