@@ -348,114 +348,77 @@ static __always_inline void sock6_write(struct bpf_sock_addr *ctx, struct sock_d
 	ctx->user_port = d->port;
 }
 
-SEC("cgroup/connect4")
-int xlb_sock_connect4(struct bpf_sock_addr *ctx)
+/**
+ * sock_fwd_hook() - connect and sendmsg: a service address is replaced by
+ * the picked backend's. @v6 and @udp are constants at each call, so each
+ * program keeps only its own family's context accesses.
+ * Return: XLB_SYS_PROCEED, or sock_fwd()'s refusal.
+ */
+static __always_inline int sock_fwd_hook(struct bpf_sock_addr *ctx, int v6, int udp)
 {
 	struct sock_dst d = {};
 	int rc;
 
 	if (!sock_ours(ctx))
 		return XLB_SYS_PROCEED;
-	sock4_read(ctx, &d);
-	rc = sock_fwd(&d, bpf_get_socket_cookie(ctx), 0);
-	if (rc == XLB_SYS_PROCEED)
-		sock4_write(ctx, &d);
+	if (v6)
+		sock6_read(ctx, &d);
+	else
+		sock4_read(ctx, &d);
+	rc = sock_fwd(&d, bpf_get_socket_cookie(ctx), udp);
+	if (rc == XLB_SYS_PROCEED) {
+		if (v6)
+			sock6_write(ctx, &d);
+		else
+			sock4_write(ctx, &d);
+	}
 	return rc;
 }
+
+/**
+ * sock_rev_hook() - recvmsg and getpeername: a backend's address the
+ * socket was sent to is shown as the service address it asked for.
+ * Return: XLB_SYS_PROCEED.
+ */
+static __always_inline int sock_rev_hook(struct bpf_sock_addr *ctx, int v6)
+{
+	struct sock_dst d = {};
+
+	if (!sock_ours(ctx))
+		return XLB_SYS_PROCEED;
+	if (v6)
+		sock6_read(ctx, &d);
+	else
+		sock4_read(ctx, &d);
+	if (sock_rev(&d, bpf_get_socket_cookie(ctx))) {
+		if (v6)
+			sock6_write(ctx, &d);
+		else
+			sock4_write(ctx, &d);
+	}
+	return XLB_SYS_PROCEED;
+}
+
+SEC("cgroup/connect4")
+int xlb_sock_connect4(struct bpf_sock_addr *ctx) { return sock_fwd_hook(ctx, 0, 0); }
 
 SEC("cgroup/sendmsg4")
-int xlb_sock_sendmsg4(struct bpf_sock_addr *ctx)
-{
-	struct sock_dst d = {};
-	int rc;
-
-	if (!sock_ours(ctx))
-		return XLB_SYS_PROCEED;
-	sock4_read(ctx, &d);
-	rc = sock_fwd(&d, bpf_get_socket_cookie(ctx), 1);
-	if (rc == XLB_SYS_PROCEED)
-		sock4_write(ctx, &d);
-	return rc;
-}
+int xlb_sock_sendmsg4(struct bpf_sock_addr *ctx) { return sock_fwd_hook(ctx, 0, 1); }
 
 SEC("cgroup/recvmsg4")
-int xlb_sock_recvmsg4(struct bpf_sock_addr *ctx)
-{
-	struct sock_dst d = {};
-
-	if (!sock_ours(ctx))
-		return XLB_SYS_PROCEED;
-	sock4_read(ctx, &d);
-	if (sock_rev(&d, bpf_get_socket_cookie(ctx)))
-		sock4_write(ctx, &d);
-	return XLB_SYS_PROCEED;
-}
+int xlb_sock_recvmsg4(struct bpf_sock_addr *ctx) { return sock_rev_hook(ctx, 0); }
 
 SEC("cgroup/getpeername4")
-int xlb_sock_getpeername4(struct bpf_sock_addr *ctx)
-{
-	struct sock_dst d = {};
-
-	if (!sock_ours(ctx))
-		return XLB_SYS_PROCEED;
-	sock4_read(ctx, &d);
-	if (sock_rev(&d, bpf_get_socket_cookie(ctx)))
-		sock4_write(ctx, &d);
-	return XLB_SYS_PROCEED;
-}
+int xlb_sock_getpeername4(struct bpf_sock_addr *ctx) { return sock_rev_hook(ctx, 0); }
 
 SEC("cgroup/connect6")
-int xlb_sock_connect6(struct bpf_sock_addr *ctx)
-{
-	struct sock_dst d = {};
-	int rc;
-
-	if (!sock_ours(ctx))
-		return XLB_SYS_PROCEED;
-	sock6_read(ctx, &d);
-	rc = sock_fwd(&d, bpf_get_socket_cookie(ctx), 0);
-	if (rc == XLB_SYS_PROCEED)
-		sock6_write(ctx, &d);
-	return rc;
-}
+int xlb_sock_connect6(struct bpf_sock_addr *ctx) { return sock_fwd_hook(ctx, 1, 0); }
 
 SEC("cgroup/sendmsg6")
-int xlb_sock_sendmsg6(struct bpf_sock_addr *ctx)
-{
-	struct sock_dst d = {};
-	int rc;
-
-	if (!sock_ours(ctx))
-		return XLB_SYS_PROCEED;
-	sock6_read(ctx, &d);
-	rc = sock_fwd(&d, bpf_get_socket_cookie(ctx), 1);
-	if (rc == XLB_SYS_PROCEED)
-		sock6_write(ctx, &d);
-	return rc;
-}
+int xlb_sock_sendmsg6(struct bpf_sock_addr *ctx) { return sock_fwd_hook(ctx, 1, 1); }
 
 SEC("cgroup/recvmsg6")
-int xlb_sock_recvmsg6(struct bpf_sock_addr *ctx)
-{
-	struct sock_dst d = {};
-
-	if (!sock_ours(ctx))
-		return XLB_SYS_PROCEED;
-	sock6_read(ctx, &d);
-	if (sock_rev(&d, bpf_get_socket_cookie(ctx)))
-		sock6_write(ctx, &d);
-	return XLB_SYS_PROCEED;
-}
+int xlb_sock_recvmsg6(struct bpf_sock_addr *ctx) { return sock_rev_hook(ctx, 1); }
 
 SEC("cgroup/getpeername6")
-int xlb_sock_getpeername6(struct bpf_sock_addr *ctx)
-{
-	struct sock_dst d = {};
-
-	if (!sock_ours(ctx))
-		return XLB_SYS_PROCEED;
-	sock6_read(ctx, &d);
-	if (sock_rev(&d, bpf_get_socket_cookie(ctx)))
-		sock6_write(ctx, &d);
-	return XLB_SYS_PROCEED;
-}
+int xlb_sock_getpeername6(struct bpf_sock_addr *ctx) { return sock_rev_hook(ctx, 1); }
