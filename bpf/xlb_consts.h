@@ -71,6 +71,25 @@
 #define XLB_EVENTS_SIZE 4194304
 #endif
 
+/* Bytes of the connection sync ring buffer (xlb_sync): 4 MiB holds about
+ * 43,000 records (96 bytes each with its header); when the daemon falls behind, records are
+ * lost and counted (xlb_sync_lost), and its peers get a full resync. */
+#ifndef XLB_SYNC_SIZE
+#define XLB_SYNC_SIZE 4194304
+#endif
+
+/* The reader is woken when this many bytes wait in xlb_sync (about 256
+ * records); below it, it reads them on its own short timer (batches, not a
+ * wake-up per connection). */
+#ifndef XLB_SYNC_WAKEUP
+#define XLB_SYNC_WAKEUP 24576
+#endif
+
+/* Connections a peer's batch hands xlb_ct_install at once (xlb_sync_in). */
+#ifndef XLB_SYNC_BATCH
+#define XLB_SYNC_BATCH 512
+#endif
+
 /* Values shared with Go. They are enums, not #defines, so that bpf2go
  * generates them into internal/dataplane/ebpf/xlb_bpfel.go (-type of each
  * enum; struct xlb_enums below puts them in the object's BTF): the Go side
@@ -84,6 +103,7 @@ enum xlb_size {
 	XLB_SIZE_SLOTS = XLB_MAX_SLOTS,
 	XLB_SIZE_PERSIST = XLB_MAX_PERSIST,
 	XLB_SIZE_LC_BACKENDS = XLB_LC_MAX_BACKENDS,
+	XLB_SIZE_SYNC_BATCH = XLB_SYNC_BATCH,
 };
 
 /* lc/wlc: wlc's weight of serving backend i is in xlb_slots under
@@ -180,6 +200,26 @@ enum xlb_ct_state {
 	XLB_CT_STATE_UDP = 4,	/* UDP */
 };
 
+/* struct sync_conn.kind: what happened to a flow (the values of Go's
+ * dataplane.ConnEventKind). */
+enum xlb_sync_kind {
+	XLB_SYNC_NEW = 1,
+	XLB_SYNC_UPDATE = 2, /* state changed, or still alive (xlb_sync_refresh_ns) */
+	XLB_SYNC_END = 3,
+};
+
+/* struct sync_conn.rc: what xlb_ct_install did with a peer's connection. */
+enum xlb_sync_rc {
+	XLB_SYNC_RC_OK = 0,	    /* installed, updated, or removed */
+	XLB_SYNC_RC_NO_SERVICE = 1, /* no service here on its VIP, port and protocol */
+	XLB_SYNC_RC_NO_BACKEND = 2, /* its backend is not in the service here */
+	XLB_SYNC_RC_MODE = 3,	    /* the service here is dsr or stlsdnat (no state to install) */
+	XLB_SYNC_RC_CONFLICT = 4,   /* its reply tuple is another flow's here */
+	XLB_SYNC_RC_GONE = 5,	    /* an end for a flow not here (not an error) */
+	XLB_SYNC_RC_ERROR = 6,	    /* map update failed (table full) */
+	XLB_SYNC_RC_BAD = 7,	    /* malformed: kind, family or protocol */
+};
+
 /* Per-CPU counters in xlb_stats. */
 enum xlb_stat {
 	XLB_STAT_RX = 0,
@@ -228,6 +268,8 @@ struct xlb_enums {
 	enum xlb_ct_dir ct_dir;
 	enum xlb_nh_flag nh_flag;
 	enum xlb_ct_state ct_state;
+	enum xlb_sync_kind sync_kind;
+	enum xlb_sync_rc sync_rc;
 	enum xlb_stat stat;
 };
 

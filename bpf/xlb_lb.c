@@ -303,6 +303,8 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
 		stat_inc(XLB_STAT_PEER_REPAIR);
 }
 
+#include "xlb_sync.h"
+
 /**
  * lb_redirect() - send a rewritten packet to the next hop cached in @v.
  *
@@ -869,6 +871,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
+		sync_emit(XLB_SYNC_NEW, &p->k, &fv);
 		/* TCP in SYN or EST (a dsr flow taken up mid-stream); taken
 		 * back by lc_set_state(). */
 		if (lc_counted(fv.state))
@@ -906,12 +909,16 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 	int fresh = 0;
 
 	if (xlb_elapsed(now, v->seen) > xlb_ct_refresh_ns) {
+		__u64 last = v->seen;
+
 		if (ct_expired(&p->k, v, now)) {
 			stat_inc(XLB_STAT_CT_EXPIRED);
 			ct_delete(&p->k, v);
 			return XLB_CT_MISS;
 		}
 		ct_refresh(&p->k, v, now);
+		if (sync_due(last, now))
+			sync_emit(XLB_SYNC_UPDATE, &p->k, v);
 		fresh = 1;
 	}
 	if (v->dir == XLB_CT_FWD) {
@@ -948,8 +955,10 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 		if (v->dir == XLB_CT_REPLY && v->state == XLB_CT_STATE_SYN)
 			passive_reply(&p->k, v, p->tcp_flags, now);
 		st = ct_next_state(v->state, p->tcp_flags);
-		if (st != v->state)
+		if (st != v->state) {
 			ct_set_state(&p->k, v, st, now);
+			sync_emit(XLB_SYNC_UPDATE, &p->k, v);
+		}
 	}
 	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
 	be_count(v->backend, v->dir, skb->len, 0);
@@ -1205,6 +1214,7 @@ int xlb_ct_remove(struct ct_key *ctx)
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
 	if (!v)
 		return 1;
+	sync_emit(XLB_SYNC_END, &k, v);
 	ct_delete(&k, v);
 	return 0;
 }

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -164,6 +165,10 @@ type Plane struct {
 	sockLinks []link.Link
 	// tbls: named tables and policies as applied (tables.go).
 	tbls tableState
+	// syncWatch: WatchConns runs; syncInMu: one InstallConns at a time
+	// (xlb_sync_in is one buffer). connsync.go.
+	syncWatch atomic.Bool
+	syncInMu  sync.Mutex
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -271,6 +276,9 @@ func (p *Plane) load() error {
 		if err := spec.Variables[name].Set(uint64(d.Nanoseconds())); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
 		}
+	}
+	if err := spec.Variables[xlbVarXlbSyncRefreshNs].Set(uint64(syncRefresh(to).Nanoseconds())); err != nil {
+		return fmt.Errorf("set %s: %w", xlbVarXlbSyncRefreshNs, err)
 	}
 	if p.opts.XDP == XDPGeneric {
 		if err := spec.Variables[xlbVarXlbXdpAnyTx].Set(uint32(1)); err != nil {

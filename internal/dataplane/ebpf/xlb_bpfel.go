@@ -172,6 +172,32 @@ type xlbSvcVal struct {
 	PersistTtl uint32
 }
 
+type xlbSyncArgs struct {
+	_   structs.HostLayout
+	N   uint32
+	Pad uint32
+	Now uint64
+}
+
+type xlbSyncConn struct {
+	_       structs.HostLayout
+	Client  [4]uint32
+	Vip     [4]uint32
+	Backend [4]uint32
+	Reply   [4]uint32
+	Cport   uint16
+	Vport   uint16
+	Bport   uint16
+	Rport   uint16
+	Kind    uint8
+	Proto   uint8
+	Family  uint8
+	State   uint8
+	Left    uint32
+	Rc      int32
+	Pad     uint32
+}
+
 type xlbTblBind struct {
 	_       structs.HostLayout
 	Slot    uint32
@@ -297,6 +323,7 @@ const (
 	xlbXlbSizeXLB_SIZE_SLOTS       xlbXlbSize = 1048576
 	xlbXlbSizeXLB_SIZE_PERSIST     xlbXlbSize = 262144
 	xlbXlbSizeXLB_SIZE_LC_BACKENDS xlbXlbSize = 256
+	xlbXlbSizeXLB_SIZE_SYNC_BATCH  xlbXlbSize = 512
 )
 
 type xlbXlbStat uint32
@@ -337,6 +364,27 @@ type xlbXlbSvcFlag uint32
 const (
 	xlbXlbSvcFlagXLB_SVC_F_LOG     xlbXlbSvcFlag = 1
 	xlbXlbSvcFlagXLB_SVC_F_PASSIVE xlbXlbSvcFlag = 2
+)
+
+type xlbXlbSyncKind uint32
+
+const (
+	xlbXlbSyncKindXLB_SYNC_NEW    xlbXlbSyncKind = 1
+	xlbXlbSyncKindXLB_SYNC_UPDATE xlbXlbSyncKind = 2
+	xlbXlbSyncKindXLB_SYNC_END    xlbXlbSyncKind = 3
+)
+
+type xlbXlbSyncRc uint32
+
+const (
+	xlbXlbSyncRcXLB_SYNC_RC_OK         xlbXlbSyncRc = 0
+	xlbXlbSyncRcXLB_SYNC_RC_NO_SERVICE xlbXlbSyncRc = 1
+	xlbXlbSyncRcXLB_SYNC_RC_NO_BACKEND xlbXlbSyncRc = 2
+	xlbXlbSyncRcXLB_SYNC_RC_MODE       xlbXlbSyncRc = 3
+	xlbXlbSyncRcXLB_SYNC_RC_CONFLICT   xlbXlbSyncRc = 4
+	xlbXlbSyncRcXLB_SYNC_RC_GONE       xlbXlbSyncRc = 5
+	xlbXlbSyncRcXLB_SYNC_RC_ERROR      xlbXlbSyncRc = 6
+	xlbXlbSyncRcXLB_SYNC_RC_BAD        xlbXlbSyncRc = 7
 )
 
 type xlbXlbTblConfFlag uint32
@@ -395,6 +443,8 @@ const (
 	xlbMapXlbStateless        = "xlb_stateless"
 	xlbMapXlbStats            = "xlb_stats"
 	xlbMapXlbSvcFlags         = "xlb_svc_flags"
+	xlbMapXlbSync             = "xlb_sync"
+	xlbMapXlbSyncIn           = "xlb_sync_in"
 	xlbMapXlbTblAddr4         = "xlb_tbl_addr4"
 	xlbMapXlbTblAddr6         = "xlb_tbl_addr6"
 	xlbMapXlbTblConf          = "xlb_tbl_conf"
@@ -402,6 +452,7 @@ const (
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
 	xlbProgXlbClock           = "xlb_clock"
+	xlbProgXlbCtInstall       = "xlb_ct_install"
 	xlbProgXlbCtRemove        = "xlb_ct_remove"
 	xlbProgXlbIngress         = "xlb_ingress"
 	xlbProgXlbXdp             = "xlb_xdp"
@@ -410,6 +461,9 @@ const (
 	xlbVarXlbClockTickNs      = "xlb_clock_tick_ns"
 	xlbVarXlbCtRefreshNs      = "xlb_ct_refresh_ns"
 	xlbVarXlbEnumsBtf         = "xlb_enums_btf"
+	xlbVarXlbSyncLost         = "xlb_sync_lost"
+	xlbVarXlbSyncOn           = "xlb_sync_on"
+	xlbVarXlbSyncRefreshNs    = "xlb_sync_refresh_ns"
 	xlbVarXlbTblEnumsBtf      = "xlb_tbl_enums_btf"
 	xlbVarXlbTimeoutClose     = "xlb_timeout_close"
 	xlbVarXlbTimeoutFin       = "xlb_timeout_fin"
@@ -468,10 +522,11 @@ type xlbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
-	XlbClock    *ebpf.ProgramSpec `ebpf:"xlb_clock"`
-	XlbCtRemove *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
-	XlbIngress  *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
-	XlbXdp      *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
+	XlbClock     *ebpf.ProgramSpec `ebpf:"xlb_clock"`
+	XlbCtInstall *ebpf.ProgramSpec `ebpf:"xlb_ct_install"`
+	XlbCtRemove  *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
+	XlbIngress   *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
+	XlbXdp       *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
 
 // xlbMapSpecs contains maps before they are loaded into the kernel.
@@ -497,6 +552,8 @@ type xlbMapSpecs struct {
 	XlbStateless  *ebpf.MapSpec `ebpf:"xlb_stateless"`
 	XlbStats      *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags   *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbSync       *ebpf.MapSpec `ebpf:"xlb_sync"`
+	XlbSyncIn     *ebpf.MapSpec `ebpf:"xlb_sync_in"`
 	XlbTblAddr4   *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
@@ -514,6 +571,9 @@ type xlbVariableSpecs struct {
 	XlbClockTickNs      *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs      *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
 	XlbEnumsBtf         *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
+	XlbSyncLost         *ebpf.VariableSpec `ebpf:"xlb_sync_lost"`
+	XlbSyncOn           *ebpf.VariableSpec `ebpf:"xlb_sync_on"`
+	XlbSyncRefreshNs    *ebpf.VariableSpec `ebpf:"xlb_sync_refresh_ns"`
 	XlbTblEnumsBtf      *ebpf.VariableSpec `ebpf:"xlb_tbl_enums_btf"`
 	XlbTimeoutClose     *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin       *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
@@ -569,6 +629,8 @@ type xlbMaps struct {
 	XlbStateless  *ebpf.Map `ebpf:"xlb_stateless"`
 	XlbStats      *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags   *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbSync       *ebpf.Map `ebpf:"xlb_sync"`
+	XlbSyncIn     *ebpf.Map `ebpf:"xlb_sync_in"`
 	XlbTblAddr4   *ebpf.Map `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.Map `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.Map `ebpf:"xlb_tbl_conf"`
@@ -598,6 +660,8 @@ func (m *xlbMaps) Close() error {
 		m.XlbStateless,
 		m.XlbStats,
 		m.XlbSvcFlags,
+		m.XlbSync,
+		m.XlbSyncIn,
 		m.XlbTblAddr4,
 		m.XlbTblAddr6,
 		m.XlbTblConf,
@@ -616,6 +680,9 @@ type xlbVariables struct {
 	XlbClockTickNs      *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs      *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
 	XlbEnumsBtf         *ebpf.Variable `ebpf:"xlb_enums_btf"`
+	XlbSyncLost         *ebpf.Variable `ebpf:"xlb_sync_lost"`
+	XlbSyncOn           *ebpf.Variable `ebpf:"xlb_sync_on"`
+	XlbSyncRefreshNs    *ebpf.Variable `ebpf:"xlb_sync_refresh_ns"`
 	XlbTblEnumsBtf      *ebpf.Variable `ebpf:"xlb_tbl_enums_btf"`
 	XlbTimeoutClose     *ebpf.Variable `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin       *ebpf.Variable `ebpf:"xlb_timeout_fin"`
@@ -636,15 +703,17 @@ type xlbVariables struct {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
-	XlbClock    *ebpf.Program `ebpf:"xlb_clock"`
-	XlbCtRemove *ebpf.Program `ebpf:"xlb_ct_remove"`
-	XlbIngress  *ebpf.Program `ebpf:"xlb_ingress"`
-	XlbXdp      *ebpf.Program `ebpf:"xlb_xdp"`
+	XlbClock     *ebpf.Program `ebpf:"xlb_clock"`
+	XlbCtInstall *ebpf.Program `ebpf:"xlb_ct_install"`
+	XlbCtRemove  *ebpf.Program `ebpf:"xlb_ct_remove"`
+	XlbIngress   *ebpf.Program `ebpf:"xlb_ingress"`
+	XlbXdp       *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
 	return _XlbClose(
 		p.XlbClock,
+		p.XlbCtInstall,
 		p.XlbCtRemove,
 		p.XlbIngress,
 		p.XlbXdp,

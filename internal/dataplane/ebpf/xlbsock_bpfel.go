@@ -172,6 +172,25 @@ type xlbSockSvcVal struct {
 	PersistTtl uint32
 }
 
+type xlbSockSyncConn struct {
+	_       structs.HostLayout
+	Client  [4]uint32
+	Vip     [4]uint32
+	Backend [4]uint32
+	Reply   [4]uint32
+	Cport   uint16
+	Vport   uint16
+	Bport   uint16
+	Rport   uint16
+	Kind    uint8
+	Proto   uint8
+	Family  uint8
+	State   uint8
+	Left    uint32
+	Rc      int32
+	Pad     uint32
+}
+
 type xlbSockXlbSockStat uint32
 
 const (
@@ -207,6 +226,8 @@ const (
 	xlbSockMapXlbStateless         = "xlb_stateless"
 	xlbSockMapXlbStats             = "xlb_stats"
 	xlbSockMapXlbSvcFlags          = "xlb_svc_flags"
+	xlbSockMapXlbSync              = "xlb_sync"
+	xlbSockMapXlbSyncIn            = "xlb_sync_in"
 	xlbSockMapXlbXdpTx             = "xlb_xdp_tx"
 	xlbSockProgXlbSockConnect4     = "xlb_sock_connect4"
 	xlbSockProgXlbSockConnect6     = "xlb_sock_connect6"
@@ -301,6 +322,8 @@ type xlbSockMapSpecs struct {
 	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbSync      *ebpf.MapSpec `ebpf:"xlb_sync"`
+	XlbSyncIn    *ebpf.MapSpec `ebpf:"xlb_sync_in"`
 	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
@@ -357,6 +380,8 @@ type xlbSockMaps struct {
 	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbSync      *ebpf.Map `ebpf:"xlb_sync"`
+	XlbSyncIn    *ebpf.Map `ebpf:"xlb_sync_in"`
 	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
@@ -382,6 +407,8 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbStateless,
 		m.XlbStats,
 		m.XlbSvcFlags,
+		m.XlbSync,
+		m.XlbSyncIn,
 		m.XlbXdpTx,
 	)
 }
