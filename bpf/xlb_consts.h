@@ -210,14 +210,14 @@ enum xlb_sync_kind {
 
 /* struct sync_conn.rc: what xlb_ct_install did with a peer's connection. */
 enum xlb_sync_rc {
-	XLB_SYNC_RC_OK = 0,	    /* installed, updated, or removed */
-	XLB_SYNC_RC_NO_SERVICE = 1, /* no service here on its VIP, port and protocol */
-	XLB_SYNC_RC_NO_BACKEND = 2, /* its backend is not in the service here */
-	XLB_SYNC_RC_MODE = 3,	    /* the service here is dsr or stlsdnat (no state to install) */
-	XLB_SYNC_RC_CONFLICT = 4,   /* its reply tuple is another flow's here */
-	XLB_SYNC_RC_GONE = 5,	    /* an end for a flow not here (not an error) */
-	XLB_SYNC_RC_ERROR = 6,	    /* map update failed (table full) */
-	XLB_SYNC_RC_BAD = 7,	    /* malformed: kind, family or protocol */
+	XLB_SYNC_RC_OK = 0, /* installed, updated, or removed */
+	XLB_SYNC_RC_UNBOUND =
+		1, /* installed, but no farm here has its VIP and backend (yet): carried, not counted */
+	XLB_SYNC_RC_MODE = 2,	  /* the service here is dsr or stlsdnat (no state to install) */
+	XLB_SYNC_RC_CONFLICT = 3, /* its reply tuple is another flow's here */
+	XLB_SYNC_RC_GONE = 4,	  /* an end for a flow not here (not an error) */
+	XLB_SYNC_RC_ERROR = 5,	  /* map update failed (table full) */
+	XLB_SYNC_RC_BAD = 6,	  /* malformed: kind, family or protocol */
 };
 
 /* Per-CPU counters in xlb_stats. */

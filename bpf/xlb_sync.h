@@ -127,18 +127,72 @@ static __always_inline int sync_same(const struct ct_val *v, const struct ct_val
 }
 
 /**
+ * sync_bind() - give forward entry @v of flow @k this node's service
+ * generation and backend ids: the service by VIP, port and protocol, the
+ * backend by its address and port in that service's current generation
+ * (xlb_be_index); a peer's ids mean nothing here. Without such a farm here
+ * (not configured yet: a node that joins may get its peers' state before
+ * its own farms) the ids stay 0: the entry still carries the flow (its
+ * translation is all in the entry, as in the kernel's conntrack), only it
+ * is counted under no backend until an update binds it.
+ * Return: XLB_SYNC_RC_OK, XLB_SYNC_RC_UNBOUND, or XLB_SYNC_RC_MODE for a
+ * service here that keeps no state (dsr, stlsdnat).
+ */
+static __always_inline int sync_bind(const struct ct_key *k, struct ct_val *v)
+{
+	struct be_index_key bk = {};
+	struct svc_key sk = {};
+	struct svc_val *svc;
+	__u32 *bid;
+
+	__builtin_memcpy(sk.addr, k->dst, 16);
+	sk.port = k->dport;
+	sk.proto = k->proto;
+	sk.family = k->family;
+	svc = bpf_map_lookup_elem(&xlb_services, &sk);
+	if (!svc) {
+		sk.port = 0;
+		svc = bpf_map_lookup_elem(&xlb_services, &sk);
+		if (!svc)
+			return XLB_SYNC_RC_UNBOUND;
+	}
+	if (!sync_mode(svc->mode))
+		return XLB_SYNC_RC_MODE;
+	bk.svc = svc->id;
+	__builtin_memcpy(bk.addr, v->dst, 16);
+	bk.port = v->dport;
+	bid = bpf_map_lookup_elem(&xlb_be_index, &bk);
+	if (!bid) {
+		bk.port = 0; /* a backend without a port of its own */
+		bid = bpf_map_lookup_elem(&xlb_be_index, &bk);
+		if (!bid)
+			return XLB_SYNC_RC_UNBOUND;
+	}
+	v->svc = svc->id;
+	v->backend = *bid;
+	return XLB_SYNC_RC_OK;
+}
+
+/**
  * sync_update() - a peer's news of a flow this node has (forward entry
  * (@k, @v)): its TCP state moves forward only (a peer that saw less of the
  * flow does not take it back), its timestamp only later; a missing reply
- * entry is recreated.
- * Return: XLB_SYNC_RC_OK.
+ * entry is recreated; an entry installed unbound is bound once its farm is
+ * here.
+ * Return: XLB_SYNC_RC_OK, or XLB_SYNC_RC_UNBOUND if it stays unbound.
  */
 static __attribute__((noinline)) int sync_update(const struct ct_key *k, struct ct_val *v,
 						 const struct ct_val *nv)
 {
 	struct ct_val pv = {}, *peer;
 	struct ct_key pk;
+	int rc = XLB_SYNC_RC_OK;
 
+	if (!v->backend) {
+		rc = sync_bind(k, v) == XLB_SYNC_RC_OK ? XLB_SYNC_RC_OK : XLB_SYNC_RC_UNBOUND;
+		if (rc == XLB_SYNC_RC_OK && k->proto == IPPROTO_TCP && lc_counted(v->state))
+			lc_add(v->backend, 1);
+	}
 	if (k->proto == IPPROTO_TCP && nv->state > v->state && nv->state <= XLB_CT_STATE_CLOSE)
 		lc_set_state(v, nv->state);
 	if ((__s64)(nv->seen - v->seen) > 0)
@@ -147,24 +201,27 @@ static __attribute__((noinline)) int sync_update(const struct ct_key *k, struct 
 	peer = bpf_map_lookup_elem(&xlb_ct, &pk);
 	if (!peer) {
 		bpf_map_update_elem(&xlb_ct, &pk, &pv, BPF_NOEXIST);
-		return XLB_SYNC_RC_OK;
+		return rc;
 	}
 	if (peer->dir == XLB_CT_REPLY) {
 		peer->state = v->state;
+		peer->svc = v->svc;
+		peer->backend = v->backend;
 		if ((__s64)(v->seen - peer->seen) > 0)
 			peer->seen = v->seen;
 	}
-	return XLB_SYNC_RC_OK;
+	return rc;
 }
 
 /**
  * sync_insert() - write both entries of the new flow (@k, @v): the reply
  * entry first (for snat, its key is the source port the peer allocated:
  * another flow's here is a conflict), then the forward entry, counted
- * active as lb4_new_flow() counts it.
+ * active as lb4_new_flow() counts it if it is bound (@rc, sync_bind()'s).
  * Return: an enum xlb_sync_rc value.
  */
-static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const struct ct_val *v)
+static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const struct ct_val *v,
+						 int rc)
 {
 	struct ct_val pv = {}, *old;
 	struct ct_key pk;
@@ -187,9 +244,9 @@ static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const s
 	if (bpf_map_update_elem(&xlb_ct, k, v, BPF_NOEXIST))
 		/* A packet created it meanwhile: that one stands. */
 		return bpf_map_lookup_elem(&xlb_ct, k) ? XLB_SYNC_RC_OK : XLB_SYNC_RC_ERROR;
-	if (k->proto == IPPROTO_TCP && lc_counted(v->state))
+	if (rc == XLB_SYNC_RC_OK && k->proto == IPPROTO_TCP && lc_counted(v->state))
 		lc_add(v->backend, 1);
-	return XLB_SYNC_RC_OK;
+	return rc;
 }
 
 /**
@@ -201,19 +258,14 @@ static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const s
  * there). A flow here with the same translation is updated
  * (sync_update()); one with another (a new connection on the tuple) is
  * replaced, as is a closed one by a new connection. The service and the
- * backend are this node's, found by VIP, port and protocol, then by the
- * backend's address and port in that service's current generation
- * (xlb_be_index): a peer's ids mean nothing here.
+ * backend ids are this node's (sync_bind()).
  * Return: an enum xlb_sync_rc value.
  */
 static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u64 now)
 {
-	struct be_index_key bk = {};
-	struct svc_key sk = {};
 	struct ct_key fk = {};
 	struct ct_val fv = {}, *v;
-	struct svc_val *svc;
-	__u32 *bid;
+	int rc;
 
 	if (c->kind < XLB_SYNC_NEW || c->kind > XLB_SYNC_END ||
 	    (c->family != XLB_AF_INET && c->family != XLB_AF_INET6) ||
@@ -256,33 +308,10 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 	}
 	if (c->kind == XLB_SYNC_END)
 		return XLB_SYNC_RC_GONE;
-
-	__builtin_memcpy(sk.addr, c->vip, 16);
-	sk.port = c->vport;
-	sk.proto = c->proto;
-	sk.family = c->family;
-	svc = bpf_map_lookup_elem(&xlb_services, &sk);
-	if (!svc) {
-		sk.port = 0;
-		svc = bpf_map_lookup_elem(&xlb_services, &sk);
-		if (!svc)
-			return XLB_SYNC_RC_NO_SERVICE;
-	}
-	if (!sync_mode(svc->mode))
-		return XLB_SYNC_RC_MODE;
-	bk.svc = svc->id;
-	__builtin_memcpy(bk.addr, c->backend, 16);
-	bk.port = c->bport;
-	bid = bpf_map_lookup_elem(&xlb_be_index, &bk);
-	if (!bid) {
-		bk.port = 0; /* a backend without a port of its own */
-		bid = bpf_map_lookup_elem(&xlb_be_index, &bk);
-		if (!bid)
-			return XLB_SYNC_RC_NO_BACKEND;
-	}
-	fv.svc = svc->id;
-	fv.backend = *bid;
-	return sync_insert(&fk, &fv);
+	rc = sync_bind(&fk, &fv);
+	if (rc == XLB_SYNC_RC_MODE)
+		return rc;
+	return sync_insert(&fk, &fv, rc);
 }
 
 /* xlb_ct_install()'s state across its bpf_loop() steps. */
@@ -302,7 +331,7 @@ static long sync_install_step(__u64 i, void *ctx)
 	if (!c)
 		return 1;
 	c->rc = sync_install(c, r->now);
-	if (c->rc == XLB_SYNC_RC_OK)
+	if (c->rc == XLB_SYNC_RC_OK || c->rc == XLB_SYNC_RC_UNBOUND)
 		r->done++;
 	return 0;
 }

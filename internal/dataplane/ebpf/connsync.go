@@ -43,13 +43,13 @@ const (
 	syncUpdate = uint8(xlbXlbSyncKindXLB_SYNC_UPDATE)
 	syncEnd    = uint8(xlbXlbSyncKindXLB_SYNC_END)
 
-	syncOK   = int32(xlbXlbSyncRcXLB_SYNC_RC_OK)
-	syncGone = int32(xlbXlbSyncRcXLB_SYNC_RC_GONE)
+	syncOK      = int32(xlbXlbSyncRcXLB_SYNC_RC_OK)
+	syncUnbound = int32(xlbXlbSyncRcXLB_SYNC_RC_UNBOUND)
+	syncGone    = int32(xlbXlbSyncRcXLB_SYNC_RC_GONE)
 )
 
+// syncRCNames say why xlb_ct_install did not install a connection.
 var syncRCNames = map[int32]string{
-	int32(xlbXlbSyncRcXLB_SYNC_RC_NO_SERVICE): "no service on its VIP, port and protocol here",
-	int32(xlbXlbSyncRcXLB_SYNC_RC_NO_BACKEND): "its backend is not in the farm here",
 	int32(xlbXlbSyncRcXLB_SYNC_RC_MODE):       "the farm here is dsr or stlsdnat",
 	int32(xlbXlbSyncRcXLB_SYNC_RC_CONFLICT):   "its reply tuple is another connection's here",
 	int32(xlbXlbSyncRcXLB_SYNC_RC_ERROR):      "conntrack table update failed",
@@ -253,14 +253,15 @@ func (p *Plane) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (in
 			continue
 		}
 		// Some were not installed: which, and why (an end for a flow
-		// not here is no error).
+		// not here is no error). Those installed unbound (no farm here
+		// for them yet) were installed: they carry their flows.
 		got := make([]xlbSyncConn, len(chunk))
 		var cursor ebpf.MapBatchCursor
 		if _, err := p.objs.XlbSyncIn.BatchLookup(&cursor, keys[:len(chunk)], got, nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return n, fmt.Errorf("install connections: read results: %w", err)
 		}
 		for j := range chunk {
-			if rc := got[j].Rc; rc != syncOK && rc != syncGone {
+			if rc := got[j].Rc; rc != syncOK && rc != syncUnbound && rc != syncGone {
 				c := chunk[j].Conn
 				why := syncRCNames[rc]
 				if why == "" {

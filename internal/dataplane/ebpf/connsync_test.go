@@ -36,8 +36,9 @@ func syncFarms(t *testing.T) []*model.Farm {
 // exactly as A translates them (A's snat source port included), with both
 // entries in B's table, the flow counted active once, and it is removed
 // again by an end. Without the install, B passes the ACK to the stack (the
-// client would get a reset). dsr flows are not sent (Maglev carries them);
-// a peer's connection of a farm B does not have is refused, naming why.
+// client would get a reset). dsr flows are not sent (Maglev carries them),
+// nor installed into a dsr farm; a flow of a farm B does not have yet is
+// carried, and counted once the farm is there.
 func TestConnSync(t *testing.T) {
 	testutil.RequireRoot(t)
 	nsA, nsB := fixtureNS(t), fixtureNS(t)
@@ -249,28 +250,49 @@ func TestConnSync(t *testing.T) {
 		t.Errorf("end of an unknown flow: %d, %v; want 0, nil", n, err)
 	}
 
-	// Refused, each naming why: a VIP without a farm here, a dsr farm, a
-	// backend not in the farm.
-	bad := func(mut func(c *dataplane.SyncConn)) dataplane.ConnEvent {
-		c := got[0].Conn
-		mut(&c)
-		return dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: c}
+	// A flow of a farm B does not have (yet: a node that joins may get
+	// its peers' state before its farms) is installed unbound: carried by
+	// its entries, counted under no backend; an update binds it once the
+	// farm is here.
+	vip9 := netip.MustParseAddr("10.99.0.9")
+	c := got[0].Conn
+	c.VIP = netip.AddrPortFrom(vip9, 80)
+	if n, err := b.InstallConns(ctx, []dataplane.ConnEvent{{Kind: dataplane.ConnNew, Conn: c}}); err != nil || n != 1 {
+		t.Fatalf("install without a farm here: %d, %v; want 1, nil", n, err)
 	}
-	for _, c := range []struct {
-		ev   dataplane.ConnEvent
-		want string
-	}{
-		{bad(func(c *dataplane.SyncConn) { c.VIP = netip.MustParseAddrPort("10.99.0.9:80") }), "no service on its VIP"},
-		{bad(func(c *dataplane.SyncConn) { c.VIP = netip.AddrPortFrom(vip4, 80) }), "dsr or stlsdnat"},
-		{bad(func(c *dataplane.SyncConn) { c.Backend = netip.MustParseAddrPort("10.200.0.99:8080") }), "backend is not in the farm"},
-	} {
-		n, err := b.InstallConns(ctx, []dataplane.ConnEvent{c.ev})
-		if n != 0 || err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("install %+v: %d, %v; want an error saying %q", c.ev.Conn, n, err, c.want)
-		}
+	nine := flow{"unbound", protoTCP, vip9, 80, flows[0].sport}
+	if verdict, atB := send(b, nine, tcpACK); verdict != verdictRedirect || atB.src != c.Reply.Addr() || atB.sport != c.Reply.Port() ||
+		atB.dst != c.Backend.Addr() || atB.dport != c.Backend.Port() {
+		t.Errorf("unbound flow at B: verdict %d, %s:%d -> %s:%d; want %s -> %s", verdict, atB.src, atB.sport, atB.dst, atB.dport, c.Reply, c.Backend)
 	}
-	if dump, err := b.DumpConns(ctx); err != nil || len(dump) != 0 {
-		t.Errorf("B after refusals: %d connections (%v), want none", len(dump), err)
+	if act := sumActive(t, b); act != 0 {
+		t.Errorf("B counts %d active connections with an unbound flow, want 0", act)
+	}
+	withNine := append(syncFarms(t), farm(t, "nine", vip9.String(), 80, model.ProtoTCP, model.ModeSNAT, model.SchedMaglev,
+		"10.200.0.11:8080", "10.200.0.12:8080", "10.200.0.13:8080"))
+	if err := b.Reconcile(ctx, withNine); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.InstallConns(ctx, []dataplane.ConnEvent{{Kind: dataplane.ConnUpdate, Conn: c}}); err != nil || n != 1 {
+		t.Fatalf("update with the farm here: %d, %v", n, err)
+	}
+	if act := sumActive(t, b); act != 1 {
+		t.Errorf("B counts %d active connections once the flow is bound, want 1", act)
+	}
+	var v xlbCtVal
+	if err := b.objs.XlbCt.Lookup(ctKey(client, nine.sport, vip9, 80, protoTCP), &v); err != nil || v.Backend == 0 || v.Svc == 0 {
+		t.Errorf("bound entry: backend %d, service %d (%v)", v.Backend, v.Svc, err)
+	}
+
+	// Refused, naming why: a dsr farm here (no state to install).
+	c.VIP = netip.AddrPortFrom(vip4, 80)
+	c.Client = netip.AddrPortFrom(client, 40999)
+	n, err = b.InstallConns(ctx, []dataplane.ConnEvent{{Kind: dataplane.ConnNew, Conn: c}})
+	if n != 0 || err == nil || !strings.Contains(err.Error(), "dsr or stlsdnat") {
+		t.Errorf("install into a dsr farm: %d, %v; want an error saying so", n, err)
+	}
+	if dump, err := b.DumpConns(ctx); err != nil || len(dump) != 1 {
+		t.Errorf("B at the end: %d connections (%v), want the one bound", len(dump), err)
 	}
 }
 

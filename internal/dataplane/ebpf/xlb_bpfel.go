@@ -377,14 +377,13 @@ const (
 type xlbXlbSyncRc uint32
 
 const (
-	xlbXlbSyncRcXLB_SYNC_RC_OK         xlbXlbSyncRc = 0
-	xlbXlbSyncRcXLB_SYNC_RC_NO_SERVICE xlbXlbSyncRc = 1
-	xlbXlbSyncRcXLB_SYNC_RC_NO_BACKEND xlbXlbSyncRc = 2
-	xlbXlbSyncRcXLB_SYNC_RC_MODE       xlbXlbSyncRc = 3
-	xlbXlbSyncRcXLB_SYNC_RC_CONFLICT   xlbXlbSyncRc = 4
-	xlbXlbSyncRcXLB_SYNC_RC_GONE       xlbXlbSyncRc = 5
-	xlbXlbSyncRcXLB_SYNC_RC_ERROR      xlbXlbSyncRc = 6
-	xlbXlbSyncRcXLB_SYNC_RC_BAD        xlbXlbSyncRc = 7
+	xlbXlbSyncRcXLB_SYNC_RC_OK       xlbXlbSyncRc = 0
+	xlbXlbSyncRcXLB_SYNC_RC_UNBOUND  xlbXlbSyncRc = 1
+	xlbXlbSyncRcXLB_SYNC_RC_MODE     xlbXlbSyncRc = 2
+	xlbXlbSyncRcXLB_SYNC_RC_CONFLICT xlbXlbSyncRc = 3
+	xlbXlbSyncRcXLB_SYNC_RC_GONE     xlbXlbSyncRc = 4
+	xlbXlbSyncRcXLB_SYNC_RC_ERROR    xlbXlbSyncRc = 5
+	xlbXlbSyncRcXLB_SYNC_RC_BAD      xlbXlbSyncRc = 6
 )
 
 type xlbXlbTblConfFlag uint32
