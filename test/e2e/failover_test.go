@@ -102,8 +102,20 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	stateFile := filepath.Join(t.TempDir(), "state.json")
 	os.WriteFile(stateFile, []byte(state.String()), 0o644)
 
+	// eBPF: each node pins its program on a bpffs of its own that
+	// outlives the daemon, as on a real node (under `ip netns exec` the
+	// daemon's own mount of /sys/fs/bpf dies with it, and the program
+	// with it: a kill -9 would then take the node's data plane too, and
+	// the replies still routed to it would go untranslated).
+	pins := map[int]string{}
 	nodeArgs := func(lb *testutil.LBNode) []string {
 		args := []string{"--dataplane", o.Plane}
+		if o.Plane == "ebpf" {
+			if pins[lb.Index] == "" {
+				pins[lb.Index] = mountBPFFS(t)
+			}
+			args = append(args, "--pin-path", pins[lb.Index])
+		}
 		if o.Sync {
 			var peers []string
 			for i := range 3 {
@@ -285,19 +297,21 @@ func newHANodeState(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode
 	return n
 }
 
-// TestSyncFailover: snat and dnat on the nft plane with connection sync:
-// long-lived connections through two nodes survive one node's daemon being
-// killed (the routers move its flows to the other node, which has never
-// seen them), its return, and a third node added. Without sync the same
-// runs break connections (bench/results/ha.md).
+// TestSyncFailover: snat and dnat on both data planes with connection
+// sync: long-lived connections through two nodes survive one node's daemon
+// being killed (the routers move its flows to the other node, which has
+// never seen them), its return, and a third node added. Without sync the
+// same runs break connections (bench/results/ha.md).
 func TestSyncFailover(t *testing.T) {
-	for _, mode := range []string{"snat", "dnat"} {
-		t.Run(mode, func(t *testing.T) { syncFailover(t, mode) })
+	for _, plane := range []string{"nft", "ebpf"} {
+		for _, mode := range []string{"snat", "dnat"} {
+			t.Run(plane+"/"+mode, func(t *testing.T) { syncFailover(t, plane, mode) })
+		}
 	}
 }
 
-func syncFailover(t *testing.T, mode string) {
-	res := runFailover(t, failoverOpts{Mode: mode, Plane: "nft", Sync: true, Conns: 60, NewRate: 10, Phase: 4 * time.Second})
+func syncFailover(t *testing.T, plane, mode string) {
+	res := runFailover(t, failoverOpts{Mode: mode, Plane: plane, Sync: true, Conns: 60, NewRate: 10, Phase: 4 * time.Second})
 	b, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("result:\n%s", b)
 	if res.Established < 55 {
