@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mdlayher/netlink"
 	ct "github.com/ti-mo/conntrack"
 	"github.com/ti-mo/netfilter"
 	"golang.org/x/sys/unix"
@@ -236,27 +235,28 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 
 // InstallConns creates (or updates) the entries of new and updated
 // connections, with their NAT bindings, and deletes those of ended ones.
-// A batch goes to the kernel in one write and its acknowledgements are
-// read together: one round trip per batch, not per connection.
+// A batch goes to the kernel in writes of up to 64 KiB with one
+// acknowledgement each (nlSocket.exec): one round trip per batch, not per
+// connection.
 func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
 	sock, err := openNetlink()
 	if err != nil {
 		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
 	defer sock.close()
-	reqs := make([][]byte, len(evs))
+	var buf []byte
+	ends := make([]int, len(evs))
 	for i, ev := range evs {
-		typ, flags := uint8(msgNew), netlink.Create|netlink.Excl
+		typ, flags := uint8(msgNew), uint16(unix.NLM_F_CREATE|unix.NLM_F_EXCL)
 		if ev.Kind == dataplane.ConnEnd {
 			typ, flags = msgDelete, 0
 		} else {
 			s.remember(ev.Conn)
 		}
-		if reqs[i], err = request(ev.Conn, typ, flags); err != nil {
-			return 0, fmt.Errorf("conntrack install: %w", err)
-		}
+		buf = appendRequest(buf, ev.Conn, typ, flags)
+		ends[i] = len(buf)
 	}
-	errs, err := sock.exec(reqs)
+	errs, err := sock.exec(split(buf, ends))
 	if err != nil {
 		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
@@ -268,13 +268,13 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 		}
 	}
 	if len(again) > 0 {
-		upd := make([][]byte, len(again))
-		for j, i := range again {
-			if upd[j], err = request(evs[i].Conn, msgNew, 0); err != nil {
-				return 0, fmt.Errorf("conntrack install: %w", err)
-			}
+		buf = buf[:0]
+		ends = ends[:0]
+		for _, i := range again {
+			buf = appendRequest(buf, evs[i].Conn, msgNew, 0)
+			ends = append(ends, len(buf))
 		}
-		uerrs, err := sock.exec(upd)
+		uerrs, err := sock.exec(split(buf, ends))
 		if err != nil {
 			return 0, fmt.Errorf("conntrack install: %w", err)
 		}
@@ -298,6 +298,17 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 	return n, first
 }
 
+// split cuts buf at the given ends into its messages.
+func split(buf []byte, ends []int) [][]byte {
+	out := make([][]byte, len(ends))
+	start := 0
+	for i, e := range ends {
+		out[i] = buf[start:e:e]
+		start = e
+	}
+	return out
+}
+
 func protoName(p uint8) string {
 	switch p {
 	case unix.IPPROTO_TCP:
@@ -308,143 +319,4 @@ func protoName(p uint8) string {
 		return "sctp"
 	}
 	return fmt.Sprint(p)
-}
-
-// ctnetlink message types and attributes (linux/netfilter/nfnetlink_conntrack.h).
-const (
-	msgNew    = 0 // IPCTNL_MSG_CT_NEW
-	msgDelete = 2 // IPCTNL_MSG_CT_DELETE
-
-	ctaTupleOrig  = 1
-	ctaTupleReply = 2
-	ctaStatus     = 3
-	ctaProtoinfo  = 4
-	ctaNatSrc     = 6
-	ctaTimeout    = 7
-	ctaMark       = 8
-	ctaNatDst     = 13
-
-	ctaTupleIP    = 1
-	ctaTupleProto = 2
-	ctaIPv4Src    = 1
-	ctaIPv4Dst    = 2
-	ctaIPv6Src    = 3
-	ctaIPv6Dst    = 4
-	ctaProtoNum   = 1
-	ctaProtoSrc   = 2
-	ctaProtoDst   = 3
-
-	ctaNatV4MinIP = 1
-	ctaNatV4MaxIP = 2
-	ctaNatProto   = 3
-	ctaNatV6MinIP = 4
-	ctaNatV6MaxIP = 5
-	ctaPortMin    = 1
-	ctaPortMax    = 2
-
-	ctaProtoinfoTCP      = 1
-	ctaProtoinfoTCPState = 1
-
-	statusSeenReply = 1 << 1
-	statusAssured   = 1 << 2
-	// The kernel marks a new entry confirmed before it applies CTA_STATUS
-	// and refuses (EBUSY) a status that would clear that bit.
-	statusConfirmed = 1 << 3
-)
-
-// request builds the ctnetlink request of c (its sequence number is set
-// when it is sent).
-func request(c dataplane.SyncConn, typ uint8, flags netlink.HeaderFlags) ([]byte, error) {
-	attrs := []netfilter.Attribute{tuple(ctaTupleOrig, c.Proto, c.Client, c.VIP)}
-	if typ == msgNew {
-		// The reply tuple as it stands before translation; the NAT
-		// bindings below turn it into the translated one.
-		attrs = append(attrs, tuple(ctaTupleReply, c.Proto, c.VIP, c.Client))
-		if flags&netlink.Create != 0 {
-			if c.Backend != c.VIP {
-				attrs = append(attrs, natRange(ctaNatDst, c.Backend))
-			}
-			if c.Reply != c.Client {
-				attrs = append(attrs, natRange(ctaNatSrc, c.Reply))
-			}
-		}
-		timeout := c.Timeout
-		if timeout == 0 {
-			timeout = 120
-		}
-		attrs = append(attrs, u32(ctaTimeout, timeout))
-		if c.Mark != 0 {
-			attrs = append(attrs, u32(ctaMark, c.Mark))
-		}
-		if c.Proto == unix.IPPROTO_TCP && c.TCPState != 0 {
-			attrs = append(attrs, netfilter.Attribute{Type: ctaProtoinfo, Nested: true, Children: []netfilter.Attribute{
-				{Type: ctaProtoinfoTCP, Nested: true, Children: []netfilter.Attribute{
-					{Type: ctaProtoinfoTCPState, Data: []byte{c.TCPState}},
-				}},
-			}})
-		}
-		if c.Proto != unix.IPPROTO_TCP || c.TCPState >= tcpEstablished {
-			attrs = append(attrs, u32(ctaStatus, statusSeenReply|statusAssured|statusConfirmed))
-		}
-	}
-	fam := netfilter.ProtoIPv4
-	if c.Client.Addr().Is6() {
-		fam = netfilter.ProtoIPv6
-	}
-	req, err := netfilter.MarshalNetlink(netfilter.Header{
-		SubsystemID: netfilter.NFSubsysCTNetlink,
-		MessageType: netfilter.MessageType(typ),
-		Family:      fam,
-		Flags:       netlink.Request | netlink.Acknowledge | flags,
-	}, attrs)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Length = uint32(unix.NLMSG_HDRLEN + len(req.Data))
-	return req.MarshalBinary()
-}
-
-func u32(t uint16, v uint32) netfilter.Attribute {
-	a := netfilter.Attribute{Type: t}
-	a.PutUint32(v)
-	return a
-}
-
-func u16(t uint16, v uint16) netfilter.Attribute {
-	a := netfilter.Attribute{Type: t}
-	a.PutUint16(v)
-	return a
-}
-
-func tuple(t uint16, proto uint8, src, dst netip.AddrPort) netfilter.Attribute {
-	ipSrc, ipDst := uint16(ctaIPv4Src), uint16(ctaIPv4Dst)
-	if src.Addr().Is6() {
-		ipSrc, ipDst = ctaIPv6Src, ctaIPv6Dst
-	}
-	return netfilter.Attribute{Type: t, Nested: true, Children: []netfilter.Attribute{
-		{Type: ctaTupleIP, Nested: true, Children: []netfilter.Attribute{
-			{Type: ipSrc, Data: src.Addr().AsSlice()},
-			{Type: ipDst, Data: dst.Addr().AsSlice()},
-		}},
-		{Type: ctaTupleProto, Nested: true, Children: []netfilter.Attribute{
-			{Type: ctaProtoNum, Data: []byte{proto}},
-			u16(ctaProtoSrc, src.Port()),
-			u16(ctaProtoDst, dst.Port()),
-		}},
-	}}
-}
-
-func natRange(t uint16, to netip.AddrPort) netfilter.Attribute {
-	minT, maxT := uint16(ctaNatV4MinIP), uint16(ctaNatV4MaxIP)
-	if to.Addr().Is6() {
-		minT, maxT = ctaNatV6MinIP, ctaNatV6MaxIP
-	}
-	return netfilter.Attribute{Type: t, Nested: true, Children: []netfilter.Attribute{
-		{Type: minT, Data: to.Addr().AsSlice()},
-		{Type: maxT, Data: to.Addr().AsSlice()},
-		{Type: ctaNatProto, Nested: true, Children: []netfilter.Attribute{
-			u16(ctaPortMin, to.Port()),
-			u16(ctaPortMax, to.Port()),
-		}},
-	}}
 }
