@@ -9,7 +9,6 @@ import (
 	"time"
 
 	ct "github.com/ti-mo/conntrack"
-	"github.com/ti-mo/netfilter"
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
@@ -56,85 +55,54 @@ func (s *Syncer) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent))
 	return s.watch(ctx, w, fn)
 }
 
-// watchConn is a ctnetlink socket in the conntrack event groups.
-type watchConn struct {
-	c     *ct.Conn
-	evCh  chan ct.Event
-	errCh chan error
-}
-
-// dialWatch opens the event socket in the calling thread's namespace.
-func dialWatch() (*watchConn, error) {
-	c, err := ct.Dial(nil)
-	if err != nil {
-		return nil, fmt.Errorf("conntrack events: dial ctnetlink: %w", err)
-	}
-	// A burst of new connections must not overflow the socket (ENOBUFS
-	// loses events): 8 MiB holds tens of thousands of them.
-	_ = c.SetReadBuffer(8 << 20)
-	w := &watchConn{c: c, evCh: make(chan ct.Event, 4096)}
-	w.errCh, err = c.Listen(w.evCh, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew, netfilter.GroupCTUpdate, netfilter.GroupCTDestroy})
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("conntrack events: join groups: %w", err)
-	}
-	return w, nil
-}
-
-func (s *Syncer) watch(ctx context.Context, w *watchConn, fn func([]dataplane.ConnEvent)) error {
-	defer w.c.Close()
-	var batch []dataplane.ConnEvent
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+func (s *Syncer) watch(ctx context.Context, w *eventSocket, fn func([]dataplane.ConnEvent)) error {
+	defer w.close()
+	var (
+		batch []dataplane.ConnEvent
+		since time.Time // of the batch's first event
+	)
 	flush := func() {
 		if len(batch) > 0 {
 			fn(batch)
 			batch = nil
 		}
 	}
+	add := func(kind dataplane.ConnEventKind, f ctFlow) {
+		e, ok := s.event(kind, f)
+		if !ok {
+			return
+		}
+		if len(batch) == 0 {
+			since = time.Now()
+		}
+		batch = append(batch, e)
+		if len(batch) >= batchMax {
+			flush()
+		}
+	}
 	for {
-		select {
-		case <-ctx.Done():
+		if ctx.Err() != nil {
 			flush()
 			return nil
-		case err := <-w.errCh:
+		}
+		b, err := w.read()
+		switch {
+		case err == errTimeout:
+			flush()
+			continue
+		case err != nil:
 			flush()
 			return fmt.Errorf("conntrack events: %w", err)
-		case ev := <-w.evCh:
-			e, ok := s.event(ev)
-			if !ok {
-				continue
-			}
-			if len(batch) == 0 {
-				timer.Reset(batchWait)
-			}
-			batch = append(batch, e)
-			if len(batch) >= batchMax {
-				timer.Stop()
-				flush()
-			}
-		case <-timer.C:
+		}
+		eachEvent(b, add)
+		if len(batch) > 0 && time.Since(since) >= batchWait {
 			flush()
 		}
 	}
 }
 
-func (s *Syncer) event(ev ct.Event) (dataplane.ConnEvent, bool) {
-	if ev.Flow == nil {
-		return dataplane.ConnEvent{}, false
-	}
-	var kind dataplane.ConnEventKind
-	switch ev.Type {
-	case ct.EventNew:
-		kind = dataplane.ConnNew
-	case ct.EventUpdate:
-		kind = dataplane.ConnUpdate
-	case ct.EventDestroy:
-		kind = dataplane.ConnEnd
-	default:
-		return dataplane.ConnEvent{}, false
-	}
-	c, ok := s.conn(ev.Flow)
+func (s *Syncer) event(kind dataplane.ConnEventKind, f ctFlow) (dataplane.ConnEvent, bool) {
+	c, ok := s.conn(f)
 	if !ok {
 		return dataplane.ConnEvent{}, false
 	}
@@ -146,20 +114,19 @@ func (s *Syncer) event(ev ct.Event) (dataplane.ConnEvent, bool) {
 
 // conn converts a flow the kernel translated (reply tuple differs from the
 // inverse of the original) to a Conn.
-func (s *Syncer) conn(f *ct.Flow) (dataplane.SyncConn, bool) {
-	o, r := f.TupleOrig, f.TupleReply
-	p := o.Proto.Protocol
-	if p != unix.IPPROTO_TCP && p != unix.IPPROTO_UDP && p != unix.IPPROTO_SCTP {
+func (s *Syncer) conn(f ctFlow) (dataplane.SyncConn, bool) {
+	p := f.proto
+	if !f.origOK || !f.repOK || p != unix.IPPROTO_TCP && p != unix.IPPROTO_UDP && p != unix.IPPROTO_SCTP {
 		return dataplane.SyncConn{}, false
 	}
 	c := dataplane.SyncConn{
 		Proto:   p,
-		Client:  netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
-		VIP:     netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort),
-		Backend: netip.AddrPortFrom(r.IP.SourceAddress.Unmap(), r.Proto.SourcePort),
-		Reply:   netip.AddrPortFrom(r.IP.DestinationAddress.Unmap(), r.Proto.DestinationPort),
-		Timeout: f.Timeout,
-		Mark:    f.Mark,
+		Client:  f.orig[0],
+		VIP:     f.orig[1],
+		Backend: f.reply[0],
+		Reply:   f.reply[1],
+		Timeout: f.timeout,
+		Mark:    f.mark,
 	}
 	if c.Backend == c.VIP && c.Reply == c.Client {
 		return c, false // not translated: not a balanced connection
@@ -167,10 +134,27 @@ func (s *Syncer) conn(f *ct.Flow) (dataplane.SyncConn, bool) {
 	if s.IsVIP != nil && !s.IsVIP(c.VIP.Addr()) {
 		return c, false
 	}
-	if f.ProtoInfo.TCP != nil {
-		c.TCPState = f.ProtoInfo.TCP.State
+	if f.hasTCPState {
+		c.TCPState = f.tcpState
 	}
 	return c, true
+}
+
+// flowOf is what conn reads of a dumped entry.
+func flowOf(f *ct.Flow) ctFlow {
+	o, r := f.TupleOrig, f.TupleReply
+	cf := ctFlow{
+		proto: o.Proto.Protocol,
+		orig: [2]netip.AddrPort{netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
+			netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort)},
+		reply: [2]netip.AddrPort{netip.AddrPortFrom(r.IP.SourceAddress.Unmap(), r.Proto.SourcePort),
+			netip.AddrPortFrom(r.IP.DestinationAddress.Unmap(), r.Proto.DestinationPort)},
+		timeout: f.Timeout, mark: f.Mark, origOK: true, repOK: true,
+	}
+	if f.ProtoInfo.TCP != nil {
+		cf.tcpState, cf.hasTCPState = f.ProtoInfo.TCP.State, true
+	}
+	return cf
 }
 
 // fromPeer reports whether c was installed from a peer; an end forgets
@@ -226,7 +210,7 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 	}
 	out := make([]dataplane.SyncConn, 0, len(flows))
 	for i := range flows {
-		if cn, ok := s.conn(&flows[i]); ok {
+		if cn, ok := s.conn(flowOf(&flows[i])); ok {
 			out = append(out, cn)
 		}
 	}
