@@ -72,17 +72,12 @@
 #endif
 
 /* Bytes of the connection sync ring buffer (xlb_sync): 4 MiB holds about
- * 43,000 records (96 bytes each with its header); when the daemon falls behind, records are
- * lost and counted (xlb_sync_lost), and its peers get a full resync. */
+ * 43,000 records (96 bytes each with its header), what 4 million a second
+ * write between two reads of the daemon (every 10 ms); when it falls
+ * behind, records are lost and counted (xlb_sync_lost), and its peers get
+ * a full resync. */
 #ifndef XLB_SYNC_SIZE
 #define XLB_SYNC_SIZE 4194304
-#endif
-
-/* The reader is woken when this many bytes wait in xlb_sync (about 256
- * records); below it, it reads them on its own short timer (batches, not a
- * wake-up per connection). */
-#ifndef XLB_SYNC_WAKEUP
-#define XLB_SYNC_WAKEUP 24576
 #endif
 
 /* Connections a peer's batch hands xlb_ct_install at once (xlb_sync_in). */

@@ -10,7 +10,9 @@
  * idle out while the flow is carried here), or is deleted from user space
  * (xlb connections delete). Expiry is not sent: a peer's copy idles out by
  * itself, and a flow idle here may be live there. Records go out only while
- * the daemon reads them (xlb_sync_on); it wakes for a batch, not for each.
+ * the daemon reads them (xlb_sync_on), without a wake-up: the reader takes
+ * what is there every few milliseconds (a wake-up, or even asking the ring
+ * whether one is due, cost more per record than the record).
  *
  * In: xlb_ct_install, a syscall program the loader runs with
  * BPF_PROG_TEST_RUN over a peer's batch in xlb_sync_in, writes both
@@ -67,7 +69,6 @@ static __attribute__((noinline)) int sync_emit(__u8 kind, const struct ct_key *k
 					       const struct ct_val *v)
 {
 	struct sync_conn *e;
-	__u64 flags = BPF_RB_NO_WAKEUP;
 
 	if (!xlb_sync_on || !sync_mode(v->mode))
 		return 0;
@@ -102,9 +103,7 @@ static __attribute__((noinline)) int sync_emit(__u8 kind, const struct ct_key *k
 	e->left = 0;
 	e->rc = 0;
 	e->pad = 0;
-	if (bpf_ringbuf_query(&xlb_sync, BPF_RB_AVAIL_DATA) >= XLB_SYNC_WAKEUP)
-		flags = BPF_RB_FORCE_WAKEUP;
-	bpf_ringbuf_submit(e, flags);
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
 

@@ -120,8 +120,9 @@ func syncConn(c *xlbSyncConn, left time.Duration) dataplane.SyncConn {
 }
 
 // WatchConns implements dataplane.ConnSyncer: it turns the program's
-// records on (xlb_sync_on), reads them in batches of up to syncBatchMax or
-// syncBatchWait, and turns them off when ctx ends. Records lost to a full
+// records on (xlb_sync_on), reads them every syncBatchWait (the program
+// does not wake the reader) in batches of up to syncBatchMax, and turns
+// them off when ctx ends. Records lost to a full
 // ring buffer end it with an error (the caller resyncs its peers whole).
 // One watcher at a time.
 func (p *Plane) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) error {
@@ -163,6 +164,9 @@ func (p *Plane) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) 
 				continue
 			}
 			c := (*xlbSyncConn)(unsafe.Pointer(&rec.RawSample[0]))
+			if batch == nil {
+				batch = make([]dataplane.ConnEvent, 0, syncBatchMax)
+			}
 			batch = append(batch, dataplane.ConnEvent{
 				Kind: dataplane.ConnEventKind(c.Kind),
 				Conn: syncConn(c, to.timeout(c.State)),
