@@ -74,6 +74,21 @@ static __always_inline __u64 xlb_now(void)
 	return bpf_jiffies64() * tick + xlb_clock_offset;
 }
 
+/* The source ports of this node's snat flows (host order; Options.SNATPorts,
+ * --snat-ports): nodes that share a farm's source address take disjoint
+ * ranges, so two nodes never give two connections the same (source address,
+ * port) towards a backend (docs/ha.md). A client's own port is kept when it
+ * is in the range and free. */
+volatile const __u32 xlb_snat_port_min = XLB_SNAT_PORT_MIN;
+volatile const __u32 xlb_snat_port_max = 65535;
+
+/* snat_port() - a random port of the snat range, network order. */
+static __always_inline __u16 snat_port(void)
+{
+	return bpf_htons(xlb_snat_port_min +
+			 bpf_get_prandom_u32() % (xlb_snat_port_max - xlb_snat_port_min + 1));
+}
+
 /* XDP fast path: 1 when it runs in generic mode, where a redirect to any
  * interface works (the frame is an skb); 0 in native mode, where it
  * redirects only to interfaces in xlb_xdp_tx. Set by the loader. */
@@ -829,13 +844,14 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		 * atomically across CPUs. First try the client's own port. */
 		__builtin_memcpy(fv.src, be->snat, 16);
 		port = p->k.sport;
+		if (bpf_ntohs(port) < xlb_snat_port_min || bpf_ntohs(port) > xlb_snat_port_max)
+			port = snat_port();
 		for (i = 0; i < XLB_SNAT_TRIES; i++) {
 			fv.sport = port;
 			ct_peer(&p->k, &fv, &sc->rk, &sc->rv);
 			if (bpf_map_update_elem(&xlb_ct, &sc->rk, &sc->rv, BPF_NOEXIST) == 0)
 				break;
-			port = bpf_htons(XLB_SNAT_PORT_MIN +
-					 bpf_get_prandom_u32() % (65536 - XLB_SNAT_PORT_MIN));
+			port = snat_port();
 		}
 		if (i == XLB_SNAT_TRIES) {
 			stat_inc(XLB_STAT_SNAT_FULL);

@@ -322,3 +322,35 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestSNATPorts: with Options.SNATPorts (--snat-ports), a new snat flow
+// leaves from a port of that range: the client's own if it is in it,
+// else a random one of it; nodes that share a farm's source-addr take
+// disjoint ranges (docs/ha.md).
+func TestSNATPorts(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p, err := New(context.Background(), testLogger(t), Options{NetNS: ns, Interfaces: []string{"front"}, PinPath: mountBPFFS(t),
+		ConnTableSize: 4096, SNATPorts: model.PortRange{First: 20000, Last: 20009}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	snat := farm(t, "snat", "10.99.0.2", 80, model.ProtoTCP, model.ModeSNAT, model.SchedRR, "10.200.0.11:8080")
+	if err := p.Reconcile(context.Background(), []*model.Farm{snat}); err != nil {
+		t.Fatal(err)
+	}
+	vip2 := netip.MustParseAddr("10.99.0.2")
+	seen := map[uint16]bool{}
+	for i, sport := range []uint16{20005, 40000, 40001, 40002, 40003, 40004, 40005, 40006, 40007, 40008} {
+		verdict, out := runProg(t, ns, p.objs.XlbIngress, pktSpec{src: client, sport: sport, dst: vip2, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
+		got, _ := parse(out)
+		if verdict != verdictRedirect || got.sport < 20000 || got.sport > 20009 || seen[got.sport] {
+			t.Errorf("flow %d from port %d: verdict %d, left from port %d; want a free port of 20000-20009", i, sport, verdict, got.sport)
+		}
+		if sport == 20005 && got.sport != 20005 {
+			t.Errorf("a client port in the range (20005) was not kept: %d", got.sport)
+		}
+		seen[got.sport] = true
+	}
+}

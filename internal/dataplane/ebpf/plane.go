@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
@@ -75,6 +76,11 @@ type Options struct {
 	// namespace go straight to a backend (socklb.go). Empty: off (and
 	// links of an earlier run are removed).
 	SocketCgroup string
+
+	// SNATPorts are the source ports of this node's snat flows (zero:
+	// 1024-65535). Nodes that share a farm's source-addr take disjoint
+	// ranges (docs/ha.md).
+	SNATPorts model.PortRange
 
 	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
 	ctRefresh time.Duration
@@ -279,6 +285,13 @@ func (p *Plane) load() error {
 	}
 	if err := spec.Variables[xlbVarXlbSyncRefreshNs].Set(uint64(syncRefresh(to).Nanoseconds())); err != nil {
 		return fmt.Errorf("set %s: %w", xlbVarXlbSyncRefreshNs, err)
+	}
+	if r := p.opts.SNATPorts; r.First != 0 {
+		for name, v := range map[string]uint32{xlbVarXlbSnatPortMin: uint32(r.First), xlbVarXlbSnatPortMax: uint32(r.Last)} {
+			if err := spec.Variables[name].Set(v); err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
+		}
 	}
 	if p.opts.XDP == XDPGeneric {
 		if err := spec.Variables[xlbVarXlbXdpAnyTx].Set(uint32(1)); err != nil {

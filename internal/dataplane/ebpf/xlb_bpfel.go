@@ -460,6 +460,8 @@ const (
 	xlbVarXlbClockTickNs      = "xlb_clock_tick_ns"
 	xlbVarXlbCtRefreshNs      = "xlb_ct_refresh_ns"
 	xlbVarXlbEnumsBtf         = "xlb_enums_btf"
+	xlbVarXlbSnatPortMax      = "xlb_snat_port_max"
+	xlbVarXlbSnatPortMin      = "xlb_snat_port_min"
 	xlbVarXlbSyncLost         = "xlb_sync_lost"
 	xlbVarXlbSyncOn           = "xlb_sync_on"
 	xlbVarXlbSyncRefreshNs    = "xlb_sync_refresh_ns"
@@ -570,6 +572,8 @@ type xlbVariableSpecs struct {
 	XlbClockTickNs      *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs      *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
 	XlbEnumsBtf         *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
+	XlbSnatPortMax      *ebpf.VariableSpec `ebpf:"xlb_snat_port_max"`
+	XlbSnatPortMin      *ebpf.VariableSpec `ebpf:"xlb_snat_port_min"`
 	XlbSyncLost         *ebpf.VariableSpec `ebpf:"xlb_sync_lost"`
 	XlbSyncOn           *ebpf.VariableSpec `ebpf:"xlb_sync_on"`
 	XlbSyncRefreshNs    *ebpf.VariableSpec `ebpf:"xlb_sync_refresh_ns"`
@@ -679,6 +683,8 @@ type xlbVariables struct {
 	XlbClockTickNs      *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs      *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
 	XlbEnumsBtf         *ebpf.Variable `ebpf:"xlb_enums_btf"`
+	XlbSnatPortMax      *ebpf.Variable `ebpf:"xlb_snat_port_max"`
+	XlbSnatPortMin      *ebpf.Variable `ebpf:"xlb_snat_port_min"`
 	XlbSyncLost         *ebpf.Variable `ebpf:"xlb_sync_lost"`
 	XlbSyncOn           *ebpf.Variable `ebpf:"xlb_sync_on"`
 	XlbSyncRefreshNs    *ebpf.Variable `ebpf:"xlb_sync_refresh_ns"`

@@ -48,6 +48,10 @@ type Options struct {
 	// counter table, no per-packet lookup. Counters then answer that
 	// the plane keeps none.
 	NoCounters bool
+	// SNATPorts are the source ports of this node's snat connections
+	// (zero: the kernel's choice). Nodes that share a farm's source-addr
+	// take disjoint ranges (docs/ha.md).
+	SNATPorts model.PortRange
 }
 
 // dialNFT opens a lasting nftables netlink connection in namespace ns.
