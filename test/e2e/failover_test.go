@@ -32,9 +32,15 @@ type failoverOpts struct {
 	// gone, its kernel forwards nothing); otherwise only its daemon dies
 	// (kill -9), its kernel keeps its rules and connections.
 	NodeLost bool
-	Conns    int           // long-lived connections
-	NewRate  int           // new connections a second
-	Phase    time.Duration // time between the events
+	// SharedSNAT (snat): every node translates to the farm's source-addr,
+	// one address for all (sharedSNAT), each from its own source ports
+	// (--snat-ports), and the backends answer through the node whose
+	// packet came last; otherwise each node masquerades with its own
+	// address.
+	SharedSNAT bool          `json:",omitempty"`
+	Conns      int           // long-lived connections
+	NewRate    int           // new connections a second
+	Phase      time.Duration // time between the events
 }
 
 // failoverResult counts what the clients saw in each phase.
@@ -54,6 +60,10 @@ type failoverResult struct {
 
 var phases = []string{"steady", "lost", "back", "added"}
 
+// sharedSNAT is the snat farms' source-addr with failoverOpts.SharedSNAT:
+// outside the backend segment, so the backends route it to a node.
+var sharedSNAT = netip.MustParseAddr("10.201.0.1")
+
 // runFailover runs the scenario and returns its counts.
 func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	testutil.RequireRoot(t)
@@ -65,7 +75,11 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	// dnat: the backends answer the client, and must answer through the
 	// node that forwarded (docs/ha.md): each connection's replies follow
 	// the LB its last packet came from.
-	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3, SymmetricReturn: o.Mode == "dnat"})
+	// snat with a shared source address: the same, since the address is
+	// every node's. dsr: the backends answer clients through a router of
+	// their own, as in a real network.
+	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3,
+		SymmetricReturn: o.Mode == "dnat" || o.SharedSNAT, ReturnViaRouter: o.Mode == "dsr"})
 	bird := topo.StartBIRD(t, testutil.BIRDOptions{Peers: 3})
 	_ = bird
 	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
@@ -87,7 +101,11 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	// tooling would put it); maglev, so that a flow moved to another
 	// node finds the same backend there even without state.
 	var state strings.Builder
-	fmt.Fprintf(&state, `{"farms":[{"name":"web","family":"ipv4","virtual-addr":"%s","virtual-ports":"80","protocol":"tcp","mode":"%s","scheduler":"maglev","backends":[`, vip.Addr(), o.Mode)
+	src := ""
+	if o.SharedSNAT {
+		src = fmt.Sprintf(`"source-addr":"%s",`, sharedSNAT)
+	}
+	fmt.Fprintf(&state, `{"farms":[{"name":"web","family":"ipv4","virtual-addr":"%s","virtual-ports":"80","protocol":"tcp","mode":"%s",%s"scheduler":"maglev","backends":[`, vip.Addr(), o.Mode, src)
 	for i, b := range topo.Backends {
 		if i > 0 {
 			state.WriteString(",")
@@ -115,6 +133,12 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 				pins[lb.Index] = mountBPFFS(t)
 			}
 			args = append(args, "--pin-path", pins[lb.Index])
+		}
+		if o.SharedSNAT {
+			// Disjoint source ports: node i takes 20000+10000i to
+			// 29999+10000i.
+			first := 20000 + 10000*lb.Index
+			args = append(args, "--snat-ports", fmt.Sprintf("%d-%d", first, first+9999))
 		}
 		if o.Sync {
 			var peers []string
@@ -300,18 +324,33 @@ func newHANodeState(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode
 // TestSyncFailover: snat and dnat on both data planes with connection
 // sync: long-lived connections through two nodes survive one node's daemon
 // being killed (the routers move its flows to the other node, which has
-// never seen them), its return, and a third node added. Without sync the
-// same runs break connections (bench/results/ha.md).
+// never seen them), its return, and a third node added; snat with a source
+// address the nodes share survives the whole node lost (its links down).
+// Without sync, or with each node's own source address when the node is
+// lost, the same runs break connections (bench/results/ha.md).
 func TestSyncFailover(t *testing.T) {
 	for _, plane := range []string{"nft", "ebpf"} {
-		for _, mode := range []string{"snat", "dnat"} {
-			t.Run(plane+"/"+mode, func(t *testing.T) { syncFailover(t, plane, mode) })
+		for _, c := range []struct {
+			name string
+			o    failoverOpts
+		}{
+			{"snat", failoverOpts{Mode: "snat"}},
+			{"dnat", failoverOpts{Mode: "dnat"}},
+			// The whole node lost: its snat flows go on from the other
+			// node with the address they had, which is every node's.
+			{"snat-shared-lost", failoverOpts{Mode: "snat", SharedSNAT: true, NodeLost: true}},
+		} {
+			t.Run(plane+"/"+c.name, func(t *testing.T) {
+				o := c.o
+				o.Plane, o.Sync, o.Conns, o.NewRate, o.Phase = plane, true, 60, 10, 4*time.Second
+				syncFailover(t, o)
+			})
 		}
 	}
 }
 
-func syncFailover(t *testing.T, plane, mode string) {
-	res := runFailover(t, failoverOpts{Mode: mode, Plane: plane, Sync: true, Conns: 60, NewRate: 10, Phase: 4 * time.Second})
+func syncFailover(t *testing.T, o failoverOpts) {
+	res := runFailover(t, o)
 	b, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("result:\n%s", b)
 	if res.Established < 55 {
@@ -340,16 +379,17 @@ func TestHABench(t *testing.T) {
 	phase, _ := time.ParseDuration(os.Getenv("XLB_HA_PHASE"))
 	var cases []failoverOpts
 	for _, spec := range strings.Fields(os.Getenv("XLB_HA_CASES")) {
-		// mode/plane/sync|nosync/kill|lost
+		// mode/plane/sync|nosync/kill|lost; mode snat+shared: SharedSNAT
 		f := strings.Split(spec, "/")
 		if len(f) != 4 {
 			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync/kill|lost", spec)
 		}
-		cases = append(cases, failoverOpts{Mode: f[0], Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
+		mode, shared := strings.CutSuffix(f[0], "+shared")
+		cases = append(cases, failoverOpts{Mode: mode, SharedSNAT: shared, Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
 			Conns: conns, NewRate: 20, Phase: phase})
 	}
 	for _, c := range cases {
-		name := fmt.Sprintf("%s-%s-sync=%v-lost=%v", c.Mode, c.Plane, c.Sync, c.NodeLost)
+		name := fmt.Sprintf("%s-%s-sync=%v-lost=%v-shared=%v", c.Mode, c.Plane, c.Sync, c.NodeLost, c.SharedSNAT)
 		t.Run(name, func(t *testing.T) {
 			res := runFailover(t, c)
 			b, _ := json.Marshal(res)
