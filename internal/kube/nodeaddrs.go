@@ -54,14 +54,38 @@ func (c *Controller) watchInterfaces(ctx context.Context) error {
 	return nil
 }
 
-// nodeChanged records the Node and updates the NodePort addresses.
+// nodeChanged records the Node and updates the NodePort addresses and the
+// zone.
 func (c *Controller) nodeChanged(obj any) {
 	n, _ := obj.(*corev1.Node)
+	zone := ""
+	if n != nil {
+		zone = n.Labels[corev1.LabelTopologyZone]
+	}
 	c.nodeMu.Lock()
 	c.lastNode = n
 	c.nodeIneligible = !nodeEligible(n)
+	zoneChanged := zone != c.node.Zone
+	c.node.Zone = zone
 	c.nodeMu.Unlock()
+	if zoneChanged {
+		// Zone hints of any Service may now pick other endpoints, as
+		// kube-proxy re-syncs everything on a topology label change.
+		c.log.Info("node zone changed", "node", c.cfg.NodeName, "zone", zone)
+		c.enqueueAll()
+	}
 	c.refreshNodeAddrs()
+}
+
+// enqueueAll queues every Service for a sync.
+func (c *Controller) enqueueAll() {
+	svcs, err := c.services.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, s := range svcs {
+		c.enqueue(s.Namespace + "/" + s.Name)
+	}
 }
 
 // refreshNodeAddrs recomputes the NodePort addresses; if they changed,

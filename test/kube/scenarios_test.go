@@ -200,6 +200,9 @@ type kpEndpoint struct {
 	backend                     int
 	ready, serving, terminating bool
 	local                       bool
+	// zones and nodes are the endpoint's hints (forZones, forNodes);
+	// a node "self" is this node.
+	zones, nodes []string
 }
 
 func (e *env) kpSlice(svc, name string, v6 bool, eps ...kpEndpoint) {
@@ -226,11 +229,56 @@ func (e *env) kpSlice(svc, name string, v6 bool, eps ...kpEndpoint) {
 			Addresses:  []string{e.Backends[ep.backend].Addr(v6).String()},
 			NodeName:   ptr.To(node),
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ep.ready), Serving: ptr.To(ep.serving), Terminating: ptr.To(ep.terminating)},
+			Hints:      e.hints(ep),
 		})
 	}
 	api := e.client.DiscoveryV1().EndpointSlices(e.ns)
 	if _, err := api.Create(e.ctx, s, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("endpoint slice %s: %v", name, err)
+	}
+}
+
+// hints are an endpoint's EndpointSlice hints, nil without any.
+func (e *env) hints(ep kpEndpoint) *discoveryv1.EndpointHints {
+	if len(ep.zones) == 0 && len(ep.nodes) == 0 {
+		return nil
+	}
+	h := &discoveryv1.EndpointHints{}
+	for _, z := range ep.zones {
+		h.ForZones = append(h.ForZones, discoveryv1.ForZone{Name: z})
+	}
+	for _, n := range ep.nodes {
+		if n == "self" {
+			n = e.node
+		}
+		h.ForNodes = append(h.ForNodes, discoveryv1.ForNode{Name: n})
+	}
+	return h
+}
+
+// zoned is a ready remote endpoint hinted for zones.
+func zoned(b int, zones ...string) kpEndpoint {
+	return kpEndpoint{backend: b, ready: true, serving: true, zones: zones}
+}
+
+// setZone sets (or with "" removes) the Node's topology.kubernetes.io/zone
+// label, as the kubelet or a cloud provider does.
+func (e *env) setZone(zone string) {
+	e.t.Helper()
+	n, err := e.client.CoreV1().Nodes().Get(e.ctx, e.node, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatalf("get node: %v", err)
+	}
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	if zone == "" {
+		delete(n.Labels, corev1.LabelTopologyZone)
+	} else {
+		n.Labels[corev1.LabelTopologyZone] = zone
+	}
+	if _, err := e.client.CoreV1().Nodes().Update(e.ctx, n, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatalf("label node: %v", err)
 	}
 }
 
@@ -452,6 +500,70 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "only terminating endpoints: external to LB", from: fromExternal, to: ap(testutil.VIP4(52), 80), want: "b0,b1 masq"},
 			{name: "no usable endpoints: pod to clusterIP", from: fromPod, to: ap(cip(svc3), 80), want: "REJECT"},
 			{name: "no usable endpoints: external to LB", from: fromExternal, to: ap(testutil.VIP4(53), 80), want: "REJECT"},
+		}
+	}},
+	{"TopologyAwareHints", func(e *env) []flow {
+		// kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go) with
+		// real traffic: the node is in zone-a; the hints are what the
+		// EndpointSlice controller writes for trafficDistribution
+		// (PreferClose: forZones; PreferSameNode: forNodes too).
+		e.setZone("zone-a")
+		topoService := func(name string, td string, etpLocal bool) *corev1.Service {
+			s := service(name, corev1.ServiceTypeNodePort)
+			s.Spec.Ports = s.Spec.Ports[:1]
+			s.Spec.TrafficDistribution = ptr.To(td)
+			if etpLocal {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}
+			return e.createService(s)
+		}
+		zone := topoService("topo-zone", corev1.ServiceTrafficDistributionPreferSameZone, true)
+		e.kpSlice("topo-zone", "topo-zone-1", false, zoned(0, "zone-a"), kpEndpoint{backend: 1, ready: true, serving: true, local: true, zones: []string{"zone-b"}}, zoned(2, "zone-a"))
+		node := topoService("topo-node", corev1.ServiceTrafficDistributionPreferSameNode, false)
+		e.kpSlice("topo-node", "topo-node-1", false,
+			kpEndpoint{backend: 0, ready: true, serving: true, zones: []string{"zone-a"}, nodes: []string{"other"}},
+			kpEndpoint{backend: 1, ready: true, serving: true, local: true, zones: []string{"zone-a"}, nodes: []string{"self"}},
+			kpEndpoint{backend: 2, ready: true, serving: true, zones: []string{"zone-b"}, nodes: []string{"other2"}})
+		missing := topoService("topo-missing", corev1.ServiceTrafficDistributionPreferClose, false)
+		e.kpSlice("topo-missing", "topo-missing-1", false, zoned(0, "zone-a"), zoned(1, "zone-b"), readyEP(2, false))
+		unready := topoService("topo-unready", corev1.ServiceTrafficDistributionPreferClose, false)
+		e.kpSlice("topo-unready", "topo-unready-1", false,
+			kpEndpoint{backend: 0, zones: []string{"zone-a"}}, zoned(1, "zone-b"), zoned(2, "zone-c"))
+		np := zone.Spec.Ports[0].NodePort
+		return []flow{
+			{name: "zone hints: pod to cluster IP hits the endpoints of the node's zone", from: fromPod, to: ap(cip(zone), 80), want: "b0,b2"},
+			{name: "zone hints: external to NodePort with eTP:Local ignores them", from: fromExternal, to: ap(e.LB.IPv4, np), want: "b1"},
+			{name: "node hints: pod to cluster IP hits the endpoint for this node", from: fromPod, to: ap(cip(node), 80), want: "b1"},
+			{name: "an endpoint without a hint: every endpoint", from: fromPod, to: ap(cip(missing), 80), want: "b0,b1,b2"},
+			{name: "the zone's only endpoint is not ready: every ready endpoint", from: fromPod, to: ap(cip(unready), 80), want: "b1,b2"},
+		}
+	}},
+	{"TopologyZoneChange", func(e *env) []flow {
+		// The node's zone label changes: every Service is synced again
+		// with the hints of the new zone; without the label, hints are
+		// ignored.
+		get := func(name string) *corev1.Service {
+			s, err := e.client.CoreV1().Services(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+			if err != nil {
+				e.t.Fatalf("get %s: %v", name, err)
+			}
+			return s
+		}
+		zone, node := get("topo-zone"), get("topo-node")
+		e.setZone("zone-b")
+		return []flow{
+			{name: "zone-b: pod to cluster IP hits zone-b's endpoint", from: fromPod, to: ap(cip(zone), 80), want: "b1"},
+			{name: "zone-b: node hints still win", from: fromPod, to: ap(cip(node), 80), want: "b1"},
+		}
+	}},
+	{"TopologyNoZoneLabel", func(e *env) []flow {
+		zone, err := e.client.CoreV1().Services(e.ns).Get(e.ctx, "topo-zone", metav1.GetOptions{})
+		if err != nil {
+			e.t.Fatalf("get topo-zone: %v", err)
+		}
+		e.setZone("")
+		return []flow{
+			{name: "no zone label: pod to cluster IP hits every endpoint", from: fromPod, to: ap(cip(zone), 80), want: "b0,b1,b2"},
 		}
 	}},
 }
