@@ -219,6 +219,15 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 			dp.Close()
 			return fmt.Errorf("conntrack settings: %w", err)
 		}
+		// NodePorts on 127.0.0.1: route_localnet, and its guard
+		// (the ebpf plane balances the node's sockets at connect
+		// time, which needs neither).
+		if kube.LocalhostNodePorts(kps.NodePortAddresses.CIDRs) {
+			if err := nft.EnableLocalhostNodePorts(netns.None(), o.dp.NFTTable); err != nil {
+				dp.Close()
+				return err
+			}
+		}
 	}
 	defer dp.Close() // leaves the kernel's rules (and pinned eBPF maps) in place
 	eng, err := engine.New(ctx, log, dp, st)

@@ -393,7 +393,12 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 					f.Mode = model.ModeSNAT
 				}
 			} else {
-				local = svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+				// 127.0.0.1 (localhost NodePorts) is reached only by the
+				// node itself: kube-proxy's "short-circuit local traffic"
+				// (masqueraded, to every endpoint, whatever
+				// externalTrafficPolicy says); without the masquerade the
+				// endpoint would answer its own loopback.
+				local = svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && !sa.Addr.IsLoopback()
 				f.Mode = model.ModeSNAT
 				if local {
 					f.Mode = model.ModeDNAT

@@ -51,6 +51,9 @@ const (
 	fromExternal = "external"
 	fromBlocked  = "blocked"
 	fromNode     = "node"
+	// fromNodeUnbound: a process of the node whose socket is not bound:
+	// the kernel picks its source address (127.0.0.1 towards 127.0.0.1).
+	fromNodeUnbound = "node-unbound"
 )
 
 var (
@@ -102,6 +105,8 @@ func (e *env) result(f flow, n int) string {
 		src = blockedClient
 	case fromNode:
 		ns, src = e.LB.NS, e.LB.IPv4
+	case fromNodeUnbound:
+		ns = e.LB.NS
 	default:
 		var i int
 		if _, err := fmt.Sscanf(f.from, "b%d", &i); err != nil {
@@ -114,6 +119,7 @@ func (e *env) result(f flow, n int) string {
 	for range n {
 		var got string
 		var err error
+		local := src
 		ask := func() {
 			if f.udp {
 				got, err = testutil.AskUDPWithin(ns, netip.AddrPortFrom(src, uint16(udpSourcePort.Add(1))), f.to, 700*time.Millisecond)
@@ -122,11 +128,15 @@ func (e *env) result(f flow, n int) string {
 			var c net.Conn
 			c, err = testutil.DialTCPFrom(ns, netip.AddrPortFrom(src, 0), f.to, 700*time.Millisecond)
 			if err == nil {
+				// The address the socket has (the kernel's pick when
+				// it is not bound): what the endpoint sees unless it
+				// is masqueraded.
+				local = c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 				got, err = testutil.ReadLine(c, 700*time.Millisecond)
 				c.Close()
 			}
 		}
-		if f.from == fromNode && e.cg != nil {
+		if (f.from == fromNode || f.from == fromNodeUnbound) && e.cg != nil {
 			// A process of the node: in the cgroup the ebpf plane
 			// balances at the socket.
 			e.cg.Enter(e.t, ask)
@@ -148,7 +158,7 @@ func (e *env) result(f flow, n int) string {
 			return "bad reply " + got
 		}
 		seen[name] = true
-		masq = masq || from.Addr() != src
+		masq = masq || from.Addr() != local
 	}
 	var names []string
 	for k := range seen {
