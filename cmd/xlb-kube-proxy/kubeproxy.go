@@ -207,6 +207,9 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	// saved state only bridges restarts (see store.WriteBehind).
 	st := store.NewWriteBehind(bolt, log)
 	defer st.Close()
+	// kube-proxy filters the node's own connections to a load balancer
+	// IP by loadBalancerSourceRanges too.
+	o.dp.PoliciesOnOutput = true
 	dp, err := setup.Open(ctx, log, o.dp)
 	if err != nil {
 		return fmt.Errorf("open %s data plane: %w", o.dp.Plane, err)

@@ -70,6 +70,9 @@ type flow struct {
 	from string // fromPod, fromExternal, fromBlocked, fromNode, or "b<i>" (hairpin)
 	to   netip.AddrPort
 	udp  bool
+	// bind, with from fromNode, is the node's source address instead of
+	// its IP (kube-proxy's "same node to LB, SNATted to LB").
+	bind netip.Addr
 	// want is kube-proxy's result: the endpoints that answer ("b0,b1"),
 	// followed by " masq" when they see the node's address instead of the
 	// source's; or REJECT (connection refused) or DROP (no answer).
@@ -105,6 +108,9 @@ func (e *env) result(f flow, n int) string {
 		src = blockedClient
 	case fromNode:
 		ns, src = e.LB.NS, e.LB.IPv4
+		if f.bind.IsValid() {
+			src = f.bind
+		}
 	case fromNodeUnbound:
 		ns = e.LB.NS
 	default:
@@ -146,6 +152,11 @@ func (e *env) result(f flow, n int) string {
 		switch {
 		case errors.Is(err, syscall.ECONNREFUSED):
 			return "REJECT"
+		case errors.Is(err, syscall.EPERM):
+			// connect() refused by a filter of the node's own
+			// connections at once (kube-proxy's drop in the output
+			// path lets connect() retry its SYN until it times out).
+			return "EPERM"
 		case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
 			return "UNREACHABLE"
 		case errors.Is(err, os.ErrDeadlineExceeded), isTimeout(err):
@@ -418,8 +429,62 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "blocked external to LB1", from: fromBlocked, to: lb1, want: "DROP"},
 			{name: "blocked external to LB2", from: fromBlocked, to: lb2, want: "DROP"},
 			{name: "pod to LB1 (blocked by LoadBalancerSourceRanges)", from: fromPod, to: lb1, want: "DROP"},
+			{name: "pod to LB2 (blocked by LoadBalancerSourceRanges)", from: fromPod, to: lb2, want: "DROP"},
 			{name: "node to LB1 (allowed by LoadBalancerSourceRanges)", from: fromNode, to: lb1, want: "b0 masq",
 				known: map[string]string{"ebpf": "b0"}}, // docs note 4: balanced at the socket, nothing to masquerade
+			{name: "node to LB2 (allowed by LoadBalancerSourceRanges)", from: fromNode, to: lb2, want: "b0 masq",
+				known: map[string]string{"ebpf": "b0"}}, // docs note 4
+			// Not in kube-proxy's test: a socket of the node that is not
+			// bound takes the node's address towards the LB IP.
+			{name: "node, unbound, to LB1 (allowed by LoadBalancerSourceRanges)", from: fromNodeUnbound, to: lb1, want: "b0 masq",
+				known: map[string]string{"ebpf": "b0"}}, // docs note 4
+		}
+	}},
+	{"LoadBalancerSelfSNAT", func(e *env) []flow {
+		// kube-proxy's TestLoadBalancer, its last flows: "when you
+		// connect from a node to a LB IP, something external to
+		// kube-proxy will cause the connection to be SNATted to the LB
+		// IP" (a VIP-like load balancer whose IP is local to the node):
+		// the ranges hold the node's IP, so the LB IPs are allowed as
+		// sources too. Here the LB IPs are local addresses of the node
+		// and its socket is bound to them.
+		s := service("lbself", corev1.ServiceTypeLoadBalancer)
+		s.Spec.Ports = s.Spec.Ports[:1]
+		s.Spec.LoadBalancerSourceRanges = []string{e.LB.IPv4.String() + "/32", "203.0.113.0/25"}
+		lbip1, lbip2 := testutil.VIP4(61), testutil.VIP4(62)
+		for _, a := range []netip.Addr{lbip1, lbip2} {
+			testutil.Run(e.t, e.LB.Name, "ip", "addr", "add", a.String()+"/32", "dev", "lo")
+		}
+		e.withLB(e.createService(s), lbip1, lbip2)
+		e.kpSlice("lbself", "lbself-1", false, readyEP(0, false))
+		return []flow{
+			{name: "same node to LB1, SNATted to LB1 (implicitly allowed)", from: fromNode, bind: lbip1, to: ap(lbip1, 80), want: "b0 masq",
+				known: map[string]string{"ebpf": "b0"}}, // docs note 4
+			{name: "same node to LB2, SNATted to LB2 (implicitly allowed)", from: fromNode, bind: lbip2, to: ap(lbip2, 80), want: "b0 masq",
+				known: map[string]string{"ebpf": "b0"}}, // docs note 4
+		}
+	}},
+	{"LoadBalancerNodeBlocked", func(e *env) []flow {
+		// Not in kube-proxy's test, from its rules: ranges that do not
+		// hold the node's address filter the node's own connections to
+		// the LB IP (kube-proxy's firewall check in filter-output-pre-dnat),
+		// not its connections to the cluster IP or the NodePort.
+		s := service("lbnode", corev1.ServiceTypeLoadBalancer)
+		s.Spec.Ports = s.Spec.Ports[:1]
+		s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/25"}
+		svc := e.withLB(e.createService(s), testutil.VIP4(71))
+		e.kpSlice("lbnode", "lbnode-1", false, readyEP(0, false))
+		lb := ap(testutil.VIP4(71), 80)
+		return []flow{
+			{name: "accepted external to LB", from: fromExternal, to: lb, want: "b0 masq"},
+			{name: "node to LB (blocked by LoadBalancerSourceRanges)", from: fromNode, to: lb, want: "DROP",
+				known: map[string]string{"ebpf": "EPERM"}}, // docs note 6
+			{name: "node, unbound, to LB (blocked by LoadBalancerSourceRanges)", from: fromNodeUnbound, to: lb, want: "DROP",
+				known: map[string]string{"ebpf": "EPERM"}}, // docs note 6
+			{name: "node to cluster IP (not filtered)", from: fromNode, to: ap(cip(svc), 80), want: "b0 masq",
+				known: map[string]string{"nft": "b0", "ebpf": "b0"}}, // docs note 7
+			{name: "node to NodePort (not filtered)", from: fromNode, to: ap(e.LB.IPv4, svc.Spec.Ports[0].NodePort), want: "b0 masq",
+				known: map[string]string{"ebpf": "b0"}}, // docs note 4
 		}
 	}},
 	{"NodePorts", func(e *env) []flow {
