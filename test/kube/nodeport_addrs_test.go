@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/ifaddr"
@@ -143,5 +144,49 @@ func localnetGuarded(t *testing.T, e *env) {
 	}
 	if !isTimeout(err) {
 		t.Fatalf("a client's connection to the node's %s: %v, want it dropped", to, err)
+	}
+}
+
+// TestKubeProxyNodePortAddressesIPv6: kube-proxy's TestNodePorts "ipv6,
+// multiple nodeport-addresses" variant on both planes: an IPv6 Service
+// whose NodePort is served on the node's IPv6 addresses inside the CIDRs,
+// the node IP's /64 and a secondary address given as a /128 (kube-proxy's
+// 2001:db8::/64 and 2001:db8:1::2/128), and not on the node's IPv6
+// address outside them.
+func TestKubeProxyNodePortAddressesIPv6(t *testing.T) {
+	secondary := netip.MustParseAddr("fd00:101::2")
+	for _, plane := range []string{"nft", "ebpf"} {
+		t.Run(plane, func(t *testing.T) {
+			e := newWorld(t, 3)
+			e.scenarioSources()
+			e.LB.AddAddr(t, netip.PrefixFrom(secondary, 64))
+			e.configure = func(c *kube.Config) {
+				c.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("192.168.1.0/24"),
+					netip.MustParsePrefix("fd00:100::/64"), netip.PrefixFrom(secondary, 128)}
+				c.InterfaceAddrs = ifaddr.New(e.LB.NS)
+			}
+			e.startController(plane)
+			e.startServers()
+
+			s := service("np6m", corev1.ServiceTypeNodePort)
+			s.Spec.Ports = s.Spec.Ports[:1]
+			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+			s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+			svc := e.createService(s)
+			e.kpSlice("np6m", "np6m-1", true, readyEP(0, false), readyEP(1, true))
+			np := svc.Spec.Ports[0].NodePort
+			flows := []flow{
+				{name: "external to nodePort", from: fromExternal, to: ap(e.LB.IPv6, np), want: "b0,b1 masq"},
+				{name: "pod to cluster IP", from: fromPod, to: ap(cip(svc), 80), want: "b0,b1"},
+				{name: "node to nodePort", from: fromNode, to: ap(e.LB.IPv6, np), want: "b0,b1 masq",
+					known: map[string]string{"ebpf": "b0,b1"}}, // docs note 4
+				{name: "external to nodePort on secondary IP", from: fromExternal, to: ap(secondary, np), want: "b0,b1 masq"},
+				{name: "external to nodePort on an address in the /64", from: fromExternal, to: ap(altNodeIP6, np), want: "b0,b1 masq"},
+				// Not in the CIDRs: the backend-side address of the node.
+				{name: "nodePort outside the CIDRs", from: "b2", to: ap(e.LBBack6, np), want: "REJECT"},
+			}
+			e.settle(plane, flows[0])
+			e.runFlows(t, plane, flows)
+		})
 	}
 }

@@ -62,6 +62,10 @@ var (
 	blockedClient  = netip.MustParseAddr("203.0.113.130")
 	altNodeIP      = netip.MustParseAddr("10.100.0.9")
 	unallocatedIP  = netip.MustParseAddr("10.96.255.250")
+	// IPv6 (kube-proxy's TestNodePorts ipv6 variants).
+	podIP6          = netip.MustParseAddr("fd00:10::2")
+	externalClient6 = netip.MustParseAddr("2600:5200::1")
+	altNodeIP6      = netip.MustParseAddr("fd00:100::9")
 )
 
 // flow is one packetFlowTest.
@@ -89,25 +93,32 @@ func (e *env) scenarioSources() {
 		testutil.Run(e.t, e.LB.Name, "ip", "route", "add", a.String()+"/32", "via", e.Client.IPv4.String())
 	}
 	e.LB.AddAddr(e.t, netip.PrefixFrom(altNodeIP, 24))
+	for _, a := range []netip.Addr{podIP6, externalClient6} {
+		e.Client.AddAddr(e.t, netip.PrefixFrom(a, 128))
+		testutil.Run(e.t, e.LB.Name, "ip", "-6", "route", "add", a.String()+"/128", "via", e.Client.IPv6.String())
+	}
+	e.LB.AddAddr(e.t, netip.PrefixFrom(altNodeIP6, 64))
 	// A node has a default route (here: to the client namespace, which
 	// does not forward): what no rule takes leaves the node and is lost
 	// upstream.
 	testutil.Run(e.t, e.LB.Name, "ip", "route", "add", "default", "via", e.Client.IPv4.String())
+	testutil.Run(e.t, e.LB.Name, "ip", "-6", "route", "add", "default", "via", e.Client.IPv6.String())
 }
 
 // result runs a flow n times and says what happened, in flow.want's words.
 func (e *env) result(f flow, n int) string {
 	ns := e.Client.NS
 	var src netip.Addr
+	v6 := f.to.Addr().Is6()
 	switch f.from {
 	case fromPod:
-		src = podIP
+		src = pick6(v6, podIP, podIP6)
 	case fromExternal:
-		src = externalClient
+		src = pick6(v6, externalClient, externalClient6)
 	case fromBlocked:
 		src = blockedClient
 	case fromNode:
-		ns, src = e.LB.NS, e.LB.IPv4
+		ns, src = e.LB.NS, e.LB.Addr(v6)
 		if f.bind.IsValid() {
 			src = f.bind
 		}
@@ -118,7 +129,7 @@ func (e *env) result(f flow, n int) string {
 		if _, err := fmt.Sscanf(f.from, "b%d", &i); err != nil {
 			e.t.Fatalf("flow %q: source %q", f.name, f.from)
 		}
-		ns, src = e.Backends[i].NS, e.Backends[i].IPv4
+		ns, src = e.Backends[i].NS, e.Backends[i].Addr(v6)
 	}
 	seen := map[string]bool{}
 	masq := false
@@ -181,6 +192,13 @@ func (e *env) result(f flow, n int) string {
 		out += " masq"
 	}
 	return out
+}
+
+func pick6(v6 bool, a4, a6 netip.Addr) netip.Addr {
+	if v6 {
+		return a6
+	}
+	return a4
 }
 
 func isTimeout(err error) bool {
@@ -349,7 +367,7 @@ func cip(svc *corev1.Service) netip.Addr { return netip.MustParseAddr(svc.Spec.C
 func TestKubeProxyScenarios(t *testing.T) {
 	for _, plane := range []string{"nft", "ebpf"} {
 		t.Run(plane, func(t *testing.T) {
-			e := newWorld(t, 3)
+			e := newWorld(t, 5)
 			e.startController(plane)
 			e.startServers()
 			e.scenarioSources()
@@ -575,6 +593,158 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "only terminating endpoints: external to LB", from: fromExternal, to: ap(testutil.VIP4(52), 80), want: "b0,b1 masq"},
 			{name: "no usable endpoints: pod to clusterIP", from: fromPod, to: ap(cip(svc3), 80), want: "REJECT"},
 			{name: "no usable endpoints: external to LB", from: fromExternal, to: ap(testutil.VIP4(53), 80), want: "REJECT"},
+		}
+	}},
+	{"NodePortsIPv6", func(e *env) []flow {
+		// kube-proxy's TestNodePorts, "ipv6" (no --nodeport-addresses:
+		// xlb serves the Node's addresses, here its IPv6 InternalIP; the
+		// "multiple nodeport-addresses" variant is
+		// TestKubeProxyNodePortAddressesIPv6).
+		s := service("np6", corev1.ServiceTypeNodePort)
+		s.Spec.Ports = s.Spec.Ports[:1]
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+		svc := e.createService(s)
+		e.kpSlice("np6", "np6-1", true, readyEP(0, false), readyEP(1, true))
+		np := svc.Spec.Ports[0].NodePort
+		return []flow{
+			{name: "pod to cluster IP", from: fromPod, to: ap(cip(svc), 80), want: "b0,b1"},
+			{name: "external to nodePort", from: fromExternal, to: ap(e.LB.IPv6, np), want: "b0,b1 masq"},
+			{name: "node to nodePort", from: fromNode, to: ap(e.LB.IPv6, np), want: "b0,b1 masq",
+				known: map[string]string{"ebpf": "b0,b1"}}, // docs note 4
+			{name: "secondary nodeIP ignores NodePorts", from: fromExternal, to: ap(altNodeIP6, np), want: "REJECT"},
+		}
+	}},
+	{"InternalExternalMasquerade", func(e *env) []flow {
+		// kube-proxy's TestInternalExternalMasquerade, its "base" case
+		// (a cluster CIDR holding the Pods, no masqueradeAll): svc1
+		// Cluster policies, svc2 externalTrafficPolicy Local, svc3
+		// internalTrafficPolicy Local; each with a local endpoint and a
+		// remote one. xlb has no cluster CIDR: where it differs it gives
+		// kube-proxy's "no LocalTrafficDetector" result (docs notes 5,
+		// 7), except for the node's own traffic to eTP:Local Services
+		// (note 8).
+		mk := func(name string, etpLocal, itpLocal bool, lbip netip.Addr) (*corev1.Service, int32) {
+			s := service(name, corev1.ServiceTypeLoadBalancer)
+			s.Spec.Ports = s.Spec.Ports[:1]
+			if etpLocal {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}
+			if itpLocal {
+				s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+			}
+			svc := e.withLB(e.createService(s), lbip)
+			e.kpSlice(name, name+"-1", false, readyEP(0, true), readyEP(1, false))
+			return svc, svc.Spec.Ports[0].NodePort
+		}
+		svc1, np1 := mk("iem1", false, false, testutil.VIP4(81))
+		svc2, np2 := mk("iem2", true, false, testutil.VIP4(82))
+		svc3, np3 := mk("iem3", false, true, testutil.VIP4(83))
+		node := ap(e.LB.IPv4, 0)
+		nodePort := func(np int32) netip.AddrPort { return ap(node.Addr(), np) }
+		lb1, lb2, lb3 := ap(testutil.VIP4(81), 80), ap(testutil.VIP4(82), 80), ap(testutil.VIP4(83), 80)
+		n7 := map[string]string{"nft": "b0,b1", "ebpf": "b0,b1"} // docs note 7
+		n4 := map[string]string{"ebpf": "b0,b1"}                 // docs note 4
+		n8 := map[string]string{"nft": "b0", "ebpf": "b0"}       // docs note 8
+		n5 := map[string]string{"nft": "b0", "ebpf": "b0"}       // docs note 5
+		n7l := map[string]string{"nft": "b0", "ebpf": "b0"}      // docs note 7
+		return []flow{
+			{name: "pod to ClusterIP", from: fromPod, to: ap(cip(svc1), 80), want: "b0,b1"},
+			{name: "pod to NodePort", from: fromPod, to: nodePort(np1), want: "b0,b1 masq"},
+			{name: "pod to LB", from: fromPod, to: lb1, want: "b0,b1 masq"},
+			{name: "node to ClusterIP", from: fromNode, to: ap(cip(svc1), 80), want: "b0,b1 masq", known: n7},
+			{name: "node to NodePort", from: fromNode, to: nodePort(np1), want: "b0,b1 masq", known: n4},
+			{name: "node to LB", from: fromNode, to: lb1, want: "b0,b1 masq", known: n4},
+			{name: "external to ClusterIP", from: fromExternal, to: ap(cip(svc1), 80), want: "b0,b1 masq", known: n7},
+			{name: "external to NodePort", from: fromExternal, to: nodePort(np1), want: "b0,b1 masq"},
+			{name: "external to LB", from: fromExternal, to: lb1, want: "b0,b1 masq"},
+
+			{name: "pod to ClusterIP with eTP:Local", from: fromPod, to: ap(cip(svc2), 80), want: "b0,b1"},
+			{name: "pod to NodePort with eTP:Local", from: fromPod, to: nodePort(np2), want: "b0,b1", known: n5},
+			{name: "pod to LB with eTP:Local", from: fromPod, to: lb2, want: "b0,b1", known: n5},
+			{name: "node to ClusterIP with eTP:Local", from: fromNode, to: ap(cip(svc2), 80), want: "b0,b1 masq", known: n7},
+			// kube-proxy's test sends this one to svc1's NodePort (3001);
+			// its comment says what it means: svc2's, short-circuited.
+			{name: "node to NodePort with eTP:Local", from: fromNode, to: nodePort(np2), want: "b0,b1 masq", known: n8},
+			{name: "node to LB with eTP:Local", from: fromNode, to: lb2, want: "b0,b1 masq", known: n8},
+			{name: "external to ClusterIP with eTP:Local", from: fromExternal, to: ap(cip(svc2), 80), want: "b0,b1 masq", known: n7},
+			{name: "external to NodePort with eTP:Local", from: fromExternal, to: nodePort(np2), want: "b0"},
+			{name: "external to LB with eTP:Local", from: fromExternal, to: lb2, want: "b0"},
+
+			{name: "pod to ClusterIP with iTP:Local", from: fromPod, to: ap(cip(svc3), 80), want: "b0"},
+			{name: "pod to NodePort with iTP:Local", from: fromPod, to: nodePort(np3), want: "b0,b1 masq"},
+			{name: "pod to LB with iTP:Local", from: fromPod, to: lb3, want: "b0,b1 masq"},
+			{name: "node to ClusterIP with iTP:Local", from: fromNode, to: ap(cip(svc3), 80), want: "b0 masq", known: n7l},
+			{name: "node to NodePort with iTP:Local", from: fromNode, to: nodePort(np3), want: "b0,b1 masq", known: n4},
+			{name: "node to LB with iTP:Local", from: fromNode, to: lb3, want: "b0,b1 masq", known: n4},
+			{name: "external to ClusterIP with iTP:Local", from: fromExternal, to: ap(cip(svc3), 80), want: "b0 masq", known: n7l},
+			{name: "external to NodePort with iTP:Local", from: fromExternal, to: nodePort(np3), want: "b0,b1 masq"},
+			{name: "external to LB with iTP:Local", from: fromExternal, to: lb3, want: "b0,b1 masq"},
+		}
+	}},
+	{"TerminatingEndpointsTrafficPolicyLocal", func(e *env) []flow {
+		// kube-proxy's TestTerminatingEndpointsTrafficPolicyLocal: a
+		// LoadBalancer Service with externalTrafficPolicy Local; each of
+		// its four EndpointSlices on a Service of its own. Endpoints
+		// 10.0.1.1-10.0.1.5 are b0-b4.
+		mk := func(name string, lbip netip.Addr, eps ...kpEndpoint) (netip.AddrPort, netip.AddrPort) {
+			s := service(name, corev1.ServiceTypeLoadBalancer)
+			s.Spec.Ports = s.Spec.Ports[:1]
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			svc := e.withLB(e.createService(s), lbip)
+			e.kpSlice(name, name+"-1", false, eps...)
+			return ap(cip(svc), 80), ap(lbip, 80)
+		}
+		loc := func(b int, ready, serving, terminating bool) kpEndpoint {
+			return kpEndpoint{backend: b, ready: ready, serving: serving, terminating: terminating, local: true}
+		}
+		c1, l1 := mk("tepl1", testutil.VIP4(91), loc(0, true, true, false), loc(1, true, true, false),
+			loc(2, false, true, true), loc(3, false, false, true), readyEP(4, false))
+		c2, l2 := mk("tepl2", testutil.VIP4(92), loc(1, false, true, true), loc(2, false, true, true),
+			loc(3, false, false, true), readyEP(4, false))
+		c3, l3 := mk("tepl3", testutil.VIP4(93), kpEndpoint{backend: 4, serving: true, terminating: true})
+		c4, l4 := mk("tepl4", testutil.VIP4(94), loc(4, false, false, true), kpEndpoint{backend: 3, terminating: true})
+		return []flow{
+			{name: "ready endpoints exist: pod to clusterIP", from: fromPod, to: c1, want: "b0,b1,b4"},
+			{name: "ready endpoints exist: external to LB", from: fromExternal, to: l1, want: "b0,b1"},
+			{name: "only terminating endpoints exist: pod to clusterIP", from: fromPod, to: c2, want: "b4"},
+			{name: "only terminating endpoints exist: external to LB", from: fromExternal, to: l2, want: "b1,b2"},
+			{name: "terminating endpoints on remote node: pod to clusterIP", from: fromPod, to: c3, want: "b4"},
+			{name: "terminating endpoints on remote node: external to LB, no locally-usable endpoints", from: fromExternal, to: l3, want: "DROP",
+				known: map[string]string{"nft": "REJECT", "ebpf": "REJECT"}}, // docs note 9
+			{name: "no usable endpoints on any node: pod to clusterIP", from: fromPod, to: c4, want: "REJECT"},
+			{name: "no usable endpoints on any node: external to LB", from: fromExternal, to: l4, want: "REJECT"},
+		}
+	}},
+	{"InternalTrafficPolicy", func(e *env) []flow {
+		// kube-proxy's TestInternalTrafficPolicy, each case a Service of
+		// its own; "endpoints deleted" is a Service without any.
+		mk := func(name string, local bool, eps ...kpEndpoint) netip.AddrPort {
+			s := service(name, corev1.ServiceTypeClusterIP)
+			s.Spec.Ports = s.Spec.Ports[:1]
+			if local {
+				s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+			} else {
+				s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyCluster)
+			}
+			svc := e.createService(s)
+			if len(eps) > 0 {
+				e.kpSlice(name, name+"-1", false, eps...)
+			}
+			return ap(cip(svc), 80)
+		}
+		cluster := mk("itp1", false, readyEP(0, true), readyEP(1, false), readyEP(2, false))
+		one := mk("itp2", true, readyEP(0, true), readyEP(1, false), readyEP(2, false))
+		multi := mk("itp3", true, readyEP(0, true), readyEP(1, true), readyEP(2, false))
+		none := mk("itp4", true, readyEP(0, false), readyEP(1, false), readyEP(2, false))
+		deleted := mk("itp5", true)
+		return []flow{
+			{name: "internalTrafficPolicy is cluster: pod to ClusterIP hits all endpoints", from: fromPod, to: cluster, want: "b0,b1,b2"},
+			{name: "internalTrafficPolicy is local and there is one local endpoint: pod to ClusterIP hits only local endpoint", from: fromPod, to: one, want: "b0"},
+			{name: "internalTrafficPolicy is local and there are multiple local endpoints: pod to ClusterIP hits all local endpoints", from: fromPod, to: multi, want: "b0,b1"},
+			{name: "internalTrafficPolicy is local and there are no local endpoints: no endpoints", from: fromPod, to: none, want: "DROP",
+				known: map[string]string{"nft": "REJECT", "ebpf": "REJECT"}}, // docs note 9
+			{name: "endpoints deleted", from: fromPod, to: deleted, want: "REJECT"},
 		}
 	}},
 	{"TopologyAwareHints", func(e *env) []flow {
