@@ -46,8 +46,13 @@ farms:
 `
 
 func newHANode(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, args ...string) *haNode {
+	return newHANodeBin(t, topo, lb, xlbBinary(t), args...)
+}
+
+// newHANodeBin is newHANode with another daemon binary (xlb-kube-daemon).
+func newHANodeBin(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, bin string, args ...string) *haNode {
 	dir := t.TempDir()
-	n := &haNode{t: t, lb: lb, bin: xlbBinary(t), state: filepath.Join(dir, "state"),
+	n := &haNode{t: t, lb: lb, bin: bin, state: filepath.Join(dir, "state"),
 		logFile: filepath.Join(dir, "daemon.log"), bgpConf: filepath.Join(dir, "bgp.yaml"), args: args}
 	nh6 := ""
 	if lb.IPv6.IsValid() {

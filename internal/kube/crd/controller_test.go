@@ -15,7 +15,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 
@@ -106,34 +105,6 @@ func loadCRDs(t *testing.T) map[string]crdDoc {
 		out[obj["metadata"].(map[string]any)["name"].(string)] = obj
 	}
 	return out
-}
-
-var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-
-// installCRDs creates deploy/crds.yaml's CRDs and waits until the API
-// server serves them (it refuses a schema that is not structural).
-func installCRDs(t *testing.T, dyn dynamic.Interface) {
-	t.Helper()
-	ctx := context.Background()
-	for name, c := range loadCRDs(t) {
-		if _, err := dyn.Resource(crdResource).Create(ctx, &unstructured.Unstructured{Object: c}, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create CRD %s: %v", name, err)
-		}
-		waitFor(t, "CRD "+name+" established", func() bool {
-			u, err := dyn.Resource(crdResource).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false
-			}
-			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-			for _, c := range conds {
-				m := c.(map[string]any)
-				if m["type"] == "Established" && m["status"] == "True" {
-					return true
-				}
-			}
-			return false
-		})
-	}
 }
 
 // bindRole creates deploy/crd-rbac.yaml's ClusterRole and binds it to
@@ -353,7 +324,7 @@ func TestCRDController(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &world{t: t, env: env, dyn: dyn}
-	installCRDs(t, dyn)
+	env.InstallCRDs(t, "../../../deploy/crds.yaml")
 	bindRole(t, env)
 	stA, err := store.OpenBolt(t.TempDir())
 	if err != nil {
