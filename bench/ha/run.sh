@@ -8,7 +8,13 @@
 # killed (kill: kill -9 of its daemon; lost: kill -9 and its links down),
 # after another PHASE it comes back, after another a third node is added,
 # and PHASE later the run ends. A connection is broken when it sees a
-# reset, an EOF or no echo within 2 s. Cases are mode/plane/sync|nosync/kill|lost.
+# reset, an EOF or no echo within 2 s. Cases are
+# mode/plane/how/kill|lost[/scheduler] with how one of sync, nosync (xlb's
+# BGP and ECMP, with or without its connection sync), vrrp,
+# vrrp+conntrackd (the LVS-style baseline: keepalived's VRRP active-backup,
+# with conntrackd's FTFW sync; node lost only; vrrp@100ms: adverts every
+# 100 ms instead of keepalived's default 1 s), scheduler maglev by default.
+# BASELINE=1 runs the baseline comparison instead of the matrix below.
 #
 # Without CASEs: 16 cases, ~40 min with RUNS=3.
 # Then (unless APPEND=1 or SYNCBENCH=0) the Go benchmarks of the sync
@@ -41,6 +47,14 @@ if [ ${#cases[@]} -eq 0 ]; then
 	for m in snat dnat dsr stlsdnat; do
 		cases+=("$m/ebpf/nosync/kill")
 	done
+	if [ "${BASELINE:-0}" = 1 ]; then
+		# The master lost, LVS-style active-backup (keepalived with
+		# and without conntrackd, at keepalived's default adverts and at
+		# 100 ms) next to xlb's sync over ECMP, dnat (LVS-NAT), with
+		# rr as an LVS director would schedule and with Maglev.
+		cases=(dnat/nft/vrrp+conntrackd/lost/rr dnat/nft/vrrp+conntrackd@100ms/lost/rr dnat/nft/vrrp@100ms/lost/rr
+			dnat/nft/sync/lost/rr dnat/nft/nosync/lost/rr dnat/nft/sync/lost dnat/nft/vrrp+conntrackd@100ms/lost)
+	fi
 fi
 out=bench/results/ha.jsonl
 # Build the test and the daemon once, outside the lock.

@@ -91,9 +91,20 @@ type VRRPNode struct {
 	LB   *LBNode
 	Dir  string
 	opts VRRPOptions
-	bin  struct{ keepalived, conntrackd string }
+	bin  string // keepalived
 	ka   *exec.Cmd
-	ct   *exec.Cmd
+	// CT is the node's conntrackd (nil without).
+	CT *Conntrackd
+}
+
+// Conntrackd is conntrackd (FTFW over UDP on the router-side link to one
+// peer) on one LB node.
+type Conntrackd struct {
+	LB   *LBNode
+	Dir  string
+	bin  string
+	cmd  *exec.Cmd
+	conf string
 }
 
 const keepalivedConf = `global_defs {
@@ -140,7 +151,7 @@ const notifyScript = `#!/bin/sh
 [ "$1" = GROUP ] || exit 0
 state=$3
 {{- if .Conntrackd}}
-ctd="{{.Conntrackd}} -C {{.Dir}}/conntrackd.conf"
+ctd="{{.Conntrackd}}"
 case $state in
 MASTER)
 	$ctd -c   # commit the external cache (the master's connections) to the kernel
@@ -162,7 +173,7 @@ echo "$state $(date +%s.%N)" >>{{.Dir}}/state
 
 const conntrackdConf = `Sync {
 	Mode FTFW {
-		DisableExternalCache Off
+		DisableExternalCache {{if .Direct}}On{{else}}Off{{end}}
 		CommitTimeout 1800
 		PurgeTimeout 5
 	}
@@ -201,97 +212,188 @@ General {
 }
 `
 
-// StartVRRP runs keepalived (VRRP only) and, if asked, conntrackd in LB
-// lb's namespace, and stops them in tb.Cleanup. The LB's conntrack is
-// made liberal about TCP windows (conntrackd's documentation asks it:
-// committed entries know nothing of the windows).
-func (t *HATopology) StartVRRP(tb testing.TB, lb *LBNode, o VRRPOptions) *VRRPNode {
+// StartConntrackd runs conntrackd in LB lb's namespace, synchronising
+// with peer (FTFW over UDP on the router-side link), and stops it in
+// tb.Cleanup. direct: DisableExternalCache On (the peer's entries go
+// straight into the kernel) instead of conntrackd's default external
+// cache, committed on demand (Commit). The LB's conntrack is made liberal
+// about TCP windows (conntrackd's documentation asks it: synchronised
+// entries know nothing of the windows).
+func (t *HATopology) StartConntrackd(tb testing.TB, lb, peer *LBNode, direct bool) *Conntrackd {
 	tb.Helper()
-	if o.AdvertInt <= 0 {
-		o.AdvertInt = time.Second
-	}
-	dir, err := os.MkdirTemp("", "xlb-vrrp-"+lb.Name+"-")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	n := &VRRPNode{LB: lb, Dir: dir, opts: o}
-	n.bin.keepalived = KeepalivedBinary(tb)
-	if o.Conntrackd {
-		n.bin.conntrackd = ConntrackdBinary(tb)
-	}
-	data := map[string]any{"Name": lb.Name, "Dir": dir, "Priority": o.Priority, "VIP": o.VIP, "Gateway": VRRPGateway4,
-		"Advert": strconv.FormatFloat(o.AdvertInt.Seconds(), 'f', -1, 64), "Conntrackd": n.bin.conntrackd,
-		"Self": lb.IPv4}
-	if o.Peer != nil {
-		data["Peer"] = o.Peer.IPv4
-	}
-	for name, tmpl := range map[string]string{"keepalived.conf": keepalivedConf, "notify.sh": notifyScript, "conntrackd.conf": conntrackdConf} {
-		var b bytes.Buffer
-		if err := template.Must(template.New(name).Parse(tmpl)).Execute(&b, data); err != nil {
-			tb.Fatal(err)
-		}
-		// keepalived reads only a configuration file that is not
-		// executable; the notify script must be.
-		mode := os.FileMode(0o600)
-		if strings.HasSuffix(name, ".sh") {
-			mode = 0o700
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b.Bytes(), mode); err != nil {
-			tb.Fatal(err)
-		}
-	}
+	c := &Conntrackd{LB: lb, Dir: tempDir(tb, "xlb-conntrackd-"+lb.Name+"-"), bin: ConntrackdBinary(tb)}
+	c.conf = filepath.Join(c.Dir, "conntrackd.conf")
+	writeTemplate(tb, c.conf, conntrackdConf, map[string]any{"Dir": c.Dir, "Self": lb.IPv4, "Peer": peer.IPv4, "Direct": direct}, 0o600)
 	if err := WriteSysctl(lb.NS, "net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
 		tb.Fatalf("%s: %v", lb.Name, err)
 	}
 	tb.Cleanup(func() {
-		n.Kill()
+		c.Kill()
 		if tb.Failed() {
-			tb.Logf("%s:\n%s", lb.Name, n.logs())
+			tb.Logf("%s conntrackd:\n%s", lb.Name, logs(c.Dir, "conntrackd.out", "conntrackd.log"))
 		}
-		os.RemoveAll(dir)
 	})
-	n.Start(tb)
-	return n
+	c.Start(tb)
+	return c
 }
 
-func (n *VRRPNode) spawn(tb testing.TB, args ...string) *exec.Cmd {
+func tempDir(tb testing.TB, prefix string) string {
 	tb.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", n.LB.Name}, args...)...)
-	out, err := os.OpenFile(filepath.Join(n.Dir, filepath.Base(args[0])+".out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func writeTemplate(tb testing.TB, path, tmpl string, data any, mode os.FileMode) {
+	tb.Helper()
+	var b bytes.Buffer
+	if err := template.Must(template.New(filepath.Base(path)).Parse(tmpl)).Execute(&b, data); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(path, b.Bytes(), mode); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// spawn starts a daemon in lb's namespace, its output into dir/NAME.out,
+// in a process group of its own (killProcess takes its children too).
+func spawn(tb testing.TB, lb *LBNode, dir string, args ...string) *exec.Cmd {
+	tb.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", lb.Name}, args...)...)
+	out, err := os.OpenFile(filepath.Join(dir, filepath.Base(args[0])+".out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
-	// A group of its own: Kill takes keepalived's children (the VRRP
-	// process, notify scripts) with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		tb.Fatalf("%s: start %s: %v", n.LB.Name, args[0], err)
+		tb.Fatalf("%s: start %s: %v", lb.Name, args[0], err)
 	}
 	return cmd
+}
+
+func killProcess(c **exec.Cmd) {
+	if *c == nil {
+		return
+	}
+	syscall.Kill(-(*c).Process.Pid, syscall.SIGKILL)
+	(*c).Wait()
+	*c = nil
+}
+
+// Start starts conntrackd and waits for its control socket.
+func (c *Conntrackd) Start(tb testing.TB) {
+	tb.Helper()
+	sock := filepath.Join(c.Dir, "conntrackd.ctl")
+	os.Remove(sock)
+	os.Remove(filepath.Join(c.Dir, "conntrackd.lock"))
+	c.cmd = spawn(tb, c.LB, c.Dir, c.bin, "-C", c.conf)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s: conntrackd has no control socket after 5s:\n%s", c.LB.Name, logs(c.Dir, "conntrackd.out"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill kills conntrackd with SIGKILL.
+func (c *Conntrackd) Kill() { killProcess(&c.cmd) }
+
+// Pid is the conntrackd process's id (0 when it is not running).
+func (c *Conntrackd) Pid() int {
+	if c.cmd == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// Command runs conntrackd's client mode (-c, -s cache, ...) against it.
+func (c *Conntrackd) Command(args ...string) (string, error) {
+	out, err := exec.Command("ip", append([]string{"netns", "exec", c.LB.Name, c.bin, "-C", c.conf}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("conntrackd %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// ExternalCache returns the number of entries in conntrackd's external
+// cache (the other node's connections it holds).
+func (c *Conntrackd) ExternalCache() (int, error) {
+	out, err := c.Command("-s", "cache")
+	if err != nil {
+		return 0, err
+	}
+	// "cache:external\tactive objects:\t\t  N"
+	i := strings.Index(out, "cache:external")
+	if i < 0 {
+		return 0, fmt.Errorf("conntrackd -s cache: no external cache in %q", out)
+	}
+	line, _, _ := strings.Cut(out[i:], "\n")
+	f := strings.Fields(line)
+	count, err := strconv.Atoi(f[len(f)-1])
+	if err != nil {
+		return 0, fmt.Errorf("conntrackd -s cache: %q: %w", line, err)
+	}
+	return count, nil
+}
+
+// logs returns files of dir, for a failed test's log.
+func logs(dir string, files ...string) string {
+	var b strings.Builder
+	for _, f := range files {
+		data, _ := os.ReadFile(filepath.Join(dir, f))
+		fmt.Fprintf(&b, "--- %s:\n%s\n", f, data)
+	}
+	return b.String()
+}
+
+// StartVRRP runs keepalived (VRRP only) and, if asked, conntrackd
+// (StartConntrackd, with the external cache that keepalived's notify
+// script commits on taking over) in LB lb's namespace, and stops them in
+// tb.Cleanup.
+func (t *HATopology) StartVRRP(tb testing.TB, lb *LBNode, o VRRPOptions) *VRRPNode {
+	tb.Helper()
+	if o.AdvertInt <= 0 {
+		o.AdvertInt = time.Second
+	}
+	n := &VRRPNode{LB: lb, Dir: tempDir(tb, "xlb-vrrp-"+lb.Name+"-"), opts: o, bin: KeepalivedBinary(tb)}
+	ctd := ""
+	if o.Conntrackd {
+		n.CT = t.StartConntrackd(tb, lb, o.Peer, false)
+		ctd = n.CT.bin + " -C " + n.CT.conf
+	}
+	data := map[string]any{"Name": lb.Name, "Dir": n.Dir, "Priority": o.Priority, "VIP": o.VIP, "Gateway": VRRPGateway4,
+		"Advert": strconv.FormatFloat(o.AdvertInt.Seconds(), 'f', -1, 64), "Conntrackd": ctd}
+	// keepalived reads only a configuration file that is not executable;
+	// the notify script must be.
+	writeTemplate(tb, filepath.Join(n.Dir, "keepalived.conf"), keepalivedConf, data, 0o600)
+	writeTemplate(tb, filepath.Join(n.Dir, "notify.sh"), notifyScript, data, 0o700)
+	tb.Cleanup(func() {
+		n.Kill()
+		if tb.Failed() {
+			tb.Logf("%s keepalived:\n%s", lb.Name, logs(n.Dir, "keepalived.out", "state"))
+		}
+	})
+	n.Start(tb)
+	return n
 }
 
 // Start starts conntrackd (first: keepalived's notify script talks to it)
 // and keepalived.
 func (n *VRRPNode) Start(tb testing.TB) {
 	tb.Helper()
-	if n.bin.conntrackd != "" {
-		os.Remove(filepath.Join(n.Dir, "conntrackd.ctl"))
-		os.Remove(filepath.Join(n.Dir, "conntrackd.lock"))
-		n.ct = n.spawn(tb, n.bin.conntrackd, "-C", filepath.Join(n.Dir, "conntrackd.conf"))
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			if _, err := os.Stat(filepath.Join(n.Dir, "conntrackd.ctl")); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				tb.Fatalf("%s: conntrackd has no control socket after 5s:\n%s", n.LB.Name, n.logs())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+	if n.CT != nil && n.CT.cmd == nil {
+		n.CT.Start(tb)
 	}
-	n.ka = n.spawn(tb, n.bin.keepalived, "--vrrp", "--dont-fork", "--log-console", "--log-detail", "--no-syslog",
+	n.ka = spawn(tb, n.LB, n.Dir, n.bin, "--vrrp", "--dont-fork", "--log-console", "--log-detail", "--no-syslog",
 		"-f", filepath.Join(n.Dir, "keepalived.conf"), "-p", filepath.Join(n.Dir, "keepalived.pid"),
 		"-r", filepath.Join(n.Dir, "vrrp.pid"))
 }
@@ -299,13 +401,9 @@ func (n *VRRPNode) Start(tb testing.TB) {
 // Kill kills keepalived and conntrackd with SIGKILL (a node lost: the VIP
 // stays on its links; take them down with SetLBLinks).
 func (n *VRRPNode) Kill() {
-	for _, c := range []**exec.Cmd{&n.ka, &n.ct} {
-		if *c == nil {
-			continue
-		}
-		syscall.Kill(-(*c).Process.Pid, syscall.SIGKILL)
-		(*c).Wait()
-		*c = nil
+	killProcess(&n.ka)
+	if n.CT != nil {
+		n.CT.Kill()
 	}
 }
 
@@ -335,28 +433,6 @@ func (n *VRRPNode) WaitState(tb testing.TB, state string, timeout time.Duration)
 	return time.Since(start)
 }
 
-// ExternalCache returns the number of entries in conntrackd's external
-// cache (the other node's connections it holds).
-func (n *VRRPNode) ExternalCache() (int, error) {
-	out, err := exec.Command("ip", "netns", "exec", n.LB.Name, n.bin.conntrackd, "-C", filepath.Join(n.Dir, "conntrackd.conf"), "-s", "cache").CombinedOutput()
-	if err != nil {
-		return 0, fmt.Errorf("conntrackd -s cache: %v: %s", err, out)
-	}
-	// "cache:external\tactive objects:\t\t  N"
-	s := string(out)
-	i := strings.Index(s, "cache:external")
-	if i < 0 {
-		return 0, fmt.Errorf("conntrackd -s cache: no external cache in %q", s)
-	}
-	line, _, _ := strings.Cut(s[i:], "\n")
-	f := strings.Fields(line)
-	count, err := strconv.Atoi(f[len(f)-1])
-	if err != nil {
-		return 0, fmt.Errorf("conntrackd -s cache: %q: %w", line, err)
-	}
-	return count, nil
-}
-
 // SetBackendGateway points every backend's default route at gw alone (the
 // VRRP baseline's floating gateway) instead of the multipath route over
 // the LBs.
@@ -367,15 +443,4 @@ func (t *HATopology) SetBackendGateway(tb testing.TB, gw netip.Addr) {
 			tb.Fatalf("default route of %s via %s: %v", b.Name, gw, err)
 		}
 	}
-}
-
-// logs returns keepalived's and conntrackd's output and the states
-// recorded, for a failed test's log.
-func (n *VRRPNode) logs() string {
-	var b strings.Builder
-	for _, f := range []string{"keepalived.out", "conntrackd.out", "conntrackd.log", "state"} {
-		data, _ := os.ReadFile(filepath.Join(n.Dir, f))
-		fmt.Fprintf(&b, "--- %s:\n%s\n", f, data)
-	}
-	return b.String()
 }

@@ -407,22 +407,30 @@ func TestHABench(t *testing.T) {
 		conns = 1000
 	}
 	phase, _ := time.ParseDuration(os.Getenv("XLB_HA_PHASE"))
-	advert, _ := time.ParseDuration(os.Getenv("XLB_HA_VRRP_ADVERT"))
 	var cases []failoverOpts
 	for _, spec := range strings.Fields(os.Getenv("XLB_HA_CASES")) {
 		// mode/plane/how/kill|lost[/scheduler], how: sync, nosync (xlb's
 		// BGP and ECMP, with or without its sync), vrrp, vrrp+conntrackd
-		// (the keepalived baseline, vrrp_test.go).
+		// (the keepalived baseline, vrrp_test.go), these two with
+		// @INTERVAL for VRRP's advertisements (default 1s).
 		f := strings.Split(spec, "/")
 		if len(f) != 4 && len(f) != 5 {
-			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync|vrrp|vrrp+conntrackd/kill|lost[/scheduler]", spec)
+			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync|vrrp[@ADVERT]|vrrp+conntrackd[@ADVERT]/kill|lost[/scheduler]", spec)
 		}
 		o := failoverOpts{Mode: f[0], Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
 			Conns: conns, NewRate: 20, Phase: phase}
-		switch f[2] {
+		how, advert, _ := strings.Cut(f[2], "@")
+		switch how {
 		case "sync", "nosync":
 		case "vrrp", "vrrp+conntrackd":
-			o.Baseline, o.Conntrackd, o.VRRPAdvert = "vrrp", f[2] == "vrrp+conntrackd", advert
+			o.Baseline, o.Conntrackd = "vrrp", how == "vrrp+conntrackd"
+			if advert != "" {
+				d, err := time.ParseDuration(advert)
+				if err != nil {
+					t.Fatalf("XLB_HA_CASES: %q: advertisement interval: %v", spec, err)
+				}
+				o.VRRPAdvert = d
+			}
 		default:
 			t.Fatalf("XLB_HA_CASES: %q: %q is not sync, nosync, vrrp or vrrp+conntrackd", spec, f[2])
 		}

@@ -73,7 +73,7 @@ func hasAddr(lb *testutil.LBNode, link string, addr netip.Addr) bool {
 // backup takes the VIP once it misses three advertisements.
 func (c *vrrpCluster) lose(t *testing.T) time.Duration {
 	if c.o.Conntrackd {
-		if n, err := c.vrrp[1].ExternalCache(); err == nil {
+		if n, err := c.vrrp[1].CT.ExternalCache(); err == nil {
 			c.notes["backup-external-cache-before"] = strconv.Itoa(n)
 		} else {
 			c.notes["backup-external-cache-before"] = err.Error()
@@ -115,7 +115,7 @@ func (c *vrrpCluster) add(*testing.T) (time.Duration, bool) { return 0, false }
 
 func (c *vrrpCluster) finish(res *failoverResult) {
 	if c.o.Conntrackd {
-		if n, err := c.vrrp[0].ExternalCache(); err == nil {
+		if n, err := c.vrrp[0].CT.ExternalCache(); err == nil {
 			c.notes["returned-node-external-cache-at-end"] = strconv.Itoa(n)
 		}
 	}
