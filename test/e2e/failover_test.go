@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -45,6 +46,9 @@ type failoverOpts struct {
 	Scheduler string `json:",omitempty"`
 	// VRRPAdvert is keepalived's advertisement interval (default 1 s).
 	VRRPAdvert time.Duration `json:",omitempty"`
+	// SyncCut: instead of losing the first node, cut its connection sync
+	// (its sync packets dropped both ways) and restore it; no third node.
+	SyncCut bool `json:",omitempty"`
 }
 
 // failoverResult counts what the clients saw in each phase.
@@ -299,7 +303,22 @@ func (c *ecmpCluster) startNode(t *testing.T, lb *testutil.LBNode) *haNode {
 	return newHANodeState(t, c.topo, lb, c.stateFile, args...)
 }
 
+// syncCut is the nft table that cuts a node's connection sync.
+const syncCut = `table inet xlbt_synccut {
+	chain in { type filter hook input priority -300; tcp dport 7000 drop; tcp sport 7000 drop; }
+	chain out { type filter hook output priority -300; tcp dport 7000 drop; tcp sport 7000 drop; }
+}
+`
+
 func (c *ecmpCluster) lose(t *testing.T) time.Duration {
+	if c.o.SyncCut {
+		cmd := exec.Command("ip", "netns", "exec", c.topo.LBs[0].Name, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(syncCut)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("cut the sync of %s: %v: %s", c.topo.LBs[0].Name, err, out)
+		}
+		return 0
+	}
 	t0 := time.Now()
 	c.nodes[0].kill()
 	if c.o.NodeLost {
@@ -312,6 +331,26 @@ func (c *ecmpCluster) lose(t *testing.T) time.Duration {
 // back: it announces once it has its peers' state.
 func (c *ecmpCluster) back(t *testing.T) time.Duration {
 	t0 := time.Now()
+	if c.o.SyncCut {
+		// Both nodes announced all along: losing sync withdraws nothing.
+		if nhs, _ := c.topo.RouteNextHops(c.vip.Addr()); len(nhs) != 2 {
+			t.Errorf("with the sync cut, the router's route has next hops %v, want both nodes", nhs)
+		}
+		// The cut node sees its stream to the peer broken (nothing
+		// acknowledged within the sync's send timeout).
+		waitFor(t, c.nodes[0].lb.Name+" sees its sync stream broken", 15*time.Second, func() bool {
+			out, err := c.nodes[0].cli("sync")
+			return err == nil && !strings.Contains(out, "connected")
+		})
+		testutil.Run(t, c.topo.LBs[0].Name, "nft", "delete", "table", "inet", "xlbt_synccut")
+		for _, n := range c.nodes {
+			waitFor(t, n.lb.Name+" sync connected again", 30*time.Second, func() bool {
+				out, err := n.cli("sync")
+				return err == nil && strings.Contains(out, "connected")
+			})
+		}
+		return time.Since(t0)
+	}
 	if c.o.NodeLost {
 		c.topo.SetLBLinks(t, 0, true)
 	}
@@ -323,6 +362,9 @@ func (c *ecmpCluster) back(t *testing.T) time.Duration {
 // add: the backends route through the third node only once it announces
 // (it holds its peers' state by then).
 func (c *ecmpCluster) add(t *testing.T) (time.Duration, bool) {
+	if c.o.SyncCut {
+		return 0, false
+	}
 	t0 := time.Now()
 	lb2 := c.topo.AddLB(t)
 	c.topo.SetReturnVia(t, 2, false)
@@ -392,6 +434,27 @@ func syncFailover(t *testing.T, mode string) {
 	}
 	if total != 0 {
 		t.Fatalf("%d long-lived connections broken: %v %v", total, res.Broken, res.BrokenHow)
+	}
+}
+
+// TestSyncCut: losing connection sync never stops local traffic. Two
+// nodes with sync carry snat connections behind BIRD's ECMP; the first
+// node's sync is cut (its sync packets dropped both ways, a partition of
+// the sync channel only) for a phase, then restored: no long-lived
+// connection breaks, no new connection fails, both nodes stay announced,
+// and sync connects again.
+func TestSyncCut(t *testing.T) {
+	res := runFailover(t, failoverOpts{Mode: "snat", Plane: "nft", Sync: true, SyncCut: true, Conns: 60, NewRate: 10, Phase: 5 * time.Second})
+	b, _ := json.MarshalIndent(res, "", "  ")
+	t.Logf("result:\n%s", b)
+	if res.Established < 55 {
+		t.Fatalf("only %d of 60 long-lived connections opened", res.Established)
+	}
+	for _, p := range phases {
+		if res.Broken[p] != 0 || res.NewFailed[p] != 0 {
+			t.Errorf("phase %s: %d long-lived connections broken (%v), %d of %d new connections failed",
+				p, res.Broken[p], res.BrokenHow, res.NewFailed[p], res.NewTotal[p])
+		}
 	}
 }
 

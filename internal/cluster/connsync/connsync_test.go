@@ -279,9 +279,9 @@ func (r *byteReader) Read(p []byte) (int, error) {
 
 // TestSyncStalledPeer: a peer that greets and then never reads (hung, or
 // hostile) never holds back the data plane's events: its queue fills, its
-// batches are dropped and counted (it gets a full resync when it comes
-// back), and the node takes every batch the plane gives as fast as the
-// plane gives them.
+// batches are dropped and counted, and the node takes every batch the
+// plane gives as fast as the plane gives them; within sendTimeout its
+// stream counts as broken and is made again (a full resync).
 func TestSyncStalledPeer(t *testing.T) {
 	a, b := freePort(t, "127.0.0.1"), freePort(t, "127.0.0.2")
 	ln, err := net.Listen("tcp", b.String())
@@ -327,5 +327,8 @@ func TestSyncStalledPeer(t *testing.T) {
 		}
 	}
 	waitFor(t, "dropped batches counted", func() bool { return n.Counters().Dropped > 0 })
+	// The stream to it counts as broken within sendTimeout, and is made
+	// again (with a full dump when the peer reads again).
+	waitFor(t, "the stalled stream broken", func() bool { return n.Counters().SendErrors > 0 })
 	t.Logf("counters: %+v", n.Counters())
 }
