@@ -107,7 +107,7 @@ it removes what the other plane left (the eBPF links and maps pinned under
 --cleanup removes everything xlb put in the kernel, both planes, and exits.
 
 --kube-crd takes the farms, tables and checks from the Farm, Table and Check
-custom resources (xlb.io/v1alpha1, deploy/crds.yaml) that the API server of
+custom resources (xlb.io/v1alpha1, deploy/crd/crds.yaml) that the API server of
 --kubeconfig (default: in-cluster) serves, so every node watching them
 programs the same configuration; each object's status says per node
 (--kube-node-name) whether it is programmed, and why not. The API is read-only

@@ -31,7 +31,7 @@ type kubeCRDOptions struct {
 }
 
 func (o *kubeCRDOptions) register(f *pflag.FlagSet) {
-	f.BoolVar(&o.enabled, "kube-crd", false, "take the farms, tables and checks from the Farm, Table and Check custom resources (xlb.io/v1alpha1, deploy/crds.yaml) of a Kubernetes cluster, and report in each one's status whether this node programmed it; the API is read-only then (docs/ha.md)")
+	f.BoolVar(&o.enabled, "kube-crd", false, "take the farms, tables and checks from the Farm, Table and Check custom resources (xlb.io/v1alpha1, deploy/crd/crds.yaml) of a Kubernetes cluster, and report in each one's status whether this node programmed it; the API is read-only then (docs/ha.md)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "with --kube-crd: kubeconfig of the API server (default: the in-cluster service account)")
 	f.StringVar(&o.node, "kube-node-name", "", "with --kube-crd: this node's name in the resources' status and Events (default: the host name)")
 }

@@ -140,7 +140,7 @@ func TestCRDNodes(t *testing.T) {
 		testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8080), fmt.Sprintf("backend-%d", i+1))
 	}
 	api := kubetest.Start(t)
-	api.InstallCRDs(t, "../../deploy/crds.yaml")
+	api.InstallCRDs(t, "../../deploy/crd/crds.yaml")
 	dyn, err := dynamic.NewForConfig(api.Config)
 	if err != nil {
 		t.Fatal(err)

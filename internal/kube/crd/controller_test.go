@@ -26,7 +26,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/store"
 )
 
-// TestCRDsCurrent: deploy/crds.yaml is what the generator makes of
+// TestCRDsCurrent: deploy/crd/crds.yaml is what the generator makes of
 // api/openapi.yaml today (go generate ./internal/kube/crd).
 func TestCRDsCurrent(t *testing.T) {
 	doc, err := os.ReadFile("../../../api/openapi.yaml")
@@ -37,12 +37,12 @@ func TestCRDsCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile("../../../deploy/crds.yaml")
+	got, err := os.ReadFile("../../../deploy/crd/crds.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Fatal("deploy/crds.yaml is stale: run go generate ./internal/kube/crd")
+		t.Fatal("deploy/crd/crds.yaml is stale: run go generate ./internal/kube/crd")
 	}
 }
 
@@ -86,7 +86,7 @@ func (c crdDoc) specSchema(t *testing.T) map[string]any {
 
 func loadCRDs(t *testing.T) map[string]crdDoc {
 	t.Helper()
-	raw, err := os.ReadFile("../../../deploy/crds.yaml")
+	raw, err := os.ReadFile("../../../deploy/crd/crds.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func loadCRDs(t *testing.T) map[string]crdDoc {
 		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
-			t.Fatalf("deploy/crds.yaml: %v", err)
+			t.Fatalf("deploy/crd/crds.yaml: %v", err)
 		}
 		if obj == nil {
 			continue
@@ -107,11 +107,11 @@ func loadCRDs(t *testing.T) map[string]crdDoc {
 	return out
 }
 
-// bindRole creates deploy/crd-rbac.yaml's ClusterRole and binds it to
+// bindRole creates deploy/crd/rbac.yaml's ClusterRole and binds it to
 // kubetest.ProxyUser: the controllers run with exactly these permissions.
 func bindRole(t *testing.T, env *kubetest.Env) {
 	t.Helper()
-	raw, err := os.ReadFile("../../../deploy/crd-rbac.yaml")
+	raw, err := os.ReadFile("../../../deploy/crd/rbac.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,14 +122,14 @@ func bindRole(t *testing.T, env *kubetest.Env) {
 		if err := dec.Decode(&r); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
-			t.Fatalf("deploy/crd-rbac.yaml: %v", err)
+			t.Fatalf("deploy/crd/rbac.yaml: %v", err)
 		}
 		if r.Kind == "ClusterRole" {
 			role = &r
 		}
 	}
 	if role == nil {
-		t.Fatal("deploy/crd-rbac.yaml has no ClusterRole")
+		t.Fatal("deploy/crd/rbac.yaml has no ClusterRole")
 	}
 	ctx := context.Background()
 	rb := env.Client.RbacV1()
@@ -324,7 +324,7 @@ func TestCRDController(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &world{t: t, env: env, dyn: dyn}
-	env.InstallCRDs(t, "../../../deploy/crds.yaml")
+	env.InstallCRDs(t, "../../../deploy/crd/crds.yaml")
 	bindRole(t, env)
 	stA, err := store.OpenBolt(t.TempDir())
 	if err != nil {

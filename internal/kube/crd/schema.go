@@ -13,7 +13,7 @@ import (
 // The CRDs' schemas are generated from the REST API's OpenAPI document
 // (api/openapi.yaml), whose Farm, Backend, Check and Table schemas the API
 // tests hold to the model's codec: a field the model gains is a field the
-// document must gain, and then a field of the CRDs. deploy/crds.yaml is
+// document must gain, and then a field of the CRDs. deploy/crd/crds.yaml is
 // the output (go generate ./internal/kube/crd; TestCRDsCurrent fails on a
 // stale one).
 //

@@ -19,7 +19,7 @@ import (
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // InstallCRDs creates the CustomResourceDefinitions of a manifest file
-// (deploy/crds.yaml) and waits until the API server has established each
+// (deploy/crd/crds.yaml) and waits until the API server has established each
 // (it refuses a schema that is not structural).
 func (e *Env) InstallCRDs(tb testing.TB, path string) {
 	tb.Helper()

@@ -1,4 +1,4 @@
-// Command gen writes deploy/crds.yaml from api/openapi.yaml (go generate
+// Command gen writes deploy/crd/crds.yaml from api/openapi.yaml (go generate
 // ./internal/kube/crd).
 package main
 
@@ -12,7 +12,7 @@ import (
 
 func main() {
 	in := flag.String("openapi", "../../../api/openapi.yaml", "the REST API's OpenAPI document")
-	out := flag.String("o", "../../../deploy/crds.yaml", "where the CRDs go")
+	out := flag.String("o", "../../../deploy/crd/crds.yaml", "where the CRDs go")
 	flag.Parse()
 	doc, err := os.ReadFile(*in)
 	if err == nil {
