@@ -5,7 +5,7 @@ long-lived connections of each event over its runs (mean, 95 % confidence
 interval, min-max, every run), new connections that failed, the router's
 times, and, when given, the sync-cost Go benchmarks (go test -bench output).
 
-usage: report.py ha.jsonl ha.md ha.png [sync-bench.txt]
+usage: report.py ha.jsonl ha.md ha.png [sync-bench.txt [sync-cost.jsonl]]
 """
 import json
 import math
@@ -18,6 +18,7 @@ import tempfile
 
 src, md, png = sys.argv[1], sys.argv[2], sys.argv[3]
 bench = sys.argv[4] if len(sys.argv) > 4 else None
+cost = sys.argv[5] if len(sys.argv) > 5 else None
 runs = [json.loads(l) for l in open(src) if l.strip()]
 events = ["lost", "back", "added"]
 phases = ["steady"] + events
@@ -204,6 +205,36 @@ if bench and os.path.exists(bench):
                 "| benchmark | runs | ns per connection |", "|---|---|---|"]
         for b, xs in per.items():
             out.append(f"| {b} | {len(xs)} | {fmt(xs, ' ns')} |")
+
+if cost and os.path.exists(cost):
+    cr = [json.loads(l) for l in open(cost) if l.strip()]
+    if cr:
+        out += ["", "## Sync cost per connection: xlb's sync and conntrackd, side by side", "",
+                "From `" + os.path.basename(cost) + "` (`test/e2e` `TestSyncCost`, `bench/ha/run.sh` with",
+                "`SYNCCOST=1`). The same load for each engine: dnat entries to an xlb VIP appear in node A's",
+                "conntrack (the test installs them over ctnetlink, 256 a batch), and the engine's processes",
+                "carry them into node B: *xlb*: two xlb daemons (nft plane, ctnetlink events out, connsync's",
+                "HMAC'd TCP stream, entries with their NAT binding in); *conntrackd-direct*: two conntrackd",
+                "1.4.7 (FTFW over UDP, `DisableExternalCache On`: B injects into its kernel as it receives);",
+                "*conntrackd-cache*: conntrackd's default, B keeps an external cache, committed to its kernel",
+                "by `conntrackd -c` (on takeover, as the baseline's notify script does). CPU: user+system time",
+                "of the processes (`/proc/PID/stat`, 10 ms ticks) from the first entry until B holds all, less",
+                "what they spend idle over as long, divided by the connections. *wall*: until B holds all.", "",
+                "| engine | runs | connections | sender µs/conn | receiver µs/conn | both µs/conn | commit µs/conn | wall s | commit wall s |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        by = {}
+        for r in cr:
+            by.setdefault(r["engine"], []).append(r)
+        for e, rs in by.items():
+            snd = [r["send-ns-per-conn"] / 1e3 for r in rs]
+            rcv = [r["recv-ns-per-conn"] / 1e3 for r in rs]
+            both = [a + b for a, b in zip(snd, rcv)]
+            com = [r["commit-ns-per-conn"] / 1e3 for r in rs if "commit-ns-per-conn" in r]
+            cw = [dur(r["commit-wall"]) for r in rs if "commit-wall" in r]
+            conns = sorted({r["conns"] for r in rs})
+            out.append(f"| {e} | {len(rs)} | {', '.join(map(str, conns))} | {fmt(snd, '', 1)} | {fmt(rcv, '', 1)} | "
+                       f"{fmt(both, '', 1)} | {fmt(com, '', 1) if com else '-'} | {fmt([dur(r['wall']) for r in rs], '', 3)} | "
+                       f"{fmt(cw, '', 3) if cw else '-'} |")
 
 with open(md, "w") as f:
     f.write("\n".join(out) + "\n")

@@ -19,9 +19,12 @@
 # Without CASEs: 16 cases, ~40 min with RUNS=3.
 # Then (unless APPEND=1 or SYNCBENCH=0) the Go benchmarks of the sync
 # cost per connection (internal/conntrack, internal/cluster/connsync), 5
-# runs each, into ha-sync-bench.txt.
+# runs each, into ha-sync-bench.txt. SYNCCOST=1 (the default with
+# BASELINE=1) also compares the CPU per synchronised connection of xlb's
+# sync and of conntrackd (test/e2e TestSyncCost, COST_CONNS connections,
+# COST_RUNS runs), into ha-sync-cost.jsonl.
 #
-# usage: bench/ha/run.sh [CASE...]   (env CONNS=1000 PHASE=6s RUNS=3 APPEND=0 SYNCBENCH=1)
+# usage: bench/ha/run.sh [CASE...]   (env CONNS=1000 PHASE=6s RUNS=3 APPEND=0 SYNCBENCH=1 BASELINE=0 SYNCCOST=$BASELINE COST_CONNS=50000 COST_RUNS=5)
 # Results: bench/results/ha.jsonl (one line a run; APPEND=1 adds to it),
 # ha-sync-bench.txt, then ha.md and ha.png from all of them.
 set -euo pipefail
@@ -32,6 +35,7 @@ PHASE=${PHASE:-6s}
 RUNS=${RUNS:-3}
 APPEND=${APPEND:-0}
 SYNCBENCH=${SYNCBENCH:-$([ "$APPEND" = 1 ] && echo 0 || echo 1)}
+SYNCCOST=${SYNCCOST:-${BASELINE:-0}}
 cases=("$@")
 if [ ${#cases[@]} -eq 0 ]; then
 	# The matrix: every mode with and without sync on the nft
@@ -94,4 +98,12 @@ if [ "$SYNCBENCH" = 1 ]; then
 		-test.bench BenchmarkWire -test.count 5) >>"$sb.new"
 	mv "$sb.new" "$sb"
 fi
-python3 bench/ha/report.py "$out" bench/results/ha.md bench/results/ha.png bench/results/ha-sync-bench.txt
+if [ "$SYNCCOST" = 1 ]; then
+	# Five or so minutes under the lock: COST_RUNS x 3 engines.
+	echo "bench-ha: sync cost, xlb and conntrackd ($(date -u +%T))" >&2
+	(cd test/e2e && XLB_PRIVILEGED_TESTS=1 XLB_E2E_BIN="$bin/xlb" XLB_SYNC_COST="$PWD/../../bench/results/ha-sync-cost.jsonl" \
+		XLB_SYNC_COST_CONNS=${COST_CONNS:-50000} XLB_SYNC_COST_RUNS=${COST_RUNS:-5} \
+		flock -o /tmp/xlb-privtest.lock timeout 590 "$bin/e2e.test" -test.count=1 -test.timeout 580s -test.run 'TestSyncCost$' >&2) ||
+		echo "bench-ha: sync cost failed" >&2
+fi
+python3 bench/ha/report.py "$out" bench/results/ha.md bench/results/ha.png bench/results/ha-sync-bench.txt bench/results/ha-sync-cost.jsonl
