@@ -243,8 +243,9 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	defer stopHealth()
 	metrics.SetChecks(mon)
 	var apiOpts api.Options
+	var crdGate bgp.Gate
 	if o.kube.enabled {
-		if err := kubeCRD()(ctx, log, eng, o.kube); err != nil {
+		if crdGate, err = kubeCRD()(ctx, log, eng, o.kube); err != nil {
 			return err
 		}
 		apiOpts = api.Options{ReadOnly: true, ReadOnlyReason: "this daemon takes its farms, tables and checks from Kubernetes custom resources (--kube-crd): change those"}
@@ -266,7 +267,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	var announcer *bgp.Announcer
 	drained := func() {}
 	if bgpCfg != nil {
-		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, gate); err != nil {
+		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, bgp.JoinGates(ctx, gate, crdGate)); err != nil {
 			return err
 		}
 	}

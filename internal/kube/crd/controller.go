@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -28,6 +29,9 @@ type Config struct {
 	// Resync is the informers' resync period (0: none; a watch that
 	// breaks is re-listed by client-go whatever this is).
 	Resync time.Duration
+	// Wait bounds how long Ready waits for the first sync with the API
+	// server (0: no bound).
+	Wait time.Duration
 }
 
 // Controller programs the Farm, Table and Check resources into one node's
@@ -47,6 +51,10 @@ type Controller struct {
 	reported map[objKey]outcome
 	// synced is closed after the first pass over synced informers.
 	synced chan struct{}
+
+	gateMu  sync.Mutex
+	ready   bool // first pass done, or Wait over
+	changed chan struct{}
 }
 
 // objKey names one object: its kind and metadata.name.
@@ -70,7 +78,41 @@ func New(cfg Config) (*Controller, error) {
 		appliedGen: map[objKey]int64{},
 		reported:   map[objKey]outcome{},
 		synced:     make(chan struct{}),
+		changed:    make(chan struct{}, 1),
 	}, nil
+}
+
+// Ready reports whether the node has programmed what the API server held
+// when the controller started (or waited Config.Wait for it): the BGP
+// speaker announces nothing before (bgp.Gate), so a node that restarts
+// does not announce a farm deleted while it was down.
+func (c *Controller) Ready() (bool, string) {
+	c.gateMu.Lock()
+	defer c.gateMu.Unlock()
+	if c.ready {
+		return true, ""
+	}
+	return false, "custom resources: waiting for the first sync with the Kubernetes API server"
+}
+
+// Changed is signalled when Ready may have changed (bgp.Gate).
+func (c *Controller) Changed() <-chan struct{} { return c.changed }
+
+func (c *Controller) open(why string) {
+	c.gateMu.Lock()
+	was := c.ready
+	c.ready = true
+	c.gateMu.Unlock()
+	if was {
+		return
+	}
+	if why != "" {
+		c.cfg.Log.Warn(why)
+	}
+	select {
+	case c.changed <- struct{}{}:
+	default:
+	}
 }
 
 // Synced is closed once the controller has programmed what the informers
@@ -102,6 +144,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.factory.Start(ctx.Done())
 	defer c.factory.Shutdown()
+	if c.cfg.Wait > 0 {
+		t := time.AfterFunc(c.cfg.Wait, func() {
+			c.open("no first sync with the Kubernetes API server within the wait: announcing the saved state")
+		})
+		defer t.Stop()
+	}
 	c.cfg.Log.Info("watching xlb custom resources", "group", Group, "version", Version, "node", c.cfg.Node)
 	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
 		return ctx.Err()
@@ -122,6 +170,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		again := c.sync(ctx)
 		if first {
 			close(c.synced)
+			c.open("")
 			first = false
 		}
 		if !retry.Stop() {

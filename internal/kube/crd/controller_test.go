@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
 	"github.com/xlb-lb/xlb/internal/engine"
@@ -150,6 +151,7 @@ func bindRole(t *testing.T, env *kubetest.Env) {
 type node struct {
 	name string
 	eng  *engine.Engine
+	c    *crd.Controller
 	stop func()
 }
 
@@ -178,7 +180,7 @@ func startNode(t *testing.T, env *kubetest.Env, name string, st store.Store) *no
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }()
-	n := &node{name: name, eng: eng, stop: func() { cancel(); <-done }}
+	n := &node{name: name, eng: eng, c: c, stop: func() { cancel(); <-done }}
 	t.Cleanup(n.stop)
 	return n
 }
@@ -353,6 +355,13 @@ func TestCRDController(t *testing.T) {
 		}
 	}
 
+	// The first sync is done: the gate of BGP announcements is open.
+	for _, n := range nodes {
+		if ok, why := n.c.Ready(); !ok {
+			t.Fatalf("%s: not ready after its first sync: %s", n.name, why)
+		}
+	}
+
 	// Invalid on its own: refused by the model's validator, named, and
 	// nothing changes; an Event says so.
 	w.create(crd.KindFarm, "bad", map[string]any{"virtual-addr": "10.99.0.300", "virtual-ports": "80"})
@@ -459,4 +468,44 @@ func TestCRDController(t *testing.T) {
 		_, tb := s.Table("deny")
 		return !f && !tb
 	})
+}
+
+// TestCRDGateWait: a node that cannot reach the API server holds its BGP
+// announcements back (Ready says why) for Config.Wait, then announces its
+// saved state.
+func TestCRDGateWait(t *testing.T) {
+	st, err := store.OpenBolt(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	log := slog.New(slog.DiscardHandler)
+	eng, err := engine.New(context.Background(), log, fake.New(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing listens on port 1.
+	dyn, err := dynamic.NewForConfig(&rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := crd.New(crd.Config{Log: log, Client: dyn, Engine: eng, Node: "n", Wait: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if ok, why := c.Ready(); ok || !strings.Contains(why, "waiting for the first sync") {
+		t.Fatalf("ready before any sync: %v %q", ok, why)
+	}
+	select {
+	case <-c.Changed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the wait did not end")
+	}
+	if ok, _ := c.Ready(); !ok {
+		t.Fatal("not ready after the wait")
+	}
 }
