@@ -317,15 +317,29 @@ func (c *Controller) sync(ctx context.Context) (again bool) {
 				done(objKey{KindFarm, n}, d.farms[n].body)
 			}
 		} else {
-			for _, n := range put {
-				if len(put) > 1 {
-					err = putFarms([]string{n})
-				}
-				if err != nil {
-					refused(objKey{KindFarm, n}, err)
-				} else {
+			// One by one, again while some go in: a farm may wait for
+			// another's change (a VIP moved from one farm to another).
+			errs := map[string]error{}
+			if len(put) == 1 {
+				errs[put[0]] = err
+			}
+			for progress := len(put) > 1; progress; {
+				progress = false
+				for _, n := range put {
+					if c.applied[objKey{KindFarm, n}] == d.farms[n].body {
+						continue // in already
+					}
+					if err := putFarms([]string{n}); err != nil {
+						errs[n] = err
+						continue
+					}
+					delete(errs, n)
 					done(objKey{KindFarm, n}, d.farms[n].body)
+					progress = true
 				}
+			}
+			for n, err := range errs {
+				refused(objKey{KindFarm, n}, err)
 			}
 		}
 	}
