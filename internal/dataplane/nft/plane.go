@@ -52,6 +52,11 @@ type Options struct {
 	// (zero: the kernel's choice). Nodes that share a farm's source-addr
 	// take disjoint ranges (docs/ha.md).
 	SNATPorts model.PortRange
+	// PoliciesOnOutput checks farms' policies (named tables) for the
+	// node's own connections too, at the output hook, as kube-proxy
+	// checks loadBalancerSourceRanges (xlb kube-proxy sets it). Without
+	// it, as nftlb, only what arrives on an interface is checked.
+	PoliciesOnOutput bool
 }
 
 // dialNFT opens a lasting nftables netlink connection in namespace ns.
