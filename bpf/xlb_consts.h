@@ -209,7 +209,7 @@ enum xlb_sync_rc {
 	XLB_SYNC_RC_UNBOUND =
 		1, /* installed, but no farm here has its VIP and backend (yet): carried, not counted */
 	XLB_SYNC_RC_MODE = 2,	  /* the service here is dsr or stlsdnat (no state to install) */
-	XLB_SYNC_RC_CONFLICT = 3, /* its reply tuple is another flow's here */
+	XLB_SYNC_RC_CONFLICT = 3, /* its tuple or reply tuple is another flow's here */
 	XLB_SYNC_RC_GONE = 4,	  /* an end for a flow not here (not an error) */
 	XLB_SYNC_RC_ERROR = 5,	  /* map update failed (table full) */
 	XLB_SYNC_RC_BAD = 6,	  /* malformed: kind, family or protocol */

@@ -255,8 +255,10 @@ static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const s
  * Its forward entry is keyed as the client sent it; the translation is the
  * peer's (for snat, the peer's source address and port: the backend answers
  * there). A flow here with the same translation is updated
- * (sync_update()); one with another (a new connection on the tuple) is
- * replaced, as is a closed one by a new connection. The service and the
+ * (sync_update()); one with another is replaced by the news of a new
+ * connection (or a dump, which sends every flow as new), not by an update
+ * (a stale one must not take a live flow's place), and a closed one by a
+ * new connection. The service and the
  * backend ids are this node's (sync_bind()).
  * Return: an enum xlb_sync_rc value.
  */
@@ -302,6 +304,11 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 				return sync_update(&fk, v, &fv);
 		} else if (c->kind == XLB_SYNC_END) {
 			return XLB_SYNC_RC_GONE;
+		} else if (c->kind == XLB_SYNC_UPDATE) {
+			/* Another connection on the tuple here: only the news
+			 * of a new one (or a dump) replaces it, never a stale
+			 * update of an older one. */
+			return XLB_SYNC_RC_CONFLICT;
 		}
 		ct_delete(&fk, v);
 	}

@@ -51,7 +51,7 @@ const (
 // syncRCNames say why xlb_ct_install did not install a connection.
 var syncRCNames = map[int32]string{
 	int32(xlbXlbSyncRcXLB_SYNC_RC_MODE):     "the farm here is dsr or stlsdnat",
-	int32(xlbXlbSyncRcXLB_SYNC_RC_CONFLICT): "its reply tuple is another connection's here",
+	int32(xlbXlbSyncRcXLB_SYNC_RC_CONFLICT): "its tuple or its reply tuple is another connection's here",
 	int32(xlbXlbSyncRcXLB_SYNC_RC_ERROR):    "conntrack table update failed",
 	int32(xlbXlbSyncRcXLB_SYNC_RC_BAD):      "malformed",
 }

@@ -218,6 +218,20 @@ func TestConnSync(t *testing.T) {
 			}
 		}
 	}
+	// A stale update of another connection on a tuple does not take
+	// the live flow's place.
+	stale := got[0]
+	stale.Kind = dataplane.ConnUpdate
+	stale.Conn.Backend = netip.AddrPortFrom(netip.MustParseAddr("10.200.0.13"), 8080)
+	if stale.Conn.Backend == got[0].Conn.Backend {
+		stale.Conn.Backend = netip.AddrPortFrom(netip.MustParseAddr("10.200.0.12"), 8080)
+	}
+	if n, err := b.InstallConns(ctx, []dataplane.ConnEvent{stale}); n != 0 || err == nil || !strings.Contains(err.Error(), "another connection's") {
+		t.Errorf("a stale update with another backend: %d, %v; want it refused", n, err)
+	}
+	if verdict, atB := send(b, flows[0], tcpACK); verdict != verdictRedirect || atB.dst != atA["snat"].dst {
+		t.Errorf("after a stale update: verdict %d, to %s; want %s still", verdict, atB.dst, atA["snat"].dst)
+	}
 	// Counted active once per TCP flow (xlb_lc.h), though installed twice.
 	if act := sumActive(t, b); act != 2 {
 		t.Errorf("B counts %d active connections, want 2", act)
@@ -331,7 +345,7 @@ func TestSNATPorts(t *testing.T) {
 	testutil.RequireRoot(t)
 	ns := fixtureNS(t)
 	p, err := New(context.Background(), testLogger(t), Options{NetNS: ns, Interfaces: []string{"front"}, PinPath: mountBPFFS(t),
-		ConnTableSize: 4096, SNATPorts: model.PortRange{First: 20000, Last: 20009}})
+		ConnTableSize: 4096, SNATPorts: model.PortRange{First: 20000, Last: 20099}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,8 +359,8 @@ func TestSNATPorts(t *testing.T) {
 	for i, sport := range []uint16{20005, 40000, 40001, 40002, 40003, 40004, 40005, 40006, 40007, 40008} {
 		verdict, out := runProg(t, ns, p.objs.XlbIngress, pktSpec{src: client, sport: sport, dst: vip2, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
 		got, _ := parse(out)
-		if verdict != verdictRedirect || got.sport < 20000 || got.sport > 20009 || seen[got.sport] {
-			t.Errorf("flow %d from port %d: verdict %d, left from port %d; want a free port of 20000-20009", i, sport, verdict, got.sport)
+		if verdict != verdictRedirect || got.sport < 20000 || got.sport > 20099 || seen[got.sport] {
+			t.Errorf("flow %d from port %d: verdict %d, left from port %d; want a free port of 20000-20099", i, sport, verdict, got.sport)
 		}
 		if sport == 20005 && got.sport != 20005 {
 			t.Errorf("a client port in the range (20005) was not kept: %d", got.sport)
