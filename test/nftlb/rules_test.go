@@ -45,20 +45,7 @@ func normRules(s string) string {
 // sent to Debian's nftlb and to xlb, with what each programs compared.
 func TestSideBySideRules(t *testing.T) {
 	nftlb, xlb := startPeers(t)
-	// nftlb programs a farm only when it finds the VIP's interface and a
-	// route to each backend: the same links in both namespaces.
-	for _, p := range []*peer{nftlb, xlb} {
-		for _, cmd := range [][]string{
-			{"ip", "link", "add", "d0", "type", "veth", "peer", "name", "d0p"},
-			{"ip", "link", "add", "d1", "type", "veth", "peer", "name", "d1p"},
-			{"ip", "addr", "add", "10.0.0.1/24", "dev", "d0"},
-			{"ip", "addr", "add", "10.1.0.254/24", "dev", "d1"},
-			{"ip", "link", "set", "d0", "up"}, {"ip", "link", "set", "d0p", "up"},
-			{"ip", "link", "set", "d1", "up"}, {"ip", "link", "set", "d1p", "up"},
-		} {
-			testutil.Run(t, p.nsName, cmd...)
-		}
-	}
+	linkPeers(t, nftlb, xlb)
 	cases := []ruleCase{
 		{name: "new-rtlimit per client, in minutes, with a log prefix and limits-ttl",
 			farm: `"new-rtlimit":"10/minute","new-rtlimit-burst":"3","new-rtlimit-log-prefix":"NEWPFX","limits-ttl":"60"`,

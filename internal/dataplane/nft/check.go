@@ -79,10 +79,6 @@ func check(f *model.Farm) error {
 			fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize))
 	case f.Mark != 0 && !f.IsMarkFarm():
 		return no("mark", fmt.Sprint(f.Mark))
-	case f.Priority != 1:
-		// Backend priority groups follow model.Farm.ActiveBackends; a farm
-		// priority other than the default has no meaning here yet.
-		return no("priority", fmt.Sprint(f.Priority))
 	case len(f.Policies) > 0:
 		if err := CheckPolicies(f); err != nil { // tables.go
 			return err

@@ -86,7 +86,6 @@ func TestCheck(t *testing.T) {
 			f.Family, f.VirtualAddr2 = model.FamilyDual, netip.MustParseAddr("fd00::1")
 			f.Persistence = model.KeySrcIP | model.KeyDstIP
 		}},
-		{"priority", func(f *model.Farm) { f.Priority = 2 }},
 		// Policies are checked at prerouting, which stlsdnat bypasses.
 		{"policies", func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
