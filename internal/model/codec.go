@@ -374,7 +374,29 @@ var farmFields = []scalarField[Farm]{
 	queueField,
 	verdictField,
 	onOffField("flow-offload", func(f *Farm) *bool { return &f.FlowOffload }),
-	onOffField("intra-connect", func(f *Farm) *bool { return &f.IntraConnect }),
+	{
+		// Printed "on" by default (xlb's default; nftlb's is off and it
+		// prints nothing then): "" is the default.
+		name: "intra-connect",
+		json: jsonBool,
+		decode: func(f *Farm, v string) error {
+			switch strings.TrimSpace(v) {
+			case "on", "true", "":
+				f.IntraConnectOff = false
+			case "off", "false":
+				f.IntraConnectOff = true
+			default:
+				return fmt.Errorf("allowed values are on, off")
+			}
+			return nil
+		},
+		append: func(dst []byte, f *Farm) []byte {
+			if f.IntraConnectOff {
+				return append(dst, `"off"`...)
+			}
+			return append(dst, `"on"`...)
+		},
+	},
 	ifaceField("iface", func(f *Farm) *string { return &f.Iface }),
 	ifaceField("oface", func(f *Farm) *string { return &f.Oface }),
 	etherField(func(f *Farm) *EtherAddr { return &f.EtherAddr }),

@@ -77,7 +77,7 @@ var oldFarmEncoders = []oldEncoder[Farm]{
 	{"queue", func(f *Farm) string { return strconv.Itoa(int(f.Queue)) }},
 	{"verdict", func(f *Farm) string { return f.Verdict.String() }},
 	{"flow-offload", func(f *Farm) string { return oldOnOff(f.FlowOffload) }},
-	{"intra-connect", func(f *Farm) string { return oldOnOff(f.IntraConnect) }},
+	{"intra-connect", func(f *Farm) string { return oldOnOff(!f.IntraConnectOff) }},
 	{"iface", func(f *Farm) string { return f.Iface }},
 	{"oface", func(f *Farm) string { return f.Oface }},
 	{"ether-addr", func(f *Farm) string { return f.EtherAddr.String() }},
@@ -234,7 +234,7 @@ func randomFarm(r *rand.Rand) Farm {
 		NewRTUnit: RateUnit(r.IntN(6)), RstRTUnit: RateUnit(r.IntN(6)), LogRTLimit: u32(), LogRTUnit: RateUnit(r.IntN(6)),
 		LimitsTTL: u32(), NewRTLogPrefix: strs[r.IntN(len(strs))], RstRTLogPrefix: strs[r.IntN(len(strs))],
 		EstConnLogPrefix: strs[r.IntN(len(strs))], TCPStrictLogPrefix: strs[r.IntN(len(strs))],
-		Queue: int32(u32()), Verdict: Verdict(r.Uint32()), FlowOffload: r.IntN(2) == 0, IntraConnect: r.IntN(2) == 0,
+		Queue: int32(u32()), Verdict: Verdict(r.Uint32()), FlowOffload: r.IntN(2) == 0, IntraConnectOff: r.IntN(2) == 0,
 		AddrName: strs[r.IntN(len(strs))],
 	}
 	for range r.IntN(3) {

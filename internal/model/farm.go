@@ -80,7 +80,10 @@ type Farm struct {
 	Queue              int32 // nfqueue number, -1 = none
 	Verdict            Verdict
 	FlowOffload        bool
-	IntraConnect       bool
+	// IntraConnectOff is nftlb's intra-connect "off": connections the LB
+	// host itself opens to the farm's address are not balanced. xlb's
+	// default is on (the zero value), nftlb's off: docs/nftlb-compat.md.
+	IntraConnectOff bool
 	// AddrName names the farm's own address (virtual-addr, virtual-ports,
 	// protocol, family), which nftlb lists in "addresses"; "" means
 	// nftlb's default "<name>-addr".

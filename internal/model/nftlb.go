@@ -361,6 +361,9 @@ func (f *Farm) nftlbFieldsInUse() [][2]string {
 	if f.FlowOffload {
 		use("flow-offload", "on")
 	}
+	if f.IntraConnectOff {
+		use("intra-connect", "off")
+	}
 	if len(f.Addresses) > 0 {
 		use("addresses", f.Addresses[0].Name)
 	}

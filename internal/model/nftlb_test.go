@@ -65,7 +65,7 @@ func TestDecodeNftlbOutput(t *testing.T) {
 		}
 	}
 	f := fs[0]
-	if f.LogRTLimit != 5 || f.LogRTUnit != PerMinute || f.Queue != 3 || f.Verdict != VerdictDrop || !f.FlowOffload || !f.IntraConnect {
+	if f.LogRTLimit != 5 || f.LogRTUnit != PerMinute || f.Queue != 3 || f.Verdict != VerdictDrop || !f.FlowOffload || f.IntraConnectOff {
 		t.Errorf("decoded %+v", f)
 	}
 	if field, _, ok := f.NftlbFieldInUse(); !ok || field != "log-rtlimit" {
@@ -244,3 +244,28 @@ func TestDecodeErrorKinds(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// intra-connect: xlb's default is on (printed), "off" turns it off, "" is
+// the default.
+func TestIntraConnect(t *testing.T) {
+	for body, off := range map[string]bool{
+		`{"name":"w","virtual-addr":"10.0.0.1"}`:                         false,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":""}`:      false,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":"on"}`:    false,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":"off"}`:   true,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":false}`:   true,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":"false"}`: true,
+	} {
+		f := decodeOne(t, body)
+		want := `"intra-connect":"on"`
+		if off {
+			want = `"intra-connect":"off"`
+		}
+		if f.IntraConnectOff != off || !strings.Contains(string(f.AppendJSON(nil)), want) {
+			t.Errorf("%s: off %v, printed %s; want off %v, %s", body, f.IntraConnectOff, f.AppendJSON(nil), off, want)
+		}
+	}
+	if _, err := DecodeFarms([]byte(`{"name":"w","intra-connect":"maybe"}`), noFarm); err == nil || !strings.Contains(err.Error(), "on, off") {
+		t.Errorf("intra-connect maybe: %v", err)
+	}
+}

@@ -14,16 +14,20 @@ import (
 // limits-ttl, the limits' verdict and log prefixes and log-rtlimit
 // (clientlimits.go, verdict.go), queue (queue.go), backend source-addr
 // (backendsnat.go), mode local (local.go), static sessions
-// (staticsessions.go).
+// (staticsessions.go), intra-connect off (intraconnect.go).
 var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
 	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
-	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode", "sessions"}
+	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode", "sessions", "intra-connect"}
 
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
 	if err := dataplane.CheckNftlbFields(PlaneName, f, implementedNftlbFields...); err != nil {
 		return err
+	}
+	if f.IntraConnectOff && f.IsMarkFarm() {
+		return dataplane.Refuse(f, "intra-connect", "off",
+			"a firewall-mark farm takes the packets your own rules mark: leave the LB host's own packets unmarked instead")
 	}
 	if f.Verdict != model.DefaultVerdict && len(f.Policies) > 0 {
 		return dataplane.Refuse(f, "verdict", f.Verdict.String(),

@@ -70,7 +70,7 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		svc(setStlsR6, typeSvc6),
 		dst(setDst4, typeSvc4, typeDst4),
 		dst(setDst6, typeSvc6, typeDst6),
-	}, append(backendSnatSets(t), hairpinSets(t)...)...)
+	}, append(append(backendSnatSets(t), hairpinSets(t)...), noLocalSets(t)...)...)
 }
 
 // exactSet names the hash twin of an interval set that holds single-port
