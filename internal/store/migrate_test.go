@@ -89,4 +89,3 @@ func TestMigrateIntraConnect(t *testing.T) {
 		}
 	})
 }
-
