@@ -156,6 +156,8 @@ enum xlb_svc_flag {
 	XLB_SVC_F_LOG = 1, /* farm log: one xlb_events record per new connection */
 	XLB_SVC_F_PASSIVE =
 		2, /* passive checks: new TCP flows' handshakes watched (xlb_passive.h) */
+	XLB_SVC_F_NOLOCAL =
+		4, /* intra-connect off: the node's own sockets are not balanced (xlb_sock.c) */
 };
 
 /* struct ct_val.dir */

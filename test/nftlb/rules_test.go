@@ -88,6 +88,19 @@ func TestSideBySideRules(t *testing.T) {
 			nftlbHas: []string{"ct mark set ip saddr map @static-sessions-f accept",
 				"elements = { 10.0.0.9 : 0x80000002, 10.0.0.10 : 0x80000001 }"},
 			xlbHas: []string{"ct mark set ip saddr map @s-", "10.0.0.9 : 0x", "10.0.0.10 : 0x"}},
+		// intra-connect: nftlb hooks output only when on; xlb's output
+		// chain always looks up the farms, after a set of the keys of
+		// those with intra-connect off.
+		{name: "intra-connect off: the LB host's own connections untranslated",
+			farm:   `"intra-connect":"off"`,
+			xlbHas: []string{"@nolocal4 accept", "set nolocal4 { type ipv4_addr . inet_proto . inet_service flags interval elements = { 10.0.0.1 . tcp . 80 }"},
+			absent: []string{"output-nat-proto-services"}},
+		{name: "intra-connect on: the LB host's own connections balanced",
+			farm: `"intra-connect":"on"`,
+			nftlbHas: []string{"output-nat-proto-services { type inet_proto . ipv4_addr . inet_service : verdict elements = { tcp . 10.0.0.1 . 80 : goto nat-f }",
+				"type nat hook output priority -100; policy accept; ip protocol . ip daddr . th dport vmap @output-nat-proto-services"},
+			xlbHas: []string{"type nat hook output priority -100; policy accept; ip daddr . meta l4proto . th dport @nolocal4 accept"},
+			absent: []string{"set nolocal4 { type ipv4_addr . inet_proto . inet_service flags interval elements"}},
 		// Debian's nftlb 1.0.7 emits `tcp flags syn queue num 3 bypass`,
 		// which this kernel (no nft_queue) rejects: nftlb answers
 		// success and programs nothing for the farm. xlb programs the

@@ -20,7 +20,8 @@ func unsupported(f *model.Farm, field, value string) error {
 func (p *Plane) Check(f *model.Farm) error { return check(f) }
 
 func check(f *model.Farm) error {
-	if err := dataplane.CheckNftlbFields(Name, f); err != nil {
+	// intra-connect off: the socket programs (socklb.go) skip the farm.
+	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect"); err != nil {
 		return err
 	}
 	if f.Family == model.FamilyDual {

@@ -45,6 +45,7 @@ const (
 
 	svcFlagLog     = uint32(xlbXlbSvcFlagXLB_SVC_F_LOG)
 	svcFlagPassive = uint32(xlbXlbSvcFlagXLB_SVC_F_PASSIVE)
+	svcFlagNoLocal = uint32(xlbXlbSvcFlagXLB_SVC_F_NOLOCAL)
 
 	ctFwd   = uint8(xlbXlbCtDirXLB_CT_FWD)
 	ctReply = uint8(xlbXlbCtDirXLB_CT_REPLY)

@@ -49,6 +49,9 @@ type generation struct {
 	// program watches (passive.go), but its sorry server; nil: none.
 	passive *model.PassiveCheck
 	sorry   string
+	// noLocal: intra-connect off, the socket programs leave the node's
+	// own connections alone (xlb_svc_flags).
+	noLocal bool
 }
 
 func (g *generation) hasStl(k xlbStlKey) bool {
@@ -66,7 +69,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	if f.State != model.StateUp {
 		return nil, nil
 	}
-	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix}
+	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix, noLocal: f.IntraConnectOff}
 	if f.Check != nil && f.Check.Passive != nil {
 		r := f.Check.Passive.Resolved()
 		g.passive, g.sorry = &r, f.Check.SorryServer

@@ -337,6 +337,7 @@ type xlbXlbSvcFlag uint32
 const (
 	xlbXlbSvcFlagXLB_SVC_F_LOG     xlbXlbSvcFlag = 1
 	xlbXlbSvcFlagXLB_SVC_F_PASSIVE xlbXlbSvcFlag = 2
+	xlbXlbSvcFlagXLB_SVC_F_NOLOCAL xlbXlbSvcFlag = 4
 )
 
 type xlbXlbTblConfFlag uint32
