@@ -120,6 +120,8 @@ enum xlb_mode {
 		2, /* destination MAC only: backends hold the VIP and answer clients directly */
 	XLB_MODE_STLSDNAT =
 		3, /* dnat without conntrack: each packet scheduled, replies mapped back */
+	XLB_MODE_LOCAL =
+		4, /* nftlb's local: the node's own sockets serve it, packets pass untouched */
 };
 
 /* struct svc_val.sched */

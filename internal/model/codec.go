@@ -121,6 +121,15 @@ func uintField[T any](name string, max uint64, def uint32, ptr func(*T) *uint32)
 	}
 }
 
+// dstmacWhy says why nftlb's dstmac key is refused, when v has it: at
+// prerouting the destination MAC of every client's packet is the LB's own.
+func dstmacWhy(v string) string {
+	if strings.Contains(v, "dstmac") {
+		return "; not dstmac (nftlb's): a packet reaching the LB carries the LB's own MAC as its destination, so every client would get the same key (all on one backend)"
+	}
+	return ""
+}
+
 // levelField is a number of at least 1 that nftlb requires ("" and 0 are
 // errors there, "must be >=1"): a backend's priority.
 func levelField[T any](name string, max uint64, ptr func(*T) *uint32) scalarField[T] {
@@ -315,6 +324,7 @@ var farmFields = []scalarField[Farm]{
 	},
 	addrField("source-addr", func(f *Farm) *netip.Addr { return &f.SourceAddr }),
 	enumField("mode", modeSpec, func(f *Farm) *Mode { return &f.Mode }),
+	uintField("responsettl", 1<<31-1, DefaultTTL, func(f *Farm) *uint32 { return &f.ResponseTTL }),
 	enumField("protocol", protocolSpec, func(f *Farm) *Protocol { return &f.Protocol }),
 	enumField("scheduler", schedulerSpec, func(f *Farm) *Scheduler { return &f.Scheduler }),
 	{
@@ -322,7 +332,7 @@ var farmFields = []scalarField[Farm]{
 		decode: func(f *Farm, v string) error {
 			k, ok := hashKeySpec.parse(v)
 			if !ok {
-				return fmt.Errorf("allowed values are %s", hashKeySpec.allowed())
+				return fmt.Errorf("allowed values are %s%s", hashKeySpec.allowed(), dstmacWhy(v))
 			}
 			f.SchedParam = k
 			return nil
@@ -334,7 +344,7 @@ var farmFields = []scalarField[Farm]{
 		decode: func(f *Farm, v string) error {
 			k, ok := parsePersistence(v)
 			if !ok {
-				return fmt.Errorf("allowed values are none, srcip, dstip, srcport, dstport, srcmac and combinations separated by spaces (e.g. \"srcip srcport\"; srcip-srcport is accepted too)")
+				return fmt.Errorf("allowed values are none, srcip, dstip, srcport, dstport, srcmac and combinations separated by spaces (e.g. \"srcip srcport\"; srcip-srcport is accepted too)%s", dstmacWhy(v))
 			}
 			f.Persistence = k
 			return nil

@@ -51,6 +51,7 @@ var oldFarmEncoders = []oldEncoder[Farm]{
 	{"virtual-ports", func(f *Farm) string { return formatPorts(f.VirtualPorts) }},
 	{"source-addr", func(f *Farm) string { return oldAddr(f.SourceAddr) }},
 	{"mode", func(f *Farm) string { return modeSpec.name(f.Mode) }},
+	{"responsettl", func(f *Farm) string { return strconv.FormatUint(uint64(f.ResponseTTL), 10) }},
 	{"protocol", func(f *Farm) string { return protocolSpec.name(f.Protocol) }},
 	{"scheduler", func(f *Farm) string { return schedulerSpec.name(f.Scheduler) }},
 	{"sched-param", func(f *Farm) string { return f.SchedParam.String() }},
@@ -234,7 +235,7 @@ func randomFarm(r *rand.Rand) Farm {
 		NewRTUnit: RateUnit(r.IntN(6)), RstRTUnit: RateUnit(r.IntN(6)), LogRTLimit: u32(), LogRTUnit: RateUnit(r.IntN(6)),
 		LimitsTTL: u32(), NewRTLogPrefix: strs[r.IntN(len(strs))], RstRTLogPrefix: strs[r.IntN(len(strs))],
 		EstConnLogPrefix: strs[r.IntN(len(strs))], TCPStrictLogPrefix: strs[r.IntN(len(strs))],
-		Queue: int32(u32()), Verdict: Verdict(r.Uint32()), FlowOffload: r.IntN(2) == 0, IntraConnectOff: r.IntN(2) == 0,
+		Queue: int32(u32()), Verdict: Verdict(r.Uint32()), FlowOffload: r.IntN(2) == 0, ResponseTTL: u32(), IntraConnectOff: r.IntN(2) == 0,
 		AddrName: strs[r.IntN(len(strs))],
 	}
 	for range r.IntN(3) {

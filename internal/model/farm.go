@@ -80,6 +80,11 @@ type Farm struct {
 	Queue              int32 // nfqueue number, -1 = none
 	Verdict            Verdict
 	FlowOffload        bool
+	// ResponseTTL is nftlb's "responsettl" (seconds; nftlb prints it for
+	// stlsdnat farms): how long nftlb's stlsdnat at ingress remembers a
+	// client's MAC to send replies to. xlb's stlsdnat routes replies and
+	// keeps the value only so nftlb's output posts back.
+	ResponseTTL uint32
 	// IntraConnectOff is nftlb's intra-connect "off": connections the LB
 	// host itself opens to the farm's address are not balanced. xlb's
 	// default is on (the zero value), nftlb's off: docs/nftlb-compat.md.
@@ -182,16 +187,17 @@ const (
 // NewFarm returns a farm with nftlb's defaults.
 func NewFarm(name string) Farm {
 	return Farm{
-		Name:       name,
-		Family:     FamilyIPv4,
-		Protocol:   ProtoTCP,
-		Mode:       ModeSNAT,
-		Scheduler:  SchedRR,
-		PersistTTL: DefaultTTL,
-		State:      StateUp,
-		LimitsTTL:  DefaultLimitsTTL,
-		Queue:      -1,
-		Verdict:    DefaultVerdict,
+		Name:        name,
+		Family:      FamilyIPv4,
+		Protocol:    ProtoTCP,
+		Mode:        ModeSNAT,
+		Scheduler:   SchedRR,
+		PersistTTL:  DefaultTTL,
+		ResponseTTL: DefaultTTL,
+		State:       StateUp,
+		LimitsTTL:   DefaultLimitsTTL,
+		Queue:       -1,
+		Verdict:     DefaultVerdict,
 	}
 }
 

@@ -61,6 +61,8 @@ var extraXlb = map[string]bool{
 	"log-prefix": true, "new-rtlimit-log-prefix": true, "rst-rtlimit-log-prefix": true, "est-connlimit-log-prefix": true,
 	"tcp-strict-log-prefix": true, "flow-offload": true, "intra-connect": true, "iface": true, "oface": true,
 	"ether-addr": true, "source-addr": true,
+	// nftlb prints responsettl for stlsdnat farms only.
+	"responsettl": true,
 	// A farm without an address: nftlb leaves out what its address holds.
 	"family": true, "virtual-addr": true, "virtual-ports": true, "protocol": true,
 	// A policy's order among a farm's policies: nftlb 1.0.7 has none

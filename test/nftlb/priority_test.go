@@ -98,3 +98,29 @@ func linkPeers(t *testing.T, peers ...*peer) {
 		}
 	}
 }
+
+// TestSideBySideUnusedAddress: an address object no farm uses. nftlb keeps
+// it ("used": "0") and programs nothing for it: its ruleset is the same
+// before and after, for an IPv4 and an IPv6 address. xlb keeps an address
+// with the farms that use it and refuses it (docs/nftlb-compat.md), and
+// has nothing to program either.
+func TestSideBySideUnusedAddress(t *testing.T) {
+	nftlb, xlb := startPeers(t)
+	rules := func(p *peer) string { return normRules(testutil.Run(t, p.nsName, "nft", "list", "ruleset")) }
+	before := map[*peer]string{nftlb: rules(nftlb), xlb: rules(xlb)}
+	for _, body := range []string{
+		`{"addresses":[{"name":"lone4","family":"ipv4","ip-addr":"10.0.9.1","ports":"80","protocol":"tcp"}]}`,
+		`{"addresses":[{"name":"lone6","family":"ipv6","ip-addr":"fd00::9:1","ports":"53","protocol":"udp"}]}`,
+	} {
+		run(t, nftlb, xlb, []step{{name: "an unused address", method: "POST", path: "/addresses", body: body, refuse: 400,
+			refuseWith: "no farm uses this address", why: "xlb keeps an address with the farms that use it"}})
+	}
+	for _, p := range []*peer{nftlb, xlb} {
+		if after := rules(p); after != before[p] {
+			t.Errorf("%s programmed something for unused addresses:\nbefore: %s\nafter:  %s", p.name, before[p], after)
+		}
+	}
+	if r := nftlb.do(t, "GET", "/addresses", ""); !strings.Contains(r.body, `"used": "0"`) {
+		t.Errorf("nftlb's addresses: %s", r.body)
+	}
+}

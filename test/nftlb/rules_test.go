@@ -88,6 +88,11 @@ func TestSideBySideRules(t *testing.T) {
 			nftlbHas: []string{"ct mark set ip saddr map @static-sessions-f accept",
 				"elements = { 10.0.0.9 : 0x80000002, 10.0.0.10 : 0x80000001 }"},
 			xlbHas: []string{"ct mark set ip saddr map @s-", "10.0.0.9 : 0x", "10.0.0.10 : 0x"}},
+		// A second address: its keys go to the farm's one chain in both.
+		{name: "a second address",
+			farm:     `"addresses":[{"name":"f-addr","family":"ipv4","ip-addr":"10.0.0.1","ports":"80","protocol":"tcp"},{"name":"f2","family":"ipv4","ip-addr":"10.0.0.2","ports":"443","protocol":"tcp"}]`,
+			nftlbHas: []string{"tcp . 10.0.0.1 . 80 : goto nat-f", "tcp . 10.0.0.2 . 443 : goto nat-f"},
+			xlbHas:   []string{"10.0.0.1 . tcp . 80 : goto f-", "10.0.0.2 . tcp . 443 : goto f-"}},
 		// intra-connect: nftlb hooks output only when on; xlb's output
 		// chain always looks up the farms, after a set of the keys of
 		// those with intra-connect off.

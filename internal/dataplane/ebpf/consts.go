@@ -16,10 +16,11 @@ const (
 	afInet  = uint8(xlbXlbAfXLB_AF_INET)
 	afInet6 = uint8(xlbXlbAfXLB_AF_INET6)
 
-	modeDNAT = uint8(xlbXlbModeXLB_MODE_DNAT)
-	modeSNAT = uint8(xlbXlbModeXLB_MODE_SNAT)
-	modeDSR  = uint8(xlbXlbModeXLB_MODE_DSR)
-	modeSTL  = uint8(xlbXlbModeXLB_MODE_STLSDNAT)
+	modeDNAT  = uint8(xlbXlbModeXLB_MODE_DNAT)
+	modeSNAT  = uint8(xlbXlbModeXLB_MODE_SNAT)
+	modeDSR   = uint8(xlbXlbModeXLB_MODE_DSR)
+	modeSTL   = uint8(xlbXlbModeXLB_MODE_STLSDNAT)
+	modeLocal = uint8(xlbXlbModeXLB_MODE_LOCAL)
 
 	schedRR      = uint8(xlbXlbSchedXLB_SCHED_RR)
 	schedWeight  = uint8(xlbXlbSchedXLB_SCHED_WEIGHT)

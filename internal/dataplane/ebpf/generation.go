@@ -92,6 +92,10 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		g.val.Mode = modeSNAT
 	case model.ModeDSR:
 		g.val.Mode = modeDSR
+	case model.ModeLocal:
+		// nftlb's local: the program passes the packets (after the
+		// farm's policies) to the node's own sockets.
+		g.val.Mode = modeLocal
 	case model.ModeStlsDNAT:
 		g.val.Mode = modeSTL
 		// Replies of every backend (active or not: in-flight packets)
@@ -152,6 +156,9 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		be := xlbBackend{Addr: addrWords(b.Addr), Port: ne16(b.Port), Family: familyOf(b.Addr)}
 		if f.Mode == model.ModeSNAT {
 			src := f.SourceAddr
+			if b.SourceAddr.IsValid() {
+				src = b.SourceAddr // nftlb's backend source-addr
+			}
 			if !src.IsValid() {
 				var err error
 				if src, err = p.sourceFor(b.Addr); err != nil {

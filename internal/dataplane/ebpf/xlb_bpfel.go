@@ -262,6 +262,7 @@ const (
 	xlbXlbModeXLB_MODE_SNAT     xlbXlbMode = 1
 	xlbXlbModeXLB_MODE_DSR      xlbXlbMode = 2
 	xlbXlbModeXLB_MODE_STLSDNAT xlbXlbMode = 3
+	xlbXlbModeXLB_MODE_LOCAL    xlbXlbMode = 4
 )
 
 type xlbXlbNhFlag uint32

@@ -182,7 +182,7 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 			p.kind = kindAddrPort
 		}
 	}
-	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
+	if p.kind == kindAddrPort && f.SinglePort() {
 		p.port = f.VirtualPorts[0].First
 	}
 	if p.dsrMode {
