@@ -23,8 +23,12 @@ func check(f *model.Farm) error {
 	// intra-connect off: the socket programs (socklb.go) skip the farm;
 	// a backend's source-addr is its snat source (generation.go); mode
 	// local passes the farm's packets to the node (xlb_lb.c).
-	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode"); err != nil {
+	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions"); err != nil {
 		return err
+	}
+	if len(f.Sessions) > 0 && f.Mode == model.ModeStlsDNAT {
+		return dataplane.Refuse(f, "sessions", f.Sessions[0].Client,
+			"stlsdnat farms keep no persistence on the ebpf data plane: static sessions are for snat, dnat and dsr farms")
 	}
 	if f.Mode == model.ModeLocal && (f.Log != 0 || f.Persistence != 0 || len(f.Sessions) > 0 || f.Check != nil && f.Check.Passive != nil) {
 		return dataplane.Refuse(f, "mode", f.Mode.String(),

@@ -39,6 +39,7 @@ const (
 	hashSrcPort = uint8(xlbXlbHashKeyXLB_HASH_SRCPORT)
 	hashDstIP   = uint8(xlbXlbHashKeyXLB_HASH_DSTIP)
 	hashDstPort = uint8(xlbXlbHashKeyXLB_HASH_DSTPORT)
+	hashStatic  = uint8(xlbXlbHashKeyXLB_HASH_STATIC)
 
 	beFlagGone  = uint8(xlbXlbBeFlagXLB_BE_F_GONE)
 	beFlagMask  = uint32(xlbXlbBeFlagXLB_BE_F_MASK)

@@ -52,6 +52,10 @@ type generation struct {
 	// noLocal: intra-connect off, the socket programs leave the node's
 	// own connections alone (xlb_svc_flags).
 	noLocal bool
+	// staticKeys, staticVals: the farm's static sessions in xlb_static
+	// (static.go), parallel slices.
+	staticKeys []xlbPersistKey
+	staticVals []xlbPersistVal
 }
 
 func (g *generation) hasStl(k xlbStlKey) bool {
@@ -150,6 +154,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	if f.Persistence != 0 {
 		g.val.Persist = hashKeys(f.Persistence)
 		g.val.PersistTtl = f.PersistTTL
+		g.planStatic(f) // static.go; after the service keys
 	}
 	active := f.ActiveBackends()
 	entry := func(b model.Backend) (xlbBackend, error) {
