@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -45,5 +43,3 @@ func BenchmarkNewFlowPersist(b *testing.B) {
 	}
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "ns/flow")
 }
-
-var _ = ebpf.UpdateAny
