@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -26,12 +27,20 @@ func init() {
 		scenario{name: "policy-swap", farm: policyFarm, run: runPolicySwap},
 		scenario{name: "policy-blacklist-ipv6", v6: true, farm: policyFarm, run: runBlacklist},
 		scenario{name: "policy-two-policies", farm: policyFarm, run: runTwoPolicies},
+		scenario{name: "policy-counters", farm: policyFarmUDP, run: runPolicyCounters},
 	)
 }
 
 // policyFarm is a snat farm with the policy "pol" attached.
 func policyFarm(e *Env) model.Farm {
 	f := e.Farm("pol-farm", model.ProtoTCP)
+	f.Policies = []model.PolicyRef{{Name: "pol"}}
+	return f
+}
+
+// policyFarmUDP is policyFarm over UDP (one datagram is one packet).
+func policyFarmUDP(e *Env) model.Farm {
+	f := e.Farm("pol-farm", model.ProtoUDP)
 	f.Policies = []model.PolicyRef{{Name: "pol"}}
 	return f
 }
@@ -221,4 +230,71 @@ func runTwoPolicies(t *testing.T, e *Env, f model.Farm) {
 	f.Policies = append(f.Policies, model.PolicyRef{Name: "bl"})
 	ts.putFarm(t, e, f)
 	e.expect(t, f, "whitelist and blacklist", map[netip.Addr]bool{c[0]: true, c[1]: false, c[2]: true})
+}
+
+// sendUDPFrom sends n datagrams of size bytes from local to the farm, from one
+// socket, and reads no answer.
+func (e *Env) sendUDPFrom(t testing.TB, f model.Farm, local netip.Addr, n, size int) {
+	t.Helper()
+	err := testutil.Do(e.Client.NS, func() error {
+		c, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local, 0)), net.UDPAddrFromAddrPort(e.vipPort(f)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, size)
+		for range n {
+			if _, err := c.Write(buf); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send %d datagrams from %s: %v", n, local, err)
+	}
+}
+
+// runPolicyCounters: exactly N datagrams from a blacklisted client are
+// counted by the entry that matched them, N packets and N IP datagrams'
+// bytes, and nothing else is counted; the most specific entry counts.
+func runPolicyCounters(t *testing.T, e *Env, f model.Farm) {
+	cr, ok := e.DP.(dataplane.TableCounterReader)
+	if !ok {
+		t.Fatalf("%s enforces policies but keeps no per-entry counters (dataplane.TableCounterReader)", e.plane.Name)
+	}
+	c := e.ClientAddrs(t, 3) // c[0] and c[1] are in c[0]'s /31 (or /127), c[2] is not
+	ts := e.tablePlane(t)
+	ts.put(t, "pol", model.ListDeny, c[0].String(), prefixOf(c[0], c[0].BitLen()-1))
+	ts.putFarm(t, e, f)
+	const n, payload = 7, 100
+	e.sendUDPFrom(t, f, c[0], n, payload)
+	hdr := 20 + 8
+	if c[0].Is6() {
+		hdr = 40 + 8
+	}
+	host := model.AddrKey(netip.PrefixFrom(c[0], c[0].BitLen()))
+	var got dataplane.TableCounters
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		if got, err = cr.TableCounters(context.Background(), ts.tables["pol"]); err != nil {
+			t.Fatal(err)
+		}
+		if got[host].Packets >= n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	want := dataplane.EntryCounters{Packets: n, Bytes: n * uint64(hdr+payload)}
+	if got[host] != want || len(got) != 1 {
+		t.Errorf("counters after %d datagrams of %d bytes from %s: %v, want only %s: %+v", n, payload, c[0], got, c[0], want)
+	}
+	// A client the list does not hold is served and counted nowhere.
+	if name, _ := e.AskUDP(t, netip.AddrPortFrom(c[2], 0), e.vipPort(f)); name == "" {
+		t.Error("the other client was not served")
+	}
+	if got, _ := cr.TableCounters(context.Background(), ts.tables["pol"]); len(got) != 1 || got[host] != want {
+		t.Errorf("counters after a served client: %v, want only %s: %+v", got, c[0], want)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -95,8 +96,9 @@ const (
 )
 
 var (
-	_ dataplane.TablePlane     = (*Tables)(nil)
-	_ dataplane.TableDescriber = (*Tables)(nil)
+	_ dataplane.TablePlane         = (*Tables)(nil)
+	_ dataplane.TableDescriber     = (*Tables)(nil)
+	_ dataplane.TableCounterReader = (*Tables)(nil)
 )
 
 // OpenTables connects to nftables in opts.NetNS and makes sure the tables'
@@ -310,7 +312,9 @@ func (b *tablesBatch) addEntries(slot uint32, entries func(func(model.TableEntry
 			if lk.fam == 6 {
 				kt = nftables.TypeIP6Addr
 			}
-			set = &nftables.Set{Table: b.t.table, Name: slotSetName(slot, lk), KeyType: kt, ID: b.t.nextID()}
+			// Counter: every element counts the packets and bytes it
+			// matched (the lookup updates it), which TableCounters reads.
+			set = &nftables.Set{Table: b.t.table, Name: slotSetName(slot, lk), KeyType: kt, Counter: true, ID: b.t.nextID()}
 			b.t.conn.AddSet(set, nil)
 			s.sets[lk] = set
 			b.rechainSlot(slot)
@@ -695,4 +699,39 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 	t.created, t.baseRules = true, len(fs) > 0
 	t.committed()
 	return nil
+}
+
+// TableCounters implements dataplane.TableCounterReader: the packets and
+// bytes (IP bytes, as the eBPF plane counts) each entry of an addr table
+// matched, read from its slot's sets' element counters. Entries that never
+// matched are left out.
+func (t *Tables) TableCounters(ctx context.Context, tb *model.Table) (dataplane.TableCounters, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := dataplane.TableCounters{}
+	s := t.slots[tb.Slot]
+	if tb.Type != model.TableAddr || s == nil {
+		return out, ctx.Err()
+	}
+	for _, lk := range sortedLens(s.sets) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		els, err := t.conn.GetSetElements(s.sets[lk])
+		if err != nil {
+			t.redial()
+			return nil, fmt.Errorf("table %q: read counters of set %s: %w", tb.Name, s.sets[lk].Name, err)
+		}
+		for _, el := range els {
+			if el.Counter == nil || el.Counter.Packets == 0 {
+				continue
+			}
+			a, ok := netip.AddrFromSlice(el.Key)
+			if !ok {
+				continue
+			}
+			out[model.AddrKey(netip.PrefixFrom(a, int(lk.bits)))] = dataplane.EntryCounters{Packets: el.Counter.Packets, Bytes: el.Counter.Bytes}
+		}
+	}
+	return out, nil
 }
