@@ -1230,7 +1230,7 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
-	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0)) {
+	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
@@ -1298,7 +1298,7 @@ int xlb_ingress(struct __sk_buff *skb)
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
 	}
-	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0)) {
+	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0)) {
 		stat_inc(XLB_STAT_POLICY_DROP);
 		return XLB_DROP;
 	}

@@ -27,6 +27,8 @@
 #include "xlb_consts.h"
 #include "xlb_structs.h"
 #include "xlb_parsing.h"
+#include "xlb_maps.h" /* xlb_events */
+#include "xlb_pick.h" /* stat_inc */
 
 /* Table ids are 1-65535 (model.MaxTables), and so are slot indices (a
  * table has one slot at a time); index 0 is never used. */
@@ -60,11 +62,13 @@ enum xlb_tbl_size {
 };
 
 /* xlb_tbl_meta value: what a farm does with a client found in the table
- * (model.ListVerdict). */
+ * (model.ListVerdict), in the low byte of tbl_bind.verdict; flags above. */
 enum xlb_tbl_verdict {
-	XLB_TBL_NONE = 0,  /* not a policy */
-	XLB_TBL_DENY = 1,  /* blacklist: a match drops */
-	XLB_TBL_ALLOW = 2, /* whitelist: no match drops */
+	XLB_TBL_NONE = 0,	     /* not a policy */
+	XLB_TBL_DENY = 1,	     /* blacklist: a match drops */
+	XLB_TBL_ALLOW = 2,	     /* whitelist: no match drops */
+	XLB_TBL_VERDICT_MASK = 0xff, /* the verdict's bits */
+	XLB_TBL_F_LOG = 0x100,	     /* the table has a log-prefix: its drops go to xlb_events */
 };
 
 /* xlb_tbl_conf value: which policy lookups a packet needs. */
@@ -111,6 +115,23 @@ struct tbl_policy {
 	__u32 n;			  /* host: ids used */
 };
 
+/* xlb_events record of a packet a farm's policy dropped (table with a
+ * log-prefix). It shares the ring buffer with struct conn_event and is
+ * told apart by its size (56 bytes, conn_event's is 80). */
+struct tbl_event {
+	__u32 src[4]; /* net: client address */
+	__u32 dst[4]; /* net: VIP */
+	__u64 ts;     /* host: bpf_ktime_get_coarse_ns() */
+	__u16 id;     /* host: the table whose verdict dropped the packet */
+	__u16 sport;  /* net */
+	__u16 dport;  /* net */
+	__u8 proto;
+	__u8 family;
+	__u8 verdict; /* XLB_TBL_DENY (a match) or XLB_TBL_ALLOW (no match) */
+	__u8 xdp;     /* 1: dropped in the XDP program */
+	__u8 pad[6];
+};
+
 struct tbl_enums {
 	enum xlb_tbl_size size;
 	enum xlb_tbl_verdict verdict;
@@ -123,6 +144,7 @@ const struct tbl_val *xlb_unused_tbl_val __attribute__((unused));
 const struct tbl_key4 *xlb_unused_tbl_key4 __attribute__((unused));
 const struct tbl_key6 *xlb_unused_tbl_key6 __attribute__((unused));
 const struct tbl_bind *xlb_unused_tbl_bind __attribute__((unused));
+const struct tbl_event *xlb_unused_tbl_event __attribute__((unused));
 
 /* The inner maps' template: the loader makes one trie per slot and family
  * like these (named xt4_<slot>, xt6_<slot>, so a restarted loader knows
@@ -251,18 +273,49 @@ static __always_inline struct tbl_policy *tbl_policies(const struct pkt *p)
 }
 
 /**
+ * tbl_log() - put a record of the packet @p dropped by table @id's verdict
+ * @verdict into xlb_events (a full ring buffer loses it: log_lost). Not
+ * inlined: its stack stays out of the packet path's.
+ * Return: 0.
+ */
+static __attribute__((noinline)) int tbl_log(const struct pkt *p, __u32 id, __u32 verdict,
+					     __u32 xdp)
+{
+	struct tbl_event *e = bpf_ringbuf_reserve(&xlb_events, sizeof(*e), 0);
+
+	if (!e) {
+		stat_inc(XLB_STAT_LOG_LOST);
+		return 0;
+	}
+	__builtin_memcpy(e->src, p->k.src, 16);
+	__builtin_memcpy(e->dst, p->k.dst, 16);
+	e->ts = bpf_ktime_get_coarse_ns();
+	e->id = id;
+	e->sport = p->k.sport;
+	e->dport = p->k.dport;
+	e->proto = p->k.proto;
+	e->family = p->k.family;
+	e->verdict = verdict;
+	e->xdp = xdp;
+	__builtin_memset(e->pad, 0, sizeof(e->pad));
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/**
  * tbl_denied() - whether the farm @p is sent to refuses its client: a
  * blacklist of the farm holds the client, or a whitelist does not (checked
  * in the farm's order; the first that drops decides, as the nft plane's
- * chains do). Matching entries count the packet (@len IP bytes).
+ * chains do). Matching entries count the packet (@len IP bytes); a table
+ * with a log-prefix logs the drop (@xdp: in the XDP program).
  * Return: 1 to drop the packet, 0 otherwise.
  */
-static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len)
+static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len, __u32 xdp)
 {
 	struct tbl_policy *pol = tbl_policies(p);
 	struct tbl_bind *b;
 	struct tbl_val *v;
-	__u32 i, id;
+	__u32 i, id, verdict;
 
 	if (!pol)
 		return 0;
@@ -271,13 +324,17 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len)
 			break;
 		id = pol->ids[i];
 		b = bpf_map_lookup_elem(&xlb_tbl_meta, &id);
-		if (!b || b->verdict == XLB_TBL_NONE)
+		if (!b)
+			continue;
+		verdict = b->verdict & XLB_TBL_VERDICT_MASK;
+		if (verdict == XLB_TBL_NONE)
 			continue;
 		v = tbl_match(b->slot, p, len);
-		if (b->verdict == XLB_TBL_DENY && v)
+		if ((verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v)) {
+			if (b->verdict & XLB_TBL_F_LOG)
+				tbl_log(p, id, verdict, xdp);
 			return 1;
-		if (b->verdict == XLB_TBL_ALLOW && !v)
-			return 1;
+		}
 	}
 	return 0;
 }

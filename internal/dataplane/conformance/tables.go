@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +29,7 @@ func init() {
 		scenario{name: "policy-blacklist-ipv6", v6: true, farm: policyFarm, run: runBlacklist},
 		scenario{name: "policy-two-policies", farm: policyFarm, run: runTwoPolicies},
 		scenario{name: "policy-counters", farm: policyFarmUDP, run: runPolicyCounters},
+		scenario{name: "policy-log", farm: policyFarm, run: runPolicyLog},
 	)
 }
 
@@ -67,6 +69,14 @@ func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...s
 	t.Helper()
 	tb := model.NewTable(name, model.TableAddr)
 	tb.Verdict = v
+	s.putTable(t, tb, keys...)
+}
+
+// putTable creates or replaces tb (its ID and slot given here) with these
+// entries.
+func (s *tableSet) putTable(t testing.TB, tb model.Table, keys ...string) {
+	t.Helper()
+	name := tb.Name
 	old := s.tables[name]
 	if old != nil {
 		tb.ID, tb.Slot = old.ID, old.Slot
@@ -296,5 +306,34 @@ func runPolicyCounters(t *testing.T, e *Env, f model.Farm) {
 	}
 	if got, _ := cr.TableCounters(context.Background(), ts.tables["pol"]); len(got) != 1 || got[host] != want {
 		t.Errorf("counters after a served client: %v, want only %s: %+v", got, c[0], want)
+	}
+}
+
+// logWaiter returns what waits for the plane's next log line containing a
+// substring: NFLOG group LogGroup, or Plane.ConnLog.
+func (e *Env) logWaiter(t *testing.T) func(string, time.Duration) (testutil.NFLogEntry, error) {
+	if e.plane.ConnLog != nil {
+		return e.plane.ConnLog(t, "/run/netns/"+e.LB.Name)
+	}
+	return testutil.ListenNFLOG(t, e.LB.NS, LogGroup).Wait
+}
+
+// runPolicyLog: a blacklist with a log-prefix logs each packet it drops,
+// with the prefix, the client's address and the VIP.
+func runPolicyLog(t *testing.T, e *Env, f model.Farm) {
+	wait := e.logWaiter(t)
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	tb := model.NewTable("pol", model.TableAddr)
+	tb.Verdict, tb.LogPrefix = model.ListDeny, "polbl-drop "
+	ts.putTable(t, tb, c[0].String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "blacklist with log-prefix", map[netip.Addr]bool{c[0]: false, c[1]: true})
+	entry, err := wait("polbl-drop", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(entry.Prefix, tb.LogPrefix) || entry.Src != c[0] || entry.Dst != f.VirtualAddr {
+		t.Errorf("logged drop %q %s -> %s, want prefix %q, %s -> %s", entry.Prefix, entry.Src, entry.Dst, tb.LogPrefix, c[0], f.VirtualAddr)
 	}
 }

@@ -46,9 +46,11 @@ const (
 	maxTables       = uint32(xlbXlbTblSizeXLB_TBL_SIZE_TABLES)
 	maxFarmPolicies = int(xlbXlbTblSizeXLB_TBL_SIZE_FARM_POLICIES)
 
-	tblNone  = uint32(xlbXlbTblVerdictXLB_TBL_NONE)
-	tblDeny  = uint32(xlbXlbTblVerdictXLB_TBL_DENY)
-	tblAllow = uint32(xlbXlbTblVerdictXLB_TBL_ALLOW)
+	tblNone        = uint32(xlbXlbTblVerdictXLB_TBL_NONE)
+	tblDeny        = uint32(xlbXlbTblVerdictXLB_TBL_DENY)
+	tblAllow       = uint32(xlbXlbTblVerdictXLB_TBL_ALLOW)
+	tblVerdictMask = uint32(xlbXlbTblVerdictXLB_TBL_VERDICT_MASK)
+	tblFLog        = uint32(xlbXlbTblVerdictXLB_TBL_F_LOG)
 
 	tblConfPort    = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_PORT)
 	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
@@ -67,6 +69,7 @@ type tableState struct {
 	// idx allocates slot indices (1 to maxTables-1) in xlb_tbl_addr4/6.
 	idx    idxAlloc
 	tables map[string]*model.Table // as applied, by name
+	byID   map[uint16]*model.Table // the same, by id (the drop log names the table)
 	farms  map[string]*model.Farm  // farms with policies, as applied
 	keys   map[xlbSvcKey]string    // policy key -> farm
 	// noBatch: the kernel refused batch updates of a trie once; entries
@@ -78,6 +81,7 @@ func (t *tableState) reset() {
 	t.slots = map[uint32]*tblSlot{}
 	t.idx = idxAlloc{next: 1}
 	t.tables = map[string]*model.Table{}
+	t.byID = map[uint16]*model.Table{}
 	t.farms = map[string]*model.Farm{}
 	t.keys = map[xlbSvcKey]string{}
 }
@@ -184,14 +188,8 @@ func (p *Plane) freeSlot(s *tblSlot) {
 	}
 }
 
-// CheckTable implements dataplane.TablePlane.
-func (p *Plane) CheckTable(t *model.Table) error {
-	if t.LogPrefix != "" {
-		return &model.FieldError{Object: fmt.Sprintf("table %q", t.Name), Field: "log-prefix", Value: t.LogPrefix,
-			Problem: "the ebpf data plane does not log policy drops (it counts them per entry: xlb table " + t.Name + " list shows the counters); leave it empty or use the nft data plane"}
-	}
-	return nil
-}
+// CheckTable implements dataplane.TablePlane: every table is accepted.
+func (p *Plane) CheckTable(t *model.Table) error { return nil }
 
 // checkPolicies refuses more policies than the program checks.
 func checkPolicies(f *model.Farm) error {
@@ -404,7 +402,11 @@ func (p *Plane) binding(t *model.Table) xlbTblBind {
 	if s == nil {
 		return xlbTblBind{}
 	}
-	return xlbTblBind{Slot: s.idx, Verdict: verdictOf(t.Verdict)}
+	v := verdictOf(t.Verdict)
+	if t.LogPrefix != "" && v != tblNone {
+		v |= tblFLog
+	}
+	return xlbTblBind{Slot: s.idx, Verdict: v}
 }
 
 func verdictOf(v model.ListVerdict) uint32 {
@@ -661,6 +663,16 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		}
 	}
 	t.tables = tables
+	for _, c := range d.Tables {
+		if c.Old != nil && t.byID[c.Old.ID] == c.Old {
+			delete(t.byID, c.Old.ID)
+		}
+	}
+	for _, c := range d.Tables {
+		if c.New != nil {
+			t.byID[c.New.ID] = c.New
+		}
+	}
 	return nil
 }
 

@@ -53,6 +53,7 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 			return err
 		}
 		t.tables[tb.Name] = tb
+		t.byID[tb.ID] = tb
 		if tb.Type != model.TableAddr {
 			continue
 		}

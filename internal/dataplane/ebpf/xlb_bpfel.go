@@ -178,6 +178,21 @@ type xlbTblBind struct {
 	Verdict uint32
 }
 
+type xlbTblEvent struct {
+	_       structs.HostLayout
+	Src     [4]uint32
+	Dst     [4]uint32
+	Ts      uint64
+	Id      uint16
+	Sport   uint16
+	Dport   uint16
+	Proto   uint8
+	Family  uint8
+	Verdict uint8
+	Xdp     uint8
+	Pad     [6]uint8
+}
+
 type xlbTblKey4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -358,9 +373,11 @@ const (
 type xlbXlbTblVerdict uint32
 
 const (
-	xlbXlbTblVerdictXLB_TBL_NONE  xlbXlbTblVerdict = 0
-	xlbXlbTblVerdictXLB_TBL_DENY  xlbXlbTblVerdict = 1
-	xlbXlbTblVerdictXLB_TBL_ALLOW xlbXlbTblVerdict = 2
+	xlbXlbTblVerdictXLB_TBL_NONE         xlbXlbTblVerdict = 0
+	xlbXlbTblVerdictXLB_TBL_DENY         xlbXlbTblVerdict = 1
+	xlbXlbTblVerdictXLB_TBL_ALLOW        xlbXlbTblVerdict = 2
+	xlbXlbTblVerdictXLB_TBL_VERDICT_MASK xlbXlbTblVerdict = 255
+	xlbXlbTblVerdictXLB_TBL_F_LOG        xlbXlbTblVerdict = 256
 )
 
 type xlbXlbVerdict uint32
@@ -420,6 +437,7 @@ const (
 	xlbVarXlbUnusedPassiveBe  = "xlb_unused_passive_be"
 	xlbVarXlbUnusedPassiveSyn = "xlb_unused_passive_syn"
 	xlbVarXlbUnusedTblBind    = "xlb_unused_tbl_bind"
+	xlbVarXlbUnusedTblEvent   = "xlb_unused_tbl_event"
 	xlbVarXlbUnusedTblKey4    = "xlb_unused_tbl_key4"
 	xlbVarXlbUnusedTblKey6    = "xlb_unused_tbl_key6"
 	xlbVarXlbUnusedTblVal     = "xlb_unused_tbl_val"
@@ -524,6 +542,7 @@ type xlbVariableSpecs struct {
 	XlbUnusedPassiveBe  *ebpf.VariableSpec `ebpf:"xlb_unused_passive_be"`
 	XlbUnusedPassiveSyn *ebpf.VariableSpec `ebpf:"xlb_unused_passive_syn"`
 	XlbUnusedTblBind    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblEvent   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_event"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
@@ -626,6 +645,7 @@ type xlbVariables struct {
 	XlbUnusedPassiveBe  *ebpf.Variable `ebpf:"xlb_unused_passive_be"`
 	XlbUnusedPassiveSyn *ebpf.Variable `ebpf:"xlb_unused_passive_syn"`
 	XlbUnusedTblBind    *ebpf.Variable `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblEvent   *ebpf.Variable `ebpf:"xlb_unused_tbl_event"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`

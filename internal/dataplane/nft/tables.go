@@ -16,7 +16,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
@@ -410,7 +409,7 @@ func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 	}
 	var logx []expr.Any
 	if tb.LogPrefix != "" {
-		logx = []expr.Any{&expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(tb.LogPrefix)}}
+		logx = []expr.Any{logExpr(tb.LogPrefix, b.t.opts.LogGroup)}
 	}
 	var rules [][]expr.Any
 	for _, lk := range sortedLens(s.sets) {
