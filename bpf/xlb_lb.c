@@ -1230,7 +1230,7 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
-	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
+	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1, NULL)) {
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
@@ -1279,6 +1279,7 @@ int xlb_xdp(struct xdp_md *ctx)
 SEC("tcx/ingress")
 int xlb_ingress(struct __sk_buff *skb)
 {
+	struct tbl_val *lim = NULL;
 	struct pkt p = {};
 	struct ct_val *v;
 	int rc;
@@ -1298,7 +1299,7 @@ int xlb_ingress(struct __sk_buff *skb)
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
 	}
-	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0)) {
+	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0, &lim)) {
 		stat_inc(XLB_STAT_POLICY_DROP);
 		return XLB_DROP;
 	}
@@ -1307,6 +1308,10 @@ int xlb_ingress(struct __sk_buff *skb)
 		rc = lb4_ct_hit(skb, &p, v);
 		if (rc != XLB_CT_MISS)
 			return rc;
+	}
+	if (lim && tbl_new_limited(&p, lim)) {
+		stat_inc(XLB_STAT_POLICY_DROP);
+		return XLB_DROP;
 	}
 	return lb4_new_flow(skb, &p);
 }

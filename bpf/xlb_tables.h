@@ -69,6 +69,7 @@ enum xlb_tbl_verdict {
 	XLB_TBL_ALLOW = 2,	     /* whitelist: no match drops */
 	XLB_TBL_VERDICT_MASK = 0xff, /* the verdict's bits */
 	XLB_TBL_F_LOG = 0x100,	     /* the table has a log-prefix: its drops go to xlb_events */
+	XLB_TBL_F_LIMIT = 0x200,     /* the table's valtype has limit: matches are rate limited */
 };
 
 /* xlb_tbl_conf value: which policy lookups a packet needs. */
@@ -88,18 +89,17 @@ struct tbl_key6 {
 	__u32 addr[4];	 /* net */
 };
 
-/* Inner map value: an entry's counters and value fields
- * (model.TableValue). The counters are shared by all CPUs (an LPM trie has
- * no per-CPU flavour) and added atomically on a match; the loader keeps
- * them when it replaces an entry's value. */
+/* Inner map value: an entry's counters, the value fields the program
+ * uses (model.TableValue: mark, limit) and the entry's rate-limit state.
+ * The counters are shared by all CPUs (an LPM trie has no per-CPU flavour)
+ * and added atomically on a match; the loader keeps them when it replaces
+ * an entry's value. */
 struct tbl_val {
 	__u64 packets; /* host */
 	__u64 bytes;   /* host: IP bytes */
-	__u32 mark;    /* host */
-	__u32 limit;   /* host */
-	__u32 tag;     /* host */
-	__u8 dscp;
-	__u8 pad[3];
+	__u32 mark;    /* host: stored; the program sets no mark (refused) */
+	__u32 limit;   /* host: new connections per second from the entry's clients; 0: none */
+	__u64 tat; /* host: GCRA's theoretical arrival time (bpf_ktime_get_ns), see tbl_limited */
 };
 
 /* xlb_tbl_meta value: a table id's slot and verdict. */
@@ -307,10 +307,13 @@ static __attribute__((noinline)) int tbl_log(const struct pkt *p, __u32 id, __u3
  * blacklist of the farm holds the client, or a whitelist does not (checked
  * in the farm's order; the first that drops decides, as the nft plane's
  * chains do). Matching entries count the packet (@len IP bytes); a table
- * with a log-prefix logs the drop (@xdp: in the XDP program).
+ * with a log-prefix logs the drop (@xdp: in the XDP program). When @lim is
+ * given, it gets the first matching entry, in the farm's order, of a table
+ * with limits whose limit is set: the caller rate limits new flows by it.
  * Return: 1 to drop the packet, 0 otherwise.
  */
-static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len, __u32 xdp)
+static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len, __u32 xdp,
+						struct tbl_val **lim)
 {
 	struct tbl_policy *pol = tbl_policies(p);
 	struct tbl_bind *b;
@@ -327,7 +330,7 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len, 
 		if (!b)
 			continue;
 		verdict = b->verdict & XLB_TBL_VERDICT_MASK;
-		if (verdict == XLB_TBL_NONE)
+		if (verdict == XLB_TBL_NONE && !(b->verdict & XLB_TBL_F_LIMIT))
 			continue;
 		v = tbl_match(b->slot, p, len);
 		if ((verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v)) {
@@ -335,8 +338,51 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len, 
 				tbl_log(p, id, verdict, xdp);
 			return 1;
 		}
+		if (lim && v && (b->verdict & XLB_TBL_F_LIMIT) && v->limit && !*lim)
+			*lim = v;
 	}
 	return 0;
+}
+
+/**
+ * tbl_limited() - whether a new flow of a client matching @v goes past the
+ * entry's limit: @v->limit new flows a second, in bursts of as many, by the
+ * generic cell rate algorithm over one 64-bit word (the theoretical arrival
+ * time, advanced by one interval per admitted flow with a compare and
+ * exchange, so CPUs racing for the last token admit one flow, not two).
+ * Return: 1 to drop the flow, 0 to admit it.
+ */
+static __always_inline int tbl_limited(struct tbl_val *v)
+{
+	__u64 now = bpf_ktime_get_ns(), iv, tol, old, tat;
+	__u32 limit = v->limit, i;
+
+	if (!limit)
+		return 0;
+	iv = 1000000000ULL / limit;
+	tol = iv * (limit - 1);
+	for (i = 0; i < 4; i++) {
+		old = *(volatile __u64 *)&v->tat;
+		tat = old > now ? old : now;
+		if (tat - now > tol)
+			return 1;
+		if (__sync_val_compare_and_swap(&v->tat, old, tat + iv) == old)
+			return 0;
+	}
+	return 0; /* four CPUs raced: admit rather than spin */
+}
+
+/**
+ * tbl_new_limited() - tbl_limited() for packet @p, which has no conntrack
+ * entry: a UDP packet or a TCP SYN starts a flow and takes a token; other
+ * TCP packets are not flows to count (the program passes them on).
+ * Return: 1 to drop the packet, 0 otherwise.
+ */
+static __always_inline int tbl_new_limited(const struct pkt *p, struct tbl_val *lim)
+{
+	if (p->k.proto == IPPROTO_TCP && !(p->tcp_flags & XLB_TCP_SYN))
+		return 0;
+	return tbl_limited(lim);
 }
 
 #endif /* XLB_TABLES_H */

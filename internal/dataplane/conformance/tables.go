@@ -30,6 +30,8 @@ func init() {
 		scenario{name: "policy-two-policies", farm: policyFarm, run: runTwoPolicies},
 		scenario{name: "policy-counters", farm: policyFarmUDP, run: runPolicyCounters},
 		scenario{name: "policy-log", farm: policyFarm, run: runPolicyLog},
+		scenario{name: "table-limit", farm: policyFarmUDP, run: runTableLimit},
+		scenario{name: "table-mark", farm: policyFarm, run: runTableMark, attach: attachMarkTable},
 	)
 }
 
@@ -73,7 +75,7 @@ func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...s
 }
 
 // putTable creates or replaces tb (its ID and slot given here) with these
-// entries.
+// entries ("KEY" or "KEY VALUE").
 func (s *tableSet) putTable(t testing.TB, tb model.Table, keys ...string) {
 	t.Helper()
 	name := tb.Name
@@ -85,7 +87,8 @@ func (s *tableSet) putTable(t testing.TB, tb model.Table, keys ...string) {
 		tb.ID, tb.Slot = s.nextID, uint32(s.nextID)
 	}
 	for _, k := range keys {
-		e, err := tb.ParseEntry(model.EntryInput{Key: k}, 0)
+		key, val, hasVal := strings.Cut(k, " ")
+		e, err := tb.ParseEntry(model.EntryInput{Key: key, Value: val, ValueSet: hasVal}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -335,5 +338,101 @@ func runPolicyLog(t *testing.T, e *Env, f model.Farm) {
 	}
 	if !strings.HasPrefix(entry.Prefix, tb.LogPrefix) || entry.Src != c[0] || entry.Dst != f.VirtualAddr {
 		t.Errorf("logged drop %q %s -> %s, want prefix %q, %s -> %s", entry.Prefix, entry.Src, entry.Dst, tb.LogPrefix, c[0], f.VirtualAddr)
+	}
+}
+
+// valueTable is a table without verdict whose entries' values a farm
+// applies (valtype as given).
+func valueTable(t testing.TB, name, valtype string) model.Table {
+	tb := model.NewTable(name, model.TableAddr)
+	v, err := model.ParseValueFields(valtype)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.Values = v
+	return tb
+}
+
+// quickUDPFrom sends one datagram from local (a new socket) and reports
+// whether an answer came within timeout.
+func (e *Env) quickUDPFrom(local netip.Addr, to netip.AddrPort, timeout time.Duration) bool {
+	_, err := testutil.AskUDPWithin(e.Client.NS, netip.AddrPortFrom(local, 0), to, timeout)
+	return err == nil
+}
+
+// runTableLimit: a table without verdict, valtype limit, attached to the
+// farm: its entry's clients get 5 new flows a second (burst 5), counted
+// per entry; a client the table does not hold is not limited, nor one
+// whose more specific entry has no limit.
+func runTableLimit(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 3)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "limit"), prefixOf(c[0], c[0].BitLen()-2)+" 5", c[1].String()+" 0")
+	ts.putFarm(t, e, f)
+	start := time.Now()
+	ok := 0
+	for range 40 {
+		if e.quickUDPFrom(c[0], e.vipPort(f), 25*time.Millisecond) {
+			ok++
+		}
+	}
+	el := time.Since(start)
+	max := 5 + 1 + int(5*el.Seconds()+0.999) + 2
+	t.Logf("limit 5/s: %d of 40 new flows answered in %v", ok, el)
+	if ok < 5 || ok > max {
+		t.Errorf("limit 5/s burst 5: %d of 40 new flows from %s answered in %v, want 5 to %d", ok, c[0], el, max)
+	}
+	// c[1]: its /32 entry (limit 0) is more specific than the limited
+	// prefix: not limited. c[2]: in no entry.
+	for _, a := range []netip.Addr{c[1], c[2]} {
+		got := 0
+		for range 20 {
+			if e.quickUDPFrom(a, e.vipPort(f), time.Second) {
+				got++
+			}
+		}
+		if got < 19 {
+			t.Errorf("client %s (not limited): %d of 20 new flows answered", a, got)
+		}
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if !e.quickUDPFrom(c[0], e.vipPort(f), time.Second) {
+		t.Errorf("after a pause a new flow from %s was dropped", c[0])
+	}
+}
+
+// attachMarkTable applies runTableMark's table, then the farm using it.
+func attachMarkTable(t *testing.T, e *Env, f model.Farm) error {
+	c := e.ClientAddrs(t, 1)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "mark"), c[0].String()+" 42")
+	nf := f.Clone()
+	return ts.tp.ApplyTables(context.Background(), plan.TableDiff{Farms: []plan.FarmChange{{New: &nf}}})
+}
+
+// runTableMark: a table without verdict, valtype mark, attached to the
+// farm: its entry's clients' connections carry the mark (conntrack
+// mark=42); other clients' do not.
+func runTableMark(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "mark"), c[0].String()+" 42")
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "mark table", map[netip.Addr]bool{c[0]: true, c[1]: true})
+	out := testutil.Run(t, e.LB.Name, "conntrack", "-L", "-p", "tcp")
+	seen := map[netip.Addr]string{}
+	for _, l := range strings.Split(out, "\n") {
+		for _, a := range c {
+			if strings.Contains(l, "src="+a.String()+" ") {
+				m := "mark=0"
+				if i := strings.Index(l, "mark="); i >= 0 {
+					m = strings.Fields(l[i:])[0]
+				}
+				seen[a] = m
+			}
+		}
+	}
+	if seen[c[0]] != "mark=42" || seen[c[1]] != "mark=0" {
+		t.Errorf("conntrack marks: %v, want %s mark=42 and %s mark=0:\n%s", seen, c[0], c[1], out)
 	}
 }

@@ -51,6 +51,7 @@ const (
 	tblAllow       = uint32(xlbXlbTblVerdictXLB_TBL_ALLOW)
 	tblVerdictMask = uint32(xlbXlbTblVerdictXLB_TBL_VERDICT_MASK)
 	tblFLog        = uint32(xlbXlbTblVerdictXLB_TBL_F_LOG)
+	tblFLimit      = uint32(xlbXlbTblVerdictXLB_TBL_F_LIMIT)
 
 	tblConfPort    = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_PORT)
 	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
@@ -191,6 +192,18 @@ func (p *Plane) freeSlot(s *tblSlot) {
 // CheckTable implements dataplane.TablePlane: every table is accepted.
 func (p *Plane) CheckTable(t *model.Table) error { return nil }
 
+// checkTableUse refuses a farm's use of a table the program cannot honour:
+// a table whose values set marks (the plane marks no packet: farm and
+// backend marks are refused too; its forwarding bypasses the stack that
+// reads them).
+func checkTableUse(f *model.Farm, t *model.Table) error {
+	if t.Values&model.ValMark != 0 {
+		return dataplane.Refuse(f, "policies", t.Name,
+			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane marks no packet (farm, backend and table marks alike: it forwards past the stack that reads marks); use the nft data plane, or a table without mark", t.Name, t.Values))
+	}
+	return nil
+}
+
 // checkPolicies refuses more policies than the program checks.
 func checkPolicies(f *model.Farm) error {
 	if len(f.Policies) > maxFarmPolicies {
@@ -229,7 +242,7 @@ func tblValue(v *model.TableValue) xlbTblVal {
 	if v == nil {
 		return xlbTblVal{}
 	}
-	return xlbTblVal{Mark: v.Mark, Limit: v.Limit, Tag: v.Tag, Dscp: v.DSCP}
+	return xlbTblVal{Mark: v.Mark, Limit: v.Limit}
 }
 
 func key4Prefix(k xlbTblKey4) netip.Prefix {
@@ -406,6 +419,9 @@ func (p *Plane) binding(t *model.Table) xlbTblBind {
 	if t.LogPrefix != "" && v != tblNone {
 		v |= tblFLog
 	}
+	if t.Values&model.ValLimit != 0 {
+		v |= tblFLimit
+	}
 	return xlbTblBind{Slot: s.idx, Verdict: v}
 }
 
@@ -525,6 +541,29 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		return err
 	}
 	tables := maps.Clone(t.tables)
+	for _, c := range d.Tables {
+		if c.Old != nil {
+			delete(tables, c.Old.Name)
+		}
+		if c.New != nil {
+			tables[c.New.Name] = c.New
+		}
+	}
+	// 0. Farms' uses of tables the program cannot honour: refused before
+	// anything changes.
+	for _, c := range d.Farms {
+		if c.New == nil {
+			continue
+		}
+		for _, ref := range c.New.Policies {
+			if tb, ok := tables[ref.Name]; ok {
+				if err := checkTableUse(c.New, tb); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	tables = maps.Clone(t.tables)
 	// 1. Slots: new ones made and filled, changed ones given the
 	// difference.
 	for _, c := range d.Slots {

@@ -217,9 +217,7 @@ type xlbTblVal struct {
 	Bytes   uint64
 	Mark    uint32
 	Limit   uint32
-	Tag     uint32
-	Dscp    uint8
-	Pad     [3]uint8
+	Tat     uint64
 }
 
 type xlbXlbAf uint32
@@ -378,6 +376,7 @@ const (
 	xlbXlbTblVerdictXLB_TBL_ALLOW        xlbXlbTblVerdict = 2
 	xlbXlbTblVerdictXLB_TBL_VERDICT_MASK xlbXlbTblVerdict = 255
 	xlbXlbTblVerdictXLB_TBL_F_LOG        xlbXlbTblVerdict = 256
+	xlbXlbTblVerdictXLB_TBL_F_LIMIT      xlbXlbTblVerdict = 512
 )
 
 type xlbXlbVerdict uint32

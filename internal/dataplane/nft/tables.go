@@ -78,10 +78,22 @@ type lenKey struct {
 	bits uint8
 }
 
-// slotState is one slot's sets and how many entries each holds.
+// slotState is one slot's sets and how many entries each holds, and its
+// value objects when its table's valtype has mark or limit
+// (tables_values.go).
 type slotState struct {
 	sets  map[lenKey]*nftables.Set
 	count map[lenKey]int
+	vals  *valueSets
+}
+
+// newSlotState is an empty slot for table tb.
+func newSlotState(tb *model.Table) *slotState {
+	s := &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+	if hasValues(tb) {
+		s.vals = newValueSets()
+	}
+	return s
 }
 
 const (
@@ -141,6 +153,11 @@ func (t *Tables) committed() {
 	for _, sl := range t.slots {
 		for _, s := range sl.sets {
 			s.ID = 0
+		}
+		if sl.vals != nil {
+			for _, s := range sl.vals.sets() {
+				s.ID = 0
+			}
 		}
 	}
 }
@@ -273,6 +290,9 @@ func (t *Tables) begin() *tablesBatch {
 	b := &tablesBatch{t: t, rechain: map[string]bool{}, slots: map[uint32]*slotState{}, tables: map[string]*model.Table{}, users: map[uint32]map[string]bool{}}
 	for k, v := range t.slots {
 		c := &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+		if v.vals != nil {
+			c.vals = v.vals.clone()
+		}
 		for lk, s := range v.sets {
 			c.sets[lk] = s
 		}
@@ -400,12 +420,12 @@ func (b *tablesBatch) bind(old, nw *model.Table) {
 // tableRules are the rules of a policy table's chain t<id>.
 func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 	s := b.slots[tb.Slot]
-	if s == nil || !tb.IsPolicy() {
+	if s == nil || !tb.Attachable() {
 		return nil
 	}
 	verdict := expr.VerdictDrop
-	if tb.Verdict == model.ListAllow {
-		verdict = expr.VerdictReturn
+	if tb.Verdict != model.ListDeny {
+		verdict = expr.VerdictReturn // allow, or values only: the most specific entry ends the table
 	}
 	var logx []expr.Any
 	if tb.LogPrefix != "" {
@@ -427,13 +447,16 @@ func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 			}
 			r = append(r, &expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: mask, Xor: make([]byte, alen)})
 		}
-		r = append(r, &expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
+		if verdict == expr.VerdictReturn {
+			rules = append(rules, valueRules(s.vals, lk, r)...)
+		}
+		r = append(slices.Clone(r), &expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
 		if verdict == expr.VerdictDrop {
 			r = append(r, logx...)
 		}
 		rules = append(rules, append(r, &expr.Verdict{Kind: verdict}))
 	}
-	if verdict == expr.VerdictReturn {
+	if tb.Verdict == model.ListAllow {
 		rules = append(rules, append(slices.Clone(logx), &expr.Verdict{Kind: expr.VerdictDrop}))
 	}
 	return rules
@@ -546,12 +569,16 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			if c.New.Type != model.TableAddr {
 				continue
 			}
-			b.slots[c.Slot] = &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+			b.slots[c.Slot] = newSlotState(c.New)
 			b.addEntries(c.Slot, func(fn func(model.TableEntry) bool) { c.New.Entries("", fn) })
+			b.addValues(c.Slot, c.New)
 		case c.New == nil && c.Old != nil:
 			if s := b.slots[c.Slot]; s != nil {
 				for _, lk := range sortedLens(s.sets) {
 					b.dropSets = append(b.dropSets, s.sets[lk])
+				}
+				if s.vals != nil {
+					b.dropSets = append(b.dropSets, s.vals.sets()...)
 				}
 				delete(b.slots, c.Slot)
 			}
@@ -559,8 +586,8 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			if b.slots[c.Slot] == nil {
 				continue // not an addr table
 			}
-			// Values are not in the kernel's sets: a value change
-			// (Replaced) changes no element. Adds go first, so a
+			// A value change (Replaced) changes no element of the
+			// length sets, only value objects. Adds go first, so a
 			// length that loses its last entry and gains another in
 			// one change keeps its set.
 			replaced := make(map[model.TableKey]bool, len(c.Replaced))
@@ -575,6 +602,12 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 				}
 			})
 			b.delEntries(c.Slot, c.Del)
+			if s := b.slots[c.Slot]; s.vals != nil {
+				dels := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
+				if b.valueChange(c.Slot, s.vals, dels, c.Put) {
+					b.rechainSlot(c.Slot)
+				}
+			}
 		}
 	}
 	for _, c := range d.Tables {
@@ -671,8 +704,9 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 		if tb.Type != model.TableAddr {
 			continue
 		}
-		b.slots[tb.Slot] = &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+		b.slots[tb.Slot] = newSlotState(tb)
 		b.addEntries(tb.Slot, func(fn func(model.TableEntry) bool) { tb.Entries("", fn) })
+		b.addValues(tb.Slot, tb)
 	}
 	for _, tb := range tables {
 		if tb.Type == model.TableAddr {
@@ -733,4 +767,22 @@ func (t *Tables) TableCounters(ctx context.Context, tb *model.Table) (dataplane.
 		}
 	}
 	return out, nil
+}
+
+// addValues queues the value objects of every entry of a new slot.
+func (b *tablesBatch) addValues(slot uint32, tb *model.Table) {
+	s := b.slots[slot]
+	if s.vals == nil {
+		return
+	}
+	var all []model.TableEntry
+	tb.Entries("", func(e model.TableEntry) bool {
+		if e.Value != nil && (e.Value.Mark != 0 || e.Value.Limit != 0) {
+			all = append(all, e)
+		}
+		return true
+	})
+	if b.valueChange(slot, s.vals, nil, all) {
+		b.rechainSlot(slot)
+	}
 }
