@@ -1230,11 +1230,12 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
-	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1, NULL)) {
+	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
+	if (tbl_check(&p, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1, NULL,
+		      tbl_conf()) == 1) {
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
-	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
 		return XDP_PASS;
 	if (xlb_elapsed(xlb_now(), v->seen) > xlb_ct_refresh_ns)
@@ -1279,10 +1280,11 @@ int xlb_xdp(struct xdp_md *ctx)
 SEC("tcx/ingress")
 int xlb_ingress(struct __sk_buff *skb)
 {
+	__u32 len = skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, conf;
 	struct tbl_val *lim = NULL;
 	struct pkt p = {};
 	struct ct_val *v;
-	int rc;
+	int rc, pol;
 
 	stat_inc(XLB_STAT_RX);
 	switch (lb_parse(skb, &p)) {
@@ -1299,15 +1301,24 @@ int xlb_ingress(struct __sk_buff *skb)
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
 	}
-	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0, &lim)) {
+	/* The policy check (xlb_tables.h) comes first; a tracked flow that
+	 * passed it under the current policy generation pays one compare. A
+	 * flow whose entry turns out to be gone is checked in full. */
+	conf = tbl_conf();
+	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
+	pol = tbl_check(&p, v, len, 0, &lim, conf);
+	if (pol == 1) {
 		stat_inc(XLB_STAT_POLICY_DROP);
 		return XLB_DROP;
 	}
-	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (v) {
 		rc = lb4_ct_hit(skb, &p, v);
 		if (rc != XLB_CT_MISS)
 			return rc;
+		if (pol == 2 && tbl_check(&p, NULL, len, 0, &lim, conf) == 1) {
+			stat_inc(XLB_STAT_POLICY_DROP);
+			return XLB_DROP;
+		}
 	}
 	if (lim && tbl_new_limited(&p, lim)) {
 		stat_inc(XLB_STAT_POLICY_DROP);

@@ -72,10 +72,18 @@ enum xlb_tbl_verdict {
 	XLB_TBL_F_LIMIT = 0x200,     /* the table's valtype has limit: matches are rate limited */
 };
 
-/* xlb_tbl_conf value: which policy lookups a packet needs. */
+/* xlb_tbl_conf value: which policy lookups a packet needs (low bits), and
+ * the policy generation (bits XLB_TBL_GEN_SHIFT on; see tbl_check). */
 enum xlb_tbl_conf_flag {
 	XLB_TBL_CONF_PORT = 1,	  /* some farm of given ports has policies */
 	XLB_TBL_CONF_ANYPORT = 2, /* some farm of every port (port 0) has policies */
+	XLB_TBL_CONF_ANY = 3,
+	XLB_TBL_GEN_SHIFT = 8,
+	XLB_TBL_GEN_MAX = 127, /* generations 1-127 fit a conntrack entry's nh_flags */
+	/* ct_val.nh_flags bits 1-7: the generation under which the entry's
+	 * tuple last passed its farm's policies (0: not known). */
+	XLB_TBL_NH_GEN_SHIFT = 1,
+	XLB_TBL_NH_GEN_MASK = 0xfe,
 };
 
 /* Inner map keys: an LPM trie key is a prefix length then the address. */
@@ -246,26 +254,25 @@ static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p
 }
 
 /**
- * tbl_policies() - the policies of the farm @p is sent to, if it has any.
+ * tbl_policies() - the policies of the farm @p is sent to, if it has any
+ * (@conf: xlb_tbl_conf's value).
  * Return: the farm's policies, or NULL.
  */
-static __always_inline struct tbl_policy *tbl_policies(const struct pkt *p)
+static __always_inline struct tbl_policy *tbl_policies(const struct pkt *p, __u32 conf)
 {
 	struct svc_key key = {};
 	struct tbl_policy *pol = NULL;
-	__u32 zero = 0, *conf;
 
-	conf = bpf_map_lookup_elem(&xlb_tbl_conf, &zero);
-	if (!conf || !*conf)
+	if (!(conf & XLB_TBL_CONF_ANY))
 		return NULL;
 	__builtin_memcpy(key.addr, p->k.dst, 16);
 	key.proto = p->k.proto;
 	key.family = p->k.family;
-	if (*conf & XLB_TBL_CONF_PORT) {
+	if (conf & XLB_TBL_CONF_PORT) {
 		key.port = p->k.dport;
 		pol = bpf_map_lookup_elem(&xlb_tbl_policy, &key);
 	}
-	if (!pol && (*conf & XLB_TBL_CONF_ANYPORT)) {
+	if (!pol && (conf & XLB_TBL_CONF_ANYPORT)) {
 		key.port = 0;
 		pol = bpf_map_lookup_elem(&xlb_tbl_policy, &key);
 	}
@@ -310,12 +317,13 @@ static __attribute__((noinline)) int tbl_log(const struct pkt *p, __u32 id, __u3
  * with a log-prefix logs the drop (@xdp: in the XDP program). When @lim is
  * given, it gets the first matching entry, in the farm's order, of a table
  * with limits whose limit is set: the caller rate limits new flows by it.
+ * @conf: xlb_tbl_conf's value.
  * Return: 1 to drop the packet, 0 otherwise.
  */
 static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len, __u32 xdp,
-						struct tbl_val **lim)
+						struct tbl_val **lim, __u32 conf)
 {
-	struct tbl_policy *pol = tbl_policies(p);
+	struct tbl_policy *pol = tbl_policies(p, conf);
 	struct tbl_bind *b;
 	struct tbl_val *v;
 	__u32 i, id, verdict;
@@ -341,6 +349,75 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len, 
 		if (lim && v && (b->verdict & XLB_TBL_F_LIMIT) && v->limit && !*lim)
 			*lim = v;
 	}
+	return 0;
+}
+
+/* tbl_conf() - xlb_tbl_conf's value (0: no farm has policies). */
+static __always_inline __u32 tbl_conf(void)
+{
+	__u32 zero = 0, *conf = bpf_map_lookup_elem(&xlb_tbl_conf, &zero);
+
+	return conf ? *conf : 0;
+}
+
+/**
+ * tbl_check() - the policy check of packet @p, whose conntrack entry is @v
+ * (NULL: none), as tbl_denied(), but for a tracked flow whose tuple passed
+ * its farm's policies under the current policy generation: that costs one
+ * compare. The loader moves the generation on after every change of
+ * tables, bindings or farms' policies (so a client added to a deny list is
+ * cut off from its established flows at its next packet), and when it
+ * wraps (127 changes) it stops the cache (generation 0), waits for every
+ * program run to end, clears the generations of all entries
+ * (xlb_tbl_clear_gen) and starts again at 1. The generation is read before
+ * the check, so a pass against older tables is recorded under an older
+ * generation. A passing packet records the generation in its entry's
+ * nh_flags (bits 1-7) with two atomic operations on the aligned word that
+ * holds it (dir, state, mode, nh_flags: other bytes are kept; the next
+ * hop's cache writes nh_flags whole, which only clears the generation).
+ * Only a pass is recorded: denied packets are checked (and counted) every
+ * time. Allow-list entries count a tracked flow's packets when checked,
+ * not each one.
+ * Return: 1 to drop the packet; 0 when it passed the check; 2 when it
+ * passed without one (its entry's generation is current).
+ */
+static __always_inline int tbl_check(const struct pkt *p, struct ct_val *v, __u32 len, __u32 xdp,
+				     struct tbl_val **lim, __u32 conf)
+{
+	__u32 gen = (conf >> XLB_TBL_GEN_SHIFT) & XLB_TBL_GEN_MAX, *w;
+
+	if (!(conf & XLB_TBL_CONF_ANY))
+		return 0;
+	if (v && gen && ((v->nh_flags & XLB_TBL_NH_GEN_MASK) >> XLB_TBL_NH_GEN_SHIFT) == gen)
+		return 2;
+	if (tbl_denied(p, len, xdp, lim, conf))
+		return 1;
+	if (v && gen) {
+		w = (__u32 *)&v->dir;
+		__sync_fetch_and_and(w, ~((__u32)XLB_TBL_NH_GEN_MASK << 24));
+		__sync_fetch_and_or(w, (gen << XLB_TBL_NH_GEN_SHIFT) << 24);
+	}
+	return 0;
+}
+
+/* tbl_clear_gen_one() - clear the policy generation of one conntrack entry
+ * (bpf_for_each_map_elem callback). */
+static long tbl_clear_gen_one(void *map, struct ct_key *k, struct ct_val *v, void *ctx)
+{
+	__sync_fetch_and_and((__u32 *)&v->dir, ~((__u32)XLB_TBL_NH_GEN_MASK << 24));
+	return 0;
+}
+
+/**
+ * xlb_tbl_clear_gen() - clear the policy generation of every conntrack
+ * entry, when the generation wraps (tbl_check). Never attached; the loader
+ * runs it with BPF_PROG_TEST_RUN.
+ * Return: 0.
+ */
+SEC("syscall")
+int xlb_tbl_clear_gen(void *ctx)
+{
+	bpf_for_each_map_elem(&xlb_ct, tbl_clear_gen_one, NULL, 0);
 	return 0;
 }
 

@@ -55,6 +55,8 @@ const (
 
 	tblConfPort    = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_PORT)
 	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
+	tblGenShift    = uint32(xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT)
+	tblGenMax      = uint32(xlbXlbTblConfFlagXLB_TBL_GEN_MAX)
 
 	// tblChunk bounds the entries of one batch syscall (and the buffers
 	// built for it).
@@ -76,6 +78,10 @@ type tableState struct {
 	// noBatch: the kernel refused batch updates of a trie once; entries
 	// go one by one from then on.
 	noBatch bool
+	// gen is the policy generation (xlb_tbl_conf, tbl_check in
+	// bpf/xlb_tables.h): 1-127, moved on after every change; 0 while
+	// tracked flows' cached passes are not to be trusted.
+	gen uint32
 }
 
 func (t *tableState) reset() {
@@ -505,9 +511,10 @@ func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table,
 	return nil
 }
 
-// writeConf tells the program which policy lookups packets need.
+// writeConf tells the program which policy lookups packets need, and the
+// policy generation.
 func (p *Plane) writeConf() error {
-	var conf uint32
+	conf := p.tbls.gen << tblGenShift
 	for _, f := range p.tbls.farms {
 		if len(f.VirtualPorts) == 0 {
 			conf |= tblConfAnyPort
@@ -517,6 +524,61 @@ func (p *Plane) writeConf() error {
 	}
 	if err := p.objs.XlbTblConf.Update(uint32(0), conf, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write policy flags: %w", err)
+	}
+	return nil
+}
+
+// bumpGen moves the policy generation on once a change of tables,
+// bindings or farms' policies is in the kernel (or taken back): tracked
+// flows that passed their farm's policies before are checked again at
+// their next packet (tbl_check).
+func (p *Plane) bumpGen() error {
+	t := &p.tbls
+	if t.gen == 0 || t.gen >= tblGenMax {
+		return p.restartGen()
+	}
+	t.gen++
+	return p.writeConf()
+}
+
+// restartGen starts the policy generations again at 1 with no conntrack
+// entry holding one: generation 0 (the program neither trusts nor records
+// passes), a wait until every program run that read the old generation has
+// ended, every entry's generation cleared (xlb_tbl_clear_gen), then 1. So
+// no entry keeps a generation from before, which a later one could equal.
+func (p *Plane) restartGen() error {
+	t := &p.tbls
+	t.gen = 0
+	if err := p.writeConf(); err != nil {
+		return err
+	}
+	if err := p.waitProgramRuns(); err != nil {
+		return fmt.Errorf("restart policy generations: %w", err)
+	}
+	if _, err := p.objs.XlbTblClearGen.Run(&ebpf.RunOptions{}); err != nil {
+		return fmt.Errorf("restart policy generations: clear conntrack entries: %w", err)
+	}
+	t.gen = 1
+	return p.writeConf()
+}
+
+// waitProgramRuns returns once every run of the program that began before
+// it was called has ended: the kernel waits for an RCU grace period after
+// an update of an array of maps (index 0 of xlb_tbl_addr4 is never used;
+// a trie is put there and taken out).
+func (p *Plane) waitProgramRuns() error {
+	spec := p.tbls.inner4.Copy()
+	spec.Name = "xt4_wait"
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		return fmt.Errorf("make trie: %w", err)
+	}
+	defer m.Close()
+	if err := p.objs.XlbTblAddr4.Update(uint32(0), m, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("wait for program runs: %w", err)
+	}
+	if err := p.objs.XlbTblAddr4.Delete(uint32(0)); err != nil {
+		return fmt.Errorf("wait for program runs: %w", err)
 	}
 	return nil
 }
@@ -537,6 +599,9 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	fail := func(err error) error {
 		for i := len(undo) - 1; i >= 0; i-- {
 			undo[i]()
+		}
+		if gerr := p.bumpGen(); gerr != nil {
+			p.log.Error("move the policy generation on after a failed change", "err", gerr)
 		}
 		return err
 	}
@@ -702,6 +767,9 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		}
 	}
 	t.tables = tables
+	if err := p.bumpGen(); err != nil {
+		return err
+	}
 	for _, c := range d.Tables {
 		if c.Old != nil && t.byID[c.Old.ID] == c.Old {
 			delete(t.byID, c.Old.ID)

@@ -26,6 +26,15 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	t := &p.tbls
+	// The pinned generation (an earlier daemon's): no cached pass is
+	// trusted while the kernel is being brought to the saved tables, and
+	// the next generation is one no entry holds.
+	var conf uint32
+	if err := p.objs.XlbTblConf.Lookup(uint32(0), &conf); err != nil {
+		return fmt.Errorf("read policy flags: %w", err)
+	}
+	old := (conf >> tblGenShift) & tblGenMax
+	t.gen = 0
 	for _, s := range t.slots {
 		s.close()
 	}
@@ -136,7 +145,11 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 			t.idx.put(i)
 		}
 	}
-	return nil
+	if old == 0 || old >= tblGenMax {
+		return p.restartGen()
+	}
+	t.gen = old + 1
+	return p.writeConf()
 }
 
 func usedIndex(slots map[uint32]*tblSlot, i uint32) bool {

@@ -357,6 +357,11 @@ type xlbXlbTblConfFlag uint32
 const (
 	xlbXlbTblConfFlagXLB_TBL_CONF_PORT    xlbXlbTblConfFlag = 1
 	xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT xlbXlbTblConfFlag = 2
+	xlbXlbTblConfFlagXLB_TBL_CONF_ANY     xlbXlbTblConfFlag = 3
+	xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT    xlbXlbTblConfFlag = 8
+	xlbXlbTblConfFlagXLB_TBL_GEN_MAX      xlbXlbTblConfFlag = 127
+	xlbXlbTblConfFlagXLB_TBL_NH_GEN_SHIFT xlbXlbTblConfFlag = 1
+	xlbXlbTblConfFlagXLB_TBL_NH_GEN_MASK  xlbXlbTblConfFlag = 254
 )
 
 type xlbXlbTblSize uint32
@@ -420,6 +425,7 @@ const (
 	xlbProgXlbClock           = "xlb_clock"
 	xlbProgXlbCtRemove        = "xlb_ct_remove"
 	xlbProgXlbIngress         = "xlb_ingress"
+	xlbProgXlbTblClearGen     = "xlb_tbl_clear_gen"
 	xlbProgXlbXdp             = "xlb_xdp"
 	xlbVarXlbClockOffset      = "xlb_clock_offset"
 	xlbVarXlbClockSample      = "xlb_clock_sample"
@@ -485,10 +491,11 @@ type xlbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
-	XlbClock    *ebpf.ProgramSpec `ebpf:"xlb_clock"`
-	XlbCtRemove *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
-	XlbIngress  *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
-	XlbXdp      *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
+	XlbClock       *ebpf.ProgramSpec `ebpf:"xlb_clock"`
+	XlbCtRemove    *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
+	XlbIngress     *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
+	XlbTblClearGen *ebpf.ProgramSpec `ebpf:"xlb_tbl_clear_gen"`
+	XlbXdp         *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
 
 // xlbMapSpecs contains maps before they are loaded into the kernel.
@@ -655,10 +662,11 @@ type xlbVariables struct {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
-	XlbClock    *ebpf.Program `ebpf:"xlb_clock"`
-	XlbCtRemove *ebpf.Program `ebpf:"xlb_ct_remove"`
-	XlbIngress  *ebpf.Program `ebpf:"xlb_ingress"`
-	XlbXdp      *ebpf.Program `ebpf:"xlb_xdp"`
+	XlbClock       *ebpf.Program `ebpf:"xlb_clock"`
+	XlbCtRemove    *ebpf.Program `ebpf:"xlb_ct_remove"`
+	XlbIngress     *ebpf.Program `ebpf:"xlb_ingress"`
+	XlbTblClearGen *ebpf.Program `ebpf:"xlb_tbl_clear_gen"`
+	XlbXdp         *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
@@ -666,6 +674,7 @@ func (p *xlbPrograms) Close() error {
 		p.XlbClock,
 		p.XlbCtRemove,
 		p.XlbIngress,
+		p.XlbTblClearGen,
 		p.XlbXdp,
 	)
 }
