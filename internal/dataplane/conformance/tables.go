@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,10 @@ func init() {
 		scenario{name: "policy-log", farm: policyFarm, run: runPolicyLog},
 		scenario{name: "table-limit", farm: policyFarmUDP, run: runTableLimit},
 		scenario{name: "table-mark", farm: policyFarm, run: runTableMark, attach: attachMarkTable},
+		scenario{name: "policy-port", farm: policyFarm, run: runPolicyPort},
+		scenario{name: "policy-mac", farm: policyFarm, run: runPolicyMAC},
+		scenario{name: "policy-iface", farm: policyFarm, run: runPolicyIface, attach: attachIfaceTable},
+		scenario{name: "policy-flow", farm: policyFarm, run: runPolicyFlow},
 	)
 }
 
@@ -435,4 +440,106 @@ func runTableMark(t *testing.T, e *Env, f model.Farm) {
 	if seen[c[0]] != "mark=42" || seen[c[1]] != "mark=0" {
 		t.Errorf("conntrack marks: %v, want %s mark=42 and %s mark=0:\n%s", seen, c[0], c[1], out)
 	}
+}
+
+// typedTable is a policy table of type typ ("number", "flow:src-ip,dst-port").
+func typedTable(t testing.TB, name, typ string, v model.ListVerdict) model.Table {
+	tt, ff, err := model.ParseTableType(typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := model.NewTable(name, tt)
+	tb.Flow, tb.Verdict = ff, v
+	return tb
+}
+
+// answersFrom reports whether a TCP connection from local (address and
+// port) to the farm is answered, as expect does: one try when it must be
+// dropped, three when it must be served.
+func (e *Env) expectFrom(t *testing.T, f model.Farm, what string, local netip.AddrPort, want bool) {
+	t.Helper()
+	try := func(timeout time.Duration) bool {
+		c, err := testutil.DialTCPFrom(e.Client.NS, local, e.vipPort(f), timeout)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		_, err = testutil.ReadLine(c, time.Second)
+		return err == nil
+	}
+	got := try(700 * time.Millisecond)
+	for i := 1; want && !got && i < 3; i++ {
+		time.Sleep(100 * time.Millisecond) // the port's earlier socket may linger
+		got = try(2 * time.Second)
+	}
+	if got != want {
+		t.Errorf("%s: client %s answered %v, want %v", what, local, got, want)
+	}
+}
+
+// runPolicyPort: a number table as a blacklist matches the client's source
+// port: a connection from that port is dropped, one from another served.
+func runPolicyPort(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 1)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "number", model.ListDeny), "40123", "70000")
+	ts.putFarm(t, e, f)
+	e.expectFrom(t, f, "denied source port", netip.AddrPortFrom(c[0], 40123), false)
+	e.expectFrom(t, f, "other source port", netip.AddrPortFrom(c[0], 40124), true)
+	// The entry counted the dropped SYN (and its retransmissions).
+	if cr, ok := e.DP.(dataplane.TableCounterReader); ok {
+		cs, err := cr.TableCounters(context.Background(), ts.tables["pol"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := cs[model.NumberKey(40123)].Packets; n == 0 || len(cs) != 1 {
+			t.Errorf("counters of the number table: %v, want packets on 40123 only", cs)
+		}
+	}
+}
+
+// runPolicyMAC: a mac table as a blacklist matches the client's Ethernet
+// address (every address of the client); a list without it serves it.
+func runPolicyMAC(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "mac", model.ListDeny), e.Client.MAC(t).String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "client's MAC denied", map[netip.Addr]bool{c[0]: false, c[1]: false})
+	ts.putTable(t, typedTable(t, "pol", "mac", model.ListDeny), "02:00:00:00:00:99")
+	e.expect(t, f, "another MAC denied", map[netip.Addr]bool{c[0]: true, c[1]: true})
+	ts.putTable(t, typedTable(t, "pol", "mac", model.ListAllow), e.Client.MAC(t).String())
+	e.expect(t, f, "client's MAC allowed", map[netip.Addr]bool{c[0]: true})
+}
+
+// attachIfaceTable applies runPolicyIface's table, then the farm using it.
+func attachIfaceTable(t *testing.T, e *Env, f model.Farm) error {
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "iface", model.ListDeny), e.LB.Link)
+	nf := f.Clone()
+	return ts.tp.ApplyTables(context.Background(), plan.TableDiff{Farms: []plan.FarmChange{{New: &nf}}})
+}
+
+// runPolicyIface: an iface table as a blacklist matches the interface the
+// packet came in on: the LB's client-side interface listed, the client is
+// dropped; another name listed, it is served.
+func runPolicyIface(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 1)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "iface", model.ListDeny), e.LB.Link)
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "ingress interface denied", map[netip.Addr]bool{c[0]: false})
+	ts.putTable(t, typedTable(t, "pol", "iface", model.ListDeny), "nosuch0")
+	e.expect(t, f, "another interface denied", map[netip.Addr]bool{c[0]: true})
+}
+
+// runPolicyFlow: a flow table over (src-ip, proto, dst-port) as a
+// blacklist drops the listed client to the farm's port, not another.
+func runPolicyFlow(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "flow:src-ip,proto,dst-port", model.ListDeny),
+		c[0].String()+",tcp,"+strconv.Itoa(VPort), c[1].String()+",udp,"+strconv.Itoa(VPort))
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "flow denied", map[netip.Addr]bool{c[0]: false, c[1]: true})
 }

@@ -27,6 +27,7 @@ var ebpfRefuses = map[string]string{
 	"tcp-strict":                  `"tcp-strict"`,
 	"mark-backend":                `"mark"`,
 	"table-mark":                  `marks no packet`,
+	"policy-iface":                `interface names`,
 	"fwmark-farm":                 `"mark"`,
 	"helper-ftp":                  `"helper" value "ftp"`,
 	"helper-tftp":                 `"helper" value "tftp"`,

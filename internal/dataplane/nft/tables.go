@@ -65,7 +65,8 @@ type Tables struct {
 
 	mu     sync.Mutex
 	maps   map[string]*nftables.Set   // fp4, fp6, fpm
-	slots  map[uint32]*slotState      // what the kernel holds, by slot
+	slots  map[uint32]*slotState      // what the kernel holds, by slot (addr tables)
+	others map[uint32]*otherSlot      // the same for the other types (tables_types.go)
 	tables map[string]*model.Table    // as applied, by name
 	farms  map[string]*model.Farm     // farms with policies as applied
 	users  map[uint32]map[string]bool // slot -> tables bound to it
@@ -160,6 +161,11 @@ func (t *Tables) committed() {
 			}
 		}
 	}
+	for _, o := range t.others {
+		for _, s := range o.sets {
+			s.ID = 0
+		}
+	}
 }
 
 // ensure queues the nft table and its static objects if not made yet.
@@ -173,6 +179,7 @@ func (t *Tables) ensure() {
 func (t *Tables) reset() {
 	t.maps = map[string]*nftables.Set{}
 	t.slots = map[uint32]*slotState{}
+	t.others = map[uint32]*otherSlot{}
 	t.tables = map[string]*model.Table{}
 	t.farms = map[string]*model.Farm{}
 	t.users = map[uint32]map[string]bool{}
@@ -242,7 +249,7 @@ func CheckPolicies(f *model.Farm) error {
 // TableAlgorithm implements dataplane.TableDescriber.
 func (t *Tables) TableAlgorithm(tb *model.Table) string {
 	if tb.Type != model.TableAddr {
-		return "daemon only (no kernel object: no farm feature uses " + tb.Type.String() + " tables yet)"
+		return fmt.Sprintf("nftables: one hash set per family its keys need (o%d-FAMILY, element counters) in table inet %s", tb.Slot, t.table.Name)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -282,12 +289,17 @@ type tablesBatch struct {
 	// dropSets: sets to delete once no rule refers to them.
 	dropSets []*nftables.Set
 	slots    map[uint32]*slotState // the slots as the batch leaves them
+	others   map[uint32]*otherSlot
 	tables   map[string]*model.Table
 	users    map[uint32]map[string]bool
 }
 
 func (t *Tables) begin() *tablesBatch {
-	b := &tablesBatch{t: t, rechain: map[string]bool{}, slots: map[uint32]*slotState{}, tables: map[string]*model.Table{}, users: map[uint32]map[string]bool{}}
+	b := &tablesBatch{t: t, rechain: map[string]bool{}, slots: map[uint32]*slotState{}, others: map[uint32]*otherSlot{},
+		tables: map[string]*model.Table{}, users: map[uint32]map[string]bool{}}
+	for k, o := range t.others {
+		b.others[k] = o.clone()
+	}
 	for k, v := range t.slots {
 		c := &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
 		if v.vals != nil {
@@ -419,6 +431,16 @@ func (b *tablesBatch) bind(old, nw *model.Table) {
 
 // tableRules are the rules of a policy table's chain t<id>.
 func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
+	var logx []expr.Any
+	if tb.LogPrefix != "" {
+		logx = []expr.Any{logExpr(tb.LogPrefix, b.t.opts.LogGroup)}
+	}
+	if tb.Type != model.TableAddr {
+		if o := b.others[tb.Slot]; o != nil && tb.IsPolicy() {
+			return o.otherRules(tb, logx)
+		}
+		return nil
+	}
 	s := b.slots[tb.Slot]
 	if s == nil || !tb.Attachable() {
 		return nil
@@ -426,10 +448,6 @@ func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 	verdict := expr.VerdictDrop
 	if tb.Verdict != model.ListDeny {
 		verdict = expr.VerdictReturn // allow, or values only: the most specific entry ends the table
-	}
-	var logx []expr.Any
-	if tb.LogPrefix != "" {
-		logx = []expr.Any{logExpr(tb.LogPrefix, b.t.opts.LogGroup)}
 	}
 	var rules [][]expr.Any
 	for _, lk := range sortedLens(s.sets) {
@@ -539,9 +557,6 @@ func (b *tablesBatch) writeFarm(f *model.Farm) {
 	c := b.t.conn.AddChain(b.chain(farmPolicyChain(f.Name)))
 	b.t.conn.FlushChain(c)
 	for _, tb := range b.policyOrder(f) {
-		if tb.Type != model.TableAddr {
-			continue
-		}
 		b.t.conn.AddRule(&nftables.Rule{Table: b.t.table, Chain: c, Exprs: []expr.Any{
 			&expr.Verdict{Kind: expr.VerdictJump, Chain: tableChainName(tb.ID)}}})
 	}
@@ -567,12 +582,21 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		switch {
 		case c.Old == nil && c.New != nil:
 			if c.New.Type != model.TableAddr {
+				o := newOtherSlot(c.New)
+				b.others[c.Slot] = o
+				b.otherEntries(c.Slot, o, allEntries(c.New), false)
 				continue
 			}
 			b.slots[c.Slot] = newSlotState(c.New)
 			b.addEntries(c.Slot, func(fn func(model.TableEntry) bool) { c.New.Entries("", fn) })
 			b.addValues(c.Slot, c.New)
 		case c.New == nil && c.Old != nil:
+			if o := b.others[c.Slot]; o != nil {
+				for _, s := range o.sets {
+					b.dropSets = append(b.dropSets, s)
+				}
+				delete(b.others, c.Slot)
+			}
 			if s := b.slots[c.Slot]; s != nil {
 				for _, lk := range sortedLens(s.sets) {
 					b.dropSets = append(b.dropSets, s.sets[lk])
@@ -583,8 +607,25 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 				delete(b.slots, c.Slot)
 			}
 		default:
+			if o := b.others[c.Slot]; o != nil {
+				replaced := make(map[model.TableKey]bool, len(c.Replaced))
+				for _, e := range c.Replaced {
+					replaced[e.Key] = true
+				}
+				var added []model.TableEntry
+				for _, e := range c.Put {
+					if !replaced[e.Key] {
+						added = append(added, e)
+					}
+				}
+				grew := b.otherEntries(c.Slot, o, added, false)
+				if shrank := b.otherEntries(c.Slot, o, c.Del, true); grew || shrank {
+					b.rechainSlot(c.Slot)
+				}
+				continue
+			}
 			if b.slots[c.Slot] == nil {
-				continue // not an addr table
+				continue
 			}
 			// A value change (Replaced) changes no element of the
 			// length sets, only value objects. Adds go first, so a
@@ -614,10 +655,8 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		b.bind(c.Old, c.New)
 		switch {
 		case c.New == nil:
-			if c.Old.Type == model.TableAddr {
-				dropTables = append(dropTables, tableChainName(c.Old.ID))
-			}
-		case c.New.Type == model.TableAddr:
+			dropTables = append(dropTables, tableChainName(c.Old.ID))
+		default:
 			b.rechain[c.New.Name] = true
 		}
 	}
@@ -667,7 +706,7 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		t.redial()
 		return fmt.Errorf("apply tables to table inet %s: %w", t.table.Name, err)
 	}
-	t.slots, t.tables, t.users, t.farms = b.slots, b.tables, b.users, farms
+	t.slots, t.others, t.tables, t.users, t.farms = b.slots, b.others, b.tables, b.users, farms
 	t.created, t.baseRules = true, len(farms) > 0
 	t.committed()
 	return nil
@@ -702,6 +741,9 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 	for _, tb := range tables {
 		b.bind(nil, tb)
 		if tb.Type != model.TableAddr {
+			o := newOtherSlot(tb)
+			b.others[tb.Slot] = o
+			b.otherEntries(tb.Slot, o, allEntries(tb), false)
 			continue
 		}
 		b.slots[tb.Slot] = newSlotState(tb)
@@ -709,9 +751,7 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 		b.addValues(tb.Slot, tb)
 	}
 	for _, tb := range tables {
-		if tb.Type == model.TableAddr {
-			b.writeTableChain(tb)
-		}
+		b.writeTableChain(tb)
 	}
 	fs := map[string]*model.Farm{}
 	for _, f := range farms {
@@ -728,7 +768,7 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 		t.redial()
 		return fmt.Errorf("rebuild table inet %s: %w", t.table.Name, err)
 	}
-	t.slots, t.tables, t.users, t.farms = b.slots, b.tables, b.users, fs
+	t.slots, t.others, t.tables, t.users, t.farms = b.slots, b.others, b.tables, b.users, fs
 	t.created, t.baseRules = true, len(fs) > 0
 	t.committed()
 	return nil
@@ -742,6 +782,12 @@ func (t *Tables) TableCounters(ctx context.Context, tb *model.Table) (dataplane.
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := dataplane.TableCounters{}
+	if o := t.others[tb.Slot]; o != nil && tb.Type != model.TableAddr {
+		if err := t.otherCounters(o, out); err != nil {
+			return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
+		}
+		return out, ctx.Err()
+	}
 	s := t.slots[tb.Slot]
 	if tb.Type != model.TableAddr || s == nil {
 		return out, ctx.Err()
@@ -785,4 +831,11 @@ func (b *tablesBatch) addValues(slot uint32, tb *model.Table) {
 	if b.valueChange(slot, s.vals, nil, all) {
 		b.rechainSlot(slot)
 	}
+}
+
+// allEntries lists a table's entries.
+func allEntries(tb *model.Table) []model.TableEntry {
+	out := make([]model.TableEntry, 0, tb.Len())
+	tb.Entries("", func(e model.TableEntry) bool { out = append(out, e); return true })
+	return out
 }
