@@ -1224,6 +1224,7 @@ int xlb_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
+	__u8 smac[6] = {};
 	struct pkt p = {};
 	struct ct_val *v;
 	__u32 bid, ifindex, *fl;
@@ -1231,8 +1232,9 @@ int xlb_xdp(struct xdp_md *ctx)
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
-	if (tbl_check(&p, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1, NULL,
-		      tbl_conf()) == 1) {
+	if (data + 12 <= end)
+		__builtin_memcpy(smac, data + 6, 6);
+	if (tbl_check(&p, smac, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
@@ -1280,11 +1282,9 @@ int xlb_xdp(struct xdp_md *ctx)
 SEC("tcx/ingress")
 int xlb_ingress(struct __sk_buff *skb)
 {
-	__u32 len = skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, conf;
-	struct tbl_val *lim = NULL;
 	struct pkt p = {};
 	struct ct_val *v;
-	int rc, pol;
+	int rc;
 
 	stat_inc(XLB_STAT_RX);
 	switch (lb_parse(skb, &p)) {
@@ -1303,11 +1303,10 @@ int xlb_ingress(struct __sk_buff *skb)
 	}
 	/* The policy check (xlb_tables.h) comes first; a tracked flow that
 	 * passed it under the current policy generation pays one compare. A
-	 * flow whose entry turns out to be gone is checked in full. */
-	conf = tbl_conf();
+	 * flow whose entry turns out to be gone starts again: checked in
+	 * full, its limit applied. */
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
-	pol = tbl_check(&p, v, len, 0, &lim, conf);
-	if (pol == 1) {
+	if (tbl_check_skb(skb, &p, v)) {
 		stat_inc(XLB_STAT_POLICY_DROP);
 		return XLB_DROP;
 	}
@@ -1315,14 +1314,10 @@ int xlb_ingress(struct __sk_buff *skb)
 		rc = lb4_ct_hit(skb, &p, v);
 		if (rc != XLB_CT_MISS)
 			return rc;
-		if (pol == 2 && tbl_check(&p, NULL, len, 0, &lim, conf) == 1) {
+		if (tbl_check_skb(skb, &p, NULL)) {
 			stat_inc(XLB_STAT_POLICY_DROP);
 			return XLB_DROP;
 		}
-	}
-	if (lim && tbl_new_limited(&p, lim)) {
-		stat_inc(XLB_STAT_POLICY_DROP);
-		return XLB_DROP;
 	}
 	return lb4_new_flow(skb, &p);
 }

@@ -68,7 +68,11 @@ type tableState struct {
 	// inner4, inner6: the tries' template (the outer maps' inner map
 	// spec), from the loaded collection.
 	inner4, inner6 *ebpf.MapSpec
-	slots          map[uint32]*tblSlot // by slot (the engine's number)
+	// innerH: the hashes' template (xlb_tbl_hash's inner map).
+	innerH *ebpf.MapSpec
+	slots  map[uint32]*tblSlot // by slot (the engine's number)
+	// hslots: the slots of number, mac and flow tables (tables_hash.go).
+	hslots map[uint32]*hSlot
 	// idx allocates slot indices (1 to maxTables-1) in xlb_tbl_addr4/6.
 	idx    idxAlloc
 	tables map[string]*model.Table // as applied, by name
@@ -86,6 +90,7 @@ type tableState struct {
 
 func (t *tableState) reset() {
 	t.slots = map[uint32]*tblSlot{}
+	t.hslots = map[uint32]*hSlot{}
 	t.idx = idxAlloc{next: 1}
 	t.tables = map[string]*model.Table{}
 	t.byID = map[uint16]*model.Table{}
@@ -201,9 +206,13 @@ func (p *Plane) CheckTable(t *model.Table) error { return nil }
 // checkTableUse refuses a farm's use of a table the program cannot honour:
 // a table whose values set marks (the plane marks no packet: farm and
 // backend marks are refused too; its forwarding bypasses the stack that
-// reads them).
+// reads them), or an iface table.
 func checkTableUse(f *model.Farm, t *model.Table) error {
-	if t.Values&model.ValMark != 0 {
+	if t.Type == model.TableIface {
+		return dataplane.Refuse(f, "policies", t.Name,
+			fmt.Sprintf("table %q is an iface table, and the ebpf data plane cannot match interface names (it sees interface indexes); use the nft data plane", t.Name))
+	}
+	if t.Type == model.TableAddr && t.Values&model.ValMark != 0 {
 		return dataplane.Refuse(f, "policies", t.Name,
 			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane marks no packet (farm, backend and table marks alike: it forwards past the stack that reads marks); use the nft data plane, or a table without mark", t.Name, t.Values))
 	}
@@ -221,11 +230,19 @@ func checkPolicies(f *model.Farm) error {
 
 // TableAlgorithm implements dataplane.TableDescriber.
 func (p *Plane) TableAlgorithm(t *model.Table) string {
-	if t.Type != model.TableAddr {
-		return "daemon only (no kernel object: no farm feature uses " + t.Type.String() + " tables yet)"
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	switch {
+	case hasHash(t):
+		idx := uint32(0)
+		if s := p.tbls.hslots[t.Slot]; s != nil {
+			idx = s.idx
+		}
+		return fmt.Sprintf("eBPF: hash %s (not preallocated) at index %d of xlb_tbl_hash (array of maps), bound to id %d in xlb_tbl_meta, in %s",
+			hashName(t.Slot), idx, t.ID, p.opts.PinPath)
+	case t.Type != model.TableAddr:
+		return "daemon only (the ebpf data plane matches no interface names)"
+	}
 	idx := uint32(0)
 	if s := p.tbls.slots[t.Slot]; s != nil {
 		idx = s.idx
@@ -414,21 +431,42 @@ func (p *Plane) bind(ids []uint32, binds []xlbTblBind) error {
 // binding is what xlb_tbl_meta holds for a table (unbound if nil or not
 // an addr table, or if its slot has no tries).
 func (p *Plane) binding(t *model.Table) xlbTblBind {
-	if t == nil || t.Type != model.TableAddr {
+	if t == nil {
 		return xlbTblBind{}
 	}
-	s := p.tbls.slots[t.Slot]
-	if s == nil {
+	var idx, flags uint32
+	switch {
+	case t.Type == model.TableAddr:
+		s := p.tbls.slots[t.Slot]
+		if s == nil {
+			return xlbTblBind{}
+		}
+		idx = s.idx
+		if t.Values&model.ValLimit != 0 {
+			flags |= tblFLimit
+		}
+	case hasHash(t):
+		s := p.tbls.hslots[t.Slot]
+		if s == nil {
+			return xlbTblBind{}
+		}
+		idx, flags = s.idx, hashType(t)
+	default:
 		return xlbTblBind{}
 	}
 	v := verdictOf(t.Verdict)
 	if t.LogPrefix != "" && v != tblNone {
-		v |= tblFLog
+		flags |= tblFLog
 	}
-	if t.Values&model.ValLimit != 0 {
-		v |= tblFLimit
+	return xlbTblBind{Slot: idx, Verdict: v | flags}
+}
+
+// bound reports whether a table has a slot in the kernel.
+func (p *Plane) bound(t *model.Table) bool {
+	if t.Type == model.TableAddr {
+		return p.tbls.slots[t.Slot] != nil
 	}
-	return xlbTblBind{Slot: s.idx, Verdict: v}
+	return p.tbls.hslots[t.Slot] != nil
 }
 
 func verdictOf(v model.ListVerdict) uint32 {
@@ -465,7 +503,7 @@ func policyKeys(f *model.Farm) []xlbSvcKey {
 func policyValue(f *model.Farm, tables map[string]*model.Table) xlbTblPolicy {
 	var ts []*model.Table
 	for _, ref := range f.Policies {
-		if t, ok := tables[ref.Name]; ok && t.Type == model.TableAddr {
+		if t, ok := tables[ref.Name]; ok && (t.Type == model.TableAddr || hasHash(t)) {
 			ts = append(ts, t)
 		}
 	}
@@ -515,6 +553,9 @@ func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table,
 // policy generation.
 func (p *Plane) writeConf() error {
 	conf := p.tbls.gen << tblGenShift
+	if p.macFarms() {
+		conf |= tblConfMAC
+	}
 	for _, f := range p.tbls.farms {
 		if len(f.VirtualPorts) == 0 {
 			conf |= tblConfAnyPort
@@ -634,6 +675,16 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	for _, c := range d.Slots {
 		switch {
 		case c.Old == nil && c.New != nil:
+			if hasHash(c.New) {
+				hs, err := p.fillHashSlot(c.New)
+				if err != nil {
+					return fail(err)
+				}
+				slot := c.Slot
+				t.hslots[slot] = hs
+				undo = append(undo, func() { p.freeHashSlot(hs); delete(t.hslots, slot) })
+				continue
+			}
 			if c.New.Type != model.TableAddr {
 				continue
 			}
@@ -650,6 +701,14 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			undo = append(undo, func() { p.freeSlot(s); delete(t.slots, slot) })
 		case c.New == nil:
 		default:
+			if hs := t.hslots[c.Slot]; hs != nil {
+				if err := p.changeHash(hs, c); err != nil {
+					p.undoHash(hs, c)
+					return fail(fmt.Errorf("table %q: %w", c.New.Name, err))
+				}
+				undo = append(undo, func() { p.undoHash(hs, c) })
+				continue
+			}
 			s := t.slots[c.Slot]
 			if s == nil {
 				continue
@@ -673,11 +732,11 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			continue
 		}
 		tables[c.New.Name] = c.New
-		if c.New.Type != model.TableAddr {
+		if c.New.Type == model.TableIface {
 			continue
 		}
-		if t.slots[c.New.Slot] == nil {
-			return fail(fmt.Errorf("table %q: slot %d has no tries", c.New.Name, c.New.Slot))
+		if !p.bound(c.New) {
+			return fail(fmt.Errorf("table %q: slot %d has no kernel map", c.New.Name, c.New.Slot))
 		}
 		ids = append(ids, uint32(c.New.ID))
 		binds = append(binds, p.binding(c.New))
@@ -750,7 +809,7 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	// 4. Tables destroyed: unbound. 5. Slots freed.
 	ids, binds = nil, nil
 	for _, c := range d.Tables {
-		if c.New == nil && c.Old.Type == model.TableAddr {
+		if c.New == nil && c.Old.Type != model.TableIface {
 			ids = append(ids, uint32(c.Old.ID))
 			binds = append(binds, xlbTblBind{})
 		}
@@ -763,6 +822,10 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			if s := t.slots[c.Slot]; s != nil {
 				p.freeSlot(s)
 				delete(t.slots, c.Slot)
+			}
+			if hs := t.hslots[c.Slot]; hs != nil {
+				p.freeHashSlot(hs)
+				delete(t.hslots, c.Slot)
 			}
 		}
 	}
@@ -837,6 +900,12 @@ func (p *Plane) TableCounters(ctx context.Context, tb *model.Table) (dataplane.T
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := dataplane.TableCounters{}
+	if hs := p.tbls.hslots[tb.Slot]; hs != nil && hasHash(tb) {
+		if err := hashCounters(hs, tb, out); err != nil {
+			return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
+		}
+		return out, ctx.Err()
+	}
 	if tb.Type != model.TableAddr {
 		return out, nil
 	}
@@ -866,4 +935,47 @@ func (p *Plane) TableCounters(ctx context.Context, tb *model.Table) (dataplane.T
 		return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
 	}
 	return out, ctx.Err()
+}
+
+// changeHash applies a slot change's entries to a hash: values replaced
+// (counters kept), entries added, entries removed.
+func (p *Plane) changeHash(s *hSlot, c plan.SlotChange) error {
+	replaced := make(map[model.TableKey]bool, len(c.Replaced))
+	for _, e := range c.Replaced {
+		replaced[e.Key] = true
+	}
+	var added, changed []model.TableEntry
+	for _, e := range c.Put {
+		if replaced[e.Key] {
+			changed = append(changed, e)
+		} else {
+			added = append(added, e)
+		}
+	}
+	if err := p.putHash(s, c.New, added, false); err != nil {
+		return err
+	}
+	if err := p.putHash(s, c.New, changed, true); err != nil {
+		return err
+	}
+	return p.delHash(s, c.New, c.Del)
+}
+
+// undoHash takes back changeHash (as far as it went).
+func (p *Plane) undoHash(s *hSlot, c plan.SlotChange) {
+	replaced := make(map[model.TableKey]bool, len(c.Replaced))
+	for _, e := range c.Replaced {
+		replaced[e.Key] = true
+	}
+	var added []model.TableEntry
+	for _, e := range c.Put {
+		if !replaced[e.Key] {
+			added = append(added, e)
+		}
+	}
+	_ = p.delHash(s, c.Old, added)
+	back := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
+	if err := p.putHash(s, c.Old, back, true); err != nil {
+		p.log.Error("taking back table entries failed", "err", err)
+	}
 }

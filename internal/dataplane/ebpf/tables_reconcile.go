@@ -38,6 +38,9 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	for _, s := range t.slots {
 		s.close()
 	}
+	for _, s := range t.hslots {
+		s.m.Close()
+	}
 	t.reset()
 	found, err := p.placedTries()
 	if err != nil {
@@ -45,6 +48,16 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	}
 	for _, s := range found {
 		t.idx.next = max(t.idx.next, s.idx+1)
+	}
+	// The hashes of number, mac and flow tables are made anew (filled
+	// before they are bound); the earlier ones go once nothing is bound
+	// to them.
+	oldHash, err := placedIndices(p.objs.XlbTblHash)
+	if err != nil {
+		return err
+	}
+	for _, i := range oldHash {
+		t.idx.next = max(t.idx.next, i+1)
 	}
 	kept := map[uint32]bool{} // indices of adopted slots
 	defer func() {
@@ -63,6 +76,15 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 		}
 		t.tables[tb.Name] = tb
 		t.byID[tb.ID] = tb
+		if hasHash(tb) {
+			hs, err := p.fillHashSlot(tb)
+			if err != nil {
+				return err
+			}
+			t.hslots[tb.Slot] = hs
+			binds[tb.ID] = p.binding(tb)
+			continue
+		}
 		if tb.Type != model.TableAddr {
 			continue
 		}
@@ -82,7 +104,7 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 			}
 		}
 		t.slots[tb.Slot] = s
-		binds[tb.ID] = xlbTblBind{Slot: s.idx, Verdict: verdictOf(tb.Verdict)}
+		binds[tb.ID] = p.binding(tb)
 	}
 	ids := make([]uint32, maxTables)
 	for i := range ids {
@@ -90,6 +112,14 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	}
 	if err := p.bind(ids, binds); err != nil {
 		return err
+	}
+	for _, i := range oldHash {
+		if usedIndex(t.slots, i) || usedHashIndex(t.hslots, i) {
+			continue
+		}
+		if err := p.objs.XlbTblHash.Delete(i); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove earlier hash at slot index %d: %w", i, err)
+		}
 	}
 	// Farms' policies.
 	stale := map[xlbSvcKey]bool{}
@@ -141,7 +171,7 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 		}
 	}
 	for i := uint32(1); i < t.idx.next; i++ {
-		if !usedIndex(t.slots, i) {
+		if !usedIndex(t.slots, i) && !usedHashIndex(t.hslots, i) {
 			t.idx.put(i)
 		}
 	}
@@ -150,6 +180,15 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	}
 	t.gen = old + 1
 	return p.writeConf()
+}
+
+func usedHashIndex(slots map[uint32]*hSlot, i uint32) bool {
+	for _, s := range slots {
+		if s.idx == i {
+			return true
+		}
+	}
+	return false
 }
 
 func usedIndex(slots map[uint32]*tblSlot, i uint32) bool {

@@ -193,6 +193,17 @@ type xlbTblEvent struct {
 	Pad     [6]uint8
 }
 
+type xlbTblHkey struct {
+	_      structs.HostLayout
+	Src    [4]uint32
+	Dst    [4]uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Family uint8
+	Mac    [6]uint8
+}
+
 type xlbTblKey4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -358,6 +369,8 @@ const (
 	xlbXlbTblConfFlagXLB_TBL_CONF_PORT    xlbXlbTblConfFlag = 1
 	xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT xlbXlbTblConfFlag = 2
 	xlbXlbTblConfFlagXLB_TBL_CONF_ANY     xlbXlbTblConfFlag = 3
+	xlbXlbTblConfFlagXLB_TBL_CONF_MAC     xlbXlbTblConfFlag = 4
+	xlbXlbTblConfFlagXLB_TBL_CONF_XDP     xlbXlbTblConfFlag = 1073741824
 	xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT    xlbXlbTblConfFlag = 8
 	xlbXlbTblConfFlagXLB_TBL_GEN_MAX      xlbXlbTblConfFlag = 127
 	xlbXlbTblConfFlagXLB_TBL_NH_GEN_SHIFT xlbXlbTblConfFlag = 1
@@ -373,6 +386,20 @@ const (
 	xlbXlbTblSizeXLB_TBL_SIZE_POLICY_KEYS   xlbXlbTblSize = 65536
 )
 
+type xlbXlbTblType uint32
+
+const (
+	xlbXlbTblTypeXLB_TBL_T_ADDR      xlbXlbTblType = 0
+	xlbXlbTblTypeXLB_TBL_T_NUMBER    xlbXlbTblType = 1
+	xlbXlbTblTypeXLB_TBL_T_MAC       xlbXlbTblType = 2
+	xlbXlbTblTypeXLB_TBL_T_FLOW      xlbXlbTblType = 3
+	xlbXlbTblTypeXLB_TBL_FF_SRC_IP   xlbXlbTblType = 1
+	xlbXlbTblTypeXLB_TBL_FF_PROTO    xlbXlbTblType = 2
+	xlbXlbTblTypeXLB_TBL_FF_SRC_PORT xlbXlbTblType = 4
+	xlbXlbTblTypeXLB_TBL_FF_DST_IP   xlbXlbTblType = 8
+	xlbXlbTblTypeXLB_TBL_FF_DST_PORT xlbXlbTblType = 16
+)
+
 type xlbXlbTblVerdict uint32
 
 const (
@@ -382,6 +409,8 @@ const (
 	xlbXlbTblVerdictXLB_TBL_VERDICT_MASK xlbXlbTblVerdict = 255
 	xlbXlbTblVerdictXLB_TBL_F_LOG        xlbXlbTblVerdict = 256
 	xlbXlbTblVerdictXLB_TBL_F_LIMIT      xlbXlbTblVerdict = 512
+	xlbXlbTblVerdictXLB_TBL_T_SHIFT      xlbXlbTblVerdict = 12
+	xlbXlbTblVerdictXLB_TBL_FF_SHIFT     xlbXlbTblVerdict = 16
 )
 
 type xlbXlbVerdict uint32
@@ -419,6 +448,7 @@ const (
 	xlbMapXlbTblAddr4         = "xlb_tbl_addr4"
 	xlbMapXlbTblAddr6         = "xlb_tbl_addr6"
 	xlbMapXlbTblConf          = "xlb_tbl_conf"
+	xlbMapXlbTblHash          = "xlb_tbl_hash"
 	xlbMapXlbTblMeta          = "xlb_tbl_meta"
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
@@ -443,6 +473,7 @@ const (
 	xlbVarXlbUnusedPassiveSyn = "xlb_unused_passive_syn"
 	xlbVarXlbUnusedTblBind    = "xlb_unused_tbl_bind"
 	xlbVarXlbUnusedTblEvent   = "xlb_unused_tbl_event"
+	xlbVarXlbUnusedTblHkey    = "xlb_unused_tbl_hkey"
 	xlbVarXlbUnusedTblKey4    = "xlb_unused_tbl_key4"
 	xlbVarXlbUnusedTblKey6    = "xlb_unused_tbl_key6"
 	xlbVarXlbUnusedTblVal     = "xlb_unused_tbl_val"
@@ -524,6 +555,7 @@ type xlbMapSpecs struct {
 	XlbTblAddr4   *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
+	XlbTblHash    *ebpf.MapSpec `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy  *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx      *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
@@ -549,6 +581,7 @@ type xlbVariableSpecs struct {
 	XlbUnusedPassiveSyn *ebpf.VariableSpec `ebpf:"xlb_unused_passive_syn"`
 	XlbUnusedTblBind    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_bind"`
 	XlbUnusedTblEvent   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_event"`
+	XlbUnusedTblHkey    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
@@ -597,6 +630,7 @@ type xlbMaps struct {
 	XlbTblAddr4   *ebpf.Map `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.Map `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.Map `ebpf:"xlb_tbl_conf"`
+	XlbTblHash    *ebpf.Map `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.Map `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy  *ebpf.Map `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx      *ebpf.Map `ebpf:"xlb_xdp_tx"`
@@ -626,6 +660,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbTblAddr4,
 		m.XlbTblAddr6,
 		m.XlbTblConf,
+		m.XlbTblHash,
 		m.XlbTblMeta,
 		m.XlbTblPolicy,
 		m.XlbXdpTx,
@@ -652,6 +687,7 @@ type xlbVariables struct {
 	XlbUnusedPassiveSyn *ebpf.Variable `ebpf:"xlb_unused_passive_syn"`
 	XlbUnusedTblBind    *ebpf.Variable `ebpf:"xlb_unused_tbl_bind"`
 	XlbUnusedTblEvent   *ebpf.Variable `ebpf:"xlb_unused_tbl_event"`
+	XlbUnusedTblHkey    *ebpf.Variable `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
