@@ -151,6 +151,11 @@ struct tbl_bind {
 struct tbl_policy {
 	__u16 ids[XLB_MAX_FARM_POLICIES]; /* host: table ids */
 	__u32 n;			  /* host: ids used */
+	/* net: the node's own address towards the farm's VIP (a route lookup
+	 * when the policies were written): the source the socket programs
+	 * check an unbound socket's connection with (xlb_sock.c); zero:
+	 * none found */
+	__u32 node_src[4];
 };
 
 /* xlb_events record of a packet a farm's policy dropped (table with a
@@ -569,6 +574,8 @@ static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, stru
 	return 0;
 }
 
+#ifndef XLB_TABLES_SOCK /* the packet programs' (xlb_lb.c), not the socket programs' */
+
 /**
  * tbl_check_skb() - tbl_check() in the tcx program: loads the source MAC
  * when some farm has a mac table. Not inlined: the verifier sees one
@@ -605,5 +612,7 @@ int xlb_tbl_clear_gen(void *ctx)
 	bpf_for_each_map_elem(&xlb_ct, tbl_clear_gen_one, NULL, 0);
 	return 0;
 }
+
+#endif /* XLB_TABLES_SOCK */
 
 #endif /* XLB_TABLES_H */
