@@ -2,12 +2,14 @@
 // exec and HAProxy's agent check, as the farms' "check" objects configure
 // them (internal/model/check.go).
 //
-// One Monitor schedules every check from one goroutine and a timer heap.
-// Each interval is shortened by a random share (Options.Spread) and every
+// One Monitor schedules every check from one goroutine and a timing wheel
+// (wheel.go). Each interval is shortened by a random share (Options.Spread) and every
 // backend's first check falls at a random point of its first interval, so
-// 10,000 checks never fire together. A check runs in a goroutine of its
-// own (at most Options.MaxInFlight at once) and reports back to the
-// scheduler, which counts consecutive results (rise, fall: consecutive,
+// 10,000 checks never fire together. Half-open tcp checks of IPv4
+// backends are sent in batches, the SYNs of a tick in one system call, and
+// their answers come back in batches from one reader (synprobe.go); every
+// other check runs in a goroutine of its own (at most Options.MaxInFlight
+// at once) and reports back to the scheduler. The scheduler counts consecutive results (rise, fall: consecutive,
 // not a count of all failures) and, on a transition or a change of weight,
 // hands the engine a health update. Updates are batched: a burst of
 // transitions becomes one data plane change.
@@ -17,8 +19,8 @@
 package health
 
 import (
-	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -64,7 +66,12 @@ type Monitor struct {
 	mu      sync.Mutex
 	farms   map[string]*model.Farm
 	targets map[tkey]*target
-	queue   queue
+	wheel   *wheel
+	wakeAt  time.Time // when the loop means to wake next
+	// syn: the half-open checks' engine, opened at the first such check
+	// (nil, with synTried, when it cannot be: those checks connect).
+	syn      *synEngine
+	synTried bool
 	ramping map[*target]struct{}
 	pending map[tkey]engine.HealthUpdate
 	rnd     *rand.Rand
@@ -91,7 +98,15 @@ type target struct {
 	running bool
 	removed bool
 	next    time.Time
-	hidx    int // index in the queue, -1 when not queued
+
+	// On the wheel (wheel.go): at its next check, or while a half-open
+	// check is in flight (waiting), at that check's timeout.
+	wtick        int64
+	wnext, wprev *target
+	inWheel      bool
+	waiting      bool
+	synToken     uint32
+	synStart     time.Time
 
 	percent  int32 // agent; -1: not said (100)
 	weight   int32 // exec "weight N"; -1: not said
@@ -119,7 +134,7 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 	}
 	return &Monitor{
 		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS},
-		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, ramping: map[*target]struct{}{},
+		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, wheel: newWheel(time.Now()), ramping: map[*target]struct{}{},
 		pending: map[tkey]engine.HealthUpdate{}, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		wake: make(chan struct{}, 1), pendWake: make(chan struct{}, 1),
 		done: make(chan finished, 1024), sem: make(chan struct{}, opts.MaxInFlight),
@@ -226,7 +241,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 			m.log.Error("compile health check", "farm", nw.Name, "backend", k.backend, "err", err)
 			continue
 		}
-		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, hidx: -1, percent: -1, weight: -1, ramp: 1000}
+		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000}
 		if !t.up {
 			// init-state down: out until rise passes.
 			m.emit(t, "init-state down: not checked yet")
@@ -234,14 +249,16 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 		// The first check at a random point of the first interval.
 		t.next = now.Add(time.Duration(m.rnd.Int64N(int64(c.Inter))))
 		m.targets[k] = t
-		heap.Push(&m.queue, t)
+		m.wheel.add(t, t.next, true)
 	}
 }
 
 func (m *Monitor) remove(t *target) {
 	t.removed = true
-	if t.hidx >= 0 {
-		heap.Remove(&m.queue, t.hidx)
+	m.wheel.remove(t)
+	if t.waiting {
+		t.waiting = false
+		m.syn.cancel(t.synToken)
 	}
 	delete(m.targets, t.tkey)
 	delete(m.ramping, t)
@@ -262,18 +279,24 @@ func (m *Monitor) loop(ctx context.Context) {
 	for {
 		m.mu.Lock()
 		now := time.Now()
-		for len(m.queue) > 0 && !m.queue[0].next.After(now) {
-			t := heap.Pop(&m.queue).(*target)
-			m.start(ctx, t)
-		}
-		wait := time.Hour
-		if len(m.queue) > 0 {
-			wait = m.queue[0].next.Sub(now)
+		m.wheel.take(now, func(t *target) { m.due(ctx, t, now) })
+		wait, ok := m.wheel.next(now)
+		if !ok {
+			wait = time.Hour
 		}
 		if w := m.stepRamps(now); w > 0 && w < wait {
 			wait = w
 		}
+		m.wakeAt = now.Add(wait)
+		syn := m.syn
 		m.mu.Unlock()
+		// The tick's SYNs, in one system call (or a few).
+		if syn != nil && syn.out.n > 0 {
+			syn.flush()
+			if failed := syn.takeFailed(); len(failed) > 0 {
+				m.synAnswers(failed)
+			}
+		}
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -294,6 +317,89 @@ func (m *Monitor) loop(ctx context.Context) {
 			}
 			m.mu.Unlock()
 		}
+	}
+}
+
+// due handles a target the wheel gives back: a half-open check in flight
+// whose timeout passed fails; otherwise its next check starts. Callers
+// hold mu.
+func (m *Monitor) due(ctx context.Context, t *target, now time.Time) {
+	if t.waiting {
+		t.waiting = false
+		m.syn.cancel(t.synToken)
+		r := fail("timeout after " + t.check.Timeout.String())
+		r.Start, r.Took = t.synStart, now.Sub(t.synStart)
+		m.finish(finished{t, r})
+		return
+	}
+	if t.probe.batchable() {
+		if e := m.synEngine(); e != nil {
+			token, err := e.queue(&m.d, t.check.SourceAddr, t.probe.dst, t)
+			if err == nil {
+				t.running, t.waiting, t.synToken, t.synStart = true, true, token, now
+				m.wheel.add(t, now.Add(t.check.Timeout), false)
+				return
+			}
+			if !errors.Is(err, errSynBusy) {
+				t.running = true
+				r := t.probe.failErr(err)
+				r.Start = now
+				m.finish(finished{t, r})
+				return
+			}
+			// Every source port busy towards this backend: connect.
+		}
+	}
+	m.start(ctx, t)
+}
+
+// synEngine returns the half-open checks' engine, opening it the first
+// time; nil if it cannot be opened (those checks connect). Callers hold
+// mu.
+func (m *Monitor) synEngine() *synEngine {
+	if !m.synTried {
+		m.synTried = true
+		e, err := m.d.prober()
+		if err != nil {
+			m.log.Warn("half-open checks connect instead", "err", err)
+			return nil
+		}
+		e.setHandler(m.synAnswers)
+		m.syn = e
+	}
+	return m.syn
+}
+
+// synAnswers takes in a batch of half-open checks' answers (from the
+// engine's reader, or failed sends from the loop).
+func (m *Monitor) synAnswers(as []synAnswer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sooner := false
+	for _, a := range as {
+		t, ok := a.owner.(*target)
+		if !ok || !t.waiting || t.synToken != a.token || t.removed {
+			continue // timed out or removed meanwhile
+		}
+		t.waiting = false
+		m.wheel.remove(t)
+		var r Result
+		switch {
+		case a.err != nil:
+			r = t.probe.failErr(a.err)
+		case a.answer == synUp:
+			r = pass(a.answer)
+		default:
+			r = fail(a.answer)
+		}
+		r.Start, r.Took = t.synStart, a.at.Sub(t.synStart)
+		m.finish(finished{t, r})
+		if !t.removed && t.next.Before(m.wakeAt) {
+			sooner = true
+		}
+	}
+	if sooner {
+		m.poke() // a next check due before the loop means to wake
 	}
 }
 
@@ -335,7 +441,7 @@ func (m *Monitor) finish(f finished) {
 	if t.next.Before(now) {
 		t.next = now
 	}
-	heap.Push(&m.queue, t)
+	m.wheel.add(t, t.next, true)
 	if changed && t.up && t.check.Warmup > 0 {
 		m.ramping[t] = struct{}{}
 	}
@@ -523,27 +629,4 @@ func (m *Monitor) Totals() (targets int, checks, fails uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.targets), m.checks, m.fails
-}
-
-// queue is a min-heap of targets by their next check.
-type queue []*target
-
-func (q queue) Len() int           { return len(q) }
-func (q queue) Less(i, j int) bool { return q[i].next.Before(q[j].next) }
-func (q queue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].hidx, q[j].hidx = i, j
-}
-func (q *queue) Push(x any) {
-	t := x.(*target)
-	t.hidx = len(*q)
-	*q = append(*q, t)
-}
-func (q *queue) Pop() any {
-	old := *q
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	*q = old[:len(old)-1]
-	t.hidx = -1
-	return t
 }
