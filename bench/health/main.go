@@ -158,6 +158,10 @@ type cpuVariant struct {
 	ChecksPS  []float64 // checks per second counted in the API
 	FailPS    []float64 // failed checks per second
 	MachineCk []float64 // whole machine CPU (of 2 cores, in cores) while checking
+	// With -perf: the profiled sample's shares by whose work (perfShares)
+	// and its number of samples.
+	Perf        map[string]float64 `json:",omitempty"`
+	PerfSamples int                `json:",omitempty"`
 }
 
 type report struct {
@@ -589,7 +593,7 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 		return (u1 - u0 + s1 - s0).Seconds() / el, (m1 - m0).Seconds() / el
 	}
 	kinds := map[string]string{
-		"connect":   `{"type":"tcp","inter":"1s","timeout":"500ms"}`,
+		"connect":   `{"type":"tcp","inter":"1s","timeout":"500ms","half-open":"off"}`,
 		"half-open": `{"type":"tcp","inter":"1s","timeout":"500ms","half-open":"on"}`,
 	}
 	for _, k := range strings.Split(*cpuKinds, ",") {
@@ -627,6 +631,10 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 			d, m := sampleCPU()
 			if perf != nil {
 				perf.Wait()
+				if v.Perf, v.PerfSamples, err = perfShares(*perfOut + "." + plane + "." + v.Name); err != nil {
+					return res, err
+				}
+				log.Printf("perf %s %s: %d samples, shares %v", plane, v.Name, v.PerfSamples, v.Perf)
 			}
 			n1, f1, err := checks()
 			if err != nil {

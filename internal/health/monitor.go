@@ -45,6 +45,11 @@ type Options struct {
 	Spread float64
 	// MaxInFlight bounds the checks running at once (default 4096).
 	MaxInFlight int
+	// Batch: checks due within this much of each other start together
+	// (one wake-up of the scheduler; half-open ones in one system call):
+	// a check may start up to Batch early, at most a tenth of its
+	// interval early. Default 5ms.
+	Batch time.Duration
 	// Observe, when set, is told of every check's result with its
 	// check type (metrics). It is called with the monitor's lock held:
 	// it must be quick and must not call the monitor.
@@ -67,7 +72,6 @@ type Monitor struct {
 	farms   map[string]*model.Farm
 	targets map[tkey]*target
 	wheel   *wheel
-	wakeAt  time.Time // when the loop means to wake next
 	// syn: the half-open checks' engine, opened at the first such check
 	// (nil, with synTried, when it cannot be: those checks connect).
 	syn      *synEngine
@@ -102,6 +106,7 @@ type target struct {
 	// On the wheel (wheel.go): at its next check, or while a half-open
 	// check is in flight (waiting), at that check's timeout.
 	wtick        int64
+	wearly       time.Duration // how early take may take it
 	wnext, wprev *target
 	inWheel      bool
 	waiting      bool
@@ -128,6 +133,9 @@ type finished struct {
 func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 	if opts.Spread <= 0 || opts.Spread >= 1 {
 		opts.Spread = 0.1
+	}
+	if opts.Batch <= 0 {
+		opts.Batch = 5 * time.Millisecond
 	}
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 4096
@@ -249,7 +257,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 		// The first check at a random point of the first interval.
 		t.next = now.Add(time.Duration(m.rnd.Int64N(int64(c.Inter))))
 		m.targets[k] = t
-		m.wheel.add(t, t.next, true)
+		m.wheel.add(t, t.next, m.early(c.Inter))
 	}
 }
 
@@ -271,15 +279,36 @@ func (m *Monitor) poke() {
 	}
 }
 
-// loop is the scheduler: it starts the checks that are due and takes in
-// their results.
+// loop is the scheduler: it starts the checks that are due, sends the
+// half-open ones' SYNs, and takes in the results.
 func (m *Monitor) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var answers []synAnswer
 	for {
 		m.mu.Lock()
 		now := time.Now()
-		m.wheel.take(now, func(t *target) { m.due(ctx, t, now) })
+		if m.syn != nil {
+			// The replies that came since the last wake, before any
+			// timeout is taken for their check.
+			answers = m.syn.takeAnswers(answers[:0])
+			m.synAnswers(answers)
+		}
+		m.wheel.take(now, m.opts.Batch, func(t *target) { m.due(ctx, t, now) })
+		syn := m.syn
+		m.mu.Unlock()
+		if syn != nil && syn.out.n > 0 {
+			// The SYNs of the checks due, in one system call (or a
+			// few); on a veth or loopback their replies are there when
+			// it returns.
+			syn.flush()
+			answers = syn.takeAnswers(append(answers[:0], syn.takeFailed()...))
+		}
+		m.mu.Lock()
+		if len(answers) > 0 {
+			m.synAnswers(answers)
+			now = time.Now()
+		}
 		wait, ok := m.wheel.next(now)
 		if !ok {
 			wait = time.Hour
@@ -287,16 +316,11 @@ func (m *Monitor) loop(ctx context.Context) {
 		if w := m.stepRamps(now); w > 0 && w < wait {
 			wait = w
 		}
-		m.wakeAt = now.Add(wait)
-		syn := m.syn
-		m.mu.Unlock()
-		// The tick's SYNs, in one system call (or a few).
-		if syn != nil && syn.out.n > 0 {
-			syn.flush()
-			if failed := syn.takeFailed(); len(failed) > 0 {
-				m.synAnswers(failed)
-			}
+		if syn != nil && wait > m.opts.Batch && syn.inFlight() > 0 {
+			wait = m.opts.Batch // read the replies at least that often
 		}
+		m.mu.Unlock()
+		clear(answers)
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -337,7 +361,7 @@ func (m *Monitor) due(ctx context.Context, t *target, now time.Time) {
 			token, err := e.queue(&m.d, t.check.SourceAddr, t.probe.dst, t)
 			if err == nil {
 				t.running, t.waiting, t.synToken, t.synStart = true, true, token, now
-				m.wheel.add(t, now.Add(t.check.Timeout), false)
+				m.wheel.add(t, now.Add(t.check.Timeout), -1)
 				return
 			}
 			if !errors.Is(err, errSynBusy) {
@@ -364,18 +388,15 @@ func (m *Monitor) synEngine() *synEngine {
 			m.log.Warn("half-open checks connect instead", "err", err)
 			return nil
 		}
-		e.setHandler(m.synAnswers)
 		m.syn = e
 	}
 	return m.syn
 }
 
-// synAnswers takes in a batch of half-open checks' answers (from the
-// engine's reader, or failed sends from the loop).
+// synAnswers takes in half-open checks' answers. A reply stamped after
+// its check's timeout is a timeout, as if it had not come. Callers hold
+// mu.
 func (m *Monitor) synAnswers(as []synAnswer) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sooner := false
 	for _, a := range as {
 		t, ok := a.owner.(*target)
 		if !ok || !t.waiting || t.synToken != a.token || t.removed {
@@ -387,19 +408,15 @@ func (m *Monitor) synAnswers(as []synAnswer) {
 		switch {
 		case a.err != nil:
 			r = t.probe.failErr(a.err)
+		case a.at.Sub(t.synStart) > t.check.Timeout:
+			r = fail("timeout after " + t.check.Timeout.String())
 		case a.answer == synUp:
 			r = pass(a.answer)
 		default:
 			r = fail(a.answer)
 		}
-		r.Start, r.Took = t.synStart, a.at.Sub(t.synStart)
+		r.Start, r.Took = t.synStart, max(0, min(a.at.Sub(t.synStart), t.check.Timeout))
 		m.finish(finished{t, r})
-		if !t.removed && t.next.Before(m.wakeAt) {
-			sooner = true
-		}
-	}
-	if sooner {
-		m.poke() // a next check due before the loop means to wake
 	}
 }
 
@@ -441,7 +458,7 @@ func (m *Monitor) finish(f finished) {
 	if t.next.Before(now) {
 		t.next = now
 	}
-	m.wheel.add(t, t.next, true)
+	m.wheel.add(t, t.next, m.early(iv))
 	if changed && t.up && t.check.Warmup > 0 {
 		m.ramping[t] = struct{}{}
 	}
@@ -493,6 +510,11 @@ func (t *target) observe(r Result, now time.Time) (changed, weights bool) {
 	}
 	return false, weights
 }
+
+// early is how much earlier than due a check of interval iv may start
+// with others (Options.Batch): a tenth of iv at most, so an interval is
+// never shortened by more than that besides the spread.
+func (m *Monitor) early(iv time.Duration) time.Duration { return min(m.opts.Batch, iv/10) }
 
 // interval is the time to the next check: fastinter while the state is
 // changing, downinter while down, inter otherwise.

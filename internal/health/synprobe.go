@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"sync"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -25,10 +23,16 @@ import (
 //
 // The engine is built for 10,000 checks a second at a small cost:
 //   - The monitor queues the SYNs of every check due in one tick of its
-//     wheel and sends them with one sendmmsg.
-//   - Replies are read by one goroutine through Go's netpoller (a
-//     non-blocking socket: no thread blocked in recvfrom) with recvmmsg,
-//     many per system call, and handed to the monitor in one batch.
+//     wheel (and those due in the next few milliseconds: Options.Batch)
+//     and sends them with one sendmmsg.
+//   - The monitor's loop reads the replies itself, with recvmmsg, many a
+//     system call, whenever it wakes: right after a send (on a veth, or
+//     loopback, the replies are there already) and, while checks are in
+//     flight, at least every Options.Batch. No goroutine waits for them,
+//     so a burst of replies wakes no thread: a reader parked in Go's
+//     netpoller was woken by each burst on another CPU, a quarter of the
+//     daemon's CPU in a profile. The kernel stamps each reply's arrival
+//     (SO_TIMESTAMPNS), so one read late still counts by when it came.
 //   - A reply is matched to its check by a cookie in the SYN's sequence
 //     number (the reply acknowledges it + 1): the index of the check's
 //     slot in a fixed table and the slot's generation, masked with a
@@ -94,8 +98,6 @@ type synKey struct {
 // synEngine sends and matches half-open checks for one network namespace.
 type synEngine struct {
 	fd      int
-	rc      syscall.RawConn
-	file    *os.File
 	holders []int
 	ports   [synPorts]uint16
 	secret  uint32
@@ -107,16 +109,31 @@ type synEngine struct {
 	src      map[netip.Addr]netip.Addr // route source towards each backend
 	next     int                       // the next source port to try
 	closed   bool
-	// onAnswers takes the answers of checks owned by a monitor, a batch
-	// at a time (the monitor's synAnswers). Set once, before any such
-	// check is queued.
-	onAnswers func([]synAnswer)
+	used     int // slots in use: checks in flight
+	// ready: answers of checks owned by a monitor, read and not yet
+	// taken (takeAnswers).
+	ready []synAnswer
 
 	// The send batch: owned by the one goroutine that queues and flushes
 	// (the monitor's loop).
 	out synOut
 	// What was sent and read, and in how many system calls (under mu).
 	stats synStats
+
+	// The receive buffers, for one poll at a time.
+	rmu sync.Mutex
+	in  *synIn
+}
+
+const sizeofTimespec = int(unsafe.Sizeof(unix.Timespec{}))
+
+// synIn are the buffers recvmmsg fills: the segments (their first synSnap
+// bytes) and each one's arrival time.
+type synIn struct {
+	hdrs [synBatch]mmsghdr
+	iov  [synBatch]unix.Iovec
+	bufs [synBatch][synSnap]byte
+	ctrl [synBatch][unix.SizeofCmsghdr + sizeofTimespec]byte
 }
 
 // synStats count the engine's work: SYNs sent and the sendmmsg calls that
@@ -175,8 +192,16 @@ func newSynEngine(d *dialer) (*synEngine, error) {
 		}
 		e.fd = fd
 		markSocket(fd)
-		// Room for a burst: a tick's replies arrive together.
+		// Don't fragment: a SYN is small, and with DF the kernel gives
+		// it IP id 0 instead of hashing one per packet.
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_PROBE)
+		// Room for the replies between two reads, and for a batch of
+		// SYNs.
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+			return fmt.Errorf("stamp the replies: %w", err)
+		}
 		prog, err := synFilter(e.ports[:])
 		if err != nil {
 			return err
@@ -190,15 +215,14 @@ func newSynEngine(d *dialer) (*synEngine, error) {
 		e.close()
 		return nil, err
 	}
-	// A non-blocking descriptor joins Go's netpoller: the reader parks
-	// until replies are there instead of holding a thread in recvfrom.
-	e.file = os.NewFile(uintptr(e.fd), "half-open checks")
-	if e.rc, err = e.file.SyscallConn(); err != nil {
-		e.close()
-		return nil, fmt.Errorf("half-open socket: %w", err)
-	}
 	e.out.init()
-	go e.read()
+	e.in = &synIn{}
+	for i := range e.in.hdrs {
+		e.in.iov[i].Base = &e.in.bufs[i][0]
+		e.in.iov[i].SetLen(synSnap)
+		e.in.hdrs[i].hdr.Iov = &e.in.iov[i]
+		e.in.hdrs[i].hdr.SetIovlen(1)
+	}
 	return e, nil
 }
 
@@ -248,10 +272,7 @@ func (e *synEngine) close() {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
-	if e.file != nil {
-		// Wakes the reader out of the netpoller.
-		_ = e.file.Close()
-	} else if e.fd >= 0 {
+	if e.fd >= 0 {
 		_ = unix.Close(e.fd)
 	}
 	for _, h := range e.holders {
@@ -259,59 +280,67 @@ func (e *synEngine) close() {
 	}
 }
 
-// read takes in the replies until the socket is closed.
-func (e *synEngine) read() {
-	var (
-		hdrs [synBatch]mmsghdr
-		iov  [synBatch]unix.Iovec
-		bufs [synBatch][synSnap]byte
-	)
-	for i := range hdrs {
-		iov[i].Base = &bufs[i][0]
-		iov[i].SetLen(synSnap)
-		hdrs[i].hdr.Iov = &iov[i]
-		hdrs[i].hdr.SetIovlen(1)
-	}
-	var mine []synAnswer
+// inFlight is the number of checks sent and not yet answered or given up.
+func (e *synEngine) inFlight() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.used
+}
+
+// takeAnswers reads the replies that are there and appends the answers of
+// checks owned by a monitor to dst.
+func (e *synEngine) takeAnswers(dst []synAnswer) []synAnswer {
+	e.poll()
+	e.mu.Lock()
+	dst = append(dst, e.ready...)
+	clear(e.ready)
+	e.ready = e.ready[:0]
+	e.mu.Unlock()
+	return dst
+}
+
+// poll reads the replies that are there, without waiting: a blocking
+// probe's answer goes to its channel, a monitor's check's to ready.
+func (e *synEngine) poll() {
+	e.rmu.Lock()
+	defer e.rmu.Unlock()
+	in := e.in
 	for {
-		var n int
-		var rerr error
-		err := e.rc.Read(func(fd uintptr) bool {
-			r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&hdrs[0])), synBatch, unix.MSG_DONTWAIT, 0, 0)
-			switch errno {
-			case 0:
-				n = int(r)
-			case unix.EAGAIN:
-				return false // park in the netpoller until readable
-			case unix.EINTR:
-				return false
-			default:
-				rerr = errno
-			}
-			return true
-		})
-		if err != nil || rerr != nil {
-			return // closed
+		for i := range in.hdrs {
+			in.hdrs[i].hdr.Control = &in.ctrl[i][0]
+			in.hdrs[i].hdr.SetControllen(len(in.ctrl[i]))
 		}
+		r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&in.hdrs[0])), synBatch, unix.MSG_DONTWAIT, 0, 0)
+		if errno != 0 {
+			return // EAGAIN: nothing more (or the socket is closed)
+		}
+		n := int(r)
 		now := time.Now()
-		mine = mine[:0]
 		e.mu.Lock()
 		e.stats.RecvCalls++
 		e.stats.Replies += uint64(n)
 		for i := range n {
-			if a, ok := e.match(bufs[i][:hdrs[i].len]); ok {
-				a.at = now
-				if w, ok := a.owner.(*synWait); ok {
-					w.ch <- a.answer // buffered: never blocks
-				} else {
-					mine = append(mine, a)
+			a, ok := e.match(in.bufs[i][:in.hdrs[i].len])
+			if !ok {
+				continue
+			}
+			a.at = now
+			if in.hdrs[i].hdr.Controllen >= uint64(len(in.ctrl[i])) {
+				c := (*unix.Cmsghdr)(unsafe.Pointer(&in.ctrl[i][0]))
+				if c.Level == unix.SOL_SOCKET && c.Type == unix.SCM_TIMESTAMPNS {
+					ts := (*unix.Timespec)(unsafe.Pointer(&in.ctrl[i][unix.CmsgLen(0)]))
+					a.at = time.Unix(ts.Unix())
 				}
 			}
+			if w, ok := a.owner.(*synWait); ok {
+				w.ch <- a.answer // buffered: never blocks
+			} else {
+				e.ready = append(e.ready, a)
+			}
 		}
-		handle := e.onAnswers
 		e.mu.Unlock()
-		if len(mine) > 0 && handle != nil {
-			handle(mine)
+		if n < synBatch {
+			return
 		}
 	}
 }
@@ -393,6 +422,7 @@ func (e *synEngine) reserve(dst netip.AddrPort, owner any) (uint32, uint16, erro
 	s.gen++
 	s.used, s.sport, s.dst, s.owner = true, sport, dst, owner
 	e.inflight[synKey{dst, sport}] = idx
+	e.used++
 	return idx<<16 | uint32(s.gen), sport, nil
 }
 
@@ -402,6 +432,7 @@ func (e *synEngine) release(idx uint32) {
 	delete(e.inflight, synKey{s.dst, s.sport})
 	s.used, s.owner = false, nil
 	e.free = append(e.free, idx)
+	e.used--
 }
 
 // cancel frees the slot of token if it is still that check's (its timeout
@@ -454,32 +485,27 @@ func (e *synEngine) queue(d *dialer, src netip.Addr, dst netip.AddrPort, owner a
 func (e *synEngine) flush() {
 	o := &e.out
 	for sent := 0; sent < o.n; {
-		var r int
-		var serr error
-		err := e.rc.Write(func(fd uintptr) bool {
-			n, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&o.hdrs[sent])), uintptr(o.n-sent), 0, 0, 0)
-			switch errno {
-			case 0:
-				r = int(n)
-			case unix.EAGAIN:
-				return false // the socket's buffer is full: wait
-			default:
-				serr = errno
-			}
-			return true
-		})
-		if err == nil && serr == nil {
-			sent += r
+		r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&o.hdrs[sent])), uintptr(o.n-sent), 0, 0, 0)
+		switch errno {
+		case 0:
+			sent += int(r)
 			e.mu.Lock()
 			e.stats.SendCalls++
 			e.stats.SYNs += uint64(r)
 			e.mu.Unlock()
 			continue
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			// The socket's send buffer (4 MiB) is full: wait for room,
+			// a little.
+			pfd := []unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLOUT}}
+			if n, _ := unix.Poll(pfd, 10); n > 0 {
+				continue
+			}
 		}
 		// The message at sent failed: answer it, go on with the rest.
-		if err == nil {
-			err = serr
-		}
+		var err error = errno
 		e.cancel(o.tokens[sent])
 		o.failed = append(o.failed, synAnswer{owner: o.owners[sent], token: o.tokens[sent], err: fmt.Errorf("send SYN: %w", err), at: time.Now()})
 		sent++
@@ -493,13 +519,6 @@ func (e *synEngine) takeFailed() []synAnswer {
 	f := e.out.failed
 	e.out.failed = nil
 	return f
-}
-
-// setHandler sets the function that takes the answers of queued checks.
-func (e *synEngine) setHandler(fn func([]synAnswer)) {
-	e.mu.Lock()
-	e.onAnswers = fn
-	e.mu.Unlock()
 }
 
 // synWait is a blocking probe's owner: the reader sends it the answer.
@@ -526,22 +545,22 @@ func (e *synEngine) probe(ctx context.Context, d *dialer, src netip.Addr, dst ne
 	var seg [24]byte
 	synSegment(&seg, src, dst, sport, token^e.secret)
 	to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
-	var serr error
-	werr := e.rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendmsg(int(fd), seg[:], pktinfo4(src.As4()), to, 0)
-		return serr != unix.EAGAIN
-	})
-	if werr != nil {
-		serr = werr
+	if err := unix.Sendmsg(e.fd, seg[:], pktinfo4(src.As4()), to, 0); err != nil {
+		return "", fmt.Errorf("send SYN: %w", err)
 	}
-	if serr != nil {
-		return "", fmt.Errorf("send SYN: %w", serr)
-	}
-	select {
-	case a := <-w.ch:
-		return a, nil
-	case <-ctx.Done():
-		return "", ctx.Err()
+	// No reader waits on the socket (see above): poll it (a monitor's
+	// answers read here wait in ready for its next read).
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		e.poll()
+		select {
+		case a := <-w.ch:
+			return a, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-tick.C:
+		}
 	}
 }
 

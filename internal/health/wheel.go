@@ -31,18 +31,20 @@ func newWheel(now time.Time) *wheel { return &wheel{base: now} }
 // tick is the tick of time at: the one whose span holds it.
 func (w *wheel) tick(at time.Time) int64 { return int64(at.Sub(w.base) / wheelTick) }
 
-// add schedules t at time at. Early: in the tick that holds at, so it is
-// taken up to one tick early (a check; intervals are only ever shortened);
-// otherwise in the tick after, so it is taken late, never early (a
-// timeout). A time already past is due at the first tick not yet taken:
-// within a tick.
-func (w *wheel) add(t *target, at time.Time, early bool) {
+// add schedules t at time at. With early >= 0 (a check; intervals are
+// only ever shortened) it goes in the tick that holds at, so it is taken
+// up to a tick early, and take may take it up to early before that tick
+// with others; with early < 0 (a timeout) in the tick after, so it is
+// taken late, never early. A time already past is due at the first tick
+// not yet taken: within a tick.
+func (w *wheel) add(t *target, at time.Time, early time.Duration) {
 	k := w.tick(at)
-	if !early {
+	if early < 0 {
 		k++
+		early = 0
 	}
 	k = max(k, w.cur)
-	t.wtick = k
+	t.wtick, t.wearly = k, early
 	s := int(k & (wheelSlots - 1))
 	if h := w.slots[s]; h == nil {
 		t.wnext, t.wprev = t, t
@@ -78,9 +80,48 @@ func (w *wheel) remove(t *target) {
 }
 
 // take removes every target due by now (its tick begun) and calls fn on
-// each, in the order of their ticks. fn may add targets back (at a later
-// tick).
-func (w *wheel) take(now time.Time, fn func(*target)) {
+// each, in the order of their ticks; then those due within window whose
+// early allows it (so that checks due close together start together: one
+// wake-up, one system call). fn may add targets back (at a later tick).
+func (w *wheel) take(now time.Time, window time.Duration, fn func(*target)) {
+	w.takeDue(now, fn)
+	if window <= 0 || w.n == 0 {
+		return
+	}
+	last := w.tick(now.Add(window))
+	for k := w.cur; k <= last; k++ {
+		var ok bool
+		if k, ok = w.nextFull(k, last); !ok {
+			return
+		}
+		ahead := w.base.Add(time.Duration(k) * wheelTick).Sub(now)
+		s := int(k & (wheelSlots - 1))
+		var due *target
+		if h := w.slots[s]; h != nil {
+			n := 1
+			for t := h.wnext; t != h; t = t.wnext {
+				n++
+			}
+			for t := h; n > 0; n-- {
+				next := t.wnext
+				if t.wtick == k && t.wearly >= ahead {
+					w.remove(t)
+					t.wnext, due = due, t
+				}
+				t = next
+			}
+		}
+		for due != nil {
+			t := due
+			due = t.wnext
+			t.wnext = nil
+			fn(t)
+		}
+	}
+}
+
+// takeDue takes every target due by now.
+func (w *wheel) takeDue(now time.Time, fn func(*target)) {
 	end := w.tick(now) // the last tick to take
 	for w.cur <= end {
 		if w.n == 0 {

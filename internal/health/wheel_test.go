@@ -2,14 +2,13 @@ package health
 
 import (
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 )
 
-// The wheel gives back every target once, never before the tick that
-// holds its time (a check: up to one tick early; a timeout: after its
-// time), in the order of their ticks, across turns, with removals.
+// The wheel gives back every target once, never earlier than allowed (a
+// check: up to a tick and its early before its time; a timeout: after its
+// time), across turns, with removals.
 func TestWheel(t *testing.T) {
 	base := time.Unix(1_000_000, 0)
 	w := newWheel(base)
@@ -28,7 +27,11 @@ func TestWheel(t *testing.T) {
 			at = base.Add(1234 * wheelTick)
 		}
 		early := i%2 == 0
-		w.add(tg, at, early)
+		e := time.Duration(-1)
+		if early {
+			e = time.Duration(i%4) * wheelTick // 0 or 2 ticks
+		}
+		w.add(tg, at, e)
 		wants[tg] = want{at, early}
 		all = append(all, tg)
 	}
@@ -42,7 +45,6 @@ func TestWheel(t *testing.T) {
 		t.Fatalf("wheel holds %d, want %d", w.n, len(wants))
 	}
 	got := map[*target]time.Time{}
-	var order []int64
 	now := base
 	for steps := 0; w.n > 0; steps++ {
 		if steps > 100000 {
@@ -53,12 +55,11 @@ func TestWheel(t *testing.T) {
 			t.Fatal("next: empty wheel with targets on it")
 		}
 		now = now.Add(max(d, time.Duration(rnd.Int64N(int64(3*wheelTick)))))
-		w.take(now, func(tg *target) {
+		w.take(now, 3*wheelTick, func(tg *target) {
 			if _, dup := got[tg]; dup {
 				t.Fatal("a target given back twice")
 			}
 			got[tg] = now
-			order = append(order, tg.wtick)
 		})
 	}
 	if len(got) != len(wants) {
@@ -69,15 +70,12 @@ func TestWheel(t *testing.T) {
 		if !ok {
 			t.Fatal("a target never given back")
 		}
-		if wt.early && at.Before(wt.at.Add(-wheelTick)) {
-			t.Errorf("check due %v given back at %v: more than a tick early", wt.at.Sub(base), at.Sub(base))
+		if wt.early && at.Before(wt.at.Add(-wheelTick-tg.wearly)) {
+			t.Errorf("check due %v, early %v, given back at %v: more than a tick and its early early", wt.at.Sub(base), tg.wearly, at.Sub(base))
 		}
 		if !wt.early && !at.After(wt.at) {
 			t.Errorf("timeout due %v given back at %v: not after it", wt.at.Sub(base), at.Sub(base))
 		}
-	}
-	if !slices.IsSorted(order) {
-		t.Error("targets given back out of order")
 	}
 }
 
@@ -89,11 +87,11 @@ func TestWheelReAddAndIdle(t *testing.T) {
 	base := time.Unix(1_000_000, 0)
 	w := newWheel(base)
 	tg := &target{}
-	w.add(tg, base.Add(5*wheelTick), true)
+	w.add(tg, base.Add(5*wheelTick), 0)
 	n := 0
-	w.take(base.Add(10*wheelTick), func(x *target) {
+	w.take(base.Add(10*wheelTick), 0, func(x *target) {
 		if n++; n == 1 {
-			w.add(x, base, true) // in the past
+			w.add(x, base, 0) // in the past
 		}
 	})
 	if n != 2 {
@@ -103,16 +101,41 @@ func TestWheelReAddAndIdle(t *testing.T) {
 		t.Fatal("next on an empty wheel")
 	}
 	later := base.Add(5 * time.Hour)
-	w.take(later, func(*target) { t.Fatal("empty wheel gave a target") })
-	w.add(tg, later.Add(-time.Second), true)
+	w.take(later, 0, func(*target) { t.Fatal("empty wheel gave a target") })
+	w.add(tg, later.Add(-time.Second), 0)
 	if d, ok := w.next(later); !ok || d > wheelTick {
 		t.Fatalf("next = %v, %v; want at most a tick for a target in the past", d, ok)
 	}
-	w.add(&target{}, later.Add(time.Hour), true)
+	w.add(&target{}, later.Add(time.Hour), 0)
 	if d, _ := w.next(later); d > wheelTick {
 		t.Fatalf("next = %v with one due", d)
 	}
 	if d, _ := w.next(later.Add(time.Second)); d != 0 {
 		t.Fatalf("next = %v a second later: want 0", d)
+	}
+}
+
+// take's window starts checks due soon together, within each one's early;
+// a timeout is never taken early.
+func TestWheelWindow(t *testing.T) {
+	base := time.Unix(1_000_000, 0)
+	w := newWheel(base)
+	now, soon, late, timeout := &target{}, &target{}, &target{}, &target{}
+	w.add(now, base, 5*wheelTick)
+	w.add(soon, base.Add(3*wheelTick), 5*wheelTick)
+	w.add(late, base.Add(3*wheelTick), wheelTick) // may start 1 tick early only
+	w.add(timeout, base.Add(2*wheelTick), -1)
+	got := map[*target]bool{}
+	w.take(base, 5*wheelTick, func(x *target) { got[x] = true })
+	if !got[now] || !got[soon] || got[late] || got[timeout] || len(got) != 2 {
+		t.Fatalf("taken now %v, soon %v, late %v, timeout %v; want now and soon only", got[now], got[soon], got[late], got[timeout])
+	}
+	w.take(base.Add(2*wheelTick), 5*wheelTick, func(x *target) { got[x] = true })
+	if !got[late] || got[timeout] {
+		t.Fatalf("at tick 2: late %v, timeout %v; want late only", got[late], got[timeout])
+	}
+	w.take(base.Add(3*wheelTick), 5*wheelTick, func(x *target) { got[x] = true })
+	if !got[timeout] || w.n != 0 {
+		t.Fatalf("at tick 3: timeout %v, %d left", got[timeout], w.n)
 	}
 }
