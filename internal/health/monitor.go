@@ -76,11 +76,11 @@ type Monitor struct {
 	// (nil, with synTried, when it cannot be: those checks connect).
 	syn      *synEngine
 	synTried bool
-	ramping map[*target]struct{}
-	pending map[tkey]engine.HealthUpdate
-	rnd     *rand.Rand
-	checks  uint64
-	fails   uint64
+	ramping  map[*target]struct{}
+	pending  map[tkey]engine.HealthUpdate
+	rnd      *rand.Rand
+	checks   uint64
+	fails    uint64
 
 	wake     chan struct{}
 	pendWake chan struct{}
