@@ -76,11 +76,15 @@ type Monitor struct {
 	// (nil, with synTried, when it cannot be: those checks connect).
 	syn      *synEngine
 	synTried bool
-	ramping  map[*target]struct{}
-	pending  map[tkey]engine.HealthUpdate
-	rnd      *rand.Rand
-	checks   uint64
-	fails    uint64
+	// conn: plain connect checks' engine (connprobe.go), likewise.
+	conn      *connEngine
+	connTried bool
+	ramping   map[*target]struct{}
+	pending   map[tkey]engine.HealthUpdate
+	rnd       *rand.Rand
+	checks    uint64
+	fails     uint64
+	spawned   uint64 // checks run in a goroutine of their own
 
 	wake     chan struct{}
 	pendWake chan struct{}
@@ -110,8 +114,9 @@ type target struct {
 	wnext, wprev *target
 	inWheel      bool
 	waiting      bool
-	synToken     uint32
-	synStart     time.Time
+	synToken     uint32    // a half-open check's
+	connFD       int32     // a connect check's socket; -1: none
+	synStart     time.Time // when the check in flight started
 
 	percent  int32 // agent; -1: not said (100)
 	weight   int32 // exec "weight N"; -1: not said
@@ -249,7 +254,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 			m.log.Error("compile health check", "farm", nw.Name, "backend", k.backend, "err", err)
 			continue
 		}
-		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000}
+		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 		if !t.up {
 			// init-state down: out until rise passes.
 			m.emit(t, "init-state down: not checked yet")
@@ -264,10 +269,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 func (m *Monitor) remove(t *target) {
 	t.removed = true
 	m.wheel.remove(t)
-	if t.waiting {
-		t.waiting = false
-		m.syn.cancel(t.synToken)
-	}
+	m.giveUp(t)
 	delete(m.targets, t.tkey)
 	delete(m.ramping, t)
 }
@@ -285,9 +287,21 @@ func (m *Monitor) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var answers []synAnswer
+	var conns []connDone
+	defer func() {
+		m.mu.Lock()
+		if m.conn != nil {
+			m.conn.close()
+		}
+		m.mu.Unlock()
+	}()
 	for {
 		m.mu.Lock()
 		now := time.Now()
+		if m.conn != nil {
+			conns = m.conn.poll(conns[:0])
+			m.connsDone(conns)
+		}
 		if m.syn != nil {
 			// The replies that came since the last wake, before any
 			// timeout is taken for their check.
@@ -309,6 +323,13 @@ func (m *Monitor) loop(ctx context.Context) {
 			m.synAnswers(answers)
 			now = time.Now()
 		}
+		if m.conn != nil {
+			// On a veth or loopback most connects are done already.
+			if conns = m.conn.poll(conns[:0]); len(conns) > 0 {
+				m.connsDone(conns)
+				now = time.Now()
+			}
+		}
 		wait, ok := m.wheel.next(now)
 		if !ok {
 			wait = time.Hour
@@ -316,11 +337,12 @@ func (m *Monitor) loop(ctx context.Context) {
 		if w := m.stepRamps(now); w > 0 && w < wait {
 			wait = w
 		}
-		if syn != nil && wait > m.opts.Batch && syn.inFlight() > 0 {
-			wait = m.opts.Batch // read the replies at least that often
+		if wait > m.opts.Batch && (syn != nil && syn.inFlight() > 0 || m.conn != nil && len(m.conn.inFly) > 0) {
+			wait = m.opts.Batch // read the answers at least that often
 		}
 		m.mu.Unlock()
 		clear(answers)
+		clear(conns)
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -349,8 +371,7 @@ func (m *Monitor) loop(ctx context.Context) {
 // hold mu.
 func (m *Monitor) due(ctx context.Context, t *target, now time.Time) {
 	if t.waiting {
-		t.waiting = false
-		m.syn.cancel(t.synToken)
+		m.giveUp(t)
 		r := fail("timeout after " + t.check.Timeout.String())
 		r.Start, r.Took = t.synStart, now.Sub(t.synStart)
 		m.finish(finished{t, r})
@@ -374,7 +395,73 @@ func (m *Monitor) due(ctx context.Context, t *target, now time.Time) {
 			// Every source port busy towards this backend: connect.
 		}
 	}
+	if t.probe.connectable() {
+		if c := m.connEngine(); c != nil {
+			t.running = true
+			if r, done := c.start(&m.d, t); done {
+				r.Start = now
+				m.finish(finished{t, r})
+				return
+			}
+			t.waiting, t.synStart = true, now
+			m.wheel.add(t, now.Add(t.check.Timeout), -1)
+			return
+		}
+	}
 	m.start(ctx, t)
+}
+
+// giveUp ends the check in flight of t, if any. Callers hold mu.
+func (m *Monitor) giveUp(t *target) {
+	if !t.waiting {
+		return
+	}
+	t.waiting = false
+	if t.connFD >= 0 {
+		m.conn.cancel(t)
+	} else {
+		m.syn.cancel(t.synToken)
+	}
+}
+
+// connEngine returns the connect checks' engine, opening it the first
+// time; nil if it cannot be opened (those checks run in goroutines).
+// Callers hold mu.
+func (m *Monitor) connEngine() *connEngine {
+	if !m.connTried {
+		m.connTried = true
+		c, err := newConnEngine()
+		if err != nil {
+			m.log.Warn("connect checks run one goroutine each", "err", err)
+			return nil
+		}
+		m.conn = c
+	}
+	return m.conn
+}
+
+// connsDone takes in finished connects. A connect that finished after its
+// timeout is a timeout. Callers hold mu.
+func (m *Monitor) connsDone(ds []connDone) {
+	for _, d := range ds {
+		t := d.t
+		if !t.waiting || t.removed {
+			continue
+		}
+		t.waiting = false
+		m.wheel.remove(t)
+		var r Result
+		switch took := d.at.Sub(t.synStart); {
+		case took > t.check.Timeout:
+			r = fail("timeout after " + t.check.Timeout.String())
+		case d.err == nil:
+			r = pass("connected")
+		default:
+			r = t.probe.failErr(d.err)
+		}
+		r.Start, r.Took = t.synStart, max(0, min(d.at.Sub(t.synStart), t.check.Timeout))
+		m.finish(finished{t, r})
+	}
 }
 
 // synEngine returns the half-open checks' engine, opening it the first
@@ -422,6 +509,7 @@ func (m *Monitor) synAnswers(as []synAnswer) {
 
 func (m *Monitor) start(ctx context.Context, t *target) {
 	t.running = true
+	m.spawned++
 	p := t.probe
 	go func() {
 		m.sem <- struct{}{}

@@ -17,7 +17,7 @@ import (
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newTarget(c model.Check) *target {
-	return &target{check: c, up: true, percent: -1, weight: -1, ramp: 1000}
+	return &target{check: c, up: true, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 }
 
 // rise and fall count consecutive results: failures between passes never
