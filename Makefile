@@ -14,15 +14,18 @@ deps:
 build: deps
 	$(GO) build -o $(BIN)/xlb ./cmd/xlb
 	$(GO) build -o $(BIN)/xlb-kube-proxy ./cmd/xlb-kube-proxy
+	$(GO) build -tags kubecrd -o $(BIN)/xlb-kube-daemon ./cmd/xlb
 	$(GO) build -o $(BIN)/xlb-echo ./test/cmd/xlb-echo
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags kubecrd ./cmd/xlb
 
 # staticcheck is a tool dependency in go.mod (like bpf2go), so every machine
 # runs the same version.
 staticcheck:
 	$(GO) tool staticcheck $(PKGS)
+	$(GO) tool staticcheck -tags kubecrd ./cmd/xlb
 
 # Go with gofmt, bpf/*.c and *.h with clang-format (bpf/.clang-format).
 fmt:

@@ -8,14 +8,23 @@
 # killed (kill: kill -9 of its daemon; lost: kill -9 and its links down),
 # after another PHASE it comes back, after another a third node is added,
 # and PHASE later the run ends. A connection is broken when it sees a
-# reset, an EOF or no echo within 2 s. Cases are mode/plane/sync|nosync/kill|lost.
+# reset, an EOF or no echo within 2 s. Cases are
+# mode/plane/how/kill|lost[/scheduler] with how one of sync, nosync (xlb's
+# BGP and ECMP, with or without its connection sync), vrrp,
+# vrrp+conntrackd (the LVS-style baseline: keepalived's VRRP active-backup,
+# with conntrackd's FTFW sync; node lost only; vrrp@100ms: adverts every
+# 100 ms instead of keepalived's default 1 s), scheduler maglev by default.
+# BASELINE=1 runs the baseline comparison instead of the matrix below.
 #
 # Without CASEs: 16 cases, ~40 min with RUNS=3.
 # Then (unless APPEND=1 or SYNCBENCH=0) the Go benchmarks of the sync
 # cost per connection (internal/conntrack, internal/cluster/connsync), 5
-# runs each, into ha-sync-bench.txt.
+# runs each, into ha-sync-bench.txt. SYNCCOST=1 (the default with
+# BASELINE=1) also compares the CPU per synchronised connection of xlb's
+# sync and of conntrackd (test/e2e TestSyncCost, COST_CONNS connections,
+# COST_RUNS runs), into ha-sync-cost.jsonl.
 #
-# usage: bench/ha/run.sh [CASE...]   (env CONNS=1000 PHASE=6s RUNS=3 APPEND=0 SYNCBENCH=1)
+# usage: bench/ha/run.sh [CASE...]   (env CONNS=1000 PHASE=6s RUNS=3 APPEND=0 SYNCBENCH=1 BASELINE=0 SYNCCOST=$BASELINE COST_CONNS=50000 COST_RUNS=5)
 # Results: bench/results/ha.jsonl (one line a run; APPEND=1 adds to it),
 # ha-sync-bench.txt, then ha.md and ha.png from all of them.
 set -euo pipefail
@@ -26,6 +35,7 @@ PHASE=${PHASE:-6s}
 RUNS=${RUNS:-3}
 APPEND=${APPEND:-0}
 SYNCBENCH=${SYNCBENCH:-$([ "$APPEND" = 1 ] && echo 0 || echo 1)}
+SYNCCOST=${SYNCCOST:-${BASELINE:-0}}
 cases=("$@")
 if [ ${#cases[@]} -eq 0 ]; then
 	# The matrix: every mode with and without sync on the nft
@@ -41,6 +51,14 @@ if [ ${#cases[@]} -eq 0 ]; then
 	for m in snat dnat dsr stlsdnat; do
 		cases+=("$m/ebpf/nosync/kill")
 	done
+	if [ "${BASELINE:-0}" = 1 ]; then
+		# The master lost, LVS-style active-backup (keepalived with
+		# and without conntrackd, at keepalived's default adverts and at
+		# 100 ms) next to xlb's sync over ECMP, dnat (LVS-NAT), with
+		# rr as an LVS director would schedule and with Maglev.
+		cases=(dnat/nft/vrrp+conntrackd/lost/rr dnat/nft/vrrp+conntrackd@100ms/lost/rr dnat/nft/vrrp@100ms/lost/rr
+			dnat/nft/sync/lost/rr dnat/nft/nosync/lost/rr dnat/nft/sync/lost dnat/nft/vrrp+conntrackd@100ms/lost)
+	fi
 fi
 out=bench/results/ha.jsonl
 # Build the test and the daemon once, outside the lock.
@@ -80,4 +98,12 @@ if [ "$SYNCBENCH" = 1 ]; then
 		-test.bench BenchmarkWire -test.count 5) >>"$sb.new"
 	mv "$sb.new" "$sb"
 fi
-python3 bench/ha/report.py "$out" bench/results/ha.md bench/results/ha.png bench/results/ha-sync-bench.txt
+if [ "$SYNCCOST" = 1 ]; then
+	# Five or so minutes under the lock: COST_RUNS x 3 engines.
+	echo "bench-ha: sync cost, xlb and conntrackd ($(date -u +%T))" >&2
+	(cd test/e2e && XLB_PRIVILEGED_TESTS=1 XLB_E2E_BIN="$bin/xlb" XLB_SYNC_COST="$PWD/../../bench/results/ha-sync-cost.jsonl" \
+		XLB_SYNC_COST_CONNS=${COST_CONNS:-50000} XLB_SYNC_COST_RUNS=${COST_RUNS:-5} \
+		flock -o /tmp/xlb-privtest.lock timeout 590 "$bin/e2e.test" -test.count=1 -test.timeout 580s -test.run 'TestSyncCost$' >&2) ||
+		echo "bench-ha: sync cost failed" >&2
+fi
+python3 bench/ha/report.py "$out" bench/results/ha.md bench/results/ha.png bench/results/ha-sync-bench.txt bench/results/ha-sync-cost.jsonl

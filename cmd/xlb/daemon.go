@@ -46,6 +46,8 @@ type daemonOptions struct {
 	cleanup bool
 	// driftWatch: watch the kernel for changes by others (drift.go).
 	driftWatch bool
+	// kube: the configuration comes from custom resources (kubecrd.go).
+	kube kubeCRDOptions
 }
 
 func (a *app) daemonCmd() *cobra.Command {
@@ -104,6 +106,14 @@ it removes what the other plane left (the eBPF links and maps pinned under
 --pin-path when on nft; the nft tables of --nft-table when on ebpf).
 --cleanup removes everything xlb put in the kernel, both planes, and exits.
 
+--kube-crd takes the farms, tables and checks from the Farm, Table and Check
+custom resources (xlb.io/v1alpha1, deploy/crd/crds.yaml) that the API server of
+--kubeconfig (default: in-cluster) serves, so every node watching them
+programs the same configuration; each object's status says per node
+(--kube-node-name) whether it is programmed, and why not. The API is read-only
+then. This runs ` + kubeCRDDaemon + ` (xlb built with client-go), installed next
+to xlb, in place of this process. See docs/ha.md.
+
 When --listen is beyond loopback, a key shorter than 16 bytes, or a key file
 others may read, is refused (--allow-weak-key: logged as an error instead).
 --tls-cert and --tls-key serve the TCP API over TLS; --tls-client-ca also
@@ -117,6 +127,7 @@ summary line every 10 s. See docs/operations.md.`,
   xlb daemon --dataplane ebpf --interfaces eth0,eth1 --conn-table-size 1048576
   xlb daemon --dataplane ebpf --interfaces eth0,eth1 --xdp native
   xlb daemon --cleanup
+  xlb daemon --kube-crd --kubeconfig /etc/xlb/kubeconfig --kube-node-name lb1 --bgp-config /etc/xlb/bgp.yaml
   xlb daemon --listen 10.0.0.1:5555 --tls-cert api.crt --tls-key api.key.pem --tls-client-ca clients.pem`,
 		Args: args(),
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -129,6 +140,9 @@ summary line every 10 s. See docs/operations.md.`,
 			}
 			if o.cleanup {
 				return a.runCleanup(cmd.Context(), o)
+			}
+			if o.kube.enabled && kubeCRD() == nil {
+				return execKubeCRDDaemon()
 			}
 			return a.runDaemon(cmd.Context(), o, keyFile)
 		},
@@ -151,6 +165,7 @@ summary line every 10 s. See docs/operations.md.`,
 	f.StringVar(&o.tls.key, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&o.tls.clientCA, "tls-client-ca", "", "PEM CA certificates: require a client certificate signed by one (mutual TLS)")
 	f.BoolVar(&o.tls.allowWeakKey, "allow-weak-key", false, "beyond loopback, log a key shorter than 16 bytes or readable by others as an error instead of refusing to start")
+	o.kube.register(f)
 	f.StringVar(&o.metricsListen, "metrics-listen", "", `address:port serving Prometheus /metrics without the API key (e.g. 127.0.0.1:9555; "": none; GET /metrics on the API needs the key)`)
 	return cmd
 }
@@ -227,6 +242,14 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	hsrv, mon, stopHealth := startHealth(ctx, log, eng, dp, health.Options{Observe: metrics.ObserveCheck})
 	defer stopHealth()
 	metrics.SetChecks(mon)
+	var apiOpts api.Options
+	var crdGate bgp.Gate
+	if o.kube.enabled {
+		if crdGate, err = kubeCRD()(ctx, log, eng, o.kube); err != nil {
+			return err
+		}
+		apiOpts = api.Options{ReadOnly: true, ReadOnlyReason: "this daemon takes its farms, tables and checks from Kubernetes custom resources (--kube-crd): change those"}
+	}
 	// The speaker starts once the engine has reconciled the kernel with
 	// the saved state: every VIP it announces is in the kernel.
 	var syncNode *connsync.Node
@@ -244,7 +267,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	var announcer *bgp.Announcer
 	drained := func() {}
 	if bgpCfg != nil {
-		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, gate); err != nil {
+		if announcer, drained, err = startBGP(ctx, log, bgpCfg, eng, mon, bgp.JoinGates(ctx, gate, crdGate)); err != nil {
 			return err
 		}
 	}
@@ -256,7 +279,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
-	apiSrv := osrv(hsrv(api.New(log, eng, key)))
+	apiSrv := osrv(hsrv(api.New(log, eng, key, apiOpts)))
 	if announcer != nil {
 		apiSrv.SetBGP(announcer)
 	}

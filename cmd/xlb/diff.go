@@ -20,8 +20,10 @@ func (a *app) diffCmd() *cobra.Command {
 		Short: "Compare this daemon's state with another node's",
 		Long: `Compare the whole state (GET /state) of the daemon at --api with that of the
 daemon at OTHER-API (http://HOST:PORT or unix:PATH), farm by farm: a farm
-only on one side, or a field (or a backend's field) that differs, one line
-each. Exits 0 when both hold the same farms, 1 when they differ.
+only on one side, or a field (a backend's, a check's) that differs, one line
+each; then the tables, their definitions field by field and their entries
+by key (not their expiry times). Exits 0 when both hold the same farms and
+tables, 1 when they differ.
 
 Outside Kubernetes, every node of a cluster takes the same state from the
 operator's tooling (xlb restore, or PUT /state, on each node); this is the
@@ -78,57 +80,92 @@ check that they did. The other node's key is --other-key or --other-key-file
 	return cmd
 }
 
-// diffStates compares two GET /state documents farm by farm and field by
-// field; "<" is the first (this node), ">" the second.
+// diffStates compares two GET /state documents: farms by name, field by
+// field (a farm's and a backend's check field by field, backends by name),
+// and tables by name, their definitions field by field and their entries
+// by key ("<" is the first, this node; ">" the second). An entry's expiry
+// time is not compared: each node counts it from when it took the entry.
 func diffStates(a, b []byte) ([]string, error) {
-	fa, err := farmsByName(a)
+	sa, err := objectsByName(a)
 	if err != nil {
 		return nil, fmt.Errorf("this node's state: %w", err)
 	}
-	fb, err := farmsByName(b)
+	sb, err := objectsByName(b)
 	if err != nil {
 		return nil, fmt.Errorf("other node's state: %w", err)
 	}
-	var out []string
-	names := slices.Sorted(maps.Keys(fa))
-	for n := range fb {
-		if _, ok := fa[n]; !ok {
+	out := diffNamed("", "farm", sa.Farms, sb.Farms)
+	return append(out, diffNamed("", "table", sa.Tables, sb.Tables)...), nil
+}
+
+// stateObjects is a GET /state document's farms and tables.
+type stateObjects struct {
+	Farms  []any `json:"farms"`
+	Tables []any `json:"tables"`
+}
+
+func objectsByName(doc []byte) (stateObjects, error) {
+	var st stateObjects
+	if err := json.Unmarshal(doc, &st); err != nil {
+		return st, fmt.Errorf("decode: %w", err)
+	}
+	return st, nil
+}
+
+// keyOf is the member that names the objects of a list: backends, farms
+// and tables by "name", a table's entries by "key".
+func keyOf(kind string) string {
+	if kind == "entry" {
+		return "key"
+	}
+	return "name"
+}
+
+// diffNamed compares two lists of objects of one kind matched by their
+// key; what is the object holding the lists ("" at the top).
+func diffNamed(what, kind string, x, y any) []string {
+	byKey := func(v any) map[string]map[string]any {
+		m := map[string]map[string]any{}
+		list, _ := v.([]any)
+		for _, b := range list {
+			if o, ok := b.(map[string]any); ok {
+				n, _ := o[keyOf(kind)].(string)
+				m[n] = o
+			}
+		}
+		return m
+	}
+	bx, by := byKey(x), byKey(y)
+	names := slices.Sorted(maps.Keys(bx))
+	for n := range by {
+		if _, ok := bx[n]; !ok {
 			names = append(names, n)
 		}
 	}
 	slices.Sort(names)
+	prefix, inner := "", fmt.Sprintf("%s ", kind)
+	if what != "" {
+		prefix, inner = what+": ", what+" "+kind+" "
+	}
+	var out []string
 	for _, n := range names {
-		x, inA := fa[n]
-		y, inB := fb[n]
+		p, inX := bx[n]
+		q, inY := by[n]
 		switch {
-		case !inB:
-			out = append(out, fmt.Sprintf("< farm %q only here", n))
-		case !inA:
-			out = append(out, fmt.Sprintf("> farm %q only there", n))
+		case !inY:
+			out = append(out, fmt.Sprintf("< %s%s %q only here", prefix, kind, n))
+		case !inX:
+			out = append(out, fmt.Sprintf("> %s%s %q only there", prefix, kind, n))
 		default:
-			out = append(out, diffObjects(fmt.Sprintf("farm %q", n), x, y)...)
+			out = append(out, diffObjects(fmt.Sprintf("%s%q", inner, n), p, q)...)
 		}
 	}
-	return out, nil
+	return out
 }
 
-func farmsByName(doc []byte) (map[string]map[string]any, error) {
-	var st struct {
-		Farms []map[string]any `json:"farms"`
-	}
-	if err := json.Unmarshal(doc, &st); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
-	}
-	out := map[string]map[string]any{}
-	for _, f := range st.Farms {
-		n, _ := f["name"].(string)
-		out[n] = f
-	}
-	return out, nil
-}
-
-// diffObjects compares two farms' JSON objects; backends are matched by
-// name.
+// diffObjects compares two objects' members: lists of backends and
+// entries by their keys, objects (checks) member by member, the rest as
+// JSON text.
 func diffObjects(what string, x, y map[string]any) []string {
 	var out []string
 	keys := slices.Sorted(maps.Keys(x))
@@ -139,49 +176,25 @@ func diffObjects(what string, x, y map[string]any) []string {
 	}
 	slices.Sort(keys)
 	for _, k := range slices.Compact(keys) {
-		if k == "backends" {
-			out = append(out, diffBackends(what, x[k], y[k])...)
+		switch k {
+		case "backends":
+			out = append(out, diffNamed(what, "backend", x[k], y[k])...)
+			continue
+		case "entries":
+			out = append(out, diffNamed(what, "entry", x[k], y[k])...)
+			continue
+		case "expires":
+			continue
+		}
+		ox, okx := x[k].(map[string]any)
+		oy, oky := y[k].(map[string]any)
+		if okx && oky && k == "check" {
+			out = append(out, diffObjects(what+" "+k, ox, oy)...)
 			continue
 		}
 		vx, vy := jsonText(x[k]), jsonText(y[k])
 		if vx != vy {
 			out = append(out, fmt.Sprintf("! %s: %s: %s here, %s there", what, k, vx, vy))
-		}
-	}
-	return out
-}
-
-func diffBackends(what string, x, y any) []string {
-	byName := func(v any) map[string]map[string]any {
-		m := map[string]map[string]any{}
-		list, _ := v.([]any)
-		for _, b := range list {
-			if o, ok := b.(map[string]any); ok {
-				n, _ := o["name"].(string)
-				m[n] = o
-			}
-		}
-		return m
-	}
-	bx, by := byName(x), byName(y)
-	var out []string
-	names := slices.Sorted(maps.Keys(bx))
-	for n := range by {
-		if _, ok := bx[n]; !ok {
-			names = append(names, n)
-		}
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		p, inX := bx[n]
-		q, inY := by[n]
-		switch {
-		case !inY:
-			out = append(out, fmt.Sprintf("< %s: backend %q only here", what, n))
-		case !inX:
-			out = append(out, fmt.Sprintf("> %s: backend %q only there", what, n))
-		default:
-			out = append(out, diffObjects(fmt.Sprintf("%s backend %q", what, n), p, q)...)
 		}
 	}
 	return out

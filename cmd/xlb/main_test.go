@@ -421,3 +421,16 @@ func TestHelpHasExamples(t *testing.T) {
 		t.Fatalf("backend add --help: %+v", r)
 	}
 }
+
+// TestDaemonKubeCRDWithoutBinary: xlb (built without client-go) runs
+// xlb-kube-daemon for --kube-crd, and says so when it is not installed.
+func TestDaemonKubeCRDWithoutBinary(t *testing.T) {
+	if kubeCRD() != nil {
+		t.Skip("built with -tags kubecrd: the daemon is xlb-kube-daemon itself")
+	}
+	t.Setenv("PATH", t.TempDir())
+	r := runCLI(t, map[string]string{}, "", "daemon", "--state-dir", t.TempDir(), "--kube-crd")
+	if r.code != 1 || !strings.Contains(r.err, "--kube-crd: xlb-kube-daemon is not installed next to xlb or on PATH") {
+		t.Fatalf("exit %d, stderr %q", r.code, r.err)
+	}
+}

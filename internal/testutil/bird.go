@@ -220,10 +220,20 @@ func (b *BIRD) Restart(tb testing.TB) {
 // Show runs `birdc show ...` against this bird and returns its output
 // (for test logs and failure messages).
 func (b *BIRD) Show(args ...string) string {
-	birdc := filepath.Join(filepath.Dir(birdPath), "birdc")
-	out, err := exec.Command(birdc, append([]string{"-s", b.Sock, "show"}, args...)...).CombinedOutput()
+	out, err := b.Ctl(append([]string{"show"}, args...)...)
 	if err != nil {
-		return fmt.Sprintf("birdc: %v: %s", err, out)
+		return err.Error()
 	}
-	return string(out)
+	return out
+}
+
+// Ctl runs a birdc command (disable lb0, enable lb0, ...) against this
+// bird.
+func (b *BIRD) Ctl(args ...string) (string, error) {
+	birdc := filepath.Join(filepath.Dir(birdPath), "birdc")
+	out, err := exec.Command(birdc, append([]string{"-s", b.Sock}, args...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("birdc %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }

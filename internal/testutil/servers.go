@@ -307,3 +307,45 @@ func ParseReply(s string) (name string, from netip.AddrPort, err error) {
 	}
 	return name, from, nil
 }
+
+// ForwardTCP listens on listen inside h's namespace and forwards each
+// connection to target as the test process reaches it (its own namespace),
+// until tb ends: a command run in h reaches a server of the host's
+// loopback (a test kube-apiserver) at the same address.
+func ForwardTCP(tb testing.TB, h Host, listen, target string) {
+	tb.Helper()
+	var ln net.Listener
+	if err := Do(h.NS, func() error {
+		var err error
+		ln, err = net.Listen("tcp", listen)
+		return err
+	}); err != nil {
+		tb.Fatalf("listen on %s in %s: %v", listen, h.Name, err)
+	}
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.DialTimeout("tcp", target, 5*time.Second)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			pipe := func(dst, src net.Conn) {
+				defer wg.Done()
+				_, _ = io.Copy(dst, src)
+				dst.Close()
+				src.Close()
+			}
+			go pipe(u, c)
+			go pipe(c, u)
+		}
+	}()
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,6 +36,19 @@ type failoverOpts struct {
 	Conns    int           // long-lived connections
 	NewRate  int           // new connections a second
 	Phase    time.Duration // time between the events
+	// Baseline "vrrp": the LVS-style active-backup baseline instead of
+	// BGP and ECMP (vrrp_test.go): keepalived moves the VIP, and with
+	// Conntrackd conntrackd (FTFW) keeps the backup's copy of the
+	// master's connections. Only with NodeLost, and no third node.
+	Baseline   string `json:",omitempty"`
+	Conntrackd bool   `json:",omitempty"`
+	// Scheduler of the farm (default maglev).
+	Scheduler string `json:",omitempty"`
+	// VRRPAdvert is keepalived's advertisement interval (default 1 s).
+	VRRPAdvert time.Duration `json:",omitempty"`
+	// SyncCut: instead of losing the first node, cut its connection sync
+	// (its sync packets dropped both ways) and restore it; no third node.
+	SyncCut bool `json:",omitempty"`
 }
 
 // failoverResult counts what the clients saw in each phase.
@@ -50,9 +64,28 @@ type failoverResult struct {
 	RouteTimes  map[string]string          `json:"route-times"`  // until the router withdrew or re-added the node
 	SetupFailed int                        `json:"setup-failed"` // long-lived connections that could not be opened
 	Sync        map[string]json.RawMessage `json:"sync,omitempty"`
+	// Notes: what a baseline's nodes counted (vrrp_test.go).
+	Notes map[string]string `json:"notes,omitempty"`
 }
 
 var phases = []string{"steady", "lost", "back", "added"}
+
+// failoverCluster is the nodes of one run: how the first one goes, comes
+// back, and how a third is added (ECMP over BGP, or the VRRP baseline).
+type failoverCluster interface {
+	// lose takes the first node away and returns how long until the
+	// others carry its traffic (the router withdrew it; the backup took
+	// the VIP).
+	lose(t *testing.T) time.Duration
+	// back brings it back and returns how long until it is ready (the
+	// router re-added it; it is the VRRP backup again).
+	back(t *testing.T) time.Duration
+	// add adds a third node and returns how long until it carries
+	// traffic; false: not done (active-backup has no use for it).
+	add(t *testing.T) (time.Duration, bool)
+	// finish adds what the nodes counted to the result.
+	finish(res *failoverResult)
+}
 
 // runFailover runs the scenario and returns its counts.
 func runFailover(t *testing.T, o failoverOpts) failoverResult {
@@ -60,73 +93,21 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	if o.Phase == 0 {
 		o.Phase = 8 * time.Second
 	}
+	if o.Scheduler == "" {
+		o.Scheduler = "maglev"
+	}
 	res := failoverResult{Opts: o, Broken: map[string]int{}, BrokenHow: map[string]int{}, NewFailed: map[string]int{},
 		NewTotal: map[string]int{}, RouteTimes: map[string]string{}, Sync: map[string]json.RawMessage{}}
-	// dnat: the backends answer the client, and must answer through the
-	// node that forwarded (docs/ha.md): each connection's replies follow
-	// the LB its last packet came from.
-	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3, SymmetricReturn: o.Mode == "dnat"})
-	bird := topo.StartBIRD(t, testutil.BIRDOptions{Peers: 3})
-	_ = bird
 	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
-	// dsr: the backends hold the VIP and answer the client directly.
-	// stlsdnat: they listen on their own address, and any node turns
-	// their replies' source back into the VIP (stateless both ways).
-	stateless := o.Mode == "dsr"
-	for i, b := range topo.Backends {
-		if stateless {
-			testutil.Run(t, b.Name, "ip", "addr", "add", vip.Addr().String()+"/32", "dev", "lo")
-			testutil.StartTCPServer(t, b.NS, vip, fmt.Sprintf("backend-%d", i+1))
-		} else {
-			testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8080), fmt.Sprintf("backend-%d", i+1))
-		}
+	var cl failoverCluster
+	var client testutil.Host
+	if o.Baseline == "vrrp" {
+		v := newVRRPCluster(t, o, vip)
+		cl, client = v, v.topo.Client
+	} else {
+		e := newECMPCluster(t, o, vip)
+		cl, client = e, e.topo.Client
 	}
-	keyFile := filepath.Join(t.TempDir(), "sync.key")
-	os.WriteFile(keyFile, []byte("failover-sync-key-0123456789\n"), 0o600)
-	// The same state on every node (as xlb restore from the operator's
-	// tooling would put it); maglev, so that a flow moved to another
-	// node finds the same backend there even without state.
-	var state strings.Builder
-	fmt.Fprintf(&state, `{"farms":[{"name":"web","family":"ipv4","virtual-addr":"%s","virtual-ports":"80","protocol":"tcp","mode":"%s","scheduler":"maglev","backends":[`, vip.Addr(), o.Mode)
-	for i, b := range topo.Backends {
-		if i > 0 {
-			state.WriteString(",")
-		}
-		port := "8080"
-		if stateless {
-			port = ""
-		}
-		fmt.Fprintf(&state, `{"name":"be%d","ip-addr":"%s","port":"%s"}`, i+1, b.IPv4, port)
-	}
-	state.WriteString("]}]}")
-	stateFile := filepath.Join(t.TempDir(), "state.json")
-	os.WriteFile(stateFile, []byte(state.String()), 0o644)
-
-	nodeArgs := func(lb *testutil.LBNode) []string {
-		args := []string{"--dataplane", o.Plane}
-		if o.Sync {
-			var peers []string
-			for i := range 3 {
-				if i != lb.Index {
-					peers = append(peers, fmt.Sprintf("10.101.0.%d:7000", 11+i))
-				}
-			}
-			args = append(args, "--sync-listen", lb.IPv4.String()+":7000", "--sync-peers", strings.Join(peers, ","),
-				"--sync-key-file", keyFile, "--sync-wait", "5s")
-		}
-		return args
-	}
-	startNode := func(lb *testutil.LBNode) *haNode {
-		if stateless {
-			// dsr takes the VIP's packets at ingress; the route keeps
-			// the node's kernel from answering for it.
-			testutil.RunErr(lb.Name, "ip", "route", "replace", vip.Addr().String()+"/32", "dev", "eth0")
-		}
-		n := newHANodeState(t, topo, lb, stateFile, nodeArgs(lb)...)
-		return n
-	}
-	nodes := []*haNode{startNode(topo.LBs[0]), startNode(topo.LBs[1])}
-	topo.WaitNextHops(t, vip.Addr(), 2, 20*time.Second)
 
 	// Long-lived connections: an echo a second on each.
 	var phase atomic.Int32
@@ -142,7 +123,7 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	var wg sync.WaitGroup
 	conns := make([]net.Conn, 0, o.Conns)
 	for i := 0; i < o.Conns; i++ {
-		c, err := testutil.DialTCP(topo.Client.NS, vip, 3*time.Second)
+		c, err := testutil.DialTCP(client.NS, vip, 3*time.Second)
 		if err == nil {
 			_, err = testutil.ReadLine(c, 3*time.Second)
 		}
@@ -202,7 +183,7 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 			}
 			p := phases[phase.Load()]
 			go func() {
-				_, err := testutil.AskTCP(topo.Client.NS, vip)
+				_, err := testutil.AskTCP(client.NS, vip)
 				mu.Lock()
 				res.NewTotal[p]++
 				if err != nil && ctx.Err() == nil {
@@ -216,51 +197,195 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 
 	// lost: kill -9 (and the node's links down).
 	phase.Store(1)
-	t0 := time.Now()
-	nodes[0].kill()
-	if o.NodeLost {
-		topo.SetLBLinks(t, 0, false)
-	}
-	topo.WaitNextHops(t, vip.Addr(), 1, 15*time.Second)
-	res.RouteTimes["withdrawn"] = time.Since(t0).Round(time.Millisecond).String()
+	res.RouteTimes["withdrawn"] = cl.lose(t).Round(time.Millisecond).String()
 	time.Sleep(o.Phase)
 
-	// back: the node returns (links up, daemon started: it announces
-	// once it has its peers' state).
+	// back: the node returns (links up, daemons started).
 	phase.Store(2)
-	t0 = time.Now()
-	if o.NodeLost {
-		topo.SetLBLinks(t, 0, true)
-	}
-	nodes[0].start()
-	topo.WaitNextHops(t, vip.Addr(), 2, 20*time.Second)
-	res.RouteTimes["re-added"] = time.Since(t0).Round(time.Millisecond).String()
+	res.RouteTimes["re-added"] = cl.back(t).Round(time.Millisecond).String()
 	time.Sleep(o.Phase)
 
-	// added: a third node. The backends route through it only once it
-	// announces (it holds its peers' state by then).
+	// added: a third node.
 	phase.Store(3)
-	t0 = time.Now()
-	lb2 := topo.AddLB(t)
-	topo.SetReturnVia(t, 2, false)
-	nodes = append(nodes, startNode(lb2))
-	topo.WaitNextHops(t, vip.Addr(), 3, 20*time.Second)
-	res.RouteTimes["added"] = time.Since(t0).Round(time.Millisecond).String()
-	topo.SetReturnVia(t, 2, true)
-	time.Sleep(o.Phase)
+	if d, ok := cl.add(t); ok {
+		res.RouteTimes["added"] = d.Round(time.Millisecond).String()
+		time.Sleep(o.Phase)
+	}
 
 	cancel()
 	wg.Wait()
-	if o.Sync {
-		for _, n := range nodes {
-			if out, err := n.cli("sync"); err == nil {
-				if i := strings.Index(out, "{"); i >= 0 {
-					res.Sync[n.lb.Name[strings.LastIndex(n.lb.Name, "-")+1:]] = json.RawMessage(out[i:])
-				}
+	cl.finish(&res)
+	return res
+}
+
+// farmState is the state every node restores: one farm on vip, on the
+// topology's backends, as the operator's tooling would put it.
+func farmState(t *testing.T, topo *testutil.HATopology, o failoverOpts, vip netip.AddrPort, extra string) string {
+	// dsr: the backends hold the VIP and answer the client directly.
+	stateless := o.Mode == "dsr"
+	var state strings.Builder
+	fmt.Fprintf(&state, `{"farms":[{"name":"web","family":"ipv4","virtual-addr":"%s","virtual-ports":"80","protocol":"tcp","mode":"%s","scheduler":"%s"%s,"backends":[`,
+		vip.Addr(), o.Mode, o.Scheduler, extra)
+	for i, b := range topo.Backends {
+		if i > 0 {
+			state.WriteString(",")
+		}
+		port := "8080"
+		if stateless {
+			port = ""
+		}
+		fmt.Fprintf(&state, `{"name":"be%d","ip-addr":"%s","port":"%s"}`, i+1, b.IPv4, port)
+	}
+	state.WriteString("]}]}")
+	stateFile := filepath.Join(t.TempDir(), "state.json")
+	os.WriteFile(stateFile, []byte(state.String()), 0o644)
+	return stateFile
+}
+
+// startBackends starts the backends' servers (dsr: on the VIP, which
+// they hold; otherwise on their own address).
+func startBackends(t *testing.T, topo *testutil.HATopology, o failoverOpts, vip netip.AddrPort) {
+	for i, b := range topo.Backends {
+		if o.Mode == "dsr" {
+			testutil.Run(t, b.Name, "ip", "addr", "add", vip.Addr().String()+"/32", "dev", "lo")
+			testutil.StartTCPServer(t, b.NS, vip, fmt.Sprintf("backend-%d", i+1))
+		} else {
+			testutil.StartTCPServer(t, b.NS, netip.AddrPortFrom(b.IPv4, 8080), fmt.Sprintf("backend-%d", i+1))
+		}
+	}
+}
+
+// ecmpCluster is xlb's own: BIRD spreads flows over the nodes that
+// announce the VIP over BGP; with Sync the nodes share connection state.
+type ecmpCluster struct {
+	o         failoverOpts
+	topo      *testutil.HATopology
+	vip       netip.AddrPort
+	stateFile string
+	keyFile   string
+	nodes     []*haNode
+}
+
+func newECMPCluster(t *testing.T, o failoverOpts, vip netip.AddrPort) *ecmpCluster {
+	// dnat: the backends answer the client, and must answer through the
+	// node that forwarded (docs/ha.md): each connection's replies follow
+	// the LB its last packet came from.
+	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3, SymmetricReturn: o.Mode == "dnat"})
+	topo.StartBIRD(t, testutil.BIRDOptions{Peers: 3})
+	startBackends(t, topo, o, vip)
+	c := &ecmpCluster{o: o, topo: topo, vip: vip, keyFile: filepath.Join(t.TempDir(), "sync.key")}
+	os.WriteFile(c.keyFile, []byte("failover-sync-key-0123456789\n"), 0o600)
+	// The same state on every node; maglev, so that a flow moved to
+	// another node finds the same backend there even without state.
+	c.stateFile = farmState(t, topo, o, vip, "")
+	c.nodes = []*haNode{c.startNode(t, topo.LBs[0]), c.startNode(t, topo.LBs[1])}
+	topo.WaitNextHops(t, vip.Addr(), 2, 20*time.Second)
+	return c
+}
+
+func (c *ecmpCluster) startNode(t *testing.T, lb *testutil.LBNode) *haNode {
+	args := []string{"--dataplane", c.o.Plane}
+	if c.o.Sync {
+		var peers []string
+		for i := range 3 {
+			if i != lb.Index {
+				peers = append(peers, fmt.Sprintf("10.101.0.%d:7000", 11+i))
+			}
+		}
+		args = append(args, "--sync-listen", lb.IPv4.String()+":7000", "--sync-peers", strings.Join(peers, ","),
+			"--sync-key-file", c.keyFile, "--sync-wait", "5s")
+	}
+	if c.o.Mode == "dsr" {
+		// dsr takes the VIP's packets at ingress; the route keeps the
+		// node's kernel from answering for it.
+		testutil.RunErr(lb.Name, "ip", "route", "replace", c.vip.Addr().String()+"/32", "dev", "eth0")
+	}
+	return newHANodeState(t, c.topo, lb, c.stateFile, args...)
+}
+
+// syncCut is the nft table that cuts a node's connection sync.
+const syncCut = `table inet xlbt_synccut {
+	chain in { type filter hook input priority -300; tcp dport 7000 drop; tcp sport 7000 drop; }
+	chain out { type filter hook output priority -300; tcp dport 7000 drop; tcp sport 7000 drop; }
+}
+`
+
+func (c *ecmpCluster) lose(t *testing.T) time.Duration {
+	if c.o.SyncCut {
+		cmd := exec.Command("ip", "netns", "exec", c.topo.LBs[0].Name, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(syncCut)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("cut the sync of %s: %v: %s", c.topo.LBs[0].Name, err, out)
+		}
+		return 0
+	}
+	t0 := time.Now()
+	c.nodes[0].kill()
+	if c.o.NodeLost {
+		c.topo.SetLBLinks(t, 0, false)
+	}
+	c.topo.WaitNextHops(t, c.vip.Addr(), 1, 15*time.Second)
+	return time.Since(t0)
+}
+
+// back: it announces once it has its peers' state.
+func (c *ecmpCluster) back(t *testing.T) time.Duration {
+	t0 := time.Now()
+	if c.o.SyncCut {
+		// Both nodes announced all along: losing sync withdraws nothing.
+		if nhs, _ := c.topo.RouteNextHops(c.vip.Addr()); len(nhs) != 2 {
+			t.Errorf("with the sync cut, the router's route has next hops %v, want both nodes", nhs)
+		}
+		// The cut node sees its stream to the peer broken (nothing
+		// acknowledged within the sync's send timeout).
+		waitFor(t, c.nodes[0].lb.Name+" sees its sync stream broken", 15*time.Second, func() bool {
+			out, err := c.nodes[0].cli("sync")
+			return err == nil && !strings.Contains(out, "connected")
+		})
+		testutil.Run(t, c.topo.LBs[0].Name, "nft", "delete", "table", "inet", "xlbt_synccut")
+		for _, n := range c.nodes {
+			waitFor(t, n.lb.Name+" sync connected again", 30*time.Second, func() bool {
+				out, err := n.cli("sync")
+				return err == nil && strings.Contains(out, "connected")
+			})
+		}
+		return time.Since(t0)
+	}
+	if c.o.NodeLost {
+		c.topo.SetLBLinks(t, 0, true)
+	}
+	c.nodes[0].start()
+	c.topo.WaitNextHops(t, c.vip.Addr(), 2, 20*time.Second)
+	return time.Since(t0)
+}
+
+// add: the backends route through the third node only once it announces
+// (it holds its peers' state by then).
+func (c *ecmpCluster) add(t *testing.T) (time.Duration, bool) {
+	if c.o.SyncCut {
+		return 0, false
+	}
+	t0 := time.Now()
+	lb2 := c.topo.AddLB(t)
+	c.topo.SetReturnVia(t, 2, false)
+	c.nodes = append(c.nodes, c.startNode(t, lb2))
+	c.topo.WaitNextHops(t, c.vip.Addr(), 3, 20*time.Second)
+	d := time.Since(t0)
+	c.topo.SetReturnVia(t, 2, true)
+	return d, true
+}
+
+func (c *ecmpCluster) finish(res *failoverResult) {
+	if !c.o.Sync {
+		return
+	}
+	for _, n := range c.nodes {
+		if out, err := n.cli("sync"); err == nil {
+			if i := strings.Index(out, "{"); i >= 0 {
+				res.Sync[n.lb.Name[strings.LastIndex(n.lb.Name, "-")+1:]] = json.RawMessage(out[i:])
 			}
 		}
 	}
-	return res
 }
 
 func classify(err error) string {
@@ -312,6 +437,27 @@ func syncFailover(t *testing.T, mode string) {
 	}
 }
 
+// TestSyncCut: losing connection sync never stops local traffic. Two
+// nodes with sync carry snat connections behind BIRD's ECMP; the first
+// node's sync is cut (its sync packets dropped both ways, a partition of
+// the sync channel only) for a phase, then restored: no long-lived
+// connection breaks, no new connection fails, both nodes stay announced,
+// and sync connects again.
+func TestSyncCut(t *testing.T) {
+	res := runFailover(t, failoverOpts{Mode: "snat", Plane: "nft", Sync: true, SyncCut: true, Conns: 60, NewRate: 10, Phase: 5 * time.Second})
+	b, _ := json.MarshalIndent(res, "", "  ")
+	t.Logf("result:\n%s", b)
+	if res.Established < 55 {
+		t.Fatalf("only %d of 60 long-lived connections opened", res.Established)
+	}
+	for _, p := range phases {
+		if res.Broken[p] != 0 || res.NewFailed[p] != 0 {
+			t.Errorf("phase %s: %d long-lived connections broken (%v), %d of %d new connections failed",
+				p, res.Broken[p], res.BrokenHow, res.NewFailed[p], res.NewTotal[p])
+		}
+	}
+}
+
 // TestHABench runs the measured matrix (bench/ha/run.sh) when
 // XLB_HA_BENCH names the file to append results to.
 func TestHABench(t *testing.T) {
@@ -326,16 +472,38 @@ func TestHABench(t *testing.T) {
 	phase, _ := time.ParseDuration(os.Getenv("XLB_HA_PHASE"))
 	var cases []failoverOpts
 	for _, spec := range strings.Fields(os.Getenv("XLB_HA_CASES")) {
-		// mode/plane/sync|nosync/kill|lost
+		// mode/plane/how/kill|lost[/scheduler], how: sync, nosync (xlb's
+		// BGP and ECMP, with or without its sync), vrrp, vrrp+conntrackd
+		// (the keepalived baseline, vrrp_test.go), these two with
+		// @INTERVAL for VRRP's advertisements (default 1s).
 		f := strings.Split(spec, "/")
-		if len(f) != 4 {
-			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync/kill|lost", spec)
+		if len(f) != 4 && len(f) != 5 {
+			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync|vrrp[@ADVERT]|vrrp+conntrackd[@ADVERT]/kill|lost[/scheduler]", spec)
 		}
-		cases = append(cases, failoverOpts{Mode: f[0], Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
-			Conns: conns, NewRate: 20, Phase: phase})
+		o := failoverOpts{Mode: f[0], Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
+			Conns: conns, NewRate: 20, Phase: phase}
+		how, advert, _ := strings.Cut(f[2], "@")
+		switch how {
+		case "sync", "nosync":
+		case "vrrp", "vrrp+conntrackd":
+			o.Baseline, o.Conntrackd = "vrrp", how == "vrrp+conntrackd"
+			if advert != "" {
+				d, err := time.ParseDuration(advert)
+				if err != nil {
+					t.Fatalf("XLB_HA_CASES: %q: advertisement interval: %v", spec, err)
+				}
+				o.VRRPAdvert = d
+			}
+		default:
+			t.Fatalf("XLB_HA_CASES: %q: %q is not sync, nosync, vrrp or vrrp+conntrackd", spec, f[2])
+		}
+		if len(f) == 5 {
+			o.Scheduler = f[4]
+		}
+		cases = append(cases, o)
 	}
 	for _, c := range cases {
-		name := fmt.Sprintf("%s-%s-sync=%v-lost=%v", c.Mode, c.Plane, c.Sync, c.NodeLost)
+		name := fmt.Sprintf("%s-%s-sync=%v-lost=%v-%s%v-%s", c.Mode, c.Plane, c.Sync, c.NodeLost, c.Baseline, c.Conntrackd, c.Scheduler)
 		t.Run(name, func(t *testing.T) {
 			res := runFailover(t, c)
 			b, _ := json.Marshal(res)

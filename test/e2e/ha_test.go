@@ -26,6 +26,7 @@ type haNode struct {
 	logFile string
 	bgpConf string
 	args    []string
+	noBGP   bool // no --bgp-config (the VRRP baseline)
 	daemon  *exec.Cmd
 	waited  chan struct{}
 }
@@ -46,8 +47,17 @@ farms:
 `
 
 func newHANode(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, args ...string) *haNode {
+	return newHANodeBin(t, topo, lb, xlbBinary(t), args...)
+}
+
+// newHANodeBin is newHANode with another daemon binary (xlb-kube-daemon).
+func newHANodeBin(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, bin string, args ...string) *haNode {
+	return newHANodeWith(t, topo, lb, bin, false, args...)
+}
+
+func newHANodeWith(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode, bin string, noBGP bool, args ...string) *haNode {
 	dir := t.TempDir()
-	n := &haNode{t: t, lb: lb, bin: xlbBinary(t), state: filepath.Join(dir, "state"),
+	n := &haNode{t: t, lb: lb, bin: bin, noBGP: noBGP, state: filepath.Join(dir, "state"),
 		logFile: filepath.Join(dir, "daemon.log"), bgpConf: filepath.Join(dir, "bgp.yaml"), args: args}
 	nh6 := ""
 	if lb.IPv6.IsValid() {
@@ -75,8 +85,11 @@ func (n *haNode) start() {
 		n.t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", n.lb.Name, n.bin, "daemon",
-		"--listen", "0.0.0.0:5555", "--state-dir", n.state, "--bgp-config", n.bgpConf}, n.args...)...)
+	argv := []string{"netns", "exec", n.lb.Name, n.bin, "daemon", "--listen", "0.0.0.0:5555", "--state-dir", n.state}
+	if !n.noBGP {
+		argv = append(argv, "--bgp-config", n.bgpConf)
+	}
+	cmd := exec.Command("ip", append(argv, n.args...)...)
 	cmd.Env = append(os.Environ(), "XLB_KEY="+haKey)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

@@ -273,3 +273,41 @@ func TestSpeaker(t *testing.T) {
 		t.Fatal("Set after Drain succeeded")
 	}
 }
+
+type testGate struct {
+	ready   bool
+	why     string
+	changed chan struct{}
+}
+
+func (g *testGate) Ready() (bool, string)    { return g.ready, g.why }
+func (g *testGate) Changed() <-chan struct{} { return g.changed }
+
+// TestJoinGates: open when every gate is; the first closed one says why;
+// a change of any is forwarded.
+func TestJoinGates(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := &testGate{ready: true, changed: make(chan struct{}, 1)}
+	b := &testGate{why: "waiting for b", changed: make(chan struct{}, 1)}
+	if g := JoinGates(ctx, nil, a); g != Gate(a) {
+		t.Fatalf("one gate: %v", g)
+	}
+	if g := JoinGates(ctx, nil, nil); g != nil {
+		t.Fatalf("no gate: %v", g)
+	}
+	g := JoinGates(ctx, a, b)
+	if ok, why := g.Ready(); ok || why != "waiting for b" {
+		t.Fatalf("b closed: %v %q", ok, why)
+	}
+	b.ready = true
+	b.changed <- struct{}{}
+	select {
+	case <-g.Changed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("b's change not forwarded")
+	}
+	if ok, _ := g.Ready(); !ok {
+		t.Fatal("both open, joined closed")
+	}
+}

@@ -276,3 +276,59 @@ func (r *byteReader) Read(p []byte) (int, error) {
 	r.b = r.b[n:]
 	return n, nil
 }
+
+// TestSyncStalledPeer: a peer that greets and then never reads (hung, or
+// hostile) never holds back the data plane's events: its queue fills, its
+// batches are dropped and counted, and the node takes every batch the
+// plane gives as fast as the plane gives them; within sendTimeout its
+// stream counts as broken and is made again (a full resync).
+func TestSyncStalledPeer(t *testing.T) {
+	a, b := freePort(t, "127.0.0.1"), freePort(t, "127.0.0.2")
+	ln, err := net.Listen("tcp", b.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	stalled := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// The greeting, then nothing: no reads, ever.
+			c.Write(append([]byte(magic), make([]byte, nonceLen)...))
+			stalled <- c
+		}
+	}()
+	defer func() {
+		for len(stalled) > 0 {
+			(<-stalled).Close()
+		}
+	}()
+	plane := newFakePlane()
+	n := startNode(t, Config{Listen: a, Peers: []netip.AddrPort{b}, Key: key, Wait: time.Minute}, plane)
+	waitFor(t, "the stream to the stalled peer connected", func() bool {
+		st := n.Status()
+		return len(st.Peers) == 1 && st.Peers[0].Sending == "connected"
+	})
+	// Far more than the socket buffers and the queue hold: 4,000 batches
+	// of 256 connections (about 40 MB on the wire).
+	batch := make([]dataplane.ConnEvent, 256)
+	for i := range batch {
+		batch[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: conn(i, false)}
+	}
+	deadline := time.After(20 * time.Second)
+	for i := range 4000 {
+		select {
+		case plane.events <- batch:
+		case <-deadline:
+			t.Fatalf("the node took only %d of 4000 batches in 20s: a stalled peer holds back the data plane's events", i)
+		}
+	}
+	waitFor(t, "dropped batches counted", func() bool { return n.Counters().Dropped > 0 })
+	// The stream to it counts as broken within sendTimeout, and is made
+	// again (with a full dump when the peer reads again).
+	waitFor(t, "the stalled stream broken", func() bool { return n.Counters().SendErrors > 0 })
+	t.Logf("counters: %+v", n.Counters())
+}

@@ -28,7 +28,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 )
@@ -116,6 +119,13 @@ type peer struct {
 // queueBatches bounds what a slow peer may fall behind by (batches of up
 // to 256 connections).
 const queueBatches = 1024
+
+// sendTimeout is how long a peer may take no data (a write that does not
+// complete, or data the peer's kernel does not acknowledge) before its
+// stream counts as broken: it is made again, with a full dump. Without
+// it a peer gone silent (a partition, a node lost without a reset) would
+// show as connected for the kernel's retransmission time (~15 minutes).
+const sendTimeout = 5 * time.Second
 
 // New checks cfg and returns a node; Run starts it.
 func New(log *slog.Logger, cfg Config, dp dataplane.ConnSyncer) (*Node, error) {
@@ -294,6 +304,18 @@ func (n *Node) send(ctx context.Context, p *peer) {
 	if a := n.cfg.Listen.Addr(); !a.IsUnspecified() {
 		d.LocalAddr = &net.TCPAddr{IP: a.AsSlice()}
 	}
+	// Unacknowledged data older than sendTimeout breaks the connection
+	// (TCP_USER_TIMEOUT): a keepalive frame a second is always in flight.
+	d.Control = func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(sendTimeout/time.Millisecond))
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}
 	for ctx.Err() == nil {
 		c, err := d.DialContext(ctx, "tcp", p.addr.String())
 		if err != nil {
@@ -340,7 +362,9 @@ func (n *Node) session(ctx context.Context, p *peer, c net.Conn) error {
 		return fmt.Errorf("greeting: not an xlb sync peer")
 	}
 	c.SetReadDeadline(time.Time{})
-	fw := &frameWriter{w: bufio.NewWriterSize(c, 64<<10), key: n.cfg.Key, nonce: greet[len(magic):]}
+	// Every write that goes to the socket must complete within
+	// sendTimeout: a peer that stops reading is a broken stream.
+	fw := &frameWriter{w: bufio.NewWriterSize(deadlineWriter{c}, 64<<10), key: n.cfg.Key, nonce: greet[len(magic):]}
 	if err := fw.write(frameHello, []byte(n.cfg.Name)); err != nil {
 		return err
 	}
@@ -417,6 +441,14 @@ func (n *Node) session(ctx context.Context, p *peer, c net.Conn) error {
 			}
 		}
 	}
+}
+
+// deadlineWriter sets a write deadline of sendTimeout before each write.
+type deadlineWriter struct{ c net.Conn }
+
+func (w deadlineWriter) Write(p []byte) (int, error) {
+	w.c.SetWriteDeadline(time.Now().Add(sendTimeout))
+	return w.c.Write(p)
 }
 
 // accept takes peers' connections.
