@@ -2,9 +2,9 @@ package conntrack
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
-	"encoding/binary"
 	"net/netip"
 	"os"
 	"strings"
