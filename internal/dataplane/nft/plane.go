@@ -227,7 +227,9 @@ func (s *Plane) Check(f *model.Farm) error { return check(f) }
 // traffic keeps flowing while xlb restarts.
 func (s *Plane) Close() error {
 	s.tables.close()
-	s.passive.Close()
+	if s.passive != nil {
+		s.passive.Close()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn == nil {
