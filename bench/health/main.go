@@ -756,6 +756,9 @@ func flapRun(ctx context.Context, plane string) ([]flapResult, error) {
 			for range *flapHogs {
 				// Bounded: each loop ends after the sample.
 				h := exec.Command("timeout", fmt.Sprint(*flapSecs), "sh", "-c", "while :; do :; done")
+				// A group of its own, killed whole below: killing timeout
+				// alone with SIGKILL left its shell spinning forever.
+				h.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 				if err := h.Start(); err != nil {
 					return err
 				}
@@ -764,7 +767,7 @@ func flapRun(ctx context.Context, plane string) ([]flapResult, error) {
 		}
 		time.Sleep(time.Duration(*flapSecs) * time.Second)
 		for _, h := range hogs {
-			h.Process.Kill()
+			syscall.Kill(-h.Process.Pid, syscall.SIGKILL)
 			h.Wait()
 		}
 		busy := (machineCPU() - m0).Seconds() / time.Since(t0).Seconds()
