@@ -66,20 +66,7 @@ type watchConn struct {
 
 // dialWatch opens the event socket in the calling thread's namespace.
 func dialWatch() (*watchConn, error) {
-	c, err := ct.Dial(nil)
-	if err != nil {
-		return nil, fmt.Errorf("conntrack events: dial ctnetlink: %w", err)
-	}
-	// A burst of new connections must not overflow the socket (ENOBUFS
-	// loses events): 8 MiB holds tens of thousands of them.
-	_ = c.SetReadBuffer(8 << 20)
-	w := &watchConn{c: c, evCh: make(chan ct.Event, 4096)}
-	w.errCh, err = c.Listen(w.evCh, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew, netfilter.GroupCTUpdate, netfilter.GroupCTDestroy})
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("conntrack events: join groups: %w", err)
-	}
-	return w, nil
+	return dialWatchGroups(netfilter.GroupCTNew, netfilter.GroupCTUpdate, netfilter.GroupCTDestroy)
 }
 
 func (s *Syncer) watch(ctx context.Context, w *watchConn, fn func([]dataplane.ConnEvent)) error {
