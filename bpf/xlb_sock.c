@@ -32,12 +32,14 @@
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
 #include "xlb_pick.h"
+#include "xlb_tables.h"
 
 /* A sock_addr program returns 1 to let the call proceed, 0 to fail it (with
  * the error set by bpf_set_retval, EPERM without). */
 #define XLB_SYS_REJECT 0
 #define XLB_SYS_PROCEED 1
 #define XLB_ECONNREFUSED 111
+#define XLB_EPERM 1
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -46,6 +48,11 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * hold that namespace's services; a process of the cgroup in another
  * namespace (a Pod that is not hostNetwork) keeps the tc path. */
 volatile const __u64 xlb_sock_netns = 0;
+
+/* Set by the loader (Options.PoliciesOnOutput): check the farms' policies
+ * (named tables) for the connections balanced here, as kube-proxy filters
+ * the node's own connections by loadBalancerSourceRanges. */
+volatile const __u8 xlb_sock_policies = 0;
 
 /* xlb_sock_rev key: a socket and the backend it was sent to. */
 struct sock_rev_key {
@@ -89,6 +96,7 @@ enum xlb_sock_stat {
 	XLB_SOCK_STAT_STICKY,	   /* sendmsg: the socket's backend of an earlier datagram */
 	XLB_SOCK_STAT_REV,	   /* getpeername/recvmsg: backend shown as the service */
 	XLB_SOCK_STAT_OTHER_NETNS, /* a socket of another network namespace: left alone */
+	XLB_SOCK_STAT_DENIED,	   /* the farm's policies refuse the source: EPERM */
 	XLB_SOCK_STAT_MAX,
 };
 
@@ -145,6 +153,7 @@ static __always_inline void sock_stat(__u32 idx)
 /* A socket address as the programs handle it. */
 struct sock_dst {
 	__u32 addr[4]; /* net; IPv4 in [0] */
+	__u32 src[4];  /* net: the socket's bound address, of addr's family; zero: not bound */
 	__u16 port;    /* net */
 	__u8 proto;
 	__u8 family; /* XLB_AF_*: of the address, not of the socket */
@@ -184,6 +193,35 @@ static __always_inline __u32 sock_sticky(struct sock_fwd_key *fk, struct svc_val
 		return 0;
 	sock_stat(XLB_SOCK_STAT_STICKY);
 	return *bid;
+}
+
+/**
+ * sock_denied() - whether the policies of the farm of @d (its service key
+ * @key) refuse the socket: checked with the socket's bound address, or for
+ * an unbound one with the node's address towards the VIP that the loader
+ * wrote next to the policies (the kernel picks the source only after
+ * connect(), by the route to the backend this program chooses).
+ * Return: 1 to refuse, 0 otherwise.
+ */
+static __always_inline int sock_denied(const struct sock_dst *d)
+{
+	struct tbl_policy *pol;
+	struct pkt p = {};
+
+	if (!xlb_sock_policies)
+		return 0;
+	__builtin_memcpy(p.k.dst, d->addr, 16);
+	p.k.dport = d->port;
+	p.k.proto = d->proto;
+	p.k.family = d->family;
+	pol = tbl_policies(&p);
+	if (!pol)
+		return 0;
+	if (d->src[0] | d->src[1] | d->src[2] | d->src[3])
+		__builtin_memcpy(p.k.src, d->src, 16);
+	else
+		__builtin_memcpy(p.k.src, pol->node_src, 16);
+	return tbl_denied(&p, 0);
 }
 
 /**
@@ -227,6 +265,13 @@ static __attribute__((noinline)) int sock_fwd(struct sock_dst *d, __u64 cookie, 
 	 * that talks to the backend directly: those stay on the tc path. */
 	if (svc->mode == XLB_MODE_STLSDNAT)
 		return XLB_SYS_PROCEED;
+	/* Before the refusal of a service without backends, as kube-proxy's
+	 * firewall check comes before its reject. */
+	if (sock_denied(d)) {
+		sock_stat(XLB_SOCK_STAT_DENIED);
+		bpf_set_retval(-XLB_EPERM);
+		return XLB_SYS_REJECT;
+	}
 	if (svc->slots == 0) {
 		sock_stat(XLB_SOCK_STAT_REFUSED);
 		bpf_set_retval(-XLB_ECONNREFUSED);
@@ -298,10 +343,14 @@ static __always_inline __u16 sock_port(struct bpf_sock_addr *ctx) { return (__u1
 
 static __always_inline void sock4_read(struct bpf_sock_addr *ctx, struct sock_dst *d)
 {
+	struct bpf_sock *sk = ctx->sk;
+
 	d->addr[0] = ctx->user_ip4;
 	d->port = sock_port(ctx);
 	d->proto = ctx->protocol;
 	d->family = XLB_AF_INET;
+	if (sk)
+		d->src[0] = sk->src_ip4;
 }
 
 static __always_inline void sock4_write(struct bpf_sock_addr *ctx, struct sock_dst *d)
@@ -317,6 +366,8 @@ static __always_inline void sock4_write(struct bpf_sock_addr *ctx, struct sock_d
  * back. */
 static __always_inline void sock6_read(struct bpf_sock_addr *ctx, struct sock_dst *d)
 {
+	struct bpf_sock *sk = ctx->sk;
+
 	d->addr[0] = ctx->user_ip6[0];
 	d->addr[1] = ctx->user_ip6[1];
 	d->addr[2] = ctx->user_ip6[2];
@@ -329,6 +380,19 @@ static __always_inline void sock6_read(struct bpf_sock_addr *ctx, struct sock_ds
 		d->addr[2] = d->addr[3] = 0;
 		d->family = XLB_AF_INET;
 		d->mapped = 1;
+	}
+	if (sk) {
+		__u32 s0 = sk->src_ip6[0], s1 = sk->src_ip6[1], s2 = sk->src_ip6[2],
+		      s3 = sk->src_ip6[3];
+
+		if (!d->mapped) {
+			d->src[0] = s0;
+			d->src[1] = s1;
+			d->src[2] = s2;
+			d->src[3] = s3;
+		} else if (s0 == 0 && s1 == 0 && s2 == bpf_htonl(0xffff)) {
+			d->src[0] = s3;
+		}
 	}
 }
 

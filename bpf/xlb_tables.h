@@ -109,6 +109,11 @@ struct tbl_bind {
 struct tbl_policy {
 	__u16 ids[XLB_MAX_FARM_POLICIES]; /* host: table ids */
 	__u32 n;			  /* host: ids used */
+	/* net: the node's own address towards the farm's VIP (a route lookup
+	 * when the policies were written): the source the socket programs
+	 * check an unbound socket's connection with (xlb_sock.c); zero:
+	 * none found */
+	__u32 node_src[4];
 };
 
 struct tbl_enums {

@@ -207,6 +207,9 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	// saved state only bridges restarts (see store.WriteBehind).
 	st := store.NewWriteBehind(bolt, log)
 	defer st.Close()
+	// kube-proxy filters the node's own connections to a load balancer
+	// IP by loadBalancerSourceRanges too.
+	o.dp.PoliciesOnOutput = true
 	dp, err := setup.Open(ctx, log, o.dp)
 	if err != nil {
 		return fmt.Errorf("open %s data plane: %w", o.dp.Plane, err)
@@ -218,6 +221,15 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 		if err != nil {
 			dp.Close()
 			return fmt.Errorf("conntrack settings: %w", err)
+		}
+		// NodePorts on 127.0.0.1: route_localnet, and its guard
+		// (the ebpf plane balances the node's sockets at connect
+		// time, which needs neither).
+		if kube.LocalhostNodePorts(kps.NodePortAddresses.CIDRs) {
+			if err := nft.EnableLocalhostNodePorts(netns.None(), o.dp.NFTTable); err != nil {
+				dp.Close()
+				return err
+			}
 		}
 	}
 	defer dp.Close() // leaves the kernel's rules (and pinned eBPF maps) in place

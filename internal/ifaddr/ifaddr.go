@@ -25,8 +25,11 @@ type Source struct {
 func New(ns netns.NsHandle) *Source { return &Source{ns: ns} }
 
 // Addrs returns the namespace's addresses that can serve a NodePort: every
-// interface address but loopback and link-local ones (a link-local address
-// means nothing without its interface), sorted, without duplicates.
+// interface address but link-local ones (a link-local address means nothing
+// without its interface) and ::1 (IPv6 cannot route a loopback address off
+// the host), sorted, without duplicates. IPv4 loopback addresses are listed:
+// kube-proxy serves localhost NodePorts on them when --nodeport-addresses
+// names them (the caller decides).
 func (s *Source) Addrs() ([]netip.Addr, error) {
 	h, err := s.handle()
 	if err != nil {
@@ -47,10 +50,10 @@ func (s *Source) Addrs() ([]netip.Addr, error) {
 	return slices.Compact(out), nil
 }
 
-// Serves reports whether a can serve NodePorts: not loopback, not
+// Serves reports whether a can serve NodePorts: not IPv6 loopback, not
 // link-local, not unspecified or multicast.
 func Serves(a netip.Addr) bool {
-	return a.IsValid() && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsUnspecified() && !a.IsMulticast()
+	return a.IsValid() && !(a.Is6() && a.IsLoopback()) && !a.IsLinkLocalUnicast() && !a.IsUnspecified() && !a.IsMulticast()
 }
 
 // Watch calls changed after addresses are added to or removed from the

@@ -370,7 +370,7 @@ func (c *Controller) enqueue(key string) {
 func (c *Controller) currentNode() Node {
 	c.nodeMu.Lock()
 	defer c.nodeMu.Unlock()
-	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs), PodInterface: c.cfg.PodInterface, MasqueradeAll: c.cfg.MasqueradeAll}
+	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs), PodInterface: c.cfg.PodInterface, MasqueradeAll: c.cfg.MasqueradeAll, Zone: c.node.Zone}
 }
 
 // plan translates one Service from the informer caches (a plan without

@@ -57,9 +57,9 @@ func healthCheckPort(svc *corev1.Service) uint16 {
 	return uint16(svc.Spec.HealthCheckNodePort)
 }
 
-// localEndpoints counts the distinct usable endpoints of a Service on node
+// countLocalEndpoints counts the distinct usable endpoints of a Service on node
 // (ready ones, or serving terminating ones when none is ready).
-func localEndpoints(eps []*discoveryv1.EndpointSlice, node string) int {
+func countLocalEndpoints(eps []*discoveryv1.EndpointSlice, node string) int {
 	seen := map[string]bool{}
 	var ready, term int
 	for _, s := range eps {
@@ -118,7 +118,7 @@ func (h *healthChecks) update(key string, svc *corev1.Service, eps []*discoveryv
 	}
 	h.portFor[key] = port
 	s.mu.Lock()
-	s.ns, s.name, s.local = svc.Namespace, svc.Name, localEndpoints(eps, node)
+	s.ns, s.name, s.local = svc.Namespace, svc.Name, countLocalEndpoints(eps, node)
 	s.mu.Unlock()
 }
 

@@ -21,9 +21,10 @@ import (
 //     interface addresses (Config.InterfaceAddrs) inside them, the primary
 //     addresses counting as /32 and /128; a family without any prefix takes
 //     all its addresses (kube-proxy's NewNodePortAddresses adds 0.0.0.0/0 or
-//     ::/0 for it). Loopback addresses never serve NodePorts (kube-proxy's
-//     nftables mode skips them: its localhost NodePorts need an alpha
-//     feature gate and a userspace proxy); nor do link-local ones.
+//     ::/0 for it). IPv4 loopback addresses serve NodePorts only when a
+//     prefix names them ("localhost", "all", 127.0.0.0/8: localhost
+//     NodePorts, as kube-proxy's iptables mode serves them; see
+//     LocalhostNodePorts); ::1 and link-local addresses never do.
 //
 // The interface addresses are watched: an address added or removed re-syncs
 // the Services with NodePorts, as a Node change does.
@@ -54,14 +55,38 @@ func (c *Controller) watchInterfaces(ctx context.Context) error {
 	return nil
 }
 
-// nodeChanged records the Node and updates the NodePort addresses.
+// nodeChanged records the Node and updates the NodePort addresses and the
+// zone.
 func (c *Controller) nodeChanged(obj any) {
 	n, _ := obj.(*corev1.Node)
+	zone := ""
+	if n != nil {
+		zone = n.Labels[corev1.LabelTopologyZone]
+	}
 	c.nodeMu.Lock()
 	c.lastNode = n
 	c.nodeIneligible = !nodeEligible(n)
+	zoneChanged := zone != c.node.Zone
+	c.node.Zone = zone
 	c.nodeMu.Unlock()
+	if zoneChanged {
+		// Zone hints of any Service may now pick other endpoints, as
+		// kube-proxy re-syncs everything on a topology label change.
+		c.log.Info("node zone changed", "node", c.cfg.NodeName, "zone", zone)
+		c.enqueueAll()
+	}
 	c.refreshNodeAddrs()
+}
+
+// enqueueAll queues every Service for a sync.
+func (c *Controller) enqueueAll() {
+	svcs, err := c.services.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, s := range svcs {
+		c.enqueue(s.Namespace + "/" + s.Name)
+	}
 }
 
 // refreshNodeAddrs recomputes the NodePort addresses; if they changed,
@@ -125,7 +150,9 @@ func (c *Controller) nodePortAddrs(n *corev1.Node) ([]netip.Addr, error) {
 // FilterNodePortAddrs returns the addresses of addrs inside within, as
 // kube-proxy's NodePortAddresses filters interface addresses: per family,
 // the prefixes of that family, or every address of a family without one;
-// never a loopback or link-local address. The order of addrs is kept.
+// an IPv4 loopback address only inside a prefix (localhost NodePorts, see
+// LocalhostNodePorts); never ::1 or a link-local address. The order of
+// addrs is kept.
 func FilterNodePortAddrs(addrs []netip.Addr, within []netip.Prefix) []netip.Addr {
 	has := map[bool]bool{} // family (Is6) -> some prefix of it given
 	for _, p := range within {
@@ -134,15 +161,24 @@ func FilterNodePortAddrs(addrs []netip.Addr, within []netip.Prefix) []netip.Addr
 	var out []netip.Addr
 	for _, a := range addrs {
 		a = a.Unmap()
-		if a.IsLoopback() || a.IsLinkLocalUnicast() || slices.Contains(out, a) {
+		if (a.IsLoopback() && a.Is6()) || a.IsLinkLocalUnicast() || slices.Contains(out, a) {
 			continue
 		}
-		if has[a.Is6()] && !slices.ContainsFunc(within, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		inside := slices.ContainsFunc(within, func(p netip.Prefix) bool { return p.Contains(a) })
+		if (has[a.Is6()] || a.IsLoopback()) && !inside {
 			continue
 		}
 		out = append(out, a)
 	}
 	return out
+}
+
+// LocalhostNodePorts reports whether the prefixes of --nodeport-addresses
+// name an IPv4 loopback address, so NodePorts are served on 127.0.0.1 (as
+// kube-proxy's iptables mode does). The nft data plane then needs the
+// node's route_localnet (nft.EnableLocalhostNodePorts).
+func LocalhostNodePorts(within []netip.Prefix) bool {
+	return slices.ContainsFunc(within, func(p netip.Prefix) bool { return p.Contains(netip.MustParseAddr("127.0.0.1")) })
 }
 
 // NodeAddrs returns the addresses of a Node that serve NodePorts: its

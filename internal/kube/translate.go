@@ -40,6 +40,9 @@ type Node struct {
 	// MasqueradeAll: cluster farms masquerade (snat) every client, as
 	// kube-proxy's masqueradeAll does, instead of keeping its address.
 	MasqueradeAll bool
+	// Zone is the Node's topology.kubernetes.io/zone label ("" without
+	// it): EndpointSlice zone hints are matched against it (topology.go).
+	Zone string
 }
 
 // Kind says which address of a Service a farm serves.
@@ -94,6 +97,9 @@ type endpoint struct {
 	serving     bool
 	terminating bool
 	local       bool
+	// zoneHints and nodeHints are the endpoint's hints.forZones and
+	// hints.forNodes names (topology.go).
+	zoneHints, nodeHints []string
 }
 
 // endpointsFor collects the endpoints of one Service port in one address
@@ -151,6 +157,14 @@ func endpointsFor(sp *corev1.ServicePort, v6 bool, eps []*discoveryv1.EndpointSl
 			}
 			ep.terminating = c.Terminating != nil && *c.Terminating
 			ep.local = e.NodeName != nil && *e.NodeName == nodeName && nodeName != ""
+			if h := e.Hints; h != nil {
+				for _, z := range h.ForZones {
+					ep.zoneHints = append(ep.zoneHints, z.Name)
+				}
+				for _, n := range h.ForNodes {
+					ep.nodeHints = append(ep.nodeHints, n.Name)
+				}
+			}
 			key := netip.AddrPortFrom(a, port)
 			if j, dup := index[key]; dup {
 				o := &out[j]
@@ -158,6 +172,8 @@ func endpointsFor(sp *corev1.ServicePort, v6 bool, eps []*discoveryv1.EndpointSl
 				o.serving = o.serving || ep.serving
 				o.terminating = o.terminating && ep.terminating
 				o.local = o.local || ep.local
+				o.zoneHints = union(o.zoneHints, ep.zoneHints)
+				o.nodeHints = union(o.nodeHints, ep.nodeHints)
 				continue
 			}
 			index[key] = len(out)
@@ -170,27 +186,14 @@ func endpointsFor(sp *corev1.ServicePort, v6 bool, eps []*discoveryv1.EndpointSl
 	return out
 }
 
-// usable picks the endpoints that take new connections, as kube-proxy does:
-// the ready ones; if none is ready, the serving terminating ones (so
-// connections drain into Pods that are shutting down rather than failing).
-// With localOnly only endpoints on this node count.
-func usable(eps []endpoint, localOnly bool) []endpoint {
-	var ready, terminating []endpoint
-	for _, e := range eps {
-		if localOnly && !e.local {
-			continue
-		}
-		switch {
-		case e.ready:
-			ready = append(ready, e)
-		case e.serving && e.terminating:
-			terminating = append(terminating, e)
+// union returns a with the names of b it lacks.
+func union(a, b []string) []string {
+	for _, x := range b {
+		if !slices.Contains(a, x) {
+			a = append(a, x)
 		}
 	}
-	if len(ready) > 0 {
-		return ready
-	}
-	return terminating
+	return a
 }
 
 // BackendName is the backend name of an endpoint: its address (':' written
@@ -293,8 +296,10 @@ func (e *UnsupportedError) Error() string {
 // external IP, load balancer IP, node address for NodePorts).
 //
 //   - Backends are the usable endpoints of the port in the farm's family
-//     (see usable); with internalTrafficPolicy Local (cluster IPs) or
-//     externalTrafficPolicy Local (the other kinds), only this node's.
+//     (topology.go): with internalTrafficPolicy Local (cluster IPs) or
+//     externalTrafficPolicy Local (the other kinds), only this node's;
+//     otherwise every ready one, narrowed by the EndpointSlices' topology
+//     hints when they apply to this node.
 //   - Mode: dnat for cluster IPs and for external traffic with
 //     externalTrafficPolicy Local (the client's address is kept); snat for
 //     other external traffic (replies must come back through this node).
@@ -388,13 +393,22 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 					f.Mode = model.ModeSNAT
 				}
 			} else {
-				local = svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+				// 127.0.0.1 (localhost NodePorts) is reached only by the
+				// node itself: kube-proxy's "short-circuit local traffic"
+				// (masqueraded, to every endpoint, whatever
+				// externalTrafficPolicy says); without the masquerade the
+				// endpoint would answer its own loopback.
+				local = svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && !sa.Addr.IsLoopback()
 				f.Mode = model.ModeSNAT
 				if local {
 					f.Mode = model.ModeDNAT
 				}
 			}
-			f.Backends = backends(usable(all, local))
+			if local {
+				f.Backends = backends(localEndpoints(all))
+			} else {
+				f.Backends = backends(clusterEndpoints(all, node.Name, node.Zone))
+			}
 			if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 				f.Persistence = model.KeySrcIP
 				f.PersistTTL = DefaultAffinityTimeout

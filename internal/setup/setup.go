@@ -64,6 +64,11 @@ type Flags struct {
 	XDP                string // off, generic, native
 	Timeouts           ebpf.Timeouts
 	BridgePortRedirect bool
+	// PoliciesOnOutput (not a flag: xlb kube-proxy sets it) checks
+	// farms' policies for the node's own connections too, as kube-proxy
+	// filters them by loadBalancerSourceRanges (nft: at the output hook;
+	// ebpf: the socket programs, at connect time).
+	PoliciesOnOutput bool
 
 	set *pflag.FlagSet
 }
@@ -184,6 +189,7 @@ func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, 
 			Timeouts:           c.Timeouts,
 			BridgePortRedirect: c.BridgePortRedirect,
 			SocketCgroup:       c.SocketCgroup,
+			PoliciesOnOutput:   c.PoliciesOnOutput,
 		})
 		if err != nil {
 			return nil, err
@@ -195,7 +201,7 @@ func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, 
 }
 
 func openNFT(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, error) {
-	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables, NoCounters: !c.NFTCounters}
+	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables, NoCounters: !c.NFTCounters, PoliciesOnOutput: c.PoliciesOnOutput}
 	if !c.ConnTableSet {
 		// The kernel's conntrack limits stay as they are.
 		p, err := nft.New(ctx, log, opts)

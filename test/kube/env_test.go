@@ -183,10 +183,11 @@ func (e *env) startController(planeName string) {
 	var err error
 	switch planeName {
 	case "nft":
-		plane, err = nft.New(ctx, log, nft.Options{NetNS: e.LB.NS})
+		plane, err = nft.New(ctx, log, nft.Options{NetNS: e.LB.NS, PoliciesOnOutput: true}) // as xlb kube-proxy
 	case "ebpf":
 		e.cg = testutil.NewCgroup(t)
-		plane, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384, SocketCgroup: e.cg.Dir})
+		plane, err = ebpf.New(ctx, log, ebpf.Options{NetNS: e.LB.NS, PinPath: mountBPFFS(t), ConnTableSize: 16384, SocketCgroup: e.cg.Dir,
+			PoliciesOnOutput: true}) // as xlb kube-proxy
 	default:
 		t.Fatalf("data plane %q", planeName)
 	}

@@ -165,7 +165,7 @@ func TestKubeProxyConfigFile(t *testing.T) {
 }
 
 // TestKubeProxyCleanup: `xlb kube-proxy --cleanup` removes every table the
-// nft plane made, and every pin of the ebpf plane (its tcx links, its
+// nft plane made (with localhost NodePorts' guard table), and every pin of the ebpf plane (its tcx links, its
 // socket programs' cgroup links, its maps), and exits; traffic to the
 // Services stops.
 func TestKubeProxyCleanup(t *testing.T) {
@@ -179,6 +179,11 @@ func TestKubeProxyCleanup(t *testing.T) {
 			var extra, cleanupArgs []string
 			var pin string
 			var cg *testutil.Cgroup
+			if plane == "nft" {
+				// Localhost NodePorts add the guard's table (inet
+				// xlb-kube-localnet): --cleanup removes it too.
+				extra = []string{"--nodeport-addresses", "localhost"}
+			}
 			if plane == "ebpf" {
 				pin = mountBPFFS(t)
 				cg = testutil.NewCgroup(t)
@@ -201,8 +206,8 @@ func TestKubeProxyCleanup(t *testing.T) {
 				}
 				return strings.Join(out, "; ")
 			}
-			if plane == "nft" && tables() == "" {
-				t.Fatal("no xlb table before the cleanup")
+			if plane == "nft" && !strings.Contains(tables(), "xlb-kube-localnet") {
+				t.Fatalf("no xlb-kube-localnet table before the cleanup: %s", tables())
 			}
 			if plane == "ebpf" {
 				if entries, _ := os.ReadDir(pin); len(entries) == 0 {

@@ -75,6 +75,16 @@ type Options struct {
 	// links of an earlier run are removed).
 	SocketCgroup string
 
+	// PoliciesOnOutput: the socket programs check farms' policies (named
+	// tables) for the connections they balance, as kube-proxy filters the
+	// node's own connections by loadBalancerSourceRanges. The source is
+	// the socket's bound address, or for an unbound socket the node's
+	// address towards the VIP (a route lookup when the policies are
+	// written). A refused connect() or sendmsg() fails with EPERM. Off
+	// (as the nft plane without its Options.PoliciesOnOutput), the node's
+	// own connections are not filtered.
+	PoliciesOnOutput bool
+
 	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
 	ctRefresh time.Duration
 	// noPeerRedirect leaves xlb_peer_tx empty: every next hop takes

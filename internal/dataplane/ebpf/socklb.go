@@ -53,6 +53,9 @@ func (p *Plane) sockShared() map[string]*ebpf.Map {
 		"xlb_services": p.objs.XlbServices, "xlb_slots": p.objs.XlbSlots, "xlb_backends": p.objs.XlbBackends,
 		"xlb_rr": p.objs.XlbRr, "xlb_persist": p.objs.XlbPersist, "xlb_be_index": p.objs.XlbBeIndex,
 		"xlb_stats": p.objs.XlbStats,
+		// The farms' policies (Options.PoliciesOnOutput).
+		"xlb_tbl_conf": p.objs.XlbTblConf, "xlb_tbl_policy": p.objs.XlbTblPolicy, "xlb_tbl_meta": p.objs.XlbTblMeta,
+		"xlb_tbl_addr4": p.objs.XlbTblAddr4, "xlb_tbl_addr6": p.objs.XlbTblAddr6,
 	}
 }
 
@@ -139,6 +142,11 @@ func (p *Plane) attachSockets() error {
 	}
 	if err := spec.Variables["xlb_sock_netns"].Set(cookie); err != nil {
 		return fmt.Errorf("set xlb_sock_netns: %w", err)
+	}
+	if p.opts.PoliciesOnOutput {
+		if err := spec.Variables["xlb_sock_policies"].Set(uint8(1)); err != nil {
+			return fmt.Errorf("set xlb_sock_policies: %w", err)
+		}
 	}
 	if err := p.replaceStalePins(spec, sockMaps); err != nil {
 		return err
@@ -234,7 +242,7 @@ func (p *Plane) SockStats() (map[string]uint64, error) {
 	names := map[xlbSockXlbSockStat]string{
 		xlbSockXlbSockStatXLB_SOCK_STAT_XLATE: "xlate", xlbSockXlbSockStatXLB_SOCK_STAT_REFUSED: "refused",
 		xlbSockXlbSockStatXLB_SOCK_STAT_STICKY: "sticky", xlbSockXlbSockStatXLB_SOCK_STAT_REV: "rev",
-		xlbSockXlbSockStatXLB_SOCK_STAT_OTHER_NETNS: "other_netns",
+		xlbSockXlbSockStatXLB_SOCK_STAT_OTHER_NETNS: "other_netns", xlbSockXlbSockStatXLB_SOCK_STAT_DENIED: "denied",
 	}
 	out := map[string]uint64{}
 	for i, name := range names {

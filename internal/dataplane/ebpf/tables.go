@@ -478,6 +478,12 @@ func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table,
 		return nil
 	}
 	v := policyValue(f, tables)
+	// The node's own source towards the VIP: what the socket programs
+	// check an unbound socket with (Options.PoliciesOnOutput); zero when
+	// no route gives one.
+	if src, err := p.sourceFor(f.VirtualAddr); err == nil && f.VirtualAddr.IsValid() {
+		v.NodeSrc = addrWords(src)
+	}
 	for _, k := range policyKeys(f) {
 		if err := p.objs.XlbTblPolicy.Update(k, v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("farm %q: write policies: %w", f.Name, err)

@@ -191,9 +191,10 @@ type xlbTblKey6 struct {
 }
 
 type xlbTblPolicy struct {
-	_   structs.HostLayout
-	Ids [8]uint16
-	N   uint32
+	_       structs.HostLayout
+	Ids     [8]uint16
+	N       uint32
+	NodeSrc [4]uint32
 }
 
 type xlbTblVal struct {

@@ -172,6 +172,19 @@ type xlbSockSvcVal struct {
 	PersistTtl uint32
 }
 
+type xlbSockTblBind struct {
+	_       structs.HostLayout
+	Slot    uint32
+	Verdict uint32
+}
+
+type xlbSockTblPolicy struct {
+	_       structs.HostLayout
+	Ids     [8]uint16
+	N       uint32
+	NodeSrc [4]uint32
+}
+
 type xlbSockXlbSockStat uint32
 
 const (
@@ -180,7 +193,8 @@ const (
 	xlbSockXlbSockStatXLB_SOCK_STAT_STICKY      xlbSockXlbSockStat = 2
 	xlbSockXlbSockStatXLB_SOCK_STAT_REV         xlbSockXlbSockStat = 3
 	xlbSockXlbSockStatXLB_SOCK_STAT_OTHER_NETNS xlbSockXlbSockStat = 4
-	xlbSockXlbSockStatXLB_SOCK_STAT_MAX         xlbSockXlbSockStat = 5
+	xlbSockXlbSockStatXLB_SOCK_STAT_DENIED      xlbSockXlbSockStat = 5
+	xlbSockXlbSockStatXLB_SOCK_STAT_MAX         xlbSockXlbSockStat = 6
 )
 
 // Names of all BPF objects in the ELF.
@@ -207,6 +221,11 @@ const (
 	xlbSockMapXlbStateless         = "xlb_stateless"
 	xlbSockMapXlbStats             = "xlb_stats"
 	xlbSockMapXlbSvcFlags          = "xlb_svc_flags"
+	xlbSockMapXlbTblAddr4          = "xlb_tbl_addr4"
+	xlbSockMapXlbTblAddr6          = "xlb_tbl_addr6"
+	xlbSockMapXlbTblConf           = "xlb_tbl_conf"
+	xlbSockMapXlbTblMeta           = "xlb_tbl_meta"
+	xlbSockMapXlbTblPolicy         = "xlb_tbl_policy"
 	xlbSockMapXlbXdpTx             = "xlb_xdp_tx"
 	xlbSockProgXlbSockConnect4     = "xlb_sock_connect4"
 	xlbSockProgXlbSockConnect6     = "xlb_sock_connect6"
@@ -217,12 +236,18 @@ const (
 	xlbSockProgXlbSockSendmsg4     = "xlb_sock_sendmsg4"
 	xlbSockProgXlbSockSendmsg6     = "xlb_sock_sendmsg6"
 	xlbSockVarXlbSockNetns         = "xlb_sock_netns"
+	xlbSockVarXlbSockPolicies      = "xlb_sock_policies"
+	xlbSockVarXlbTblEnumsBtf       = "xlb_tbl_enums_btf"
 	xlbSockVarXlbUnusedConnEvent   = "xlb_unused_conn_event"
 	xlbSockVarXlbUnusedSockFwdKey  = "xlb_unused_sock_fwd_key"
 	xlbSockVarXlbUnusedSockFwdVal  = "xlb_unused_sock_fwd_val"
 	xlbSockVarXlbUnusedSockRevKey  = "xlb_unused_sock_rev_key"
 	xlbSockVarXlbUnusedSockRevVal  = "xlb_unused_sock_rev_val"
 	xlbSockVarXlbUnusedSockStat    = "xlb_unused_sock_stat"
+	xlbSockVarXlbUnusedTblBind     = "xlb_unused_tbl_bind"
+	xlbSockVarXlbUnusedTblKey4     = "xlb_unused_tbl_key4"
+	xlbSockVarXlbUnusedTblKey6     = "xlb_unused_tbl_key6"
+	xlbSockVarXlbUnusedTblVal      = "xlb_unused_tbl_val"
 )
 
 // loadXlbSock returns the embedded CollectionSpec for xlbSock.
@@ -301,6 +326,11 @@ type xlbSockMapSpecs struct {
 	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbTblAddr4  *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
+	XlbTblAddr6  *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
+	XlbTblConf   *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
+	XlbTblMeta   *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
+	XlbTblPolicy *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
@@ -309,12 +339,18 @@ type xlbSockMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbSockVariableSpecs struct {
 	XlbSockNetns        *ebpf.VariableSpec `ebpf:"xlb_sock_netns"`
+	XlbSockPolicies     *ebpf.VariableSpec `ebpf:"xlb_sock_policies"`
+	XlbTblEnumsBtf      *ebpf.VariableSpec `ebpf:"xlb_tbl_enums_btf"`
 	XlbUnusedConnEvent  *ebpf.VariableSpec `ebpf:"xlb_unused_conn_event"`
 	XlbUnusedSockFwdKey *ebpf.VariableSpec `ebpf:"xlb_unused_sock_fwd_key"`
 	XlbUnusedSockFwdVal *ebpf.VariableSpec `ebpf:"xlb_unused_sock_fwd_val"`
 	XlbUnusedSockRevKey *ebpf.VariableSpec `ebpf:"xlb_unused_sock_rev_key"`
 	XlbUnusedSockRevVal *ebpf.VariableSpec `ebpf:"xlb_unused_sock_rev_val"`
 	XlbUnusedSockStat   *ebpf.VariableSpec `ebpf:"xlb_unused_sock_stat"`
+	XlbUnusedTblBind    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
+	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
 }
 
 // xlbSockObjects contains all objects after they have been loaded into the kernel.
@@ -357,6 +393,11 @@ type xlbSockMaps struct {
 	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
 	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbTblAddr4  *ebpf.Map `ebpf:"xlb_tbl_addr4"`
+	XlbTblAddr6  *ebpf.Map `ebpf:"xlb_tbl_addr6"`
+	XlbTblConf   *ebpf.Map `ebpf:"xlb_tbl_conf"`
+	XlbTblMeta   *ebpf.Map `ebpf:"xlb_tbl_meta"`
+	XlbTblPolicy *ebpf.Map `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
@@ -382,6 +423,11 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbStateless,
 		m.XlbStats,
 		m.XlbSvcFlags,
+		m.XlbTblAddr4,
+		m.XlbTblAddr6,
+		m.XlbTblConf,
+		m.XlbTblMeta,
+		m.XlbTblPolicy,
 		m.XlbXdpTx,
 	)
 }
@@ -391,12 +437,18 @@ func (m *xlbSockMaps) Close() error {
 // It can be passed to loadXlbSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbSockVariables struct {
 	XlbSockNetns        *ebpf.Variable `ebpf:"xlb_sock_netns"`
+	XlbSockPolicies     *ebpf.Variable `ebpf:"xlb_sock_policies"`
+	XlbTblEnumsBtf      *ebpf.Variable `ebpf:"xlb_tbl_enums_btf"`
 	XlbUnusedConnEvent  *ebpf.Variable `ebpf:"xlb_unused_conn_event"`
 	XlbUnusedSockFwdKey *ebpf.Variable `ebpf:"xlb_unused_sock_fwd_key"`
 	XlbUnusedSockFwdVal *ebpf.Variable `ebpf:"xlb_unused_sock_fwd_val"`
 	XlbUnusedSockRevKey *ebpf.Variable `ebpf:"xlb_unused_sock_rev_key"`
 	XlbUnusedSockRevVal *ebpf.Variable `ebpf:"xlb_unused_sock_rev_val"`
 	XlbUnusedSockStat   *ebpf.Variable `ebpf:"xlb_unused_sock_stat"`
+	XlbUnusedTblBind    *ebpf.Variable `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
+	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
 }
 
 // xlbSockPrograms contains all programs after they have been loaded into the kernel.

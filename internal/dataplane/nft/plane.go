@@ -48,6 +48,11 @@ type Options struct {
 	// counter table, no per-packet lookup. Counters then answer that
 	// the plane keeps none.
 	NoCounters bool
+	// PoliciesOnOutput checks farms' policies (named tables) for the
+	// node's own connections too, at the output hook, as kube-proxy
+	// checks loadBalancerSourceRanges (xlb kube-proxy sets it). Without
+	// it, as nftlb, only what arrives on an interface is checked.
+	PoliciesOnOutput bool
 }
 
 // dialNFT opens a lasting nftables netlink connection in namespace ns.

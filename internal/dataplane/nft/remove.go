@@ -12,8 +12,9 @@ import (
 // RemoveTables deletes every table of xlb's for the table prefix from the
 // kernel of namespace ns (netns.None(): the current one): the farms'
 // tables of any --nft-tables layout, inet and netdev, the named tables'
-// table (inet <prefix>-tables) and the counter table (inet
-// <prefix>-counters), in one batch. It returns the
+// table (inet <prefix>-tables), the counter table (inet
+// <prefix>-counters) and the localhost NodePorts' guard (inet
+// <prefix>-localnet, EnableLocalhostNodePorts), in one batch. It returns the
 // tables it deleted ("inet xlb-03"). `xlb daemon --cleanup` and a daemon
 // that starts on the eBPF plane call it; tables of other prefixes (the
 // kube-proxy's xlb-kube) and of other programs are left alone.
@@ -33,7 +34,7 @@ func RemoveTables(ctx context.Context, ns netns.NsHandle, prefix string) ([]stri
 			return nil, fmt.Errorf("list tables: %w", err)
 		}
 		for _, t := range tables {
-			if isLayoutTable(prefix, t.Name) || fam == nftables.TableFamilyINet && (t.Name == prefix+tablesSuffix || t.Name == prefix+countersSuffix) {
+			if isLayoutTable(prefix, t.Name) || fam == nftables.TableFamilyINet && (t.Name == prefix+tablesSuffix || t.Name == prefix+countersSuffix || t.Name == prefix+localnetSuffix) {
 				c.DelTable(t)
 				gone = append(gone, familyName(fam)+" "+t.Name)
 			}

@@ -56,7 +56,7 @@ type Tables struct {
 	opts  Options
 	conn  *nftables.Conn
 	table *nftables.Table
-	base  *nftables.Chain
+	bases []*nftables.Chain // prerouting, and output with Options.PoliciesOnOutput
 	// created: the nft table exists (made on first use, so a daemon
 	// without tables adds nothing to the ruleset); baseRules: the base
 	// chain has its dispatch rules, only while a farm has policies (a
@@ -87,7 +87,8 @@ type slotState struct {
 const (
 	tablesSuffix   = "-tables"
 	policyChain    = "prerouting"
-	policyPriority = -110 // after mangle (-150, where users set marks), before dstnat (-100)
+	policyOutChain = "output" // Options.PoliciesOnOutput: the node's own connections
+	policyPriority = -110     // after mangle (-150, where users set marks), before dstnat (-100)
 	setFP4         = "fp4"
 	setFP6         = "fp6"
 	setFPM         = "fpm"
@@ -185,26 +186,36 @@ func (t *Tables) addStatic() {
 	}
 	accept := nftables.ChainPolicyAccept
 	prio := nftables.ChainPriority(policyPriority)
-	t.base = t.conn.AddChain(&nftables.Chain{Name: policyChain, Table: t.table, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookPrerouting, Priority: &prio, Policy: &accept})
-	t.conn.FlushChain(t.base)
+	t.bases = []*nftables.Chain{t.conn.AddChain(&nftables.Chain{Name: policyChain, Table: t.table, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: &prio, Policy: &accept})}
+	if t.opts.PoliciesOnOutput {
+		// The node's own connections, before the output hook's dnat
+		// (kube-proxy's filter-output-pre-dnat).
+		t.bases = append(t.bases, t.conn.AddChain(&nftables.Chain{Name: policyOutChain, Table: t.table, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookOutput, Priority: &prio, Policy: &accept}))
+	}
+	for _, b := range t.bases {
+		t.conn.FlushChain(b)
+	}
 }
 
-// setBaseRules queues the base chain's dispatch rules, or their removal.
+// setBaseRules queues the base chains' dispatch rules, or their removal.
 func (t *Tables) setBaseRules(on bool) {
-	t.conn.FlushChain(t.base)
-	if !on {
-		return
+	for _, b := range t.bases {
+		t.conn.FlushChain(b)
+		if !on {
+			continue
+		}
+		for _, v6 := range []bool{false, true} {
+			m := t.maps[pick(v6, setFP4, setFP6)]
+			t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: b, Exprs: append(svcKeyLoads(v6),
+				&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict})})
+		}
+		m := t.maps[setFPM]
+		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: b, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+			&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict}}})
 	}
-	for _, v6 := range []bool{false, true} {
-		m := t.maps[pick(v6, setFP4, setFP6)]
-		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: t.base, Exprs: append(svcKeyLoads(v6),
-			&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict})})
-	}
-	m := t.maps[setFPM]
-	t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: t.base, Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-		&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict}}})
 }
 
 // CheckTable implements dataplane.TablePlane: every table is accepted;
