@@ -64,6 +64,12 @@
 #define XLB_MAX_PERSIST 262144
 #endif
 
+/* Static sessions (nftlb's "sessions": a client pinned to a backend by
+ * configuration), all farms together. */
+#ifndef XLB_MAX_STATIC
+#define XLB_MAX_STATIC 65536
+#endif
+
 /* Bytes of the connection log ring buffer (xlb_events): 4 MiB holds about
  * 50,000 records; when the reader falls behind, records are lost and
  * counted (log_lost). A power of 2, a multiple of the page size. */
@@ -83,6 +89,7 @@ enum xlb_size {
 	XLB_SIZE_STAT_SLOTS = XLB_MAX_STAT_SLOTS,
 	XLB_SIZE_SLOTS = XLB_MAX_SLOTS,
 	XLB_SIZE_PERSIST = XLB_MAX_PERSIST,
+	XLB_SIZE_STATIC = XLB_MAX_STATIC,
 	XLB_SIZE_LC_BACKENDS = XLB_LC_MAX_BACKENDS,
 };
 
@@ -120,6 +127,8 @@ enum xlb_mode {
 		2, /* destination MAC only: backends hold the VIP and answer clients directly */
 	XLB_MODE_STLSDNAT =
 		3, /* dnat without conntrack: each packet scheduled, replies mapped back */
+	XLB_MODE_LOCAL =
+		4, /* nftlb's local: the node's own sockets serve it, packets pass untouched */
 };
 
 /* struct svc_val.sched */
@@ -139,6 +148,8 @@ enum xlb_hash_key {
 	XLB_HASH_SRCPORT = 2,
 	XLB_HASH_DSTIP = 4,   /* hash scheduler only */
 	XLB_HASH_DSTPORT = 8, /* hash scheduler only */
+	XLB_HASH_STATIC =
+		128, /* svc_val.persist only: the service has static sessions (xlb_static) */
 };
 
 /* struct backend.flags, the low 8 bits of an xlb_be_flags value; the bits
@@ -156,6 +167,8 @@ enum xlb_svc_flag {
 	XLB_SVC_F_LOG = 1, /* farm log: one xlb_events record per new connection */
 	XLB_SVC_F_PASSIVE =
 		2, /* passive checks: new TCP flows' handshakes watched (xlb_passive.h) */
+	XLB_SVC_F_NOLOCAL =
+		4, /* intra-connect off: the node's own sockets are not balanced (xlb_sock.c) */
 };
 
 /* struct ct_val.dir */

@@ -780,6 +780,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	}
 	if (svc->mode == XLB_MODE_STLSDNAT)
 		return lb4_stateless(skb, p, svc, &key);
+	/* Mode local: the farm's policies were checked (tbl_denied); the
+	 * node's own socket on the address answers. */
+	if (svc->mode == XLB_MODE_LOCAL)
+		return XLB_NEXT;
 	midstream = lb_dsr_midstream(p, svc);
 	if (p->k.proto == IPPROTO_TCP && !midstream &&
 	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN) {

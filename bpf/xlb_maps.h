@@ -86,6 +86,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_persist SEC(".maps");
 
+/* Static sessions (nftlb's "sessions"): a client of a service (keyed as
+ * xlb_persist is) -> its backend, by configuration: looked up before
+ * xlb_persist when svc_val.persist has XLB_HASH_STATIC; seen is unused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct persist_key);
+	__type(value, struct persist_val);
+	__uint(max_entries, XLB_MAX_STATIC);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_static SEC(".maps");
+
 /* (generation, backend address, port) -> backend id: finds a persistent
  * client's backend in the current generation of its service. */
 struct {

@@ -123,6 +123,28 @@ static __always_inline __u32 lb4_persistent(struct persist_key *pk, struct svc_v
 }
 
 /**
+ * lb4_static() - the backend a static session of @svc pins the client of
+ * @pk to, if that backend serves in the service's current generation (a
+ * client whose backend does not serve now is scheduled as any other, as on
+ * the nft plane).
+ * Return: the backend id, 0 if none.
+ */
+static __always_inline __u32 lb4_static(struct persist_key *pk, struct svc_val *svc)
+{
+	struct be_index_key ik = { .svc = svc->id };
+	struct persist_val *pv;
+	__u32 *bid;
+
+	pv = bpf_map_lookup_elem(&xlb_static, pk);
+	if (!pv)
+		return 0;
+	__builtin_memcpy(ik.addr, pv->addr, 16);
+	ik.port = pv->port;
+	bid = bpf_map_lookup_elem(&xlb_be_index, &ik);
+	return bid ? *bid : 0;
+}
+
+/**
  * lb4_pick() - the backend for a new flow of service @svc (found under
  * @key): the client's persistent one if any, else the scheduler's choice,
  * which is then recorded for persistence. A function of its own (not
@@ -143,6 +165,12 @@ static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *s
 		__builtin_memcpy(pk.src, p->k.src, 16);
 	if (svc->persist & XLB_HASH_SRCPORT)
 		pk.sport = p->k.sport;
+	/* A static session wins, and records no dynamic one. */
+	if (svc->persist & XLB_HASH_STATIC) {
+		bid = lb4_static(&pk, svc);
+		if (bid)
+			return bid;
+	}
 	bid = lb4_persistent(&pk, svc, now);
 	if (!bid)
 		bid = lb4_schedule(p, svc);

@@ -245,7 +245,7 @@ static __attribute__((noinline)) int sock_fwd(struct sock_dst *d, __u64 cookie, 
 	struct pkt p = {};
 	struct svc_val *svc;
 	struct backend *be;
-	__u32 bid = 0;
+	__u32 bid = 0, *fl;
 
 	if (d->proto != IPPROTO_TCP && d->proto != IPPROTO_UDP)
 		return XLB_SYS_PROCEED;
@@ -262,8 +262,14 @@ static __attribute__((noinline)) int sock_fwd(struct sock_dst *d, __u64 cookie, 
 	}
 	/* stlsdnat maps a backend's replies back by the backend's address
 	 * in the tc program, which would rewrite the replies to a socket
-	 * that talks to the backend directly: those stay on the tc path. */
-	if (svc->mode == XLB_MODE_STLSDNAT)
+	 * that talks to the backend directly: those stay on the tc path. A
+	 * local farm is served by the node's own sockets. */
+	if (svc->mode == XLB_MODE_STLSDNAT || svc->mode == XLB_MODE_LOCAL)
+		return XLB_SYS_PROCEED;
+	/* intra-connect off (nftlb's): the node's own connections go where
+	 * the node routes the address, untranslated. */
+	fl = bpf_map_lookup_elem(&xlb_svc_flags, &svc->id);
+	if (fl && (*fl & XLB_SVC_F_NOLOCAL))
 		return XLB_SYS_PROCEED;
 	/* Before the refusal of a service without backends, as kube-proxy's
 	 * firewall check comes before its reject. */

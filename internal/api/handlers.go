@@ -171,6 +171,9 @@ func (s *Server) putFarms(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.upsert(r, body); err != nil {
+		if isDocumentKey(err) {
+			return s.putDocument(w, r, body) // document.go
+		}
 		return err
 	}
 	writeOK(w)

@@ -196,29 +196,11 @@ func (s *Server) putAddresses(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		farms := tx.Farms()
-		for _, a := range addrs {
-			n := 0
-			for _, f := range farms {
-				nf := f.Clone()
-				if !nf.SetAddress(a) {
-					continue
-				}
-				n++
-				if err := nf.Validate(); err != nil {
-					return err
-				}
-				if err := tx.Put(nf); err != nil {
-					return err
-				}
-			}
-			if n == 0 {
-				return &model.FieldError{Object: fmt.Sprintf("address %q", a.Name), Field: "name", Value: a.Name,
-					Problem: "no farm uses this address: xlb keeps an address with the farms that use it; give it in a farm's \"addresses\""}
-			}
-		}
-		return nil
+		return setAddresses(tx, addrs) // document.go
 	})
+	if isDocumentKey(err) {
+		return s.putDocument(w, r, body)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -70,13 +72,35 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// deletePolicies deletes every policy, in one change. A policy a farm uses
-// refuses it all (nftlb detaches it from the farm; xlb does not detach
+// deletePolicies deletes every policy, in one change; with a body
+// ({"policies": [{"name": ...}, ...]}, as kube-nftlb sends for a
+// NetworkPolicy's lists) only the policies it names, those that exist (a
+// NetworkPolicy without egress rules has no output lists). A policy a farm
+// uses refuses it all (nftlb detaches it from the farm; xlb does not detach
 // behind a farm's back: docs/nftlb-compat.md).
 func (s *Server) deletePolicies(w http.ResponseWriter, r *http.Request) error {
-	_, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error {
+	body, err := optionalBody(w, r)
+	if err != nil {
+		return err
+	}
+	var named map[string]bool
+	if len(bytes.TrimSpace(body)) > 0 {
+		var req struct {
+			Policies []struct {
+				Name string `json:"name"`
+			} `json:"policies"`
+		}
+		if err := json.Unmarshal(body, &req); err != nil || req.Policies == nil {
+			return failed(textDeletePolicy, badRequest(&model.StructureError{Msg: `a DELETE /policies body is {"policies":[{"name": ...}, ...]}: the policies to delete`}))
+		}
+		named = map[string]bool{}
+		for _, p := range req.Policies {
+			named[p.Name] = true
+		}
+	}
+	_, err = s.eng.Change(r.Context(), func(tx *engine.Txn) error {
 		for _, t := range tx.Tables() {
-			if !t.IsPolicy() {
+			if !t.IsPolicy() || named != nil && !named[t.Name] {
 				continue
 			}
 			if err := tx.DestroyTable(t.Name); err != nil {
@@ -133,6 +157,9 @@ func (s *Server) putPolicies(w http.ResponseWriter, r *http.Request) error {
 		}
 		return nil
 	})
+	if isDocumentKey(err) {
+		return s.putDocument(w, r, body) // document.go
+	}
 	if err != nil {
 		return err
 	}

@@ -424,9 +424,9 @@ func (tx *Txn) validate() error {
 							continue
 						}
 					}
-					if clash, where := overlap(f, g); clash {
+					if clash, proto, where := overlap(f, g, key); clash {
 						return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
-							name, describeListener(f, key), f.Protocol, where, other)}
+							name, describeListener(f, key), proto, where, other)}
 					}
 				}
 			}

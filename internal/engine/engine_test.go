@@ -191,6 +191,33 @@ func TestConflicts(t *testing.T) {
 	}
 }
 
+// A farm's further addresses (nftlb's "addresses") hold their address,
+// protocol and ports as its own does.
+func TestConflictsFurtherAddresses(t *testing.T) {
+	e, _, _, _ := newEngine(t)
+	a := webFarm(t, "a", "10.0.0.1", "80")
+	a.Addresses = []model.Address{{Name: "a2", Family: model.FamilyIPv4, Addr: netip.MustParseAddr("10.0.0.2"),
+		Ports: []model.PortRange{{First: 443, Last: 443}}, Protocol: model.ProtoTCP}}
+	if err := put(e, a); err != nil {
+		t.Fatal(err)
+	}
+	var ce *ConflictError
+	if err := put(e, webFarm(t, "b", "10.0.0.2", "443")); !errors.As(err, &ce) || !strings.Contains(err.Error(), `farm "a"`) || !strings.Contains(err.Error(), "10.0.0.2 tcp port 443") {
+		t.Errorf("a farm on another farm's further address: %v", err)
+	}
+	// The same address, another port: fine.
+	if err := put(e, webFarm(t, "c", "10.0.0.2", "80")); err != nil {
+		t.Errorf("another port of the further address: %v", err)
+	}
+	// A further address on a port another farm serves.
+	d := webFarm(t, "d", "10.0.0.5", "80")
+	d.Addresses = []model.Address{{Name: "d2", Family: model.FamilyIPv4, Addr: netip.MustParseAddr("10.0.0.2"),
+		Ports: []model.PortRange{{First: 80, Last: 80}}, Protocol: model.ProtoTCP}}
+	if err := put(e, d); !errors.As(err, &ce) || !strings.Contains(err.Error(), `farm "c"`) {
+		t.Errorf("a further address on another farm's VIP and port: %v", err)
+	}
+}
+
 func TestDeleteAndNotFound(t *testing.T) {
 	e, dp, st, _ := newEngine(t)
 	if err := put(e, webFarm(t, "a", "10.0.0.1", "80")); err != nil {

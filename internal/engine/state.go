@@ -47,15 +47,31 @@ func (s *State) Farms() []*model.Farm {
 }
 
 // listenerKeys are the index keys of what a farm listens on: its mark, or
-// its VIPs (two for a family dual farm).
+// the addresses of its listeners (two VIPs for a family dual farm, and its
+// further addresses: model.Farm.Listeners), each once.
 func listenerKeys(f *model.Farm) [][]byte {
 	if f.IsMarkFarm() {
 		return [][]byte{fmt.Appendf(nil, "m%08x", f.Mark)}
 	}
 	var out [][]byte
-	for _, v := range f.VirtualAddrs() {
+	add := func(v netip.Addr) {
 		a := v.As16()
-		out = append(out, append([]byte{'a'}, a[:]...))
+		k := append([]byte{'a'}, a[:]...)
+		for _, o := range out {
+			if string(o) == string(k) {
+				return
+			}
+		}
+		out = append(out, k)
+	}
+	if len(f.Addresses) == 0 {
+		for _, v := range f.VirtualAddrs() {
+			add(v)
+		}
+		return out
+	}
+	for _, l := range f.Listeners() {
+		add(l.Addr)
 	}
 	return out
 }
@@ -70,17 +86,53 @@ func listensOn(f *model.Farm, key []byte) bool {
 	return false
 }
 
+// listenersOn returns f's listeners on the address of key (one for a farm
+// without further addresses); nil for a mark key.
+func listenersOn(f *model.Farm, key []byte) []model.Listener {
+	if key[0] != 'a' {
+		return nil
+	}
+	a, _ := netip.AddrFromSlice(key[1:])
+	var out []model.Listener
+	for _, l := range f.Listeners() {
+		if l.Addr.As16() == a.As16() {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // overlap reports whether two farms on the same listener key would both claim
-// some packet: same (or "all") protocol and overlapping ports.
-func overlap(a, b *model.Farm) (bool, string) {
-	if a.Protocol != b.Protocol && a.Protocol != model.ProtoAll && b.Protocol != model.ProtoAll {
+// some packet: same (or "all") protocol and overlapping ports. For an
+// address key it compares the farms' listeners on that address; it returns
+// the protocol and where they clash.
+func overlap(a, b *model.Farm, key []byte) (bool, model.Protocol, string) {
+	if key[0] != 'a' || len(a.Addresses) == 0 && len(b.Addresses) == 0 {
+		// One listener each on key (both VIPs of a dual farm have the
+		// farm's protocol and ports): no listeners to build, the common
+		// case of a bulk change of many farms on one VIP.
+		clash, where := overlapPorts(a.Protocol, a.VirtualPorts, b.Protocol, b.VirtualPorts)
+		return clash, a.Protocol, where
+	}
+	for _, la := range listenersOn(a, key) {
+		for _, lb := range listenersOn(b, key) {
+			if clash, where := overlapPorts(la.Protocol, la.Ports, lb.Protocol, lb.Ports); clash {
+				return true, la.Protocol, where
+			}
+		}
+	}
+	return false, 0, ""
+}
+
+func overlapPorts(pa model.Protocol, a []model.PortRange, pb model.Protocol, b []model.PortRange) (bool, string) {
+	if pa != pb && pa != model.ProtoAll && pb != model.ProtoAll {
 		return false, ""
 	}
-	if len(a.VirtualPorts) == 0 || len(b.VirtualPorts) == 0 {
+	if len(a) == 0 || len(b) == 0 {
 		return true, "every port"
 	}
-	for _, ra := range a.VirtualPorts {
-		for _, rb := range b.VirtualPorts {
+	for _, ra := range a {
+		for _, rb := range b {
 			if ra.Overlaps(rb) {
 				return true, "port " + ra.String()
 			}

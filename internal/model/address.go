@@ -14,8 +14,9 @@ import (
 //
 // xlb keeps an address with the farms that use it: the farm's own address
 // is its VirtualAddr, VirtualPorts, Protocol and Family (named by
-// AddrName), and further addresses are Farm.Addresses (which no data plane
-// serves yet). An address no farm uses cannot be kept (docs/nftlb-compat.md).
+// AddrName), and further addresses are Farm.Addresses (the nft plane serves
+// them as nftlb does: every address's keys lead to the farm's one chain;
+// Listeners). An address no farm uses cannot be kept (docs/nftlb-compat.md).
 type Address struct {
 	Name     string
 	Family   Family
@@ -56,6 +57,39 @@ func (f *Farm) AllAddresses() []Address {
 		out = append(out, f.OwnAddress())
 	}
 	return append(out, f.Addresses...)
+}
+
+// Listener is one thing a farm listens on, as the data planes key it: an
+// IP address, a protocol and ports (none: every port).
+type Listener struct {
+	Addr     netip.Addr
+	Protocol Protocol
+	Ports    []PortRange
+}
+
+// Listeners returns what the farm listens on: each VIP of its own address
+// (two for family dual), then each further address that has an IP (nftlb
+// programs every address of a farm into its service maps, all going to the
+// farm's one chain). A firewall-mark farm has none.
+func (f *Farm) Listeners() []Listener {
+	vips := f.VirtualAddrs()
+	out := make([]Listener, 0, len(vips)+len(f.Addresses))
+	for _, v := range vips {
+		out = append(out, Listener{Addr: v, Protocol: f.Protocol, Ports: f.VirtualPorts})
+	}
+	for _, a := range f.Addresses {
+		if a.Addr.IsValid() {
+			out = append(out, Listener{Addr: a.Addr, Protocol: a.Protocol, Ports: a.Ports})
+		}
+	}
+	return out
+}
+
+// SinglePort reports whether the farm listens on one port only: its own
+// address has one port and it has no further address. A backend of port 0
+// (the client's port) is then the same as one of that port.
+func (f *Farm) SinglePort() bool {
+	return len(f.Addresses) == 0 && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
 }
 
 // AddressLookup finds an address of that name among the farms (for a farm

@@ -121,6 +121,49 @@ func uintField[T any](name string, max uint64, def uint32, ptr func(*T) *uint32)
 	}
 }
 
+// dstmacWhy says why nftlb's dstmac key is refused, when v has it: at
+// prerouting the destination MAC of every client's packet is the LB's own.
+func dstmacWhy(v string) string {
+	if strings.Contains(v, "dstmac") {
+		return "; not dstmac (nftlb's): a packet reaching the LB carries the LB's own MAC as its destination, so every client would get the same key (all on one backend)"
+	}
+	return ""
+}
+
+// levelField is a number of at least 1 that nftlb requires ("" and 0 are
+// errors there, "must be >=1"): a backend's priority.
+func levelField[T any](name string, max uint64, ptr func(*T) *uint32) scalarField[T] {
+	return scalarField[T]{
+		name: name,
+		json: jsonNumber,
+		decode: func(t *T, v string) error {
+			n, err := parseUint(name, v, max)
+			if err != nil || n < 1 {
+				return fmt.Errorf("must be a whole number 1-%d", max)
+			}
+			*ptr(t) = uint32(n)
+			return nil
+		},
+		append: func(dst []byte, t *T) []byte { return appendQuotedUint(dst, "", uint64(*ptr(t)), 10) },
+	}
+}
+
+// farmPriorityField is a farm's "priority": nftlb computes it from its
+// backends (Farm.PriorityLevel) and prints that, and takes a posted value
+// (a number of at least 1, as it checks) without using it. So does xlb: a
+// farm's GET output posts back as the same configuration.
+var farmPriorityField = scalarField[Farm]{
+	name: "priority",
+	json: jsonNumber,
+	decode: func(_ *Farm, v string) error {
+		if n, err := parseUint("priority", v, 1<<31-1); err != nil || n < 1 {
+			return fmt.Errorf("must be a whole number 1-%d (nftlb computes a farm's priority from its backends and prints that; a posted value is checked and not used)", 1<<31-1)
+		}
+		return nil
+	},
+	append: func(dst []byte, f *Farm) []byte { return appendQuotedUint(dst, "", uint64(f.PriorityLevel()), 10) },
+}
+
 func markField[T any](ptr func(*T) *uint32) scalarField[T] {
 	return scalarField[T]{
 		name: "mark",
@@ -281,6 +324,7 @@ var farmFields = []scalarField[Farm]{
 	},
 	addrField("source-addr", func(f *Farm) *netip.Addr { return &f.SourceAddr }),
 	enumField("mode", modeSpec, func(f *Farm) *Mode { return &f.Mode }),
+	uintField("responsettl", 1<<31-1, DefaultTTL, func(f *Farm) *uint32 { return &f.ResponseTTL }),
 	enumField("protocol", protocolSpec, func(f *Farm) *Protocol { return &f.Protocol }),
 	enumField("scheduler", schedulerSpec, func(f *Farm) *Scheduler { return &f.Scheduler }),
 	{
@@ -288,7 +332,7 @@ var farmFields = []scalarField[Farm]{
 		decode: func(f *Farm, v string) error {
 			k, ok := hashKeySpec.parse(v)
 			if !ok {
-				return fmt.Errorf("allowed values are %s", hashKeySpec.allowed())
+				return fmt.Errorf("allowed values are %s%s", hashKeySpec.allowed(), dstmacWhy(v))
 			}
 			f.SchedParam = k
 			return nil
@@ -300,7 +344,7 @@ var farmFields = []scalarField[Farm]{
 		decode: func(f *Farm, v string) error {
 			k, ok := parsePersistence(v)
 			if !ok {
-				return fmt.Errorf("allowed values are none, srcip, dstip, srcport, dstport, srcmac and combinations separated by spaces (e.g. \"srcip srcport\"; srcip-srcport is accepted too)")
+				return fmt.Errorf("allowed values are none, srcip, dstip, srcport, dstport, srcmac and combinations separated by spaces (e.g. \"srcip srcport\"; srcip-srcport is accepted too)%s", dstmacWhy(v))
 			}
 			f.Persistence = k
 			return nil
@@ -324,7 +368,7 @@ var farmFields = []scalarField[Farm]{
 	stringField("log-prefix", func(f *Farm) *string { return &f.LogPrefix }),
 	rateField("log-rtlimit", func(f *Farm) *uint32 { return &f.LogRTLimit }, func(f *Farm) *RateUnit { return &f.LogRTUnit }),
 	markField(func(f *Farm) *uint32 { return &f.Mark }),
-	uintField("priority", MaxPriority, 1, func(f *Farm) *uint32 { return &f.Priority }),
+	farmPriorityField,
 	stateField(func(f *Farm) *State { return &f.State }),
 	uintField("limits-ttl", 1<<31-1, DefaultLimitsTTL, func(f *Farm) *uint32 { return &f.LimitsTTL }),
 	rateField("new-rtlimit", func(f *Farm) *uint32 { return &f.NewRTLimit }, func(f *Farm) *RateUnit { return &f.NewRTUnit }),
@@ -340,7 +384,29 @@ var farmFields = []scalarField[Farm]{
 	queueField,
 	verdictField,
 	onOffField("flow-offload", func(f *Farm) *bool { return &f.FlowOffload }),
-	onOffField("intra-connect", func(f *Farm) *bool { return &f.IntraConnect }),
+	{
+		// Printed "on" by default (xlb's default; nftlb's is off and it
+		// prints nothing then): "" is the default.
+		name: "intra-connect",
+		json: jsonBool,
+		decode: func(f *Farm, v string) error {
+			switch strings.TrimSpace(v) {
+			case "on", "true", "":
+				f.IntraConnectOff = false
+			case "off", "false":
+				f.IntraConnectOff = true
+			default:
+				return fmt.Errorf("allowed values are on, off")
+			}
+			return nil
+		},
+		append: func(dst []byte, f *Farm) []byte {
+			if f.IntraConnectOff {
+				return append(dst, `"off"`...)
+			}
+			return append(dst, `"on"`...)
+		},
+	},
 	ifaceField("iface", func(f *Farm) *string { return &f.Iface }),
 	ifaceField("oface", func(f *Farm) *string { return &f.Oface }),
 	etherField(func(f *Farm) *EtherAddr { return &f.EtherAddr }),
@@ -373,8 +439,21 @@ var backendFields = []scalarField[Backend]{
 		},
 	},
 	addrField("source-addr", func(b *Backend) *netip.Addr { return &b.SourceAddr }),
-	uintField("weight", MaxWeight, 1, func(b *Backend) *uint32 { return &b.Weight }),
-	uintField("priority", MaxPriority, 1, func(b *Backend) *uint32 { return &b.Priority }),
+	{
+		// nftlb refuses "" (must be >=1); xlb also takes 0 (drain).
+		name: "weight",
+		json: jsonNumber,
+		decode: func(b *Backend, v string) error {
+			n, err := parseUint("weight", v, MaxWeight)
+			if err != nil {
+				return fmt.Errorf("must be a whole number 0-%d (0 drains: no new connections)", MaxWeight)
+			}
+			b.Weight = uint32(n)
+			return nil
+		},
+		append: func(dst []byte, b *Backend) []byte { return appendQuotedUint(dst, "", uint64(b.Weight), 10) },
+	},
+	levelField("priority", MaxBackendPriority, func(b *Backend) *uint32 { return &b.Priority }),
 	markField(func(b *Backend) *uint32 { return &b.Mark }),
 	uintField("est-connlimit", 1<<31-1, 0, func(b *Backend) *uint32 { return &b.EstConnLimit }),
 	{name: "est-connlimit-log-prefix",
@@ -974,7 +1053,7 @@ func (f *Farm) appendJSONExtra(dst []byte, extra BackendExtra) []byte {
 
 func (f *Farm) appendBackendsJSON(dst []byte, extra BackendExtra) []byte {
 	dst = append(dst, '[')
-	level := f.servingLevel()
+	level := f.PriorityLevel()
 	for i := range f.Backends {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -986,9 +1065,9 @@ func (f *Farm) appendBackendsJSON(dst []byte, extra BackendExtra) []byte {
 				dst = append(dst, ',')
 			}
 			dst = append(dst, backendKeys[j]...)
-			if backendFields[j].name == "state" && b.Serving() && b.Priority != level {
-				// Up, but on standby behind a lower priority level that
-				// serves: nftlb prints "available".
+			if backendFields[j].name == "state" && b.Standby(level) {
+				// Up, but above the farm's priority level: nftlb
+				// prints "available".
 				dst = append(dst, `"available"`...)
 				continue
 			}
@@ -1004,18 +1083,6 @@ func (f *Farm) appendBackendsJSON(dst []byte, extra BackendExtra) []byte {
 		dst = append(dst, '}')
 	}
 	return append(dst, ']')
-}
-
-// servingLevel is the priority level whose backends take new connections
-// (ActiveBackends), 0 when none does.
-func (f *Farm) servingLevel() uint32 {
-	best := uint32(0)
-	for i := range f.Backends {
-		if b := &f.Backends[i]; b.Serving() && (best == 0 || b.Priority < best) {
-			best = b.Priority
-		}
-	}
-	return best
 }
 
 // appendQuotedUint appends n in base as a JSON string, after prefix.

@@ -51,6 +51,7 @@ var oldFarmEncoders = []oldEncoder[Farm]{
 	{"virtual-ports", func(f *Farm) string { return formatPorts(f.VirtualPorts) }},
 	{"source-addr", func(f *Farm) string { return oldAddr(f.SourceAddr) }},
 	{"mode", func(f *Farm) string { return modeSpec.name(f.Mode) }},
+	{"responsettl", func(f *Farm) string { return strconv.FormatUint(uint64(f.ResponseTTL), 10) }},
 	{"protocol", func(f *Farm) string { return protocolSpec.name(f.Protocol) }},
 	{"scheduler", func(f *Farm) string { return schedulerSpec.name(f.Scheduler) }},
 	{"sched-param", func(f *Farm) string { return f.SchedParam.String() }},
@@ -61,7 +62,7 @@ var oldFarmEncoders = []oldEncoder[Farm]{
 	{"log-prefix", func(f *Farm) string { return f.LogPrefix }},
 	{"log-rtlimit", func(f *Farm) string { return oldRate(f.LogRTLimit, f.LogRTUnit) }},
 	{"mark", func(f *Farm) string { return "0x" + strconv.FormatUint(uint64(f.Mark), 16) }},
-	{"priority", func(f *Farm) string { return strconv.FormatUint(uint64(f.Priority), 10) }},
+	{"priority", func(f *Farm) string { return strconv.FormatUint(uint64(f.PriorityLevel()), 10) }},
 	{"state", func(f *Farm) string { return stateSpec.name(f.State) }},
 	{"limits-ttl", func(f *Farm) string { return strconv.FormatUint(uint64(f.LimitsTTL), 10) }},
 	{"new-rtlimit", func(f *Farm) string { return oldRate(f.NewRTLimit, f.NewRTUnit) }},
@@ -77,7 +78,7 @@ var oldFarmEncoders = []oldEncoder[Farm]{
 	{"queue", func(f *Farm) string { return strconv.Itoa(int(f.Queue)) }},
 	{"verdict", func(f *Farm) string { return f.Verdict.String() }},
 	{"flow-offload", func(f *Farm) string { return oldOnOff(f.FlowOffload) }},
-	{"intra-connect", func(f *Farm) string { return oldOnOff(f.IntraConnect) }},
+	{"intra-connect", func(f *Farm) string { return oldOnOff(!f.IntraConnectOff) }},
 	{"iface", func(f *Farm) string { return f.Iface }},
 	{"oface", func(f *Farm) string { return f.Oface }},
 	{"ether-addr", func(f *Farm) string { return f.EtherAddr.String() }},
@@ -126,10 +127,7 @@ func oldAppendJSON(f *Farm, dst []byte) []byte {
 			oldAppendJSONString(nil, formatPorts(a.Ports)), oldAppendJSONString(nil, a.Protocol.String()))
 	}
 	dst = append(dst, `],"backends":[`...)
-	level := uint32(0)
-	for _, b := range f.ActiveBackends() {
-		level = b.Priority
-	}
+	level := f.PriorityLevel()
 	for i := range f.Backends {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -141,7 +139,7 @@ func oldAppendJSON(f *Farm, dst []byte) []byte {
 			}
 			dst = oldAppendJSONString(dst, e.name)
 			dst = append(dst, ':')
-			if b := &f.Backends[i]; e.name == "state" && b.Serving() && b.Priority != level {
+			if b := &f.Backends[i]; e.name == "state" && b.State == StateUp && b.Priority > level {
 				dst = oldAppendJSONString(dst, "available")
 				continue
 			}
@@ -231,13 +229,13 @@ func randomFarm(r *rand.Rand) Farm {
 		Protocol: Protocol(r.IntN(6)), Mode: Mode(r.IntN(6)), Scheduler: Scheduler(r.IntN(7)),
 		SchedParam: HashKey(r.Uint32()), Persistence: HashKey(r.Uint32()), PersistTTL: u32(),
 		Helper: Helper(r.IntN(13)), Log: LogHook(r.Uint32()), LogPrefix: strs[r.IntN(len(strs))],
-		Mark: u32(), Priority: u32(), State: State(r.IntN(4)),
+		Mark: u32(), State: State(r.IntN(4)),
 		NewRTLimit: u32(), NewRTBurst: u32(), RstRTLimit: u32(), RstRTBurst: u32(), EstConnLimit: u32(),
 		TCPStrict: r.IntN(2) == 0, Iface: strs[r.IntN(len(strs))], Oface: strs[r.IntN(len(strs))], EtherAddr: ether(),
 		NewRTUnit: RateUnit(r.IntN(6)), RstRTUnit: RateUnit(r.IntN(6)), LogRTLimit: u32(), LogRTUnit: RateUnit(r.IntN(6)),
 		LimitsTTL: u32(), NewRTLogPrefix: strs[r.IntN(len(strs))], RstRTLogPrefix: strs[r.IntN(len(strs))],
 		EstConnLogPrefix: strs[r.IntN(len(strs))], TCPStrictLogPrefix: strs[r.IntN(len(strs))],
-		Queue: int32(u32()), Verdict: Verdict(r.Uint32()), FlowOffload: r.IntN(2) == 0, IntraConnect: r.IntN(2) == 0,
+		Queue: int32(u32()), Verdict: Verdict(r.Uint32()), FlowOffload: r.IntN(2) == 0, ResponseTTL: u32(), IntraConnectOff: r.IntN(2) == 0,
 		AddrName: strs[r.IntN(len(strs))],
 	}
 	for range r.IntN(3) {

@@ -2,6 +2,7 @@ package model
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -34,7 +35,7 @@ func TestDecodeNftlbStrings(t *testing.T) {
 	if f.Mode != ModeDNAT || f.Scheduler != SchedHash || f.SchedParam != KeySrcIP|KeySrcPort || f.Persistence != KeySrcIP || f.PersistTTL != 120 {
 		t.Errorf("mode/sched/persist: %+v", f)
 	}
-	if f.Helper != HelperFTP || f.Log != LogInput|LogForward || f.Mark != 0x10 || f.Priority != 2 || !f.TCPStrict {
+	if f.Helper != HelperFTP || f.Log != LogInput|LogForward || f.Mark != 0x10 || !f.TCPStrict {
 		t.Errorf("helper/log/mark: %+v", f)
 	}
 	if f.NewRTLimit != 100 || f.NewRTBurst != 10 || f.RstRTLimit != 5 || f.RstRTBurst != 2 || f.EstConnLimit != 1000 {
@@ -233,8 +234,7 @@ func TestFieldErrors(t *testing.T) {
 		{backend, "source-addr", `"source-addr":"fd00::1"`, []string{`backend "b1"`, `"source-addr"`, "family ipv4"}},
 		{backend, "state", `"state":"resting"`, []string{`"state"`, "up, down, off", "available"}},
 		{farm, "mark", `"mark":"0x1ffffffff"`, []string{`"mark"`, "32-bit"}},
-		{farm, "priority", `"priority":"0"`, []string{`"priority"`, "1-1000"}},
-		{farm, "priority", `"priority":"5000"`, []string{`"priority"`, "1000"}},
+		{farm, "priority", `"priority":"0"`, []string{`"priority"`, "1-2147483647"}},
 		{farm, "state", `"state":"sleeping"`, []string{`"state"`, "up, down, off"}},
 		{farm, "new-rtlimit", `"new-rtlimit":"fast"`, []string{`"new-rtlimit"`, "rate"}},
 		{farm, "rst-rtlimit", `"rst-rtlimit":"x"`, []string{`"rst-rtlimit"`}},
@@ -247,7 +247,7 @@ func TestFieldErrors(t *testing.T) {
 		{`{"name":"web","virtual-addr":"10.0.0.1","backends":[{"name":"b1",%s}]}`, "ip-addr", `"port":"80","ip-addr":"fd00::1"`, []string{`backend "b1"`, `"ip-addr"`, "family ipv4"}},
 		{backend, "port", `"port":"65536"`, []string{`backend "b1"`, `"port"`, "1-65535"}},
 		{backend, "weight", `"weight":"10001"`, []string{`"weight"`, "0-10000"}},
-		{backend, "priority", `"priority":"0"`, []string{`"priority"`, "1-1000"}},
+		{backend, "priority", `"priority":"0"`, []string{`"priority"`, "1-2147483647"}},
 		{backend, "mark", `"mark":"zz"`, []string{`"mark"`}},
 		{backend, "est-connlimit", `"est-connlimit":"-1"`, []string{`"est-connlimit"`}},
 		{backend, "unknown", `"colour":"red"`, []string{`"colour"`, "unknown field", "ip-addr"}},
@@ -287,16 +287,52 @@ func TestDecodeEnvelopeErrors(t *testing.T) {
 	}
 }
 
+// nftlb's priority rule (backends.c, backend_s_gen_priority): the level
+// starts at 1 and rises by one for each backend of exactly that level that
+// does not serve, repeated at the new level; backends up at or below it
+// serve, those above print "available", and the farm prints the level.
 func TestActiveBackendsPriorityGroups(t *testing.T) {
-	f := decodeOne(t, `{"name":"web","virtual-addr":"10.0.0.1","backends":[
-		{"name":"a","ip-addr":"10.1.0.1","priority":"1","state":"down"},
-		{"name":"b","ip-addr":"10.1.0.2","priority":"1","weight":"0"},
-		{"name":"c","ip-addr":"10.1.0.3","priority":"2"},
-		{"name":"d","ip-addr":"10.1.0.4","priority":"2","state":"off"},
-		{"name":"e","ip-addr":"10.1.0.5","priority":"3"}]}`)
-	got := f.ActiveBackends()
-	if len(got) != 1 || got[0].Name != "c" {
-		t.Errorf("active = %+v, want only c (lowest priority level with a serving backend)", got)
+	for _, c := range []struct {
+		backends string
+		level    uint32
+		active   string
+		standby  string
+	}{
+		{`{"name":"a","ip-addr":"10.1.0.1","priority":"1"},{"name":"b","ip-addr":"10.1.0.2","priority":"1"},{"name":"c","ip-addr":"10.1.0.3","priority":"2"}`, 1, "a b", "c"},
+		// One of level 1 down: level 2, the spare c serves beside b.
+		{`{"name":"a","ip-addr":"10.1.0.4","priority":"1","state":"down"},{"name":"b","ip-addr":"10.1.0.5","priority":"1"},{"name":"c","ip-addr":"10.1.0.6","priority":"2"}`, 2, "b c", ""},
+		// Two down at level 1: level 3 (c and d both step in).
+		{`{"name":"a","ip-addr":"10.1.0.7","priority":"1","state":"down"},{"name":"b","ip-addr":"10.1.0.8","priority":"1","state":"off"},{"name":"c","ip-addr":"10.1.0.9","priority":"2"},{"name":"d","ip-addr":"10.1.0.10","priority":"3"},{"name":"e","ip-addr":"10.1.0.11","priority":"4"}`, 3, "c d", "e"},
+		// Level 2 reached, a spare there down too: level 3.
+		{`{"name":"a","ip-addr":"10.1.0.12","priority":"1","state":"down"},{"name":"b","ip-addr":"10.1.0.13","priority":"2","state":"down"},{"name":"c","ip-addr":"10.1.0.14","priority":"3"},{"name":"d","ip-addr":"10.1.0.15","priority":"4"}`, 3, "c", "d"},
+		// A backend drained to weight 0 serves no new connections: it
+		// counts as down for the level.
+		{`{"name":"a","ip-addr":"10.1.0.16","priority":"1","weight":"0"},{"name":"b","ip-addr":"10.1.0.17","priority":"2"}`, 2, "b", ""},
+		// Down backends above the level do not count.
+		{`{"name":"a","ip-addr":"10.1.0.18","priority":"1"},{"name":"b","ip-addr":"10.1.0.19","priority":"2","state":"down"},{"name":"c","ip-addr":"10.1.0.20","priority":"3"}`, 1, "a", "c"},
+		{``, 1, "", ""},
+	} {
+		f := decodeOne(t, `{"name":"web","virtual-addr":"10.0.0.1","backends":[`+c.backends+`]}`)
+		var active, standby []string
+		for _, b := range f.ActiveBackends() {
+			active = append(active, b.Name)
+		}
+		level := f.PriorityLevel()
+		for i := range f.Backends {
+			if f.Backends[i].Standby(level) {
+				standby = append(standby, f.Backends[i].Name)
+			}
+		}
+		if level != c.level || strings.Join(active, " ") != c.active || strings.Join(standby, " ") != c.standby {
+			t.Errorf("%s: level %d, active %v, standby %v; want %d, %q, %q", c.backends, level, active, standby, c.level, c.active, c.standby)
+		}
+		out := string(f.AppendJSON(nil))
+		if want := fmt.Sprintf(`"priority":"%d"`, c.level); !strings.Contains(out, want) {
+			t.Errorf("%s: GET prints %s, want %s", c.backends, out, want)
+		}
+		if n := strings.Count(out, `"state":"available"`); n != len(standby) {
+			t.Errorf("%s: GET prints %d backends available, want %d: %s", c.backends, n, len(standby), out)
+		}
 	}
 }
 

@@ -48,7 +48,6 @@ type Farm struct {
 	Log          LogHook
 	LogPrefix    string
 	Mark         uint32
-	Priority     uint32
 	State        State
 	NewRTLimit   uint32 // new connections per second, 0 = unlimited
 	NewRTBurst   uint32
@@ -81,7 +80,15 @@ type Farm struct {
 	Queue              int32 // nfqueue number, -1 = none
 	Verdict            Verdict
 	FlowOffload        bool
-	IntraConnect       bool
+	// ResponseTTL is nftlb's "responsettl" (seconds; nftlb prints it for
+	// stlsdnat farms): how long nftlb's stlsdnat at ingress remembers a
+	// client's MAC to send replies to. xlb's stlsdnat routes replies and
+	// keeps the value only so nftlb's output posts back.
+	ResponseTTL uint32
+	// IntraConnectOff is nftlb's intra-connect "off": connections the LB
+	// host itself opens to the farm's address are not balanced. xlb's
+	// default is on (the zero value), nftlb's off: docs/nftlb-compat.md.
+	IntraConnectOff bool
 	// AddrName names the farm's own address (virtual-addr, virtual-ports,
 	// protocol, family), which nftlb lists in "addresses"; "" means
 	// nftlb's default "<name>-addr".
@@ -162,11 +169,14 @@ type PolicyRef struct {
 
 // Limits that bound the work one object can ask of the data plane.
 const (
-	MaxNameLen    = 64
-	MaxBackends   = 4096
-	MaxWeight     = 10000
-	MaxPriority   = 1000
-	MaxPortRanges = 64
+	MaxNameLen  = 64
+	MaxBackends = 4096
+	MaxWeight   = 10000
+	MaxPriority = 1000 // a table's order among a farm's policies
+	// MaxBackendPriority: nftlb takes any positive priority; the farm's
+	// level (PriorityLevel) never passes one more than its backends.
+	MaxBackendPriority = 1<<31 - 1
+	MaxPortRanges      = 64
 	// MaxLogPrefixLen: the kernel's log prefix holds 127 bytes (counted
 	// in bytes, as the kernel does), and the nft data plane adds " xlb farm=<name> " (up to 75 bytes) after it.
 	MaxLogPrefixLen  = 127 - len(" xlb farm= ") - MaxNameLen
@@ -177,17 +187,17 @@ const (
 // NewFarm returns a farm with nftlb's defaults.
 func NewFarm(name string) Farm {
 	return Farm{
-		Name:       name,
-		Family:     FamilyIPv4,
-		Protocol:   ProtoTCP,
-		Mode:       ModeSNAT,
-		Scheduler:  SchedRR,
-		PersistTTL: DefaultTTL,
-		Priority:   1,
-		State:      StateUp,
-		LimitsTTL:  DefaultLimitsTTL,
-		Queue:      -1,
-		Verdict:    DefaultVerdict,
+		Name:        name,
+		Family:      FamilyIPv4,
+		Protocol:    ProtoTCP,
+		Mode:        ModeSNAT,
+		Scheduler:   SchedRR,
+		PersistTTL:  DefaultTTL,
+		ResponseTTL: DefaultTTL,
+		State:       StateUp,
+		LimitsTTL:   DefaultLimitsTTL,
+		Queue:       -1,
+		Verdict:     DefaultVerdict,
 	}
 }
 
@@ -246,18 +256,41 @@ func (f *Farm) VirtualAddrs() []netip.Addr {
 // Serving reports whether a backend may take new connections.
 func (b *Backend) Serving() bool { return b.State == StateUp && b.Weight > 0 }
 
+// PriorityLevel is the farm's serving priority level, computed as nftlb
+// computes a farm's "priority" (backends.c, backend_s_gen_priority): start
+// at 1; each backend of exactly that level that cannot take new connections
+// (down, off, or drained to weight 0) raises the level by one; repeat at the
+// new level until a level has none. Backends up at or below the level serve,
+// those above it are on standby (GET prints them "available"). So a backend
+// of priority 2 is a spare that steps in when one backend of priority 1
+// fails, and the farm keeps its number of serving backends.
+func (f *Farm) PriorityLevel() uint32 {
+	level := uint32(1)
+	for {
+		down := uint32(0)
+		for i := range f.Backends {
+			if b := &f.Backends[i]; b.Priority == level && !b.Serving() {
+				down++
+			}
+		}
+		if down == 0 {
+			return level
+		}
+		level += down
+	}
+}
+
+// Standby reports whether a backend is up but above the farm's priority
+// level (nftlb's state "available"); level is f.PriorityLevel().
+func (b *Backend) Standby(level uint32) bool { return b.State == StateUp && b.Priority > level }
+
 // ActiveBackends returns the backends that take new connections: those up with
-// a weight above zero, in the lowest priority level that has any (LVS/nftlb
-// priority groups: a higher level serves only when every lower one is gone).
+// a weight above zero, at or below the farm's priority level (PriorityLevel,
+// nftlb's rule).
 func (f *Farm) ActiveBackends() []Backend {
-	best, n := uint32(0), 0
+	level, n := f.PriorityLevel(), 0
 	for i := range f.Backends {
-		b := &f.Backends[i]
-		switch {
-		case !b.Serving():
-		case best == 0 || b.Priority < best:
-			best, n = b.Priority, 1
-		case b.Priority == best:
+		if b := &f.Backends[i]; b.Serving() && b.Priority <= level {
 			n++
 		}
 	}
@@ -267,7 +300,7 @@ func (f *Farm) ActiveBackends() []Backend {
 	// Sized up front: appending 100 backends grew the slice 8 times.
 	out := make([]Backend, 0, n)
 	for i := range f.Backends {
-		if b := &f.Backends[i]; b.Serving() && b.Priority == best {
+		if b := &f.Backends[i]; b.Serving() && b.Priority <= level {
 			out = append(out, *b)
 		}
 	}

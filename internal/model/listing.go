@@ -97,10 +97,6 @@ func (f *Farm) appendListingExtra(dst []byte, numeric bool, svc serviceLookup, e
 	if f.TCPStrict {
 		dst = append(dst, " tcp-strict"...)
 	}
-	if f.Priority != 1 {
-		dst = append(dst, " priority "...)
-		dst = strconv.AppendUint(dst, uint64(f.Priority), 10)
-	}
 	if f.State != StateUp {
 		dst = append(dst, ' ')
 		dst = append(dst, f.State.String()...)

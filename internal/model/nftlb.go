@@ -361,6 +361,9 @@ func (f *Farm) nftlbFieldsInUse() [][2]string {
 	if f.FlowOffload {
 		use("flow-offload", "on")
 	}
+	if f.IntraConnectOff {
+		use("intra-connect", "off")
+	}
 	if len(f.Addresses) > 0 {
 		use("addresses", f.Addresses[0].Name)
 	}
@@ -374,12 +377,15 @@ func (f *Farm) nftlbFieldsInUse() [][2]string {
 		use("iface", f.Iface+","+f.Oface+","+f.EtherAddr.String())
 	}
 	for _, b := range f.Backends {
-		switch {
-		case b.SourceAddr.IsValid():
+		// Each on its own: a plane that implements one must still see
+		// the others.
+		if b.SourceAddr.IsValid() {
 			use("backends.source-addr", b.SourceAddr.String())
-		case b.EstConnLogPrefix != "":
+		}
+		if b.EstConnLogPrefix != "" {
 			use("backends.est-connlimit-log-prefix", b.EstConnLogPrefix)
-		case b.Port != 0 && f.Protocol == ProtoAll:
+		}
+		if b.Port != 0 && f.Protocol == ProtoAll {
 			use("backends.port", fmt.Sprint(b.Port))
 		}
 	}

@@ -65,7 +65,7 @@ func TestDecodeNftlbOutput(t *testing.T) {
 		}
 	}
 	f := fs[0]
-	if f.LogRTLimit != 5 || f.LogRTUnit != PerMinute || f.Queue != 3 || f.Verdict != VerdictDrop || !f.FlowOffload || !f.IntraConnect {
+	if f.LogRTLimit != 5 || f.LogRTUnit != PerMinute || f.Queue != 3 || f.Verdict != VerdictDrop || !f.FlowOffload || f.IntraConnectOff {
 		t.Errorf("decoded %+v", f)
 	}
 	if field, _, ok := f.NftlbFieldInUse(); !ok || field != "log-rtlimit" {
@@ -75,10 +75,28 @@ func TestDecodeNftlbOutput(t *testing.T) {
 
 // Empty strings in number fields mean unset (the field's default).
 func TestEmptyNumbersAreDefaults(t *testing.T) {
-	f := decodeOne(t, `{"name":"w","virtual-addr":"10.0.0.1","persist-ttl":"","priority":"","est-connlimit":"","new-rtlimit":"","queue":"","mark":"",
-		"backends":[{"name":"b","ip-addr":"10.1.0.1","weight":"","priority":"","port":""}]}`)
-	if f.PersistTTL != DefaultTTL || f.Priority != 1 || f.Queue != -1 || f.Backends[0].Weight != 1 || f.Backends[0].Priority != 1 {
+	f := decodeOne(t, `{"name":"w","virtual-addr":"10.0.0.1","persist-ttl":"","est-connlimit":"","new-rtlimit":"","queue":"","mark":"",
+		"backends":[{"name":"b","ip-addr":"10.1.0.1","port":""}]}`)
+	if f.PersistTTL != DefaultTTL || f.Queue != -1 {
 		t.Errorf("decoded %+v", f)
+	}
+}
+
+// A priority (farm or backend) or a backend weight must be a number:
+// nftlb refuses "" and 0 there ("must be >=1"; xlb takes weight 0, drain).
+func TestPriorityAndWeightNeedNumbers(t *testing.T) {
+	for _, body := range []string{
+		`{"name":"w","priority":""}`, `{"name":"w","priority":"0"}`, `{"name":"w","priority":"abc"}`,
+		`{"name":"w","backends":[{"name":"b","priority":""}]}`, `{"name":"w","backends":[{"name":"b","priority":"0"}]}`,
+		`{"name":"w","backends":[{"name":"b","weight":""}]}`, `{"name":"w","backends":[{"name":"b","weight":"-1"}]}`,
+	} {
+		if _, err := DecodeFarms([]byte(body), noFarm); err == nil || !strings.Contains(err.Error(), "whole number") {
+			t.Errorf("%s: %v, want a whole number error", body, err)
+		}
+	}
+	f := decodeOne(t, `{"name":"w","priority":"5000","backends":[{"name":"b","ip-addr":"10.1.0.1","priority":"5000","weight":"0"}]}`)
+	if f.Backends[0].Priority != 5000 || f.Backends[0].Weight != 0 || f.PriorityLevel() != 1 {
+		t.Errorf("decoded %+v, level %d", f.Backends[0], f.PriorityLevel())
 	}
 }
 
@@ -226,3 +244,28 @@ func TestDecodeErrorKinds(t *testing.T) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// intra-connect: xlb's default is on (printed), "off" turns it off, "" is
+// the default.
+func TestIntraConnect(t *testing.T) {
+	for body, off := range map[string]bool{
+		`{"name":"w","virtual-addr":"10.0.0.1"}`:                         false,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":""}`:      false,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":"on"}`:    false,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":"off"}`:   true,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":false}`:   true,
+		`{"name":"w","virtual-addr":"10.0.0.1","intra-connect":"false"}`: true,
+	} {
+		f := decodeOne(t, body)
+		want := `"intra-connect":"on"`
+		if off {
+			want = `"intra-connect":"off"`
+		}
+		if f.IntraConnectOff != off || !strings.Contains(string(f.AppendJSON(nil)), want) {
+			t.Errorf("%s: off %v, printed %s; want off %v, %s", body, f.IntraConnectOff, f.AppendJSON(nil), off, want)
+		}
+	}
+	if _, err := DecodeFarms([]byte(`{"name":"w","intra-connect":"maybe"}`), noFarm); err == nil || !strings.Contains(err.Error(), "on, off") {
+		t.Errorf("intra-connect maybe: %v", err)
+	}
+}

@@ -226,6 +226,11 @@ func setTableField(t *Table, key, text string, vocab Vocabulary, exists bool) er
 		}
 		t.Type, t.Flow, err = ParseTableType(text)
 	case "family":
+		if vocab == VocabPolicies && strings.TrimSpace(text) == "" {
+			// nftlb takes "" as its default (kube-nftlb sends it for
+			// every policy): the policy's family stays xlb's default.
+			return nil
+		}
 		f, ok := familySpec.parse(text)
 		if !ok {
 			return fmt.Errorf("allowed values are %s", familySpec.allowed())

@@ -143,9 +143,6 @@ func (f *Farm) Validate() error {
 	if p := textProblem(f.LogPrefix, MaxLogPrefixLen); p != "" {
 		return bad("log-prefix", f.LogPrefix, p)
 	}
-	if f.Priority < 1 || f.Priority > MaxPriority {
-		return bad("priority", fmt.Sprint(f.Priority), fmt.Sprintf("must be 1-%d", MaxPriority))
-	}
 	// A burst without its rate is kept and has no effect (nftlb turns a
 	// limit off by setting its rate to 0 and leaves the burst).
 	for _, x := range []struct {
@@ -333,8 +330,8 @@ func (f *Farm) validateBackend(b *Backend) error {
 	if b.Weight > MaxWeight {
 		return bad("weight", fmt.Sprint(b.Weight), fmt.Sprintf("must be 0-%d (0 drains the backend)", MaxWeight))
 	}
-	if b.Priority < 1 || b.Priority > MaxPriority {
-		return bad("priority", fmt.Sprint(b.Priority), fmt.Sprintf("must be 1-%d", MaxPriority))
+	if b.Priority < 1 || b.Priority > MaxBackendPriority {
+		return bad("priority", fmt.Sprint(b.Priority), fmt.Sprintf("must be 1-%d", MaxBackendPriority))
 	}
 	if b.SourceAddr.IsValid() && (b.SourceAddr.Zone() != "" || b.SourceAddr.Is4In6() ||
 		f.Family != FamilyDual && (f.Family == FamilyIPv4) != b.SourceAddr.Is4()) {

@@ -310,22 +310,24 @@ func (m *Metrics) appendFarms(ctx context.Context, dst []byte) []byte {
 	e.global("xlb_backends", uint64(nb))
 
 	var extra []byte
-	e.family("xlb_farm_info", "gauge", "A farm's addresses and settings (always 1); local_address is each VIP (empty for a firewall-mark farm).")
+	e.family("xlb_farm_info", "gauge", "A farm's addresses and settings (always 1); local_address is each VIP and further address (empty for a firewall-mark farm).")
 	for i, f := range s.farms {
-		vips := f.VirtualAddrs()
-		if len(vips) == 0 {
-			vips = append(vips, netipZero)
+		// One sample per listener: each VIP and each further address
+		// (nftlb's addresses), with its own ports and protocol.
+		ls := f.Listeners()
+		if len(ls) == 0 {
+			ls = append(ls, model.Listener{Addr: netipZero, Protocol: f.Protocol, Ports: f.VirtualPorts})
 		}
-		for _, vip := range vips {
+		for _, l := range ls {
 			extra = extra[:0]
 			v := ""
-			if vip.IsValid() {
-				v = vip.String()
+			if l.Addr.IsValid() {
+				v = l.Addr.String()
 			}
 			extra = label(extra, "local_address", v)
-			extra = label(extra, "local_ports", portsText(f.VirtualPorts))
+			extra = label(extra, "local_ports", portsText(l.Ports))
 			extra = label(extra, "local_mark", markText(f))
-			extra = label(extra, "proto", f.Protocol.String())
+			extra = label(extra, "proto", l.Protocol.String())
 			extra = label(extra, "mode", f.Mode.String())
 			extra = label(extra, "scheduler", f.Scheduler.String())
 			extra = label(extra, "state", f.State.String())

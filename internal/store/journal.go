@@ -110,7 +110,7 @@ func OpenJournal(dir string) (*Journal, error) {
 }
 
 func openJournal(dir string) (*Journal, error) {
-	db, err := OpenBolt(dir)
+	db, err := openBolt(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +135,9 @@ func openJournal(dir string) (*Journal, error) {
 	if err == nil {
 		j.size, j.used = st.Size(), st.Size()
 		err = j.fold()
+	}
+	if err == nil {
+		err = j.db.migrate() // after the fold: see migrate
 	}
 	if err == nil {
 		err = j.preallocate(st.Size())

@@ -100,8 +100,12 @@ func (j *Journal) loadSavedReadOnly(ctx context.Context) ([]SavedFarm, error) {
 			}
 		}
 	}
+	migrated := j.db != nil && j.db.migrated()
 	out := make([]SavedFarm, 0, len(byName))
 	for _, sf := range byName {
+		if !migrated {
+			sf.Farm.IntraConnectOff = false // as migrate would write it
+		}
 		out = append(out, sf)
 	}
 	slices.SortFunc(out, func(a, b SavedFarm) int { return strings.Compare(a.Name, b.Name) })

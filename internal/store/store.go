@@ -75,8 +75,20 @@ const FileName = "xlb.db"
 // address space, room for a state of about a million farms of one backend.
 const initialMmapSize = 256 << 20
 
-// OpenBolt opens (creating if needed) the state database in dir.
+// OpenBolt opens (creating if needed) the state database in dir, and
+// brings it up to date (migrate).
 func OpenBolt(dir string) (*Bolt, error) {
+	s, err := openBolt(dir)
+	if err == nil {
+		if err = s.migrate(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, err
+}
+
+func openBolt(dir string) (*Bolt, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir %q: %w", dir, err)
 	}

@@ -125,41 +125,7 @@ func (e *env) forwardAPI(host string) string {
 // connection to the API server at host (on the host's 127.0.0.1).
 func (e *env) forwardAPIAt(h testutil.Host, listen, host string) {
 	e.t.Helper()
-	target := strings.TrimPrefix(host, "https://")
-	var ln net.Listener
-	if err := testutil.Do(h.NS, func() error {
-		var err error
-		ln, err = net.Listen("tcp", listen)
-		return err
-	}); err != nil {
-		e.t.Fatalf("listen on %s in %s: %v", listen, h.Name, err)
-	}
-	var wg sync.WaitGroup
-	e.t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.DialTimeout("tcp", target, 5*time.Second)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			wg.Add(2)
-			pipe := func(dst, src net.Conn) {
-				defer wg.Done()
-				_, _ = io.Copy(dst, src)
-				dst.Close()
-				src.Close()
-			}
-			go pipe(u, c)
-			go pipe(c, u)
-		}
-	}()
+	testutil.ForwardTCP(e.t, h, listen, strings.TrimPrefix(host, "https://"))
 }
 
 // proxyProcess is `xlb kube-proxy` running in the LB namespace.

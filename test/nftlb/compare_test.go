@@ -14,31 +14,39 @@ import (
 // difference (docs/nftlb-compat.md, "GET values"). xlb prints every field;
 // the members nftlb leaves out when unset are listed in extraXlb.
 
-// quirk reports whether a value differs for a documented reason.
-type quirk func(path, key string, nftlb, xlb any) bool
+// quirk reports whether a value differs for a documented reason; parent
+// is the nftlb object holding the member.
+type quirk func(path, key string, nftlb, xlb any, parent map[string]any) bool
 
 var quirks = []struct {
 	why string
 	is  quirk
 }{
 	{"nftlb gives backends marks of its own (0x1, 0x2, ...) when it masquerades; xlb prints the configured mark",
-		func(path, key string, n, x any) bool {
+		func(path, key string, n, x any, _ map[string]any) bool {
 			return strings.Contains(path, ".backends[") && key == "mark" && x == "0x0"
 		}},
 	{"nftlb prints config_error for objects it could not program; xlb programs them (or refuses the request) and prints their state",
-		func(path, key string, n, x any) bool { return key == "state" && n == "config_error" }},
-	{"backend priority: nftlb raises a farm's serving level by one for each backend down, so a higher level may serve while a lower one still has a backend up; xlb serves only the lowest level with a backend up and prints the others available",
-		func(path, key string, n, x any) bool { return key == "state" && n == "up" && x == "available" }},
+		func(path, key string, n, x any, _ map[string]any) bool { return key == "state" && n == "config_error" }},
 	{"a policy without a family: nftlb's holds IPv4 elements only, xlb's both families (it prints dual)",
-		func(path, key string, n, x any) bool {
+		func(path, key string, n, x any, _ map[string]any) bool {
 			return strings.HasPrefix(path, ".policies[") && key == "family" && n == "ipv4" && x == "dual"
 		}},
-	{"nftlb prints a farm's priority as a level it computes (raised past backends that are down or in config_error); xlb prints the configured priority",
-		func(path, key string, n, x any) bool {
-			return key == "priority" && !strings.Contains(path, ".backends[")
+	{"a farm's priority is the level both compute from their backends (nftlb's rule), but nftlb counts its backends in config_error as down",
+		func(path, key string, n, x any, parent map[string]any) bool {
+			if key != "priority" || strings.Contains(path, ".backends[") || strings.HasPrefix(path, ".policies[") {
+				return false
+			}
+			bs, _ := parent["backends"].([]any)
+			for _, b := range bs {
+				if o, _ := b.(map[string]any); o["state"] == "config_error" {
+					return true
+				}
+			}
+			return false
 		}},
 	{"nftlb 1.0.7 prints rst-rtlimit in new-rtlimit's unit (config.c passes newrtlimit_unit); the rule it programs has the right unit, as xlb prints it",
-		func(path, key string, n, x any) bool {
+		func(path, key string, n, x any, _ map[string]any) bool {
 			ns, _ := n.(string)
 			xs, _ := x.(string)
 			nr, _, _ := strings.Cut(ns, "/")
@@ -53,6 +61,8 @@ var extraXlb = map[string]bool{
 	"log-prefix": true, "new-rtlimit-log-prefix": true, "rst-rtlimit-log-prefix": true, "est-connlimit-log-prefix": true,
 	"tcp-strict-log-prefix": true, "flow-offload": true, "intra-connect": true, "iface": true, "oface": true,
 	"ether-addr": true, "source-addr": true,
+	// nftlb prints responsettl for stlsdnat farms only.
+	"responsettl": true,
 	// A farm without an address: nftlb leaves out what its address holds.
 	"family": true, "virtual-addr": true, "virtual-ports": true, "protocol": true,
 	// A policy's order among a farm's policies: nftlb 1.0.7 has none
@@ -103,7 +113,7 @@ func compareJSON(nftlbBody, xlbBody string) (diffs []string, seen map[string]boo
 					if want := strings.TrimSpace(s); want != xe && s != xe {
 						explained := false
 						for _, q := range quirks {
-							if q.is(path, k, want, xe) {
+							if q.is(path, k, want, xe, nv) {
 								seen[q.why], explained = true, true
 							}
 						}

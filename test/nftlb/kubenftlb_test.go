@@ -58,5 +58,36 @@ func TestKubeNftlbFlow(t *testing.T) {
 		// request changes nothing in xlb.
 		step{name: "undo nftlb's half change", method: "DELETE", path: "/farms/np--http", nftlbOnly: true},
 		get("/farms"))
+	// NetworkPolicies (pkg/controller/networkpolicy.go, pkg/json):
+	// POST /policies of the input whitelist and blacklist (family ""
+	// as its types marshal it), then POST /farms of what
+	// ParseNetworkPolicyAsFarms returns, which is nil: the body "null".
+	// On delete and update, DELETE /policies naming the four lists
+	// (input and output, white and black) whether they exist or not.
+	policies := `{"policies":[{"name":"np--input-whitelist","type":"whitelist","family":"","elements":[{"data":"10.244.0.0/16"}]},
+		{"name":"np--input-blacklist","type":"blacklist","family":"","elements":[{"data":"10.244.9.0/24"}]}]}`
+	names := `{"policies":[{"name":"np--input-whitelist","type":"","family":"","elements":null},{"name":"np--input-blacklist","type":"","family":"","elements":null},
+		{"name":"np--output-whitelist","type":"","family":"","elements":null},{"name":"np--output-blacklist","type":"","family":"","elements":null}]}`
+	// nftlb 1.0.7 reads a DELETE /policies body as a POST: it creates
+	// the four named policies and turns the named whitelist into a
+	// blacklist (type "" defaults); xlb deletes the named policies that
+	// exist (docs/nftlb-compat.md). nftlb is then brought to that state.
+	del := func(name string) []step {
+		return []step{
+			{name: name, method: "DELETE", path: "/policies", body: names, xlbOnly: true,
+				why: "xlb deletes the policies a DELETE /policies body names; nftlb 1.0.7 posts them"},
+			{name: name + " (in nftlb)", method: "DELETE", path: "/policies", nftlbOnly: true},
+		}
+	}
+	steps = append(steps,
+		same("AddNftlbPolicies", "POST", "/policies", policies),
+		same("AddNftlbPolicies: the farms", "POST", "/farms", `null`),
+		get("/policies"))
+	steps = append(steps, del("UpdateNftlbPolicies: delete")...)
+	steps = append(steps,
+		same("UpdateNftlbPolicies: add", "POST", "/policies", policies),
+		get("/policies"))
+	steps = append(steps, del("DeleteNftlbPolicies")...)
+	steps = append(steps, get("/policies"), get("/farms"))
 	run(t, nftlb, xlb, steps)
 }

@@ -45,20 +45,7 @@ func normRules(s string) string {
 // sent to Debian's nftlb and to xlb, with what each programs compared.
 func TestSideBySideRules(t *testing.T) {
 	nftlb, xlb := startPeers(t)
-	// nftlb programs a farm only when it finds the VIP's interface and a
-	// route to each backend: the same links in both namespaces.
-	for _, p := range []*peer{nftlb, xlb} {
-		for _, cmd := range [][]string{
-			{"ip", "link", "add", "d0", "type", "veth", "peer", "name", "d0p"},
-			{"ip", "link", "add", "d1", "type", "veth", "peer", "name", "d1p"},
-			{"ip", "addr", "add", "10.0.0.1/24", "dev", "d0"},
-			{"ip", "addr", "add", "10.1.0.254/24", "dev", "d1"},
-			{"ip", "link", "set", "d0", "up"}, {"ip", "link", "set", "d0p", "up"},
-			{"ip", "link", "set", "d1", "up"}, {"ip", "link", "set", "d1p", "up"},
-		} {
-			testutil.Run(t, p.nsName, cmd...)
-		}
-	}
+	linkPeers(t, nftlb, xlb)
 	cases := []ruleCase{
 		{name: "new-rtlimit per client, in minutes, with a log prefix and limits-ttl",
 			farm: `"new-rtlimit":"10/minute","new-rtlimit-burst":"3","new-rtlimit-log-prefix":"NEWPFX","limits-ttl":"60"`,
@@ -101,6 +88,24 @@ func TestSideBySideRules(t *testing.T) {
 			nftlbHas: []string{"ct mark set ip saddr map @static-sessions-f accept",
 				"elements = { 10.0.0.9 : 0x80000002, 10.0.0.10 : 0x80000001 }"},
 			xlbHas: []string{"ct mark set ip saddr map @s-", "10.0.0.9 : 0x", "10.0.0.10 : 0x"}},
+		// A second address: its keys go to the farm's one chain in both.
+		{name: "a second address",
+			farm:     `"addresses":[{"name":"f-addr","family":"ipv4","ip-addr":"10.0.0.1","ports":"80","protocol":"tcp"},{"name":"f2","family":"ipv4","ip-addr":"10.0.0.2","ports":"443","protocol":"tcp"}]`,
+			nftlbHas: []string{"tcp . 10.0.0.1 . 80 : goto nat-f", "tcp . 10.0.0.2 . 443 : goto nat-f"},
+			xlbHas:   []string{"10.0.0.1 . tcp . 80 : goto f-", "10.0.0.2 . tcp . 443 : goto f-"}},
+		// intra-connect: nftlb hooks output only when on; xlb's output
+		// chain always looks up the farms, after a set of the keys of
+		// those with intra-connect off.
+		{name: "intra-connect off: the LB host's own connections untranslated",
+			farm:   `"intra-connect":"off"`,
+			xlbHas: []string{"@nolocal4 accept", "set nolocal4 { type ipv4_addr . inet_proto . inet_service flags interval elements = { 10.0.0.1 . tcp . 80 }"},
+			absent: []string{"output-nat-proto-services"}},
+		{name: "intra-connect on: the LB host's own connections balanced",
+			farm: `"intra-connect":"on"`,
+			nftlbHas: []string{"output-nat-proto-services { type inet_proto . ipv4_addr . inet_service : verdict elements = { tcp . 10.0.0.1 . 80 : goto nat-f }",
+				"type nat hook output priority -100; policy accept; ip protocol . ip daddr . th dport vmap @output-nat-proto-services"},
+			xlbHas: []string{"type nat hook output priority -100; policy accept; ip daddr . meta l4proto . th dport @nolocal4 accept"},
+			absent: []string{"set nolocal4 { type ipv4_addr . inet_proto . inet_service flags interval elements"}},
 		// Debian's nftlb 1.0.7 emits `tcp flags syn queue num 3 bypass`,
 		// which this kernel (no nft_queue) rejects: nftlb answers
 		// success and programs nothing for the farm. xlb programs the

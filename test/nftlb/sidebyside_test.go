@@ -120,6 +120,27 @@ func TestSideBySide(t *testing.T) {
 		get("/farms/addr"), get("/addresses"),
 		same("delete the farm", "DELETE", "/farms/addr", ""),
 		get("/farms"),
+		// nftlb's configuration document (its config file's form) on
+		// POST /farms: an address and a farm that names it.
+		same("a configuration document", "POST", "/farms", `{"addresses":[{"name":"docaddr","family":"ipv4","ip-addr":"10.0.8.1","ports":"8080","protocol":"tcp"}],
+			"farms":[{"name":"docf","mode":"snat","addresses":[{"name":"docaddr"}],"backends":[{"name":"d1","ip-addr":"10.1.0.51","port":"80"}]}]}`),
+		get("/farms/docf"), get("/addresses/docaddr"),
+		same("delete the document's farm", "DELETE", "/farms/docf", ""),
+		// A stlsdnat farm: nftlb prints its responsettl, which its GET
+		// output carries back.
+		same("a stlsdnat farm", "POST", "/farms", `{"farms":[{"name":"st","virtual-addr":"10.0.7.1","virtual-ports":"53","protocol":"udp","mode":"stlsdnat",
+			"scheduler":"hash","sched-param":"srcip","responsettl":"30","backends":[{"name":"s1","ip-addr":"10.1.0.41","port":"5353"}]}]}`),
+		get("/farms/st"),
+		// A second address in a farm (README: assign an address).
+		same("a farm of two addresses", "POST", "/farms", `{"farms":[{"name":"two","virtual-addr":"10.0.6.1","virtual-ports":"80",
+			"addresses":[{"name":"two-addr","family":"ipv4","ip-addr":"10.0.6.1","ports":"80","protocol":"tcp"},{"name":"two-b","family":"ipv4","ip-addr":"10.0.6.2","ports":"443,8443","protocol":"tcp"}]}]}`),
+		get("/farms/two"), get("/addresses"),
+		same("a third, of another protocol", "POST", "/farms", `{"farms":[{"name":"two","addresses":[{"name":"two-c","family":"ipv4","ip-addr":"10.0.6.3","ports":"53","protocol":"udp"}]}]}`),
+		get("/farms/two"), get("/addresses"),
+		same("delete the second", "DELETE", "/farms/two/addresses/two-b", ""),
+		get("/farms/two"), get("/addresses"),
+		same("delete the farm of addresses", "DELETE", "/farms/two", ""),
+		get("/addresses"),
 	}
 	// Deliberate differences: values nftlb accepts (replacing bad ones
 	// with defaults, or taking fields xlb's data planes do not implement
@@ -138,9 +159,12 @@ func TestSideBySide(t *testing.T) {
 	steps = append(steps, refused("backend source-addr in a dnat farm", `{"farms":[{"name":"r5","virtual-addr":"10.0.5.5","virtual-ports":"80","mode":"dnat",
 		"backends":[{"name":"s1","ip-addr":"10.1.0.31","source-addr":"10.0.0.254"}]}]}`,
 		`"source-addr" value "10.0.0.254": a backend's source-addr applies to snat VIP farms only`, "nftlb ignores it outside snat farms")...)
+	for _, field := range []string{"sched-param", "persistence"} {
+		steps = append(steps, refused(field+" dstmac", `{"farms":[{"name":"r6","virtual-addr":"10.0.5.6","virtual-ports":"80","scheduler":"hash","`+field+`":"dstmac"}]}`,
+			`"`+field+`" value "dstmac"`, "at prerouting every client's destination MAC is the LB's own: one key for all")...)
+	}
 	for _, c := range []struct{ field, body string }{
 		{"flow-offload", `"flow-offload":"on"`},
-		{"addresses", `"addresses":[{"name":"ni-addr","family":"ipv4","ip-addr":"10.0.6.1","ports":"80","protocol":"tcp"},{"name":"ni-2","family":"ipv4","ip-addr":"10.0.6.2","ports":"80","protocol":"tcp"}]`},
 		{"iface", `"mode":"stlsdnat","scheduler":"hash","iface":"lo"`},
 	} {
 		steps = append(steps, refused("not implemented: "+c.field, `{"farms":[{"name":"ni","virtual-addr":"10.0.6.1","virtual-ports":"80",`+c.body+`}]}`,

@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -234,18 +235,8 @@ func (n *Node) Status() Status {
 		st.Peers = append(st.Peers, PeerStatus{Address: p.addr.String(), Sending: p.sending, CaughtUp: p.caughtUp, LastErr: p.lastErr})
 	}
 	n.mu.Unlock()
-	slices.SortFunc(st.Peers, func(a, b PeerStatus) int { return cmpStr(a.Address, b.Address) })
+	slices.SortFunc(st.Peers, func(a, b PeerStatus) int { return strings.Compare(a.Address, b.Address) })
 	return st
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Counters returns a copy of the counters.

@@ -536,6 +536,14 @@ func runPriority(t *testing.T, e *Env, f model.Farm) {
 	if c := count(10); c["b0"] != 5 || c["b1"] != 5 {
 		t.Errorf("priority 1 level: got %v, want 5 each on b0, b1", c)
 	}
+	// nftlb's rule (model.Farm.PriorityLevel): one of level 1 down raises
+	// the level to 2 and the spare b2 serves beside b1.
+	one := f.Clone()
+	one.Backends[0].State = model.StateDown
+	e.Put(t, one)
+	if c := count(10); c["b1"] != 5 || c["b2"] != 5 {
+		t.Errorf("one of level 1 down: got %v, want 5 each on b1 and b2", c)
+	}
 	down := f.Clone()
 	down.Backends[0].State, down.Backends[1].State = model.StateDown, model.StateDown
 	e.Put(t, down)

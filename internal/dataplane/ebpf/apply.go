@@ -35,6 +35,11 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 			}
 			if s.old != nil {
 				p.farms[s.oldName] = s.old
+				// Its static sessions, which s.cur's may have
+				// overwritten (the same keys).
+				if err := p.writeStatic(s.old); err != nil {
+					p.log.Error("roll back ebpf static sessions", "farm", s.oldName, "err", err)
+				}
 			}
 			if s.cur != nil {
 				p.pending = append(p.pending, s.cur)

@@ -20,8 +20,19 @@ func unsupported(f *model.Farm, field, value string) error {
 func (p *Plane) Check(f *model.Farm) error { return check(f) }
 
 func check(f *model.Farm) error {
-	if err := dataplane.CheckNftlbFields(Name, f); err != nil {
+	// intra-connect off: the socket programs (socklb.go) skip the farm;
+	// a backend's source-addr is its snat source (generation.go); mode
+	// local passes the farm's packets to the node (xlb_lb.c).
+	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions"); err != nil {
 		return err
+	}
+	if len(f.Sessions) > 0 && f.Mode == model.ModeStlsDNAT {
+		return dataplane.Refuse(f, "sessions", f.Sessions[0].Client,
+			"stlsdnat farms keep no persistence on the ebpf data plane: static sessions are for snat, dnat and dsr farms")
+	}
+	if f.Mode == model.ModeLocal && (f.Log != 0 || f.Persistence != 0 || len(f.Sessions) > 0 || f.Check != nil && f.Check.Passive != nil) {
+		return dataplane.Refuse(f, "mode", f.Mode.String(),
+			"a local farm of the ebpf data plane passes its packets to the node's own sockets: it tracks, logs and persists no connections (no log, persistence or passive check)")
 	}
 	if f.Family == model.FamilyDual {
 		// Programmed as its halves (plan.Halves), one per VIP, each
@@ -52,7 +63,7 @@ func check(f *model.Farm) error {
 		return unsupported(f, "protocol", f.Protocol.String())
 	}
 	switch f.Mode {
-	case model.ModeSNAT, model.ModeDNAT, model.ModeDSR:
+	case model.ModeSNAT, model.ModeDNAT, model.ModeDSR, model.ModeLocal:
 	case model.ModeStlsDNAT:
 		// Without conntrack every packet is scheduled: only a hash keeps a
 		// TCP connection on one backend.
@@ -147,6 +158,10 @@ func check(f *model.Farm) error {
 			(len(f.VirtualPorts) != 1 || f.VirtualPorts[0].First != f.VirtualPorts[0].Last) {
 			return dataplane.RefuseBackend(f, b.Name, "port", fmt.Sprint(b.Port),
 				"stlsdnat maps replies back statelessly: a backend port needs a farm with one virtual port (or leave it 0)")
+		}
+		if b.SourceAddr.IsValid() && (f.Mode != model.ModeSNAT || b.SourceAddr.Is6() != v6) {
+			return dataplane.RefuseBackend(f, b.Name, "source-addr", b.SourceAddr.String(),
+				"a backend's source-addr applies to snat farms only (nftlb ignores it in other modes), and must be of the farm's family")
 		}
 		if b.Mark != 0 {
 			return dataplane.RefuseBackend(f, b.Name, "mark", fmt.Sprint(b.Mark),

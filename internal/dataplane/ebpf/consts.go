@@ -16,10 +16,11 @@ const (
 	afInet  = uint8(xlbXlbAfXLB_AF_INET)
 	afInet6 = uint8(xlbXlbAfXLB_AF_INET6)
 
-	modeDNAT = uint8(xlbXlbModeXLB_MODE_DNAT)
-	modeSNAT = uint8(xlbXlbModeXLB_MODE_SNAT)
-	modeDSR  = uint8(xlbXlbModeXLB_MODE_DSR)
-	modeSTL  = uint8(xlbXlbModeXLB_MODE_STLSDNAT)
+	modeDNAT  = uint8(xlbXlbModeXLB_MODE_DNAT)
+	modeSNAT  = uint8(xlbXlbModeXLB_MODE_SNAT)
+	modeDSR   = uint8(xlbXlbModeXLB_MODE_DSR)
+	modeSTL   = uint8(xlbXlbModeXLB_MODE_STLSDNAT)
+	modeLocal = uint8(xlbXlbModeXLB_MODE_LOCAL)
 
 	schedRR      = uint8(xlbXlbSchedXLB_SCHED_RR)
 	schedWeight  = uint8(xlbXlbSchedXLB_SCHED_WEIGHT)
@@ -38,6 +39,7 @@ const (
 	hashSrcPort = uint8(xlbXlbHashKeyXLB_HASH_SRCPORT)
 	hashDstIP   = uint8(xlbXlbHashKeyXLB_HASH_DSTIP)
 	hashDstPort = uint8(xlbXlbHashKeyXLB_HASH_DSTPORT)
+	hashStatic  = uint8(xlbXlbHashKeyXLB_HASH_STATIC)
 
 	beFlagGone  = uint8(xlbXlbBeFlagXLB_BE_F_GONE)
 	beFlagMask  = uint32(xlbXlbBeFlagXLB_BE_F_MASK)
@@ -45,6 +47,7 @@ const (
 
 	svcFlagLog     = uint32(xlbXlbSvcFlagXLB_SVC_F_LOG)
 	svcFlagPassive = uint32(xlbXlbSvcFlagXLB_SVC_F_PASSIVE)
+	svcFlagNoLocal = uint32(xlbXlbSvcFlagXLB_SVC_F_NOLOCAL)
 
 	ctFwd   = uint8(xlbXlbCtDirXLB_CT_FWD)
 	ctReply = uint8(xlbXlbCtDirXLB_CT_REPLY)

@@ -168,7 +168,8 @@ func (p *Plane) syncBackendStats(live map[uint32]bool) error {
 	return nil
 }
 
-// setSvcFlags writes g's flags (log, passive) to xlb_svc_flags.
+// setSvcFlags writes g's flags (log, passive, intra-connect off) to
+// xlb_svc_flags.
 func (p *Plane) setSvcFlags(g *generation) error {
 	var fl uint32
 	if g.log {
@@ -176,6 +177,9 @@ func (p *Plane) setSvcFlags(g *generation) error {
 	}
 	if g.passive != nil {
 		fl |= svcFlagPassive
+	}
+	if g.noLocal {
+		fl |= svcFlagNoLocal
 	}
 	if err := p.objs.XlbSvcFlags.Update(g.val.Id, fl, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write service flags: %w", err)

@@ -49,6 +49,13 @@ type generation struct {
 	// program watches (passive.go), but its sorry server; nil: none.
 	passive *model.PassiveCheck
 	sorry   string
+	// noLocal: intra-connect off, the socket programs leave the node's
+	// own connections alone (xlb_svc_flags).
+	noLocal bool
+	// staticKeys, staticVals: the farm's static sessions in xlb_static
+	// (static.go), parallel slices.
+	staticKeys []xlbPersistKey
+	staticVals []xlbPersistVal
 }
 
 func (g *generation) hasStl(k xlbStlKey) bool {
@@ -66,7 +73,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	if f.State != model.StateUp {
 		return nil, nil
 	}
-	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix}
+	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix, noLocal: f.IntraConnectOff}
 	if f.Check != nil && f.Check.Passive != nil {
 		r := f.Check.Passive.Resolved()
 		g.passive, g.sorry = &r, f.Check.SorryServer
@@ -89,6 +96,10 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 		g.val.Mode = modeSNAT
 	case model.ModeDSR:
 		g.val.Mode = modeDSR
+	case model.ModeLocal:
+		// nftlb's local: the program passes the packets (after the
+		// farm's policies) to the node's own sockets.
+		g.val.Mode = modeLocal
 	case model.ModeStlsDNAT:
 		g.val.Mode = modeSTL
 		// Replies of every backend (active or not: in-flight packets)
@@ -143,12 +154,16 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	if f.Persistence != 0 {
 		g.val.Persist = hashKeys(f.Persistence)
 		g.val.PersistTtl = f.PersistTTL
+		g.planStatic(f) // static.go; after the service keys
 	}
 	active := f.ActiveBackends()
 	entry := func(b model.Backend) (xlbBackend, error) {
 		be := xlbBackend{Addr: addrWords(b.Addr), Port: ne16(b.Port), Family: familyOf(b.Addr)}
 		if f.Mode == model.ModeSNAT {
 			src := f.SourceAddr
+			if b.SourceAddr.IsValid() {
+				src = b.SourceAddr // nftlb's backend source-addr
+			}
 			if !src.IsValid() {
 				var err error
 				if src, err = p.sourceFor(b.Addr); err != nil {

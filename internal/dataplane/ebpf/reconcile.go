@@ -156,6 +156,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if err := p.writeStateless(g); err != nil {
 			return fmt.Errorf("farm %q: %w", f.Name, err)
 		}
+		if err := p.writeStatic(g); err != nil {
+			return err
+		}
 	}
 	for _, g := range rewrite {
 		if err := ctx.Err(); err != nil {
@@ -200,6 +203,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if !liveBE[id] {
 			_ = p.objs.XlbBackends.Delete(id)
 		}
+	}
+	if err := p.dropStaleStatic(); err != nil {
+		return err
 	}
 	{
 		var k xlbStlKey

@@ -68,7 +68,9 @@ func TestSchedulerFixtures(t *testing.T) {
 	sym := farm(t, "sym", "10.99.0.1", 80, model.ProtoTCP, model.ModeDNAT, model.SchedSymhash, bes...)
 	mag := farm(t, "mag", "10.99.0.2", 80, model.ProtoTCP, model.ModeDNAT, model.SchedMaglev, bes...)
 	prio := farm(t, "prio", "10.99.0.3", 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, bes...)
-	prio.Backends[0].Priority = 2
+	// nftlb's rule: b2 down raises the level to 2; b0 (a spare of
+	// level 3) stays on standby.
+	prio.Backends[0].Priority = 3
 	prio.Backends[1].Priority = 1
 	prio.Backends[2].Priority = 1
 	prio.Backends[2].State = model.StateDown
@@ -109,7 +111,7 @@ func TestSchedulerFixtures(t *testing.T) {
 			t.Errorf("maglev flow from port %d went to %s, want %s", sport, got.dst, want)
 		}
 		spread["mag"][got.dst]++
-		// priority: only the up backend of the lowest level serves.
+		// priority: only the up backend at or below the level serves.
 		_, out = runProg(t, ns, p.objs.XlbIngress, pktSpec{src: client, sport: sport, dst: vip3, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build())
 		if got, err = parse(out); err != nil {
 			t.Fatal(err)

@@ -53,6 +53,8 @@ func (p *Plane) sockShared() map[string]*ebpf.Map {
 		"xlb_services": p.objs.XlbServices, "xlb_slots": p.objs.XlbSlots, "xlb_backends": p.objs.XlbBackends,
 		"xlb_rr": p.objs.XlbRr, "xlb_persist": p.objs.XlbPersist, "xlb_be_index": p.objs.XlbBeIndex,
 		"xlb_stats": p.objs.XlbStats,
+		// intra-connect off (xlb_svc_flags), static sessions (xlb_pick.h).
+		"xlb_svc_flags": p.objs.XlbSvcFlags, "xlb_static": p.objs.XlbStatic,
 		// The farms' policies (Options.PoliciesOnOutput).
 		"xlb_tbl_conf": p.objs.XlbTblConf, "xlb_tbl_policy": p.objs.XlbTblPolicy, "xlb_tbl_meta": p.objs.XlbTblMeta,
 		"xlb_tbl_addr4": p.objs.XlbTblAddr4, "xlb_tbl_addr6": p.objs.XlbTblAddr6,

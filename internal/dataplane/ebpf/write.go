@@ -124,6 +124,10 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 		p.free(g)
 		return err
 	}
+	if err := p.writeStatic(g); err != nil {
+		p.free(g)
+		return err
+	}
 	if len(g.slots) > 0 {
 		keys := make([]xlbSlotKey, len(g.slots))
 		vals := make([]uint32, len(g.slots))
@@ -151,6 +155,7 @@ func (p *Plane) write(g *generation, reuse func(xlbBackend) uint32) error {
 // longer be referenced by any service key.
 func (p *Plane) free(g *generation) {
 	p.freeStateless(g)
+	p.freeStatic(g)
 	if g.val.Id != 0 {
 		for i := range g.slots {
 			_ = p.objs.XlbSlots.Delete(xlbSlotKey{Svc: g.val.Id, Idx: uint32(i)})

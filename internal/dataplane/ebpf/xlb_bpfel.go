@@ -247,6 +247,7 @@ const (
 	xlbXlbHashKeyXLB_HASH_SRCPORT xlbXlbHashKey = 2
 	xlbXlbHashKeyXLB_HASH_DSTIP   xlbXlbHashKey = 4
 	xlbXlbHashKeyXLB_HASH_DSTPORT xlbXlbHashKey = 8
+	xlbXlbHashKeyXLB_HASH_STATIC  xlbXlbHashKey = 128
 )
 
 type xlbXlbLc uint32
@@ -262,6 +263,7 @@ const (
 	xlbXlbModeXLB_MODE_SNAT     xlbXlbMode = 1
 	xlbXlbModeXLB_MODE_DSR      xlbXlbMode = 2
 	xlbXlbModeXLB_MODE_STLSDNAT xlbXlbMode = 3
+	xlbXlbModeXLB_MODE_LOCAL    xlbXlbMode = 4
 )
 
 type xlbXlbNhFlag uint32
@@ -297,6 +299,7 @@ const (
 	xlbXlbSizeXLB_SIZE_STAT_SLOTS  xlbXlbSize = 65536
 	xlbXlbSizeXLB_SIZE_SLOTS       xlbXlbSize = 1048576
 	xlbXlbSizeXLB_SIZE_PERSIST     xlbXlbSize = 262144
+	xlbXlbSizeXLB_SIZE_STATIC      xlbXlbSize = 65536
 	xlbXlbSizeXLB_SIZE_LC_BACKENDS xlbXlbSize = 256
 )
 
@@ -338,6 +341,7 @@ type xlbXlbSvcFlag uint32
 const (
 	xlbXlbSvcFlagXLB_SVC_F_LOG     xlbXlbSvcFlag = 1
 	xlbXlbSvcFlagXLB_SVC_F_PASSIVE xlbXlbSvcFlag = 2
+	xlbXlbSvcFlagXLB_SVC_F_NOLOCAL xlbXlbSvcFlag = 4
 )
 
 type xlbXlbTblConfFlag uint32
@@ -394,6 +398,7 @@ const (
 	xlbMapXlbServices         = "xlb_services"
 	xlbMapXlbSlots            = "xlb_slots"
 	xlbMapXlbStateless        = "xlb_stateless"
+	xlbMapXlbStatic           = "xlb_static"
 	xlbMapXlbStats            = "xlb_stats"
 	xlbMapXlbSvcFlags         = "xlb_svc_flags"
 	xlbMapXlbTblAddr4         = "xlb_tbl_addr4"
@@ -496,6 +501,7 @@ type xlbMapSpecs struct {
 	XlbServices   *ebpf.MapSpec `ebpf:"xlb_services"`
 	XlbSlots      *ebpf.MapSpec `ebpf:"xlb_slots"`
 	XlbStateless  *ebpf.MapSpec `ebpf:"xlb_stateless"`
+	XlbStatic     *ebpf.MapSpec `ebpf:"xlb_static"`
 	XlbStats      *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags   *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
 	XlbTblAddr4   *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
@@ -568,6 +574,7 @@ type xlbMaps struct {
 	XlbServices   *ebpf.Map `ebpf:"xlb_services"`
 	XlbSlots      *ebpf.Map `ebpf:"xlb_slots"`
 	XlbStateless  *ebpf.Map `ebpf:"xlb_stateless"`
+	XlbStatic     *ebpf.Map `ebpf:"xlb_static"`
 	XlbStats      *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags   *ebpf.Map `ebpf:"xlb_svc_flags"`
 	XlbTblAddr4   *ebpf.Map `ebpf:"xlb_tbl_addr4"`
@@ -597,6 +604,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbServices,
 		m.XlbSlots,
 		m.XlbStateless,
+		m.XlbStatic,
 		m.XlbStats,
 		m.XlbSvcFlags,
 		m.XlbTblAddr4,

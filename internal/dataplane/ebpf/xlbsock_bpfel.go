@@ -219,6 +219,7 @@ const (
 	xlbSockMapXlbSockRev           = "xlb_sock_rev"
 	xlbSockMapXlbSockStats         = "xlb_sock_stats"
 	xlbSockMapXlbStateless         = "xlb_stateless"
+	xlbSockMapXlbStatic            = "xlb_static"
 	xlbSockMapXlbStats             = "xlb_stats"
 	xlbSockMapXlbSvcFlags          = "xlb_svc_flags"
 	xlbSockMapXlbTblAddr4          = "xlb_tbl_addr4"
@@ -324,6 +325,7 @@ type xlbSockMapSpecs struct {
 	XlbSockRev   *ebpf.MapSpec `ebpf:"xlb_sock_rev"`
 	XlbSockStats *ebpf.MapSpec `ebpf:"xlb_sock_stats"`
 	XlbStateless *ebpf.MapSpec `ebpf:"xlb_stateless"`
+	XlbStatic    *ebpf.MapSpec `ebpf:"xlb_static"`
 	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
 	XlbTblAddr4  *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
@@ -391,6 +393,7 @@ type xlbSockMaps struct {
 	XlbSockRev   *ebpf.Map `ebpf:"xlb_sock_rev"`
 	XlbSockStats *ebpf.Map `ebpf:"xlb_sock_stats"`
 	XlbStateless *ebpf.Map `ebpf:"xlb_stateless"`
+	XlbStatic    *ebpf.Map `ebpf:"xlb_static"`
 	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
 	XlbTblAddr4  *ebpf.Map `ebpf:"xlb_tbl_addr4"`
@@ -421,6 +424,7 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbSockRev,
 		m.XlbSockStats,
 		m.XlbStateless,
+		m.XlbStatic,
 		m.XlbStats,
 		m.XlbSvcFlags,
 		m.XlbTblAddr4,

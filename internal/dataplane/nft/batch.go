@@ -131,7 +131,8 @@ func (b *batch) ensureStatic() {
 	// Firewall-mark farms first, as IPVS looks up fwmark services first.
 	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcExactRule(false), svcExactRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
-	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest, svc)
+	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest,
+		append([][]expr.Any{noLocalRule(false), noLocalRule(true)}, svc...)) // intraconnect.go
 	// The health checks' own connections (marked by their sockets) are
 	// not tracked: no conntrack entry, no NAT chains for each check.
 	checks := b.c.AddChain(&nftables.Chain{Table: t, Name: chainChecks, Type: nftables.ChainTypeFilter,

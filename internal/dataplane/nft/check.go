@@ -14,16 +14,25 @@ import (
 // limits-ttl, the limits' verdict and log prefixes and log-rtlimit
 // (clientlimits.go, verdict.go), queue (queue.go), backend source-addr
 // (backendsnat.go), mode local (local.go), static sessions
-// (staticsessions.go).
+// (staticsessions.go), intra-connect off (intraconnect.go), further
+// addresses (checkAddresses).
 var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
 	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
-	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode", "sessions"}
+	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode", "sessions", "intra-connect",
+	"addresses"}
 
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {
 	no := func(field, value string) error { return dataplane.Unsupported(PlaneName, f, field, value) }
 	if err := dataplane.CheckNftlbFields(PlaneName, f, implementedNftlbFields...); err != nil {
 		return err
+	}
+	if err := checkAddresses(f); err != nil {
+		return err
+	}
+	if f.IntraConnectOff && f.IsMarkFarm() {
+		return dataplane.Refuse(f, "intra-connect", "off",
+			"a firewall-mark farm takes the packets your own rules mark: leave the LB host's own packets unmarked instead")
 	}
 	if f.Verdict != model.DefaultVerdict && len(f.Policies) > 0 {
 		return dataplane.Refuse(f, "verdict", f.Verdict.String(),
@@ -79,10 +88,6 @@ func check(f *model.Farm) error {
 			fmt.Sprintf("key is %d bytes, the %s data plane holds at most %d (e.g. srcip-srcport, srcip-dstport)", persistKeySize(f), PlaneName, maxKeySize))
 	case f.Mark != 0 && !f.IsMarkFarm():
 		return no("mark", fmt.Sprint(f.Mark))
-	case f.Priority != 1:
-		// Backend priority groups follow model.Farm.ActiveBackends; a farm
-		// priority other than the default has no meaning here yet.
-		return no("priority", fmt.Sprint(f.Priority))
 	case len(f.Policies) > 0:
 		if err := CheckPolicies(f); err != nil { // tables.go
 			return err
@@ -120,10 +125,9 @@ func check(f *model.Farm) error {
 		zeroPort = zeroPort || b.Port == 0
 		port = port || b.Port != 0
 	}
-	single := len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last
-	if zeroPort && port && !single {
+	if zeroPort && port && !f.SinglePort() {
 		return dataplane.Refuse(f, "backends.port", "0",
-			"backends with port 0 (keep the client's port) and backends with a port cannot be mixed in a farm with several virtual ports in the "+PlaneName+" data plane")
+			"backends with port 0 (keep the client's port) and backends with a port cannot be mixed in a farm with several virtual ports or addresses in the "+PlaneName+" data plane")
 	}
 	return nil
 }
@@ -155,6 +159,40 @@ func checkDual(f *model.Farm) error {
 	for _, h := range plan.Halves(f) {
 		if err := check(h); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// checkAddresses refuses further addresses (nftlb's "addresses" beyond a
+// farm's own) the plane cannot serve. It serves them as nftlb does: every
+// address's keys go to the farm's one chain (svcElems), so scheduling,
+// persistence and limits are the farm's whatever address a client used.
+func checkAddresses(f *model.Farm) error {
+	if len(f.Addresses) == 0 {
+		return nil
+	}
+	a := f.Addresses[0]
+	refuse := func(why string) error { return dataplane.Refuse(f, "addresses", a.Name, why) }
+	switch {
+	case f.IsMarkFarm() || !f.VirtualAddr.IsValid():
+		return refuse("further addresses need the farm's own address first (a virtual-addr)")
+	case f.Family == model.FamilyDual:
+		return refuse("a family dual farm has its two VIPs as its one address; further addresses are for farms of one family")
+	case f.Mode != model.ModeSNAT && f.Mode != model.ModeDNAT && f.Mode != model.ModeLocal:
+		return refuse("the " + PlaneName + " data plane serves further addresses in modes snat, dnat and local (dsr and stlsdnat forward by the farm's one address at ingress and rewrite replies back to it)")
+	}
+	for _, a := range f.Addresses {
+		refuse := func(field, value, why string) error {
+			return dataplane.Refuse(f, "addresses."+field, value, fmt.Sprintf("address %q: %s", a.Name, why))
+		}
+		switch {
+		case !a.Addr.IsValid():
+			return refuse("ip-addr", "", "needs an ip-addr to be served")
+		case a.Addr2.IsValid() || a.Addr.Is6() != f.VirtualAddr.Is6():
+			return refuse("ip-addr", a.Addr.String(), "must be of the farm's family "+f.Family.String()+": its backends serve every address, and nftables cannot translate between families")
+		case f.Helper != model.HelperNone && a.Protocol != f.Protocol:
+			return refuse("protocol", a.Protocol.String(), "must be the farm's protocol "+f.Protocol.String()+": its helper "+f.Helper.String()+" is for that protocol")
 		}
 	}
 	return nil

@@ -218,29 +218,31 @@ func counted(f *model.Farm) bool {
 }
 
 // farmElems returns the counter elements of farm f (a whole farm: a dual
-// farm's two VIPs each count the backends of their family).
+// farm's two VIPs each count the backends of their family; each further
+// address counts too: model.Farm.Listeners).
 func farmElems(f *model.Farm) []ctrElem {
 	if !counted(f) {
 		return nil
 	}
-	protos := []uint8{f.Protocol.Number()}
-	if f.Protocol == model.ProtoAll {
-		protos = []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP}
-	}
-	var vports []uint16 // for backends of port 0
-	n := 0
-	for _, r := range f.VirtualPorts {
-		n += int(r.Last-r.First) + 1
-	}
-	if n > 0 && n <= maxCountedPorts {
-		for _, r := range f.VirtualPorts {
-			for p := int(r.First); p <= int(r.Last); p++ {
-				vports = append(vports, uint16(p))
+	var out []ctrElem
+	for _, l := range f.Listeners() {
+		protos := []uint8{l.Protocol.Number()}
+		if l.Protocol == model.ProtoAll {
+			protos = []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP}
+		}
+		var vports []uint16 // for backends of port 0
+		n := 0
+		for _, r := range l.Ports {
+			n += int(r.Last-r.First) + 1
+		}
+		if n > 0 && n <= maxCountedPorts {
+			for _, r := range l.Ports {
+				for p := int(r.First); p <= int(r.Last); p++ {
+					vports = append(vports, uint16(p))
+				}
 			}
 		}
-	}
-	var out []ctrElem
-	for _, vip := range f.VirtualAddrs() {
+		vip := l.Addr
 		v6 := vip.Is6()
 		for i := range f.Backends {
 			b := &f.Backends[i]

@@ -108,7 +108,7 @@
 //
 // followed by a rule that drops, so a packet for a farm never falls through
 // to local sockets. Only model.Farm.ActiveBackends get slots: up, weight >
-// 0, lowest priority level with any. A farm with none has a chain that
+// 0, at or below the farm's priority level (model.Farm.PriorityLevel). A farm with none has a chain that
 // refuses new connections (TCP reset, else ICMP port unreachable). A farm
 // whose state is not up has nothing in the
 // kernel: its VIP is not handled.

@@ -166,6 +166,13 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		}
 	}
 	b.diffElems(oldPlan, pl, oldBsnat, pl.bsnat, (*farmPlan).bsnatSet)
+	oldNoLocal := map[string]elem{}
+	if oldPlan != nil {
+		for _, e := range oldPlan.nolocal {
+			oldNoLocal[e.id()] = e
+		}
+	}
+	b.diffElems(oldPlan, pl, oldNoLocal, pl.nolocal, (*farmPlan).noLocalSet)
 	if oldPlan != nil {
 		b.hairpin(oldPlan.hair, pl.hair, oldPlan.v6, pl.v6)
 	} else {
@@ -314,6 +321,9 @@ func (b *batch) removeFarm(old *farmState) {
 	}
 	if len(pl.bsnat) > 0 {
 		b.delFrom(pl.bsnatSet(), pl.bsnat)
+	}
+	if len(pl.nolocal) > 0 {
+		b.delFrom(pl.noLocalSet(), pl.nolocal)
 	}
 	switch {
 	case pl.isDirect():

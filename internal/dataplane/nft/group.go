@@ -73,7 +73,7 @@ func (g groupCounts) clone() groupCounts {
 // scheduling rule and nothing else (see above). Called after setDirect.
 func (p *farmPlan) setGrouped(f *model.Farm) {
 	if !p.isDirect() && !p.mark && !p.dsrMode && !p.stls && p.kind != kindNone && !p.ids &&
-		f.NewRTLimit == 0 && f.EstConnLimit == 0 && len(f.VirtualPorts) <= 1 {
+		f.NewRTLimit == 0 && f.EstConnLimit == 0 && len(f.VirtualPorts) <= 1 && len(f.Addresses) == 0 {
 		p.via = chainGroup
 	}
 }

@@ -88,7 +88,7 @@ func (p *farmPlan) place() {
 // chain per family, and a table of them costs a change O(1) (doc.go).
 func (p *farmPlan) setDirect(f *model.Farm) {
 	if len(p.active) != 1 || p.ids || p.persist != "" || f.NewRTLimit != 0 || f.EstConnLimit != 0 ||
-		f.Protocol == model.ProtoAll || len(f.VirtualPorts) == 0 {
+		f.Protocol == model.ProtoAll || len(f.VirtualPorts) == 0 || len(f.Addresses) > 0 {
 		return
 	}
 	for _, r := range f.VirtualPorts {

@@ -83,7 +83,10 @@ type farmPlan struct {
 	local bool
 	// bsnat: the farm's elements in snatb4/6 (backend source-addr,
 	// backendsnat.go).
-	bsnat         []elem
+	bsnat []elem
+	// nolocal: the farm's elements in nolocal4/6 (intra-connect off,
+	// intraconnect.go).
+	nolocal       []elem
 	clients       clientSets
 	clientSetDefs map[string]*nftables.Set
 	vchains       []string
@@ -146,6 +149,7 @@ func planFarm(f *model.Farm) *farmPlan {
 	if f.Mode == model.ModeLocal {
 		// The LB itself serves the VIP (local.go): no backends, no NAT.
 		p.local = true
+		p.planNoLocal(f)
 		p.svc = markExact(p.svc)
 		return p
 	}
@@ -157,6 +161,7 @@ func planFarm(f *model.Farm) *farmPlan {
 		}
 	}
 	p.planBackendSnat(f)
+	p.planNoLocal(f)
 	p.svc = markExact(p.svc)
 	p.backends(f)
 	p.hair = hairpinElems(f, p)
@@ -177,7 +182,7 @@ func (p *farmPlan) backends(f *model.Farm) *farmPlan {
 			p.kind = kindAddrPort
 		}
 	}
-	if p.kind == kindAddrPort && len(f.VirtualPorts) == 1 && f.VirtualPorts[0].First == f.VirtualPorts[0].Last {
+	if p.kind == kindAddrPort && f.SinglePort() {
 		p.port = f.VirtualPorts[0].First
 	}
 	if p.dsrMode {

@@ -86,7 +86,6 @@ func TestCheck(t *testing.T) {
 			f.Family, f.VirtualAddr2 = model.FamilyDual, netip.MustParseAddr("fd00::1")
 			f.Persistence = model.KeySrcIP | model.KeyDstIP
 		}},
-		{"priority", func(f *model.Farm) { f.Priority = 2 }},
 		// Policies are checked at prerouting, which stlsdnat bypasses.
 		{"policies", func(f *model.Farm) {
 			f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP
@@ -386,6 +385,8 @@ table inet xlb {
 	}
 	chain output {
 		type nat hook output priority -100; policy accept;
+		ip daddr . meta l4proto . th dport @nolocal4 accept
+		ip6 daddr . meta l4proto . th dport @nolocal6 accept
 		meta nfproto ipv4 meta mark vmap @fwm4
 		meta nfproto ipv6 meta mark vmap @fwm6
 		ip daddr . meta l4proto . th dport vmap @svcx4
@@ -443,6 +444,14 @@ table inet xlb {
 	set hairpin6 {
 		type ipv6_addr . ipv6_addr
 		elements = { fd00:200::11 . fd00:200::11, fd00:200::12 . fd00:200::12 }
+	}
+	set nolocal4 {
+		type ipv4_addr . inet_proto . inet_service
+		flags interval
+	}
+	set nolocal6 {
+		type ipv6_addr . inet_proto . inet_service
+		flags interval
 	}
 	chain WEB {
 		counter packets 0 bytes 0 dnat ip to numgen inc mod 2 map @MWEB-GEN

@@ -149,6 +149,9 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 		for _, e := range pl.bsnat {
 			wantElems[pl.bsnatSet()][e.id()] = e
 		}
+		for _, e := range pl.nolocal {
+			wantElems[pl.noLocalSet()][e.id()] = e
+		}
 	}
 	// Per-packet base chains: (re)made if a farm needs them, else strays.
 	var users hookUsers

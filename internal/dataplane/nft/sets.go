@@ -70,7 +70,7 @@ func staticSets(t *nftables.Table) []*nftables.Set {
 		svc(setStlsR6, typeSvc6),
 		dst(setDst4, typeSvc4, typeDst4),
 		dst(setDst6, typeSvc6, typeDst6),
-	}, append(backendSnatSets(t), hairpinSets(t)...)...)
+	}, append(append(backendSnatSets(t), hairpinSets(t)...), noLocalSets(t)...)...)
 }
 
 // exactSet names the hash twin of an interval set that holds single-port
@@ -163,22 +163,39 @@ func pad4(b []byte) []byte {
 	return b
 }
 
-// svcElems returns the farm's keys (VIP . protocols . port ranges); with
-// chain set they are svc map elements, with val set snat map elements.
+// svcElems returns the farm's keys (VIP . protocols . port ranges, for
+// its own address and each further one: model.Farm.Listeners); with chain
+// set they are svc map elements, with val set snat map elements.
 func svcElems(f *model.Farm, chain string, val []byte) []elem {
-	p0, p1 := f.Protocol.Number(), f.Protocol.Number()
-	if f.Protocol == model.ProtoAll {
+	if len(f.Addresses) == 0 {
+		// The common case, without building the listeners.
+		return listenerElems(nil, f.VirtualAddr, f.Protocol, f.VirtualPorts, chain, val)
+	}
+	var out []elem
+	for _, l := range f.Listeners() {
+		if l.Addr.Is6() == f.VirtualAddr.Is6() { // a dual farm's half has one family
+			out = listenerElems(out, l.Addr, l.Protocol, l.Ports, chain, val)
+		}
+	}
+	return out
+}
+
+// listenerElems appends the keys of one listener to out.
+func listenerElems(out []elem, a netip.Addr, proto model.Protocol, ports []model.PortRange, chain string, val []byte) []elem {
+	p0, p1 := proto.Number(), proto.Number()
+	if proto == model.ProtoAll {
 		p0, p1 = protoNone, anyProto
 	}
-	ports := f.VirtualPorts
 	if len(ports) == 0 {
 		ports = []model.PortRange{{First: 0, Last: anyPort}}
 	}
-	out := make([]elem, 0, len(ports))
+	if out == nil {
+		out = make([]elem, 0, len(ports))
+	}
 	for _, r := range ports {
 		out = append(out, elem{
-			Key:    pad4(svcKey(f.VirtualAddr, p0, r.First)),
-			KeyEnd: pad4(svcKey(f.VirtualAddr, p1, r.Last)),
+			Key:    pad4(svcKey(a, p0, r.First)),
+			KeyEnd: pad4(svcKey(a, p1, r.Last)),
 			Chain:  chain,
 			Val:    val,
 		})

@@ -460,28 +460,20 @@ func (b *tablesBatch) writeTableChain(tb *model.Table) {
 	}
 }
 
-// farmKeys are the dispatch map elements of a farm: its VIPs' protocol and
-// port ranges, or its mark.
+// farmKeys are the dispatch map elements of a farm: its listeners'
+// addresses, protocols and port ranges (model.Farm.Listeners), or its mark.
 func farmKeys(f *model.Farm, chain string) (v4, v6, marks []nftables.SetElement) {
 	verdict := &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}
 	if f.IsMarkFarm() {
 		return nil, nil, []nftables.SetElement{{Key: binaryutil.NativeEndian.PutUint32(f.Mark), VerdictData: verdict}}
 	}
-	p0, p1 := f.Protocol.Number(), f.Protocol.Number()
-	if f.Protocol == model.ProtoAll {
-		p0, p1 = protoNone, anyProto
-	}
-	ports := f.VirtualPorts
-	if len(ports) == 0 {
-		ports = []model.PortRange{{First: 0, Last: anyPort}}
-	}
-	for _, a := range f.VirtualAddrs() {
-		for _, r := range ports {
-			e := nftables.SetElement{Key: pad4(svcKey(a, p0, r.First)), KeyEnd: pad4(svcKey(a, p1, r.Last)), VerdictData: verdict}
-			if a.Is4() {
-				v4 = append(v4, e)
+	for _, l := range f.Listeners() {
+		for _, e := range listenerElems(nil, l.Addr, l.Protocol, l.Ports, "", nil) {
+			se := nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd, VerdictData: verdict}
+			if l.Addr.Is4() {
+				v4 = append(v4, se)
 			} else {
-				v6 = append(v6, e)
+				v6 = append(v6, se)
 			}
 		}
 	}

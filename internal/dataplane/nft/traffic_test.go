@@ -254,9 +254,10 @@ func TestDrainAndStates(t *testing.T) {
 	}
 }
 
-// TestPriorityGroups: only the lowest priority level serves; when all of
-// it is down the next level takes over; with no serving backend at all new
-// connections are dropped.
+// TestPriorityGroups: backends above the farm's priority level stand by;
+// as backends of level 1 go down the level rises (nftlb's rule,
+// model.Farm.PriorityLevel) and the spare takes traffic; with no serving
+// backend at all new connections are refused.
 func TestPriorityGroups(t *testing.T) {
 	e := newEnv(t, 3, false)
 	t.Parallel()
@@ -272,6 +273,12 @@ func TestPriorityGroups(t *testing.T) {
 	}
 	f = f.Clone()
 	f.Backends[0].State = model.StateDown
+	e.put(t, prev, f)
+	c = e.count(t, 20, func() string { n, _ := e.askTCP(t, netip.AddrPortFrom(vip, 80)); return n })
+	if c["b1"] != 10 || c["b2"] != 10 {
+		t.Errorf("one of level 1 down, level 2: got %v, want 10 each on b1 and the spare b2", c)
+	}
+	f = f.Clone()
 	f.Backends[1].State = model.StateDown
 	e.put(t, prev, f)
 	c = e.count(t, 10, func() string { n, _ := e.askTCP(t, netip.AddrPortFrom(vip, 80)); return n })

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -198,16 +199,6 @@ func (c *Controller) list(res schema.GroupVersionResource) []*unstructured.Unstr
 			out = append(out, u)
 		}
 	}
-	slices.SortFunc(out, func(a, b *unstructured.Unstructured) int { return cmpString(a.GetName(), b.GetName()) })
+	slices.SortFunc(out, func(a, b *unstructured.Unstructured) int { return strings.Compare(a.GetName(), b.GetName()) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

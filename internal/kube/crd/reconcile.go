@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -174,9 +175,9 @@ func (c *Controller) wantFarm(u *unstructured.Unstructured, checks map[checkTarg
 	}
 	targets := slices.SortedFunc(maps.Keys(checks), func(a, b checkTarget) int {
 		if a.farm != b.farm {
-			return cmpString(a.farm, b.farm)
+			return strings.Compare(a.farm, b.farm)
 		}
-		return cmpString(a.backend, b.backend)
+		return strings.Compare(a.backend, b.backend)
 	})
 	for _, t := range targets {
 		if t.farm != name {
