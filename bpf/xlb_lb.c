@@ -1254,17 +1254,20 @@ int xlb_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
+	__u8 smac[6] = {};
 	struct pkt p = {};
 	struct ct_val *v;
 	__u32 bid, ifindex, *fl;
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
-	if (tbl_denied(&p, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0)) {
+	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
+	if (data + 12 <= end)
+		__builtin_memcpy(smac, data + 6, 6);
+	if (tbl_check(&p, smac, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
-	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
 		return XDP_PASS;
 	if (xlb_elapsed(xlb_now(), v->seen) > xlb_ct_refresh_ns)
@@ -1328,15 +1331,23 @@ int xlb_ingress(struct __sk_buff *skb)
 		stat_inc(XLB_STAT_NOT_PARSED);
 		return XLB_NEXT;
 	}
-	if (tbl_denied(&p, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0)) {
+	/* The policy check (xlb_tables.h) comes first; a tracked flow that
+	 * passed it under the current policy generation pays one compare. A
+	 * flow whose entry turns out to be gone starts again: checked in
+	 * full, its limit applied. */
+	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
+	if (tbl_check_skb(skb, &p, v)) {
 		stat_inc(XLB_STAT_POLICY_DROP);
 		return XLB_DROP;
 	}
-	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (v) {
 		rc = lb4_ct_hit(skb, &p, v);
 		if (rc != XLB_CT_MISS)
 			return rc;
+		if (tbl_check_skb(skb, &p, NULL)) {
+			stat_inc(XLB_STAT_POLICY_DROP);
+			return XLB_DROP;
+		}
 	}
 	return lb4_new_flow(skb, &p);
 }

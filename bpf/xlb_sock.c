@@ -32,6 +32,7 @@
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
 #include "xlb_pick.h"
+#define XLB_TABLES_SOCK /* xlb_tables.h: no packet-program parts */
 #include "xlb_tables.h"
 
 /* A sock_addr program returns 1 to let the call proceed, 0 to fail it (with
@@ -207,6 +208,8 @@ static __always_inline int sock_denied(const struct sock_dst *d)
 {
 	struct tbl_policy *pol;
 	struct pkt p = {};
+	__u8 smac[6] = {}; /* a socket has no Ethernet source: mac tables match nothing */
+	__u32 conf = tbl_conf();
 
 	if (!xlb_sock_policies)
 		return 0;
@@ -214,14 +217,14 @@ static __always_inline int sock_denied(const struct sock_dst *d)
 	p.k.dport = d->port;
 	p.k.proto = d->proto;
 	p.k.family = d->family;
-	pol = tbl_policies(&p);
+	pol = tbl_policies(&p, conf);
 	if (!pol)
 		return 0;
 	if (d->src[0] | d->src[1] | d->src[2] | d->src[3])
 		__builtin_memcpy(p.k.src, d->src, 16);
 	else
 		__builtin_memcpy(p.k.src, pol->node_src, 16);
-	return tbl_denied(&p, 0);
+	return tbl_denied(&p, smac, 0, NULL, conf);
 }
 
 /**

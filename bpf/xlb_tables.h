@@ -27,6 +27,8 @@
 #include "xlb_consts.h"
 #include "xlb_structs.h"
 #include "xlb_parsing.h"
+#include "xlb_maps.h" /* xlb_events */
+#include "xlb_pick.h" /* stat_inc */
 
 /* Table ids are 1-65535 (model.MaxTables), and so are slot indices (a
  * table has one slot at a time); index 0 is never used. */
@@ -60,17 +62,46 @@ enum xlb_tbl_size {
 };
 
 /* xlb_tbl_meta value: what a farm does with a client found in the table
- * (model.ListVerdict). */
+ * (model.ListVerdict), in the low byte of tbl_bind.verdict; flags above. */
 enum xlb_tbl_verdict {
-	XLB_TBL_NONE = 0,  /* not a policy */
-	XLB_TBL_DENY = 1,  /* blacklist: a match drops */
-	XLB_TBL_ALLOW = 2, /* whitelist: no match drops */
+	XLB_TBL_NONE = 0,	     /* not a policy */
+	XLB_TBL_DENY = 1,	     /* blacklist: a match drops */
+	XLB_TBL_ALLOW = 2,	     /* whitelist: no match drops */
+	XLB_TBL_VERDICT_MASK = 0xff, /* the verdict's bits */
+	XLB_TBL_F_LOG = 0x100,	     /* the table has a log-prefix: its drops go to xlb_events */
+	XLB_TBL_F_LIMIT = 0x200,     /* the table's valtype has limit: matches are rate limited */
+	XLB_TBL_T_SHIFT = 12,	     /* bits 12-15: the table's type (XLB_TBL_T_*) */
+	XLB_TBL_FF_SHIFT = 16,	     /* bits 16-20: a flow table's fields (model.FlowFields) */
 };
 
-/* xlb_tbl_conf value: which policy lookups a packet needs. */
+/* Table types with kernel objects (an iface table has none here: the
+ * program sees interface indexes, not names). */
+enum xlb_tbl_type {
+	XLB_TBL_T_ADDR = 0,   /* LPM tries in xlb_tbl_addr4/6 */
+	XLB_TBL_T_NUMBER = 1, /* hash in xlb_tbl_hash: the client's port (tbl_hkey.sport) */
+	XLB_TBL_T_MAC = 2,    /* hash in xlb_tbl_hash: the client's Ethernet address */
+	XLB_TBL_T_FLOW = 3,   /* hash in xlb_tbl_hash: the flow fields the table has */
+	XLB_TBL_FF_SRC_IP = 1,
+	XLB_TBL_FF_PROTO = 2,
+	XLB_TBL_FF_SRC_PORT = 4,
+	XLB_TBL_FF_DST_IP = 8,
+	XLB_TBL_FF_DST_PORT = 16,
+};
+
+/* xlb_tbl_conf value: which policy lookups a packet needs (low bits), and
+ * the policy generation (bits XLB_TBL_GEN_SHIFT on; see tbl_check). */
 enum xlb_tbl_conf_flag {
 	XLB_TBL_CONF_PORT = 1,	  /* some farm of given ports has policies */
 	XLB_TBL_CONF_ANYPORT = 2, /* some farm of every port (port 0) has policies */
+	XLB_TBL_CONF_ANY = 3,
+	XLB_TBL_CONF_MAC = 4,	       /* some farm has a mac table: load the source MAC */
+	XLB_TBL_CONF_XDP = 0x40000000, /* never stored: tbl_denied runs in the XDP program */
+	XLB_TBL_GEN_SHIFT = 8,
+	XLB_TBL_GEN_MAX = 127, /* generations 1-127 fit a conntrack entry's nh_flags */
+	/* ct_val.nh_flags bits 1-7: the generation under which the entry's
+	 * tuple last passed its farm's policies (0: not known). */
+	XLB_TBL_NH_GEN_SHIFT = 1,
+	XLB_TBL_NH_GEN_MASK = 0xfe,
 };
 
 /* Inner map keys: an LPM trie key is a prefix length then the address. */
@@ -84,18 +115,29 @@ struct tbl_key6 {
 	__u32 addr[4];	 /* net */
 };
 
-/* Inner map value: an entry's counters and value fields
- * (model.TableValue). The counters are shared by all CPUs (an LPM trie has
- * no per-CPU flavour) and added atomically on a match; the loader keeps
- * them when it replaces an entry's value. */
+/* Inner map value: an entry's counters, the value fields the program
+ * uses (model.TableValue: mark, limit) and the entry's rate-limit state.
+ * The counters are shared by all CPUs (an LPM trie has no per-CPU flavour)
+ * and added atomically on a match; the loader keeps them when it replaces
+ * an entry's value. */
 struct tbl_val {
 	__u64 packets; /* host */
 	__u64 bytes;   /* host: IP bytes */
-	__u32 mark;    /* host */
-	__u32 limit;   /* host */
-	__u32 tag;     /* host */
-	__u8 dscp;
-	__u8 pad[3];
+	__u32 mark;    /* host: stored; the program sets no mark (refused) */
+	__u32 limit;   /* host: new connections per second from the entry's clients; 0: none */
+	__u64 tat; /* host: GCRA's theoretical arrival time (bpf_ktime_get_ns), see tbl_limited */
+};
+
+/* Inner map key of a number, mac or flow table: the fields its type uses,
+ * the others zero. */
+struct tbl_hkey {
+	__u32 src[4]; /* net: flow src-ip */
+	__u32 dst[4]; /* net: flow dst-ip */
+	__u16 sport;  /* net: flow src-port, or a number table's port */
+	__u16 dport;  /* net: flow dst-port */
+	__u8 proto;   /* flow proto */
+	__u8 family;  /* XLB_AF_* of a flow with an address, else 0 */
+	__u8 mac[6];  /* a mac table's Ethernet address */
 };
 
 /* xlb_tbl_meta value: a table id's slot and verdict. */
@@ -116,7 +158,25 @@ struct tbl_policy {
 	__u32 node_src[4];
 };
 
+/* xlb_events record of a packet a farm's policy dropped (table with a
+ * log-prefix). It shares the ring buffer with struct conn_event and is
+ * told apart by its size (56 bytes, conn_event's is 80). */
+struct tbl_event {
+	__u32 src[4]; /* net: client address */
+	__u32 dst[4]; /* net: VIP */
+	__u64 ts;     /* host: bpf_ktime_get_coarse_ns() */
+	__u16 id;     /* host: the table whose verdict dropped the packet */
+	__u16 sport;  /* net */
+	__u16 dport;  /* net */
+	__u8 proto;
+	__u8 family;
+	__u8 verdict; /* XLB_TBL_DENY (a match) or XLB_TBL_ALLOW (no match) */
+	__u8 xdp;     /* 1: dropped in the XDP program */
+	__u8 pad[6];
+};
+
 struct tbl_enums {
+	enum xlb_tbl_type type;
 	enum xlb_tbl_size size;
 	enum xlb_tbl_verdict verdict;
 	enum xlb_tbl_conf_flag conf;
@@ -127,7 +187,9 @@ const struct tbl_enums *xlb_tbl_enums_btf __attribute__((unused));
 const struct tbl_val *xlb_unused_tbl_val __attribute__((unused));
 const struct tbl_key4 *xlb_unused_tbl_key4 __attribute__((unused));
 const struct tbl_key6 *xlb_unused_tbl_key6 __attribute__((unused));
+const struct tbl_hkey *xlb_unused_tbl_hkey __attribute__((unused));
 const struct tbl_bind *xlb_unused_tbl_bind __attribute__((unused));
+const struct tbl_event *xlb_unused_tbl_event __attribute__((unused));
 
 /* The inner maps' template: the loader makes one trie per slot and family
  * like these (named xt4_<slot>, xt6_<slot>, so a restarted loader knows
@@ -147,6 +209,24 @@ struct tbl_lpm6 {
 	__uint(max_entries, XLB_MAX_TABLE_ENTRIES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 };
+
+struct tbl_hash {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct tbl_hkey);
+	__type(value, struct tbl_val);
+	__uint(max_entries, XLB_MAX_TABLE_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+};
+
+/* slot index -> the slot's hash (number, mac and flow tables; the loader
+ * names it xh_<slot>). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, XLB_MAX_TABLES);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct tbl_hash);
+} xlb_tbl_hash SEC(".maps");
 
 /* slot index -> the slot's IPv4 trie. */
 struct {
@@ -229,26 +309,76 @@ static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p
 }
 
 /**
- * tbl_policies() - the policies of the farm @p is sent to, if it has any.
+ * tbl_hmatch() - the entry of the hash of slot @slot (a number, mac or flow
+ * table: @flags, the binding's) that packet @p (source MAC @smac, NULL if
+ * not loaded) matches, counted as a match of @len bytes.
+ * Return: the entry, or NULL.
+ */
+static __attribute__((noinline)) struct tbl_val *
+tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p, const __u8 *smac, __u32 len)
+{
+	__u32 type = (flags >> XLB_TBL_T_SHIFT) & 0xf, ff = (flags >> XLB_TBL_FF_SHIFT) & 0x1f;
+	struct tbl_hkey k = {};
+	struct tbl_val *v;
+	void *h;
+
+	switch (type) {
+	case XLB_TBL_T_NUMBER:
+		k.sport = p->k.sport;
+		break;
+	case XLB_TBL_T_MAC:
+		if (!smac)
+			return NULL;
+		__builtin_memcpy(k.mac, smac, 6);
+		break;
+	case XLB_TBL_T_FLOW:
+		if (ff & XLB_TBL_FF_SRC_IP)
+			__builtin_memcpy(k.src, p->k.src, 16);
+		if (ff & XLB_TBL_FF_DST_IP)
+			__builtin_memcpy(k.dst, p->k.dst, 16);
+		if (ff & (XLB_TBL_FF_SRC_IP | XLB_TBL_FF_DST_IP))
+			k.family = p->k.family;
+		if (ff & XLB_TBL_FF_PROTO)
+			k.proto = p->k.proto;
+		if (ff & XLB_TBL_FF_SRC_PORT)
+			k.sport = p->k.sport;
+		if (ff & XLB_TBL_FF_DST_PORT)
+			k.dport = p->k.dport;
+		break;
+	default:
+		return NULL;
+	}
+	h = bpf_map_lookup_elem(&xlb_tbl_hash, &slot);
+	if (!h)
+		return NULL;
+	v = bpf_map_lookup_elem(h, &k);
+	if (v) {
+		__sync_fetch_and_add(&v->packets, 1);
+		__sync_fetch_and_add(&v->bytes, len);
+	}
+	return v;
+}
+
+/**
+ * tbl_policies() - the policies of the farm @p is sent to, if it has any
+ * (@conf: xlb_tbl_conf's value).
  * Return: the farm's policies, or NULL.
  */
-static __always_inline struct tbl_policy *tbl_policies(const struct pkt *p)
+static __always_inline struct tbl_policy *tbl_policies(const struct pkt *p, __u32 conf)
 {
 	struct svc_key key = {};
 	struct tbl_policy *pol = NULL;
-	__u32 zero = 0, *conf;
 
-	conf = bpf_map_lookup_elem(&xlb_tbl_conf, &zero);
-	if (!conf || !*conf)
+	if (!(conf & XLB_TBL_CONF_ANY))
 		return NULL;
 	__builtin_memcpy(key.addr, p->k.dst, 16);
 	key.proto = p->k.proto;
 	key.family = p->k.family;
-	if (*conf & XLB_TBL_CONF_PORT) {
+	if (conf & XLB_TBL_CONF_PORT) {
 		key.port = p->k.dport;
 		pol = bpf_map_lookup_elem(&xlb_tbl_policy, &key);
 	}
-	if (!pol && (*conf & XLB_TBL_CONF_ANYPORT)) {
+	if (!pol && (conf & XLB_TBL_CONF_ANYPORT)) {
 		key.port = 0;
 		pol = bpf_map_lookup_elem(&xlb_tbl_policy, &key);
 	}
@@ -256,18 +386,78 @@ static __always_inline struct tbl_policy *tbl_policies(const struct pkt *p)
 }
 
 /**
+ * tbl_log() - put a record of the packet @p dropped by table @id's verdict
+ * @verdict into xlb_events (a full ring buffer loses it: log_lost). Not
+ * inlined: its stack stays out of the packet path's.
+ * Return: 0.
+ */
+static __attribute__((noinline)) int tbl_log(const struct pkt *p, __u32 id, __u32 verdict,
+					     __u32 xdp)
+{
+	struct tbl_event *e = bpf_ringbuf_reserve(&xlb_events, sizeof(*e), 0);
+
+	if (!e) {
+		stat_inc(XLB_STAT_LOG_LOST);
+		return 0;
+	}
+	__builtin_memcpy(e->src, p->k.src, 16);
+	__builtin_memcpy(e->dst, p->k.dst, 16);
+	e->ts = bpf_ktime_get_coarse_ns();
+	e->id = id;
+	e->sport = p->k.sport;
+	e->dport = p->k.dport;
+	e->proto = p->k.proto;
+	e->family = p->k.family;
+	e->verdict = verdict;
+	e->xdp = xdp;
+	__builtin_memset(e->pad, 0, sizeof(e->pad));
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/**
+ * tbl_one() - the verdict of one table, bound by @b, on packet @p (source
+ * MAC @smac), counting a match of @len bytes; an addr table's match with a
+ * limit goes to *@lim if it is the first. One function, so the verifier's
+ * states of tbl_denied's loop stay alike whatever kind of map matched.
+ * Return: 1 when the table's verdict drops the packet, 0 otherwise.
+ */
+static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *smac, __u32 len,
+					     const struct tbl_bind *b, struct tbl_val **lim)
+{
+	__u32 verdict = b->verdict & XLB_TBL_VERDICT_MASK;
+	struct tbl_val *v;
+
+	if (b->verdict >> XLB_TBL_T_SHIFT) {
+		v = tbl_hmatch(b->slot, b->verdict, p, smac, len);
+		return (verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v);
+	}
+	v = tbl_match(b->slot, p, len);
+	if ((verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v))
+		return 1;
+	if (lim && v && (b->verdict & XLB_TBL_F_LIMIT) && v->limit && !*lim)
+		*lim = v;
+	return 0;
+}
+
+/**
  * tbl_denied() - whether the farm @p is sent to refuses its client: a
  * blacklist of the farm holds the client, or a whitelist does not (checked
  * in the farm's order; the first that drops decides, as the nft plane's
- * chains do). Matching entries count the packet (@len IP bytes).
+ * chains do). Matching entries count the packet (@len IP bytes); a table
+ * with a log-prefix logs the drop (XLB_TBL_CONF_XDP in @conf: in the XDP
+ * program). When @lim is
+ * given, it gets the first matching entry, in the farm's order, of a table
+ * with limits whose limit is set: the caller rate limits new flows by it.
+ * @conf: xlb_tbl_conf's value.
  * Return: 1 to drop the packet, 0 otherwise.
  */
-static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len)
+static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const __u8 *smac, __u32 len,
+						struct tbl_val **lim, __u32 conf)
 {
-	struct tbl_policy *pol = tbl_policies(p);
+	struct tbl_policy *pol = tbl_policies(p, conf);
 	struct tbl_bind *b;
-	struct tbl_val *v;
-	__u32 i, id;
+	__u32 i, id, verdict;
 
 	if (!pol)
 		return 0;
@@ -276,15 +466,153 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, __u32 len)
 			break;
 		id = pol->ids[i];
 		b = bpf_map_lookup_elem(&xlb_tbl_meta, &id);
-		if (!b || b->verdict == XLB_TBL_NONE)
+		if (!b)
 			continue;
-		v = tbl_match(b->slot, p, len);
-		if (b->verdict == XLB_TBL_DENY && v)
+		verdict = b->verdict & XLB_TBL_VERDICT_MASK;
+		if (verdict == XLB_TBL_NONE && !(b->verdict & XLB_TBL_F_LIMIT))
+			continue;
+		if (tbl_one(p, smac, len, b, lim)) {
+			if (b->verdict & XLB_TBL_F_LOG)
+				tbl_log(p, id, verdict, !!(conf & XLB_TBL_CONF_XDP));
 			return 1;
-		if (b->verdict == XLB_TBL_ALLOW && !v)
-			return 1;
+		}
 	}
 	return 0;
 }
+
+/* tbl_conf() - xlb_tbl_conf's value (0: no farm has policies). */
+static __always_inline __u32 tbl_conf(void)
+{
+	__u32 zero = 0, *conf = bpf_map_lookup_elem(&xlb_tbl_conf, &zero);
+
+	return conf ? *conf : 0;
+}
+
+/**
+ * tbl_limited() - whether a new flow of a client matching @v goes past the
+ * entry's limit: @v->limit new flows a second, in bursts of as many, by the
+ * generic cell rate algorithm over one 64-bit word (the theoretical arrival
+ * time, advanced by one interval per admitted flow with a compare and
+ * exchange, so CPUs racing for the last token admit one flow, not two).
+ * Return: 1 to drop the flow, 0 to admit it.
+ */
+static __always_inline int tbl_limited(struct tbl_val *v)
+{
+	__u64 now = bpf_ktime_get_ns(), iv, tol, old, tat;
+	__u32 limit = v->limit, i;
+
+	if (!limit)
+		return 0;
+	iv = 1000000000ULL / limit;
+	tol = iv * (limit - 1);
+	for (i = 0; i < 4; i++) {
+		old = *(volatile __u64 *)&v->tat;
+		tat = old > now ? old : now;
+		if (tat - now > tol)
+			return 1;
+		if (__sync_val_compare_and_swap(&v->tat, old, tat + iv) == old)
+			return 0;
+	}
+	return 0; /* four CPUs raced: admit rather than spin */
+}
+
+/**
+ * tbl_new_limited() - tbl_limited() for packet @p, which has no conntrack
+ * entry: a UDP packet or a TCP SYN starts a flow and takes a token; other
+ * TCP packets are not flows to count (the program passes them on).
+ * Return: 1 to drop the packet, 0 otherwise.
+ */
+static __always_inline int tbl_new_limited(const struct pkt *p, struct tbl_val *lim)
+{
+	if (p->k.proto == IPPROTO_TCP && !(p->tcp_flags & XLB_TCP_SYN))
+		return 0;
+	return tbl_limited(lim);
+}
+
+/**
+ * tbl_check() - the policy check of packet @p (source MAC @smac: 6 bytes,
+ * zero when not loaded), whose conntrack entry is @v (NULL: none), as
+ * tbl_denied(), but for a tracked flow whose tuple passed its farm's
+ * policies under the current policy generation: that costs one compare.
+ * The loader moves the generation on after every change of tables,
+ * bindings or farms' policies (so a client added to a deny list is cut off
+ * from its established flows at its next packet), and when it wraps (127
+ * changes) it stops the cache (generation 0), waits for every program run
+ * to end, clears the generations of all entries (xlb_tbl_clear_gen) and
+ * starts again at 1. The generation is read before the check, so a pass
+ * against older tables is recorded under an older generation. A passing
+ * packet records the generation in its entry's nh_flags (bits 1-7) with two
+ * atomic operations on the aligned word that holds it (dir, state, mode,
+ * nh_flags: other bytes are kept; the next hop's cache writes nh_flags
+ * whole, which only clears the generation). Only a pass is recorded:
+ * denied packets are checked (and counted) every time. A packet without
+ * conntrack entry (@v NULL) starts a flow: in the tcx program the limit of
+ * the first matching entry with one applies (tbl_new_limited). @xdp: in
+ * the XDP program.
+ * Return: 1 to drop the packet, 0 otherwise.
+ */
+static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, struct ct_val *v,
+				     __u32 len, __u32 xdp)
+{
+	__u32 conf = tbl_conf(), gen = (conf >> XLB_TBL_GEN_SHIFT) & XLB_TBL_GEN_MAX, *w;
+	struct tbl_val *lim = NULL;
+
+	if (!(conf & XLB_TBL_CONF_ANY))
+		return 0;
+	if (v && gen && ((v->nh_flags & XLB_TBL_NH_GEN_MASK) >> XLB_TBL_NH_GEN_SHIFT) == gen)
+		return 0;
+	/* Limits count flows the tcx program starts, not XDP's passes. */
+	if (tbl_denied(p, smac, len, v || xdp ? NULL : &lim, xdp ? conf | XLB_TBL_CONF_XDP : conf))
+		return 1;
+	if (lim && tbl_new_limited(p, lim))
+		return 1;
+	if (v && gen) {
+		w = (__u32 *)&v->dir;
+		__sync_fetch_and_and(w, ~((__u32)XLB_TBL_NH_GEN_MASK << 24));
+		__sync_fetch_and_or(w, (gen << XLB_TBL_NH_GEN_SHIFT) << 24);
+	}
+	return 0;
+}
+
+#ifndef XLB_TABLES_SOCK /* the packet programs' (xlb_lb.c), not the socket programs' */
+
+/**
+ * tbl_check_skb() - tbl_check() in the tcx program: loads the source MAC
+ * when some farm has a mac table. Not inlined: the verifier sees one
+ * scalar come back, whatever the check went through.
+ * Return: 1 to drop the packet, 0 otherwise.
+ */
+static __attribute__((noinline)) int tbl_check_skb(struct __sk_buff *skb, const struct pkt *p,
+						   struct ct_val *v)
+{
+	__u8 smac[6] = {};
+
+	if (tbl_conf() & XLB_TBL_CONF_MAC)
+		bpf_skb_load_bytes(skb, 6, smac, 6);
+	return tbl_check(p, smac, v, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0);
+}
+
+/* tbl_clear_gen_one() - clear the policy generation of one conntrack entry
+ * (bpf_for_each_map_elem callback). */
+static long tbl_clear_gen_one(void *map, struct ct_key *k, struct ct_val *v, void *ctx)
+{
+	__sync_fetch_and_and((__u32 *)&v->dir, ~((__u32)XLB_TBL_NH_GEN_MASK << 24));
+	return 0;
+}
+
+/**
+ * xlb_tbl_clear_gen() - clear the policy generation of every conntrack
+ * entry, when the generation wraps (tbl_check). Never attached; the loader
+ * runs it with BPF_PROG_TEST_RUN.
+ * Return: 0.
+ */
+SEC("syscall")
+int xlb_tbl_clear_gen(void *ctx)
+{
+	bpf_for_each_map_elem(&xlb_ct, tbl_clear_gen_one, NULL, 0);
+	return 0;
+}
+
+#endif /* XLB_TABLES_SOCK */
 
 #endif /* XLB_TABLES_H */

@@ -138,6 +138,12 @@ type runResult struct {
 	FailAfter     int // started after detection (before the repair) that failed
 	FailRecovered int // started after the repair that failed
 	Reason        string
+	// Transitions of the broken backend while the fault lasted (a steady
+	// detection is 1: down; with loss, each return and new fall is a
+	// flap), and of the healthy backends (false alarms) over the run.
+	VictimTransitions int
+	OtherTransitions  int
+	FaultSeconds      float64 // how long the fault lasted
 }
 
 type cpuResult struct {
@@ -158,6 +164,10 @@ type cpuVariant struct {
 	ChecksPS  []float64 // checks per second counted in the API
 	FailPS    []float64 // failed checks per second
 	MachineCk []float64 // whole machine CPU (of 2 cores, in cores) while checking
+	// With -perf: the profiled sample's shares by whose work (perfShares)
+	// and its number of samples.
+	Perf        map[string]float64 `json:",omitempty"`
+	PerfSamples int                `json:",omitempty"`
 }
 
 type report struct {
@@ -349,8 +359,9 @@ func (e *env) load(stop <-chan struct{}) func() []sample {
 	}
 }
 
-// watch collects the daemon's events.
-func (e *env) watch(ctx context.Context) (func(farm, backend, state string, after time.Time, wait time.Duration) (events.Event, bool), func()) {
+// watch collects the daemon's events: find waits for one, all returns
+// those seen so far.
+func (e *env) watch(ctx context.Context) (find func(farm, backend, state string, after time.Time, wait time.Duration) (events.Event, bool), all func() []events.Event, stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var mu sync.Mutex
 	var evs []events.Event
@@ -365,7 +376,12 @@ func (e *env) watch(ctx context.Context) (func(farm, backend, state string, afte
 		}
 		return nil
 	})
-	find := func(farm, backend, state string, after time.Time, wait time.Duration) (events.Event, bool) {
+	all = func() []events.Event {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(evs)
+	}
+	find = func(farm, backend, state string, after time.Time, wait time.Duration) (events.Event, bool) {
 		deadline := time.After(wait)
 		for {
 			mu.Lock()
@@ -383,7 +399,7 @@ func (e *env) watch(ctx context.Context) (func(farm, backend, state string, afte
 			}
 		}
 	}
-	return find, cancel
+	return find, all, cancel
 }
 
 const victim = 1 // be2
@@ -408,7 +424,7 @@ func faultRun(ctx context.Context, plane, fault string) (runResult, error) {
 	if err := e.c.PutFarm(ctx, "web", []byte(farm)); err != nil {
 		return r, err
 	}
-	find, cancel := e.watch(ctx)
+	find, all, cancel := e.watch(ctx)
 	defer cancel()
 	time.Sleep(2 * inter) // every backend checked at least once
 	for range 20 {
@@ -448,7 +464,12 @@ func faultRun(ctx context.Context, plane, fault string) (runResult, error) {
 		r.Reason = ev.Reason
 	}
 	time.Sleep(3 * time.Second)
+	if fault == "loss" {
+		// Loss lasts a fixed 20 s: its flaps are counted over that.
+		time.Sleep(time.Until(t0.Add(20 * time.Second)))
+	}
 	t1 := time.Now()
+	r.FaultSeconds = t1.Sub(t0).Seconds()
 	switch fault {
 	case "kill":
 		_, err = e.t.Start(be, nil, abs(*echoBin), "-name", "backend-2", "-listen", topo.Backends[victim]+":8080")
@@ -469,6 +490,17 @@ func faultRun(ctx context.Context, plane, fault string) (runResult, error) {
 		r.Recover = ev.Time.Sub(t1).Seconds()
 	}
 	time.Sleep(3 * time.Second)
+	for _, ev := range all() {
+		if ev.Kind != events.KindHealth || ev.Farm != "web" {
+			continue
+		}
+		switch {
+		case ev.Backend != be:
+			r.OtherTransitions++
+		case !ev.Time.Before(t0) && ev.Time.Before(t1):
+			r.VictimTransitions++
+		}
+	}
 	close(stop)
 	for _, s := range collect() {
 		r.Requests++
@@ -589,7 +621,7 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 		return (u1 - u0 + s1 - s0).Seconds() / el, (m1 - m0).Seconds() / el
 	}
 	kinds := map[string]string{
-		"connect":   `{"type":"tcp","inter":"1s","timeout":"500ms"}`,
+		"connect":   `{"type":"tcp","inter":"1s","timeout":"500ms","half-open":"off"}`,
 		"half-open": `{"type":"tcp","inter":"1s","timeout":"500ms","half-open":"on"}`,
 	}
 	for _, k := range strings.Split(*cpuKinds, ",") {
@@ -627,6 +659,10 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 			d, m := sampleCPU()
 			if perf != nil {
 				perf.Wait()
+				if v.Perf, v.PerfSamples, err = perfShares(*perfOut + "." + plane + "." + v.Name); err != nil {
+					return res, err
+				}
+				log.Printf("perf %s %s: %d samples, shares %v", plane, v.Name, v.PerfSamples, v.Perf)
 			}
 			n1, f1, err := checks()
 			if err != nil {
@@ -720,6 +756,9 @@ func flapRun(ctx context.Context, plane string) ([]flapResult, error) {
 			for range *flapHogs {
 				// Bounded: each loop ends after the sample.
 				h := exec.Command("timeout", fmt.Sprint(*flapSecs), "sh", "-c", "while :; do :; done")
+				// A group of its own, killed whole below: killing timeout
+				// alone with SIGKILL left its shell spinning forever.
+				h.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 				if err := h.Start(); err != nil {
 					return err
 				}
@@ -728,7 +767,7 @@ func flapRun(ctx context.Context, plane string) ([]flapResult, error) {
 		}
 		time.Sleep(time.Duration(*flapSecs) * time.Second)
 		for _, h := range hogs {
-			h.Process.Kill()
+			syscall.Kill(-h.Process.Pid, syscall.SIGKILL)
 			h.Wait()
 		}
 		busy := (machineCPU() - m0).Seconds() / time.Since(t0).Seconds()
@@ -780,7 +819,9 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "`bench/health` (`make bench-health`), %s to %s UTC. Check: %s; bound fall × inter + timeout = %.1f s, target bound + 0.1 s. "+
 			"Client: HTTP requests to the VIP at %d/s (new connection each, 2 s timeout), round robin over 3 backends; the fault hits be2. "+
 			"Detection: from the fault to the daemon's `down` event (sent once the data plane has the change). "+
-			"Failures are counted by when the request started: between the fault and its detection, after detection (until the repair), and after the repair.\n\n",
+			"Failures are counted by when the request started: between the fault and its detection, after detection (until the repair), and after the repair. "+
+			"Faults: kill (SIGKILL: connects refused), stop (SIGSTOP: requests hang), 503 (HTTP 503 while TCP connects), loss (30 %% of be2's outgoing packets dropped by an nft `numgen random` rule in its namespace, for 20 s: this kernel has no sch_netem). "+
+			"Transitions: be2's health events while the fault lasted (1: one down; more: it came back and fell again, a flap), and the healthy backends' over the whole run (false alarms).\n\n",
 			r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"), r.Check, r.Bound, *rate)
 	}
 	type key struct{ plane, fault string }
@@ -794,15 +835,18 @@ func (r *report) markdown() string {
 		by[k] = append(by[k], x)
 	}
 	if len(keys) > 0 {
-		b.WriteString("| plane | fault | runs | detection median (min-max) s | within bound+0.1 s | recovery median s | failed before detection | failed after detection | failed after repair | requests | reason |\n")
-		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| plane | fault | runs | detection median (min-max) s | within bound+0.1 s | recovery median s | failed before detection | failed after detection | failed after repair | requests | transitions of be2 during the fault, per run | of the healthy backends | reason |\n")
+		b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	}
 	for _, k := range keys {
 		xs := by[k]
 		var det, rec []float64
-		within, fb, fa, fr, n, missed := 0, 0, 0, 0, 0, 0
+		within, fb, fa, fr, n, missed, others := 0, 0, 0, 0, 0, 0, 0
+		var victim []string
 		reasons := map[string]bool{}
 		for _, x := range xs {
+			victim = append(victim, fmt.Sprint(x.VictimTransitions))
+			others += x.OtherTransitions
 			if x.Detect < 0 {
 				missed++
 			} else {
@@ -829,8 +873,8 @@ func (r *report) markdown() string {
 		if missed > 0 {
 			miss = fmt.Sprintf(" (%d not detected in 20 s)", missed)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %.2f (%.2f-%.2f)%s | %d/%d | %.2f | %d | %d | %d | %d | %s |\n",
-			k.plane, k.fault, len(xs), ds.Median, ds.Min, ds.Max, miss, within, len(xs), rs.Median, fb, fa, fr, n, strings.Join(rl, "; "))
+		fmt.Fprintf(&b, "| %s | %s | %d | %.2f (%.2f-%.2f)%s | %d/%d | %.2f | %d | %d | %d | %d | %s | %d | %s |\n",
+			k.plane, k.fault, len(xs), ds.Median, ds.Min, ds.Max, miss, within, len(xs), rs.Median, fb, fa, fr, n, strings.Join(victim, ", "), others, strings.Join(rl, "; "))
 	}
 	if len(r.Flap) > 0 {
 		fmt.Fprintf(&b, "\n## Flapping under CPU load\n\n3 healthy backends, checked for %d s with the machine otherwise as it was, then for %d s with %d busy-looping processes (on 2 cores). "+

@@ -4,8 +4,11 @@
 // min - max, and for the ratios of the target Welch's 95 % confidence
 // interval of the difference between two systems' LB cost per packet
 // (bench/internal/stats). It also writes tables.json for bench/charts.
+// With -ab it summarizes bench/tables-ab.sh's output instead: each metric
+// of the new build against the old.
 //
 //	go run ./bench/tablesreport -dir bench/results
+//	go run ./bench/tablesreport -ab -dir bench/results
 package main
 
 import (
@@ -71,7 +74,12 @@ func span(v []float64) string {
 
 func main() {
 	dir := flag.String("dir", "bench/results", "directory of tables-lbcpu.txt and tables-ebpf-bench.txt")
+	ab := flag.Bool("ab", false, "summarize tables-ab-old.txt against tables-ab-new.txt (bench/tables-ab.sh)")
 	flag.Parse()
+	if *ab {
+		abReport(*dir)
+		return
+	}
 	lb, order, err := read(filepath.Join(*dir, "tables-lbcpu.txt"))
 	if err != nil {
 		log.Fatal(err)
@@ -136,3 +144,44 @@ func main() {
 }
 
 func us(ns float64) string { return strconv.FormatFloat(ns/1000, 'g', 4, 64) }
+
+// abReport prints, for each benchmark and metric of bench/tables-ab.sh,
+// the old and new builds' medians and the difference at 95 % confidence.
+func abReport(dir string) {
+	old, order, err := read(filepath.Join(dir, "tables-ab-old.txt"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	nw, _, err := read(filepath.Join(dir, "tables-ab-new.txt"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("| benchmark | metric | old: median (min - max), rounds | new: median (min - max), rounds | new against old (95 %, Welch) |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, b := range order {
+		keys := make([]string, 0, len(old[b]))
+		for k := range old[b] {
+			if k == "ns/op" || k == "%path" || strings.Contains(k, "cpu-ns") || strings.HasPrefix(k, "nft") || strings.HasPrefix(k, "stls") ||
+				strings.HasPrefix(k, "local") || strings.Contains(k, "drop") {
+				continue
+			}
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			o, n := old[b][k], nw[b][k]
+			if len(n) == 0 {
+				continue
+			}
+			cmp := "n/a"
+			if d, ok := stats.Compare(n, o); ok {
+				sig := "not significant"
+				if d.Significant {
+					sig = "significant"
+				}
+				cmp = fmt.Sprintf("%+.1f %% ± %.1f %% (%s)", d.Percent, d.PlusMinus, sig)
+			}
+			fmt.Printf("| %s | %s | %s | %s | %s |\n", strings.TrimPrefix(b, "Benchmark"), k, span(o), span(n), cmp)
+		}
+	}
+}

@@ -42,8 +42,8 @@ var checkFlags = []checkFlag{
 	{"quorum", "quorum", "backends that must be up; below it the sorry server serves alone (default 1)", true},
 	{"hysteresis", "hysteresis", "quorum hysteresis (default 0)", true},
 	{"sorry-server", "sorry-server", "name of the backend that serves only while the quorum is lost", true},
-	// Passive checks (ebpf plane): fields of the check's "passive" object.
-	{"passive", "passive", "on: passive checks with the defaults (or the other --passive-* flags); off: none (ebpf data plane)", true},
+	// Passive checks: fields of the check's "passive" object.
+	{"passive", "passive", "on: passive checks with the defaults (or the other --passive-* flags); off: none", true},
 	{"passive-failures", "passive.failures", "passive: consecutive connection failures that eject a backend (default 5)", true},
 	{"passive-timeout", "passive.timeout", "passive: a SYN without answer this long is a failure (default 1s)", true},
 	{"ejection-time", "passive.ejection-time", "passive: first ejection's length; the n-th in a row lasts n times as long (default 30s)", true},

@@ -50,8 +50,11 @@ A batch of entries (add or delete, several ENTRY arguments or -f FILE, "-" for
 stdin, one "KEY [VALUE] [timeout SECONDS]" a line) reports each entry that fails
 and adds the others, like ipfw; --atomic makes it all or nothing. A table with a
 verdict (deny or allow) is a policy farms can attach ("policies" in the farm's
-JSON, or POST /farms/NAME/policies). A table with values takes ENTRY VALUE pairs
-on the command line.`,
+JSON, or POST /farms/NAME/policies): an addr table matches the client's address,
+number its source port, iface the ingress interface, mac its source MAC, flow
+its fields. An addr table whose valtype has limit or mark can be attached
+without a verdict: the most specific entry's limit (new connections a second)
+and mark apply. A table with values takes ENTRY VALUE pairs on the command line.`,
 		Example: `  xlb table create bad type addr verdict deny
   xlb table bad add 192.0.2.0/24 198.51.100.7
   xlb table create marks type addr valtype mark,farm limit 100000
@@ -59,7 +62,11 @@ on the command line.`,
   xlb table marks add --atomic -f prefixes.txt
   xlb table marks lookup 10.1.2.3
   xlb table swap marks marks-next
-  xlb table marks lock`,
+  xlb table marks lock
+  xlb table create ports type number verdict deny
+  xlb table ports add 6667 31337
+  xlb table create rates type addr valtype limit
+  xlb table rates add 10.0.0.0/8 100 10.1.2.3 0`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client(cmd)

@@ -168,6 +168,12 @@ func (s *Server) putPolicies(w http.ResponseWriter, r *http.Request) error {
 }
 
 func upsertPolicy(tx *engine.Txn, td model.TableDecl) error {
+	if td.Table.Type != model.TableAddr {
+		// nftlb's policies hold addresses; tables of the other types
+		// get their verdict through /tables.
+		return badRequest(&model.FieldError{Object: fmt.Sprintf("policy %q", td.Table.Name), Field: "type", Value: td.Table.TypeString(),
+			Problem: fmt.Sprintf("nftlb's policies are addr tables; give a %s table a verdict with PUT /tables/%s (or xlb table %s modify verdict deny)", td.Table.TypeString(), td.Table.Name, td.Table.Name)})
+	}
 	if err := tx.PutTable(td.Table); err != nil {
 		return err
 	}

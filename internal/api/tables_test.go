@@ -171,7 +171,7 @@ func TestPoliciesAPI(t *testing.T) {
 		t.Errorf("table after POST /policies: %s", got)
 	}
 	e.must("POST", "/tables", `{"name":"ports","type":"number"}`)
-	if r := e.do("POST", "/policies", `{"name":"ports","type":"blacklist"}`); r.status != 400 || !strings.Contains(r.body, "only addr tables can be policies") {
+	if r := e.do("POST", "/policies", `{"name":"ports","type":"blacklist"}`); r.status != 400 || !strings.Contains(r.body, "nftlb's policies are addr tables") {
 		t.Errorf("policy over a number table: %d %s", r.status, r.body)
 	}
 }

@@ -5,8 +5,8 @@ import "context"
 // PassiveReader is an optional capability: a data plane that watches the
 // handshakes of the TCP connections it forwards to the backends of farms
 // whose check has "passive" set (model.PassiveCheck), for passive health
-// checks. The eBPF plane does, from its own conntrack; the nft plane
-// refuses such farms.
+// checks. The eBPF plane does, from its own conntrack; the nft plane from
+// netfilter's conntrack events (internal/conntrack.Passive).
 type PassiveReader interface {
 	// PassiveCounts counts the handshakes that went unanswered past
 	// their farm's timeout, then returns the counts of every watched

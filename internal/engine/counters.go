@@ -106,7 +106,7 @@ func (e *Engine) TableCounters(ctx context.Context, name string) (*model.Table, 
 	}
 	cr, ok := e.dp.(dataplane.TableCounterReader)
 	if !ok {
-		return nil, nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-entry counters (the ebpf data plane does)", e.dp.Name())}
+		return nil, nil, &NotSupportedError{Msg: fmt.Sprintf("the %s data plane keeps no per-entry counters (the ebpf and nft data planes do)", e.dp.Name())}
 	}
 	c, err := cr.TableCounters(ctx, t)
 	if err != nil {

@@ -77,7 +77,24 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 	}
 	start := time.Now()
 	if err := e.reconcileTables(ctx, l.state); err != nil {
-		return nil, err
+		// As below for farms: the last saved change may be a table change
+		// the kernel never took.
+		u, ok := st.(store.Undoer)
+		if !ok {
+			return nil, err
+		}
+		names, uerr := u.UndoLast(ctx)
+		if uerr != nil || len(names) == 0 {
+			return nil, errors.Join(err, uerr)
+		}
+		log.Warn("the kernel refused the saved tables; taking back the last saved change, which a crash left unconfirmed",
+			"changes", names, "err", err)
+		if l, err = e.loadSaved(ctx); err != nil {
+			return nil, err
+		}
+		if err := e.reconcileTables(ctx, l.state); err != nil {
+			return nil, err
+		}
 	}
 	if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); err != nil {
 		err = fmt.Errorf("reconcile %s data plane with saved state: %w", dp.Name(), err)
@@ -99,12 +116,15 @@ func New(ctx context.Context, log *slog.Logger, dp dataplane.Dataplane, st store
 				return nil, errors.Join(err, uerr)
 			}
 			log.Warn("the kernel refused the saved state; taking back the last saved change, which a crash left unconfirmed",
-				"farms", names, "err", err)
+				"changes", names, "err", err)
 			aside := l
 			if l, err = e.loadSaved(ctx); err != nil {
 				return nil, err
 			}
 			l.keepAside(e, aside)
+			if err := e.reconcileTables(ctx, l.state); err != nil {
+				return nil, err
+			}
 			if err := dp.Reconcile(ctx, kernelFarms(e.startFarms(l.state))); err != nil {
 				return nil, fmt.Errorf("reconcile %s data plane with saved state (without its last change): %w", dp.Name(), err)
 			}
@@ -255,6 +275,12 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 // revertDisk takes back a diff the disk saved but the kernel refused.
 func (e *Engine) revertDisk(ctx context.Context, diff plan.Diff, tdiff plan.TableDiff) {
 	ctx = context.WithoutCancel(ctx)
+	if cs, ok := e.store.(store.ChangeStore); ok && !noTables(tdiff) {
+		if err := cs.RevertChange(ctx, diff, tdiff); err != nil {
+			e.log.Error("taking back a change the kernel refused from the saved state failed", "err", err)
+		}
+		return
+	}
 	var err error
 	switch u, ok := e.store.(store.Undoer); {
 	case diff.Empty():

@@ -493,7 +493,8 @@ func (tx *Txn) replaceAllTables() {
 
 // validateTables checks the references between farms and tables as this
 // transaction leaves them: every policy a farm attaches is a table with a
-// verdict, and no table a farm attaches is destroyed or loses its verdict.
+// verdict or with values the data path applies (mark, limit), and no table
+// a farm attaches is destroyed or loses what made it attachable.
 func (tx *Txn) validateTables() error {
 	for _, name := range tx.order {
 		f := tx.farms[name]
@@ -506,9 +507,9 @@ func (tx *Txn) validateTables() error {
 				return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "policies", Value: p.Name,
 					Problem: "no such policy: create it first (POST /policies, or xlb table create NAME type addr verdict deny)"}
 			}
-			if !t.IsPolicy() {
+			if !t.Attachable() {
 				return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "policies", Value: p.Name,
-					Problem: fmt.Sprintf("table %q has no verdict: give it verdict deny or allow (nftlb: type blacklist or whitelist)", p.Name)}
+					Problem: fmt.Sprintf("table %q has no verdict and no mark or limit values: give it verdict deny or allow (nftlb: type blacklist or whitelist), or create it with valtype mark or limit", p.Name)}
 			}
 		}
 	}
@@ -517,14 +518,14 @@ func (tx *Txn) validateTables() error {
 	}
 	for _, name := range tx.tt.order {
 		w := tx.tt.works[name]
-		if w.cur != nil && w.cur.IsPolicy() {
+		if w.cur != nil && w.cur.Attachable() {
 			continue
 		}
 		for _, user := range tx.tableUsers(name) {
 			if w.cur == nil {
 				return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as a policy: detach it first (DELETE /farms/%s/policies/%s)", name, user, user, name)}
 			}
-			return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as a policy: it must keep a verdict (deny or allow)", name, user)}
+			return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as a policy: it must keep a verdict (deny or allow) or its mark or limit values", name, user)}
 		}
 	}
 	return nil

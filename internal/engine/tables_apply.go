@@ -91,10 +91,15 @@ func splitTableDiff(d plan.TableDiff) (first, last plan.TableDiff) {
 // with the farms).
 func noTables(d plan.TableDiff) bool { return len(d.Tables)+len(d.Slots) == 0 }
 
-// save writes a change to disk: tables that are created or changed, the
-// farms, then tables that are destroyed. If a step fails, the steps before
-// it are taken back.
+// save writes a change to disk. A store that saves farms and tables as one
+// unit (store.ChangeStore: the daemon's journal) takes it in one commit, with
+// one undo for both; otherwise tables that are created or changed go first,
+// the farms, then tables that are destroyed, and if a step fails, the steps
+// before it are taken back.
 func (e *Engine) save(ctx context.Context, diff plan.Diff, tdiff plan.TableDiff) error {
+	if cs, ok := e.store.(store.ChangeStore); ok && !noTables(tdiff) {
+		return cs.CommitChange(ctx, diff, tdiff)
+	}
 	first, last := splitTableDiff(tdiff)
 	var ts store.TableStore
 	if !noTables(first) || !noTables(last) {

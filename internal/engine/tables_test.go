@@ -27,6 +27,13 @@ func (s *tableStore) CommitTables(ctx context.Context, d plan.TableDiff) error {
 	return s.Bolt.CommitTables(ctx, d)
 }
 
+func (s *tableStore) CommitChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error {
+	if s.failTables {
+		return errors.New("injected disk failure")
+	}
+	return s.Bolt.CommitChange(ctx, d, td)
+}
+
 func newTableEngine(t *testing.T) (*Engine, *fake.Plane, *tableStore, string) {
 	t.Helper()
 	dir := t.TempDir()

@@ -27,7 +27,7 @@ type dialer struct {
 
 	// The half-open checks' prober, opened at the first such check.
 	synOnce sync.Once
-	syn     *synProber
+	syn     *synEngine
 	synErr  error
 }
 
@@ -41,8 +41,8 @@ func (d *dialer) do(fn func() error) error {
 
 // prober returns the namespace's half-open prober, opening it the first
 // time.
-func (d *dialer) prober() (*synProber, error) {
-	d.synOnce.Do(func() { d.syn, d.synErr = newSynProber(d) })
+func (d *dialer) prober() (*synEngine, error) {
+	d.synOnce.Do(func() { d.syn, d.synErr = newSynEngine(d) })
 	return d.syn, d.synErr
 }
 

@@ -2,12 +2,14 @@
 // exec and HAProxy's agent check, as the farms' "check" objects configure
 // them (internal/model/check.go).
 //
-// One Monitor schedules every check from one goroutine and a timer heap.
-// Each interval is shortened by a random share (Options.Spread) and every
+// One Monitor schedules every check from one goroutine and a timing wheel
+// (wheel.go). Each interval is shortened by a random share (Options.Spread) and every
 // backend's first check falls at a random point of its first interval, so
-// 10,000 checks never fire together. A check runs in a goroutine of its
-// own (at most Options.MaxInFlight at once) and reports back to the
-// scheduler, which counts consecutive results (rise, fall: consecutive,
+// 10,000 checks never fire together. Half-open tcp checks of IPv4
+// backends are sent in batches, the SYNs of a tick in one system call, and
+// their answers come back in batches from one reader (synprobe.go); every
+// other check runs in a goroutine of its own (at most Options.MaxInFlight
+// at once) and reports back to the scheduler. The scheduler counts consecutive results (rise, fall: consecutive,
 // not a count of all failures) and, on a transition or a change of weight,
 // hands the engine a health update. Updates are batched: a burst of
 // transitions becomes one data plane change.
@@ -17,8 +19,8 @@
 package health
 
 import (
-	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -43,6 +45,11 @@ type Options struct {
 	Spread float64
 	// MaxInFlight bounds the checks running at once (default 4096).
 	MaxInFlight int
+	// Batch: checks due within this much of each other start together
+	// (one wake-up of the scheduler; half-open ones in one system call):
+	// a check may start up to Batch early, at most a tenth of its
+	// interval early. Default 5ms.
+	Batch time.Duration
 	// Observe, when set, is told of every check's result with its
 	// check type (metrics). It is called with the monitor's lock held:
 	// it must be quick and must not call the monitor.
@@ -64,12 +71,20 @@ type Monitor struct {
 	mu      sync.Mutex
 	farms   map[string]*model.Farm
 	targets map[tkey]*target
-	queue   queue
-	ramping map[*target]struct{}
-	pending map[tkey]engine.HealthUpdate
-	rnd     *rand.Rand
-	checks  uint64
-	fails   uint64
+	wheel   *wheel
+	// syn: the half-open checks' engine, opened at the first such check
+	// (nil, with synTried, when it cannot be: those checks connect).
+	syn      *synEngine
+	synTried bool
+	// conn: plain connect checks' engine (connprobe.go), likewise.
+	conn      *connEngine
+	connTried bool
+	ramping   map[*target]struct{}
+	pending   map[tkey]engine.HealthUpdate
+	rnd       *rand.Rand
+	checks    uint64
+	fails     uint64
+	spawned   uint64 // checks run in a goroutine of their own
 
 	wake     chan struct{}
 	pendWake chan struct{}
@@ -91,7 +106,17 @@ type target struct {
 	running bool
 	removed bool
 	next    time.Time
-	hidx    int // index in the queue, -1 when not queued
+
+	// On the wheel (wheel.go): at its next check, or while a half-open
+	// check is in flight (waiting), at that check's timeout.
+	wtick        int64
+	wearly       time.Duration // how early take may take it
+	wnext, wprev *target
+	inWheel      bool
+	waiting      bool
+	synToken     uint32    // a half-open check's
+	connFD       int32     // a connect check's socket; -1: none
+	synStart     time.Time // when the check in flight started
 
 	percent  int32 // agent; -1: not said (100)
 	weight   int32 // exec "weight N"; -1: not said
@@ -114,12 +139,15 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 	if opts.Spread <= 0 || opts.Spread >= 1 {
 		opts.Spread = 0.1
 	}
+	if opts.Batch <= 0 {
+		opts.Batch = 5 * time.Millisecond
+	}
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 4096
 	}
 	return &Monitor{
 		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS},
-		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, ramping: map[*target]struct{}{},
+		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, wheel: newWheel(time.Now()), ramping: map[*target]struct{}{},
 		pending: map[tkey]engine.HealthUpdate{}, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		wake: make(chan struct{}, 1), pendWake: make(chan struct{}, 1),
 		done: make(chan finished, 1024), sem: make(chan struct{}, opts.MaxInFlight),
@@ -226,7 +254,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 			m.log.Error("compile health check", "farm", nw.Name, "backend", k.backend, "err", err)
 			continue
 		}
-		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, hidx: -1, percent: -1, weight: -1, ramp: 1000}
+		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 		if !t.up {
 			// init-state down: out until rise passes.
 			m.emit(t, "init-state down: not checked yet")
@@ -234,15 +262,14 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 		// The first check at a random point of the first interval.
 		t.next = now.Add(time.Duration(m.rnd.Int64N(int64(c.Inter))))
 		m.targets[k] = t
-		heap.Push(&m.queue, t)
+		m.wheel.add(t, t.next, m.early(c.Inter))
 	}
 }
 
 func (m *Monitor) remove(t *target) {
 	t.removed = true
-	if t.hidx >= 0 {
-		heap.Remove(&m.queue, t.hidx)
-	}
+	m.wheel.remove(t)
+	m.giveUp(t)
 	delete(m.targets, t.tkey)
 	delete(m.ramping, t)
 }
@@ -254,26 +281,68 @@ func (m *Monitor) poke() {
 	}
 }
 
-// loop is the scheduler: it starts the checks that are due and takes in
-// their results.
+// loop is the scheduler: it starts the checks that are due, sends the
+// half-open ones' SYNs, and takes in the results.
 func (m *Monitor) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var answers []synAnswer
+	var conns []connDone
+	defer func() {
+		m.mu.Lock()
+		if m.conn != nil {
+			m.conn.close()
+		}
+		m.mu.Unlock()
+	}()
 	for {
 		m.mu.Lock()
 		now := time.Now()
-		for len(m.queue) > 0 && !m.queue[0].next.After(now) {
-			t := heap.Pop(&m.queue).(*target)
-			m.start(ctx, t)
+		if m.conn != nil {
+			conns = m.conn.poll(conns[:0])
+			m.connsDone(conns)
 		}
-		wait := time.Hour
-		if len(m.queue) > 0 {
-			wait = m.queue[0].next.Sub(now)
+		if m.syn != nil {
+			// The replies that came since the last wake, before any
+			// timeout is taken for their check.
+			answers = m.syn.takeAnswers(answers[:0])
+			m.synAnswers(answers)
+		}
+		m.wheel.take(now, m.opts.Batch, func(t *target) { m.due(ctx, t, now) })
+		syn := m.syn
+		m.mu.Unlock()
+		if syn != nil && syn.out.n > 0 {
+			// The SYNs of the checks due, in one system call (or a
+			// few); on a veth or loopback their replies are there when
+			// it returns.
+			syn.flush()
+			answers = syn.takeAnswers(append(answers[:0], syn.takeFailed()...))
+		}
+		m.mu.Lock()
+		if len(answers) > 0 {
+			m.synAnswers(answers)
+			now = time.Now()
+		}
+		if m.conn != nil {
+			// On a veth or loopback most connects are done already.
+			if conns = m.conn.poll(conns[:0]); len(conns) > 0 {
+				m.connsDone(conns)
+				now = time.Now()
+			}
+		}
+		wait, ok := m.wheel.next(now)
+		if !ok {
+			wait = time.Hour
 		}
 		if w := m.stepRamps(now); w > 0 && w < wait {
 			wait = w
 		}
+		if wait > m.opts.Batch && (syn != nil && syn.inFlight() > 0 || m.conn != nil && len(m.conn.inFly) > 0) {
+			wait = m.opts.Batch // read the answers at least that often
+		}
 		m.mu.Unlock()
+		clear(answers)
+		clear(conns)
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -297,8 +366,150 @@ func (m *Monitor) loop(ctx context.Context) {
 	}
 }
 
+// due handles a target the wheel gives back: a half-open check in flight
+// whose timeout passed fails; otherwise its next check starts. Callers
+// hold mu.
+func (m *Monitor) due(ctx context.Context, t *target, now time.Time) {
+	if t.waiting {
+		m.giveUp(t)
+		r := fail("timeout after " + t.check.Timeout.String())
+		r.Start, r.Took = t.synStart, now.Sub(t.synStart)
+		m.finish(finished{t, r})
+		return
+	}
+	if t.probe.batchable() {
+		if e := m.synEngine(); e != nil {
+			token, err := e.queue(&m.d, t.check.SourceAddr, t.probe.dst, t)
+			if err == nil {
+				t.running, t.waiting, t.synToken, t.synStart = true, true, token, now
+				m.wheel.add(t, now.Add(t.check.Timeout), -1)
+				return
+			}
+			if !errors.Is(err, errSynBusy) {
+				t.running = true
+				r := t.probe.failErr(err)
+				r.Start = now
+				m.finish(finished{t, r})
+				return
+			}
+			// Every source port busy towards this backend: connect.
+		}
+	}
+	if t.probe.connectable() {
+		if c := m.connEngine(); c != nil {
+			t.running = true
+			if r, done := c.start(&m.d, t); done {
+				r.Start = now
+				m.finish(finished{t, r})
+				return
+			}
+			t.waiting, t.synStart = true, now
+			m.wheel.add(t, now.Add(t.check.Timeout), -1)
+			return
+		}
+	}
+	m.start(ctx, t)
+}
+
+// giveUp ends the check in flight of t, if any. Callers hold mu.
+func (m *Monitor) giveUp(t *target) {
+	if !t.waiting {
+		return
+	}
+	t.waiting = false
+	if t.connFD >= 0 {
+		m.conn.cancel(t)
+	} else {
+		m.syn.cancel(t.synToken)
+	}
+}
+
+// connEngine returns the connect checks' engine, opening it the first
+// time; nil if it cannot be opened (those checks run in goroutines).
+// Callers hold mu.
+func (m *Monitor) connEngine() *connEngine {
+	if !m.connTried {
+		m.connTried = true
+		c, err := newConnEngine()
+		if err != nil {
+			m.log.Warn("connect checks run one goroutine each", "err", err)
+			return nil
+		}
+		m.conn = c
+	}
+	return m.conn
+}
+
+// connsDone takes in finished connects. A connect that finished after its
+// timeout is a timeout. Callers hold mu.
+func (m *Monitor) connsDone(ds []connDone) {
+	for _, d := range ds {
+		t := d.t
+		if !t.waiting || t.removed {
+			continue
+		}
+		t.waiting = false
+		m.wheel.remove(t)
+		var r Result
+		switch took := d.at.Sub(t.synStart); {
+		case took > t.check.Timeout:
+			r = fail("timeout after " + t.check.Timeout.String())
+		case d.err == nil:
+			r = pass("connected")
+		default:
+			r = t.probe.failErr(d.err)
+		}
+		r.Start, r.Took = t.synStart, max(0, min(d.at.Sub(t.synStart), t.check.Timeout))
+		m.finish(finished{t, r})
+	}
+}
+
+// synEngine returns the half-open checks' engine, opening it the first
+// time; nil if it cannot be opened (those checks connect). Callers hold
+// mu.
+func (m *Monitor) synEngine() *synEngine {
+	if !m.synTried {
+		m.synTried = true
+		e, err := m.d.prober()
+		if err != nil {
+			m.log.Warn("half-open checks connect instead", "err", err)
+			return nil
+		}
+		m.syn = e
+	}
+	return m.syn
+}
+
+// synAnswers takes in half-open checks' answers. A reply stamped after
+// its check's timeout is a timeout, as if it had not come. Callers hold
+// mu.
+func (m *Monitor) synAnswers(as []synAnswer) {
+	for _, a := range as {
+		t, ok := a.owner.(*target)
+		if !ok || !t.waiting || t.synToken != a.token || t.removed {
+			continue // timed out or removed meanwhile
+		}
+		t.waiting = false
+		m.wheel.remove(t)
+		var r Result
+		switch {
+		case a.err != nil:
+			r = t.probe.failErr(a.err)
+		case a.at.Sub(t.synStart) > t.check.Timeout:
+			r = fail("timeout after " + t.check.Timeout.String())
+		case a.answer == synUp:
+			r = pass(a.answer)
+		default:
+			r = fail(a.answer)
+		}
+		r.Start, r.Took = t.synStart, max(0, min(a.at.Sub(t.synStart), t.check.Timeout))
+		m.finish(finished{t, r})
+	}
+}
+
 func (m *Monitor) start(ctx context.Context, t *target) {
 	t.running = true
+	m.spawned++
 	p := t.probe
 	go func() {
 		m.sem <- struct{}{}
@@ -335,7 +546,7 @@ func (m *Monitor) finish(f finished) {
 	if t.next.Before(now) {
 		t.next = now
 	}
-	heap.Push(&m.queue, t)
+	m.wheel.add(t, t.next, m.early(iv))
 	if changed && t.up && t.check.Warmup > 0 {
 		m.ramping[t] = struct{}{}
 	}
@@ -387,6 +598,11 @@ func (t *target) observe(r Result, now time.Time) (changed, weights bool) {
 	}
 	return false, weights
 }
+
+// early is how much earlier than due a check of interval iv may start
+// with others (Options.Batch): a tenth of iv at most, so an interval is
+// never shortened by more than that besides the spread.
+func (m *Monitor) early(iv time.Duration) time.Duration { return min(m.opts.Batch, iv/10) }
 
 // interval is the time to the next check: fastinter while the state is
 // changing, downinter while down, inter otherwise.
@@ -523,27 +739,4 @@ func (m *Monitor) Totals() (targets int, checks, fails uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.targets), m.checks, m.fails
-}
-
-// queue is a min-heap of targets by their next check.
-type queue []*target
-
-func (q queue) Len() int           { return len(q) }
-func (q queue) Less(i, j int) bool { return q[i].next.Before(q[j].next) }
-func (q queue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].hidx, q[j].hidx = i, j
-}
-func (q *queue) Push(x any) {
-	t := x.(*target)
-	t.hidx = len(*q)
-	*q = append(*q, t)
-}
-func (q *queue) Pop() any {
-	old := *q
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	*q = old[:len(old)-1]
-	t.hidx = -1
-	return t
 }

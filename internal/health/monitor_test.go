@@ -17,7 +17,7 @@ import (
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newTarget(c model.Check) *target {
-	return &target{check: c, up: true, hidx: -1, percent: -1, weight: -1, ramp: 1000}
+	return &target{check: c, up: true, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 }
 
 // rise and fall count consecutive results: failures between passes never
@@ -133,9 +133,15 @@ func (s *sinkRecorder) wait(t *testing.T, d time.Duration, match func(engine.Hea
 }
 
 // The monitor finds a listener that goes away and comes back, and stops
-// checking a backend whose check is removed.
+// checking a backend whose check is removed; over IPv4 and IPv6 (plain
+// tcp checks are the scheduler's own connects: connprobe.go).
 func TestMonitorTransitions(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	t.Run("ipv4", func(t *testing.T) { monitorTransitions(t, "127.0.0.1", "10.0.0.1", "ipv4") })
+	t.Run("ipv6", func(t *testing.T) { monitorTransitions(t, "::1", "fd00::1", "ipv6") })
+}
+
+func monitorTransitions(t *testing.T, addr, vip, family string) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,9 +155,9 @@ func TestMonitorTransitions(t *testing.T) {
 			c.Close()
 		}
 	}()
-	fs, err := model.DecodeFarms([]byte(`{"name":"web","virtual-addr":"10.0.0.1","virtual-ports":"80",
+	fs, err := model.DecodeFarms([]byte(`{"name":"web","family":"`+family+`","virtual-addr":"`+vip+`","virtual-ports":"80",
 		"check":{"type":"tcp","inter":"20ms","timeout":"500ms","rise":"2","fall":"2"},
-		"backends":[{"name":"b1","ip-addr":"127.0.0.1","port":"`+itoa(dst.Port())+`"}]}`), func(string) (*model.Farm, bool) { return nil, false })
+		"backends":[{"name":"b1","ip-addr":"`+addr+`","port":"`+itoa(dst.Port())+`"}]}`), func(string) (*model.Farm, bool) { return nil, false })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,8 @@ import (
 
 // Passive checks: Envoy's consecutive-failure outlier detection over the
 // handshakes the data plane watches (dataplane.PassiveReader; the eBPF
-// plane counts them in its own conntrack). An Ejector reads the counts
+// plane counts them in its own conntrack, the nft plane from netfilter's
+// conntrack events). An Ejector reads the counts
 // every PassiveInterval and
 //
 //   - ejects a backend whose consecutive failures reach the farm's

@@ -11,7 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
+	"github.com/xlb-lb/xlb/internal/dataplane/nft"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/events"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -19,22 +21,17 @@ import (
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
 
-// Passive checks with real traffic on the eBPF plane: of four backends one
-// serves, one resets new connections (no server on its port), one resets
-// them too, and one drops them (a blackhole: SYNs go unanswered). With
-// failures 3 and max-ejected 50 %, two of the three broken ones are
+// Passive checks with real traffic, on each data plane: of four backends
+// one serves, one resets new connections (no server on its port), one
+// resets them too, and one drops them (a blackhole: SYNs go unanswered).
+// With failures 3 and max-ejected 50 %, two of the three broken ones are
 // ejected after their third failure, never a third at the same time; an
 // ejection ends after ejection-time, and a backend still broken is ejected
-// again, for twice as long.
+// again, for twice as long. The eBPF plane counts in its own conntrack,
+// the nft plane from netfilter's conntrack events.
 func TestPassiveEjectsWithTraffic(t *testing.T) {
 	testutil.RequireRoot(t)
-	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 4})
-	testutil.StartTCPServer(t, topo.Backends[0].NS, netip.AddrPortFrom(topo.Backends[0].IPv4, 8080), "be0")
-	testutil.StartTCPServer(t, topo.Backends[3].NS, netip.AddrPortFrom(topo.Backends[3].IPv4, 8080), "be3")
-	// be1 and be2 have no server on 8080: the kernel resets the SYN. be3
-	// has one, but drops every SYN to it before it gets there.
-	testutil.Run(t, topo.Backends[3].Name, "nft", "add table inet bh; add chain inet bh in { type filter hook input priority 0 ; } ; add rule inet bh in tcp dport 8080 drop")
-
+	topo := passiveTopology(t)
 	dir, err := os.MkdirTemp("", "xlb-bpffs-")
 	if err != nil {
 		t.Fatal(err)
@@ -43,13 +40,44 @@ func TestPassiveEjectsWithTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH); os.Remove(dir) })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dp, err := ebpf.New(ctx, quiet, ebpf.Options{NetNS: topo.LB.NS, PinPath: dir + "/xlb", ConnTableSize: 16384})
+	dp, err := ebpf.New(context.Background(), quiet, ebpf.Options{NetNS: topo.LB.NS, PinPath: dir + "/xlb", ConnTableSize: 16384})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dp.Close()
+	passiveEjects(t, topo, dp)
+}
+
+func TestPassiveEjectsWithTrafficNft(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := passiveTopology(t)
+	dp, err := nft.New(context.Background(), quiet, nft.Options{NetNS: topo.LB.NS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	passiveEjects(t, topo, dp)
+}
+
+// passiveTopology: four backends, be0 and be3 serving on 8080, be1 and be2
+// with nothing there, be3 dropping every SYN before its server gets it.
+func passiveTopology(t *testing.T) *testutil.Topology {
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 4})
+	testutil.StartTCPServer(t, topo.Backends[0].NS, netip.AddrPortFrom(topo.Backends[0].IPv4, 8080), "be0")
+	testutil.StartTCPServer(t, topo.Backends[3].NS, netip.AddrPortFrom(topo.Backends[3].IPv4, 8080), "be3")
+	testutil.Run(t, topo.Backends[3].Name, "nft", "add table inet bh; add chain inet bh in { type filter hook input priority 0 ; } ; add rule inet bh in tcp dport 8080 drop")
+	return topo
+}
+
+// passivePlane is a data plane that counts handshakes.
+type passivePlane interface {
+	dataplane.Dataplane
+	dataplane.PassiveReader
+}
+
+func passiveEjects(t *testing.T, topo *testutil.Topology, dp passivePlane) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	st, err := store.OpenBolt(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -185,6 +185,20 @@ func (p *probe) tcp(ctx context.Context, d *dialer, deadline time.Time) Result {
 	return p.readExpect(c)
 }
 
+// batchable reports whether the check is a half-open one the monitor
+// sends in batches (synprobe.go): tcp, half-open, an IPv4 backend, nothing
+// to send or expect.
+func (p *probe) batchable() bool {
+	return p.check.Type == model.CheckTCP && p.check.HalfOpen && p.dst.Addr().Is4() && len(p.send) == 0 && len(p.expect) == 0
+}
+
+// connectable reports whether the check is a plain connect the monitor
+// runs without a goroutine (connprobe.go): tcp, nothing to send or expect,
+// not a half-open one it batches, no IPv6 zone.
+func (p *probe) connectable() bool {
+	return p.check.Type == model.CheckTCP && len(p.send) == 0 && len(p.expect) == 0 && !p.batchable() && p.dst.Addr().Zone() == ""
+}
+
 // halfOpen runs a half-open check (synprobe.go); ok is false when it
 // cannot (no raw socket, every source port busy): the caller connects.
 func (p *probe) halfOpen(ctx context.Context, d *dialer) (Result, bool) {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/net/bpf"
@@ -18,43 +19,58 @@ import (
 // the backend's SYN-ACK (up) or RST (down, "connect refused") read back on
 // it. No socket of the LB has the connection, so the LB's kernel answers
 // the SYN-ACK with a RST and the backend forgets the half-open connection
-// at once. A check then costs one sendmsg and a share of one recvfrom
-// instead of a socket, a connect, an epoll registration and a close.
+// at once.
+//
+// The engine is built for 10,000 checks a second at a small cost:
+//   - The monitor queues the SYNs of every check due in one tick of its
+//     wheel (and those due in the next few milliseconds: Options.Batch)
+//     and sends them with one sendmmsg.
+//   - The monitor's loop reads the replies itself, with recvmmsg, many a
+//     system call, whenever it wakes: right after a send (on a veth, or
+//     loopback, the replies are there already) and, while checks are in
+//     flight, at least every Options.Batch. No goroutine waits for them,
+//     so a burst of replies wakes no thread: a reader parked in Go's
+//     netpoller was woken by each burst on another CPU, a quarter of the
+//     daemon's CPU in a profile. The kernel stamps each reply's arrival
+//     (SO_TIMESTAMPNS), so one read late still counts by when it came.
+//   - A reply is matched to its check by a cookie in the SYN's sequence
+//     number (the reply acknowledges it + 1): the index of the check's
+//     slot in a fixed table and the slot's generation, masked with a
+//     secret. The reply's source address and port and our port must be
+//     the slot's too, so neither a late answer to an earlier check nor a
+//     forged one is taken for this one's.
 //
 // The source ports are held by bound (not listening) TCP sockets, so no
 // connection of the LB can take them, and a SYN-ACK to them reaches no
-// socket. Replies are matched by backend address, port, our port and the
-// acknowledgement of our random initial sequence number, so a late answer
-// to an earlier check is never taken for this one's.
+// socket. A check takes a port that has no check in flight to the same
+// backend address and port (the backend must see a new connection each
+// time), so up to synPorts checks of one backend run at once; more make a
+// full connect.
 //
 // IPv4 only: an IPv6 check with half-open on makes a full connect.
+//
+// The engine's system calls never block (MSG_DONTWAIT), and are made raw
+// (unix.RawSyscall6: the Go runtime is not told): on a veth the kernel
+// does the whole exchange of a batch's packets, both ends', inside the
+// sendmmsg, a millisecond for 50 SYNs, and a system call the runtime
+// knows of that long has sysmon hand the goroutine's P to another thread,
+// waking it: a fifth of the daemon's CPU went to that hand-off (sysmon,
+// findRunnable, context switches) in a profile.
 
-// synPorts is how many source ports a prober holds: checks of one
-// backend address and port by several farms at the same moment each need
-// their own (more at once make a full connect).
-const synPorts = 4
-
-// synProber sends and matches half-open checks for one network namespace.
-type synProber struct {
-	fd      int
-	holders []int
-	ports   [synPorts]uint16
-
-	mu       sync.Mutex
-	inflight map[synKey]*synWait
-	src      map[netip.Addr]netip.Addr // route source towards each backend
-	closed   bool
-}
-
-type synKey struct {
-	dst   netip.AddrPort
-	sport uint16
-}
-
-type synWait struct {
-	ack uint32 // the acknowledgement a reply must carry: our ISN + 1
-	ch  chan string
-}
+const (
+	// synPorts is how many source ports the engine holds.
+	synPorts = 32
+	// synSlotBits: the slot table holds 1<<synSlotBits checks in flight
+	// (at 10,000 checks a second with a 1 s timeout, 10,000 at most).
+	synSlotBits = 16
+	synSlots    = 1 << synSlotBits
+	// synBatch is the most SYNs one sendmmsg sends, and replies one
+	// recvmmsg reads.
+	synBatch = 256
+	// synSnap is what the reply filter keeps of a segment: the IPv4
+	// header (up to 60 bytes) and the TCP header's first 14.
+	synSnap = 128
+)
 
 // answers of a half-open check.
 const (
@@ -62,17 +78,113 @@ const (
 	synRefused = "connect refused"
 )
 
-// newSynProber opens the raw socket and holds the source ports in the
+// synAnswer is the outcome of one half-open check: its owner (a monitor's
+// target, or a blocking probe's synWait), its token, and the answer, or
+// the error of its send.
+type synAnswer struct {
+	owner  any
+	token  uint32
+	answer string
+	err    error
+	at     time.Time
+}
+
+// synSlot is one check in flight.
+type synSlot struct {
+	gen   uint16
+	used  bool
+	sport uint16
+	dst   netip.AddrPort
+	owner any
+}
+
+type synKey struct {
+	dst   netip.AddrPort
+	sport uint16
+}
+
+// synEngine sends and matches half-open checks for one network namespace.
+type synEngine struct {
+	fd      int
+	holders []int
+	ports   [synPorts]uint16
+	secret  uint32
+
+	mu       sync.Mutex
+	slots    []synSlot
+	free     []uint32 // free slot indexes, a stack
+	inflight map[synKey]uint32
+	src      map[netip.Addr]netip.Addr // route source towards each backend
+	next     int                       // the next source port to try
+	closed   bool
+	used     int // slots in use: checks in flight
+	// ready: answers of checks owned by a monitor, read and not yet
+	// taken (takeAnswers).
+	ready []synAnswer
+
+	// The send batch: owned by the one goroutine that queues and flushes
+	// (the monitor's loop).
+	out synOut
+	// What was sent and read, and in how many system calls (under mu).
+	stats synStats
+
+	// The receive buffers, for one poll at a time.
+	rmu sync.Mutex
+	in  *synIn
+}
+
+const sizeofTimespec = int(unsafe.Sizeof(unix.Timespec{}))
+
+// synIn are the buffers recvmmsg fills: the segments (their first synSnap
+// bytes) and each one's arrival time.
+type synIn struct {
+	hdrs [synBatch]mmsghdr
+	iov  [synBatch]unix.Iovec
+	bufs [synBatch][synSnap]byte
+	ctrl [synBatch][unix.SizeofCmsghdr + sizeofTimespec]byte
+}
+
+// synStats count the engine's work: SYNs sent and the sendmmsg calls that
+// sent them, replies read and the recvmmsg calls that read them.
+type synStats struct {
+	SYNs, SendCalls, Replies, RecvCalls uint64
+}
+
+// synOut is a batch of SYNs being built, in the shape sendmmsg takes.
+type synOut struct {
+	n      int
+	hdrs   [synBatch]mmsghdr
+	iov    [synBatch]unix.Iovec
+	to     [synBatch]unix.RawSockaddrInet4
+	ctrl   [synBatch][unix.SizeofCmsghdr + unix.SizeofInet4Pktinfo + 4]byte
+	seg    [synBatch][24]byte
+	tokens [synBatch]uint32
+	owners [synBatch]any
+	failed []synAnswer
+}
+
+// mmsghdr is struct mmsghdr (x/sys/unix has none).
+type mmsghdr struct {
+	hdr unix.Msghdr
+	len uint32
+	_   [4]byte
+}
+
+// newSynEngine opens the raw socket and holds the source ports in the
 // namespace d (the current one if none). Its reader runs until close.
-func newSynProber(d *dialer) (*synProber, error) {
-	p := &synProber{fd: -1, inflight: map[synKey]*synWait{}, src: map[netip.Addr]netip.Addr{}}
+func newSynEngine(d *dialer) (*synEngine, error) {
+	e := &synEngine{fd: -1, secret: rand.Uint32(), slots: make([]synSlot, synSlots), free: make([]uint32, 0, synSlots),
+		inflight: map[synKey]uint32{}, src: map[netip.Addr]netip.Addr{}}
+	for i := synSlots - 1; i >= 0; i-- {
+		e.free = append(e.free, uint32(i))
+	}
 	err := d.do(func() error {
 		for i := range synPorts {
 			h, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
 				return fmt.Errorf("tcp socket: %w", err)
 			}
-			p.holders = append(p.holders, h)
+			e.holders = append(e.holders, h)
 			if err := unix.Bind(h, &unix.SockaddrInet4{}); err != nil {
 				return fmt.Errorf("hold a source port: %w", err)
 			}
@@ -80,15 +192,25 @@ func newSynProber(d *dialer) (*synProber, error) {
 			if err != nil {
 				return fmt.Errorf("hold a source port: %w", err)
 			}
-			p.ports[i] = uint16(sa.(*unix.SockaddrInet4).Port)
+			e.ports[i] = uint16(sa.(*unix.SockaddrInet4).Port)
 		}
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_TCP)
 		if err != nil {
 			return fmt.Errorf("raw tcp socket: %w", err)
 		}
-		p.fd = fd
+		e.fd = fd
 		markSocket(fd)
-		prog, err := synFilter(p.ports[:])
+		// Don't fragment: a SYN is small, and with DF the kernel gives
+		// it IP id 0 instead of hashing one per packet.
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_PROBE)
+		// Room for the replies between two reads, and for a batch of
+		// SYNs.
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+			return fmt.Errorf("stamp the replies: %w", err)
+		}
+		prog, err := synFilter(e.ports[:])
 		if err != nil {
 			return err
 		}
@@ -98,15 +220,42 @@ func newSynProber(d *dialer) (*synProber, error) {
 		return nil
 	})
 	if err != nil {
-		p.close()
+		e.close()
 		return nil, err
 	}
-	go p.read()
-	return p, nil
+	e.out.init()
+	e.in = &synIn{}
+	for i := range e.in.hdrs {
+		e.in.iov[i].Base = &e.in.bufs[i][0]
+		e.in.iov[i].SetLen(synSnap)
+		e.in.hdrs[i].hdr.Iov = &e.in.iov[i]
+		e.in.hdrs[i].hdr.SetIovlen(1)
+	}
+	return e, nil
+}
+
+// init points each message of the batch at its buffers, once.
+func (o *synOut) init() {
+	for i := range o.hdrs {
+		h := &o.hdrs[i].hdr
+		o.iov[i].Base = &o.seg[i][0]
+		o.iov[i].SetLen(len(o.seg[i]))
+		h.Iov = &o.iov[i]
+		h.SetIovlen(1)
+		h.Name = (*byte)(unsafe.Pointer(&o.to[i]))
+		h.Namelen = unix.SizeofSockaddrInet4
+		h.Control = &o.ctrl[i][0]
+		h.SetControllen(unix.CmsgSpace(unix.SizeofInet4Pktinfo))
+		c := (*unix.Cmsghdr)(unsafe.Pointer(&o.ctrl[i][0]))
+		c.Level, c.Type = unix.IPPROTO_IP, unix.IP_PKTINFO
+		c.SetLen(unix.CmsgLen(unix.SizeofInet4Pktinfo))
+		o.to[i].Family = unix.AF_INET
+	}
 }
 
 // synFilter is a classic BPF filter that keeps the TCP segments to our
-// ports (IPv4 header first, as a raw IPv4 socket gets them).
+// ports (IPv4 header first, as a raw IPv4 socket gets them), their first
+// synSnap bytes.
 func synFilter(ports []uint16) (*unix.SockFprog, error) {
 	ins := []bpf.Instruction{
 		bpf.LoadMemShift{Off: 0},          // X = IP header length
@@ -115,7 +264,7 @@ func synFilter(ports []uint16) (*unix.SockFprog, error) {
 	for i, port := range ports {
 		ins = append(ins, bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(port), SkipTrue: uint8(len(ports) - i)})
 	}
-	ins = append(ins, bpf.RetConstant{Val: 0}, bpf.RetConstant{Val: 128})
+	ins = append(ins, bpf.RetConstant{Val: 0}, bpf.RetConstant{Val: synSnap})
 	raw, err := bpf.Assemble(ins)
 	if err != nil {
 		return nil, fmt.Errorf("assemble the reply filter: %w", err)
@@ -127,48 +276,94 @@ func synFilter(ports []uint16) (*unix.SockFprog, error) {
 	return &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]}, nil
 }
 
-func (p *synProber) close() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	if p.fd >= 0 {
-		// Wakes the reader: recvfrom on a shut-down socket returns.
-		_ = unix.Shutdown(p.fd, unix.SHUT_RDWR)
-		_ = unix.Close(p.fd)
+func (e *synEngine) close() {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	if e.fd >= 0 {
+		_ = unix.Close(e.fd)
 	}
-	for _, h := range p.holders {
+	for _, h := range e.holders {
 		_ = unix.Close(h)
 	}
 }
 
-// read takes in the replies until the socket is closed.
-func (p *synProber) read() {
-	buf := make([]byte, 128)
+// inFlight is the number of checks sent and not yet answered or given up.
+func (e *synEngine) inFlight() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.used
+}
+
+// takeAnswers reads the replies that are there and appends the answers of
+// checks owned by a monitor to dst.
+func (e *synEngine) takeAnswers(dst []synAnswer) []synAnswer {
+	e.poll()
+	e.mu.Lock()
+	dst = append(dst, e.ready...)
+	clear(e.ready)
+	e.ready = e.ready[:0]
+	e.mu.Unlock()
+	return dst
+}
+
+// poll reads the replies that are there, without waiting: a blocking
+// probe's answer goes to its channel, a monitor's check's to ready.
+func (e *synEngine) poll() {
+	e.rmu.Lock()
+	defer e.rmu.Unlock()
+	in := e.in
 	for {
-		n, _, err := unix.Recvfrom(p.fd, buf, 0)
-		if err != nil {
-			if errors.Is(err, unix.EINTR) {
+		for i := range in.hdrs {
+			in.hdrs[i].hdr.Control = &in.ctrl[i][0]
+			in.hdrs[i].hdr.SetControllen(len(in.ctrl[i]))
+		}
+		r, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&in.hdrs[0])), synBatch, unix.MSG_DONTWAIT, 0, 0)
+		if errno != 0 {
+			return // EAGAIN: nothing more (or the socket is closed)
+		}
+		n := int(r)
+		now := time.Now()
+		e.mu.Lock()
+		e.stats.RecvCalls++
+		e.stats.Replies += uint64(n)
+		for i := range n {
+			a, ok := e.match(in.bufs[i][:in.hdrs[i].len])
+			if !ok {
 				continue
 			}
+			a.at = now
+			if in.hdrs[i].hdr.Controllen >= uint64(len(in.ctrl[i])) {
+				c := (*unix.Cmsghdr)(unsafe.Pointer(&in.ctrl[i][0]))
+				if c.Level == unix.SOL_SOCKET && c.Type == unix.SCM_TIMESTAMPNS {
+					ts := (*unix.Timespec)(unsafe.Pointer(&in.ctrl[i][unix.CmsgLen(0)]))
+					a.at = time.Unix(ts.Unix())
+				}
+			}
+			if w, ok := a.owner.(*synWait); ok {
+				w.ch <- a.answer // buffered: never blocks
+			} else {
+				e.ready = append(e.ready, a)
+			}
+		}
+		e.mu.Unlock()
+		if n < synBatch {
 			return
 		}
-		p.match(buf[:n])
 	}
 }
 
-// match hands one reply (IPv4 header, TCP header) to its check.
-func (p *synProber) match(b []byte) {
+// match finds the check of one reply (IPv4 header, TCP header) and frees
+// its slot. Callers hold mu.
+func (e *synEngine) match(b []byte) (synAnswer, bool) {
 	if len(b) < 20 || b[0]>>4 != 4 {
-		return
+		return synAnswer{}, false
 	}
 	ihl := int(b[0]&0xf) * 4
 	if len(b) < ihl+14 {
-		return
+		return synAnswer{}, false
 	}
 	t := b[ihl:]
-	src := netip.AddrFrom4([4]byte(b[12:16]))
-	k := synKey{dst: netip.AddrPortFrom(src, binary.BigEndian.Uint16(t[0:])), sport: binary.BigEndian.Uint16(t[2:])}
-	ack := binary.BigEndian.Uint32(t[8:])
 	flags := t[13]
 	var answer string
 	switch {
@@ -177,19 +372,21 @@ func (p *synProber) match(b []byte) {
 	case flags&(tcpSYN|tcpACK) == tcpSYN|tcpACK:
 		answer = synUp
 	default:
-		return
+		return synAnswer{}, false
 	}
-	p.mu.Lock()
-	w := p.inflight[k]
-	if w != nil && w.ack == ack {
-		delete(p.inflight, k)
-	} else {
-		w = nil
+	cookie := (binary.BigEndian.Uint32(t[8:]) - 1) ^ e.secret
+	idx, gen := cookie>>16, uint16(cookie)
+	if idx >= synSlots {
+		return synAnswer{}, false
 	}
-	p.mu.Unlock()
-	if w != nil {
-		w.ch <- answer // buffered: never blocks
+	s := &e.slots[idx]
+	src := netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[12:16])), binary.BigEndian.Uint16(t[0:]))
+	if !s.used || s.gen != gen || s.dst != src || s.sport != binary.BigEndian.Uint16(t[2:]) {
+		return synAnswer{}, false
 	}
+	a := synAnswer{owner: s.owner, token: cookie, answer: answer}
+	e.release(idx)
+	return a, true
 }
 
 // TCP flags.
@@ -199,64 +396,188 @@ const (
 	tcpACK = 0x10
 )
 
-// errSynBusy: every source port has a check in flight to this backend.
+// errSynBusy: every source port has a check in flight to this backend, or
+// every slot is taken.
 var errSynBusy = errors.New("every half-open source port is busy towards this backend")
 
-// probe sends a SYN to dst (from src if valid) and waits for the answer
-// until ctx ends. It returns synUp, synRefused, or ctx's error.
-func (p *synProber) probe(ctx context.Context, d *dialer, src netip.Addr, dst netip.AddrPort) (string, error) {
-	if !src.IsValid() {
-		var err error
-		if src, err = p.sourceFor(d, dst.Addr()); err != nil {
-			return "", err
+// reserve takes a slot and a source port for a check of dst owned by
+// owner and returns its token (slot index << 16 | generation). Callers
+// hold mu.
+func (e *synEngine) reserve(dst netip.AddrPort, owner any) (uint32, uint16, error) {
+	if e.closed {
+		return 0, 0, errors.New("half-open prober closed")
+	}
+	if len(e.free) == 0 {
+		return 0, 0, errSynBusy
+	}
+	var sport uint16
+	for range synPorts {
+		p := e.ports[e.next]
+		if e.next++; e.next == synPorts {
+			e.next = 0
 		}
-	}
-	isn := rand.Uint32()
-	w := &synWait{ack: isn + 1, ch: make(chan string, 1)}
-	var k synKey
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return "", errors.New("half-open prober closed")
-	}
-	for _, port := range p.ports {
-		if _, busy := p.inflight[synKey{dst, port}]; !busy {
-			k = synKey{dst, port}
+		if _, busy := e.inflight[synKey{dst, p}]; !busy {
+			sport = p
 			break
 		}
 	}
-	if k.sport == 0 {
-		p.mu.Unlock()
-		return "", errSynBusy
+	if sport == 0 {
+		return 0, 0, errSynBusy
 	}
-	p.inflight[k] = w
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		if p.inflight[k] == w {
-			delete(p.inflight, k)
+	idx := e.free[len(e.free)-1]
+	e.free = e.free[:len(e.free)-1]
+	s := &e.slots[idx]
+	s.gen++
+	s.used, s.sport, s.dst, s.owner = true, sport, dst, owner
+	e.inflight[synKey{dst, sport}] = idx
+	e.used++
+	return idx<<16 | uint32(s.gen), sport, nil
+}
+
+// release frees slot idx. Callers hold mu.
+func (e *synEngine) release(idx uint32) {
+	s := &e.slots[idx]
+	delete(e.inflight, synKey{s.dst, s.sport})
+	s.used, s.owner = false, nil
+	e.free = append(e.free, idx)
+	e.used--
+}
+
+// cancel frees the slot of token if it is still that check's (its timeout
+// passed, or its target went away).
+func (e *synEngine) cancel(token uint32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.cancelLocked(token)
+}
+
+func (e *synEngine) cancelLocked(token uint32) {
+	idx := token >> 16
+	if idx < synSlots && e.slots[idx].used && e.slots[idx].gen == uint16(token) {
+		e.release(idx)
+	}
+}
+
+// queue adds a SYN to dst (from src if valid, else the route's source) to
+// the send batch, sent by flush. The answer goes to onAnswers with owner
+// and the token returned. Only the goroutine that flushes may queue.
+func (e *synEngine) queue(d *dialer, src netip.Addr, dst netip.AddrPort, owner any) (uint32, error) {
+	if !src.IsValid() {
+		var err error
+		if src, err = e.sourceFor(d, dst.Addr()); err != nil {
+			return 0, err
 		}
-		p.mu.Unlock()
-	}()
-	seg := synSegment(src, dst, k.sport, isn)
+	}
+	if e.out.n == synBatch {
+		e.flush()
+	}
+	e.mu.Lock()
+	token, sport, err := e.reserve(dst, owner)
+	e.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	i := e.out.n
+	e.out.n++
+	synSegment(&e.out.seg[i], src, dst, sport, token^e.secret)
+	e.out.to[i].Addr = dst.Addr().As4()
+	pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&e.out.ctrl[i][unix.CmsgLen(0)]))
+	pi.Spec_dst = src.As4()
+	e.out.tokens[i], e.out.owners[i] = token, owner
+	return token, nil
+}
+
+// flush sends the queued SYNs, in as few sendmmsg calls as the socket
+// takes. A SYN the kernel refuses (no route, a firewall) is answered with
+// the error: takeFailed returns those answers.
+func (e *synEngine) flush() {
+	o := &e.out
+	for sent := 0; sent < o.n; {
+		r, _, errno := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&o.hdrs[sent])), uintptr(o.n-sent), unix.MSG_DONTWAIT, 0, 0)
+		switch errno {
+		case 0:
+			sent += int(r)
+			e.mu.Lock()
+			e.stats.SendCalls++
+			e.stats.SYNs += uint64(r)
+			e.mu.Unlock()
+			continue
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			// The socket's send buffer (4 MiB) is full: wait for room,
+			// a little.
+			pfd := []unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLOUT}}
+			if n, _ := unix.Poll(pfd, 10); n > 0 {
+				continue
+			}
+		}
+		// The message at sent failed: answer it, go on with the rest.
+		var err error = errno
+		e.cancel(o.tokens[sent])
+		o.failed = append(o.failed, synAnswer{owner: o.owners[sent], token: o.tokens[sent], err: fmt.Errorf("send SYN: %w", err), at: time.Now()})
+		sent++
+	}
+	clear(o.owners[:o.n])
+	o.n = 0
+}
+
+// takeFailed returns the answers of the SYNs flush could not send.
+func (e *synEngine) takeFailed() []synAnswer {
+	f := e.out.failed
+	e.out.failed = nil
+	return f
+}
+
+// synWait is a blocking probe's owner: the reader sends it the answer.
+type synWait struct{ ch chan string }
+
+// probe sends one SYN to dst (from src if valid) and waits for the answer
+// until ctx ends: what a check run alone does (a test, or a check outside
+// a monitor). It returns synUp, synRefused, or ctx's error.
+func (e *synEngine) probe(ctx context.Context, d *dialer, src netip.Addr, dst netip.AddrPort) (string, error) {
+	if !src.IsValid() {
+		var err error
+		if src, err = e.sourceFor(d, dst.Addr()); err != nil {
+			return "", err
+		}
+	}
+	w := &synWait{ch: make(chan string, 1)}
+	e.mu.Lock()
+	token, sport, err := e.reserve(dst, w)
+	e.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	defer e.cancel(token)
+	var seg [24]byte
+	synSegment(&seg, src, dst, sport, token^e.secret)
 	to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
-	if err := unix.Sendmsg(p.fd, seg, pktinfo4(src.As4()), to, 0); err != nil {
+	if err := unix.Sendmsg(e.fd, seg[:], pktinfo4(src.As4()), to, 0); err != nil {
 		return "", fmt.Errorf("send SYN: %w", err)
 	}
-	select {
-	case a := <-w.ch:
-		return a, nil
-	case <-ctx.Done():
-		return "", ctx.Err()
+	// No reader waits on the socket (see above): poll it (a monitor's
+	// answers read here wait in ready for its next read).
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		e.poll()
+		select {
+		case a := <-w.ch:
+			return a, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-tick.C:
+		}
 	}
 }
 
 // sourceFor returns the address the namespace sends from towards dst (a
 // connected UDP socket's, found once per backend).
-func (p *synProber) sourceFor(d *dialer, dst netip.Addr) (netip.Addr, error) {
-	p.mu.Lock()
-	src, ok := p.src[dst]
-	p.mu.Unlock()
+func (e *synEngine) sourceFor(d *dialer, dst netip.Addr) (netip.Addr, error) {
+	e.mu.Lock()
+	src, ok := e.src[dst]
+	e.mu.Unlock()
 	if ok {
 		return src, nil
 	}
@@ -279,16 +600,16 @@ func (p *synProber) sourceFor(d *dialer, dst netip.Addr) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("source address towards %s: %w", dst, err)
 	}
-	p.mu.Lock()
-	p.src[dst] = src
-	p.mu.Unlock()
+	e.mu.Lock()
+	e.src[dst] = src
+	e.mu.Unlock()
 	return src, nil
 }
 
-// synSegment builds a SYN from src:sport to dst with sequence number isn
-// and an MSS option, checksummed.
-func synSegment(src netip.Addr, dst netip.AddrPort, sport uint16, isn uint32) []byte {
-	t := make([]byte, 24)
+// synSegment writes into t a SYN from src:sport to dst with sequence
+// number isn and an MSS option, checksummed.
+func synSegment(t *[24]byte, src netip.Addr, dst netip.AddrPort, sport uint16, isn uint32) {
+	*t = [24]byte{}
 	binary.BigEndian.PutUint16(t[0:], sport)
 	binary.BigEndian.PutUint16(t[2:], dst.Port())
 	binary.BigEndian.PutUint32(t[4:], isn)
@@ -298,21 +619,16 @@ func synSegment(src netip.Addr, dst netip.AddrPort, sport uint16, isn uint32) []
 	t[20], t[21] = 2, 4                       // MSS
 	binary.BigEndian.PutUint16(t[22:], 1460)
 	s, d := src.As4(), dst.Addr().As4()
-	var sum uint32
-	add := func(b []byte) {
-		for i := 0; i+1 < len(b); i += 2 {
-			sum += uint32(b[i])<<8 | uint32(b[i+1])
-		}
+	sum := (uint32(s[0])<<8 | uint32(s[1])) + (uint32(s[2])<<8 | uint32(s[3])) +
+		(uint32(d[0])<<8 | uint32(d[1])) + (uint32(d[2])<<8 | uint32(d[3])) +
+		unix.IPPROTO_TCP + uint32(len(t))
+	for i := 0; i+1 < len(t); i += 2 {
+		sum += uint32(t[i])<<8 | uint32(t[i+1])
 	}
-	add(s[:])
-	add(d[:])
-	sum += unix.IPPROTO_TCP + uint32(len(t))
-	add(t)
 	for sum>>16 != 0 {
 		sum = sum&0xffff + sum>>16
 	}
 	binary.BigEndian.PutUint16(t[16:], ^uint16(sum))
-	return t
 }
 
 // pktinfo4 is an IP_PKTINFO control message that sets the source address.

@@ -9,9 +9,9 @@ import (
 
 // Passive health checks: Envoy's consecutive-failure outlier detection on
 // the connections the data plane forwards. A farm's check may carry a
-// "passive" object; the eBPF data plane then watches each new TCP
-// connection's handshake in its own conntrack (a RST from the backend, an
-// ICMP unreachable, or no answer to the SYN within timeout is a failure;
+// "passive" object; the data plane then watches each new TCP connection's
+// handshake (eBPF: in its own conntrack; nft: from netfilter's conntrack
+// events) (a RST from the backend, an ICMP unreachable (eBPF), or no answer to the SYN within timeout is a failure;
 // the backend's SYN-ACK a success), and a backend with `failures`
 // consecutive failures is ejected for ejection-time × the number of its
 // ejections in a row (at most max-ejection-time), as long as no more than

@@ -170,8 +170,15 @@ func (t *Table) MaxEntries() int {
 	return int(t.Limit)
 }
 
-// IsPolicy reports whether the table has a verdict, so farms may attach it.
+// IsPolicy reports whether the table has a verdict (nftlb's policies).
 func (t *Table) IsPolicy() bool { return t.Verdict != ListNone }
+
+// Attachable reports whether farms may attach the table (a farm's
+// "policies"): it has a verdict, or it is an addr table with values the
+// data path applies to the clients it matches (mark, limit), or both.
+func (t *Table) Attachable() bool {
+	return t.IsPolicy() || t.Type == TableAddr && t.Values&(ValMark|ValLimit) != 0
+}
 
 // Clone returns a copy that shares the entries; changes to the copy's
 // entries (through a TableEdit) never show in t.

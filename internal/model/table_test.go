@@ -139,7 +139,6 @@ func TestTableValidate(t *testing.T) {
 		{func(t *Table) { t.Name = long }, "1 to 63 characters"},
 		{func(t *Table) { t.Limit = MaxTableEntries + 1 }, `field "limit"`},
 		{func(t *Table) { t.Priority = 0 }, `field "priority"`},
-		{func(t *Table) { t.Type = TableNumber; t.Verdict = ListDeny }, "only addr tables can be policies"},
 		{func(t *Table) { t.Type = TableFlow }, "needs one or more fields"},
 		{func(t *Table) { t.Timeout = MaxTableTimeout + 1 }, `field "timeout"`},
 		{func(t *Table) { t.LogPrefix = "a\"b" }, "printable ASCII"},

@@ -53,9 +53,6 @@ func (t *Table) Validate() error {
 	if int(t.Verdict) >= len(listVerdictSpec.names) {
 		return bad("verdict", fmt.Sprint(t.Verdict), "allowed values are none, deny (blacklist), allow (whitelist)")
 	}
-	if t.Verdict != ListNone && t.Type != TableAddr {
-		return bad("verdict", t.Verdict.String(), "only addr tables can be policies (this table has type "+t.TypeString()+")")
-	}
 	if len(t.LogPrefix) > MaxLogPrefixLen {
 		return bad("log-prefix", t.LogPrefix, fmt.Sprintf("at most %d characters", MaxLogPrefixLen))
 	}

@@ -369,9 +369,9 @@ func (m *Metrics) appendFarms(ctx context.Context, dst []byte) []byte {
 
 	if s.conns != nil {
 		for k, name := range []string{"xlb_backend_connections_active", "xlb_backend_connections_inactive"} {
-			help := "Established TCP connections tracked for the backend (IPVS's ActiveConn)."
+			help := "TCP connections of the backend that are active (IPVS's ActiveConn; eBPF: the program's own count of flows in SYN or ESTABLISHED; nft: ESTABLISHED in a walk of conntrack)."
 			if k == 1 {
-				help = "Other connections tracked for the backend: TCP opening or closing, UDP (IPVS's InActConn)."
+				help = "Other connections tracked for the backend: TCP closing (on nft also opening), UDP (IPVS's InActConn)."
 			}
 			e.family(name, "gauge", help)
 			for i, f := range s.farms {

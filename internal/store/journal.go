@@ -202,6 +202,12 @@ func (j *Journal) Commit(ctx context.Context, d plan.Diff) error {
 			return j.db.Commit(ctx, d)
 		}
 	}
+	return j.append(rec)
+}
+
+// append writes one record after the last and syncs it: the change is on
+// disk when it returns.
+func (j *Journal) append(rec []byte) error {
 	// A failed write or sync leaves the record unacknowledged; the next
 	// one overwrites it from j.size, and the next fold zeroes what is left.
 	j.used = max(j.used, j.size+int64(len(rec)))
@@ -273,13 +279,18 @@ func (j *Journal) fold() error {
 	if len(recs) > 0 {
 		err := j.db.db.Update(func(tx *bolt.Tx) error {
 			farms := tx.Bucket(farmsBucket)
-			var undo []byte
+			// The undo kept is the last record's: an earlier change's
+			// table undo (and the slots it kept aside) goes.
+			if err := clearTableUndo(tx); err != nil {
+				return err
+			}
+			var undo, tundo []byte
 			for _, r := range recs {
-				redo, u, err := splitRecord(r)
+				redo, u, tredo, tu, err := r.split()
 				if err != nil {
 					return err
 				}
-				undo = u
+				undo, tundo = u, tu
 				// The redo list has encodeUndo's layout: each farm as
 				// the change leaves it, nothing for a deleted one.
 				if err := decodeUndo(redo, func(name string, v []byte) error {
@@ -288,6 +299,14 @@ func (j *Journal) fold() error {
 					}
 					return farms.Put([]byte(name), v)
 				}); err != nil {
+					return err
+				}
+				if err := applyTableOps(tx, tredo); err != nil {
+					return err
+				}
+			}
+			if len(tundo) > 0 {
+				if err := tx.Bucket(metaBucket).Put(undoTablesKey, tundo); err != nil {
 					return err
 				}
 			}
@@ -307,12 +326,24 @@ func (j *Journal) fold() error {
 	return nil
 }
 
-// validRecords returns the payloads of the journal's records up to the
-// first that is short, zero or fails its checksum.
-func validRecords(buf []byte) [][]byte {
-	var recs [][]byte
+// recTables marks, in a record's length word, a record that carries table
+// changes too (encodeTableRecord's layout). Records are far shorter than
+// 2 GiB, so the bit was always clear before.
+const recTables = 1 << 31
+
+// journalRecord is one valid record's payload.
+type journalRecord struct {
+	payload []byte
+	tables  bool // encodeTableRecord's layout
+}
+
+// validRecords returns the journal's records up to the first that is
+// short, zero or fails its checksum.
+func validRecords(buf []byte) []journalRecord {
+	var recs []journalRecord
 	for len(buf) >= recordHeader {
-		n := binary.LittleEndian.Uint32(buf)
+		word := binary.LittleEndian.Uint32(buf)
+		n := word &^ recTables
 		sum := binary.LittleEndian.Uint32(buf[4:])
 		if n == 0 || uint64(n) > uint64(len(buf)-recordHeader) {
 			break
@@ -321,7 +352,7 @@ func validRecords(buf []byte) [][]byte {
 		if crc32.Checksum(payload, castagnoli) != sum {
 			break
 		}
-		recs = append(recs, payload)
+		recs = append(recs, journalRecord{payload: payload, tables: word&recTables != 0})
 		buf = buf[recordHeader+int(n):]
 	}
 	return recs
@@ -420,6 +451,25 @@ func encodeRecord(d plan.Diff) []byte {
 	return payload
 }
 
+// split returns a record's farm redo and undo lists and its table redo and
+// undo operation lists (none in a record of farms only).
+func (r journalRecord) split() (redo, undo, tredo, tundo []byte, err error) {
+	if !r.tables {
+		redo, undo, err = splitRecord(r.payload)
+		return redo, undo, nil, nil, err
+	}
+	p := r.payload
+	var parts [3][]byte
+	for i := range parts {
+		n, k := binary.Uvarint(p)
+		if k <= 0 || uint64(len(p)-k) < n {
+			return nil, nil, nil, nil, errors.New("journal record is corrupt")
+		}
+		parts[i], p = p[k:k+int(n)], p[k+int(n):]
+	}
+	return parts[0], parts[1], parts[2], p, nil
+}
+
 // splitRecord returns a record payload's redo and undo lists.
 func splitRecord(p []byte) (redo, undo []byte, err error) {
 	n, k := binary.Uvarint(p)
@@ -427,4 +477,22 @@ func splitRecord(p []byte) (redo, undo []byte, err error) {
 		return nil, nil, errors.New("journal record is corrupt")
 	}
 	return p[k : k+int(n)], p[k+int(n):], nil
+}
+
+// encodeTableRecord is the record of a change with tables: uvarint-length
+// prefixed farm redo list, farm undo list and table redo operations, then
+// the table undo operations (tableops.go).
+func encodeTableRecord(d plan.Diff, td plan.TableDiff) []byte {
+	farms := encodeRecord(d)[recordHeader:]
+	redo, undo, _ := splitRecord(farms)
+	tredo, tundo := encodeTableRedo(td), encodeTableUndo(td)
+	payload := make([]byte, recordHeader, recordHeader+len(farms)+len(tredo)+len(tundo)+3*binary.MaxVarintLen64)
+	for _, part := range [][]byte{redo, undo, tredo} {
+		payload = binary.AppendUvarint(payload, uint64(len(part)))
+		payload = append(payload, part...)
+	}
+	payload = append(payload, tundo...)
+	binary.LittleEndian.PutUint32(payload, uint32(len(payload)-recordHeader)|recTables)
+	binary.LittleEndian.PutUint32(payload[4:], crc32.Checksum(payload[recordHeader:], castagnoli))
+	return payload
 }

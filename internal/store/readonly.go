@@ -84,7 +84,7 @@ func (j *Journal) loadSavedReadOnly(ctx context.Context) ([]SavedFarm, error) {
 			return nil, fmt.Errorf("load state: read journal: %w", err)
 		}
 		for _, r := range validRecords(buf) {
-			redo, _, err := splitRecord(r)
+			redo, _, _, _, err := r.split()
 			if err == nil {
 				err = decodeUndo(redo, func(name string, v []byte) error {
 					if v == nil {

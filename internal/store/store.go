@@ -56,9 +56,9 @@ type Undoer interface {
 	// Revert takes back d, the diff of the last Commit, and forgets it: the
 	// kernel refused d after the disk had taken it.
 	Revert(ctx context.Context, d plan.Diff) error
-	// UndoLast takes back the last Commit if it is still remembered and
-	// returns the names of the farms it restored (none if there was nothing
-	// to take back).
+	// UndoLast takes back the last Commit (or CommitChange) if it is still
+	// remembered and returns the names of the farms it restored, and of
+	// the tables as "table NAME" (none if there was nothing to take back).
 	UndoLast(ctx context.Context) ([]string, error)
 }
 
@@ -150,6 +150,9 @@ func (s *Bolt) Commit(ctx context.Context, d plan.Diff) error {
 		if err := writeDiff(tx, d); err != nil {
 			return err
 		}
+		if err := clearTableUndo(tx); err != nil {
+			return err
+		}
 		return tx.Bucket(metaBucket).Put(undoKey, encodeUndo(d))
 	}); err != nil {
 		return fmt.Errorf("save state: %w", err)
@@ -170,32 +173,58 @@ func (s *Bolt) Revert(ctx context.Context, d plan.Diff) error {
 	return nil
 }
 
-// UndoLast implements Undoer.
+// UndoLast implements Undoer. It takes back the last change's tables too
+// (their names are returned as "table NAME").
 func (s *Bolt) UndoLast(ctx context.Context) ([]string, error) {
 	var names []string
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(metaBucket)
-		raw := meta.Get(undoKey)
-		if raw == nil {
-			return nil
-		}
-		farms := tx.Bucket(farmsBucket)
-		err := decodeUndo(raw, func(name string, old []byte) error {
-			names = append(names, name)
-			if old == nil {
-				return farms.Delete([]byte(name))
-			}
-			return farms.Put([]byte(name), old)
-		})
-		if err != nil {
-			return err
-		}
-		return meta.Delete(undoKey)
+		var err error
+		names, err = undoLast(tx)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("take back the last saved change: %w", err)
 	}
 	return names, nil
+}
+
+// undoLast applies and forgets the kept undo of the last change.
+func undoLast(tx *bolt.Tx) ([]string, error) {
+	var names []string
+	meta := tx.Bucket(metaBucket)
+	if tundo := meta.Get(undoTablesKey); len(tundo) > 0 {
+		ops := append([]byte(nil), tundo...)
+		if err := eachOp(ops, func(o tableOp) error {
+			if o.op == opPutMeta || o.op == opDelMeta {
+				names = append(names, "table "+string(o.name))
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		if err := applyTableOps(tx, ops); err != nil {
+			return nil, err
+		}
+	}
+	if err := clearTableUndo(tx); err != nil {
+		return nil, err
+	}
+	raw := meta.Get(undoKey)
+	if raw == nil {
+		return names, nil
+	}
+	farms := tx.Bucket(farmsBucket)
+	err := decodeUndo(raw, func(name string, old []byte) error {
+		names = append(names, name)
+		if old == nil {
+			return farms.Delete([]byte(name))
+		}
+		return farms.Put([]byte(name), old)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return names, meta.Delete(undoKey)
 }
 
 // writeDiff puts d's farms into the farms bucket, in the order of their

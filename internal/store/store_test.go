@@ -108,6 +108,9 @@ func TestCorruptFileIsAnError(t *testing.T) {
 const (
 	crashChildEnv = "XLB_STORE_CRASH_CHILD"
 	crashStoreEnv = "XLB_STORE_CRASH_STORE"
+	// crashTablesEnv makes the child add table entries (CommitChange), one
+	// a change, instead of farms.
+	crashTablesEnv = "XLB_STORE_CRASH_TABLES"
 )
 
 func TestMain(m *testing.M) {
@@ -132,6 +135,10 @@ func crashChild(dir string) {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
+	if os.Getenv(crashTablesEnv) != "" {
+		crashChildTables(s.(ChangeStore))
+		return
+	}
 	for i := 0; ; i++ {
 		if err := s.Commit(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: testFarm(nil, i)}}}); err != nil {
 			fmt.Println("error", err)
@@ -141,18 +148,57 @@ func crashChild(dir string) {
 	}
 }
 
-// kill -9 during writes loses no acknowledged change and leaves a readable file.
-func TestCrashLosesNoAcknowledgedChange(t *testing.T) {
-	for _, st := range stores {
-		t.Run(st.name, func(t *testing.T) { testCrash(t, st.name, st.open) })
+// crashEntry is the i-th entry the tables' crash child adds.
+func crashEntry(tb *model.Table, i int) model.TableEntry {
+	e, err := tb.ParseEntry(model.EntryInput{Key: fmt.Sprintf("10.%d.%d.0/24", i/250, i%250)}, 0)
+	if err != nil {
+		panic(err)
+	}
+	return e
+}
+
+// crashChildTables creates table "t" and adds one entry a change forever,
+// printing "ack N" after each.
+func crashChildTables(s ChangeStore) {
+	tb := model.NewTable("t", model.TableAddr)
+	tb.ID, tb.Slot = 1, 1
+	cur := &tb
+	d := plan.TableDiff{Tables: []plan.TableChange{{New: cur}}, Slots: []plan.SlotChange{{Slot: 1, New: cur}}}
+	if err := s.CommitChange(context.Background(), plan.Diff{}, d); err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	for i := 0; ; i++ {
+		next := cur.Clone()
+		e := crashEntry(&next, i)
+		next.PutEntry(e)
+		d := plan.TableDiff{Slots: []plan.SlotChange{{Slot: 1, Old: cur, New: &next, Put: []model.TableEntry{e}}}}
+		if err := s.CommitChange(context.Background(), plan.Diff{}, d); err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		cur = &next
+		fmt.Println("ack", i)
 	}
 }
 
-func testCrash(t *testing.T, store string, open func(string) (undoStore, error)) {
+// kill -9 during writes loses no acknowledged change and leaves a readable
+// file; so does kill -9 during table changes (one entry added a change).
+func TestCrashLosesNoAcknowledgedChange(t *testing.T) {
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) { testCrash(t, st.name, st.open, false) })
+		t.Run(st.name+"/tables", func(t *testing.T) { testCrash(t, st.name, st.open, true) })
+	}
+}
+
+func testCrash(t *testing.T, store string, open func(string) (undoStore, error), tables bool) {
 	for round := range 3 {
 		dir := t.TempDir()
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, crashStoreEnv+"="+store)
+		if tables {
+			cmd.Env = append(cmd.Env, crashTablesEnv+"=1")
+		}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -182,6 +228,11 @@ func testCrash(t *testing.T, store string, open func(string) (undoStore, error))
 		if err != nil {
 			t.Fatalf("reopen after kill -9: %v", err)
 		}
+		if tables {
+			checkCrashTables(t, s.(TableStore), round, lastAck)
+			s.Close()
+			continue
+		}
 		farms, err := s.Load(context.Background())
 		s.Close()
 		if err != nil {
@@ -195,6 +246,25 @@ func testCrash(t *testing.T, store string, open func(string) (undoStore, error))
 			if !have[fmt.Sprintf("f%d", i)] {
 				t.Fatalf("round %d: acknowledged farm f%d lost after kill -9 (last ack %d, %d saved)", round, i, lastAck, len(farms))
 			}
+		}
+	}
+}
+
+// checkCrashTables requires every acknowledged entry of the tables' crash
+// child to be saved.
+func checkCrashTables(t *testing.T, s TableStore, round, lastAck int) {
+	t.Helper()
+	tables, err := s.LoadTables(context.Background())
+	if err != nil {
+		t.Fatalf("load tables after kill -9: %v", err)
+	}
+	if len(tables) != 1 {
+		t.Fatalf("round %d: %d tables saved after kill -9, want 1", round, len(tables))
+	}
+	tb := tables[0]
+	for i := 0; i <= lastAck; i++ {
+		if _, ok := tb.Entry(crashEntry(tb, i).Key); !ok {
+			t.Fatalf("round %d: acknowledged entry %d lost after kill -9 (last ack %d, %d saved)", round, i, lastAck, tb.Len())
 		}
 	}
 }
@@ -308,5 +378,47 @@ func TestDSRFieldsRoundTrip(t *testing.T) {
 	if len(got) != 1 || got[0].Iface != "eth0" || got[0].Oface != "eth1" || got[0].EtherAddr != fs[0].EtherAddr ||
 		got[0].Backends[0].EtherAddr != fs[0].Backends[0].EtherAddr {
 		t.Errorf("loaded %+v, want %+v", got, fs[0])
+	}
+}
+
+// A read-only state (the disk was full at start) loads the tables of the
+// journal's records too: the bbolt file's tables with the records replayed
+// in memory.
+func TestReadOnlyLoadsJournalTables(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := model.NewTable("t", model.TableAddr)
+	tb.ID, tb.Slot = 1, 1
+	next := tb.Clone()
+	e := crashEntry(&next, 3)
+	next.PutEntry(e)
+	ctx := context.Background()
+	if err := j.CommitChange(ctx, plan.Diff{}, plan.TableDiff{Tables: []plan.TableChange{{New: &tb}}, Slots: []plan.SlotChange{{Slot: 1, New: &tb}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.CommitChange(ctx, plan.Diff{}, plan.TableDiff{Slots: []plan.SlotChange{{Slot: 1, Old: &tb, New: &next, Put: []model.TableEntry{e}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if j.size == 0 {
+		t.Fatal("the table changes did not go to the journal")
+	}
+	j.Close() // not folded
+	ro, err := openReadOnly(dir, fmt.Errorf("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	tables, err := ro.LoadTables(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 1 || tables[0].Len() != 1 {
+		t.Fatalf("read-only load: %d tables (%v), want t with 1 entry", len(tables), tables)
+	}
+	if _, ok := tables[0].Entry(e.Key); !ok {
+		t.Errorf("read-only load lacks the journal's entry")
 	}
 }

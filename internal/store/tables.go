@@ -1,10 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -303,18 +305,191 @@ func decodeEntry(t *model.Table, k, b []byte) (model.TableEntry, error) {
 
 // LoadTables implements TableStore.
 func (j *Journal) LoadTables(ctx context.Context) ([]*model.Table, error) {
+	if j.ro != nil {
+		return j.loadTablesReadOnly(ctx)
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if err := j.fold(); err != nil {
+		return nil, fmt.Errorf("load tables: %w", err)
+	}
 	return j.db.LoadTables(ctx)
 }
 
-// CommitTables implements TableStore. Table changes go to the bbolt file
-// directly, not through the journal: a batch of entries is a large record
-// anyway. The engine saves the parts of one change that create before its
-// farms and those that destroy after, so a crash between the two never
-// leaves a farm naming a table that is not saved.
+// CommitTables implements TableStore: the tables alone go to the bbolt
+// file, with no undo (for stores in front of this one; the engine saves
+// through CommitChange).
 func (j *Journal) CommitTables(ctx context.Context, d plan.TableDiff) error {
+	if j.ro != nil {
+		return j.ro
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if err := j.fold(); err != nil {
+		return fmt.Errorf("save tables: %w", err)
+	}
 	return j.db.CommitTables(ctx, d)
+}
+
+// ChangeStore is a Store that saves a change's farms and tables as one unit
+// and keeps one undo for both (UndoLast takes back either).
+type ChangeStore interface {
+	// CommitChange writes d and td to disk atomically.
+	CommitChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error
+	// RevertChange takes back d and td, the last CommitChange: the kernel
+	// refused them after the disk had taken them.
+	RevertChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error
+}
+
+var (
+	_ ChangeStore = (*Bolt)(nil)
+	_ ChangeStore = (*Journal)(nil)
+)
+
+// CommitChange implements ChangeStore: one bbolt transaction, with the
+// exact undo read from the file as it is overwritten.
+func (s *Bolt) CommitChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := clearTableUndo(tx); err != nil {
+			return err
+		}
+		tundo, err := writeTablesUndo(tx, td)
+		if err != nil {
+			return err
+		}
+		if err := writeDiff(tx, d); err != nil {
+			return err
+		}
+		meta := tx.Bucket(metaBucket)
+		if len(tundo) > 0 {
+			if err := meta.Put(undoTablesKey, tundo); err != nil {
+				return err
+			}
+		}
+		return meta.Put(undoKey, encodeUndo(d))
+	}); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// RevertChange implements ChangeStore: the undo kept is the change's.
+func (s *Bolt) RevertChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error {
+	if _, err := s.UndoLast(ctx); err != nil {
+		return fmt.Errorf("save state: take back a change the kernel refused: %w", err)
+	}
+	return nil
+}
+
+// CommitChange implements ChangeStore. A change of at most
+// journalTableEntries entries is one journal record (one fdatasync, as a
+// farm change); a larger one, or a bulk change, folds the journal and goes
+// to the bbolt file.
+func (j *Journal) CommitChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error {
+	if len(td.Tables)+len(td.Slots) == 0 {
+		return j.Commit(ctx, d)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if j.ro != nil {
+		return j.ro
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	direct := func() error {
+		if err := j.fold(); err != nil {
+			return fmt.Errorf("save state: %w", err)
+		}
+		return j.db.CommitChange(ctx, d, td)
+	}
+	if len(d.Changes) > bulkChanges || tableChangeEntries(td) > journalTableEntries {
+		return direct()
+	}
+	rec := encodeTableRecord(d, td)
+	if int64(len(rec)) > j.bigRecord {
+		return direct()
+	}
+	if j.size+int64(len(rec)) > j.foldAt {
+		if err := j.fold(); err != nil {
+			return fmt.Errorf("save state: %w", err)
+		}
+	}
+	return j.append(rec)
+}
+
+// RevertChange implements ChangeStore.
+func (j *Journal) RevertChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.fold(); err != nil {
+		return fmt.Errorf("save state: take back a change the kernel refused: %w", err)
+	}
+	return j.db.RevertChange(ctx, d, td)
+}
+
+// loadTablesReadOnly is LoadTables of a read-only state: the bbolt file's
+// tables with the journal's records applied in memory.
+func (j *Journal) loadTablesReadOnly(ctx context.Context) ([]*model.Table, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	m := memTables{metas: map[string][]byte{}, slots: map[uint32]map[string][]byte{}}
+	if j.db != nil {
+		err := j.db.db.View(func(tx *bolt.Tx) error {
+			if tb := tx.Bucket(tablesBucket); tb != nil {
+				if err := tb.ForEach(func(k, v []byte) error { m.metas[string(k)] = bytes.Clone(v); return nil }); err != nil {
+					return err
+				}
+			}
+			slots := tx.Bucket(slotsBucket)
+			if slots == nil {
+				return nil
+			}
+			return slots.ForEachBucket(func(k []byte) error {
+				if len(k) != 4 {
+					return nil
+				}
+				es := map[string][]byte{}
+				m.slots[binary.BigEndian.Uint32(k)] = es
+				return slots.Bucket(k).ForEach(func(ek, ev []byte) error { es[string(ek)] = bytes.Clone(ev); return nil })
+			})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("load tables: %w", err)
+		}
+	}
+	if j.f != nil {
+		buf, err := io.ReadAll(io.NewSectionReader(j.f, 0, 1<<62))
+		if err != nil {
+			return nil, fmt.Errorf("load tables: read journal: %w", err)
+		}
+		for _, r := range validRecords(buf) {
+			_, _, tredo, _, err := r.split()
+			if err == nil {
+				err = m.apply(tredo)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("load tables: replay journal: %w", err)
+			}
+		}
+	}
+	var out []*model.Table
+	for name, v := range m.metas {
+		t, err := decodeTableMeta(v)
+		if err != nil {
+			return nil, fmt.Errorf("saved table %q: %w", name, err)
+		}
+		for k, ev := range m.slots[t.Slot] {
+			e, err := decodeEntry(t, []byte(k), ev)
+			if err != nil {
+				return nil, fmt.Errorf("saved table %q entry %q: %w", t.Name, t.FormatKey(model.TableKey(k)), err)
+			}
+			t.PutEntry(e)
+		}
+		out = append(out, t)
+	}
+	return out, ctx.Err()
 }

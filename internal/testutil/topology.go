@@ -81,6 +81,24 @@ func (h Host) AddAddr(tb testing.TB, p netip.Prefix) {
 	}
 }
 
+// MAC returns the Ethernet address of the host's Link.
+func (h Host) MAC(tb testing.TB) net.HardwareAddr {
+	tb.Helper()
+	var mac net.HardwareAddr
+	err := withHandle(h.NS, func(nh *netlink.Handle) error {
+		l, err := nh.LinkByName(h.Link)
+		if err != nil {
+			return err
+		}
+		mac = l.Attrs().HardwareAddr
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("address of %s in %s: %v", h.Link, h.Name, err)
+	}
+	return mac
+}
+
 // TopologyOptions sizes a topology.
 type TopologyOptions struct {
 	Backends int  // number of backend namespaces (default 1)

@@ -62,9 +62,12 @@ type failoverResult struct {
 	Opts failoverOpts `json:"opts"`
 	// Long-lived connections broken in each phase (reset, EOF, or no echo
 	// within 2 s), and established at the start.
-	Established int                        `json:"established"`
-	Broken      map[string]int             `json:"broken"`       // by phase: lost, back, added
-	BrokenHow   map[string]int             `json:"broken-how"`   // reset, eof, stall
+	Established int            `json:"established"`
+	Broken      map[string]int `json:"broken"`     // by phase: lost, back, added
+	BrokenHow   map[string]int `json:"broken-how"` // reset, eof, stall
+	// Recovered: of the stalled ones, by phase, those whose echo came
+	// within 15 s after all (the connection lived on, late).
+	Recovered   map[string]int             `json:"recovered,omitempty"`
 	NewFailed   map[string]int             `json:"new-failed"`   // by phase
 	NewTotal    map[string]int             `json:"new-total"`    // by phase
 	RouteTimes  map[string]string          `json:"route-times"`  // until the router withdrew or re-added the node
@@ -106,7 +109,7 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 	if o.Scheduler == "" {
 		o.Scheduler = "maglev"
 	}
-	res := failoverResult{Opts: o, Broken: map[string]int{}, BrokenHow: map[string]int{}, NewFailed: map[string]int{},
+	res := failoverResult{Opts: o, Broken: map[string]int{}, BrokenHow: map[string]int{}, Recovered: map[string]int{}, NewFailed: map[string]int{},
 		NewTotal: map[string]int{}, RouteTimes: map[string]string{}, Sync: map[string]json.RawMessage{}}
 	vip := netip.AddrPortFrom(testutil.VIP4(1), 80)
 	var cl failoverCluster
@@ -173,7 +176,19 @@ func runFailover(t *testing.T, o failoverOpts) failoverResult {
 					if ctx.Err() != nil {
 						return
 					}
-					broken(classify(err))
+					how := classify(err)
+					broken(how)
+					if how == "stall" {
+						// Counted broken; whether its echo comes at
+						// all (within 15 s) is noted apart.
+						p := phases[phase.Load()]
+						rest, err := testutil.ReadLine(c, 15*time.Second)
+						if err == nil && line+rest == msg {
+							mu.Lock()
+							res.Recovered[p]++
+							mu.Unlock()
+						}
+					}
 					return
 				}
 			}

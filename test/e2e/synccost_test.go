@@ -48,7 +48,8 @@ type syncCostResult struct {
 // carry them into node B. Measured: the CPU time of the sync processes of
 // A and B (/proc/PID/stat) from the first entry until B holds all, less
 // their CPU over an idle period as long. XLB_SYNC_COST=FILE runs it and
-// appends a JSON line per run (bench/ha/run.sh).
+// appends a JSON line per run (bench/ha/run.sh); XLB_SYNC_COST_ENGINES
+// picks engines (comma-separated).
 func TestSyncCost(t *testing.T) {
 	out := os.Getenv("XLB_SYNC_COST")
 	if out == "" {
@@ -62,8 +63,12 @@ func TestSyncCost(t *testing.T) {
 	if runs <= 0 {
 		runs = 1
 	}
+	engines := []string{"xlb", "conntrackd-direct", "conntrackd-cache"}
+	if e := os.Getenv("XLB_SYNC_COST_ENGINES"); e != "" {
+		engines = strings.Split(e, ",")
+	}
 	for r := range runs {
-		for _, engine := range []string{"xlb", "conntrackd-direct", "conntrackd-cache"} {
+		for _, engine := range engines {
 			t.Run(fmt.Sprintf("%s-%d", engine, r), func(t *testing.T) {
 				res := syncCost(t, engine, conns)
 				b, _ := json.Marshal(res)

@@ -108,7 +108,7 @@ func Run(t *testing.T, p Plane) {
 				t.Fatalf("scenario farm is invalid: %v", err)
 			}
 			if want, ok := p.Refuses[s.name]; ok {
-				e.checkRefused(t, &f, want)
+				e.checkRefused(t, &f, want, s.attach)
 				return
 			}
 			if s.run == nil {
@@ -129,6 +129,10 @@ type scenario struct {
 	// run applies the farm and checks traffic. nil: no check written yet
 	// (the scenario can only be refused).
 	run func(t *testing.T, e *Env, f model.Farm)
+	// attach, when set, is what a plane that refuses the scenario must
+	// refuse instead of the farm alone: it applies the tables the farm
+	// uses, then the farm with them, and returns the plane's error.
+	attach func(t *testing.T, e *Env, f model.Farm) error
 }
 
 // Port numbers: farms listen on VIP:VPort and backends serve on BPort.
@@ -293,7 +297,7 @@ func (e *Env) ClientAddrs(t testing.TB, n int) []netip.Addr {
 
 // checkRefused applies a baseline farm, then requires the plane to refuse
 // f with an error containing want, leaving the kernel unchanged.
-func (e *Env) checkRefused(t *testing.T, f *model.Farm, want string) {
+func (e *Env) checkRefused(t *testing.T, f *model.Farm, want string, attach func(*testing.T, *Env, model.Farm) error) {
 	base := e.farmOn("conformance-baseline", testutil.VIP4(200), VPort, model.ProtoTCP)
 	e.Put(t, base)
 	ask := func() {
@@ -307,8 +311,10 @@ func (e *Env) checkRefused(t *testing.T, f *model.Farm, want string) {
 	if e.plane.Snapshot != nil {
 		before = e.plane.Snapshot(t, "/run/netns/"+e.LB.Name)
 	}
-	err := e.DP.Check(f)
-	if err == nil {
+	var err error
+	if attach != nil {
+		err = attach(t, e, *f)
+	} else if err = e.DP.Check(f); err == nil {
 		nf := f.Clone()
 		err = e.DP.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{New: &nf}}})
 	}

@@ -952,12 +952,7 @@ func runBackendMark(t *testing.T, e *Env, f model.Farm) {
 // LogGroup, or where Plane.ConnLog reads) with the farm's log-prefix and
 // name, and the logged packet is addressed to the backend that answered.
 func runLog(t *testing.T, e *Env, f model.Farm) {
-	var wait func(string, time.Duration) (testutil.NFLogEntry, error)
-	if e.plane.ConnLog != nil {
-		wait = e.plane.ConnLog(t, "/run/netns/"+e.LB.Name)
-	} else {
-		wait = testutil.ListenNFLOG(t, e.LB.NS, LogGroup).Wait
-	}
+	wait := e.logWaiter(t)
 	e.Put(t, f)
 	for range 2 {
 		name, _ := e.ask(t, f, netip.AddrPort{})

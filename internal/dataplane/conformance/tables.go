@@ -2,7 +2,10 @@ package conformance
 
 import (
 	"context"
+	"net"
 	"net/netip"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,12 +29,27 @@ func init() {
 		scenario{name: "policy-swap", farm: policyFarm, run: runPolicySwap},
 		scenario{name: "policy-blacklist-ipv6", v6: true, farm: policyFarm, run: runBlacklist},
 		scenario{name: "policy-two-policies", farm: policyFarm, run: runTwoPolicies},
+		scenario{name: "policy-counters", farm: policyFarmUDP, run: runPolicyCounters},
+		scenario{name: "policy-log", farm: policyFarm, run: runPolicyLog},
+		scenario{name: "table-limit", farm: policyFarmUDP, run: runTableLimit},
+		scenario{name: "table-mark", farm: policyFarm, run: runTableMark, attach: attachMarkTable},
+		scenario{name: "policy-port", farm: policyFarm, run: runPolicyPort},
+		scenario{name: "policy-mac", farm: policyFarm, run: runPolicyMAC},
+		scenario{name: "policy-iface", farm: policyFarm, run: runPolicyIface, attach: attachIfaceTable},
+		scenario{name: "policy-flow", farm: policyFarm, run: runPolicyFlow},
 	)
 }
 
 // policyFarm is a snat farm with the policy "pol" attached.
 func policyFarm(e *Env) model.Farm {
 	f := e.Farm("pol-farm", model.ProtoTCP)
+	f.Policies = []model.PolicyRef{{Name: "pol"}}
+	return f
+}
+
+// policyFarmUDP is policyFarm over UDP (one datagram is one packet).
+func policyFarmUDP(e *Env) model.Farm {
+	f := e.Farm("pol-farm", model.ProtoUDP)
 	f.Policies = []model.PolicyRef{{Name: "pol"}}
 	return f
 }
@@ -58,6 +76,14 @@ func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...s
 	t.Helper()
 	tb := model.NewTable(name, model.TableAddr)
 	tb.Verdict = v
+	s.putTable(t, tb, keys...)
+}
+
+// putTable creates or replaces tb (its ID and slot given here) with these
+// entries ("KEY" or "KEY VALUE").
+func (s *tableSet) putTable(t testing.TB, tb model.Table, keys ...string) {
+	t.Helper()
+	name := tb.Name
 	old := s.tables[name]
 	if old != nil {
 		tb.ID, tb.Slot = old.ID, old.Slot
@@ -66,7 +92,8 @@ func (s *tableSet) put(t testing.TB, name string, v model.ListVerdict, keys ...s
 		tb.ID, tb.Slot = s.nextID, uint32(s.nextID)
 	}
 	for _, k := range keys {
-		e, err := tb.ParseEntry(model.EntryInput{Key: k}, 0)
+		key, val, hasVal := strings.Cut(k, " ")
+		e, err := tb.ParseEntry(model.EntryInput{Key: key, Value: val, ValueSet: hasVal}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,4 +248,298 @@ func runTwoPolicies(t *testing.T, e *Env, f model.Farm) {
 	f.Policies = append(f.Policies, model.PolicyRef{Name: "bl"})
 	ts.putFarm(t, e, f)
 	e.expect(t, f, "whitelist and blacklist", map[netip.Addr]bool{c[0]: true, c[1]: false, c[2]: true})
+}
+
+// sendUDPFrom sends n datagrams of size bytes from local to the farm, from one
+// socket, and reads no answer.
+func (e *Env) sendUDPFrom(t testing.TB, f model.Farm, local netip.Addr, n, size int) {
+	t.Helper()
+	err := testutil.Do(e.Client.NS, func() error {
+		c, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local, 0)), net.UDPAddrFromAddrPort(e.vipPort(f)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, size)
+		for range n {
+			if _, err := c.Write(buf); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send %d datagrams from %s: %v", n, local, err)
+	}
+}
+
+// runPolicyCounters: exactly N datagrams from a blacklisted client are
+// counted by the entry that matched them, N packets and N IP datagrams'
+// bytes, and nothing else is counted; the most specific entry counts.
+func runPolicyCounters(t *testing.T, e *Env, f model.Farm) {
+	cr, ok := e.DP.(dataplane.TableCounterReader)
+	if !ok {
+		t.Fatalf("%s enforces policies but keeps no per-entry counters (dataplane.TableCounterReader)", e.plane.Name)
+	}
+	c := e.ClientAddrs(t, 3) // c[0] and c[1] are in c[0]'s /31 (or /127), c[2] is not
+	ts := e.tablePlane(t)
+	ts.put(t, "pol", model.ListDeny, c[0].String(), prefixOf(c[0], c[0].BitLen()-1))
+	ts.putFarm(t, e, f)
+	const n, payload = 7, 100
+	e.sendUDPFrom(t, f, c[0], n, payload)
+	hdr := 20 + 8
+	if c[0].Is6() {
+		hdr = 40 + 8
+	}
+	host := model.AddrKey(netip.PrefixFrom(c[0], c[0].BitLen()))
+	var got dataplane.TableCounters
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		if got, err = cr.TableCounters(context.Background(), ts.tables["pol"]); err != nil {
+			t.Fatal(err)
+		}
+		if got[host].Packets >= n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	want := dataplane.EntryCounters{Packets: n, Bytes: n * uint64(hdr+payload)}
+	if got[host] != want || len(got) != 1 {
+		t.Errorf("counters after %d datagrams of %d bytes from %s: %v, want only %s: %+v", n, payload, c[0], got, c[0], want)
+	}
+	// A client the list does not hold is served and counted nowhere.
+	if name, _ := e.AskUDP(t, netip.AddrPortFrom(c[2], 0), e.vipPort(f)); name == "" {
+		t.Error("the other client was not served")
+	}
+	if got, _ := cr.TableCounters(context.Background(), ts.tables["pol"]); len(got) != 1 || got[host] != want {
+		t.Errorf("counters after a served client: %v, want only %s: %+v", got, c[0], want)
+	}
+}
+
+// logWaiter returns what waits for the plane's next log line containing a
+// substring: NFLOG group LogGroup, or Plane.ConnLog.
+func (e *Env) logWaiter(t *testing.T) func(string, time.Duration) (testutil.NFLogEntry, error) {
+	if e.plane.ConnLog != nil {
+		return e.plane.ConnLog(t, "/run/netns/"+e.LB.Name)
+	}
+	return testutil.ListenNFLOG(t, e.LB.NS, LogGroup).Wait
+}
+
+// runPolicyLog: a blacklist with a log-prefix logs each packet it drops,
+// with the prefix, the client's address and the VIP.
+func runPolicyLog(t *testing.T, e *Env, f model.Farm) {
+	wait := e.logWaiter(t)
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	tb := model.NewTable("pol", model.TableAddr)
+	tb.Verdict, tb.LogPrefix = model.ListDeny, "polbl-drop "
+	ts.putTable(t, tb, c[0].String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "blacklist with log-prefix", map[netip.Addr]bool{c[0]: false, c[1]: true})
+	entry, err := wait("polbl-drop", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(entry.Prefix, tb.LogPrefix) || entry.Src != c[0] || entry.Dst != f.VirtualAddr {
+		t.Errorf("logged drop %q %s -> %s, want prefix %q, %s -> %s", entry.Prefix, entry.Src, entry.Dst, tb.LogPrefix, c[0], f.VirtualAddr)
+	}
+}
+
+// valueTable is a table without verdict whose entries' values a farm
+// applies (valtype as given).
+func valueTable(t testing.TB, name, valtype string) model.Table {
+	tb := model.NewTable(name, model.TableAddr)
+	v, err := model.ParseValueFields(valtype)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.Values = v
+	return tb
+}
+
+// quickUDPFrom sends one datagram from local (a new socket) and reports
+// whether an answer came within timeout.
+func (e *Env) quickUDPFrom(local netip.Addr, to netip.AddrPort, timeout time.Duration) bool {
+	_, err := testutil.AskUDPWithin(e.Client.NS, netip.AddrPortFrom(local, 0), to, timeout)
+	return err == nil
+}
+
+// runTableLimit: a table without verdict, valtype limit, attached to the
+// farm: its entry's clients get 5 new flows a second (burst 5), counted
+// per entry; a client the table does not hold is not limited, nor one
+// whose more specific entry has no limit.
+func runTableLimit(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 3)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "limit"), prefixOf(c[0], c[0].BitLen()-2)+" 5", c[1].String()+" 0")
+	ts.putFarm(t, e, f)
+	start := time.Now()
+	ok := 0
+	for range 40 {
+		if e.quickUDPFrom(c[0], e.vipPort(f), 25*time.Millisecond) {
+			ok++
+		}
+	}
+	el := time.Since(start)
+	max := 5 + 1 + int(5*el.Seconds()+0.999) + 2
+	t.Logf("limit 5/s: %d of 40 new flows answered in %v", ok, el)
+	if ok < 5 || ok > max {
+		t.Errorf("limit 5/s burst 5: %d of 40 new flows from %s answered in %v, want 5 to %d", ok, c[0], el, max)
+	}
+	// c[1]: its /32 entry (limit 0) is more specific than the limited
+	// prefix: not limited. c[2]: in no entry.
+	for _, a := range []netip.Addr{c[1], c[2]} {
+		got := 0
+		for range 20 {
+			if e.quickUDPFrom(a, e.vipPort(f), time.Second) {
+				got++
+			}
+		}
+		if got < 19 {
+			t.Errorf("client %s (not limited): %d of 20 new flows answered", a, got)
+		}
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if !e.quickUDPFrom(c[0], e.vipPort(f), time.Second) {
+		t.Errorf("after a pause a new flow from %s was dropped", c[0])
+	}
+}
+
+// attachMarkTable applies runTableMark's table, then the farm using it.
+func attachMarkTable(t *testing.T, e *Env, f model.Farm) error {
+	c := e.ClientAddrs(t, 1)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "mark"), c[0].String()+" 42")
+	nf := f.Clone()
+	return ts.tp.ApplyTables(context.Background(), plan.TableDiff{Farms: []plan.FarmChange{{New: &nf}}})
+}
+
+// runTableMark: a table without verdict, valtype mark, attached to the
+// farm: its entry's clients' connections carry the mark (conntrack
+// mark=42); other clients' do not.
+func runTableMark(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "mark"), c[0].String()+" 42")
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "mark table", map[netip.Addr]bool{c[0]: true, c[1]: true})
+	out := testutil.Run(t, e.LB.Name, "conntrack", "-L", "-p", "tcp")
+	seen := map[netip.Addr]string{}
+	for _, l := range strings.Split(out, "\n") {
+		for _, a := range c {
+			if strings.Contains(l, "src="+a.String()+" ") {
+				m := "mark=0"
+				if i := strings.Index(l, "mark="); i >= 0 {
+					m = strings.Fields(l[i:])[0]
+				}
+				seen[a] = m
+			}
+		}
+	}
+	if seen[c[0]] != "mark=42" || seen[c[1]] != "mark=0" {
+		t.Errorf("conntrack marks: %v, want %s mark=42 and %s mark=0:\n%s", seen, c[0], c[1], out)
+	}
+}
+
+// typedTable is a policy table of type typ ("number", "flow:src-ip,dst-port").
+func typedTable(t testing.TB, name, typ string, v model.ListVerdict) model.Table {
+	tt, ff, err := model.ParseTableType(typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := model.NewTable(name, tt)
+	tb.Flow, tb.Verdict = ff, v
+	return tb
+}
+
+// answersFrom reports whether a TCP connection from local (address and
+// port) to the farm is answered, as expect does: one try when it must be
+// dropped, three when it must be served.
+func (e *Env) expectFrom(t *testing.T, f model.Farm, what string, local netip.AddrPort, want bool) {
+	t.Helper()
+	try := func(timeout time.Duration) bool {
+		c, err := testutil.DialTCPFrom(e.Client.NS, local, e.vipPort(f), timeout)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		_, err = testutil.ReadLine(c, time.Second)
+		return err == nil
+	}
+	got := try(700 * time.Millisecond)
+	for i := 1; want && !got && i < 3; i++ {
+		time.Sleep(100 * time.Millisecond) // the port's earlier socket may linger
+		got = try(2 * time.Second)
+	}
+	if got != want {
+		t.Errorf("%s: client %s answered %v, want %v", what, local, got, want)
+	}
+}
+
+// runPolicyPort: a number table as a blacklist matches the client's source
+// port: a connection from that port is dropped, one from another served.
+func runPolicyPort(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 1)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "number", model.ListDeny), "40123", "70000")
+	ts.putFarm(t, e, f)
+	e.expectFrom(t, f, "denied source port", netip.AddrPortFrom(c[0], 40123), false)
+	e.expectFrom(t, f, "other source port", netip.AddrPortFrom(c[0], 40124), true)
+	// The entry counted the dropped SYN (and its retransmissions).
+	if cr, ok := e.DP.(dataplane.TableCounterReader); ok {
+		cs, err := cr.TableCounters(context.Background(), ts.tables["pol"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := cs[model.NumberKey(40123)].Packets; n == 0 || len(cs) != 1 {
+			t.Errorf("counters of the number table: %v, want packets on 40123 only", cs)
+		}
+	}
+}
+
+// runPolicyMAC: a mac table as a blacklist matches the client's Ethernet
+// address (every address of the client); a list without it serves it.
+func runPolicyMAC(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "mac", model.ListDeny), e.Client.MAC(t).String())
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "client's MAC denied", map[netip.Addr]bool{c[0]: false, c[1]: false})
+	ts.putTable(t, typedTable(t, "pol", "mac", model.ListDeny), "02:00:00:00:00:99")
+	e.expect(t, f, "another MAC denied", map[netip.Addr]bool{c[0]: true, c[1]: true})
+	ts.putTable(t, typedTable(t, "pol", "mac", model.ListAllow), e.Client.MAC(t).String())
+	e.expect(t, f, "client's MAC allowed", map[netip.Addr]bool{c[0]: true})
+}
+
+// attachIfaceTable applies runPolicyIface's table, then the farm using it.
+func attachIfaceTable(t *testing.T, e *Env, f model.Farm) error {
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "iface", model.ListDeny), e.LB.Link)
+	nf := f.Clone()
+	return ts.tp.ApplyTables(context.Background(), plan.TableDiff{Farms: []plan.FarmChange{{New: &nf}}})
+}
+
+// runPolicyIface: an iface table as a blacklist matches the interface the
+// packet came in on: the LB's client-side interface listed, the client is
+// dropped; another name listed, it is served.
+func runPolicyIface(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 1)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "iface", model.ListDeny), e.LB.Link)
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "ingress interface denied", map[netip.Addr]bool{c[0]: false})
+	ts.putTable(t, typedTable(t, "pol", "iface", model.ListDeny), "nosuch0")
+	e.expect(t, f, "another interface denied", map[netip.Addr]bool{c[0]: true})
+}
+
+// runPolicyFlow: a flow table over (src-ip, proto, dst-port) as a
+// blacklist drops the listed client to the farm's port, not another.
+func runPolicyFlow(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.putTable(t, typedTable(t, "pol", "flow:src-ip,proto,dst-port", model.ListDeny),
+		c[0].String()+",tcp,"+strconv.Itoa(VPort), c[1].String()+",udp,"+strconv.Itoa(VPort))
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "flow denied", map[netip.Addr]bool{c[0]: false, c[1]: true})
 }

@@ -26,6 +26,8 @@ var ebpfRefuses = map[string]string{
 	"limit-backend-est-connlimit": `"est-connlimit"`,
 	"tcp-strict":                  `"tcp-strict"`,
 	"mark-backend":                `"mark"`,
+	"table-mark":                  `marks no packet`,
+	"policy-iface":                `interface names`,
 	"fwmark-farm":                 `"mark"`,
 	"helper-ftp":                  `"helper" value "ftp"`,
 	"helper-tftp":                 `"helper" value "tftp"`,

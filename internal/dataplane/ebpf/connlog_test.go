@@ -26,7 +26,7 @@ func newConnLogSink(next slog.Handler) *connLogSink {
 
 func (s *connLogSink) Enabled(ctx context.Context, l slog.Level) bool { return true }
 func (s *connLogSink) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == "new connection" {
+	if r.Message == "new connection" || r.Message == "policy drop" {
 		select {
 		case s.ch <- r.Clone():
 		default:
@@ -71,7 +71,11 @@ func nflogEntry(m map[string]string) (testutil.NFLogEntry, error) {
 	if err != nil {
 		return testutil.NFLogEntry{}, fmt.Errorf("client %q: %w", m["client"], err)
 	}
-	dst, err := netip.ParseAddrPort(m["backend_addr"])
+	da := m["backend_addr"]
+	if da == "" {
+		da = m["vip"] // a policy drop
+	}
+	dst, err := netip.ParseAddrPort(da)
 	if err != nil {
 		return testutil.NFLogEntry{}, fmt.Errorf("backend_addr %q: %w", m["backend_addr"], err)
 	}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -295,28 +296,75 @@ func (p *Plane) removeFlow(k *xlbCtKey) (bool, error) {
 	return rc == 0, nil
 }
 
-// CountConns implements dataplane.ConnCounter: one walk of xlb_ct.
+// CountConns implements dataplane.ConnCounter. Active is the program's own
+// count of each backend's TCP flows in SYN or EST (xlb_be_active, what lc
+// and wlc schedule by: bpf/xlb_lc.h); Inactive, the entries of the
+// backend's other flows (TCP closing, UDP), and Entries come from one walk
+// of xlb_ct. The program's count is what IPVS's ActiveConn is, kept in the
+// data path, so it is exact where a walk of a table that changes while it
+// is read is not.
 func (p *Plane) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, error) {
 	idx := newCTIndex(farms)
 	out := dataplane.ConnTable{Capacity: uint64(p.objs.XlbCt.MaxEntries()), Backends: map[string][]dataplane.ConnCounts{}}
+	counts := func(f *model.Farm) []dataplane.ConnCounts {
+		c := out.Backends[f.Name]
+		if c == nil {
+			c = make([]dataplane.ConnCounts, len(f.Backends))
+			out.Backends[f.Name] = c
+		}
+		return c
+	}
 	err := p.walkCT(ctx, func(k *xlbCtKey, v *xlbCtVal) {
 		out.Entries++
 		m, be, ok := idx.find(k, v)
-		if !ok || be < 0 {
+		if !ok || be < 0 || v.State == ctStateSYN || v.State == ctStateEST {
 			return
 		}
-		counts := out.Backends[m.f.Name]
-		if counts == nil {
-			counts = make([]dataplane.ConnCounts, len(m.f.Backends))
-			out.Backends[m.f.Name] = counts
-		}
-		if v.State == ctStateEST {
-			counts[be].Active++
-		} else {
-			counts[be].Inactive++
-		}
+		counts(m.f)[be].Inactive++
 	})
+	if err != nil {
+		return out, err
+	}
+	err = p.activeCounts(farms, func(f *model.Farm, be int, n uint64) { counts(f)[be].Active += n })
 	return out, err
+}
+
+// activeCounts reads the program's active connections (xlb_be_active) of
+// the given farms' backends, by farm and backend index; a dual farm's
+// halves add up. A count read below 0 (a decrement that raced ahead of
+// its increment) is 0, as lc_pick() takes it.
+func (p *Plane) activeCounts(farms []*model.Farm, fn func(f *model.Farm, be int, n uint64)) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range farms {
+		index := make(map[string]int, len(f.Backends))
+		for i := range f.Backends {
+			index[f.Backends[i].Name] = i
+		}
+		for _, h := range plan.Halves(f) {
+			g := p.farms[h.Name]
+			if g == nil {
+				continue
+			}
+			for i, id := range g.ids {
+				if id == 0 || id >= maxBackends || i >= len(g.names) {
+					continue
+				}
+				be, ok := index[g.names[i]]
+				if !ok {
+					continue
+				}
+				var n int64
+				if err := p.objs.XlbBeActive.Lookup(id, &n); err != nil {
+					return fmt.Errorf("read active connections of backend %q of farm %q: %w", g.names[i], f.Name, err)
+				}
+				if n > 0 {
+					fn(f, be, uint64(n))
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // dropReasons are the events of xlb_stats whose packets are dropped or

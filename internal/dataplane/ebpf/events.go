@@ -48,6 +48,12 @@ func (p *Plane) readEvents(rd *ringbuf.Reader, done chan struct{}) {
 			return
 		}
 		var ev xlbConnEvent
+		// Policy drops share the ring buffer, told apart by their size.
+		if len(rec.RawSample) == int(unsafe.Sizeof(xlbTblEvent{})) {
+			te := *(*xlbTblEvent)(unsafe.Pointer(&rec.RawSample[0]))
+			p.logPolicyDrop(&te)
+			continue
+		}
 		if len(rec.RawSample) < int(unsafe.Sizeof(ev)) {
 			continue
 		}
@@ -82,4 +88,37 @@ func (p *Plane) logEvent(ev *xlbConnEvent) {
 		slog.String("client", netip.AddrPortFrom(wordsAddr(ev.Src, ev.Family), be16(ev.Sport)).String()),
 		slog.String("vip", netip.AddrPortFrom(wordsAddr(ev.Vip, ev.Family), be16(ev.Vport)).String()),
 		slog.String("backend_addr", netip.AddrPortFrom(wordsAddr(ev.Dst, ev.Family), be16(ev.Dport)).String()))
+}
+
+// logPolicyDrop logs a packet a farm's policy dropped, naming the table
+// and its log-prefix (the nft plane logs the same drops with nftables'
+// log statement).
+func (p *Plane) logPolicyDrop(ev *xlbTblEvent) {
+	table, prefix := "", ""
+	p.mu.Lock()
+	if t := p.tbls.byID[ev.Id]; t != nil {
+		table, prefix = t.Name, t.LogPrefix
+	}
+	p.mu.Unlock()
+	verdict := model.ListDeny
+	if uint32(ev.Verdict) == tblAllow {
+		verdict = model.ListAllow
+	}
+	p.log.Info("policy drop",
+		slog.String("prefix", prefix),
+		slog.String("table", table),
+		slog.String("verdict", verdict.PolicyType()),
+		slog.String("protocol", protoName(ev.Proto)),
+		slog.String("client", netip.AddrPortFrom(wordsAddr(ev.Src, ev.Family), be16(ev.Sport)).String()),
+		slog.String("vip", netip.AddrPortFrom(wordsAddr(ev.Dst, ev.Family), be16(ev.Dport)).String()),
+		slog.Bool("xdp", ev.Xdp != 0))
+}
+
+func protoName(n uint8) string {
+	for _, pr := range []model.Protocol{model.ProtoTCP, model.ProtoUDP, model.ProtoSCTP} {
+		if pr.Number() == n {
+			return pr.String()
+		}
+	}
+	return fmt.Sprint(n)
 }

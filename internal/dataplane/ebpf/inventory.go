@@ -16,8 +16,9 @@ var _ dataplane.KernelInventory = (*Plane)(nil)
 // pinned under the pin path (xlb_services, adopted at start), one key
 // per VIP, protocol and port of a farm; the named tables' slots in
 // xlb_tbl_addr4/6 (two LPM tries each, xt4_<slot> and xt6_<slot>, held by
-// those maps only; table ids bound to them in xlb_tbl_meta) and the farms'
-// policy keys in xlb_tbl_policy.
+// those maps only; table ids bound to them in xlb_tbl_meta), those of
+// number, mac and flow tables in xlb_tbl_hash, and the farms' policy keys
+// in xlb_tbl_policy.
 func (p *Plane) KernelObjects(ctx context.Context) ([]string, error) {
 	var out []string
 	n, err := countKeys(p.objs.XlbServices)
@@ -33,6 +34,12 @@ func (p *Plane) KernelObjects(ctx context.Context) ([]string, error) {
 	}
 	if len(idxs) > 0 {
 		out = append(out, fmt.Sprintf("maps xlb_tbl_addr4/6 pinned in %s: %d named tables' slots (LPM tries xt4_<slot>, xt6_<slot>; bound to table ids in xlb_tbl_meta)", p.opts.PinPath, len(idxs)))
+	}
+	if idxs, err = placedIndices(p.objs.XlbTblHash); err != nil {
+		return nil, fmt.Errorf("count the tables pinned in %s: %w", p.opts.PinPath, err)
+	}
+	if len(idxs) > 0 {
+		out = append(out, fmt.Sprintf("map xlb_tbl_hash pinned in %s: %d named tables' slots (hashes xh_<slot> of number, mac and flow tables; bound to table ids in xlb_tbl_meta)", p.opts.PinPath, len(idxs)))
 	}
 	n, err = countKeys(p.objs.XlbTblPolicy)
 	if err != nil {

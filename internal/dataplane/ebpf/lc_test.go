@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -279,4 +283,83 @@ func TestLeastConnExpiry(t *testing.T) {
 	if err := p.objs.XlbCt.Lookup(ctKey(client, 7002, vip1, 80, protoTCP), &v); err == nil {
 		t.Error("a deleted connection is still tracked")
 	}
+}
+
+// TestCountConnsActiveFromProgram: CountConns (xlb list --conns, /metrics)
+// takes each backend's ActiveConn from the program's own count
+// (xlb_be_active), not from a walk of the conntrack table: with real TCP
+// connections held open it shows them per backend, it shows a count that
+// exists only in the map (which a walk cannot see), and after the
+// connections close it shows none active.
+func TestCountConnsActiveFromProgram(t *testing.T) {
+	topo, p, _ := trafficSetup(t)
+	ctx := context.Background()
+	bes := backendsOf(topo, 8080)
+	vip := netip.AddrPortFrom(testutil.VIP4(92), 80)
+	f := farm(t, "cnt", vip.Addr().String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, bes...)
+	if err := p.Apply(ctx, diffOf(nil, f)); err != nil {
+		t.Fatal(err)
+	}
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	held := map[string]uint64{}
+	for range 5 {
+		c, name := openConn(t, topo, vip)
+		open = append(open, c)
+		held[name]++
+	}
+	// be<i> (the reply's name) is backend i of the farm: bes is in
+	// topo's order.
+	active := func() map[string]uint64 {
+		t.Helper()
+		tb, err := p.CountConns(ctx, []*model.Farm{f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint64{}
+		for i, c := range tb.Backends["cnt"] {
+			if c.Active > 0 {
+				out[fmt.Sprintf("be%d", i)] = c.Active
+			}
+		}
+		return out
+	}
+	waitCounts := func(want map[string]uint64) {
+		t.Helper()
+		var got map[string]uint64
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if got = active(); fmt.Sprint(got) == fmt.Sprint(want) {
+				return
+			}
+		}
+		t.Fatalf("CountConns active %v, want %v", got, want)
+	}
+	waitCounts(held)
+
+	// A count only the program's map holds: 40 more on be2's id. A walk
+	// of xlb_ct would still say what is held.
+	id := p.farms["cnt"].ids[slices.IndexFunc(p.farms["cnt"].names, func(n string) bool { return n == f.Backends[2].Name })]
+	var n int64
+	if err := p.objs.XlbBeActive.Lookup(id, &n); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.objs.XlbBeActive.Update(id, n+40, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	want := maps.Clone(held)
+	want["be2"] += 40
+	waitCounts(want)
+	if err := p.objs.XlbBeActive.Update(id, n, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range open {
+		c.Close()
+	}
+	open = nil
+	waitCounts(map[string]uint64{})
 }

@@ -284,6 +284,7 @@ func (p *Plane) load() error {
 	spec.Maps[xlbMapXlbCt].MaxEntries = uint32(p.opts.ConnTableSize)
 	p.tbls.inner4 = spec.Maps[xlbMapXlbTblAddr4].InnerMap.Copy()
 	p.tbls.inner6 = spec.Maps[xlbMapXlbTblAddr6].InnerMap.Copy()
+	p.tbls.innerH = spec.Maps[xlbMapXlbTblHash].InnerMap.Copy()
 	to := p.opts.Timeouts.withDefaults()
 	for name, d := range map[string]time.Duration{
 		xlbVarXlbTimeoutTcp: to.TCP, xlbVarXlbTimeoutFin: to.TCPFin, xlbVarXlbTimeoutUdp: to.UDP,
@@ -524,6 +525,9 @@ func (p *Plane) Close() error {
 	p.closeLinks()
 	for _, s := range p.tbls.slots {
 		s.close() // the outer maps keep the tries bound to a table
+	}
+	for _, s := range p.tbls.hslots {
+		s.m.Close() // likewise the hashes
 	}
 	p.tbls.reset()
 	err := errors.Join(p.closeSockets(), p.objs.Close())

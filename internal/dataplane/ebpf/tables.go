@@ -46,12 +46,17 @@ const (
 	maxTables       = uint32(xlbXlbTblSizeXLB_TBL_SIZE_TABLES)
 	maxFarmPolicies = int(xlbXlbTblSizeXLB_TBL_SIZE_FARM_POLICIES)
 
-	tblNone  = uint32(xlbXlbTblVerdictXLB_TBL_NONE)
-	tblDeny  = uint32(xlbXlbTblVerdictXLB_TBL_DENY)
-	tblAllow = uint32(xlbXlbTblVerdictXLB_TBL_ALLOW)
+	tblNone        = uint32(xlbXlbTblVerdictXLB_TBL_NONE)
+	tblDeny        = uint32(xlbXlbTblVerdictXLB_TBL_DENY)
+	tblAllow       = uint32(xlbXlbTblVerdictXLB_TBL_ALLOW)
+	tblVerdictMask = uint32(xlbXlbTblVerdictXLB_TBL_VERDICT_MASK)
+	tblFLog        = uint32(xlbXlbTblVerdictXLB_TBL_F_LOG)
+	tblFLimit      = uint32(xlbXlbTblVerdictXLB_TBL_F_LIMIT)
 
 	tblConfPort    = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_PORT)
 	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
+	tblGenShift    = uint32(xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT)
+	tblGenMax      = uint32(xlbXlbTblConfFlagXLB_TBL_GEN_MAX)
 
 	// tblChunk bounds the entries of one batch syscall (and the buffers
 	// built for it).
@@ -63,21 +68,32 @@ type tableState struct {
 	// inner4, inner6: the tries' template (the outer maps' inner map
 	// spec), from the loaded collection.
 	inner4, inner6 *ebpf.MapSpec
-	slots          map[uint32]*tblSlot // by slot (the engine's number)
+	// innerH: the hashes' template (xlb_tbl_hash's inner map).
+	innerH *ebpf.MapSpec
+	slots  map[uint32]*tblSlot // by slot (the engine's number)
+	// hslots: the slots of number, mac and flow tables (tables_hash.go).
+	hslots map[uint32]*hSlot
 	// idx allocates slot indices (1 to maxTables-1) in xlb_tbl_addr4/6.
 	idx    idxAlloc
 	tables map[string]*model.Table // as applied, by name
+	byID   map[uint16]*model.Table // the same, by id (the drop log names the table)
 	farms  map[string]*model.Farm  // farms with policies, as applied
 	keys   map[xlbSvcKey]string    // policy key -> farm
 	// noBatch: the kernel refused batch updates of a trie once; entries
 	// go one by one from then on.
 	noBatch bool
+	// gen is the policy generation (xlb_tbl_conf, tbl_check in
+	// bpf/xlb_tables.h): 1-127, moved on after every change; 0 while
+	// tracked flows' cached passes are not to be trusted.
+	gen uint32
 }
 
 func (t *tableState) reset() {
 	t.slots = map[uint32]*tblSlot{}
+	t.hslots = map[uint32]*hSlot{}
 	t.idx = idxAlloc{next: 1}
 	t.tables = map[string]*model.Table{}
+	t.byID = map[uint16]*model.Table{}
 	t.farms = map[string]*model.Farm{}
 	t.keys = map[xlbSvcKey]string{}
 }
@@ -184,11 +200,21 @@ func (p *Plane) freeSlot(s *tblSlot) {
 	}
 }
 
-// CheckTable implements dataplane.TablePlane.
-func (p *Plane) CheckTable(t *model.Table) error {
-	if t.LogPrefix != "" {
-		return &model.FieldError{Object: fmt.Sprintf("table %q", t.Name), Field: "log-prefix", Value: t.LogPrefix,
-			Problem: "the ebpf data plane does not log policy drops (it counts them per entry: xlb table " + t.Name + " list shows the counters); leave it empty or use the nft data plane"}
+// CheckTable implements dataplane.TablePlane: every table is accepted.
+func (p *Plane) CheckTable(t *model.Table) error { return nil }
+
+// checkTableUse refuses a farm's use of a table the program cannot honour:
+// a table whose values set marks (the plane marks no packet: farm and
+// backend marks are refused too; its forwarding bypasses the stack that
+// reads them), or an iface table.
+func checkTableUse(f *model.Farm, t *model.Table) error {
+	if t.Type == model.TableIface {
+		return dataplane.Refuse(f, "policies", t.Name,
+			fmt.Sprintf("table %q is an iface table, and the ebpf data plane cannot match interface names (it sees interface indexes); use the nft data plane", t.Name))
+	}
+	if t.Type == model.TableAddr && t.Values&model.ValMark != 0 {
+		return dataplane.Refuse(f, "policies", t.Name,
+			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane marks no packet (farm, backend and table marks alike: it forwards past the stack that reads marks); use the nft data plane, or a table without mark", t.Name, t.Values))
 	}
 	return nil
 }
@@ -204,11 +230,19 @@ func checkPolicies(f *model.Farm) error {
 
 // TableAlgorithm implements dataplane.TableDescriber.
 func (p *Plane) TableAlgorithm(t *model.Table) string {
-	if t.Type != model.TableAddr {
-		return "daemon only (no kernel object: no farm feature uses " + t.Type.String() + " tables yet)"
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	switch {
+	case hasHash(t):
+		idx := uint32(0)
+		if s := p.tbls.hslots[t.Slot]; s != nil {
+			idx = s.idx
+		}
+		return fmt.Sprintf("eBPF: hash %s (not preallocated) at index %d of xlb_tbl_hash (array of maps), bound to id %d in xlb_tbl_meta, in %s",
+			hashName(t.Slot), idx, t.ID, p.opts.PinPath)
+	case t.Type != model.TableAddr:
+		return "daemon only (the ebpf data plane matches no interface names)"
+	}
 	idx := uint32(0)
 	if s := p.tbls.slots[t.Slot]; s != nil {
 		idx = s.idx
@@ -231,7 +265,7 @@ func tblValue(v *model.TableValue) xlbTblVal {
 	if v == nil {
 		return xlbTblVal{}
 	}
-	return xlbTblVal{Mark: v.Mark, Limit: v.Limit, Tag: v.Tag, Dscp: v.DSCP}
+	return xlbTblVal{Mark: v.Mark, Limit: v.Limit}
 }
 
 func key4Prefix(k xlbTblKey4) netip.Prefix {
@@ -397,14 +431,42 @@ func (p *Plane) bind(ids []uint32, binds []xlbTblBind) error {
 // binding is what xlb_tbl_meta holds for a table (unbound if nil or not
 // an addr table, or if its slot has no tries).
 func (p *Plane) binding(t *model.Table) xlbTblBind {
-	if t == nil || t.Type != model.TableAddr {
+	if t == nil {
 		return xlbTblBind{}
 	}
-	s := p.tbls.slots[t.Slot]
-	if s == nil {
+	var idx, flags uint32
+	switch {
+	case t.Type == model.TableAddr:
+		s := p.tbls.slots[t.Slot]
+		if s == nil {
+			return xlbTblBind{}
+		}
+		idx = s.idx
+		if t.Values&model.ValLimit != 0 {
+			flags |= tblFLimit
+		}
+	case hasHash(t):
+		s := p.tbls.hslots[t.Slot]
+		if s == nil {
+			return xlbTblBind{}
+		}
+		idx, flags = s.idx, hashType(t)
+	default:
 		return xlbTblBind{}
 	}
-	return xlbTblBind{Slot: s.idx, Verdict: verdictOf(t.Verdict)}
+	v := verdictOf(t.Verdict)
+	if t.LogPrefix != "" && v != tblNone {
+		flags |= tblFLog
+	}
+	return xlbTblBind{Slot: idx, Verdict: v | flags}
+}
+
+// bound reports whether a table has a slot in the kernel.
+func (p *Plane) bound(t *model.Table) bool {
+	if t.Type == model.TableAddr {
+		return p.tbls.slots[t.Slot] != nil
+	}
+	return p.tbls.hslots[t.Slot] != nil
 }
 
 func verdictOf(v model.ListVerdict) uint32 {
@@ -441,7 +503,7 @@ func policyKeys(f *model.Farm) []xlbSvcKey {
 func policyValue(f *model.Farm, tables map[string]*model.Table) xlbTblPolicy {
 	var ts []*model.Table
 	for _, ref := range f.Policies {
-		if t, ok := tables[ref.Name]; ok && t.Type == model.TableAddr {
+		if t, ok := tables[ref.Name]; ok && (t.Type == model.TableAddr || hasHash(t)) {
 			ts = append(ts, t)
 		}
 	}
@@ -493,9 +555,13 @@ func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table,
 	return nil
 }
 
-// writeConf tells the program which policy lookups packets need.
+// writeConf tells the program which policy lookups packets need, and the
+// policy generation.
 func (p *Plane) writeConf() error {
-	var conf uint32
+	conf := p.tbls.gen << tblGenShift
+	if p.macFarms() {
+		conf |= tblConfMAC
+	}
 	for _, f := range p.tbls.farms {
 		if len(f.VirtualPorts) == 0 {
 			conf |= tblConfAnyPort
@@ -505,6 +571,61 @@ func (p *Plane) writeConf() error {
 	}
 	if err := p.objs.XlbTblConf.Update(uint32(0), conf, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write policy flags: %w", err)
+	}
+	return nil
+}
+
+// bumpGen moves the policy generation on once a change of tables,
+// bindings or farms' policies is in the kernel (or taken back): tracked
+// flows that passed their farm's policies before are checked again at
+// their next packet (tbl_check).
+func (p *Plane) bumpGen() error {
+	t := &p.tbls
+	if t.gen == 0 || t.gen >= tblGenMax {
+		return p.restartGen()
+	}
+	t.gen++
+	return p.writeConf()
+}
+
+// restartGen starts the policy generations again at 1 with no conntrack
+// entry holding one: generation 0 (the program neither trusts nor records
+// passes), a wait until every program run that read the old generation has
+// ended, every entry's generation cleared (xlb_tbl_clear_gen), then 1. So
+// no entry keeps a generation from before, which a later one could equal.
+func (p *Plane) restartGen() error {
+	t := &p.tbls
+	t.gen = 0
+	if err := p.writeConf(); err != nil {
+		return err
+	}
+	if err := p.waitProgramRuns(); err != nil {
+		return fmt.Errorf("restart policy generations: %w", err)
+	}
+	if _, err := p.objs.XlbTblClearGen.Run(&ebpf.RunOptions{}); err != nil {
+		return fmt.Errorf("restart policy generations: clear conntrack entries: %w", err)
+	}
+	t.gen = 1
+	return p.writeConf()
+}
+
+// waitProgramRuns returns once every run of the program that began before
+// it was called has ended: the kernel waits for an RCU grace period after
+// an update of an array of maps (index 0 of xlb_tbl_addr4 is never used;
+// a trie is put there and taken out).
+func (p *Plane) waitProgramRuns() error {
+	spec := p.tbls.inner4.Copy()
+	spec.Name = "xt4_wait"
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		return fmt.Errorf("make trie: %w", err)
+	}
+	defer m.Close()
+	if err := p.objs.XlbTblAddr4.Update(uint32(0), m, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("wait for program runs: %w", err)
+	}
+	if err := p.objs.XlbTblAddr4.Delete(uint32(0)); err != nil {
+		return fmt.Errorf("wait for program runs: %w", err)
 	}
 	return nil
 }
@@ -526,14 +647,50 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		for i := len(undo) - 1; i >= 0; i-- {
 			undo[i]()
 		}
+		if gerr := p.bumpGen(); gerr != nil {
+			p.log.Error("move the policy generation on after a failed change", "err", gerr)
+		}
 		return err
 	}
 	tables := maps.Clone(t.tables)
+	for _, c := range d.Tables {
+		if c.Old != nil {
+			delete(tables, c.Old.Name)
+		}
+		if c.New != nil {
+			tables[c.New.Name] = c.New
+		}
+	}
+	// 0. Farms' uses of tables the program cannot honour: refused before
+	// anything changes.
+	for _, c := range d.Farms {
+		if c.New == nil {
+			continue
+		}
+		for _, ref := range c.New.Policies {
+			if tb, ok := tables[ref.Name]; ok {
+				if err := checkTableUse(c.New, tb); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	tables = maps.Clone(t.tables)
 	// 1. Slots: new ones made and filled, changed ones given the
 	// difference.
 	for _, c := range d.Slots {
 		switch {
 		case c.Old == nil && c.New != nil:
+			if hasHash(c.New) {
+				hs, err := p.fillHashSlot(c.New)
+				if err != nil {
+					return fail(err)
+				}
+				slot := c.Slot
+				t.hslots[slot] = hs
+				undo = append(undo, func() { p.freeHashSlot(hs); delete(t.hslots, slot) })
+				continue
+			}
 			if c.New.Type != model.TableAddr {
 				continue
 			}
@@ -550,6 +707,14 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			undo = append(undo, func() { p.freeSlot(s); delete(t.slots, slot) })
 		case c.New == nil:
 		default:
+			if hs := t.hslots[c.Slot]; hs != nil {
+				if err := p.changeHash(hs, c); err != nil {
+					p.undoHash(hs, c)
+					return fail(fmt.Errorf("table %q: %w", c.New.Name, err))
+				}
+				undo = append(undo, func() { p.undoHash(hs, c) })
+				continue
+			}
 			s := t.slots[c.Slot]
 			if s == nil {
 				continue
@@ -573,11 +738,11 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			continue
 		}
 		tables[c.New.Name] = c.New
-		if c.New.Type != model.TableAddr {
+		if c.New.Type == model.TableIface {
 			continue
 		}
-		if t.slots[c.New.Slot] == nil {
-			return fail(fmt.Errorf("table %q: slot %d has no tries", c.New.Name, c.New.Slot))
+		if !p.bound(c.New) {
+			return fail(fmt.Errorf("table %q: slot %d has no kernel map", c.New.Name, c.New.Slot))
 		}
 		ids = append(ids, uint32(c.New.ID))
 		binds = append(binds, p.binding(c.New))
@@ -650,7 +815,7 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	// 4. Tables destroyed: unbound. 5. Slots freed.
 	ids, binds = nil, nil
 	for _, c := range d.Tables {
-		if c.New == nil && c.Old.Type == model.TableAddr {
+		if c.New == nil && c.Old.Type != model.TableIface {
 			ids = append(ids, uint32(c.Old.ID))
 			binds = append(binds, xlbTblBind{})
 		}
@@ -664,9 +829,26 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 				p.freeSlot(s)
 				delete(t.slots, c.Slot)
 			}
+			if hs := t.hslots[c.Slot]; hs != nil {
+				p.freeHashSlot(hs)
+				delete(t.hslots, c.Slot)
+			}
 		}
 	}
 	t.tables = tables
+	if err := p.bumpGen(); err != nil {
+		return err
+	}
+	for _, c := range d.Tables {
+		if c.Old != nil && t.byID[c.Old.ID] == c.Old {
+			delete(t.byID, c.Old.ID)
+		}
+	}
+	for _, c := range d.Tables {
+		if c.New != nil {
+			t.byID[c.New.ID] = c.New
+		}
+	}
 	return nil
 }
 
@@ -724,6 +906,12 @@ func (p *Plane) TableCounters(ctx context.Context, tb *model.Table) (dataplane.T
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := dataplane.TableCounters{}
+	if hs := p.tbls.hslots[tb.Slot]; hs != nil && hasHash(tb) {
+		if err := hashCounters(hs, tb, out); err != nil {
+			return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
+		}
+		return out, ctx.Err()
+	}
 	if tb.Type != model.TableAddr {
 		return out, nil
 	}
@@ -753,4 +941,47 @@ func (p *Plane) TableCounters(ctx context.Context, tb *model.Table) (dataplane.T
 		return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
 	}
 	return out, ctx.Err()
+}
+
+// changeHash applies a slot change's entries to a hash: values replaced
+// (counters kept), entries added, entries removed.
+func (p *Plane) changeHash(s *hSlot, c plan.SlotChange) error {
+	replaced := make(map[model.TableKey]bool, len(c.Replaced))
+	for _, e := range c.Replaced {
+		replaced[e.Key] = true
+	}
+	var added, changed []model.TableEntry
+	for _, e := range c.Put {
+		if replaced[e.Key] {
+			changed = append(changed, e)
+		} else {
+			added = append(added, e)
+		}
+	}
+	if err := p.putHash(s, c.New, added, false); err != nil {
+		return err
+	}
+	if err := p.putHash(s, c.New, changed, true); err != nil {
+		return err
+	}
+	return p.delHash(s, c.New, c.Del)
+}
+
+// undoHash takes back changeHash (as far as it went).
+func (p *Plane) undoHash(s *hSlot, c plan.SlotChange) {
+	replaced := make(map[model.TableKey]bool, len(c.Replaced))
+	for _, e := range c.Replaced {
+		replaced[e.Key] = true
+	}
+	var added []model.TableEntry
+	for _, e := range c.Put {
+		if !replaced[e.Key] {
+			added = append(added, e)
+		}
+	}
+	_ = p.delHash(s, c.Old, added)
+	back := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
+	if err := p.putHash(s, c.Old, back, true); err != nil {
+		p.log.Error("taking back table entries failed", "err", err)
+	}
 }

@@ -26,8 +26,20 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	t := &p.tbls
+	// The pinned generation (an earlier daemon's): no cached pass is
+	// trusted while the kernel is being brought to the saved tables, and
+	// the next generation is one no entry holds.
+	var conf uint32
+	if err := p.objs.XlbTblConf.Lookup(uint32(0), &conf); err != nil {
+		return fmt.Errorf("read policy flags: %w", err)
+	}
+	old := (conf >> tblGenShift) & tblGenMax
+	t.gen = 0
 	for _, s := range t.slots {
 		s.close()
+	}
+	for _, s := range t.hslots {
+		s.m.Close()
 	}
 	t.reset()
 	found, err := p.placedTries()
@@ -36,6 +48,16 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	}
 	for _, s := range found {
 		t.idx.next = max(t.idx.next, s.idx+1)
+	}
+	// The hashes of number, mac and flow tables are made anew (filled
+	// before they are bound); the earlier ones go once nothing is bound
+	// to them.
+	oldHash, err := placedIndices(p.objs.XlbTblHash)
+	if err != nil {
+		return err
+	}
+	for _, i := range oldHash {
+		t.idx.next = max(t.idx.next, i+1)
 	}
 	kept := map[uint32]bool{} // indices of adopted slots
 	defer func() {
@@ -53,6 +75,16 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 			return err
 		}
 		t.tables[tb.Name] = tb
+		t.byID[tb.ID] = tb
+		if hasHash(tb) {
+			hs, err := p.fillHashSlot(tb)
+			if err != nil {
+				return err
+			}
+			t.hslots[tb.Slot] = hs
+			binds[tb.ID] = p.binding(tb)
+			continue
+		}
 		if tb.Type != model.TableAddr {
 			continue
 		}
@@ -72,7 +104,7 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 			}
 		}
 		t.slots[tb.Slot] = s
-		binds[tb.ID] = xlbTblBind{Slot: s.idx, Verdict: verdictOf(tb.Verdict)}
+		binds[tb.ID] = p.binding(tb)
 	}
 	ids := make([]uint32, maxTables)
 	for i := range ids {
@@ -80,6 +112,14 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	}
 	if err := p.bind(ids, binds); err != nil {
 		return err
+	}
+	for _, i := range oldHash {
+		if usedIndex(t.slots, i) || usedHashIndex(t.hslots, i) {
+			continue
+		}
+		if err := p.objs.XlbTblHash.Delete(i); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove earlier hash at slot index %d: %w", i, err)
+		}
 	}
 	// Farms' policies.
 	stale := map[xlbSvcKey]bool{}
@@ -131,11 +171,24 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 		}
 	}
 	for i := uint32(1); i < t.idx.next; i++ {
-		if !usedIndex(t.slots, i) {
+		if !usedIndex(t.slots, i) && !usedHashIndex(t.hslots, i) {
 			t.idx.put(i)
 		}
 	}
-	return nil
+	if old == 0 || old >= tblGenMax {
+		return p.restartGen()
+	}
+	t.gen = old + 1
+	return p.writeConf()
+}
+
+func usedHashIndex(slots map[uint32]*hSlot, i uint32) bool {
+	for _, s := range slots {
+		if s.idx == i {
+			return true
+		}
+	}
+	return false
 }
 
 func usedIndex(slots map[uint32]*tblSlot, i uint32) bool {

@@ -132,12 +132,111 @@ func TestTablePolicies(t *testing.T) {
 		t.Errorf("policy detached: verdict %d, want redirect", v)
 	}
 	var conf uint32
-	if err := p.objs.XlbTblConf.Lookup(uint32(0), &conf); err != nil || conf != 0 {
-		t.Errorf("policy flags with no farm using policies: %d (%v), want 0", conf, err)
+	if err := p.objs.XlbTblConf.Lookup(uint32(0), &conf); err != nil || conf&(tblConfPort|tblConfAnyPort) != 0 {
+		t.Errorf("policy flags with no farm using policies: %#x (%v), want none", conf, err)
 	}
 	if n, _ := countKeys(p.objs.XlbTblPolicy); n != 0 {
 		t.Errorf("policy keys left: %d", n)
 	}
+}
+
+// TestTablePolicyCache: a tracked flow that passed its farm's policies
+// passes without a lookup until a change of tables; a client added to the
+// deny list is cut off from its established flow at its next packet (the
+// policy generation moved on), and so after the generation wraps (every
+// entry's recorded generation cleared, so none matches a later one).
+func TestTablePolicyCache(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	farms := fixtureFarms(t)
+	web := farms[0].Clone()
+	web.Policies = []model.PolicyRef{{Name: "bl"}}
+	bl := addrTable(t, "bl", model.ListDeny, 1, 1, "192.0.2.0/24")
+	d := created(bl)
+	d.Farms = []plan.FarmChange{{New: &web}}
+	applyTables(t, p, d)
+	farms[0] = &web
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	pkt := func(flags uint8) []byte {
+		return pktSpec{src: other, dst: vip1, sport: 42000, dport: 80, proto: protoTCP, tcpFlags: flags, payload: []byte("x")}.build()
+	}
+	entryGen := func() uint32 {
+		var v xlbCtVal
+		k := xlbCtKey{Src: [4]uint32{ne32(other)}, Dst: [4]uint32{ne32(vip1)}, Sport: ne16(42000), Dport: ne16(80), Proto: protoTCP, Family: afInet}
+		if err := p.objs.XlbCt.Lookup(k, &v); err != nil {
+			t.Fatalf("the flow's entry: %v", err)
+		}
+		return uint32(v.NhFlags) >> 1
+	}
+	if v, _ := runProg(t, ns, p.objs.XlbIngress, pkt(tcpSYN)); v != verdictRedirect {
+		t.Fatalf("syn: verdict %d, want redirect", v)
+	}
+	if v, _ := runProg(t, ns, p.objs.XlbIngress, pkt(tcpACK)); v != verdictRedirect {
+		t.Fatalf("ack: verdict %d, want redirect", v)
+	}
+	if g := entryGen(); g != p.tbls.gen || g == 0 {
+		t.Errorf("the flow's recorded generation is %d, want the current %d", g, p.tbls.gen)
+	}
+	// An unrelated entry added: the generation moves on, the flow is
+	// checked again and passes.
+	next := bl.Clone()
+	e, _ := next.ParseEntry(model.EntryInput{Key: "198.51.100.0/24"}, 0)
+	next.PutEntry(e)
+	applyTables(t, p, plan.TableDiff{Tables: []plan.TableChange{{Old: bl, New: &next}},
+		Slots: []plan.SlotChange{{Slot: 1, Old: bl, New: &next, Put: []model.TableEntry{e}}}})
+	if v, _ := runProg(t, ns, p.objs.XlbIngress, pkt(tcpACK)); v != verdictRedirect {
+		t.Errorf("after an unrelated change: verdict %d, want redirect", v)
+	}
+	if g := entryGen(); g != p.tbls.gen {
+		t.Errorf("after a recheck the recorded generation is %d, want %d", g, p.tbls.gen)
+	}
+	// The client added: its established flow is cut off at once.
+	deny := func(from *model.Table) *model.Table {
+		nt := from.Clone()
+		e, _ := nt.ParseEntry(model.EntryInput{Key: other.String()}, 0)
+		nt.PutEntry(e)
+		applyTables(t, p, plan.TableDiff{Tables: []plan.TableChange{{Old: from, New: &nt}},
+			Slots: []plan.SlotChange{{Slot: 1, Old: from, New: &nt, Put: []model.TableEntry{e}}}})
+		return &nt
+	}
+	undeny := func(from *model.Table) *model.Table {
+		nt := from.Clone()
+		e, _ := nt.DeleteEntry(model.AddrKey(netip.PrefixFrom(other, 32)))
+		applyTables(t, p, plan.TableDiff{Tables: []plan.TableChange{{Old: from, New: &nt}},
+			Slots: []plan.SlotChange{{Slot: 1, Old: from, New: &nt, Del: []model.TableEntry{e}}}})
+		return &nt
+	}
+	cur := deny(&next)
+	for i := range 3 {
+		if v, _ := runProg(t, ns, p.objs.XlbIngress, pkt(tcpACK)); v != verdictDrop {
+			t.Errorf("packet %d of an established flow after its client was denied: verdict %d, want drop", i, v)
+		}
+	}
+	// Across a wrap of the generation: the flow passes at generation 127,
+	// the generations restart, the client is denied at a later generation
+	// equal to none an entry holds.
+	cur = undeny(cur)
+	p.mu.Lock()
+	p.tbls.gen = tblGenMax - 2
+	p.mu.Unlock()
+	cur = undeny(deny(cur)) // two changes: generation 127
+	if p.tbls.gen != tblGenMax {
+		t.Fatalf("generation %d, want %d", p.tbls.gen, tblGenMax)
+	}
+	if v, _ := runProg(t, ns, p.objs.XlbIngress, pkt(tcpACK)); v != verdictRedirect || entryGen() != tblGenMax {
+		t.Fatalf("at generation %d: verdict %d, recorded %d", tblGenMax, v, entryGen())
+	}
+	cur = deny(cur) // wraps: generation 1, entries cleared
+	if p.tbls.gen != 1 || entryGen() != 0 {
+		t.Errorf("after the wrap: generation %d, the flow's %d; want 1 and 0", p.tbls.gen, entryGen())
+	}
+	if v, _ := runProg(t, ns, p.objs.XlbIngress, pkt(tcpACK)); v != verdictDrop {
+		t.Errorf("after the wrap: verdict %d, want drop", v)
+	}
+	_ = cur
 }
 
 // TestTablesRestart: a plane closed and opened again (a daemon restart)

@@ -204,6 +204,32 @@ type xlbTblBind struct {
 	Verdict uint32
 }
 
+type xlbTblEvent struct {
+	_       structs.HostLayout
+	Src     [4]uint32
+	Dst     [4]uint32
+	Ts      uint64
+	Id      uint16
+	Sport   uint16
+	Dport   uint16
+	Proto   uint8
+	Family  uint8
+	Verdict uint8
+	Xdp     uint8
+	Pad     [6]uint8
+}
+
+type xlbTblHkey struct {
+	_      structs.HostLayout
+	Src    [4]uint32
+	Dst    [4]uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Family uint8
+	Mac    [6]uint8
+}
+
 type xlbTblKey4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -229,9 +255,7 @@ type xlbTblVal struct {
 	Bytes   uint64
 	Mark    uint32
 	Limit   uint32
-	Tag     uint32
-	Dscp    uint8
-	Pad     [3]uint8
+	Tat     uint64
 }
 
 type xlbXlbAf uint32
@@ -396,6 +420,13 @@ type xlbXlbTblConfFlag uint32
 const (
 	xlbXlbTblConfFlagXLB_TBL_CONF_PORT    xlbXlbTblConfFlag = 1
 	xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT xlbXlbTblConfFlag = 2
+	xlbXlbTblConfFlagXLB_TBL_CONF_ANY     xlbXlbTblConfFlag = 3
+	xlbXlbTblConfFlagXLB_TBL_CONF_MAC     xlbXlbTblConfFlag = 4
+	xlbXlbTblConfFlagXLB_TBL_CONF_XDP     xlbXlbTblConfFlag = 1073741824
+	xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT    xlbXlbTblConfFlag = 8
+	xlbXlbTblConfFlagXLB_TBL_GEN_MAX      xlbXlbTblConfFlag = 127
+	xlbXlbTblConfFlagXLB_TBL_NH_GEN_SHIFT xlbXlbTblConfFlag = 1
+	xlbXlbTblConfFlagXLB_TBL_NH_GEN_MASK  xlbXlbTblConfFlag = 254
 )
 
 type xlbXlbTblSize uint32
@@ -407,12 +438,31 @@ const (
 	xlbXlbTblSizeXLB_TBL_SIZE_POLICY_KEYS   xlbXlbTblSize = 65536
 )
 
+type xlbXlbTblType uint32
+
+const (
+	xlbXlbTblTypeXLB_TBL_T_ADDR      xlbXlbTblType = 0
+	xlbXlbTblTypeXLB_TBL_T_NUMBER    xlbXlbTblType = 1
+	xlbXlbTblTypeXLB_TBL_T_MAC       xlbXlbTblType = 2
+	xlbXlbTblTypeXLB_TBL_T_FLOW      xlbXlbTblType = 3
+	xlbXlbTblTypeXLB_TBL_FF_SRC_IP   xlbXlbTblType = 1
+	xlbXlbTblTypeXLB_TBL_FF_PROTO    xlbXlbTblType = 2
+	xlbXlbTblTypeXLB_TBL_FF_SRC_PORT xlbXlbTblType = 4
+	xlbXlbTblTypeXLB_TBL_FF_DST_IP   xlbXlbTblType = 8
+	xlbXlbTblTypeXLB_TBL_FF_DST_PORT xlbXlbTblType = 16
+)
+
 type xlbXlbTblVerdict uint32
 
 const (
-	xlbXlbTblVerdictXLB_TBL_NONE  xlbXlbTblVerdict = 0
-	xlbXlbTblVerdictXLB_TBL_DENY  xlbXlbTblVerdict = 1
-	xlbXlbTblVerdictXLB_TBL_ALLOW xlbXlbTblVerdict = 2
+	xlbXlbTblVerdictXLB_TBL_NONE         xlbXlbTblVerdict = 0
+	xlbXlbTblVerdictXLB_TBL_DENY         xlbXlbTblVerdict = 1
+	xlbXlbTblVerdictXLB_TBL_ALLOW        xlbXlbTblVerdict = 2
+	xlbXlbTblVerdictXLB_TBL_VERDICT_MASK xlbXlbTblVerdict = 255
+	xlbXlbTblVerdictXLB_TBL_F_LOG        xlbXlbTblVerdict = 256
+	xlbXlbTblVerdictXLB_TBL_F_LIMIT      xlbXlbTblVerdict = 512
+	xlbXlbTblVerdictXLB_TBL_T_SHIFT      xlbXlbTblVerdict = 12
+	xlbXlbTblVerdictXLB_TBL_FF_SHIFT     xlbXlbTblVerdict = 16
 )
 
 type xlbXlbVerdict uint32
@@ -453,6 +503,7 @@ const (
 	xlbMapXlbTblAddr4         = "xlb_tbl_addr4"
 	xlbMapXlbTblAddr6         = "xlb_tbl_addr6"
 	xlbMapXlbTblConf          = "xlb_tbl_conf"
+	xlbMapXlbTblHash          = "xlb_tbl_hash"
 	xlbMapXlbTblMeta          = "xlb_tbl_meta"
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
@@ -460,6 +511,7 @@ const (
 	xlbProgXlbCtInstall       = "xlb_ct_install"
 	xlbProgXlbCtRemove        = "xlb_ct_remove"
 	xlbProgXlbIngress         = "xlb_ingress"
+	xlbProgXlbTblClearGen     = "xlb_tbl_clear_gen"
 	xlbProgXlbXdp             = "xlb_xdp"
 	xlbVarXlbClockOffset      = "xlb_clock_offset"
 	xlbVarXlbClockSample      = "xlb_clock_sample"
@@ -481,6 +533,8 @@ const (
 	xlbVarXlbUnusedPassiveBe  = "xlb_unused_passive_be"
 	xlbVarXlbUnusedPassiveSyn = "xlb_unused_passive_syn"
 	xlbVarXlbUnusedTblBind    = "xlb_unused_tbl_bind"
+	xlbVarXlbUnusedTblEvent   = "xlb_unused_tbl_event"
+	xlbVarXlbUnusedTblHkey    = "xlb_unused_tbl_hkey"
 	xlbVarXlbUnusedTblKey4    = "xlb_unused_tbl_key4"
 	xlbVarXlbUnusedTblKey6    = "xlb_unused_tbl_key6"
 	xlbVarXlbUnusedTblVal     = "xlb_unused_tbl_val"
@@ -529,11 +583,12 @@ type xlbSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
-	XlbClock     *ebpf.ProgramSpec `ebpf:"xlb_clock"`
-	XlbCtInstall *ebpf.ProgramSpec `ebpf:"xlb_ct_install"`
-	XlbCtRemove  *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
-	XlbIngress   *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
-	XlbXdp       *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
+	XlbClock       *ebpf.ProgramSpec `ebpf:"xlb_clock"`
+	XlbCtInstall   *ebpf.ProgramSpec `ebpf:"xlb_ct_install"`
+	XlbCtRemove    *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
+	XlbIngress     *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
+	XlbTblClearGen *ebpf.ProgramSpec `ebpf:"xlb_tbl_clear_gen"`
+	XlbXdp         *ebpf.ProgramSpec `ebpf:"xlb_xdp"`
 }
 
 // xlbMapSpecs contains maps before they are loaded into the kernel.
@@ -565,6 +620,7 @@ type xlbMapSpecs struct {
 	XlbTblAddr4   *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
+	XlbTblHash    *ebpf.MapSpec `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy  *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx      *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
@@ -594,6 +650,8 @@ type xlbVariableSpecs struct {
 	XlbUnusedPassiveBe  *ebpf.VariableSpec `ebpf:"xlb_unused_passive_be"`
 	XlbUnusedPassiveSyn *ebpf.VariableSpec `ebpf:"xlb_unused_passive_syn"`
 	XlbUnusedTblBind    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblEvent   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_event"`
+	XlbUnusedTblHkey    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
@@ -645,6 +703,7 @@ type xlbMaps struct {
 	XlbTblAddr4   *ebpf.Map `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.Map `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.Map `ebpf:"xlb_tbl_conf"`
+	XlbTblHash    *ebpf.Map `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.Map `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy  *ebpf.Map `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx      *ebpf.Map `ebpf:"xlb_xdp_tx"`
@@ -677,6 +736,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbTblAddr4,
 		m.XlbTblAddr6,
 		m.XlbTblConf,
+		m.XlbTblHash,
 		m.XlbTblMeta,
 		m.XlbTblPolicy,
 		m.XlbXdpTx,
@@ -707,6 +767,8 @@ type xlbVariables struct {
 	XlbUnusedPassiveBe  *ebpf.Variable `ebpf:"xlb_unused_passive_be"`
 	XlbUnusedPassiveSyn *ebpf.Variable `ebpf:"xlb_unused_passive_syn"`
 	XlbUnusedTblBind    *ebpf.Variable `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblEvent   *ebpf.Variable `ebpf:"xlb_unused_tbl_event"`
+	XlbUnusedTblHkey    *ebpf.Variable `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
@@ -717,11 +779,12 @@ type xlbVariables struct {
 //
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
-	XlbClock     *ebpf.Program `ebpf:"xlb_clock"`
-	XlbCtInstall *ebpf.Program `ebpf:"xlb_ct_install"`
-	XlbCtRemove  *ebpf.Program `ebpf:"xlb_ct_remove"`
-	XlbIngress   *ebpf.Program `ebpf:"xlb_ingress"`
-	XlbXdp       *ebpf.Program `ebpf:"xlb_xdp"`
+	XlbClock       *ebpf.Program `ebpf:"xlb_clock"`
+	XlbCtInstall   *ebpf.Program `ebpf:"xlb_ct_install"`
+	XlbCtRemove    *ebpf.Program `ebpf:"xlb_ct_remove"`
+	XlbIngress     *ebpf.Program `ebpf:"xlb_ingress"`
+	XlbTblClearGen *ebpf.Program `ebpf:"xlb_tbl_clear_gen"`
+	XlbXdp         *ebpf.Program `ebpf:"xlb_xdp"`
 }
 
 func (p *xlbPrograms) Close() error {
@@ -730,6 +793,7 @@ func (p *xlbPrograms) Close() error {
 		p.XlbCtInstall,
 		p.XlbCtRemove,
 		p.XlbIngress,
+		p.XlbTblClearGen,
 		p.XlbXdp,
 	)
 }

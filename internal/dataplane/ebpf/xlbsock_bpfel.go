@@ -246,6 +246,7 @@ const (
 	xlbSockMapXlbTblAddr4          = "xlb_tbl_addr4"
 	xlbSockMapXlbTblAddr6          = "xlb_tbl_addr6"
 	xlbSockMapXlbTblConf           = "xlb_tbl_conf"
+	xlbSockMapXlbTblHash           = "xlb_tbl_hash"
 	xlbSockMapXlbTblMeta           = "xlb_tbl_meta"
 	xlbSockMapXlbTblPolicy         = "xlb_tbl_policy"
 	xlbSockMapXlbXdpTx             = "xlb_xdp_tx"
@@ -267,6 +268,8 @@ const (
 	xlbSockVarXlbUnusedSockRevVal  = "xlb_unused_sock_rev_val"
 	xlbSockVarXlbUnusedSockStat    = "xlb_unused_sock_stat"
 	xlbSockVarXlbUnusedTblBind     = "xlb_unused_tbl_bind"
+	xlbSockVarXlbUnusedTblEvent    = "xlb_unused_tbl_event"
+	xlbSockVarXlbUnusedTblHkey     = "xlb_unused_tbl_hkey"
 	xlbSockVarXlbUnusedTblKey4     = "xlb_unused_tbl_key4"
 	xlbSockVarXlbUnusedTblKey6     = "xlb_unused_tbl_key6"
 	xlbSockVarXlbUnusedTblVal      = "xlb_unused_tbl_val"
@@ -354,6 +357,7 @@ type xlbSockMapSpecs struct {
 	XlbTblAddr4  *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6  *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf   *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
+	XlbTblHash   *ebpf.MapSpec `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta   *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
@@ -373,6 +377,8 @@ type xlbSockVariableSpecs struct {
 	XlbUnusedSockRevVal *ebpf.VariableSpec `ebpf:"xlb_unused_sock_rev_val"`
 	XlbUnusedSockStat   *ebpf.VariableSpec `ebpf:"xlb_unused_sock_stat"`
 	XlbUnusedTblBind    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblEvent   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_event"`
+	XlbUnusedTblHkey    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
@@ -424,6 +430,7 @@ type xlbSockMaps struct {
 	XlbTblAddr4  *ebpf.Map `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6  *ebpf.Map `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf   *ebpf.Map `ebpf:"xlb_tbl_conf"`
+	XlbTblHash   *ebpf.Map `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta   *ebpf.Map `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy *ebpf.Map `ebpf:"xlb_tbl_policy"`
 	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
@@ -457,6 +464,7 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbTblAddr4,
 		m.XlbTblAddr6,
 		m.XlbTblConf,
+		m.XlbTblHash,
 		m.XlbTblMeta,
 		m.XlbTblPolicy,
 		m.XlbXdpTx,
@@ -477,6 +485,8 @@ type xlbSockVariables struct {
 	XlbUnusedSockRevVal *ebpf.Variable `ebpf:"xlb_unused_sock_rev_val"`
 	XlbUnusedSockStat   *ebpf.Variable `ebpf:"xlb_unused_sock_stat"`
 	XlbUnusedTblBind    *ebpf.Variable `ebpf:"xlb_unused_tbl_bind"`
+	XlbUnusedTblEvent   *ebpf.Variable `ebpf:"xlb_unused_tbl_event"`
+	XlbUnusedTblHkey    *ebpf.Variable `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`

@@ -75,6 +75,7 @@ func (s *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	if ctrNext != nil {
 		s.ctr.commit(ctrNext)
 	}
+	s.watchPassive(whole)
 	s.lastElemMsgs = msgs
 	return nil
 }

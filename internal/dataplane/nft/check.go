@@ -38,13 +38,11 @@ func check(f *model.Farm) error {
 		return dataplane.Refuse(f, "verdict", f.Verdict.String(),
 			"the "+PlaneName+" data plane applies a farm's verdict to its limits and tcp-strict, not yet to its policies (each policy's type decides); use the default \"log drop accept\" on farms with policies")
 	}
-	if f.Check != nil && f.Check.Passive != nil {
-		// The kernel's conntrack tells handshakes apart only through
-		// netlink events, one or more per connection of every farm: a
-		// per-connection cost in the daemon that the eBPF program avoids
-		// by counting in the data path (docs/health.md).
+	if f.Check != nil && f.Check.Passive != nil && f.IsMarkFarm() {
+		// Passive checks find a farm's connections by their VIP and port
+		// in conntrack's events (passive.go).
 		return dataplane.Refuse(f, "check.passive", "{...}",
-			"passive checks need the ebpf data plane (--dataplane ebpf), which watches each handshake in its own conntrack; on the "+PlaneName+" plane use active checks")
+			"passive checks on the "+PlaneName+" plane watch farms by their virtual address: not firewall-mark farms; use active checks, or the ebpf data plane")
 	}
 	if f.Scheduler == model.SchedLC || f.Scheduler == model.SchedWLC {
 		// nftables picks a map element by a number (numgen, jhash) and

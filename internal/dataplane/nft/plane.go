@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/xlb-lb/xlb/internal/conntrack"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -150,6 +151,11 @@ type Plane struct {
 	ctr *counters
 	// watch sees changes to xlb's tables by others (watch.go).
 	watch driftWatch
+
+	// passive watches the handshakes of farms with passive checks
+	// (passive.go), passiveFarms.
+	passive      *conntrack.Passive
+	passiveFarms map[string]*model.Farm
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -169,7 +175,7 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	if opts.NetNS == 0 {
 		opts.NetNS = netns.None()
 	}
-	s := &Plane{log: log, opts: opts}
+	s := &Plane{log: log, opts: opts, passive: conntrack.NewPassive(log.With("component", "passive"), opts.NetNS), passiveFarms: map[string]*model.Farm{}}
 	c, err := dialNFT(opts.NetNS)
 	if err != nil {
 		return nil, err
@@ -225,6 +231,9 @@ func (s *Plane) Check(f *model.Farm) error { return check(f) }
 // traffic keeps flowing while xlb restarts.
 func (s *Plane) Close() error {
 	s.tables.close()
+	if s.passive != nil {
+		s.passive.Close()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn == nil {

@@ -33,6 +33,7 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 	if err := s.reconcileCounters(farms); err != nil {
 		return err
 	}
+	s.watchPassiveAll(farms)
 	dropped, err := dropOtherLayouts(s.conn, s.opts.Table, keep)
 	if err != nil {
 		s.redial()

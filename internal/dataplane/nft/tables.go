@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,7 +16,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
@@ -65,7 +65,8 @@ type Tables struct {
 
 	mu     sync.Mutex
 	maps   map[string]*nftables.Set   // fp4, fp6, fpm
-	slots  map[uint32]*slotState      // what the kernel holds, by slot
+	slots  map[uint32]*slotState      // what the kernel holds, by slot (addr tables)
+	others map[uint32]*otherSlot      // the same for the other types (tables_types.go)
 	tables map[string]*model.Table    // as applied, by name
 	farms  map[string]*model.Farm     // farms with policies as applied
 	users  map[uint32]map[string]bool // slot -> tables bound to it
@@ -78,10 +79,22 @@ type lenKey struct {
 	bits uint8
 }
 
-// slotState is one slot's sets and how many entries each holds.
+// slotState is one slot's sets and how many entries each holds, and its
+// value objects when its table's valtype has mark or limit
+// (tables_values.go).
 type slotState struct {
 	sets  map[lenKey]*nftables.Set
 	count map[lenKey]int
+	vals  *valueSets
+}
+
+// newSlotState is an empty slot for table tb.
+func newSlotState(tb *model.Table) *slotState {
+	s := &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+	if hasValues(tb) {
+		s.vals = newValueSets()
+	}
+	return s
 }
 
 const (
@@ -96,8 +109,9 @@ const (
 )
 
 var (
-	_ dataplane.TablePlane     = (*Tables)(nil)
-	_ dataplane.TableDescriber = (*Tables)(nil)
+	_ dataplane.TablePlane         = (*Tables)(nil)
+	_ dataplane.TableDescriber     = (*Tables)(nil)
+	_ dataplane.TableCounterReader = (*Tables)(nil)
 )
 
 // OpenTables connects to nftables in opts.NetNS and makes sure the tables'
@@ -142,6 +156,16 @@ func (t *Tables) committed() {
 		for _, s := range sl.sets {
 			s.ID = 0
 		}
+		if sl.vals != nil {
+			for _, s := range sl.vals.sets() {
+				s.ID = 0
+			}
+		}
+	}
+	for _, o := range t.others {
+		for _, s := range o.sets {
+			s.ID = 0
+		}
 	}
 }
 
@@ -156,6 +180,7 @@ func (t *Tables) ensure() {
 func (t *Tables) reset() {
 	t.maps = map[string]*nftables.Set{}
 	t.slots = map[uint32]*slotState{}
+	t.others = map[uint32]*otherSlot{}
 	t.tables = map[string]*model.Table{}
 	t.farms = map[string]*model.Farm{}
 	t.users = map[uint32]map[string]bool{}
@@ -235,7 +260,7 @@ func CheckPolicies(f *model.Farm) error {
 // TableAlgorithm implements dataplane.TableDescriber.
 func (t *Tables) TableAlgorithm(tb *model.Table) string {
 	if tb.Type != model.TableAddr {
-		return "daemon only (no kernel object: no farm feature uses " + tb.Type.String() + " tables yet)"
+		return fmt.Sprintf("nftables: one hash set per family its keys need (o%d-FAMILY, element counters) in table inet %s", tb.Slot, t.table.Name)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -275,14 +300,22 @@ type tablesBatch struct {
 	// dropSets: sets to delete once no rule refers to them.
 	dropSets []*nftables.Set
 	slots    map[uint32]*slotState // the slots as the batch leaves them
+	others   map[uint32]*otherSlot
 	tables   map[string]*model.Table
 	users    map[uint32]map[string]bool
 }
 
 func (t *Tables) begin() *tablesBatch {
-	b := &tablesBatch{t: t, rechain: map[string]bool{}, slots: map[uint32]*slotState{}, tables: map[string]*model.Table{}, users: map[uint32]map[string]bool{}}
+	b := &tablesBatch{t: t, rechain: map[string]bool{}, slots: map[uint32]*slotState{}, others: map[uint32]*otherSlot{},
+		tables: map[string]*model.Table{}, users: map[uint32]map[string]bool{}}
+	for k, o := range t.others {
+		b.others[k] = o.clone()
+	}
 	for k, v := range t.slots {
 		c := &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+		if v.vals != nil {
+			c.vals = v.vals.clone()
+		}
 		for lk, s := range v.sets {
 			c.sets[lk] = s
 		}
@@ -321,7 +354,9 @@ func (b *tablesBatch) addEntries(slot uint32, entries func(func(model.TableEntry
 			if lk.fam == 6 {
 				kt = nftables.TypeIP6Addr
 			}
-			set = &nftables.Set{Table: b.t.table, Name: slotSetName(slot, lk), KeyType: kt, ID: b.t.nextID()}
+			// Counter: every element counts the packets and bytes it
+			// matched (the lookup updates it), which TableCounters reads.
+			set = &nftables.Set{Table: b.t.table, Name: slotSetName(slot, lk), KeyType: kt, Counter: true, ID: b.t.nextID()}
 			b.t.conn.AddSet(set, nil)
 			s.sets[lk] = set
 			b.rechainSlot(slot)
@@ -407,17 +442,23 @@ func (b *tablesBatch) bind(old, nw *model.Table) {
 
 // tableRules are the rules of a policy table's chain t<id>.
 func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
+	var logx []expr.Any
+	if tb.LogPrefix != "" {
+		logx = []expr.Any{logExpr(tb.LogPrefix, b.t.opts.LogGroup)}
+	}
+	if tb.Type != model.TableAddr {
+		if o := b.others[tb.Slot]; o != nil && tb.IsPolicy() {
+			return o.otherRules(tb, logx)
+		}
+		return nil
+	}
 	s := b.slots[tb.Slot]
-	if s == nil || !tb.IsPolicy() {
+	if s == nil || !tb.Attachable() {
 		return nil
 	}
 	verdict := expr.VerdictDrop
-	if tb.Verdict == model.ListAllow {
-		verdict = expr.VerdictReturn
-	}
-	var logx []expr.Any
-	if tb.LogPrefix != "" {
-		logx = []expr.Any{&expr.Log{Key: 1 << unix.NFTA_LOG_PREFIX, Data: []byte(tb.LogPrefix)}}
+	if tb.Verdict != model.ListDeny {
+		verdict = expr.VerdictReturn // allow, or values only: the most specific entry ends the table
 	}
 	var rules [][]expr.Any
 	for _, lk := range sortedLens(s.sets) {
@@ -435,13 +476,16 @@ func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 			}
 			r = append(r, &expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: mask, Xor: make([]byte, alen)})
 		}
-		r = append(r, &expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
+		if verdict == expr.VerdictReturn {
+			rules = append(rules, valueRules(s.vals, lk, r)...)
+		}
+		r = append(slices.Clone(r), &expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
 		if verdict == expr.VerdictDrop {
 			r = append(r, logx...)
 		}
 		rules = append(rules, append(r, &expr.Verdict{Kind: verdict}))
 	}
-	if verdict == expr.VerdictReturn {
+	if tb.Verdict == model.ListAllow {
 		rules = append(rules, append(slices.Clone(logx), &expr.Verdict{Kind: expr.VerdictDrop}))
 	}
 	return rules
@@ -516,9 +560,6 @@ func (b *tablesBatch) writeFarm(f *model.Farm) {
 	c := b.t.conn.AddChain(b.chain(farmPolicyChain(f.Name)))
 	b.t.conn.FlushChain(c)
 	for _, tb := range b.policyOrder(f) {
-		if tb.Type != model.TableAddr {
-			continue
-		}
 		b.t.conn.AddRule(&nftables.Rule{Table: b.t.table, Chain: c, Exprs: []expr.Any{
 			&expr.Verdict{Kind: expr.VerdictJump, Chain: tableChainName(tb.ID)}}})
 	}
@@ -544,23 +585,53 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		switch {
 		case c.Old == nil && c.New != nil:
 			if c.New.Type != model.TableAddr {
+				o := newOtherSlot(c.New)
+				b.others[c.Slot] = o
+				b.otherEntries(c.Slot, o, allEntries(c.New), false)
 				continue
 			}
-			b.slots[c.Slot] = &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+			b.slots[c.Slot] = newSlotState(c.New)
 			b.addEntries(c.Slot, func(fn func(model.TableEntry) bool) { c.New.Entries("", fn) })
+			b.addValues(c.Slot, c.New)
 		case c.New == nil && c.Old != nil:
+			if o := b.others[c.Slot]; o != nil {
+				for _, s := range o.sets {
+					b.dropSets = append(b.dropSets, s)
+				}
+				delete(b.others, c.Slot)
+			}
 			if s := b.slots[c.Slot]; s != nil {
 				for _, lk := range sortedLens(s.sets) {
 					b.dropSets = append(b.dropSets, s.sets[lk])
 				}
+				if s.vals != nil {
+					b.dropSets = append(b.dropSets, s.vals.sets()...)
+				}
 				delete(b.slots, c.Slot)
 			}
 		default:
-			if b.slots[c.Slot] == nil {
-				continue // not an addr table
+			if o := b.others[c.Slot]; o != nil {
+				replaced := make(map[model.TableKey]bool, len(c.Replaced))
+				for _, e := range c.Replaced {
+					replaced[e.Key] = true
+				}
+				var added []model.TableEntry
+				for _, e := range c.Put {
+					if !replaced[e.Key] {
+						added = append(added, e)
+					}
+				}
+				grew := b.otherEntries(c.Slot, o, added, false)
+				if shrank := b.otherEntries(c.Slot, o, c.Del, true); grew || shrank {
+					b.rechainSlot(c.Slot)
+				}
+				continue
 			}
-			// Values are not in the kernel's sets: a value change
-			// (Replaced) changes no element. Adds go first, so a
+			if b.slots[c.Slot] == nil {
+				continue
+			}
+			// A value change (Replaced) changes no element of the
+			// length sets, only value objects. Adds go first, so a
 			// length that loses its last entry and gains another in
 			// one change keeps its set.
 			replaced := make(map[model.TableKey]bool, len(c.Replaced))
@@ -575,16 +646,20 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 				}
 			})
 			b.delEntries(c.Slot, c.Del)
+			if s := b.slots[c.Slot]; s.vals != nil {
+				dels := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
+				if b.valueChange(c.Slot, s.vals, dels, c.Put) {
+					b.rechainSlot(c.Slot)
+				}
+			}
 		}
 	}
 	for _, c := range d.Tables {
 		b.bind(c.Old, c.New)
 		switch {
 		case c.New == nil:
-			if c.Old.Type == model.TableAddr {
-				dropTables = append(dropTables, tableChainName(c.Old.ID))
-			}
-		case c.New.Type == model.TableAddr:
+			dropTables = append(dropTables, tableChainName(c.Old.ID))
+		default:
 			b.rechain[c.New.Name] = true
 		}
 	}
@@ -634,7 +709,7 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		t.redial()
 		return fmt.Errorf("apply tables to table inet %s: %w", t.table.Name, err)
 	}
-	t.slots, t.tables, t.users, t.farms = b.slots, b.tables, b.users, farms
+	t.slots, t.others, t.tables, t.users, t.farms = b.slots, b.others, b.tables, b.users, farms
 	t.created, t.baseRules = true, len(farms) > 0
 	t.committed()
 	return nil
@@ -669,15 +744,17 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 	for _, tb := range tables {
 		b.bind(nil, tb)
 		if tb.Type != model.TableAddr {
+			o := newOtherSlot(tb)
+			b.others[tb.Slot] = o
+			b.otherEntries(tb.Slot, o, allEntries(tb), false)
 			continue
 		}
-		b.slots[tb.Slot] = &slotState{sets: map[lenKey]*nftables.Set{}, count: map[lenKey]int{}}
+		b.slots[tb.Slot] = newSlotState(tb)
 		b.addEntries(tb.Slot, func(fn func(model.TableEntry) bool) { tb.Entries("", fn) })
+		b.addValues(tb.Slot, tb)
 	}
 	for _, tb := range tables {
-		if tb.Type == model.TableAddr {
-			b.writeTableChain(tb)
-		}
+		b.writeTableChain(tb)
 	}
 	fs := map[string]*model.Farm{}
 	for _, f := range farms {
@@ -694,8 +771,74 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 		t.redial()
 		return fmt.Errorf("rebuild table inet %s: %w", t.table.Name, err)
 	}
-	t.slots, t.tables, t.users, t.farms = b.slots, b.tables, b.users, fs
+	t.slots, t.others, t.tables, t.users, t.farms = b.slots, b.others, b.tables, b.users, fs
 	t.created, t.baseRules = true, len(fs) > 0
 	t.committed()
 	return nil
+}
+
+// TableCounters implements dataplane.TableCounterReader: the packets and
+// bytes (IP bytes, as the eBPF plane counts) each entry of an addr table
+// matched, read from its slot's sets' element counters. Entries that never
+// matched are left out.
+func (t *Tables) TableCounters(ctx context.Context, tb *model.Table) (dataplane.TableCounters, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := dataplane.TableCounters{}
+	if o := t.others[tb.Slot]; o != nil && tb.Type != model.TableAddr {
+		if err := t.otherCounters(o, out); err != nil {
+			return nil, fmt.Errorf("table %q: read counters: %w", tb.Name, err)
+		}
+		return out, ctx.Err()
+	}
+	s := t.slots[tb.Slot]
+	if tb.Type != model.TableAddr || s == nil {
+		return out, ctx.Err()
+	}
+	for _, lk := range sortedLens(s.sets) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		els, err := t.conn.GetSetElements(s.sets[lk])
+		if err != nil {
+			t.redial()
+			return nil, fmt.Errorf("table %q: read counters of set %s: %w", tb.Name, s.sets[lk].Name, err)
+		}
+		for _, el := range els {
+			if el.Counter == nil || el.Counter.Packets == 0 {
+				continue
+			}
+			a, ok := netip.AddrFromSlice(el.Key)
+			if !ok {
+				continue
+			}
+			out[model.AddrKey(netip.PrefixFrom(a, int(lk.bits)))] = dataplane.EntryCounters{Packets: el.Counter.Packets, Bytes: el.Counter.Bytes}
+		}
+	}
+	return out, nil
+}
+
+// addValues queues the value objects of every entry of a new slot.
+func (b *tablesBatch) addValues(slot uint32, tb *model.Table) {
+	s := b.slots[slot]
+	if s.vals == nil {
+		return
+	}
+	var all []model.TableEntry
+	tb.Entries("", func(e model.TableEntry) bool {
+		if e.Value != nil && (e.Value.Mark != 0 || e.Value.Limit != 0) {
+			all = append(all, e)
+		}
+		return true
+	})
+	if b.valueChange(slot, s.vals, nil, all) {
+		b.rechainSlot(slot)
+	}
+}
+
+// allEntries lists a table's entries.
+func allEntries(tb *model.Table) []model.TableEntry {
+	out := make([]model.TableEntry, 0, tb.Len())
+	tb.Entries("", func(e model.TableEntry) bool { out = append(out, e); return true })
+	return out
 }

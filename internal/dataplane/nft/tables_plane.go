@@ -15,8 +15,9 @@ import (
 // code needs no change for it.
 
 var (
-	_ dataplane.TablePlane     = (*Plane)(nil)
-	_ dataplane.TableDescriber = (*Plane)(nil)
+	_ dataplane.TablePlane         = (*Plane)(nil)
+	_ dataplane.TableDescriber     = (*Plane)(nil)
+	_ dataplane.TableCounterReader = (*Plane)(nil)
 )
 
 // lazyTables opens a plane's Tables when first needed.
@@ -80,3 +81,12 @@ func (s *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 
 // TableAlgorithm implements dataplane.TableDescriber.
 func (s *Plane) TableAlgorithm(tb *model.Table) string { return s.tables.describe(tb) }
+
+// TableCounters implements dataplane.TableCounterReader.
+func (s *Plane) TableCounters(ctx context.Context, tb *model.Table) (dataplane.TableCounters, error) {
+	t, err := s.tables.get(ctx, s.log, s.opts)
+	if err != nil {
+		return nil, err
+	}
+	return t.TableCounters(ctx, tb)
+}

@@ -52,7 +52,7 @@ func TestTablesRuleset(t *testing.T) {
 	}
 	out := testutil.Run(t, name, "nft", "list", "table", "inet", "xlb-tables")
 	for _, want := range []string{
-		"set s1-4-8 {", "elements = { 10.0.0.0 }", "set s1-4-32 {", "elements = { 10.1.2.3 }", "set s1-6-64 {",
+		"set s1-4-8 {", "elements = { 10.0.0.0 counter packets 0 bytes 0 }", "set s1-4-32 {", "elements = { 10.1.2.3 counter packets 0 bytes 0 }", "set s1-6-64 {",
 		"ip saddr & 255.0.0.0 == @s1-4-8 drop", "ip saddr @s1-4-32 drop", "ip6 saddr & ffff:ffff:ffff:ffff:: == @s1-6-64 drop",
 		"jump t1", "hook prerouting priority dstnat - 10",
 	} {
