@@ -77,6 +77,20 @@
 #define XLB_EVENTS_SIZE 4194304
 #endif
 
+/* Bytes of the connection sync ring buffer (xlb_sync): 4 MiB holds about
+ * 43,000 records (96 bytes each with its header), what 4 million a second
+ * write between two reads of the daemon (every 10 ms); when it falls
+ * behind, records are lost and counted (xlb_sync_lost), and its peers get
+ * a full resync. */
+#ifndef XLB_SYNC_SIZE
+#define XLB_SYNC_SIZE 4194304
+#endif
+
+/* Connections a peer's batch hands xlb_ct_install at once (xlb_sync_in). */
+#ifndef XLB_SYNC_BATCH
+#define XLB_SYNC_BATCH 512
+#endif
+
 /* Values shared with Go. They are enums, not #defines, so that bpf2go
  * generates them into internal/dataplane/ebpf/xlb_bpfel.go (-type of each
  * enum; struct xlb_enums below puts them in the object's BTF): the Go side
@@ -91,6 +105,7 @@ enum xlb_size {
 	XLB_SIZE_PERSIST = XLB_MAX_PERSIST,
 	XLB_SIZE_STATIC = XLB_MAX_STATIC,
 	XLB_SIZE_LC_BACKENDS = XLB_LC_MAX_BACKENDS,
+	XLB_SIZE_SYNC_BATCH = XLB_SYNC_BATCH,
 };
 
 /* lc/wlc: wlc's weight of serving backend i is in xlb_slots under
@@ -193,6 +208,26 @@ enum xlb_ct_state {
 	XLB_CT_STATE_UDP = 4,	/* UDP */
 };
 
+/* struct sync_conn.kind: what happened to a flow (the values of Go's
+ * dataplane.ConnEventKind). */
+enum xlb_sync_kind {
+	XLB_SYNC_NEW = 1,
+	XLB_SYNC_UPDATE = 2, /* state changed, or still alive (xlb_sync_refresh_ns) */
+	XLB_SYNC_END = 3,
+};
+
+/* struct sync_conn.rc: what xlb_ct_install did with a peer's connection. */
+enum xlb_sync_rc {
+	XLB_SYNC_RC_OK = 0, /* installed, updated, or removed */
+	XLB_SYNC_RC_UNBOUND =
+		1, /* installed, but no farm here has its VIP and backend (yet): carried, not counted */
+	XLB_SYNC_RC_MODE = 2,	  /* the service here is dsr or stlsdnat (no state to install) */
+	XLB_SYNC_RC_CONFLICT = 3, /* its tuple or reply tuple is another flow's here */
+	XLB_SYNC_RC_GONE = 4,	  /* an end for a flow not here (not an error) */
+	XLB_SYNC_RC_ERROR = 5,	  /* map update failed (table full) */
+	XLB_SYNC_RC_BAD = 6,	  /* malformed: kind, family or protocol */
+};
+
 /* Per-CPU counters in xlb_stats. */
 enum xlb_stat {
 	XLB_STAT_RX = 0,
@@ -241,6 +276,8 @@ struct xlb_enums {
 	enum xlb_ct_dir ct_dir;
 	enum xlb_nh_flag nh_flag;
 	enum xlb_ct_state ct_state;
+	enum xlb_sync_kind sync_kind;
+	enum xlb_sync_rc sync_rc;
 	enum xlb_stat stat;
 };
 

@@ -74,6 +74,21 @@ static __always_inline __u64 xlb_now(void)
 	return bpf_jiffies64() * tick + xlb_clock_offset;
 }
 
+/* The source ports of this node's snat flows (host order; Options.SNATPorts,
+ * --snat-ports): nodes that share a farm's source address take disjoint
+ * ranges, so two nodes never give two connections the same (source address,
+ * port) towards a backend (docs/ha.md). A client's own port is kept when it
+ * is in the range and free. */
+volatile const __u32 xlb_snat_port_min = XLB_SNAT_PORT_MIN;
+volatile const __u32 xlb_snat_port_max = 65535;
+
+/* snat_port() - a random port of the snat range, network order. */
+static __always_inline __u16 snat_port(void)
+{
+	return bpf_htons(xlb_snat_port_min +
+			 bpf_get_prandom_u32() % (xlb_snat_port_max - xlb_snat_port_min + 1));
+}
+
 /* XDP fast path: 1 when it runs in generic mode, where a redirect to any
  * interface works (the frame is an skb); 0 in native mode, where it
  * redirects only to interfaces in xlb_xdp_tx. Set by the loader. */
@@ -302,6 +317,8 @@ static __always_inline void ct_refresh(const struct ct_key *k, struct ct_val *v,
 	if (bpf_map_update_elem(&xlb_ct, &pk, &pv, BPF_NOEXIST) == 0)
 		stat_inc(XLB_STAT_PEER_REPAIR);
 }
+
+#include "xlb_sync.h"
 
 /**
  * lb_redirect() - send a rewritten packet to the next hop cached in @v.
@@ -831,13 +848,14 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		 * atomically across CPUs. First try the client's own port. */
 		__builtin_memcpy(fv.src, be->snat, 16);
 		port = p->k.sport;
+		if (bpf_ntohs(port) < xlb_snat_port_min || bpf_ntohs(port) > xlb_snat_port_max)
+			port = snat_port();
 		for (i = 0; i < XLB_SNAT_TRIES; i++) {
 			fv.sport = port;
 			ct_peer(&p->k, &fv, &sc->rk, &sc->rv);
 			if (bpf_map_update_elem(&xlb_ct, &sc->rk, &sc->rv, BPF_NOEXIST) == 0)
 				break;
-			port = bpf_htons(XLB_SNAT_PORT_MIN +
-					 bpf_get_prandom_u32() % (65536 - XLB_SNAT_PORT_MIN));
+			port = snat_port();
 		}
 		if (i == XLB_SNAT_TRIES) {
 			stat_inc(XLB_STAT_SNAT_FULL);
@@ -873,6 +891,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NEW_FLOW);
 		be_count(bid, XLB_CT_FWD, skb->len, 1);
 		lb_log(p, &fv, be);
+		sync_emit(XLB_SYNC_NEW, &p->k, &fv);
 		/* TCP in SYN or EST (a dsr flow taken up mid-stream); taken
 		 * back by lc_set_state(). */
 		if (lc_counted(fv.state))
@@ -910,12 +929,16 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 	int fresh = 0;
 
 	if (xlb_elapsed(now, v->seen) > xlb_ct_refresh_ns) {
+		__u64 last = v->seen;
+
 		if (ct_expired(&p->k, v, now)) {
 			stat_inc(XLB_STAT_CT_EXPIRED);
 			ct_delete(&p->k, v);
 			return XLB_CT_MISS;
 		}
 		ct_refresh(&p->k, v, now);
+		if (sync_due(last, now))
+			sync_emit(XLB_SYNC_UPDATE, &p->k, v);
 		fresh = 1;
 	}
 	if (v->dir == XLB_CT_FWD) {
@@ -952,8 +975,10 @@ static __always_inline int lb4_ct_hit(struct __sk_buff *skb, struct pkt *p, stru
 		if (v->dir == XLB_CT_REPLY && v->state == XLB_CT_STATE_SYN)
 			passive_reply(&p->k, v, p->tcp_flags, now);
 		st = ct_next_state(v->state, p->tcp_flags);
-		if (st != v->state)
+		if (st != v->state) {
 			ct_set_state(&p->k, v, st, now);
+			sync_emit(XLB_SYNC_UPDATE, &p->k, v);
+		}
 	}
 	stat_inc(v->dir == XLB_CT_FWD ? XLB_STAT_CT_FWD : XLB_STAT_CT_REPLY);
 	be_count(v->backend, v->dir, skb->len, 0);
@@ -1209,6 +1234,7 @@ int xlb_ct_remove(struct ct_key *ctx)
 	v = bpf_map_lookup_elem(&xlb_ct, &k);
 	if (!v)
 		return 1;
+	sync_emit(XLB_SYNC_END, &k, v);
 	ct_delete(&k, v);
 	return 0;
 }

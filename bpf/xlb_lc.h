@@ -41,12 +41,14 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_be_active SEC(".maps");
 
-/* lc_add() - add @d to backend @bid's active count. */
+/* lc_add() - add @d to backend @bid's active count. Backend 0 is none (a
+ * flow a peer synchronised before its farm was here, xlb_sync.h): not
+ * counted. */
 static __always_inline void lc_add(__u32 bid, __s64 d)
 {
 	__s64 *c = bpf_map_lookup_elem(&xlb_be_active, &bid);
 
-	if (c)
+	if (c && bid)
 		__sync_fetch_and_add(c, d);
 }
 

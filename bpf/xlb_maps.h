@@ -209,6 +209,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_br_port SEC(".maps");
 
+/* Connection sync (xlb_sync.h): a struct sync_conn per new, changed and
+ * ended flow of a snat or dnat farm while the daemon reads it
+ * (xlb_sync_on). Not pinned: what a dead daemon's program wrote goes with
+ * it, and the peers get the whole table again when the daemon returns. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, XLB_SYNC_SIZE);
+} xlb_sync SEC(".maps");
+
+/* A peer's connections for xlb_ct_install to put into xlb_ct: the loader
+ * writes elements 0..n-1, runs the program, and reads each one's rc. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct sync_conn);
+	__uint(max_entries, XLB_SYNC_BATCH);
+} xlb_sync_in SEC(".maps");
+
 /* Keeps struct conn_event in the BTF for bpf2go (-type conn_event). */
 const struct conn_event *xlb_unused_conn_event __attribute__((unused));
 

@@ -151,6 +151,29 @@ struct conn_event {
 	__u64 ts; /* host: bpf_ktime_get_coarse_ns() */
 };
 
+/* A connection as nodes of a cluster exchange it (connection sync,
+ * xlb_sync.h): an xlb_sync ring buffer record (the program's new, changed
+ * and ended flows), and an xlb_sync_in element (a peer's, for
+ * xlb_ct_install). The tuple is the forward one as the client sent it and
+ * its translation; the wire between nodes is internal/cluster/connsync's. */
+struct sync_conn {
+	__u32 client[4];  /* net: the client (forward key's source) */
+	__u32 vip[4];	  /* net: the address it connected to */
+	__u32 backend[4]; /* net: where the flow goes */
+	__u32 reply[4];	  /* net: where the backend answers (client, or the snat source) */
+	__u16 cport;	  /* net */
+	__u16 vport;	  /* net */
+	__u16 bport;	  /* net */
+	__u16 rport;	  /* net */
+	__u8 kind;	  /* XLB_SYNC_NEW, _UPDATE, _END */
+	__u8 proto;
+	__u8 family;
+	__u8 state; /* XLB_CT_STATE_* */
+	__u32 left; /* host: xlb_sync_in: seconds the entry has left (0: a whole timeout) */
+	__s32 rc;   /* host: xlb_sync_in: set by xlb_ct_install, XLB_SYNC_RC_* */
+	__u32 pad;
+};
+
 /* xlb_scratch value: per-CPU room for what does not fit the BPF stack. */
 struct scratch {
 	struct ct_key rk; /* a new flow's reply entry */

@@ -70,7 +70,8 @@ def name(r):
         s = "keepalived" + (" + conntrackd" if o.get("Conntrackd") else "") + \
             f' (adverts {dur_ns(o.get("VRRPAdvert") or 1e9)})'
     k = "node lost" if o["NodeLost"] else "kill -9"
-    n = f'{o["Mode"]} / {o["Plane"]} / {s} / {k}'
+    m = o["Mode"] + (" (shared source address)" if o.get("SharedSNAT") else "")
+    n = f'{m} / {o["Plane"]} / {s} / {k}'
     if o.get("Scheduler", "maglev") != "maglev":
         n += f' / {o["Scheduler"]}'
     return n + (f' ({r["note"]})' if r.get("note") else "")
@@ -198,20 +199,30 @@ if synced:
 if bench and os.path.exists(bench):
     per = {}
     for l in open(bench):
-        m = re.match(r"(Benchmark\S+?)(-\d+)?\s+\d+\s+.*?([0-9.]+) ns/conn", l)
-        if m:
-            per.setdefault(m.group(1), []).append(float(m.group(3)))
+        m = re.match(r"(Benchmark\S+?)(-\d+)?\s+\d+\s+(.*)", l)
+        if not m:
+            continue
+        for v, unit in re.findall(r"([0-9.]+) (\S+/conn)", m.group(3)):
+            per.setdefault((m.group(1), unit), []).append(float(v))
     if per:
         out += ["", "## Sync cost per connection (Go benchmarks)", "",
-                "From `" + os.path.basename(bench) + "` (`bench/ha/run.sh`; the commands head the file). *InstallConns*: a peer's",
-                "entries (new, with their NAT binding) written into a namespace's conntrack, 256 a batch, one",
-                "netlink write and the acknowledgements read together. *EventsPerConn*: the same installs",
-                "plus the kernel's new-entry event read and decoded by a second syncer (subtract *InstallConns*",
-                "for the events alone). *Wire*: encoding a batch of 256, HMAC-SHA256, checking and decoding",
-                "it on the other side (no network).", "",
-                "| benchmark | runs | ns per connection |", "|---|---|---|"]
-        for b, xs in per.items():
-            out.append(f"| {b} | {len(xs)} | {fmt(xs, ' ns')} |")
+                "From `" + os.path.basename(bench) + "` (`bench/ha/run.sh`; the commands head the file).", "",
+                "nft plane (the kernel's conntrack over ctnetlink): *InstallConns*: a peer's entries (new,",
+                "with their NAT binding) written into a namespace's conntrack, 256 a batch, in writes of up",
+                "to 64 KiB with one acknowledgement each. *EventsPerConn*: the same installs plus the",
+                "kernel's new-entry event read and decoded by a second syncer (subtract *InstallConns* for",
+                "the events alone).", "",
+                "eBPF plane (the program's conntrack): *SyncSender*: new flows made by the program",
+                "(BPF_PROG_TEST_RUN, 250 a run), sync off and on (the program's record, read and batched by",
+                "WatchConns); *cpu-ns/conn* is the process's CPU time per flow (on minus off: what sync costs",
+                "the sending node), *prog-ns/conn* the program's own time per flow as the kernel measures",
+                "it. *SyncInstall*: a peer's connections installed in batches of 256 (one map write and one",
+                "run of `xlb_ct_install` per batch): CPU and wall time per connection.", "",
+                "*Wire*: encoding a batch of 256, HMAC-SHA256, checking and decoding it on the other side",
+                "(no network).", "",
+                "| benchmark | metric | runs | per connection |", "|---|---|---|---|"]
+        for (b, unit), xs in per.items():
+            out.append(f"| {b} | {unit} | {len(xs)} | {fmt(xs, ' ns')} |")
 
 if cost and os.path.exists(cost):
     cr = [json.loads(l) for l in open(cost) if l.strip()]

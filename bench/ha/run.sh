@@ -13,13 +13,16 @@
 # BGP and ECMP, with or without its connection sync), vrrp,
 # vrrp+conntrackd (the LVS-style baseline: keepalived's VRRP active-backup,
 # with conntrackd's FTFW sync; node lost only; vrrp@100ms: adverts every
-# 100 ms instead of keepalived's default 1 s), scheduler maglev by default.
+# 100 ms instead of keepalived's default 1 s), scheduler maglev by default;
+# mode snat+shared is snat to a source address the nodes share (each with
+# its own --snat-ports), the backends answering through the node whose
+# packet came last.
 # BASELINE=1 runs the baseline comparison instead of the matrix below.
 #
-# Without CASEs: 16 cases, ~40 min with RUNS=3.
+# Without CASEs: 22 cases, ~70 min with RUNS=3.
 # Then (unless APPEND=1 or SYNCBENCH=0) the Go benchmarks of the sync
-# cost per connection (internal/conntrack, internal/cluster/connsync), 5
-# runs each, into ha-sync-bench.txt. SYNCCOST=1 (the default with
+# cost per connection (internal/conntrack, internal/dataplane/ebpf,
+# internal/cluster/connsync), 5 runs each, into ha-sync-bench.txt. SYNCCOST=1 (the default with
 # BASELINE=1) also compares the CPU per synchronised connection of xlb's
 # sync and of conntrackd (test/e2e TestSyncCost, COST_CONNS connections,
 # COST_RUNS runs), into ha-sync-cost.jsonl.
@@ -38,19 +41,20 @@ SYNCBENCH=${SYNCBENCH:-$([ "$APPEND" = 1 ] && echo 0 || echo 1)}
 SYNCCOST=${SYNCCOST:-${BASELINE:-0}}
 cases=("$@")
 if [ ${#cases[@]} -eq 0 ]; then
-	# The matrix: every mode with and without sync on the nft
-	# plane, the node lost for the modes where it differs from a kill,
-	# every mode on the eBPF plane (no sync there: not built).
+	# The matrix: every mode with and without sync on both
+	# planes (dsr and stlsdnat keep no state: without only), the node
+	# lost for the modes where it differs from a kill, and snat to a
+	# source address the nodes share, which survives it.
 	cases=()
-	for m in snat dnat dsr stlsdnat; do
-		for s in sync nosync; do
-			cases+=("$m/nft/$s/kill")
+	for p in nft ebpf; do
+		for m in snat dnat; do
+			for s in sync nosync; do
+				cases+=("$m/$p/$s/kill")
+			done
 		done
+		cases+=("dsr/$p/nosync/kill" "stlsdnat/$p/nosync/kill" "snat/$p/sync/lost" "snat+shared/$p/sync/lost" "dsr/$p/nosync/lost")
 	done
-	cases+=(snat/nft/sync/lost snat/nft/nosync/lost dnat/nft/sync/lost dsr/nft/nosync/lost)
-	for m in snat dnat dsr stlsdnat; do
-		cases+=("$m/ebpf/nosync/kill")
-	done
+	cases+=(dnat/nft/sync/lost snat/nft/nosync/lost)
 	if [ "${BASELINE:-0}" = 1 ]; then
 		# The master lost, LVS-style active-backup (keepalived with
 		# and without conntrackd, at keepalived's default adverts and at
@@ -68,6 +72,7 @@ go build -o "$bin/xlb" ./cmd/xlb
 go test -c -o "$bin/e2e.test" ./test/e2e
 if [ "$SYNCBENCH" = 1 ]; then
 	go test -c -o "$bin/conntrack.test" ./internal/conntrack
+	go test -c -o "$bin/ebpf.test" ./internal/dataplane/ebpf
 	go test -c -o "$bin/connsync.test" ./internal/cluster/connsync
 fi
 : >"$out.new"
@@ -94,6 +99,8 @@ if [ "$SYNCBENCH" = 1 ]; then
 	echo "# bench/ha/run.sh, $(date -u +%FT%RZ): sync cost per connection, 5 runs each, under the privileged-test lock" >"$sb.new"
 	(cd internal/conntrack && XLB_PRIVILEGED_TESTS=1 flock -o /tmp/xlb-privtest.lock "$bin/conntrack.test" -test.run '^$' \
 		-test.bench 'BenchmarkInstallConns|BenchmarkEventsPerConn' -test.count 5 -test.benchtime 200x) >>"$sb.new"
+	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 flock -o /tmp/xlb-privtest.lock "$bin/ebpf.test" -test.run '^$' \
+		-test.bench 'BenchmarkSyncSender|BenchmarkSyncInstall' -test.count 5 -test.benchtime 200x) | grep -v '^ ' >>"$sb.new"
 	(cd internal/cluster/connsync && flock -o /tmp/xlb-privtest.lock "$bin/connsync.test" -test.run '^$' \
 		-test.bench BenchmarkWire -test.count 5) >>"$sb.new"
 	mv "$sb.new" "$sb"

@@ -44,16 +44,13 @@ func (o syncOptions) enabled() bool { return o.listen != "" }
 
 // config checks the --sync-* flags (before anything starts) and returns
 // the sync configuration (zero Listen: no sync).
-func (o syncOptions) config(plane string) (connsync.Config, error) {
+func (o syncOptions) config() (connsync.Config, error) {
 	var c connsync.Config
 	if !o.enabled() {
 		if len(o.peers) > 0 || o.keyFile != "" {
 			return c, fmt.Errorf("--sync-peers and --sync-key-file need --sync-listen")
 		}
 		return c, nil
-	}
-	if plane != "nft" {
-		return c, fmt.Errorf("--sync-listen: connection sync is not implemented for the %s data plane yet (nft only)", plane)
 	}
 	var err error
 	if c.Listen, err = netip.ParseAddrPort(o.listen); err != nil || c.Listen.Addr().IsUnspecified() {
@@ -87,7 +84,8 @@ func (o syncOptions) config(plane string) (connsync.Config, error) {
 	return c, nil
 }
 
-// syncerFor returns the data plane's connection syncer.
+// syncerFor returns the data plane's connection syncer: the eBPF plane's
+// own (its conntrack), or for the nft plane the kernel's conntrack.
 func syncerFor(dp dataplane.Dataplane) (dataplane.ConnSyncer, error) {
 	if s, ok := dp.(dataplane.ConnSyncer); ok {
 		return s, nil

@@ -30,7 +30,6 @@ func TestClusterFlags(t *testing.T) {
 		{d("--sync-listen", "10.0.0.1:7000", "--sync-peers", "10.0.0.2"), `--sync-peers "10.0.0.2": must be address:port`},
 		{d("--sync-listen", "10.0.0.1:7000", "--sync-peers", "10.0.0.2:7000"), `--sync-key-file: required`},
 		{d("--sync-listen", "10.0.0.1:7000", "--sync-peers", "10.0.0.2:7000", "--sync-key-file", short), `8 bytes, at least 16 required`},
-		{d("--dataplane", "ebpf", "--sync-listen", "10.0.0.1:7000", "--sync-peers", "10.0.0.2:7000", "--sync-key-file", good), `not implemented for the ebpf data plane yet`},
 		{d("--bgp-config", badBGP), `peers[0]: as: required`},
 		{d("--bgp-config", filepath.Join(dir, "missing.yaml")), `--bgp-config: read BGP config`},
 	} {

@@ -153,7 +153,7 @@ summary line every 10 s. See docs/operations.md.`,
 	f.StringVar(&o.stateDir, "state-dir", defaultStateDir, "directory of the saved state (and the generated API key)")
 	o.dp.Register(f, setup.DaemonDefaults)
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&o.sync.listen, "sync-listen", "", "connection sync: this node's address:port that its peers connect to (nft data plane; docs/ha.md)")
+	f.StringVar(&o.sync.listen, "sync-listen", "", "connection sync: this node's address:port that its peers connect to (docs/ha.md)")
 	f.StringSliceVar(&o.sync.peers, "sync-peers", nil, "connection sync: the other nodes' --sync-listen addresses")
 	f.StringVar(&o.sync.keyFile, "sync-key-file", "", "connection sync: file holding the secret (16 bytes or more) every node shares; frames are HMAC-SHA256'd with it")
 	f.DurationVar(&o.sync.wait, "sync-wait", 10*time.Second, "connection sync: longest wait for the peers' state before the VIPs are announced")
@@ -184,7 +184,7 @@ func (a *app) runDaemon(ctx context.Context, o daemonOptions, keyFile string) er
 		}
 		bgpCfg = c
 	}
-	syncCfg, err := o.sync.config(o.dp.Plane)
+	syncCfg, err := o.sync.config()
 	if err != nil {
 		return err
 	}

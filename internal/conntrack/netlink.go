@@ -8,10 +8,10 @@ import (
 )
 
 // nlSocket is a raw NETLINK_NETFILTER socket that sends a batch of
-// requests in one write and reads their acknowledgements together. (The
-// netlink libraries send one request and wait for its answer: on a busy
-// machine that is a scheduler round trip, tens of microseconds, per
-// connection installed.)
+// requests in one write and reads back one acknowledgement for it, and the
+// failures. (The netlink libraries send one request and wait for its
+// answer: on a busy machine that is a scheduler round trip, tens of
+// microseconds, per connection installed.)
 type nlSocket struct {
 	fd  int
 	seq uint32
@@ -36,36 +36,50 @@ func openNetlink() (*nlSocket, error) {
 
 func (s *nlSocket) close() { unix.Close(s.fd) }
 
-// exec sends the requests (each a whole netlink message asking for an
-// acknowledgement) and returns each one's errno (0: done).
+// exec sends the requests (each a whole netlink message) and returns each
+// one's errno (0: done). Many requests go in one write, and only the last
+// of a write asks for an acknowledgement: the kernel answers a request
+// without NLM_F_ACK only when it fails, and answers a write's requests in
+// order, so once the last one's acknowledgement is in, every failure of
+// that write has arrived before it (one message back per write, not one
+// per connection).
 func (s *nlSocket) exec(reqs [][]byte) ([]unix.Errno, error) {
 	errs := make([]unix.Errno, len(reqs))
 	first := s.seq + 1
+	// acks: the sequence numbers whose acknowledgement ends a write.
+	acks := map[uint32]bool{}
 	// Up to 64 KiB a write: the kernel takes a write's messages one by
 	// one, as if each had come alone.
 	var out []byte
+	last := -1 // offset in out of the last message
 	flush := func() error {
 		if len(out) == 0 {
 			return nil
 		}
+		flags := binary.NativeEndian.Uint16(out[last+6 : last+8])
+		binary.NativeEndian.PutUint16(out[last+6:last+8], flags|unix.NLM_F_ACK)
+		acks[binary.NativeEndian.Uint32(out[last+8:last+12])] = true
 		err := unix.Sendto(s.fd, out, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-		out = out[:0]
+		out, last = out[:0], -1
 		return err
 	}
 	for _, r := range reqs {
 		s.seq++
 		binary.NativeEndian.PutUint32(r[8:12], s.seq)
+		flags := binary.NativeEndian.Uint16(r[6:8])
+		binary.NativeEndian.PutUint16(r[6:8], flags&^unix.NLM_F_ACK)
 		if len(out)+len(r) > 64<<10 {
 			if err := flush(); err != nil {
 				return nil, fmt.Errorf("send to ctnetlink: %w", err)
 			}
 		}
+		last = len(out)
 		out = append(out, r...)
 	}
 	if err := flush(); err != nil {
 		return nil, fmt.Errorf("send to ctnetlink: %w", err)
 	}
-	for got := 0; got < len(reqs); {
+	for len(acks) > 0 {
 		n, _, err := unix.Recvfrom(s.fd, s.buf, 0)
 		if err != nil {
 			return nil, fmt.Errorf("receive from ctnetlink: %w", err)
@@ -81,7 +95,7 @@ func (s *nlSocket) exec(reqs [][]byte) ([]unix.Errno, error) {
 			if typ == unix.NLMSG_ERROR && l >= unix.NLMSG_HDRLEN+4 && seq >= first && seq < first+uint32(len(reqs)) {
 				code := int32(binary.NativeEndian.Uint32(b[16:20]))
 				errs[seq-first] = unix.Errno(-code)
-				got++
+				delete(acks, seq)
 			}
 			b = b[(l+3)&^3:]
 		}

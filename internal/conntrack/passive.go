@@ -14,7 +14,6 @@ import (
 
 	"github.com/mdlayher/netlink"
 	ct "github.com/ti-mo/conntrack"
-	"github.com/ti-mo/netfilter"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -286,7 +285,7 @@ func (p *Passive) listenOnce(ctx context.Context) error {
 	var r *eventReader
 	err := nsenter.Run(p.ns, func() error {
 		var err error
-		r, err = openEventReader(nfnlgrpConntrackNew, nfnlgrpConntrackUpdate, nfnlgrpConntrackDestroy)
+		r, err = openEventReader(groupCTNew, groupCTUpdate, groupCTDestroy)
 		return err
 	})
 	if err != nil {
@@ -383,32 +382,6 @@ const (
 	tcpSynSent = 1
 	tcpSynRecv = 2
 	tcpClose   = 8
-)
-
-// dialWatchGroups opens an event socket in the given groups, in the
-// calling thread's namespace.
-func dialWatchGroups(groups ...netfilter.NetlinkGroup) (*watchConn, error) {
-	c, err := ct.Dial(nil)
-	if err != nil {
-		return nil, fmt.Errorf("conntrack events: dial ctnetlink: %w", err)
-	}
-	// A burst of new connections must not overflow the socket (ENOBUFS
-	// loses events): 8 MiB holds tens of thousands of them.
-	_ = c.SetReadBuffer(8 << 20)
-	w := &watchConn{c: c, evCh: make(chan ct.Event, 4096)}
-	w.errCh, err = c.Listen(w.evCh, 1, groups)
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("conntrack events: join groups: %w", err)
-	}
-	return w, nil
-}
-
-// ctnetlink's multicast groups (enum nfnetlink_groups).
-const (
-	nfnlgrpConntrackNew     = 1
-	nfnlgrpConntrackUpdate  = 2
-	nfnlgrpConntrackDestroy = 3
 )
 
 // eventReader reads conntrack's events from a non-blocking netlink socket

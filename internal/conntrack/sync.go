@@ -8,9 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mdlayher/netlink"
 	ct "github.com/ti-mo/conntrack"
-	"github.com/ti-mo/netfilter"
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
@@ -57,72 +55,54 @@ func (s *Syncer) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent))
 	return s.watch(ctx, w, fn)
 }
 
-// watchConn is a ctnetlink socket in the conntrack event groups.
-type watchConn struct {
-	c     *ct.Conn
-	evCh  chan ct.Event
-	errCh chan error
-}
-
-// dialWatch opens the event socket in the calling thread's namespace.
-func dialWatch() (*watchConn, error) {
-	return dialWatchGroups(netfilter.GroupCTNew, netfilter.GroupCTUpdate, netfilter.GroupCTDestroy)
-}
-
-func (s *Syncer) watch(ctx context.Context, w *watchConn, fn func([]dataplane.ConnEvent)) error {
-	defer w.c.Close()
-	var batch []dataplane.ConnEvent
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+func (s *Syncer) watch(ctx context.Context, w *eventSocket, fn func([]dataplane.ConnEvent)) error {
+	defer w.close()
+	var (
+		batch []dataplane.ConnEvent
+		since time.Time // of the batch's first event
+	)
 	flush := func() {
 		if len(batch) > 0 {
 			fn(batch)
 			batch = nil
 		}
 	}
+	add := func(kind dataplane.ConnEventKind, f ctFlow) {
+		e, ok := s.event(kind, f)
+		if !ok {
+			return
+		}
+		if len(batch) == 0 {
+			since = time.Now()
+		}
+		batch = append(batch, e)
+		if len(batch) >= batchMax {
+			flush()
+		}
+	}
 	for {
-		select {
-		case <-ctx.Done():
+		if ctx.Err() != nil {
 			flush()
 			return nil
-		case err := <-w.errCh:
+		}
+		b, err := w.read()
+		switch {
+		case err == errTimeout:
+			flush()
+			continue
+		case err != nil:
 			flush()
 			return fmt.Errorf("conntrack events: %w", err)
-		case ev := <-w.evCh:
-			e, ok := s.event(ev)
-			if !ok {
-				continue
-			}
-			if len(batch) == 0 {
-				timer.Reset(batchWait)
-			}
-			batch = append(batch, e)
-			if len(batch) >= batchMax {
-				timer.Stop()
-				flush()
-			}
-		case <-timer.C:
+		}
+		eachEvent(b, add)
+		if len(batch) > 0 && time.Since(since) >= batchWait {
 			flush()
 		}
 	}
 }
 
-func (s *Syncer) event(ev ct.Event) (dataplane.ConnEvent, bool) {
-	if ev.Flow == nil {
-		return dataplane.ConnEvent{}, false
-	}
-	var kind dataplane.ConnEventKind
-	switch ev.Type {
-	case ct.EventNew:
-		kind = dataplane.ConnNew
-	case ct.EventUpdate:
-		kind = dataplane.ConnUpdate
-	case ct.EventDestroy:
-		kind = dataplane.ConnEnd
-	default:
-		return dataplane.ConnEvent{}, false
-	}
-	c, ok := s.conn(ev.Flow)
+func (s *Syncer) event(kind dataplane.ConnEventKind, f ctFlow) (dataplane.ConnEvent, bool) {
+	c, ok := s.conn(f)
 	if !ok {
 		return dataplane.ConnEvent{}, false
 	}
@@ -134,20 +114,19 @@ func (s *Syncer) event(ev ct.Event) (dataplane.ConnEvent, bool) {
 
 // conn converts a flow the kernel translated (reply tuple differs from the
 // inverse of the original) to a Conn.
-func (s *Syncer) conn(f *ct.Flow) (dataplane.SyncConn, bool) {
-	o, r := f.TupleOrig, f.TupleReply
-	p := o.Proto.Protocol
-	if p != unix.IPPROTO_TCP && p != unix.IPPROTO_UDP && p != unix.IPPROTO_SCTP {
+func (s *Syncer) conn(f ctFlow) (dataplane.SyncConn, bool) {
+	p := f.proto
+	if !f.origOK || !f.repOK || p != unix.IPPROTO_TCP && p != unix.IPPROTO_UDP && p != unix.IPPROTO_SCTP {
 		return dataplane.SyncConn{}, false
 	}
 	c := dataplane.SyncConn{
 		Proto:   p,
-		Client:  netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
-		VIP:     netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort),
-		Backend: netip.AddrPortFrom(r.IP.SourceAddress.Unmap(), r.Proto.SourcePort),
-		Reply:   netip.AddrPortFrom(r.IP.DestinationAddress.Unmap(), r.Proto.DestinationPort),
-		Timeout: f.Timeout,
-		Mark:    f.Mark,
+		Client:  f.orig[0],
+		VIP:     f.orig[1],
+		Backend: f.reply[0],
+		Reply:   f.reply[1],
+		Timeout: f.timeout,
+		Mark:    f.mark,
 	}
 	if c.Backend == c.VIP && c.Reply == c.Client {
 		return c, false // not translated: not a balanced connection
@@ -155,10 +134,27 @@ func (s *Syncer) conn(f *ct.Flow) (dataplane.SyncConn, bool) {
 	if s.IsVIP != nil && !s.IsVIP(c.VIP.Addr()) {
 		return c, false
 	}
-	if f.ProtoInfo.TCP != nil {
-		c.TCPState = f.ProtoInfo.TCP.State
+	if f.hasTCPState {
+		c.TCPState = f.tcpState
 	}
 	return c, true
+}
+
+// flowOf is what conn reads of a dumped entry.
+func flowOf(f *ct.Flow) ctFlow {
+	o, r := f.TupleOrig, f.TupleReply
+	cf := ctFlow{
+		proto: o.Proto.Protocol,
+		orig: [2]netip.AddrPort{netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
+			netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort)},
+		reply: [2]netip.AddrPort{netip.AddrPortFrom(r.IP.SourceAddress.Unmap(), r.Proto.SourcePort),
+			netip.AddrPortFrom(r.IP.DestinationAddress.Unmap(), r.Proto.DestinationPort)},
+		timeout: f.Timeout, mark: f.Mark, origOK: true, repOK: true,
+	}
+	if f.ProtoInfo.TCP != nil {
+		cf.tcpState, cf.hasTCPState = f.ProtoInfo.TCP.State, true
+	}
+	return cf
 }
 
 // fromPeer reports whether c was installed from a peer; an end forgets
@@ -214,7 +210,7 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 	}
 	out := make([]dataplane.SyncConn, 0, len(flows))
 	for i := range flows {
-		if cn, ok := s.conn(&flows[i]); ok {
+		if cn, ok := s.conn(flowOf(&flows[i])); ok {
 			out = append(out, cn)
 		}
 	}
@@ -223,27 +219,28 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 
 // InstallConns creates (or updates) the entries of new and updated
 // connections, with their NAT bindings, and deletes those of ended ones.
-// A batch goes to the kernel in one write and its acknowledgements are
-// read together: one round trip per batch, not per connection.
+// A batch goes to the kernel in writes of up to 64 KiB with one
+// acknowledgement each (nlSocket.exec): one round trip per batch, not per
+// connection.
 func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
 	sock, err := openNetlink()
 	if err != nil {
 		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
 	defer sock.close()
-	reqs := make([][]byte, len(evs))
+	var buf []byte
+	ends := make([]int, len(evs))
 	for i, ev := range evs {
-		typ, flags := uint8(msgNew), netlink.Create|netlink.Excl
+		typ, flags := uint8(msgNew), uint16(unix.NLM_F_CREATE|unix.NLM_F_EXCL)
 		if ev.Kind == dataplane.ConnEnd {
 			typ, flags = msgDelete, 0
 		} else {
 			s.remember(ev.Conn)
 		}
-		if reqs[i], err = request(ev.Conn, typ, flags); err != nil {
-			return 0, fmt.Errorf("conntrack install: %w", err)
-		}
+		buf = appendRequest(buf, ev.Conn, typ, flags)
+		ends[i] = len(buf)
 	}
-	errs, err := sock.exec(reqs)
+	errs, err := sock.exec(split(buf, ends))
 	if err != nil {
 		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
@@ -255,13 +252,13 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 		}
 	}
 	if len(again) > 0 {
-		upd := make([][]byte, len(again))
-		for j, i := range again {
-			if upd[j], err = request(evs[i].Conn, msgNew, 0); err != nil {
-				return 0, fmt.Errorf("conntrack install: %w", err)
-			}
+		buf = buf[:0]
+		ends = ends[:0]
+		for _, i := range again {
+			buf = appendRequest(buf, evs[i].Conn, msgNew, 0)
+			ends = append(ends, len(buf))
 		}
-		uerrs, err := sock.exec(upd)
+		uerrs, err := sock.exec(split(buf, ends))
 		if err != nil {
 			return 0, fmt.Errorf("conntrack install: %w", err)
 		}
@@ -285,6 +282,17 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 	return n, first
 }
 
+// split cuts buf at the given ends into its messages.
+func split(buf []byte, ends []int) [][]byte {
+	out := make([][]byte, len(ends))
+	start := 0
+	for i, e := range ends {
+		out[i] = buf[start:e:e]
+		start = e
+	}
+	return out
+}
+
 func protoName(p uint8) string {
 	switch p {
 	case unix.IPPROTO_TCP:
@@ -295,143 +303,4 @@ func protoName(p uint8) string {
 		return "sctp"
 	}
 	return fmt.Sprint(p)
-}
-
-// ctnetlink message types and attributes (linux/netfilter/nfnetlink_conntrack.h).
-const (
-	msgNew    = 0 // IPCTNL_MSG_CT_NEW
-	msgDelete = 2 // IPCTNL_MSG_CT_DELETE
-
-	ctaTupleOrig  = 1
-	ctaTupleReply = 2
-	ctaStatus     = 3
-	ctaProtoinfo  = 4
-	ctaNatSrc     = 6
-	ctaTimeout    = 7
-	ctaMark       = 8
-	ctaNatDst     = 13
-
-	ctaTupleIP    = 1
-	ctaTupleProto = 2
-	ctaIPv4Src    = 1
-	ctaIPv4Dst    = 2
-	ctaIPv6Src    = 3
-	ctaIPv6Dst    = 4
-	ctaProtoNum   = 1
-	ctaProtoSrc   = 2
-	ctaProtoDst   = 3
-
-	ctaNatV4MinIP = 1
-	ctaNatV4MaxIP = 2
-	ctaNatProto   = 3
-	ctaNatV6MinIP = 4
-	ctaNatV6MaxIP = 5
-	ctaPortMin    = 1
-	ctaPortMax    = 2
-
-	ctaProtoinfoTCP      = 1
-	ctaProtoinfoTCPState = 1
-
-	statusSeenReply = 1 << 1
-	statusAssured   = 1 << 2
-	// The kernel marks a new entry confirmed before it applies CTA_STATUS
-	// and refuses (EBUSY) a status that would clear that bit.
-	statusConfirmed = 1 << 3
-)
-
-// request builds the ctnetlink request of c (its sequence number is set
-// when it is sent).
-func request(c dataplane.SyncConn, typ uint8, flags netlink.HeaderFlags) ([]byte, error) {
-	attrs := []netfilter.Attribute{tuple(ctaTupleOrig, c.Proto, c.Client, c.VIP)}
-	if typ == msgNew {
-		// The reply tuple as it stands before translation; the NAT
-		// bindings below turn it into the translated one.
-		attrs = append(attrs, tuple(ctaTupleReply, c.Proto, c.VIP, c.Client))
-		if flags&netlink.Create != 0 {
-			if c.Backend != c.VIP {
-				attrs = append(attrs, natRange(ctaNatDst, c.Backend))
-			}
-			if c.Reply != c.Client {
-				attrs = append(attrs, natRange(ctaNatSrc, c.Reply))
-			}
-		}
-		timeout := c.Timeout
-		if timeout == 0 {
-			timeout = 120
-		}
-		attrs = append(attrs, u32(ctaTimeout, timeout))
-		if c.Mark != 0 {
-			attrs = append(attrs, u32(ctaMark, c.Mark))
-		}
-		if c.Proto == unix.IPPROTO_TCP && c.TCPState != 0 {
-			attrs = append(attrs, netfilter.Attribute{Type: ctaProtoinfo, Nested: true, Children: []netfilter.Attribute{
-				{Type: ctaProtoinfoTCP, Nested: true, Children: []netfilter.Attribute{
-					{Type: ctaProtoinfoTCPState, Data: []byte{c.TCPState}},
-				}},
-			}})
-		}
-		if c.Proto != unix.IPPROTO_TCP || c.TCPState >= tcpEstablished {
-			attrs = append(attrs, u32(ctaStatus, statusSeenReply|statusAssured|statusConfirmed))
-		}
-	}
-	fam := netfilter.ProtoIPv4
-	if c.Client.Addr().Is6() {
-		fam = netfilter.ProtoIPv6
-	}
-	req, err := netfilter.MarshalNetlink(netfilter.Header{
-		SubsystemID: netfilter.NFSubsysCTNetlink,
-		MessageType: netfilter.MessageType(typ),
-		Family:      fam,
-		Flags:       netlink.Request | netlink.Acknowledge | flags,
-	}, attrs)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Length = uint32(unix.NLMSG_HDRLEN + len(req.Data))
-	return req.MarshalBinary()
-}
-
-func u32(t uint16, v uint32) netfilter.Attribute {
-	a := netfilter.Attribute{Type: t}
-	a.PutUint32(v)
-	return a
-}
-
-func u16(t uint16, v uint16) netfilter.Attribute {
-	a := netfilter.Attribute{Type: t}
-	a.PutUint16(v)
-	return a
-}
-
-func tuple(t uint16, proto uint8, src, dst netip.AddrPort) netfilter.Attribute {
-	ipSrc, ipDst := uint16(ctaIPv4Src), uint16(ctaIPv4Dst)
-	if src.Addr().Is6() {
-		ipSrc, ipDst = ctaIPv6Src, ctaIPv6Dst
-	}
-	return netfilter.Attribute{Type: t, Nested: true, Children: []netfilter.Attribute{
-		{Type: ctaTupleIP, Nested: true, Children: []netfilter.Attribute{
-			{Type: ipSrc, Data: src.Addr().AsSlice()},
-			{Type: ipDst, Data: dst.Addr().AsSlice()},
-		}},
-		{Type: ctaTupleProto, Nested: true, Children: []netfilter.Attribute{
-			{Type: ctaProtoNum, Data: []byte{proto}},
-			u16(ctaProtoSrc, src.Port()),
-			u16(ctaProtoDst, dst.Port()),
-		}},
-	}}
-}
-
-func natRange(t uint16, to netip.AddrPort) netfilter.Attribute {
-	minT, maxT := uint16(ctaNatV4MinIP), uint16(ctaNatV4MaxIP)
-	if to.Addr().Is6() {
-		minT, maxT = ctaNatV6MinIP, ctaNatV6MaxIP
-	}
-	return netfilter.Attribute{Type: t, Nested: true, Children: []netfilter.Attribute{
-		{Type: minT, Data: to.Addr().AsSlice()},
-		{Type: maxT, Data: to.Addr().AsSlice()},
-		{Type: ctaNatProto, Nested: true, Children: []netfilter.Attribute{
-			u16(ctaPortMin, to.Port()),
-			u16(ctaPortMax, to.Port()),
-		}},
-	}}
 }

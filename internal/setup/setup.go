@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -19,6 +21,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/ebpf"
 	"github.com/xlb-lb/xlb/internal/dataplane/nft"
+	"github.com/xlb-lb/xlb/internal/model"
 )
 
 // PlaneNames are the values --dataplane accepts.
@@ -57,6 +60,10 @@ type Flags struct {
 	// given (ConnTableSet).
 	ConnTableSize int
 	ConnTableSet  bool
+	// SNATPorts is --snat-ports: the source ports of this node's snat
+	// connections, both planes (zero: the plane's default).
+	SNATPorts     model.PortRange
+	snatPortsFlag string
 	// eBPF only.
 	Interfaces         []string // names or patterns; empty: every interface but loopback
 	PinPath            string
@@ -90,6 +97,7 @@ func (c *Flags) Register(fs *pflag.FlagSet, d Defaults) {
 	fs.IntVar(&c.NFTTables, "nft-tables", nft.DefaultShards, fmt.Sprintf("nft: tables the farms are spread over (1-%d; a change costs in proportion to the farms of its table)", nft.MaxShards))
 	fs.BoolVar(&c.NFTCounters, "nft-counters", true, "nft: count connections, packets and bytes per backend (xlb list --stats, --rate, metrics; one set lookup per forwarded packet)")
 	fs.IntVar(&c.ConnTableSize, "conn-table-size", DefaultConnTableSize, "connections tracked: ebpf: its conntrack table (352 bytes of kernel memory each); nft: sets the kernel's nf_conntrack_max and nf_conntrack_buckets (host network namespace only; unset: left alone)")
+	fs.StringVar(&c.snatPortsFlag, "snat-ports", "", "source ports of this node's snat connections, FIRST-LAST (default: ebpf 1024-65535, nft the kernel's choice); nodes that share a farm's source-addr need disjoint ranges (docs/ha.md)")
 	fs.StringSliceVar(&c.Interfaces, "interfaces", nil, "ebpf: interfaces to attach to, by name or shell pattern (veth*, lxc*); interfaces created later are attached as they appear (default every interface but loopback)")
 	fs.StringVar(&c.SocketCgroup, "socket-lb-cgroup", "", "ebpf: balance the connections of this cgroup v2's processes (the node's own: host processes, hostNetwork Pods) at the socket, at connect time (e.g. /sys/fs/cgroup); empty: off")
 	fs.StringVar(&c.PinPath, "pin-path", d.PinPath, "ebpf: bpffs directory where maps and links are pinned; nft: where an earlier eBPF plane pinned them, removed at start")
@@ -114,6 +122,13 @@ func (c *Flags) Check() error {
 	c.ConnTableSet = changed("conn-table-size")
 	if c.ConnTableSize < 1 || c.ConnTableSize > MaxConnTableSize {
 		return fmt.Errorf("--conn-table-size %d: allowed values are 1 to %d", c.ConnTableSize, MaxConnTableSize)
+	}
+	if c.snatPortsFlag != "" {
+		r, err := ParseSNATPorts(c.snatPortsFlag)
+		if err != nil {
+			return err
+		}
+		c.SNATPorts = r
 	}
 	var other []string
 	switch c.Plane {
@@ -170,6 +185,22 @@ func (c *Flags) Check() error {
 	return nil
 }
 
+// ParseSNATPorts parses --snat-ports: FIRST-LAST, 1024 <= FIRST <= LAST <=
+// 65535 (ports below 1024 are the privileged ones).
+func ParseSNATPorts(v string) (model.PortRange, error) {
+	bad := fmt.Errorf("--snat-ports %q: must be FIRST-LAST with 1024 <= FIRST <= LAST <= 65535 (e.g. 20000-29999)", v)
+	a, b, ok := strings.Cut(v, "-")
+	if !ok {
+		return model.PortRange{}, bad
+	}
+	first, err1 := strconv.ParseUint(a, 10, 16)
+	last, err2 := strconv.ParseUint(b, 10, 16)
+	if err1 != nil || err2 != nil || first < 1024 || first > last {
+		return model.PortRange{}, bad
+	}
+	return model.PortRange{First: uint16(first), Last: uint16(last)}, nil
+}
+
 // Open opens the data plane the flags describe, in the current network
 // namespace.
 func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, error) {
@@ -189,6 +220,7 @@ func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, 
 			Timeouts:           c.Timeouts,
 			BridgePortRedirect: c.BridgePortRedirect,
 			SocketCgroup:       c.SocketCgroup,
+			SNATPorts:          c.SNATPorts,
 			PoliciesOnOutput:   c.PoliciesOnOutput,
 		})
 		if err != nil {
@@ -201,7 +233,8 @@ func Open(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, 
 }
 
 func openNFT(ctx context.Context, log *slog.Logger, c Flags) (dataplane.Dataplane, error) {
-	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables, NoCounters: !c.NFTCounters, PoliciesOnOutput: c.PoliciesOnOutput}
+	opts := nft.Options{Table: c.NFTTable, Shards: c.NFTTables, NoCounters: !c.NFTCounters, SNATPorts: c.SNATPorts,
+		PoliciesOnOutput: c.PoliciesOnOutput}
 	if !c.ConnTableSet {
 		// The kernel's conntrack limits stay as they are.
 		p, err := nft.New(ctx, log, opts)

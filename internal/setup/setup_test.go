@@ -33,6 +33,12 @@ func TestCheck(t *testing.T) {
 		{[]string{"--socket-lb-cgroup", "/sys/fs/cgroup"}, "--socket-lb-cgroup: only with --dataplane ebpf"},
 		{[]string{"--dataplane", "ebpf", "--socket-lb-cgroup", "/proc"}, `--socket-lb-cgroup "/proc": not a cgroup v2 directory`},
 		{[]string{"--dataplane", "ebpf", "--socket-lb-cgroup", "/nonexistent"}, `--socket-lb-cgroup "/nonexistent": no such file`},
+		{[]string{"--snat-ports", "20000-29999"}, ""},
+		{[]string{"--dataplane", "ebpf", "--snat-ports", "1024-1024"}, ""},
+		{[]string{"--snat-ports", "80-1000"}, `--snat-ports "80-1000": must be FIRST-LAST with 1024 <= FIRST <= LAST <= 65535`},
+		{[]string{"--snat-ports", "3000-2000"}, `--snat-ports "3000-2000": must be FIRST-LAST`},
+		{[]string{"--snat-ports", "2000"}, `--snat-ports "2000": must be FIRST-LAST`},
+		{[]string{"--snat-ports", "2000-70000"}, `--snat-ports "2000-70000": must be FIRST-LAST`},
 	} {
 		for _, d := range []Defaults{DaemonDefaults, {NFTTable: "xlb-kube", PinPath: "/sys/fs/bpf/xlb-kube"}} {
 			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)

@@ -34,7 +34,8 @@ import (
 // stlsdnat need) and route through all LBs at once: a multipath default
 // route over the LBs' backend-side addresses, with
 // fib_multipath_use_neigh=1, so an LB whose neighbour entry failed is
-// skipped. The router routes the backend network itself over every LB
+// skipped (with HAOptions.ReturnViaRouter they route through the router
+// instead). The router routes the backend network itself over every LB
 // (static, multipath), for probes to backend addresses; VIPs only through
 // BGP. VIPs come from VIPNet4/VIPNet6, as in the single-LB topology.
 
@@ -56,6 +57,12 @@ type HAOptions struct {
 	// active. Without it the backends' multipath default route spreads
 	// replies over every LB. IPv4 only.
 	SymmetricReturn bool
+	// ReturnViaRouter gives the backends a gateway of their own instead of
+	// the LBs: the router gets a leg on the backend segment (10.200.0.1,
+	// fd00:200::1) and is the backends' default route, as dsr backends
+	// answer clients in a real network (through their own router, never
+	// the balancer). A node lost then takes nothing of the return path.
+	ReturnViaRouter bool
 }
 
 // LBNode is one balancer of an HA topology.
@@ -87,6 +94,8 @@ type HATopology struct {
 	tb        testing.TB
 	ipv6      bool
 	symmetric bool
+	// viaRouter: the backends route through the router (HAOptions.ReturnViaRouter).
+	viaRouter bool
 	// returnVia[i]: LB i is a next hop of the backends' default route.
 	returnVia []bool
 }
@@ -104,7 +113,10 @@ func NewHATopology(tb testing.TB, opts HAOptions) *HATopology {
 	if opts.LBs > 8 || opts.Backends > 80 {
 		tb.Fatalf("ha topology: at most 8 LBs and 80 backends")
 	}
-	t := &HATopology{tb: tb, ipv6: opts.IPv6, symmetric: opts.SymmetricReturn}
+	if opts.ReturnViaRouter && opts.SymmetricReturn {
+		tb.Fatalf("ha topology: ReturnViaRouter and SymmetricReturn exclude each other")
+	}
+	t := &HATopology{tb: tb, ipv6: opts.IPv6, symmetric: opts.SymmetricReturn, viaRouter: opts.ReturnViaRouter}
 	t.Client = t.newHost("client")
 	t.Router = t.newHost("router")
 	t.Switch = t.newHost("switch")
@@ -116,6 +128,11 @@ func NewHATopology(tb testing.TB, opts HAOptions) *HATopology {
 	}
 	if err := t.buildCore(); err != nil {
 		tb.Fatalf("ha topology: %v", err)
+	}
+	if t.viaRouter {
+		if err := t.routerBackLeg(); err != nil {
+			tb.Fatalf("ha topology: %v", err)
+		}
 	}
 	for j := range opts.Backends {
 		b := t.newHost(fmt.Sprintf("be%d", j))
@@ -184,6 +201,37 @@ func (t *HATopology) buildCore() error {
 		return err
 	}
 	return withHandle(t.Switch.NS, func(s *netlink.Handle) error { return addBridge(s, "backs") })
+}
+
+// RouterBack4 and RouterBack6 are the router's addresses on the backend
+// segment with HAOptions.ReturnViaRouter.
+var (
+	RouterBack4 = netip.MustParseAddr("10.200.0.1")
+	RouterBack6 = netip.MustParseAddr("fd00:200::1")
+)
+
+// routerBackLeg links the router to the backend segment ("back").
+func (t *HATopology) routerBackLeg() error {
+	if err := t.switchPort(t.Switch, "backs", "router", t.Router, "back"); err != nil {
+		return err
+	}
+	// Replies come from VIPs the router routes towards the LBs: no
+	// reverse-path filter.
+	for _, sc := range []string{"net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
+		if err := WriteSysctl(t.Router.NS, sc, "0"); err != nil {
+			return fmt.Errorf("sysctl %s in %s: %w", sc, t.Router.Name, err)
+		}
+	}
+	var v6 netip.Addr
+	if t.ipv6 {
+		v6 = RouterBack6
+	}
+	return withHandle(t.Router.NS, func(h *netlink.Handle) error {
+		if err := upWithAddrs(h, "back", netip.PrefixFrom(RouterBack4, 24), pfx(v6, 64)); err != nil {
+			return err
+		}
+		return WriteSysctl(t.Router.NS, "net/ipv4/conf/back/rp_filter", "0")
+	})
 }
 
 // connectBackend links backend j to the switch.
@@ -299,6 +347,9 @@ func (t *HATopology) AddLB(tb testing.TB) *LBNode {
 // probe: VIPs are reached through the BGP routes).
 func (t *HATopology) backendRoutes() error {
 	err := withHandle(t.Router.NS, func(h *netlink.Handle) error {
+		if t.viaRouter {
+			return nil // the backend segment is the router's own
+		}
 		l, err := h.LinkByName("lbs")
 		if err != nil {
 			return err
@@ -342,6 +393,16 @@ func (t *HATopology) backendRoutes() error {
 				r := &netlink.Route{Family: fam, Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0"))}
 				if fam == netlink.FAMILY_V6 {
 					r.Dst = prefixNet(netip.MustParsePrefix("::/0"))
+				}
+				if t.viaRouter {
+					r.LinkIndex, r.Gw = l.Attrs().Index, RouterBack4.AsSlice()
+					if fam == netlink.FAMILY_V6 {
+						r.Gw = RouterBack6.AsSlice()
+					}
+					if err := h.RouteReplace(r); err != nil {
+						return fmt.Errorf("default route in %s: %w", b.Name, err)
+					}
+					continue
 				}
 				for i, n := range t.LBs {
 					if !t.returnVia[i] {

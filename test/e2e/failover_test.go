@@ -49,6 +49,12 @@ type failoverOpts struct {
 	// SyncCut: instead of losing the first node, cut its connection sync
 	// (its sync packets dropped both ways) and restore it; no third node.
 	SyncCut bool `json:",omitempty"`
+	// SharedSNAT (snat): every node translates to the farm's source-addr,
+	// one address for all (sharedSNAT), each from its own source ports
+	// (--snat-ports), and the backends answer through the node whose
+	// packet came last; otherwise each node masquerades with its own
+	// address.
+	SharedSNAT bool `json:",omitempty"`
 }
 
 // failoverResult counts what the clients saw in each phase.
@@ -72,6 +78,10 @@ type failoverResult struct {
 }
 
 var phases = []string{"steady", "lost", "back", "added"}
+
+// sharedSNAT is the snat farms' source-addr with failoverOpts.SharedSNAT:
+// outside the backend segment, so the backends route it to a node.
+var sharedSNAT = netip.MustParseAddr("10.201.0.1")
 
 // failoverCluster is the nodes of one run: how the first one goes, comes
 // back, and how a third is added (ECMP over BGP, or the VRRP baseline).
@@ -279,20 +289,30 @@ type ecmpCluster struct {
 	stateFile string
 	keyFile   string
 	nodes     []*haNode
+	// pins: each eBPF node's pin path, kept across its restart.
+	pins map[int]string
 }
 
 func newECMPCluster(t *testing.T, o failoverOpts, vip netip.AddrPort) *ecmpCluster {
 	// dnat: the backends answer the client, and must answer through the
 	// node that forwarded (docs/ha.md): each connection's replies follow
-	// the LB its last packet came from.
-	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3, SymmetricReturn: o.Mode == "dnat"})
+	// the LB its last packet came from. snat with a shared source
+	// address: the same, since the address is every node's. dsr: the
+	// backends answer clients through a router of their own, as in a real
+	// network.
+	topo := testutil.NewHATopology(t, testutil.HAOptions{LBs: 2, Backends: 3,
+		SymmetricReturn: o.Mode == "dnat" || o.SharedSNAT, ReturnViaRouter: o.Mode == "dsr"})
 	topo.StartBIRD(t, testutil.BIRDOptions{Peers: 3})
 	startBackends(t, topo, o, vip)
-	c := &ecmpCluster{o: o, topo: topo, vip: vip, keyFile: filepath.Join(t.TempDir(), "sync.key")}
+	c := &ecmpCluster{o: o, topo: topo, vip: vip, keyFile: filepath.Join(t.TempDir(), "sync.key"), pins: map[int]string{}}
 	os.WriteFile(c.keyFile, []byte("failover-sync-key-0123456789\n"), 0o600)
 	// The same state on every node; maglev, so that a flow moved to
 	// another node finds the same backend there even without state.
-	c.stateFile = farmState(t, topo, o, vip, "")
+	extra := ""
+	if o.SharedSNAT {
+		extra = fmt.Sprintf(`,"source-addr":"%s"`, sharedSNAT)
+	}
+	c.stateFile = farmState(t, topo, o, vip, extra)
 	c.nodes = []*haNode{c.startNode(t, topo.LBs[0]), c.startNode(t, topo.LBs[1])}
 	topo.WaitNextHops(t, vip.Addr(), 2, 20*time.Second)
 	return c
@@ -300,6 +320,24 @@ func newECMPCluster(t *testing.T, o failoverOpts, vip netip.AddrPort) *ecmpClust
 
 func (c *ecmpCluster) startNode(t *testing.T, lb *testutil.LBNode) *haNode {
 	args := []string{"--dataplane", c.o.Plane}
+	if c.o.Plane == "ebpf" {
+		// Each node pins its program on a bpffs of its own that
+		// outlives the daemon, as on a real node (under `ip netns exec`
+		// the daemon's own mount of /sys/fs/bpf dies with it, and the
+		// program with it: a kill -9 would then take the node's data
+		// plane too, and the replies still routed to it would go
+		// untranslated).
+		if c.pins[lb.Index] == "" {
+			c.pins[lb.Index] = mountBPFFS(t)
+		}
+		args = append(args, "--pin-path", c.pins[lb.Index])
+	}
+	if c.o.SharedSNAT {
+		// Disjoint source ports: node i takes 20000+10000i to
+		// 29999+10000i.
+		first := 20000 + 10000*lb.Index
+		args = append(args, "--snat-ports", fmt.Sprintf("%d-%d", first, first+9999))
+	}
 	if c.o.Sync {
 		var peers []string
 		for i := range 3 {
@@ -425,19 +463,36 @@ func newHANodeState(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode
 	return n
 }
 
-// TestSyncFailover: snat and dnat on the nft plane with connection sync:
-// long-lived connections through two nodes survive one node's daemon being
-// killed (the routers move its flows to the other node, which has never
-// seen them), its return, and a third node added. Without sync the same
-// runs break connections (bench/results/ha.md).
+// TestSyncFailover: snat and dnat on both data planes with connection
+// sync: long-lived connections through two nodes survive one node's daemon
+// being killed (the routers move its flows to the other node, which has
+// never seen them), its return, and a third node added; snat with a source
+// address the nodes share survives the whole node lost (its links down).
+// Without sync, or with each node's own source address when the node is
+// lost, the same runs break connections (bench/results/ha.md).
 func TestSyncFailover(t *testing.T) {
-	for _, mode := range []string{"snat", "dnat"} {
-		t.Run(mode, func(t *testing.T) { syncFailover(t, mode) })
+	for _, plane := range []string{"nft", "ebpf"} {
+		for _, c := range []struct {
+			name string
+			o    failoverOpts
+		}{
+			{"snat", failoverOpts{Mode: "snat"}},
+			{"dnat", failoverOpts{Mode: "dnat"}},
+			// The whole node lost: its snat flows go on from the other
+			// node with the address they had, which is every node's.
+			{"snat-shared-lost", failoverOpts{Mode: "snat", SharedSNAT: true, NodeLost: true}},
+		} {
+			t.Run(plane+"/"+c.name, func(t *testing.T) {
+				o := c.o
+				o.Plane, o.Sync, o.Conns, o.NewRate, o.Phase = plane, true, 60, 10, 4*time.Second
+				syncFailover(t, o)
+			})
+		}
 	}
 }
 
-func syncFailover(t *testing.T, mode string) {
-	res := runFailover(t, failoverOpts{Mode: mode, Plane: "nft", Sync: true, Conns: 60, NewRate: 10, Phase: 4 * time.Second})
+func syncFailover(t *testing.T, o failoverOpts) {
+	res := runFailover(t, o)
 	b, _ := json.MarshalIndent(res, "", "  ")
 	t.Logf("result:\n%s", b)
 	if res.Established < 55 {
@@ -490,12 +545,14 @@ func TestHABench(t *testing.T) {
 		// mode/plane/how/kill|lost[/scheduler], how: sync, nosync (xlb's
 		// BGP and ECMP, with or without its sync), vrrp, vrrp+conntrackd
 		// (the keepalived baseline, vrrp_test.go), these two with
-		// @INTERVAL for VRRP's advertisements (default 1s).
+		// @INTERVAL for VRRP's advertisements (default 1s); mode
+		// snat+shared: SharedSNAT.
 		f := strings.Split(spec, "/")
 		if len(f) != 4 && len(f) != 5 {
 			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync|vrrp[@ADVERT]|vrrp+conntrackd[@ADVERT]/kill|lost[/scheduler]", spec)
 		}
-		o := failoverOpts{Mode: f[0], Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
+		mode, shared := strings.CutSuffix(f[0], "+shared")
+		o := failoverOpts{Mode: mode, SharedSNAT: shared, Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
 			Conns: conns, NewRate: 20, Phase: phase}
 		how, advert, _ := strings.Cut(f[2], "@")
 		switch how {
@@ -518,7 +575,7 @@ func TestHABench(t *testing.T) {
 		cases = append(cases, o)
 	}
 	for _, c := range cases {
-		name := fmt.Sprintf("%s-%s-sync=%v-lost=%v-%s%v-%s", c.Mode, c.Plane, c.Sync, c.NodeLost, c.Baseline, c.Conntrackd, c.Scheduler)
+		name := fmt.Sprintf("%s-%s-sync=%v-lost=%v-%s%v-%s-shared=%v", c.Mode, c.Plane, c.Sync, c.NodeLost, c.Baseline, c.Conntrackd, c.Scheduler, c.SharedSNAT)
 		t.Run(name, func(t *testing.T) {
 			res := runFailover(t, c)
 			b, _ := json.Marshal(res)

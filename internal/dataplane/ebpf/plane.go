@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -26,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/nsenter"
 )
 
@@ -74,6 +76,11 @@ type Options struct {
 	// namespace go straight to a backend (socklb.go). Empty: off (and
 	// links of an earlier run are removed).
 	SocketCgroup string
+
+	// SNATPorts are the source ports of this node's snat flows (zero:
+	// 1024-65535). Nodes that share a farm's source-addr take disjoint
+	// ranges (docs/ha.md).
+	SNATPorts model.PortRange
 
 	// PoliciesOnOutput: the socket programs check farms' policies (named
 	// tables) for the connections they balance, as kube-proxy filters the
@@ -174,6 +181,10 @@ type Plane struct {
 	sockLinks []link.Link
 	// tbls: named tables and policies as applied (tables.go).
 	tbls tableState
+	// syncWatch: WatchConns runs; syncInMu: one InstallConns at a time
+	// (xlb_sync_in is one buffer). connsync.go.
+	syncWatch atomic.Bool
+	syncInMu  sync.Mutex
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
@@ -281,6 +292,16 @@ func (p *Plane) load() error {
 	} {
 		if err := spec.Variables[name].Set(uint64(d.Nanoseconds())); err != nil {
 			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	if err := spec.Variables[xlbVarXlbSyncRefreshNs].Set(uint64(syncRefresh(to).Nanoseconds())); err != nil {
+		return fmt.Errorf("set %s: %w", xlbVarXlbSyncRefreshNs, err)
+	}
+	if r := p.opts.SNATPorts; r.First != 0 {
+		for name, v := range map[string]uint32{xlbVarXlbSnatPortMin: uint32(r.First), xlbVarXlbSnatPortMax: uint32(r.Last)} {
+			if err := spec.Variables[name].Set(v); err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
 		}
 	}
 	if p.opts.XDP == XDPGeneric {

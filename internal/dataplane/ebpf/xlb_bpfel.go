@@ -172,6 +172,32 @@ type xlbSvcVal struct {
 	PersistTtl uint32
 }
 
+type xlbSyncArgs struct {
+	_   structs.HostLayout
+	N   uint32
+	Pad uint32
+	Now uint64
+}
+
+type xlbSyncConn struct {
+	_       structs.HostLayout
+	Client  [4]uint32
+	Vip     [4]uint32
+	Backend [4]uint32
+	Reply   [4]uint32
+	Cport   uint16
+	Vport   uint16
+	Bport   uint16
+	Rport   uint16
+	Kind    uint8
+	Proto   uint8
+	Family  uint8
+	State   uint8
+	Left    uint32
+	Rc      int32
+	Pad     uint32
+}
+
 type xlbTblBind struct {
 	_       structs.HostLayout
 	Slot    uint32
@@ -325,6 +351,7 @@ const (
 	xlbXlbSizeXLB_SIZE_PERSIST     xlbXlbSize = 262144
 	xlbXlbSizeXLB_SIZE_STATIC      xlbXlbSize = 65536
 	xlbXlbSizeXLB_SIZE_LC_BACKENDS xlbXlbSize = 256
+	xlbXlbSizeXLB_SIZE_SYNC_BATCH  xlbXlbSize = 512
 )
 
 type xlbXlbStat uint32
@@ -366,6 +393,26 @@ const (
 	xlbXlbSvcFlagXLB_SVC_F_LOG     xlbXlbSvcFlag = 1
 	xlbXlbSvcFlagXLB_SVC_F_PASSIVE xlbXlbSvcFlag = 2
 	xlbXlbSvcFlagXLB_SVC_F_NOLOCAL xlbXlbSvcFlag = 4
+)
+
+type xlbXlbSyncKind uint32
+
+const (
+	xlbXlbSyncKindXLB_SYNC_NEW    xlbXlbSyncKind = 1
+	xlbXlbSyncKindXLB_SYNC_UPDATE xlbXlbSyncKind = 2
+	xlbXlbSyncKindXLB_SYNC_END    xlbXlbSyncKind = 3
+)
+
+type xlbXlbSyncRc uint32
+
+const (
+	xlbXlbSyncRcXLB_SYNC_RC_OK       xlbXlbSyncRc = 0
+	xlbXlbSyncRcXLB_SYNC_RC_UNBOUND  xlbXlbSyncRc = 1
+	xlbXlbSyncRcXLB_SYNC_RC_MODE     xlbXlbSyncRc = 2
+	xlbXlbSyncRcXLB_SYNC_RC_CONFLICT xlbXlbSyncRc = 3
+	xlbXlbSyncRcXLB_SYNC_RC_GONE     xlbXlbSyncRc = 4
+	xlbXlbSyncRcXLB_SYNC_RC_ERROR    xlbXlbSyncRc = 5
+	xlbXlbSyncRcXLB_SYNC_RC_BAD      xlbXlbSyncRc = 6
 )
 
 type xlbXlbTblConfFlag uint32
@@ -451,6 +498,8 @@ const (
 	xlbMapXlbStatic           = "xlb_static"
 	xlbMapXlbStats            = "xlb_stats"
 	xlbMapXlbSvcFlags         = "xlb_svc_flags"
+	xlbMapXlbSync             = "xlb_sync"
+	xlbMapXlbSyncIn           = "xlb_sync_in"
 	xlbMapXlbTblAddr4         = "xlb_tbl_addr4"
 	xlbMapXlbTblAddr6         = "xlb_tbl_addr6"
 	xlbMapXlbTblConf          = "xlb_tbl_conf"
@@ -459,6 +508,7 @@ const (
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
 	xlbProgXlbClock           = "xlb_clock"
+	xlbProgXlbCtInstall       = "xlb_ct_install"
 	xlbProgXlbCtRemove        = "xlb_ct_remove"
 	xlbProgXlbIngress         = "xlb_ingress"
 	xlbProgXlbTblClearGen     = "xlb_tbl_clear_gen"
@@ -468,6 +518,11 @@ const (
 	xlbVarXlbClockTickNs      = "xlb_clock_tick_ns"
 	xlbVarXlbCtRefreshNs      = "xlb_ct_refresh_ns"
 	xlbVarXlbEnumsBtf         = "xlb_enums_btf"
+	xlbVarXlbSnatPortMax      = "xlb_snat_port_max"
+	xlbVarXlbSnatPortMin      = "xlb_snat_port_min"
+	xlbVarXlbSyncLost         = "xlb_sync_lost"
+	xlbVarXlbSyncOn           = "xlb_sync_on"
+	xlbVarXlbSyncRefreshNs    = "xlb_sync_refresh_ns"
 	xlbVarXlbTblEnumsBtf      = "xlb_tbl_enums_btf"
 	xlbVarXlbTimeoutClose     = "xlb_timeout_close"
 	xlbVarXlbTimeoutFin       = "xlb_timeout_fin"
@@ -529,6 +584,7 @@ type xlbSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xlbProgramSpecs struct {
 	XlbClock       *ebpf.ProgramSpec `ebpf:"xlb_clock"`
+	XlbCtInstall   *ebpf.ProgramSpec `ebpf:"xlb_ct_install"`
 	XlbCtRemove    *ebpf.ProgramSpec `ebpf:"xlb_ct_remove"`
 	XlbIngress     *ebpf.ProgramSpec `ebpf:"xlb_ingress"`
 	XlbTblClearGen *ebpf.ProgramSpec `ebpf:"xlb_tbl_clear_gen"`
@@ -559,6 +615,8 @@ type xlbMapSpecs struct {
 	XlbStatic     *ebpf.MapSpec `ebpf:"xlb_static"`
 	XlbStats      *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags   *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbSync       *ebpf.MapSpec `ebpf:"xlb_sync"`
+	XlbSyncIn     *ebpf.MapSpec `ebpf:"xlb_sync_in"`
 	XlbTblAddr4   *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
@@ -577,6 +635,11 @@ type xlbVariableSpecs struct {
 	XlbClockTickNs      *ebpf.VariableSpec `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs      *ebpf.VariableSpec `ebpf:"xlb_ct_refresh_ns"`
 	XlbEnumsBtf         *ebpf.VariableSpec `ebpf:"xlb_enums_btf"`
+	XlbSnatPortMax      *ebpf.VariableSpec `ebpf:"xlb_snat_port_max"`
+	XlbSnatPortMin      *ebpf.VariableSpec `ebpf:"xlb_snat_port_min"`
+	XlbSyncLost         *ebpf.VariableSpec `ebpf:"xlb_sync_lost"`
+	XlbSyncOn           *ebpf.VariableSpec `ebpf:"xlb_sync_on"`
+	XlbSyncRefreshNs    *ebpf.VariableSpec `ebpf:"xlb_sync_refresh_ns"`
 	XlbTblEnumsBtf      *ebpf.VariableSpec `ebpf:"xlb_tbl_enums_btf"`
 	XlbTimeoutClose     *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin       *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
@@ -635,6 +698,8 @@ type xlbMaps struct {
 	XlbStatic     *ebpf.Map `ebpf:"xlb_static"`
 	XlbStats      *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags   *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbSync       *ebpf.Map `ebpf:"xlb_sync"`
+	XlbSyncIn     *ebpf.Map `ebpf:"xlb_sync_in"`
 	XlbTblAddr4   *ebpf.Map `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6   *ebpf.Map `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf    *ebpf.Map `ebpf:"xlb_tbl_conf"`
@@ -666,6 +731,8 @@ func (m *xlbMaps) Close() error {
 		m.XlbStatic,
 		m.XlbStats,
 		m.XlbSvcFlags,
+		m.XlbSync,
+		m.XlbSyncIn,
 		m.XlbTblAddr4,
 		m.XlbTblAddr6,
 		m.XlbTblConf,
@@ -685,6 +752,11 @@ type xlbVariables struct {
 	XlbClockTickNs      *ebpf.Variable `ebpf:"xlb_clock_tick_ns"`
 	XlbCtRefreshNs      *ebpf.Variable `ebpf:"xlb_ct_refresh_ns"`
 	XlbEnumsBtf         *ebpf.Variable `ebpf:"xlb_enums_btf"`
+	XlbSnatPortMax      *ebpf.Variable `ebpf:"xlb_snat_port_max"`
+	XlbSnatPortMin      *ebpf.Variable `ebpf:"xlb_snat_port_min"`
+	XlbSyncLost         *ebpf.Variable `ebpf:"xlb_sync_lost"`
+	XlbSyncOn           *ebpf.Variable `ebpf:"xlb_sync_on"`
+	XlbSyncRefreshNs    *ebpf.Variable `ebpf:"xlb_sync_refresh_ns"`
 	XlbTblEnumsBtf      *ebpf.Variable `ebpf:"xlb_tbl_enums_btf"`
 	XlbTimeoutClose     *ebpf.Variable `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin       *ebpf.Variable `ebpf:"xlb_timeout_fin"`
@@ -708,6 +780,7 @@ type xlbVariables struct {
 // It can be passed to loadXlbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xlbPrograms struct {
 	XlbClock       *ebpf.Program `ebpf:"xlb_clock"`
+	XlbCtInstall   *ebpf.Program `ebpf:"xlb_ct_install"`
 	XlbCtRemove    *ebpf.Program `ebpf:"xlb_ct_remove"`
 	XlbIngress     *ebpf.Program `ebpf:"xlb_ingress"`
 	XlbTblClearGen *ebpf.Program `ebpf:"xlb_tbl_clear_gen"`
@@ -717,6 +790,7 @@ type xlbPrograms struct {
 func (p *xlbPrograms) Close() error {
 	return _XlbClose(
 		p.XlbClock,
+		p.XlbCtInstall,
 		p.XlbCtRemove,
 		p.XlbIngress,
 		p.XlbTblClearGen,

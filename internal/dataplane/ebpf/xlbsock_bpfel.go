@@ -172,6 +172,25 @@ type xlbSockSvcVal struct {
 	PersistTtl uint32
 }
 
+type xlbSockSyncConn struct {
+	_       structs.HostLayout
+	Client  [4]uint32
+	Vip     [4]uint32
+	Backend [4]uint32
+	Reply   [4]uint32
+	Cport   uint16
+	Vport   uint16
+	Bport   uint16
+	Rport   uint16
+	Kind    uint8
+	Proto   uint8
+	Family  uint8
+	State   uint8
+	Left    uint32
+	Rc      int32
+	Pad     uint32
+}
+
 type xlbSockTblBind struct {
 	_       structs.HostLayout
 	Slot    uint32
@@ -222,6 +241,8 @@ const (
 	xlbSockMapXlbStatic            = "xlb_static"
 	xlbSockMapXlbStats             = "xlb_stats"
 	xlbSockMapXlbSvcFlags          = "xlb_svc_flags"
+	xlbSockMapXlbSync              = "xlb_sync"
+	xlbSockMapXlbSyncIn            = "xlb_sync_in"
 	xlbSockMapXlbTblAddr4          = "xlb_tbl_addr4"
 	xlbSockMapXlbTblAddr6          = "xlb_tbl_addr6"
 	xlbSockMapXlbTblConf           = "xlb_tbl_conf"
@@ -331,6 +352,8 @@ type xlbSockMapSpecs struct {
 	XlbStatic    *ebpf.MapSpec `ebpf:"xlb_static"`
 	XlbStats     *ebpf.MapSpec `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.MapSpec `ebpf:"xlb_svc_flags"`
+	XlbSync      *ebpf.MapSpec `ebpf:"xlb_sync"`
+	XlbSyncIn    *ebpf.MapSpec `ebpf:"xlb_sync_in"`
 	XlbTblAddr4  *ebpf.MapSpec `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6  *ebpf.MapSpec `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf   *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
@@ -402,6 +425,8 @@ type xlbSockMaps struct {
 	XlbStatic    *ebpf.Map `ebpf:"xlb_static"`
 	XlbStats     *ebpf.Map `ebpf:"xlb_stats"`
 	XlbSvcFlags  *ebpf.Map `ebpf:"xlb_svc_flags"`
+	XlbSync      *ebpf.Map `ebpf:"xlb_sync"`
+	XlbSyncIn    *ebpf.Map `ebpf:"xlb_sync_in"`
 	XlbTblAddr4  *ebpf.Map `ebpf:"xlb_tbl_addr4"`
 	XlbTblAddr6  *ebpf.Map `ebpf:"xlb_tbl_addr6"`
 	XlbTblConf   *ebpf.Map `ebpf:"xlb_tbl_conf"`
@@ -434,6 +459,8 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbStatic,
 		m.XlbStats,
 		m.XlbSvcFlags,
+		m.XlbSync,
+		m.XlbSyncIn,
 		m.XlbTblAddr4,
 		m.XlbTblAddr6,
 		m.XlbTblConf,

@@ -66,7 +66,7 @@ func (p *farmPlan) planBackendSnat(f *model.Farm) {
 
 // backendSnatRules returns the postrouting rules of the backend source
 // addresses (see the top of this file), v4 then v6.
-func backendSnatRules() ([][]rawExpr, error) {
+func backendSnatRules(ports model.PortRange) ([][]rawExpr, error) {
 	var rules [][]rawExpr
 	for _, v6 := range []bool{false, true} {
 		w := addrWords(v6)
@@ -78,13 +78,12 @@ func backendSnatRules() ([][]rawExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		tail, err := encodeAll([]expr.Any{
+		tail, err := encodeAll(append([]expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + w},
 			&expr.Ct{Register: reg32 + w + 1, Key: expr.CtKeyPROTODST, Direction: 0},
 			&expr.Payload{DestRegister: reg32 + w + 2, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
 			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setSnatB4, setSnatB6), IsDestRegSet: true, DestRegister: reg1},
-			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
-		})
+		}, snatTo(v6, ports)...))
 		if err != nil {
 			return nil, err
 		}

@@ -49,6 +49,10 @@ type Options struct {
 	// counter table, no per-packet lookup. Counters then answer that
 	// the plane keeps none.
 	NoCounters bool
+	// SNATPorts are the source ports of this node's snat connections
+	// (zero: the kernel's choice). Nodes that share a farm's source-addr
+	// take disjoint ranges (docs/ha.md).
+	SNATPorts model.PortRange
 	// PoliciesOnOutput checks farms' policies (named tables) for the
 	// node's own connections too, at the output hook, as kube-proxy
 	// checks loadBalancerSourceRanges (xlb kube-proxy sets it). Without

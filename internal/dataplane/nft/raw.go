@@ -10,6 +10,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/xlb-lb/xlb/internal/model"
 )
 
 // The postrouting rules need `ct original ip daddr` / `ct original ip6
@@ -43,7 +45,29 @@ func ctOrigDaddr(v6 bool) rawExpr {
 }
 
 func encode(e expr.Any) (rawExpr, error) {
+	if m, ok := e.(*expr.Masq); ok && m.ToPorts {
+		return masqPorts(m)
+	}
 	return expr.Marshal(byte(nftables.TableFamilyINet), e)
+}
+
+// masqPorts encodes `masquerade to :<min>-<max>` (ports in registers):
+// the kernel applies a masquerade's port range only with
+// NF_NAT_RANGE_PROTO_SPECIFIED in its flags (nft sets it), which
+// google/nftables v0.3.0 does not send along with the registers.
+func masqPorts(m *expr.Masq) (rawExpr, error) {
+	data, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_MASQ_FLAGS, Data: binaryutil.BigEndian.PutUint32(expr.NF_NAT_RANGE_PROTO_SPECIFIED)},
+		{Type: unix.NFTA_MASQ_REG_PROTO_MIN, Data: binaryutil.BigEndian.PutUint32(m.RegProtoMin)},
+		{Type: unix.NFTA_MASQ_REG_PROTO_MAX, Data: binaryutil.BigEndian.PutUint32(m.RegProtoMax)},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_EXPR_NAME, Data: []byte("masq\x00")},
+		{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
+	})
 }
 
 // postRulesRaw returns the postrouting rules:
@@ -53,7 +77,7 @@ func encode(e expr.Any) (rawExpr, error) {
 //
 // and the IPv6 forms. The key is the VIP the client connected to, from the
 // conntrack entry's original direction, so no mark is needed.
-func postRulesRaw() ([][]rawExpr, error) {
+func postRulesRaw(ports model.PortRange) ([][]rawExpr, error) {
 	var rules [][]rawExpr
 	// First: ct original ip daddr . meta l4proto . ct original proto-dst
 	// vmap @log4 (jump to the farm's log chain, which returns).
@@ -75,7 +99,7 @@ func postRulesRaw() ([][]rawExpr, error) {
 	}
 	// Then the backends' own source addresses (backendsnat.go), before
 	// the farms'.
-	bsnat, err := backendSnatRules()
+	bsnat, err := backendSnatRules(ports)
 	if err != nil {
 		return nil, err
 	}
@@ -86,13 +110,11 @@ func postRulesRaw() ([][]rawExpr, error) {
 		var tails [][]expr.Any
 		// The hash twins (single ports) first, then the interval sets.
 		for _, names := range [][2]string{{exactSet(snat), exactSet(masq)}, {snat, masq}} {
-			tails = append(tails, []expr.Any{
+			tails = append(tails, append([]expr.Any{
 				&expr.Lookup{SourceRegister: reg1, SetName: names[0], IsDestRegSet: true, DestRegister: reg1},
-				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
-			}, []expr.Any{
+			}, snatTo(v6, ports)...), append([]expr.Any{
 				&expr.Lookup{SourceRegister: reg1, SetName: names[1]},
-				&expr.Masq{},
-			})
+			}, masqTo(ports)...))
 		}
 		for _, tail := range tails {
 			r := []rawExpr{ctOrigDaddr(v6)}
@@ -113,11 +135,10 @@ func postRulesRaw() ([][]rawExpr, error) {
 	// meta mark @masqm masquerade (firewall-mark farms in snat mode).
 	for _, v6 := range []bool{false, true} {
 		var r []rawExpr
-		for _, e := range append(nfproto(v6),
+		for _, e := range append(append(nfproto(v6),
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setSnatM4, setSnatM6), IsDestRegSet: true, DestRegister: reg1},
-			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1},
-		) {
+		), snatTo(v6, ports)...) {
 			b, err := encode(e)
 			if err != nil {
 				return nil, err
@@ -126,11 +147,10 @@ func postRulesRaw() ([][]rawExpr, error) {
 		}
 		rules = append(rules, r)
 	}
-	for _, exprs := range append([][]expr.Any{{
+	for _, exprs := range append([][]expr.Any{append([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 		&expr.Lookup{SourceRegister: reg1, SetName: setMasqM},
-		&expr.Masq{},
-	}}, hairpinRules()...) {
+	}, masqTo(ports)...)}, hairpinRules()...) {
 		var r []rawExpr
 		for _, e := range exprs {
 			b, err := encode(e)
@@ -156,9 +176,42 @@ func nftMsg(family byte, typ int, flags netlink.HeaderFlags, attrs []netlink.Att
 	}, nil
 }
 
+// Registers of the snat port range: 32-bit registers past the address in
+// reg1 (32-bit registers 8-11) and the lookup keys' words.
+const (
+	regPortMin = reg32 + 8 // NFT_REG32_08
+	regPortMax = reg32 + 9
+)
+
+// snatTo is `snat to <reg1>` and masqTo `masquerade`, each with this
+// node's source ports (Options.SNATPorts) when they are set: `snat ip to
+// <reg1>:first-last`, `masquerade to :first-last`.
+func snatTo(v6 bool, ports model.PortRange) []expr.Any {
+	n := &expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily(v6), RegAddrMin: reg1}
+	if ports.First == 0 {
+		return []expr.Any{n}
+	}
+	n.RegProtoMin, n.RegProtoMax = regPortMin, regPortMax
+	return append(portRegs(ports), n)
+}
+
+func masqTo(ports model.PortRange) []expr.Any {
+	if ports.First == 0 {
+		return []expr.Any{&expr.Masq{}}
+	}
+	return append(portRegs(ports), &expr.Masq{ToPorts: true, RegProtoMin: regPortMin, RegProtoMax: regPortMax})
+}
+
+func portRegs(ports model.PortRange) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: regPortMin, Data: binaryutil.BigEndian.PutUint16(ports.First)},
+		&expr.Immediate{Register: regPortMax, Data: binaryutil.BigEndian.PutUint16(ports.Last)},
+	}
+}
+
 // programPostrouting replaces the postrouting chain's rules in one batch.
 func (p *shard) programPostrouting() error {
-	rules, err := postRulesRaw()
+	rules, err := postRulesRaw(p.opts.SNATPorts)
 	if err != nil {
 		return fmt.Errorf("encode postrouting rules: %w", err)
 	}
