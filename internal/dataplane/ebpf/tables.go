@@ -876,16 +876,7 @@ func (p *Plane) changeEntries(s *tblSlot, c plan.SlotChange) error {
 // undoEntries takes back changeEntries (as far as it went): added entries
 // removed, removed and replaced ones written back.
 func (p *Plane) undoEntries(s *tblSlot, c plan.SlotChange) {
-	replaced := make(map[model.TableKey]bool, len(c.Replaced))
-	for _, e := range c.Replaced {
-		replaced[e.Key] = true
-	}
-	var added []model.TableEntry
-	for _, e := range c.Put {
-		if !replaced[e.Key] {
-			added = append(added, e)
-		}
-	}
+	added := c.Added()
 	_ = p.delEntries(s, added)
 	back := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
 	if err := p.putEntries(s, func(fn func(model.TableEntry) bool) {
@@ -969,16 +960,7 @@ func (p *Plane) changeHash(s *hSlot, c plan.SlotChange) error {
 
 // undoHash takes back changeHash (as far as it went).
 func (p *Plane) undoHash(s *hSlot, c plan.SlotChange) {
-	replaced := make(map[model.TableKey]bool, len(c.Replaced))
-	for _, e := range c.Replaced {
-		replaced[e.Key] = true
-	}
-	var added []model.TableEntry
-	for _, e := range c.Put {
-		if !replaced[e.Key] {
-			added = append(added, e)
-		}
-	}
+	added := c.Added()
 	_ = p.delHash(s, c.Old, added)
 	back := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
 	if err := p.putHash(s, c.Old, back, true); err != nil {

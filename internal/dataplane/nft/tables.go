@@ -611,16 +611,7 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			}
 		default:
 			if o := b.others[c.Slot]; o != nil {
-				replaced := make(map[model.TableKey]bool, len(c.Replaced))
-				for _, e := range c.Replaced {
-					replaced[e.Key] = true
-				}
-				var added []model.TableEntry
-				for _, e := range c.Put {
-					if !replaced[e.Key] {
-						added = append(added, e)
-					}
-				}
+				added := c.Added()
 				grew := b.otherEntries(c.Slot, o, added, false)
 				if shrank := b.otherEntries(c.Slot, o, c.Del, true); grew || shrank {
 					b.rechainSlot(c.Slot)

@@ -36,6 +36,22 @@ func (c SlotChange) Entries() int {
 	return len(c.Put) + len(c.Del)
 }
 
+// Added lists the entries of Put that are new to the slot (not the new
+// versions of replaced ones): what taking the change back removes.
+func (c SlotChange) Added() []model.TableEntry {
+	replaced := make(map[model.TableKey]bool, len(c.Replaced))
+	for _, e := range c.Replaced {
+		replaced[e.Key] = true
+	}
+	var added []model.TableEntry
+	for _, e := range c.Put {
+		if !replaced[e.Key] {
+			added = append(added, e)
+		}
+	}
+	return added
+}
+
 // TableDiff is what one engine change does to tables, and the farm changes
 // of the same engine change that concern policies (Old or New attaches
 // one), so a plane can update how farms use tables in the same kernel
