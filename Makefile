@@ -39,7 +39,7 @@ check-fmt: deps
 # The eBPF objects (bpf/*.c -> internal/dataplane/ebpf/xlb_bpfel.{go,o}) with
 # bpf2go; the generated files are committed.
 generate: deps
-	$(GO) generate ./internal/dataplane/ebpf
+	$(GO) generate ./internal/dataplane/ebpf ./internal/kube/crd
 
 # Fails when the committed generated files differ from what the sources give.
 check-generate: generate
