@@ -18,6 +18,7 @@
 #include "xlb_csum.h"
 #include "xlb_pick.h"
 #include "xlb_tables.h"
+#include "xlb_climit.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -806,6 +807,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN) {
 		stat_inc(XLB_STAT_NOT_SYN);
 		return XLB_NEXT;
+	}
+	if (client_new_limited(p, svc)) {
+		stat_inc(XLB_STAT_RATE_DROP);
+		return XLB_DROP;
 	}
 	if (svc->slots == 0) {
 		stat_inc(XLB_STAT_NO_BACKEND);

@@ -20,7 +20,6 @@ var ebpfRefuses = map[string]string{
 	"sched-hash-srcmac":           `"sched-param" value "srcmac"`,
 	"persistence-srcmac":          `"persistence" value "srcmac"`,
 	"persistence-srcip-dstport":   `"persistence" value "srcip dstport"`,
-	"limit-new-rtlimit":           `"new-rtlimit"`,
 	"limit-est-connlimit":         `"est-connlimit"`,
 	"limit-rst-rtlimit":           `"rst-rtlimit"`,
 	"limit-backend-est-connlimit": `"est-connlimit"`,

@@ -151,6 +151,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	default:
 		g.val.Sched = schedRR
 	}
+	g.val.NewIv, g.val.NewTol = clientRate(f.NewRTLimit, f.NewRTUnit, f.NewRTBurst)
 	if f.Persistence != 0 {
 		g.val.Persist = hashKeys(f.Persistence)
 		g.val.PersistTtl = f.PersistTTL

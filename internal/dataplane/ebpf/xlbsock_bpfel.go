@@ -170,6 +170,8 @@ type xlbSockSvcVal struct {
 	HashKeys   uint8
 	Persist    uint8
 	PersistTtl uint32
+	NewIv      uint64
+	NewTol     uint64
 }
 
 type xlbSockSyncConn struct {
