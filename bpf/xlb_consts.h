@@ -64,9 +64,9 @@
 #define XLB_MAX_PERSIST 262144
 #endif
 
-/* Clients of farms with new-rtlimit whose rate state is kept, (farm,
- * client) pairs (xlb_climit.h). LRU: a client evicted starts afresh with a
- * full burst. 65536 entries of 20-byte keys and 8-byte values: about 6 MB,
+/* Clients of farms with new-rtlimit or rst-rtlimit whose rate state is
+ * kept, (farm, limit, client) entries (xlb_climit.h). LRU: a client evicted
+ * starts afresh with a full burst. 24-byte keys and 8-byte values,
  * preallocated. */
 #ifndef XLB_MAX_CLIENT_LIMITS
 #define XLB_MAX_CLIENT_LIMITS 65536
@@ -266,7 +266,7 @@ enum xlb_stat {
 	XLB_STAT_FIB_PEER,    /* forwarded with bpf_redirect_peer (not counted in fib_redirect) */
 	XLB_STAT_POLICY_DROP, /* refused by a farm's policy (xlb_tables.h): dropped */
 	XLB_STAT_XDP_POLICY_DROP, /* refused by a farm's policy in the XDP fast path */
-	XLB_STAT_RATE_DROP, /* new flow over its client's new-rtlimit (xlb_climit.h): dropped */
+	XLB_STAT_RATE_DROP, /* new flow or TCP reset over its client's new-rtlimit or rst-rtlimit (xlb_climit.h): dropped */
 	XLB_STAT_MAX,
 };
 

@@ -1345,6 +1345,12 @@ int xlb_ingress(struct __sk_buff *skb)
 		stat_inc(XLB_STAT_POLICY_DROP);
 		return XLB_DROP;
 	}
+	/* rst-rtlimit per client (xlb_climit.h): the XDP program passes
+	 * resets here. */
+	if ((p.tcp_flags & XLB_TCP_RST) && client_rst_limited(&p)) {
+		stat_inc(XLB_STAT_RATE_DROP);
+		return XLB_DROP;
+	}
 	if (v) {
 		rc = lb4_ct_hit(skb, &p, v);
 		if (rc != XLB_CT_MISS)

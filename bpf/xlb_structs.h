@@ -32,6 +32,9 @@ struct svc_val {
 	 * now its next flow may be booked (iv * (burst - 1)) */
 	__u64 new_iv;  /* host */
 	__u64 new_tol; /* host */
+	/* rst-rtlimit per client: the same for its TCP resets */
+	__u64 rst_iv;  /* host */
+	__u64 rst_tol; /* host */
 };
 
 /* xlb_persist key: a client of a service (the matched service key). */

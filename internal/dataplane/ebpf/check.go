@@ -23,7 +23,7 @@ func check(f *model.Farm) error {
 	// intra-connect off: the socket programs (socklb.go) skip the farm;
 	// a backend's source-addr is its snat source (generation.go); mode
 	// local passes the farm's packets to the node (xlb_lb.c).
-	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions", "new-rtlimit"); err != nil {
+	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions", "new-rtlimit", "rst-rtlimit"); err != nil {
 		return err
 	}
 	if len(f.Sessions) > 0 && f.Mode == model.ModeStlsDNAT {
@@ -108,17 +108,22 @@ func check(f *model.Farm) error {
 		return dataplane.Refuse(f, "log", f.Log.String(),
 			"stlsdnat keeps no connections to log with the ebpf data plane: use dnat, or log none")
 	}
-	if f.NewRTLimit != 0 && (f.Mode == model.ModeStlsDNAT || f.Mode == model.ModeLocal) {
-		// new-rtlimit counts the flows the program starts (bpf/xlb_climit.h);
-		// it keeps none of these modes'.
-		return dataplane.Refuse(f, "new-rtlimit", fmt.Sprint(f.NewRTLimit),
-			"is not built for mode "+f.Mode.String()+" with the ebpf data plane (it tracks no flows of it): use dnat, snat or dsr, or the nft data plane")
+	for _, l := range []struct {
+		field string
+		v     uint32
+	}{{"new-rtlimit", f.NewRTLimit}, {"rst-rtlimit", f.RstRTLimit}} {
+		if l.v != 0 && (f.Mode == model.ModeStlsDNAT || f.Mode == model.ModeLocal) {
+			// The per-client limits count the flows the program starts
+			// and their resets (bpf/xlb_climit.h); it keeps none of these
+			// modes'.
+			return dataplane.Refuse(f, l.field, fmt.Sprint(l.v),
+				"is not built for mode "+f.Mode.String()+" with the ebpf data plane (it tracks no flows of it): use dnat, snat or dsr, or the nft data plane")
+		}
 	}
 	for _, l := range []struct {
 		field string
 		v     uint32
 	}{
-		{"rst-rtlimit", f.RstRTLimit}, {"rst-rtlimit-burst", f.RstRTBurst},
 		{"est-connlimit", f.EstConnLimit},
 	} {
 		if l.v != 0 {

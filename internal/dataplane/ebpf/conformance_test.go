@@ -21,7 +21,6 @@ var ebpfRefuses = map[string]string{
 	"persistence-srcmac":          `"persistence" value "srcmac"`,
 	"persistence-srcip-dstport":   `"persistence" value "srcip dstport"`,
 	"limit-est-connlimit":         `"est-connlimit"`,
-	"limit-rst-rtlimit":           `"rst-rtlimit"`,
 	"limit-backend-est-connlimit": `"est-connlimit"`,
 	"tcp-strict":                  `"tcp-strict"`,
 	"mark-backend":                `"mark"`,

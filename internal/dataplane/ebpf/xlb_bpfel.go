@@ -47,9 +47,10 @@ type xlbBrPortKey struct {
 }
 
 type xlbClientKey struct {
-	_   structs.HostLayout
-	Svc uint32
-	Src [4]uint32
+	_     structs.HostLayout
+	Svc   uint32
+	Limit uint32
+	Src   [4]uint32
 }
 
 type xlbConnEvent struct {
@@ -178,6 +179,8 @@ type xlbSvcVal struct {
 	PersistTtl uint32
 	NewIv      uint64
 	NewTol     uint64
+	RstIv      uint64
+	RstTol     uint64
 }
 
 type xlbSyncArgs struct {

@@ -172,6 +172,8 @@ type xlbSockSvcVal struct {
 	PersistTtl uint32
 	NewIv      uint64
 	NewTol     uint64
+	RstIv      uint64
+	RstTol     uint64
 }
 
 type xlbSockSyncConn struct {
