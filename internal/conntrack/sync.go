@@ -224,8 +224,9 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 // acknowledgement each (nlSocket.exec): one round trip per batch, not per
 // connection.
 func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
-	// Persistence sessions (an eBPF node's) are not the kernel's
-	// conntrack: not installed here (docs/ha.md, "Not built").
+	// Persistence sessions are not the kernel's conntrack: the nft
+	// plane's go through internal/cluster/sessionsync, which passes none
+	// here; any that come are not installed.
 	if slices.ContainsFunc(evs, func(ev dataplane.ConnEvent) bool { return ev.Kind == dataplane.ConnSession }) {
 		evs = slices.DeleteFunc(slices.Clone(evs), func(ev dataplane.ConnEvent) bool { return ev.Kind == dataplane.ConnSession })
 	}
