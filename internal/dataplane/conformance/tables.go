@@ -37,9 +37,8 @@ func init() {
 		scenario{name: "policy-mac", farm: policyFarm, run: runPolicyMAC},
 		scenario{name: "policy-iface", farm: policyFarm, run: runPolicyIface, attach: attachIfaceTable},
 		scenario{name: "policy-flow", farm: policyFarm, run: runPolicyFlow},
-		// No traffic check yet: both planes refuse farms chosen by
-		// source table (docs/tables.md, "Not built").
-		scenario{name: "source-table", farm: sourceTableFarm},
+		scenario{name: "source-table", backends: 2, farm: sourceTableFarm, run: runSourceTable},
+		scenario{name: "source-table-udp", backends: 2, farm: sourceTableFarmUDP, run: runSourceTable},
 	)
 }
 
@@ -47,13 +46,6 @@ func init() {
 func policyFarm(e *Env) model.Farm {
 	f := e.Farm("pol-farm", model.ProtoTCP)
 	f.Policies = []model.PolicyRef{{Name: "pol"}}
-	return f
-}
-
-// sourceTableFarm is a snat farm chosen by the source table "src".
-func sourceTableFarm(e *Env) model.Farm {
-	f := e.Farm("src-farm", model.ProtoTCP)
-	f.SourceTable = "src"
 	return f
 }
 

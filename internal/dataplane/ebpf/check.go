@@ -26,7 +26,7 @@ func check(f *model.Farm) error {
 	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions"); err != nil {
 		return err
 	}
-	if err := dataplane.RefuseSourceTable(Name, f); err != nil {
+	if err := checkSource(f); err != nil { // sourcetable.go
 		return err
 	}
 	if len(f.Sessions) > 0 && f.Mode == model.ModeStlsDNAT {

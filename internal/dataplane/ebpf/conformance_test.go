@@ -28,7 +28,6 @@ var ebpfRefuses = map[string]string{
 	"mark-backend":                `"mark"`,
 	"table-mark":                  `marks no packet`,
 	"policy-iface":                `interface names`,
-	"source-table":                `"source-table" value "src": the ebpf data plane does not choose farms by source table`,
 	"fwmark-farm":                 `"mark"`,
 	"helper-ftp":                  `"helper" value "ftp"`,
 	"helper-tftp":                 `"helper" value "tftp"`,
