@@ -171,9 +171,13 @@ func (p *Plane) writeSteer(have, want map[xlbSvcKey]xlbTblSteer) error {
 }
 
 // reconcileSources makes xlb_tbl_steer hold exactly the steering of these
-// farms (ReconcileTables: at start, and on repair), tags given anew.
+// farms (ReconcileTables: at start, and on repair). Farms the plane knows
+// keep their tags (their services are in xlb_services under them); a
+// started plane gives them anew, and Reconcile rewrites the services.
 func (p *Plane) reconcileSources(farms []*model.Farm, tables map[string]*model.Table) error {
+	tags := p.srcs.tags
 	p.srcs.reset()
+	p.srcs.tags = tags
 	have := map[xlbSvcKey]xlbTblSteer{}
 	var k xlbSvcKey
 	var v xlbTblSteer
