@@ -30,9 +30,6 @@ func check(f *model.Farm) error {
 	if err := checkAddresses(f); err != nil {
 		return err
 	}
-	if err := dataplane.RefuseSourceTable(PlaneName, f); err != nil {
-		return err
-	}
 	if f.IntraConnectOff && f.IsMarkFarm() {
 		return dataplane.Refuse(f, "intra-connect", "off",
 			"a firewall-mark farm takes the packets your own rules mark: leave the LB host's own packets unmarked instead")

@@ -15,9 +15,7 @@ import (
 // nftRefuses is what the nft plane refuses; keep it in step with Check and
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
-	"sched-lc":         `"scheduler" value "lc"`,
-	"source-table":     `"source-table" value "src": the nft data plane does not choose farms by source table`,
-	"source-table-udp": `"source-table" value "src": the nft data plane does not choose farms by source table`,
+	"sched-lc": `"scheduler" value "lc"`,
 }
 
 // TestConformance runs the data-plane conformance suite against nft, in
