@@ -213,3 +213,18 @@ func (t *Tables) sourceBaseRules(v6 bool) []expr.Any {
 	}, svcKeyLoads(v6)...),
 		&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict})
 }
+
+// sourceMarksFree refuses two farms chosen by source table whose names
+// give the same tag (16 bits of a hash: rare, and a rename cures it).
+func sourceMarksFree(farms map[string]*model.Farm) error {
+	seen := map[uint32]string{}
+	for _, name := range slices.Sorted(maps.Keys(farms)) {
+		m := sourceMark(name)
+		if other, ok := seen[m]; ok {
+			return dataplane.Refuse(farms[name], "source-table", farms[name].SourceTable,
+				fmt.Sprintf("the nft data plane tags a farm chosen by source table with a mark from its name, and farm %q has the same (0x%x): rename one of them", other, m))
+		}
+		seen[m] = name
+	}
+	return nil
+}

@@ -595,6 +595,18 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	srcFarms := maps.Clone(t.srcFarms)
+	for _, c := range d.Farms {
+		if c.Old != nil && c.Old.SourceTable != "" {
+			delete(srcFarms, c.Old.Name)
+		}
+		if c.New != nil && c.New.SourceTable != "" {
+			srcFarms[c.New.Name] = c.New
+		}
+	}
+	if err := sourceMarksFree(srcFarms); err != nil {
+		return err // before anything is queued
+	}
 	t.ensure()
 	b := t.begin()
 	// dropChains: the farms' policy chains go before the table chains
@@ -711,15 +723,6 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	// Farms chosen by source table: their keys' chains rewritten (their
 	// tables' sets or order may have changed), elements of new and gone
 	// keys.
-	srcFarms := maps.Clone(t.srcFarms)
-	for _, c := range d.Farms {
-		if c.Old != nil && c.Old.SourceTable != "" {
-			delete(srcFarms, c.Old.Name)
-		}
-		if c.New != nil && c.New.SourceTable != "" {
-			srcFarms[c.New.Name] = c.New
-		}
-	}
 	srcGroups := t.srcGroups
 	if len(srcFarms) > 0 || len(t.srcFarms) > 0 {
 		var drop []string
