@@ -50,17 +50,3 @@ type TableDescriber interface {
 	// e.g. "nftables interval set (ipv4_addr) + interval set (ipv6_addr)".
 	TableAlgorithm(t *model.Table) string
 }
-
-// RefuseSourceTable refuses a farm chosen by source table
-// (model.Farm.SourceTable) on a plane that cannot dispatch one VIP,
-// protocol and port to several farms by the client's address; nil for a
-// farm without one. Neither plane builds that dispatch yet
-// (docs/tables.md, "Not built"): the engine checks the rule, the planes
-// refuse the farms until it is built.
-func RefuseSourceTable(plane string, f *model.Farm) error {
-	if f.SourceTable == "" {
-		return nil
-	}
-	return Refuse(f, "source-table", f.SourceTable,
-		"the "+plane+" data plane does not choose farms by source table yet (one farm per VIP, protocol and port): leave source-table empty, or attach the table as an allow-list policy (verdict allow) to a farm of its own address or port")
-}
