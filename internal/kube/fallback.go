@@ -97,6 +97,9 @@ func (p *servicePlan) put(tx *engine.Txn, noAnnotations bool) (outcome, error) {
 	if err != nil {
 		return o, err
 	}
+	if err := p.prepareDropAll(tx); err != nil {
+		return o, err
+	}
 	if refused != nil {
 		p.rangesRefused = refused
 	}

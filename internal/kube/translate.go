@@ -404,8 +404,12 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 					f.Mode = model.ModeDNAT
 				}
 			}
+			// dropAll: a Local policy with usable endpoints on other nodes
+			// only (dropnolocal.go).
+			var dropAll bool
 			if local {
 				f.Backends = backends(localEndpoints(all))
+				dropAll = len(f.Backends) == 0 && len(clusterEndpoints(all, node.Name, node.Zone)) > 0
 			} else {
 				f.Backends = backends(clusterEndpoints(all, node.Name, node.Zone))
 			}
@@ -417,6 +421,9 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 				}
 			}
 			set.override(&f)
+			if dropAll {
+				attachDropAll(&f)
+			}
 			if f.Mode == model.ModeDSR && f.Iface == "" && sa.Kind == KindCluster {
 				// A cluster IP is on no interface and rarely routed:
 				// its traffic arrives where the Pods are.

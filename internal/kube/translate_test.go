@@ -331,10 +331,31 @@ func TestFarmsTrafficPolicyLocal(t *testing.T) {
 	if got := backendAddrs(farmByName(t, farms, "shop.web.http.node-192.0.2.1")); !slices.Equal(got, []string{"10.0.0.3:80"}) {
 		t.Errorf("local terminating fallback: backends %v", got)
 	}
-	// A node without local endpoints: no backends (traffic is not sent elsewhere).
+	// A node without local endpoints: no backends (traffic is not sent
+	// elsewhere), and, as the Service has endpoints on other nodes, the
+	// drop-all allow list (kube-proxy drops there, rejects only a Service
+	// without usable endpoints), on both the node port and (internal
+	// policy Local) the cluster farm.
 	farms, _ = Farms(s, eps, Node{Name: "node3", Addrs: node1.Addrs})
-	if got := backendAddrs(farmByName(t, farms, "shop.web.http.node-192.0.2.1")); len(got) != 0 {
-		t.Errorf("node3: backends %v, want none", got)
+	dropped := []model.PolicyRef{{Name: DropAllTableName}}
+	for _, name := range []string{"shop.web.http.node-192.0.2.1", "shop.web.http.cluster-10.96.0.10"} {
+		f := farmByName(t, farms, name)
+		if got := backendAddrs(f); len(got) != 0 || !slices.Equal(f.Policies, dropped) {
+			t.Errorf("node3 %s: backends %v policies %v, want none and %v", name, got, f.Policies, dropped)
+		}
+	}
+	// Local endpoints: no drop.
+	farms, _ = Farms(s, eps, Node{Name: "node2", Addrs: node1.Addrs})
+	if f := farmByName(t, farms, "shop.web.http.node-192.0.2.1"); len(f.Policies) != 0 {
+		t.Errorf("node2: policies %v, want none", f.Policies)
+	}
+	// No usable endpoint anywhere: rejected (no policy, no backends).
+	for i := range eps[0].Endpoints {
+		eps[0].Endpoints[i].Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false)}
+	}
+	farms, _ = Farms(s, eps, Node{Name: "node3", Addrs: node1.Addrs})
+	if f := farmByName(t, farms, "shop.web.http.node-192.0.2.1"); len(f.Backends) != 0 || len(f.Policies) != 0 {
+		t.Errorf("no usable endpoints: backends %v policies %v, want none", backendAddrs(f), f.Policies)
 	}
 }
 

@@ -710,8 +710,7 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "only terminating endpoints exist: pod to clusterIP", from: fromPod, to: c2, want: "b4"},
 			{name: "only terminating endpoints exist: external to LB", from: fromExternal, to: l2, want: "b1,b2"},
 			{name: "terminating endpoints on remote node: pod to clusterIP", from: fromPod, to: c3, want: "b4"},
-			{name: "terminating endpoints on remote node: external to LB, no locally-usable endpoints", from: fromExternal, to: l3, want: "DROP",
-				known: map[string]string{"nft": "REJECT", "ebpf": "REJECT"}}, // docs note 9
+			{name: "terminating endpoints on remote node: external to LB, no locally-usable endpoints", from: fromExternal, to: l3, want: "DROP"},
 			{name: "no usable endpoints on any node: pod to clusterIP", from: fromPod, to: c4, want: "REJECT"},
 			{name: "no usable endpoints on any node: external to LB", from: fromExternal, to: l4, want: "REJECT"},
 		}
@@ -742,8 +741,7 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "internalTrafficPolicy is cluster: pod to ClusterIP hits all endpoints", from: fromPod, to: cluster, want: "b0,b1,b2"},
 			{name: "internalTrafficPolicy is local and there is one local endpoint: pod to ClusterIP hits only local endpoint", from: fromPod, to: one, want: "b0"},
 			{name: "internalTrafficPolicy is local and there are multiple local endpoints: pod to ClusterIP hits all local endpoints", from: fromPod, to: multi, want: "b0,b1"},
-			{name: "internalTrafficPolicy is local and there are no local endpoints: no endpoints", from: fromPod, to: none, want: "DROP",
-				known: map[string]string{"nft": "REJECT", "ebpf": "REJECT"}}, // docs note 9
+			{name: "internalTrafficPolicy is local and there are no local endpoints: no endpoints", from: fromPod, to: none, want: "DROP"},
 			{name: "endpoints deleted", from: fromPod, to: deleted, want: "REJECT"},
 		}
 	}},
