@@ -228,3 +228,19 @@ func sourceMarksFree(farms map[string]*model.Farm) error {
 	}
 	return nil
 }
+
+// sourceTaggedRule: meta mark & 0xffff0000 == 0x786d0000 accept, after the
+// firewall-mark lookups of every table's NAT chains. The NAT chains of the
+// tables run one after the other and the first that translates a
+// connection decides it: a connection tagged for a farm chosen by source
+// table must not meet its key's default farm (through the VIP maps) in a
+// table before the one that holds its farm.
+func sourceTaggedRule() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(sourceMarkMask), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(sourceMarkBase)},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+}
