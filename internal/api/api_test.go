@@ -352,7 +352,7 @@ func TestErrors(t *testing.T) {
 		{"delete sessions of missing backend", "DELETE", "/farms/web/backends/nope/sessions", "", 404, []string{"error deleting session. ", `backend "nope"`}},
 		{"delete missing address", "DELETE", "/addresses/nope", "", 404, []string{"error stopping address. ", `address "nope"`}},
 		{"delete missing farm address", "DELETE", "/farms/web/addresses/nope", "", 404, []string{"error deleting farm address. ", `address "nope"`}},
-		{"address no farm uses", "POST", "/addresses", `{"addresses":[{"name":"lonely","ip-addr":"10.9.0.1","ports":"80"}]}`, 400, []string{"error parsing buffer. ", "no farm uses"}},
+		{"address of the wrong family", "POST", "/addresses", `{"addresses":[{"name":"lonely","family":"ipv6","ip-addr":"10.9.0.1","ports":"80"}]}`, 400, []string{"error parsing buffer. ", `address "lonely"`, `"ip-addr"`, "family ipv6"}},
 		{"delete body naming nothing", "DELETE", "/farms", `{"farms":[{"name":"web"}]}`, 400, []string{"error parsing buffer. ", "names the backends"}},
 		{"unknown path", "GET", "/nope", "", 400, []string{"invalid request. ", "/nope"}},
 		{"unknown path post", "POST", "/nope", "{}", 404, []string{"invalid request. ", "/nope"}},
@@ -467,7 +467,13 @@ func TestDumpRestoreRoundTrip(t *testing.T) {
 		"log":"input","log-prefix":"v6 ","new-rtlimit":"10","new-rtlimit-burst":"5","tcp-strict":"on","policies":[{"name":"deny"}],
 		"backends":[{"name":"a","ip-addr":"2001:db8::10","mark":"0x20","est-connlimit":"9","priority":"2","state":"off"}]}`)
 	e.must("PUT", "/farms/fwm", `{"mark":"0x10","protocol":"all"}`)
+	// An address object no farm uses is in the dump (those a farm uses
+	// are in the farm).
+	e.must("POST", "/addresses", `{"addresses":[{"name":"lone","family":"ipv6","ip-addr":"2001:db8::99","ports":"53","protocol":"udp"}]}`)
 	dump := e.must("GET", "/state", "")
+	if !strings.Contains(dump, `"addresses":[{"name":"lone","family":"ipv6","ip-addr":"2001:db8::99"`) {
+		t.Errorf("the dump lacks the unused address: %.300s", dump[max(0, len(dump)-300):])
+	}
 	for _, path := range []string{"/state", "/farms"} {
 		r := e.do("GET", path, "")
 		if cl := r.header.Get("Content-Length"); cl != strconv.Itoa(len(r.body)) {
@@ -480,6 +486,7 @@ func TestDumpRestoreRoundTrip(t *testing.T) {
 
 	other := newEnv(t)
 	other.must("POST", "/farms", bulkBody(3, 900)) // replaced by the restore
+	other.must("POST", "/addresses", `{"addresses":[{"name":"gone","ip-addr":"10.9.9.1","ports":"80"}]}`)
 	other.must("PUT", "/state", dump)
 	if again := other.must("GET", "/state", ""); again != dump {
 		t.Fatalf("dump -> restore -> dump differs:\n%s\n%s", dump, again)

@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 
@@ -41,8 +40,8 @@ func isDocumentKey(err error) bool {
 // policies first (farms name them), then the farms, whose address objects
 // that only name an address take its values from the document's addresses
 // (or from a farm that has it), then the document's addresses, each set in
-// every farm that uses it. An address no farm uses is refused, as by
-// POST /addresses (docs/nftlb-compat.md).
+// every farm that uses it. An address no farm uses is kept on its own, as
+// by POST /addresses.
 func (s *Server) putDocument(w http.ResponseWriter, r *http.Request, body []byte) error {
 	var parts map[string]json.RawMessage
 	if err := json.Unmarshal(body, &parts); err != nil {
@@ -71,12 +70,12 @@ func (s *Server) putDocument(w http.ResponseWriter, r *http.Request, body []byte
 		var addrs []model.Address
 		if parts["addresses"] != nil {
 			var err error
-			if addrs, err = model.DecodeAddresses(wrap("addresses"), addressLookup(tx.Farms)); err != nil {
+			if addrs, err = model.DecodeAddresses(wrap("addresses"), addressLookup(tx)); err != nil {
 				return badRequest(err)
 			}
 		}
 		if parts["farms"] != nil {
-			current := addressLookup(tx.Farms)
+			current := addressLookup(tx)
 			lookup := func(name string) (model.Address, bool) {
 				for _, a := range addrs {
 					if a.Name == name {
@@ -119,7 +118,7 @@ func isKind(k string) bool {
 }
 
 // setAddresses gives every farm that uses one of addrs its values; an
-// address no farm uses is refused.
+// address no farm uses is kept on its own (engine: unused addresses).
 func setAddresses(tx *engine.Txn, addrs []model.Address) error {
 	if len(addrs) == 0 {
 		return nil
@@ -141,8 +140,9 @@ func setAddresses(tx *engine.Txn, addrs []model.Address) error {
 			}
 		}
 		if n == 0 {
-			return &model.FieldError{Object: fmt.Sprintf("address %q", a.Name), Field: "name", Value: a.Name,
-				Problem: "no farm uses this address: xlb keeps an address with the farms that use it; give it in a farm's \"addresses\""}
+			if err := tx.PutUnusedAddress(a); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -9,7 +9,8 @@ import (
 // top level, its config file's form) is taken by POST and PUT of /farms,
 // /policies and /addresses, in one transaction: a farm naming an address
 // and a policy of the same document gets them; an address no farm uses
-// refuses the whole document.
+// is kept on its own (GET /addresses: used 0), and one that is bad refuses
+// the whole document.
 func TestConfigDocument(t *testing.T) {
 	e := newEnv(t)
 	const success = `{"response": "success"}`
@@ -27,14 +28,20 @@ func TestConfigDocument(t *testing.T) {
 		}
 		e.must("DELETE", "/farms/doc", "")
 	}
-	before := e.must("GET", "/farms", "")
-	r := e.do("POST", "/farms", `{"farms":[{"name":"x","virtual-addr":"10.96.0.30","virtual-ports":"80"}],
+	e.must("POST", "/farms", `{"farms":[{"name":"x","virtual-addr":"10.96.0.30","virtual-ports":"80"}],
 		"addresses":[{"name":"lone","family":"ipv4","ip-addr":"10.96.0.31","ports":"80","protocol":"tcp"}]}`)
-	if r.status != 400 || !strings.Contains(r.body, "no farm uses this address") {
-		t.Errorf("a document with an unused address: %d %s", r.status, r.body)
+	if got := e.must("GET", "/addresses/lone", ""); !strings.Contains(got, `"ip-addr":"10.96.0.31"`) || !strings.Contains(got, `"used":"0"`) {
+		t.Errorf("a document's unused address: %s", got)
 	}
-	if after := e.must("GET", "/farms", ""); after != before {
-		t.Errorf("a refused document changed the farms:\n%s\n%s", before, after)
+	before := e.must("GET", "/farms", "")
+	beforeAddrs := e.must("GET", "/addresses", "")
+	r := e.do("POST", "/farms", `{"farms":[{"name":"y","virtual-addr":"10.96.0.40","virtual-ports":"80"}],
+		"addresses":[{"name":"lone2","family":"ipv6","ip-addr":"10.96.0.41","ports":"80","protocol":"tcp"}]}`)
+	if r.status != 400 || !strings.Contains(r.body, `ip-addr`) || !strings.Contains(r.body, `family ipv6`) {
+		t.Errorf("a document with a bad unused address: %d %s", r.status, r.body)
+	}
+	if after, afterAddrs := e.must("GET", "/farms", ""), e.must("GET", "/addresses", ""); after != before || afterAddrs != beforeAddrs {
+		t.Errorf("a refused document changed the state:\n%s\n%s\n%s\n%s", before, after, beforeAddrs, afterAddrs)
 	}
 	if r := e.do("POST", "/farms", `{"farms":[],"colour":"red"}`); r.status != 400 || !strings.Contains(r.body, `colour`) {
 		t.Errorf("an unknown top-level key: %d %s", r.status, r.body)

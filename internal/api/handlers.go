@@ -182,7 +182,7 @@ func (s *Server) putFarms(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) upsert(r *http.Request, body []byte) error {
 	_, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error {
-		farms, err := model.DecodeFarmsWith(body, tx.Get, addressLookup(tx.Farms))
+		farms, err := model.DecodeFarmsWith(body, tx.Get, addressLookup(tx))
 		if err != nil {
 			return badRequest(err)
 		}
@@ -395,12 +395,28 @@ func (s *Server) putState(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return badRequest(err)
 	}
-	farms, err := model.DecodeFarms(body, func(string) (*model.Farm, bool) { return nil, false })
+	none := func(string) (*model.Farm, bool) { return nil, false }
+	farms, err := model.DecodeFarms(body, none)
+	var addrs []model.Address
+	if fe := (*model.FieldError)(nil); errors.As(err, &fe) && fe.Object == "" && fe.Field == "addresses" {
+		// The address objects no farm uses (writeState): split off only
+		// when there are some, so a restore without pays no second scan.
+		var rest []byte
+		if rest, addrs, err = model.SplitAddresses(body); err == nil {
+			farms, err = model.DecodeFarms(rest, none)
+		}
+	}
 	if err != nil {
 		return badRequest(err)
 	}
 	_, err = s.eng.Change(r.Context(), func(tx *engine.Txn) error {
 		tx.ReplaceAll()
+		tx.ReplaceAllAddresses()
+		for _, a := range addrs {
+			if err := tx.PutUnusedAddress(a); err != nil {
+				return err
+			}
+		}
 		if err := restoreTables(tx, tables); err != nil {
 			return err
 		}

@@ -134,8 +134,8 @@ func (s *Server) deleteAllSessions(w http.ResponseWriter, r *http.Request) error
 
 // addressList collects the farms' addresses by name (the first farm's
 // values win; sharing a name means the same address) with how many farms
-// use each, in farm name order.
-func addressList(farms []*model.Farm) ([]model.Address, []int) {
+// use each, in farm name order, then the addresses no farm uses (used 0).
+func addressList(farms []*model.Farm, unused []*model.Address) ([]model.Address, []int) {
 	var addrs []model.Address
 	var used []int
 	index := map[string]int{}
@@ -150,12 +150,23 @@ func addressList(farms []*model.Farm) ([]model.Address, []int) {
 			used = append(used, 1)
 		}
 	}
+	for _, a := range unused {
+		if _, ok := index[a.Name]; !ok {
+			addrs = append(addrs, *a)
+			used = append(used, 0)
+		}
+	}
 	return addrs, used
 }
 
-func addressLookup(farms func() []*model.Farm) model.AddressLookup {
+// addressLookup finds an address by name as the transaction has it: a
+// farm's, or one no farm uses.
+func addressLookup(tx *engine.Txn) model.AddressLookup {
 	return func(name string) (model.Address, bool) {
-		addrs, _ := addressList(farms())
+		if a, ok := tx.UnusedAddress(name); ok {
+			return *a, true
+		}
+		addrs, _ := addressList(tx.Farms(), nil)
 		for _, a := range addrs {
 			if a.Name == name {
 				return a, true
@@ -166,14 +177,16 @@ func addressLookup(farms func() []*model.Farm) model.AddressLookup {
 }
 
 func (s *Server) getAddresses(w http.ResponseWriter, r *http.Request) error {
-	addrs, used := addressList(s.eng.Snapshot().Farms())
+	snap := s.eng.Snapshot()
+	addrs, used := addressList(snap.Farms(), snap.UnusedAddresses())
 	writeJSON(w, http.StatusOK, model.AppendAddressesJSON(nil, addrs, used))
 	return nil
 }
 
 // getAddress answers the address of that name, or an empty list (nftlb).
 func (s *Server) getAddress(w http.ResponseWriter, r *http.Request) error {
-	addrs, used := addressList(s.eng.Snapshot().Farms())
+	snap := s.eng.Snapshot()
+	addrs, used := addressList(snap.Farms(), snap.UnusedAddresses())
 	for i, a := range addrs {
 		if a.Name == r.PathValue("address") {
 			writeJSON(w, http.StatusOK, model.AppendAddressesJSON(nil, addrs[i:i+1], used[i:i+1]))
@@ -185,14 +198,15 @@ func (s *Server) getAddress(w http.ResponseWriter, r *http.Request) error {
 }
 
 // putAddresses changes addresses in every farm that uses them, in one
-// transaction. An address no farm uses cannot be kept (docs/nftlb-compat.md).
+// transaction; an address no farm uses is kept on its own until a farm
+// names it.
 func (s *Server) putAddresses(w http.ResponseWriter, r *http.Request) error {
 	body, err := readBody(w, r, MaxBulkBody)
 	if err != nil {
 		return err
 	}
 	_, err = s.eng.Change(r.Context(), func(tx *engine.Txn) error {
-		addrs, err := model.DecodeAddresses(body, addressLookup(tx.Farms))
+		addrs, err := model.DecodeAddresses(body, addressLookup(tx))
 		if err != nil {
 			return err
 		}
@@ -209,10 +223,14 @@ func (s *Server) putAddresses(w http.ResponseWriter, r *http.Request) error {
 }
 
 // deleteAddress removes the address from every farm that uses it (nftlb
-// does the same: a farm whose only address goes listens nowhere).
+// does the same: a farm whose only address goes listens nowhere), or the
+// address no farm uses.
 func (s *Server) deleteAddress(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("address")
 	_, err := s.eng.Change(r.Context(), func(tx *engine.Txn) error {
+		if tx.DeleteUnusedAddress(name) {
+			return nil
+		}
 		n := 0
 		for _, f := range tx.Farms() {
 			nf := f.Clone()

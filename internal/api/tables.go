@@ -44,14 +44,18 @@ var tableRoutes = []Route{
 // writeState sends the whole state: {"farms":[...]} and, when there are
 // tables, "tables" with their entries.
 func writeState(w http.ResponseWriter, s *engine.State) {
-	tables := s.Tables()
-	if len(tables) == 0 {
+	tables, addrs := s.Tables(), s.UnusedAddresses()
+	if len(tables) == 0 && len(addrs) == 0 {
 		writeFarms(w, s.Farms())
 		return
 	}
 	buf := model.AppendFarmsJSON(nil, s.Farms())
-	buf = append(buf[:len(buf)-len("}\n")], ',')
-	buf = model.AppendTablesJSON(buf, tables, model.VocabTables, true, nil, time.Now().Unix())
+	buf = buf[:len(buf)-len("}\n")]
+	if len(tables) > 0 {
+		buf = model.AppendTablesJSON(append(buf, ','), tables, model.VocabTables, true, nil, time.Now().Unix())
+	}
+	// The address objects no farm uses (those a farm uses are in it).
+	buf = model.AppendUnusedAddressesJSON(buf, addrs)
 	buf = append(buf, "}\n"...)
 	w.Header().Set("Content-Length", strconv.Itoa(len(buf)))
 	writeJSON(w, http.StatusOK, buf)

@@ -151,6 +151,9 @@ func (e *Engine) load(ctx context.Context) (*State, error) {
 	if err := e.loadTables(ctx, tx); err != nil {
 		return nil, err
 	}
+	if err := e.loadAddresses(ctx, tx); err != nil {
+		return nil, err
+	}
 	for i := range farms {
 		if err := tx.Put(farms[i]); err != nil {
 			return nil, fmt.Errorf("saved state: %w", err)
@@ -189,6 +192,7 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 		return base, err
 	}
 	tFn := time.Now()
+	tx.settleAddresses()
 	if err := tx.validate(); err != nil {
 		return base, err
 	}
@@ -198,7 +202,8 @@ func (e *Engine) Change(ctx context.Context, fn func(tx *Txn) error) (*State, er
 	diff := tx.diff()
 	// The tables' plane gets the farms the kernel gets (kernelDiff).
 	tdiff := tx.tableDiff(kernelDiff(diff))
-	if diff.Empty() && tdiff.Empty() {
+	tdiff.Addresses = tx.addressDiff()
+	if diff.Empty() && tdiff.Empty() && len(tdiff.Addresses) == 0 {
 		return base, nil
 	}
 	// A store that cannot take the change (read-only, or its directory
@@ -344,6 +349,7 @@ type Txn struct {
 	order   []string               // change order, for a deterministic diff
 	replace bool                   // every farm not Put is deleted
 	tt      *tableTxn              // tables touched (tables.go); nil: none
+	at      *addrTxn               // unused addresses touched (addresses.go); nil: none
 }
 
 func (e *Engine) begin(base *State) *Txn {
@@ -502,7 +508,7 @@ func (tx *Txn) build(diff plan.Diff) *State {
 			}
 		}
 	}
-	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1, ts: tx.buildTables(diff)}
+	return &State{farms: farms.Commit(), listeners: listeners.Commit(), version: tx.base.version + 1, ts: tx.buildTables(diff), addrs: tx.buildAddresses()}
 }
 
 func removeListener(t *iradix.Txn[[]string], key []byte, name string) {

@@ -84,6 +84,9 @@ func (e *Engine) loadSaved(ctx context.Context) (*loaded, error) {
 		if err := e.loadTables(ctx, tx); err != nil {
 			return nil, err
 		}
+		if err := e.loadAddresses(ctx, tx); err != nil {
+			return nil, err
+		}
 		base = tx.build(tx.diff())
 	}
 	l := &loaded{invalid: map[string]string{}, why: map[string]string{}}

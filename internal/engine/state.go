@@ -23,10 +23,12 @@ type State struct {
 	version   uint64
 	// ts holds the named tables (tables.go).
 	ts tableState
+	// addrs are the address objects no farm uses (addresses.go).
+	addrs *iradix.Tree[*model.Address]
 }
 
 func emptyState() *State {
-	return &State{farms: iradix.New[*model.Farm](), listeners: iradix.New[[]string](), ts: emptyTableState()}
+	return &State{farms: iradix.New[*model.Farm](), listeners: iradix.New[[]string](), ts: emptyTableState(), addrs: iradix.New[*model.Address]()}
 }
 
 // Version counts the changes applied since the daemon started.

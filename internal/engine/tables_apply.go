@@ -70,6 +70,7 @@ func (e *Engine) unapplyKernel(ctx context.Context, diff plan.Diff, tdiff plan.T
 // splitTableDiff separates what a diff destroys (saved after the farms)
 // from the rest (saved before).
 func splitTableDiff(d plan.TableDiff) (first, last plan.TableDiff) {
+	first.Addresses = d.Addresses
 	for _, c := range d.Tables {
 		if c.New == nil {
 			last.Tables = append(last.Tables, c)
@@ -89,7 +90,7 @@ func splitTableDiff(d plan.TableDiff) (first, last plan.TableDiff) {
 
 // noTables reports whether d saves nothing of tables (its Farms are saved
 // with the farms).
-func noTables(d plan.TableDiff) bool { return len(d.Tables)+len(d.Slots) == 0 }
+func noTables(d plan.TableDiff) bool { return len(d.Tables)+len(d.Slots)+len(d.Addresses) == 0 }
 
 // save writes a change to disk. A store that saves farms and tables as one
 // unit (store.ChangeStore: the daemon's journal) takes it in one commit, with

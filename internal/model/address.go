@@ -1,6 +1,7 @@
 package model
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -16,7 +17,8 @@ import (
 // is its VirtualAddr, VirtualPorts, Protocol and Family (named by
 // AddrName), and further addresses are Farm.Addresses (the nft plane serves
 // them as nftlb does: every address's keys lead to the farm's one chain;
-// Listeners). An address no farm uses cannot be kept (docs/nftlb-compat.md).
+// Listeners). An address no farm uses is kept by the engine on its own
+// (engine: unused addresses) until a farm names it.
 type Address struct {
 	Name     string
 	Family   Family
@@ -315,12 +317,28 @@ func (f *Farm) validateAddresses() error {
 			return &FieldError{Object: label, Field: "name", Value: a.Name, Problem: "address names must be unique in a farm"}
 		}
 		seen[a.Name] = true
-		if a.Addr.IsValid() && a.Family != FamilyDual && a.Addr.Is4() != (a.Family == FamilyIPv4) {
-			return &FieldError{Object: label, Field: "ip-addr", Value: a.Addr.String(), Problem: "does not match the address's family " + a.Family.String()}
+		if err := a.validate(label); err != nil {
+			return err
 		}
-		if a.Addr.IsValid() && (a.Addr.Zone() != "" || a.Addr.Is4In6()) {
-			return &FieldError{Object: label, Field: "ip-addr", Value: a.Addr.String(), Problem: "must be a plain IPv4 or IPv6 address"}
-		}
+	}
+	return nil
+}
+
+// Validate checks an address object on its own (one no farm uses).
+func (a Address) Validate() error {
+	label := fmt.Sprintf("address %q", a.Name)
+	if !ValidName(a.Name) {
+		return &FieldError{Object: label, Field: "name", Value: a.Name, Problem: "must be " + nameRule}
+	}
+	return a.validate(label)
+}
+
+func (a Address) validate(label string) error {
+	if a.Addr.IsValid() && a.Family != FamilyDual && a.Addr.Is4() != (a.Family == FamilyIPv4) {
+		return &FieldError{Object: label, Field: "ip-addr", Value: a.Addr.String(), Problem: "does not match the address's family " + a.Family.String()}
+	}
+	if a.Addr.IsValid() && (a.Addr.Zone() != "" || a.Addr.Is4In6()) {
+		return &FieldError{Object: label, Field: "ip-addr", Value: a.Addr.String(), Problem: "must be a plain IPv4 or IPv6 address"}
 	}
 	return nil
 }
@@ -469,4 +487,79 @@ func (f *Farm) RemoveAddress(name string) bool {
 		}
 	}
 	return false
+}
+
+// AppendAddressJSON appends one address object as GET /addresses prints
+// it, with used 0: the form the store keeps an address no farm uses in.
+func AppendAddressJSON(dst []byte, a *Address) []byte { return a.appendJSON(dst, 0, true) }
+
+// DecodeAddress decodes one address object (AppendAddressJSON's output)
+// and checks its name.
+func DecodeAddress(b []byte) (Address, error) {
+	// An address kept without an IP prints "ip-addr":"", which the API's
+	// decoder refuses (nftlb: "cannot be empty") but which means none.
+	b = bytes.Replace(b, []byte(`,"ip-addr":""`), nil, 1)
+	as, err := DecodeAddresses(b, func(string) (Address, bool) { return Address{}, false })
+	if err != nil {
+		return Address{}, err
+	}
+	if len(as) != 1 {
+		return Address{}, &StructureError{Msg: "not one address object"}
+	}
+	return as[0], nil
+}
+
+// SplitAddresses splits a whole-state body's top-level "addresses" (the
+// address objects no farm uses, as GET /state prints them) from the rest of
+// the body, and decodes them. A body without one is returned as it is.
+func SplitAddresses(body []byte) (rest []byte, addrs []Address, err error) {
+	d, ok := scanDoc(body)
+	defer d.release()
+	if !ok || d.toks[0].kind != '{' {
+		return body, nil, nil // DecodeFarms reports the error
+	}
+	av := d.lastMember(0, "addresses")
+	if av < 0 {
+		return body, nil, nil
+	}
+	rest = append(rest, '{')
+	for k, end := d.children(0); k < end; k = d.toks[k+1].next {
+		if d.key(k) == "addresses" {
+			continue
+		}
+		if len(rest) > 1 {
+			rest = append(rest, ',')
+		}
+		rest = append(append(append(rest, d.raw(k)...), ':'), d.raw(k+1)...)
+	}
+	rest = append(rest, '}')
+	if len(rest) == 2 {
+		rest = []byte(`{"farms":[]}`)
+	}
+	addrs, err = DecodeAddresses(append(append([]byte(`{"addresses":`), d.raw(av)...), '}'), func(string) (Address, bool) { return Address{}, false })
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, a := range addrs {
+		if err := a.Validate(); err != nil {
+			return nil, nil, err
+		}
+	}
+	return rest, addrs, nil
+}
+
+// AppendUnusedAddressesJSON appends `,"addresses":[...]` (the addresses no
+// farm uses, used 0) for a whole-state body; nothing if there are none.
+func AppendUnusedAddressesJSON(dst []byte, addrs []*Address) []byte {
+	if len(addrs) == 0 {
+		return dst
+	}
+	dst = append(dst, `,"addresses":[`...)
+	for i, a := range addrs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = AppendAddressJSON(dst, a)
+	}
+	return append(dst, ']')
 }

@@ -184,7 +184,10 @@ const (
 	MaxBackendPriority = 1<<31 - 1
 	MaxPortRanges      = 64
 	// MaxLogPrefixLen: the kernel's log prefix holds 127 bytes (counted
-	// in bytes, as the kernel does), and the nft data plane adds " xlb farm=<name> " (up to 75 bytes) after it.
+	// in bytes, as the kernel does); nftlb's tokens expand (FNAME to a
+	// name of up to 64 bytes) and the expansion is cut to 127
+	// (plan.LogPrefix). The limit is what it was when the nft plane added
+	// " xlb farm=<name> ", so no saved prefix becomes invalid.
 	MaxLogPrefixLen  = 127 - len(" xlb farm= ") - MaxNameLen
 	DefaultTTL       = 60
 	DefaultLimitsTTL = 120 // nftlb's limits-ttl

@@ -58,7 +58,7 @@ type Undoer interface {
 	Revert(ctx context.Context, d plan.Diff) error
 	// UndoLast takes back the last Commit (or CommitChange) if it is still
 	// remembered and returns the names of the farms it restored, and of
-	// the tables as "table NAME" (none if there was nothing to take back).
+	// the tables as "table NAME" and the unused addresses as "address NAME" (none if there was nothing to take back).
 	UndoLast(ctx context.Context) ([]string, error)
 }
 
@@ -197,6 +197,9 @@ func undoLast(tx *bolt.Tx) ([]string, error) {
 		if err := eachOp(ops, func(o tableOp) error {
 			if o.op == opPutMeta || o.op == opDelMeta {
 				names = append(names, "table "+string(o.name))
+			}
+			if o.op == opPutAddr || o.op == opDelAddr {
+				names = append(names, "address "+string(o.name))
 			}
 			return nil
 		}); err != nil {

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -420,5 +422,47 @@ func TestReadOnlyLoadsJournalTables(t *testing.T) {
 	}
 	if _, ok := tables[0].Entry(e.Key); !ok {
 		t.Errorf("read-only load lacks the journal's entry")
+	}
+}
+
+// A read-only state loads the unused addresses of the journal's records
+// too, each record applied in order: one address put then changed, one put
+// then removed, one without an IP address kept.
+func TestReadOnlyLoadsJournalAddresses(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := model.Address{Name: "a1", Family: model.FamilyIPv4, Addr: netip.MustParseAddr("10.0.9.1"), Protocol: model.ProtoTCP}
+	a2 := model.Address{Name: "a2", Family: model.FamilyIPv4, Addr: netip.MustParseAddr("10.0.9.2"), Protocol: model.ProtoUDP}
+	a3 := model.Address{Name: "a3", Family: model.FamilyIPv6, Protocol: model.ProtoUDP} // no ip-addr
+	a1b := a1
+	a1b.Addr = netip.MustParseAddr("10.0.9.11")
+	ctx := context.Background()
+	for _, td := range []plan.TableDiff{
+		{Addresses: []plan.AddressChange{{New: &a1}, {New: &a2}, {New: &a3}}},
+		{Addresses: []plan.AddressChange{{Old: &a1, New: &a1b}, {Old: &a2}}},
+	} {
+		if err := j.CommitChange(ctx, plan.Diff{}, td); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if j.size == 0 {
+		t.Fatal("the address changes did not go to the journal")
+	}
+	j.Close() // not folded
+	ro, err := openReadOnly(dir, fmt.Errorf("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	addrs, err := ro.LoadAddresses(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(addrs, func(a, b model.Address) int { return strings.Compare(a.Name, b.Name) })
+	if len(addrs) != 2 || addrs[0].Name != "a1" || addrs[0].Addr != a1b.Addr || addrs[1].Name != "a3" || addrs[1].Addr.IsValid() || addrs[1].Family != model.FamilyIPv6 {
+		t.Errorf("read-only load: %+v, want a1 at %s and a3 without an address", addrs, a1b.Addr)
 	}
 }

@@ -25,6 +25,8 @@ import (
 //	opBackSlot  slot             slots[slot] = the bucket undoSlots[slot]
 //	                             (a slot the last change freed, kept aside
 //	                             so its undo costs O(1))
+//	opPutAddr   name, value      addresses[name] = value (addresses.go)
+//	opDelAddr   name             delete addresses[name]
 //
 // names, keys and values are uvarint length then bytes; slots are uvarints.
 const (
@@ -35,6 +37,8 @@ const (
 	opPutEntry
 	opDelEntry
 	opBackSlot
+	opPutAddr
+	opDelAddr
 )
 
 // undoSlotsBucket holds the slots the last saved change freed, under their
@@ -122,6 +126,9 @@ func encodeTableRedo(d plan.TableDiff) []byte {
 			}
 		}
 	}
+	for _, c := range d.Addresses {
+		w.addrOp(c.Old, c.New)
+	}
 	return w.b
 }
 
@@ -129,6 +136,9 @@ func encodeTableRedo(d plan.TableDiff) []byte {
 // journal's path: nothing is read from the bbolt file).
 func encodeTableUndo(d plan.TableDiff) []byte {
 	var w opWriter
+	for i := len(d.Addresses) - 1; i >= 0; i-- {
+		w.addrOp(d.Addresses[i].New, d.Addresses[i].Old)
+	}
 	for i := len(d.Slots) - 1; i >= 0; i-- {
 		c := d.Slots[i]
 		switch {
@@ -214,8 +224,10 @@ func eachOp(ops []byte, fn func(o tableOp) error) error {
 		switch o.op {
 		case opPutMeta:
 			o.name, o.val = r.bytes(), r.bytes()
-		case opDelMeta:
+		case opDelMeta, opDelAddr:
 			o.name = r.bytes()
+		case opPutAddr:
+			o.name, o.val = r.bytes(), r.bytes()
 		case opNewSlot, opDropSlot, opBackSlot:
 			o.slot = uint32(r.uvarint())
 		case opPutEntry:
@@ -260,8 +272,16 @@ func applyTableOps(tx *bolt.Tx, ops []byte) error {
 		cur, curSlot = b, n
 		return b, err
 	}
+	addrs, err := tx.CreateBucketIfNotExists(addressesBucket)
+	if err != nil {
+		return err
+	}
 	return eachOp(ops, func(o tableOp) error {
 		switch o.op {
+		case opPutAddr:
+			return addrs.Put(o.name, o.val)
+		case opDelAddr:
+			return addrs.Delete(o.name)
 		case opPutMeta:
 			return tb.Put(o.name, o.val)
 		case opDelMeta:
@@ -354,6 +374,28 @@ func writeTablesUndo(tx *bolt.Tx, d plan.TableDiff) ([]byte, error) {
 			}
 		}
 	}
+	if len(d.Addresses) > 0 {
+		addrs, err := tx.CreateBucketIfNotExists(addressesBucket)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range d.Addresses {
+			name := addressName(c)
+			old := addrs.Get([]byte(name))
+			rec(func(w *opWriter) {
+				if old == nil {
+					w.str2(opDelAddr, name)
+					return
+				}
+				w.b = append(w.b, opPutAddr)
+				w.str(name)
+				w.bytes(old)
+			})
+			if err := putAddress(addrs, c); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for _, c := range d.Slots {
 		key := slotKey(c.Slot)
 		switch {
@@ -425,11 +467,18 @@ func writeTablesUndo(tx *bolt.Tx, d plan.TableDiff) ([]byte, error) {
 type memTables struct {
 	metas map[string][]byte
 	slots map[uint32]map[string][]byte
+	addrs map[string][]byte // nil: not wanted
 }
 
 func (m *memTables) apply(ops []byte) error {
 	return eachOp(ops, func(o tableOp) error {
 		switch o.op {
+		case opPutAddr:
+			if m.addrs != nil {
+				m.addrs[string(o.name)] = o.val
+			}
+		case opDelAddr:
+			delete(m.addrs, string(o.name))
 		case opPutMeta:
 			m.metas[string(o.name)] = o.val
 		case opDelMeta:

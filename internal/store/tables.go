@@ -85,7 +85,7 @@ func (s *Bolt) CommitTables(ctx context.Context, d plan.TableDiff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if len(d.Tables) == 0 && len(d.Slots) == 0 {
+	if len(d.Tables) == 0 && len(d.Slots) == 0 && len(d.Addresses) == 0 {
 		return nil
 	}
 	if err := s.db.Update(func(tx *bolt.Tx) error { return writeTables(tx, d) }); err != nil {
@@ -95,6 +95,9 @@ func (s *Bolt) CommitTables(ctx context.Context, d plan.TableDiff) error {
 }
 
 func writeTables(tx *bolt.Tx, d plan.TableDiff) error {
+	if err := writeAddresses(tx, d); err != nil {
+		return err
+	}
 	tb, err := tx.CreateBucketIfNotExists(tablesBucket)
 	if err != nil {
 		return err
@@ -389,7 +392,7 @@ func (s *Bolt) RevertChange(ctx context.Context, d plan.Diff, td plan.TableDiff)
 // farm change); a larger one, or a bulk change, folds the journal and goes
 // to the bbolt file.
 func (j *Journal) CommitChange(ctx context.Context, d plan.Diff, td plan.TableDiff) error {
-	if len(td.Tables)+len(td.Slots) == 0 {
+	if len(td.Tables)+len(td.Slots)+len(td.Addresses) == 0 {
 		return j.Commit(ctx, d)
 	}
 	if err := ctx.Err(); err != nil {

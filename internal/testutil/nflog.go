@@ -38,7 +38,10 @@ type NFLogEntry struct {
 // (nftables `log group N`). The kernel log of a namespace other than the
 // host's is silent unless a host-wide sysctl says otherwise, so tests read
 // NFLOG instead.
-type NFLog struct{ c *netlink.Conn }
+type NFLog struct {
+	c       *netlink.Conn
+	pending []NFLogEntry // read but not returned yet
+}
 
 // ListenNFLOG binds NFLOG group in ns; it is closed in tb.Cleanup.
 func ListenNFLOG(tb testing.TB, ns netns.NsHandle, group uint16) *NFLog {
@@ -69,8 +72,17 @@ func ListenNFLOG(tb testing.TB, ns netns.NsHandle, group uint16) *NFLog {
 }
 
 // Wait returns the first entry whose prefix contains substr, waiting at
-// most timeout.
+// most timeout. Entries before it are skipped; those after it that came in
+// the same read (one packet logged by several rules arrives as one batch)
+// are kept for the next Wait.
 func (l *NFLog) Wait(substr string, timeout time.Duration) (NFLogEntry, error) {
+	for len(l.pending) > 0 {
+		e := l.pending[0]
+		l.pending = l.pending[1:]
+		if strings.Contains(e.Prefix, substr) {
+			return e, nil
+		}
+	}
 	deadline := time.Now().Add(timeout)
 	if err := l.c.SetReadDeadline(deadline); err != nil {
 		return NFLogEntry{}, err
@@ -80,34 +92,48 @@ func (l *NFLog) Wait(substr string, timeout time.Duration) (NFLogEntry, error) {
 		if err != nil {
 			return NFLogEntry{}, fmt.Errorf("no NFLOG entry with %q: %w", substr, err)
 		}
-		for _, m := range msgs {
-			if m.Header.Type != netlink.HeaderType(nfnlSubsysULOG<<8|nfulnlMsgPacket) || len(m.Data) < 4 {
+		for i, m := range msgs {
+			e, ok := decodeNFLog(m)
+			if !ok {
 				continue
-			}
-			ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-			if err != nil {
-				continue
-			}
-			var e NFLogEntry
-			for ad.Next() {
-				switch ad.Type() {
-				case nfulaPrefix:
-					e.Prefix = strings.TrimRight(string(ad.Bytes()), "\x00")
-				case nfulaPayload:
-					p := ad.Bytes()
-					switch {
-					case len(p) >= 20 && p[0]>>4 == 4:
-						e.Src, _ = netip.AddrFromSlice(p[12:16])
-						e.Dst, _ = netip.AddrFromSlice(p[16:20])
-					case len(p) >= 40 && p[0]>>4 == 6:
-						e.Src, _ = netip.AddrFromSlice(p[8:24])
-						e.Dst, _ = netip.AddrFromSlice(p[24:40])
-					}
-				}
 			}
 			if strings.Contains(e.Prefix, substr) {
+				for _, m := range msgs[i+1:] {
+					if e, ok := decodeNFLog(m); ok {
+						l.pending = append(l.pending, e)
+					}
+				}
 				return e, nil
 			}
 		}
 	}
+}
+
+// decodeNFLog decodes one NFLOG packet message.
+func decodeNFLog(m netlink.Message) (NFLogEntry, bool) {
+	if m.Header.Type != netlink.HeaderType(nfnlSubsysULOG<<8|nfulnlMsgPacket) || len(m.Data) < 4 {
+		return NFLogEntry{}, false
+	}
+	ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+	if err != nil {
+		return NFLogEntry{}, false
+	}
+	var e NFLogEntry
+	for ad.Next() {
+		switch ad.Type() {
+		case nfulaPrefix:
+			e.Prefix = strings.TrimRight(string(ad.Bytes()), "\x00")
+		case nfulaPayload:
+			p := ad.Bytes()
+			switch {
+			case len(p) >= 20 && p[0]>>4 == 4:
+				e.Src, _ = netip.AddrFromSlice(p[12:16])
+				e.Dst, _ = netip.AddrFromSlice(p[16:20])
+			case len(p) >= 40 && p[0]>>4 == 6:
+				e.Src, _ = netip.AddrFromSlice(p[8:24])
+				e.Dst, _ = netip.AddrFromSlice(p[24:40])
+			}
+		}
+	}
+	return e, true
 }

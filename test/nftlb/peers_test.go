@@ -37,6 +37,8 @@ type peer struct {
 	hc     *http.Client
 	cmd    *exec.Cmd
 	log    *bytes.Buffer
+	// stateDir: xlb's state directory.
+	stateDir string
 }
 
 // reply is one answer.
@@ -165,11 +167,27 @@ func nftlbBinary(t *testing.T) string {
 // of its own, both on 127.0.0.1:5555 there.
 func startPeers(t *testing.T) (nftlb, xlb *peer) {
 	testutil.RequireRoot(t)
-	nbin, xbin := nftlbBinary(t), xlbBinary(t)
+	nbin := nftlbBinary(t)
 	nftlb = newPeer(t, "nftlb", nil, nbin, "-k", key, "-H", "127.0.0.1", "-P", "5555", "-l", "3", "-L", "2")
-	xlb = newPeer(t, "xlb", []string{"XLB_KEY=" + key}, xbin, "daemon", "--listen", "127.0.0.1:5555",
-		"--state-dir", t.TempDir(), "--socket", "none", "--dataplane", "nft", "--log-level", "warn")
+	xlb = startXlb(t, t.TempDir())
 	return nftlb, xlb
+}
+
+// startXlb starts xlb (nft data plane) on the state directory dir, in a
+// namespace of its own.
+func startXlb(t *testing.T, dir string) *peer {
+	p := newPeer(t, "xlb", []string{"XLB_KEY=" + key}, xlbBinary(t), "daemon", "--listen", "127.0.0.1:5555",
+		"--state-dir", dir, "--socket", "none", "--dataplane", "nft", "--log-level", "warn")
+	p.stateDir = dir
+	return p
+}
+
+// restartXlb stops xlb and starts it again on its state directory (in a
+// new namespace: what it serves comes from the saved state).
+func restartXlb(t *testing.T, p *peer) *peer {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+	return startXlb(t, p.stateDir)
 }
 
 // responseText is the text of a {"response": ...} body, ok false if the

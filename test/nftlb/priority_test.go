@@ -99,28 +99,60 @@ func linkPeers(t *testing.T, peers ...*peer) {
 	}
 }
 
-// TestSideBySideUnusedAddress: an address object no farm uses. nftlb keeps
-// it ("used": "0") and programs nothing for it: its ruleset is the same
-// before and after, for an IPv4 and an IPv6 address. xlb keeps an address
-// with the farms that use it and refuses it (docs/nftlb-compat.md), and
-// has nothing to program either.
+// TestSideBySideUnusedAddress: an address object no farm uses (nftlb's
+// README: "create a new address", then "assign an address to a farm").
+// Both keep it ("used": "0") and program nothing for it: the rulesets are
+// the same before and after, for an IPv4 and an IPv6 address. A farm that
+// then names it serves on it in both; once no farm uses it, it is gone in
+// both. xlb keeps it across a restart.
 func TestSideBySideUnusedAddress(t *testing.T) {
 	nftlb, xlb := startPeers(t)
 	rules := func(p *peer) string { return normRules(testutil.Run(t, p.nsName, "nft", "list", "ruleset")) }
 	before := map[*peer]string{nftlb: rules(nftlb), xlb: rules(xlb)}
-	for _, body := range []string{
-		`{"addresses":[{"name":"lone4","family":"ipv4","ip-addr":"10.0.9.1","ports":"80","protocol":"tcp"}]}`,
-		`{"addresses":[{"name":"lone6","family":"ipv6","ip-addr":"fd00::9:1","ports":"53","protocol":"udp"}]}`,
-	} {
-		run(t, nftlb, xlb, []step{{name: "an unused address", method: "POST", path: "/addresses", body: body, refuse: 400,
-			refuseWith: "no farm uses this address", why: "xlb keeps an address with the farms that use it"}})
-	}
+	run(t, nftlb, xlb, []step{
+		same("create a new address (README)", "POST", "/addresses", `{"addresses":[{"name":"lone4","family":"ipv4","ip-addr":"10.0.9.1","ports":"80","protocol":"tcp"}]}`),
+		same("an IPv6 one", "POST", "/addresses", `{"addresses":[{"name":"lone6","family":"ipv6","ip-addr":"fd00::9:1","ports":"53","protocol":"udp"}]}`),
+		get("/addresses"), get("/addresses/lone4"), get("/farms"),
+		same("change an unused address", "POST", "/addresses", `{"addresses":[{"name":"lone6","ports":"53,5353"}]}`),
+		get("/addresses/lone6"),
+	})
 	for _, p := range []*peer{nftlb, xlb} {
 		if after := rules(p); after != before[p] {
-			t.Errorf("%s programmed something for unused addresses:\nbefore: %s\nafter:  %s", p.name, before[p], after)
+			t.Errorf("%s programmed something for unused addresses:\nbefore: %.2000s\nafter:  %.2000s", p.name, before[p], after)
 		}
 	}
-	if r := nftlb.do(t, "GET", "/addresses", ""); !strings.Contains(r.body, `"used": "0"`) {
-		t.Errorf("nftlb's addresses: %s", r.body)
+	if r := xlb.do(t, "GET", "/addresses/lone4", ""); !strings.Contains(r.body, `"used":"0"`) {
+		t.Errorf("xlb's unused address: %s", r.body)
+	}
+	// xlb keeps them across a restart.
+	xlb = restartXlb(t, xlb)
+	before[xlb] = rules(xlb) // its new namespace, before any farm
+	run(t, nftlb, xlb, []step{
+		get("/addresses"),
+		same("assign an address to a farm (README)", "POST", "/farms", `{"farms":[{"name":"f","mode":"snat","addresses":[{"name":"lone4"}],
+			"backends":[{"name":"b1","ip-addr":"10.1.0.1","port":"80"}]}]}`),
+		get("/farms/f"), get("/addresses"),
+	})
+	want := map[*peer]string{nftlb: "tcp . 10.0.9.1 . 80 : goto nat-f", xlb: "10.0.9.1 . tcp . 80 : goto "}
+	for _, p := range []*peer{nftlb, xlb} {
+		if r := rules(p); !strings.Contains(r, want[p]) {
+			t.Errorf("%s does not serve farm f on the address it named (%q): %.2000s", p.name, want[p], r)
+		}
+	}
+	run(t, nftlb, xlb, []step{
+		same("delete an unused address", "DELETE", "/addresses/lone6", ""),
+		get("/addresses"),
+		same("delete it again", "DELETE", "/addresses/lone6", ""),
+		// The farm keeps the address: when the farm goes, so does it.
+		same("delete the farm", "DELETE", "/farms/f", ""),
+		get("/addresses"),
+		same("another unused address", "POST", "/addresses", `{"addresses":[{"name":"lone7","family":"ipv4","ip-addr":"10.0.9.7","ports":"80","protocol":"tcp"}]}`),
+		same("delete every farm", "DELETE", "/farms", ""),
+		get("/addresses"),
+	})
+	for _, p := range []*peer{nftlb, xlb} {
+		if after := rules(p); after != before[p] {
+			t.Errorf("%s's ruleset after the farm went differs from before it came", p.name)
+		}
 	}
 }

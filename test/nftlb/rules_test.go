@@ -39,7 +39,8 @@ func normRules(s string) string {
 	return spacesRE.ReplaceAllString(s, " ")
 }
 
-// TestSideBySideRules: nftlb's limits, verdicts, log prefixes, log-rtlimit,
+// TestSideBySideRules: nftlb's limits, verdicts, log prefixes (the limits'
+// and the farm's own), log-rtlimit,
 // limits-ttl, rate units, mode local, backend source-addr, static sessions
 // and queue, each
 // sent to Debian's nftlb and to xlb, with what each programs compared.
@@ -70,6 +71,20 @@ func TestSideBySideRules(t *testing.T) {
 			both:     []string{`limit rate 2/second log prefix "new-rtlimit-f " drop`},
 			nftlbHas: []string{`add @SET { ip saddr limit rate over 3/second } jump {`},
 			xlbHas:   []string{`add @SET { ip saddr limit rate over 3/second } jump v-`}},
+		// A farm's own log lines: nftlb's prefixes, its tokens expanded
+		// (KNAME "log", TYPE the hook, FNAME the farm; default
+		// "TYPE-FNAME "), one line per hook. nftlb writes the input line
+		// in its nat chain and the forward line in its forward chain; xlb
+		// writes both in the farm's log chain (docs/nftlb-compat.md).
+		{name: "log input, nftlb's default prefix",
+			farm: `"mode":"snat","log":"input"`,
+			both: []string{`log prefix "IN-f "`}, absent: []string{`"FWD-f "`, "xlb farm="}},
+		{name: "log forward",
+			farm: `"mode":"snat","log":"forward"`,
+			both: []string{`log prefix "FWD-f "`}, absent: []string{`"IN-f "`}},
+		{name: "log input and forward with nftlb's tokens",
+			farm: `"mode":"snat","log":"input forward","log-prefix":"X-KNAME-TYPE-FNAME "`,
+			both: []string{`log prefix "X-log-IN-f "`, `log prefix "X-log-FWD-f "`}},
 		{name: "mode local: nothing forwarded",
 			farm:   `"mode":"local"`,
 			absent: []string{"10.1.0.1", "10.1.0.2"}},

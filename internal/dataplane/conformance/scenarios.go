@@ -122,7 +122,7 @@ var scenarios = []scenario{
 	{name: "helper-snmp", backends: 1, farm: helperFarm(model.HelperSNMP, model.ProtoUDP), run: runHelperAttached},
 	{name: "log", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("logged", model.ProtoTCP)
-		f.Log, f.LogPrefix = model.LogForward, "conf"
+		f.Log, f.LogPrefix = model.LogInput|model.LogForward, "conf-KNAME-TYPE-FNAME "
 		return f
 	}, run: runLog},
 	{name: "mark-backend", backends: 2, farm: func(e *Env) model.Farm {
@@ -949,28 +949,37 @@ func runBackendMark(t *testing.T, e *Env, f model.Farm) {
 }
 
 // runLog: each new connection of a farm with log is logged (to NFLOG group
-// LogGroup, or where Plane.ConnLog reads) with the farm's log-prefix and
-// name, and the logged packet is addressed to the backend that answered.
+// LogGroup, or where Plane.ConnLog reads) once for each hook of its log,
+// with nftlb's prefix for that hook (its log-prefix with KNAME, TYPE and
+// FNAME expanded: "conf-log-IN-logged ", "conf-log-FWD-logged "), and the
+// logged packet is addressed to the backend that answered.
 func runLog(t *testing.T, e *Env, f model.Farm) {
 	wait := e.logWaiter(t)
 	e.Put(t, f)
+	prefixes := plan.FarmLogPrefixes(&f)
+	if len(prefixes) != 2 || prefixes[1] != "conf-log-FWD-"+f.Name+" " {
+		t.Fatalf("the farm's log prefixes: %q", prefixes)
+	}
 	for range 2 {
 		name, _ := e.ask(t, f, netip.AddrPort{})
-		entry, err := wait("farm="+f.Name+" ", 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.HasPrefix(entry.Prefix, f.LogPrefix) {
-			t.Errorf("log prefix %q does not start with the farm's log-prefix %q", entry.Prefix, f.LogPrefix)
-		}
 		var want netip.Addr
 		for _, b := range f.Backends {
 			if b.Name == name {
 				want = b.Addr
 			}
 		}
-		if entry.Dst != want || entry.Src != e.Client.IPv4 {
-			t.Errorf("logged packet %s -> %s, want %s -> %s (the backend that answered, %s)", entry.Src, entry.Dst, e.Client.IPv4, want, name)
+		// The connection's lines, in the order of the hooks.
+		for _, prefix := range prefixes {
+			entry, err := wait(prefix, 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if entry.Prefix != prefix {
+				t.Errorf("log prefix %q, want %q", entry.Prefix, prefix)
+			}
+			if entry.Dst != want || entry.Src != e.Client.IPv4 {
+				t.Errorf("logged packet %s -> %s, want %s -> %s (the backend that answered, %s)", entry.Src, entry.Dst, e.Client.IPv4, want, name)
+			}
 		}
 	}
 }

@@ -55,7 +55,7 @@ func TestTrafficCountersAndLog(t *testing.T) {
 		}, "web-in"},
 		{dns, func() (string, error) {
 			return testutil.AskUDP(topo.Client.NS, netip.AddrPortFrom(testutil.VIP4(2), 53))
-		}, ""},
+		}, "IN-dns "}, // nftlb's default prefix, TYPE-FNAME
 	} {
 		answered := map[string]uint64{}
 		for i := range n {

@@ -62,12 +62,15 @@ func (p *Plane) readEvents(rd *ringbuf.Reader, done chan struct{}) {
 	}
 }
 
-// logEvent logs one new connection, naming its farm and backend.
+// logEvent logs one new connection, naming its farm and backend: a line
+// for each hook of the farm's log, with the prefix the nft plane gives that
+// hook's line (nftlb's, plan.FarmLogPrefixes).
 func (p *Plane) logEvent(ev *xlbConnEvent) {
-	farm, backend, prefix := "", "", ""
+	farm, backend := "", ""
+	var prefixes []string
 	p.mu.Lock()
 	if g := p.bySvc[ev.Svc]; g != nil {
-		farm, prefix = g.farm, g.logPrefix
+		farm, prefixes = g.farm, g.logPrefixes
 		for i, id := range g.ids {
 			if id == ev.Backend && i < len(g.names) {
 				backend = g.names[i]
@@ -80,14 +83,22 @@ func (p *Plane) logEvent(ev *xlbConnEvent) {
 	if ev.Proto == model.ProtoUDP.Number() {
 		proto = model.ProtoUDP
 	}
-	p.log.Info("new connection",
-		slog.String("prefix", prefix),
-		slog.String("farm", farm),
-		slog.String("backend", backend),
-		slog.String("protocol", proto.String()),
-		slog.String("client", netip.AddrPortFrom(wordsAddr(ev.Src, ev.Family), be16(ev.Sport)).String()),
-		slog.String("vip", netip.AddrPortFrom(wordsAddr(ev.Vip, ev.Family), be16(ev.Vport)).String()),
-		slog.String("backend_addr", netip.AddrPortFrom(wordsAddr(ev.Dst, ev.Family), be16(ev.Dport)).String()))
+	client := netip.AddrPortFrom(wordsAddr(ev.Src, ev.Family), be16(ev.Sport)).String()
+	vip := netip.AddrPortFrom(wordsAddr(ev.Vip, ev.Family), be16(ev.Vport)).String()
+	dst := netip.AddrPortFrom(wordsAddr(ev.Dst, ev.Family), be16(ev.Dport)).String()
+	if len(prefixes) == 0 {
+		prefixes = []string{""} // the farm is gone: the line still says what happened
+	}
+	for _, prefix := range prefixes {
+		p.log.Info("new connection",
+			slog.String("prefix", prefix),
+			slog.String("farm", farm),
+			slog.String("backend", backend),
+			slog.String("protocol", proto.String()),
+			slog.String("client", client),
+			slog.String("vip", vip),
+			slog.String("backend_addr", dst))
+	}
 }
 
 // logPolicyDrop logs a packet a farm's policy dropped, naming the table

@@ -41,10 +41,10 @@ type generation struct {
 	// stlsdnat: reply mappings (backend -> VIP), parallel slices.
 	stlKeys []xlbStlKey
 	stlVals []xlbStlVal
-	// log: the farm logs new connections (xlb_svc_flags), with this
-	// prefix.
-	log       bool
-	logPrefix string
+	// log: the farm logs new connections (xlb_svc_flags), a line for
+	// each of these prefixes (one per hook of its log).
+	log         bool
+	logPrefixes []string
 	// passive: the farm's passive check (resolved), whose backends the
 	// program watches (passive.go), but its sorry server; nil: none.
 	passive *model.PassiveCheck
@@ -73,7 +73,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	if f.State != model.StateUp {
 		return nil, nil
 	}
-	g := &generation{farm: f.Name, log: f.Log != 0, logPrefix: f.LogPrefix, noLocal: f.IntraConnectOff}
+	g := &generation{farm: f.Name, log: f.Log != 0, logPrefixes: plan.FarmLogPrefixes(f), noLocal: f.IntraConnectOff}
 	if f.Check != nil && f.Check.Passive != nil {
 		r := f.Check.Passive.Resolved()
 		g.passive, g.sorry = &r, f.Check.SorryServer

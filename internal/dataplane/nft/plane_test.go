@@ -410,7 +410,7 @@ table inet xlb {
 		flags interval
 	}
 	chain STICKYL {
-		log prefix "stk xlb farm=sticky "
+		log prefix "stk"
 	}
 	map snatb4 {
 		type ipv4_addr . inet_proto . inet_service . ipv4_addr : ipv4_addr

@@ -270,20 +270,15 @@ func (p *farmPlan) filterRules(f *model.Farm, helper string) [][]expr.Any {
 	return out
 }
 
-// logPrefix is the prefix of a farm's log lines: the farm's log-prefix,
-// then "xlb farm=<name> ". The logged packet is the connection's first,
-// after dnat: its destination is the backend chosen.
-func logPrefix(f *model.Farm) string {
-	p := "xlb farm=" + f.Name + " "
-	if f.LogPrefix != "" {
-		p = f.LogPrefix + " " + p
-	}
-	return p
-}
-
 // logRules returns the rules of a farm's log chain, reached from the
 // postrouting chain (nat: the first packet of each new connection, after
-// the backend was chosen): `log prefix "..." [group N]`, then back.
+// the backend was chosen): one `log prefix "..." [group N]` for each hook
+// of the farm's log, with nftlb's prefixes (plan.FarmLogPrefixes: "IN-f ",
+// "FWD-f " by default), then back.
 func logRules(f *model.Farm, group uint16) [][]expr.Any {
-	return [][]expr.Any{{logExpr(logPrefix(f), group)}}
+	var rules [][]expr.Any
+	for _, p := range plan.FarmLogPrefixes(f) {
+		rules = append(rules, []expr.Any{logExpr(p, group)})
+	}
+	return rules
 }

@@ -3,12 +3,12 @@ package nft
 import (
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -50,12 +50,7 @@ func backendKind(id uint32) limitKind {
 	return limitKind{"b" + strconv.FormatUint(uint64(id), 16), "est-connlimit"}
 }
 
-const (
-	farmVerdict = "v-" // verdict chain: v-<hash>-<kind>
-	// maxLogPrefix is the kernel's limit of a log prefix (NF_LOG_PREFIXLEN
-	// less the NUL).
-	maxLogPrefix = 127
-)
+const farmVerdict = "v-" // verdict chain: v-<hash>-<kind>
 
 // limitPrefix returns the log prefix of a limit: prefix (nftlb's default
 // when empty) with KNAME, FNAME and BNAME replaced, cut to what the kernel
@@ -67,15 +62,7 @@ func limitPrefix(prefix, kname, farm, backend string) string {
 			prefix = "KNAME-FNAME-BNAME "
 		}
 	}
-	tokens := []string{"KNAME", kname, "FNAME", farm}
-	if backend != "" {
-		tokens = append(tokens, "BNAME", backend)
-	}
-	p := strings.NewReplacer(tokens...).Replace(prefix)
-	if len(p) > maxLogPrefix {
-		p = p[:maxLogPrefix]
-	}
-	return p
+	return plan.LogPrefix(prefix, kname, "", farm, backend)
 }
 
 // verdictChainName names a farm's verdict chain of one limit.

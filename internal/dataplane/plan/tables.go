@@ -60,9 +60,23 @@ type TableDiff struct {
 	Tables []TableChange
 	Slots  []SlotChange
 	Farms  []FarmChange
+	// Addresses are the address objects no farm uses (nftlb's POST
+	// /addresses before a farm names one) that the change creates, changes
+	// or removes. They program nothing in the kernel (nftlb programs
+	// nothing for them either): only the store keeps them, with the
+	// change's tables, so they are saved, journaled and undone alike.
+	Addresses []AddressChange
 }
 
-// Empty reports whether the diff changes nothing.
+// AddressChange is one unused address object's change: Old nil for a
+// created one, New nil for a removed one (deleted, or now kept by the farm
+// that names it).
+type AddressChange struct {
+	Old, New *model.Address
+}
+
+// Empty reports whether the diff changes nothing in the kernel (its
+// Addresses are not there).
 func (d TableDiff) Empty() bool {
 	return len(d.Tables) == 0 && len(d.Slots) == 0 && len(d.Farms) == 0
 }
@@ -73,6 +87,9 @@ func (d TableDiff) Inverse() TableDiff {
 		Tables: make([]TableChange, len(d.Tables)),
 		Slots:  make([]SlotChange, len(d.Slots)),
 		Farms:  Diff{Changes: d.Farms}.Inverse().Changes,
+	}
+	for i := len(d.Addresses) - 1; i >= 0; i-- {
+		inv.Addresses = append(inv.Addresses, AddressChange{Old: d.Addresses[i].New, New: d.Addresses[i].Old})
 	}
 	for i, c := range d.Tables {
 		inv.Tables[len(d.Tables)-1-i] = TableChange{Old: c.New, New: c.Old}
