@@ -15,7 +15,8 @@
 
 #include "xlb_consts.h"
 #include "xlb_structs.h"
-#include "xlb_maps.h" /* xlb_services */
+#include "xlb_maps.h"
+#include "xlb_tables.h" /* svc_lookup */
 #include "xlb_parsing.h"
 #include "xlb_rate.h"
 
@@ -87,7 +88,8 @@ static __always_inline int client_new_limited(const struct pkt *p, const struct 
  * client_rst_limited() - whether TCP packet @p with RST, tracked or not, to
  * a farm goes past its client's rst-rtlimit (nft: every packet to the farm
  * is checked, not only a flow's first). Other packets cost one test; a
- * reset looks its farm up by destination. Not inlined: resets are rare.
+ * reset looks its farm up by destination (and source, for farms chosen by
+ * source table: svc_lookup). Not inlined: resets are rare.
  * Return: 1 to drop the packet, 0 otherwise.
  */
 static __attribute__((noinline)) int client_rst_limited(const struct pkt *p)
@@ -101,10 +103,10 @@ static __attribute__((noinline)) int client_rst_limited(const struct pkt *p)
 	key.port = p->k.dport;
 	key.proto = p->k.proto;
 	key.family = p->k.family;
-	svc = bpf_map_lookup_elem(&xlb_services, &key);
+	svc = svc_lookup(p, &key);
 	if (!svc) {
 		key.port = 0;
-		svc = bpf_map_lookup_elem(&xlb_services, &key);
+		svc = svc_lookup(p, &key);
 	}
 	if (!svc || !svc->rst_iv)
 		return 0;

@@ -791,10 +791,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	key.port = p->k.dport;
 	key.proto = p->k.proto;
 	key.family = p->k.family;
-	svc = bpf_map_lookup_elem(&xlb_services, &key);
+	svc = svc_lookup(p, &key);
 	if (!svc) {
 		key.port = 0;
-		svc = bpf_map_lookup_elem(&xlb_services, &key);
+		svc = svc_lookup(p, &key);
 		if (!svc)
 			return lb4_stateless_reply(skb, p);
 	}

@@ -53,6 +53,12 @@
 #define XLB_MAX_POLICY_KEYS 65536
 #endif
 
+/* Farms chosen by source table on one VIP, protocol and port (the default
+ * farm, without a source table, not counted). */
+#ifndef XLB_MAX_SOURCE_FARMS
+#define XLB_MAX_SOURCE_FARMS 8
+#endif
+
 /* Values shared with Go (bpf2go -type; struct xlb_tbl_enums puts them in
  * the object's BTF). */
 enum xlb_tbl_size {
@@ -60,6 +66,10 @@ enum xlb_tbl_size {
 	XLB_TBL_SIZE_ENTRIES = XLB_MAX_TABLE_ENTRIES,
 	XLB_TBL_SIZE_FARM_POLICIES = XLB_MAX_FARM_POLICIES,
 	XLB_TBL_SIZE_POLICY_KEYS = XLB_MAX_POLICY_KEYS,
+	XLB_TBL_SIZE_SOURCE_FARMS = XLB_MAX_SOURCE_FARMS,
+	/* A farm chosen by source table has its services in xlb_services
+	 * under its key with a tag (1-31) in svc_key.family's bits 3-7. */
+	XLB_TBL_SIZE_SVC_TAG_SHIFT = 3,
 };
 
 /* xlb_tbl_meta value: what a farm does with a client found in the table
@@ -96,6 +106,7 @@ enum xlb_tbl_conf_flag {
 	XLB_TBL_CONF_ANYPORT = 2, /* some farm of every port (port 0) has policies */
 	XLB_TBL_CONF_ANY = 3,
 	XLB_TBL_CONF_MAC = 4,	       /* some farm has a mac table: load the source MAC */
+	XLB_TBL_CONF_STEER = 8,	       /* some key is shared by farms chosen by source table */
 	XLB_TBL_CONF_XDP = 0x40000000, /* never stored: tbl_denied runs in the XDP program */
 	XLB_TBL_GEN_SHIFT = 8,
 	XLB_TBL_GEN_MAX = 127, /* generations 1-127 fit a conntrack entry's nh_flags */
@@ -191,6 +202,7 @@ const struct tbl_key6 *xlb_unused_tbl_key6 __attribute__((unused));
 const struct tbl_hkey *xlb_unused_tbl_hkey __attribute__((unused));
 const struct tbl_bind *xlb_unused_tbl_bind __attribute__((unused));
 const struct tbl_event *xlb_unused_tbl_event __attribute__((unused));
+const struct tbl_steer *xlb_unused_tbl_steer __attribute__((unused));
 
 /* The inner maps' template: the loader makes one trie per slot and family
  * like these (named xt4_<slot>, xt6_<slot>, so a restarted loader knows
@@ -265,6 +277,25 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_tbl_policy SEC(".maps");
+
+/* xlb_tbl_steer value: the farms chosen by source table on one service
+ * key, in the order tried (their tables' priority, then farm name). */
+struct tbl_steer {
+	__u16 ids[XLB_MAX_SOURCE_FARMS]; /* host: the source tables' ids */
+	__u8 tags[XLB_MAX_SOURCE_FARMS]; /* each farm's service key tag */
+	__u32 n;			 /* host: entries used */
+};
+
+/* (VIP, port or 0, protocol), untagged -> the farms chosen by source table
+ * there. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_key);
+	__type(value, struct tbl_steer);
+	__uint(max_entries, XLB_MAX_POLICY_KEYS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_tbl_steer SEC(".maps");
 
 /* [0]: XLB_TBL_CONF_* flags. Pinned, so a restarted program enforces the
  * policies from its first packet. */
@@ -358,6 +389,61 @@ tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p, const __u8 *smac, __u32
 		__sync_fetch_and_add(&v->bytes, len);
 	}
 	return v;
+}
+
+/**
+ * tbl_steer_tag() - the tag of the farm chosen by source table that serves
+ * the client of @p on service key @key: the first in xlb_tbl_steer's order
+ * whose addr table holds the client (counting the match: a source table's
+ * counters count the connections it steered).
+ * Return: the tag (1-31), 0 for the default farm.
+ */
+static __attribute__((noinline)) __u32 tbl_steer_tag(const struct pkt *p, const struct svc_key *key)
+{
+	struct tbl_steer *st = bpf_map_lookup_elem(&xlb_tbl_steer, key);
+	struct tbl_bind *b;
+	__u32 i, id;
+
+	if (!st)
+		return 0;
+	for (i = 0; i < XLB_MAX_SOURCE_FARMS; i++) {
+		if (i >= st->n)
+			break;
+		id = st->ids[i];
+		b = bpf_map_lookup_elem(&xlb_tbl_meta, &id);
+		if (!b || (b->verdict >> XLB_TBL_T_SHIFT))
+			continue;
+		if (tbl_match(b->slot, p, 0))
+			return st->tags[i];
+	}
+	return 0;
+}
+
+/**
+ * svc_lookup() - the service of @key (VIP, port, protocol of @p's
+ * destination) for @p's client: where farms chosen by source table share
+ * the key, the one whose table holds the client, else the key's own.
+ * @key keeps the key matched (tagged for a farm chosen by source table).
+ * Return: the service, or NULL.
+ */
+static __always_inline struct svc_val *svc_lookup(const struct pkt *p, struct svc_key *key)
+{
+	__u32 zero = 0, *conf = bpf_map_lookup_elem(&xlb_tbl_conf, &zero);
+	struct svc_val *svc;
+	__u8 fam = key->family;
+	__u32 tag;
+
+	if (conf && (*conf & XLB_TBL_CONF_STEER)) {
+		tag = tbl_steer_tag(p, key);
+		if (tag) {
+			key->family = fam | (tag << XLB_TBL_SIZE_SVC_TAG_SHIFT);
+			svc = bpf_map_lookup_elem(&xlb_services, key);
+			if (svc)
+				return svc;
+			key->family = fam;
+		}
+	}
+	return bpf_map_lookup_elem(&xlb_services, key);
 }
 
 /**

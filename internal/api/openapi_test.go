@@ -79,7 +79,7 @@ func TestOpenAPIRoutes(t *testing.T) {
 // the other way round.
 func TestOpenAPISchemasMatchCodec(t *testing.T) {
 	doc, _ := loadOpenAPI(t)
-	fs, err := model.DecodeFarms([]byte(`{"name":"f","virtual-addr":"10.0.0.1","persistence":"srcip","check":{"type":"tcp","port":"80"},
+	fs, err := model.DecodeFarms([]byte(`{"name":"f","virtual-addr":"10.0.0.1","persistence":"srcip","source-table":"t","check":{"type":"tcp","port":"80"},
 		"backends":[{"name":"b","ip-addr":"10.0.0.2","check":{"fall":"2"}}],
 		"sessions":[{"client":"10.9.0.1","backend":"b"}]}`),
 		func(string) (*model.Farm, bool) { return nil, false })

@@ -457,8 +457,9 @@ func (tx *Txn) validate() error {
 						}
 					}
 					if clash, proto, where := overlap(f, g, key); clash {
-						return &ConflictError{Msg: fmt.Sprintf("farm %q: %s %s %s is already served by farm %q",
-							name, describeListener(f, key), proto, where, other)}
+						if err := shareBySource(f, g, key, proto, where); err != nil {
+							return err
+						}
 					}
 				}
 			}

@@ -3,6 +3,8 @@ package engine
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 
 	iradix "github.com/hashicorp/go-immutable-radix/v2"
 
@@ -150,4 +152,43 @@ func describeListener(f *model.Farm, key []byte) string {
 	}
 	a, _ := netip.AddrFromSlice(key[1:])
 	return a.Unmap().String()
+}
+
+// shareBySource decides whether farms f and g, which overlap on key
+// (protocol proto, where), may share it: only when the farms are chosen
+// by source table (model.Farm.SourceTable), each with its own table and at
+// most one without (the default), on exactly the same protocol and ports,
+// and none of them with policies (a policy is looked up by VIP, protocol
+// and port, which would no longer name one farm). Otherwise it returns the
+// conflict, with what would make it work.
+func shareBySource(f, g *model.Farm, key []byte, proto model.Protocol, where string) error {
+	at := fmt.Sprintf("%s %s %s", describeListener(f, key), proto, where)
+	switch {
+	case f.SourceTable == "" && g.SourceTable == "":
+		return &ConflictError{Msg: fmt.Sprintf("farm %q: %s is already served by farm %q (farms may share it only when all but one choose their clients by source-table)", f.Name, at, g.Name)}
+	case f.SourceTable == g.SourceTable:
+		return &ConflictError{Msg: fmt.Sprintf("farm %q: %s is already served by farm %q with the same source-table %q: farms sharing an address, protocol and port need different source tables", f.Name, at, g.Name, f.SourceTable)}
+	case f.IsMarkFarm() || g.IsMarkFarm() || len(f.Addresses) > 0 || len(g.Addresses) > 0 ||
+		f.Protocol != g.Protocol || !slices.Equal(f.VirtualPorts, g.VirtualPorts):
+		return &ConflictError{Msg: fmt.Sprintf("farm %q: %s is already served by farm %q (protocol %s, virtual-ports %q): farms chosen by source-table on one address must have the same protocol and virtual-ports", f.Name, at, g.Name, g.Protocol, portsText(g.VirtualPorts))}
+	case len(f.Policies) > 0 || len(g.Policies) > 0:
+		p := f
+		if len(p.Policies) == 0 {
+			p = g
+		}
+		return &ConflictError{Msg: fmt.Sprintf("farm %q: %s is shared by farms chosen by source-table, and farm %q has policies: a farm on a shared address, protocol and port cannot have policies (put the clients in the source tables instead)", f.Name, at, p.Name)}
+	}
+	return nil
+}
+
+// portsText is a farm's virtual-ports as the API writes them.
+func portsText(ps []model.PortRange) string {
+	if len(ps) == 0 {
+		return ""
+	}
+	parts := make([]string, len(ps))
+	for i, r := range ps {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, ",")
 }

@@ -512,6 +512,17 @@ func (tx *Txn) validateTables() error {
 					Problem: fmt.Sprintf("table %q has no verdict and no mark or limit values: give it verdict deny or allow (nftlb: type blacklist or whitelist), or create it with valtype mark or limit", p.Name)}
 			}
 		}
+		if f.SourceTable != "" {
+			t, ok := tx.Table(f.SourceTable)
+			switch {
+			case !ok:
+				return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "source-table", Value: f.SourceTable,
+					Problem: "no such table: create it first (POST /tables, or xlb table create NAME type addr)"}
+			case t.Type != model.TableAddr:
+				return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "source-table", Value: f.SourceTable,
+					Problem: fmt.Sprintf("table %q is of type %s: a source table must be of type addr (the clients' addresses and prefixes)", t.Name, t.TypeString())}
+			}
+		}
 	}
 	if tx.tt == nil {
 		return nil
@@ -522,6 +533,12 @@ func (tx *Txn) validateTables() error {
 			continue
 		}
 		for _, user := range tx.tableUsers(name) {
+			if f, ok := tx.Get(user); ok && f.SourceTable == name && !f.UsesPolicy(name) {
+				if w.cur == nil {
+					return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as its source table: give the farm another first (PUT /farms/%s {\"source-table\": \"\"})", name, user, user)}
+				}
+				continue // a source table needs no verdict
+			}
 			if w.cur == nil {
 				return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as a policy: detach it first (DELETE /farms/%s/policies/%s)", name, user, user, name)}
 			}
@@ -549,20 +566,19 @@ func (tx *Txn) tableUsers(table string) []string {
 }
 
 func usesPolicy(f *model.Farm, table string) bool {
-	for _, p := range f.Policies {
-		if p.Name == table {
-			return true
-		}
-	}
-	return false
+	return f.SourceTable == table || f.UsesPolicy(table)
 }
+
+// usesTables reports whether a farm uses a table (policies, source
+// table): the farms a TableDiff carries to the planes.
+func usesTables(f *model.Farm) bool { return len(f.Policies) > 0 || f.SourceTable != "" }
 
 // tableDiff lists what the transaction did to tables, and the farm changes
 // of diff that concern policies.
 func (tx *Txn) tableDiff(farms plan.Diff) plan.TableDiff {
 	var d plan.TableDiff
 	for _, c := range farms.Changes {
-		if c.Old != nil && len(c.Old.Policies) > 0 || c.New != nil && len(c.New.Policies) > 0 {
+		if c.Old != nil && usesTables(c.Old) || c.New != nil && usesTables(c.New) {
 			d.Farms = append(d.Farms, c)
 		}
 	}
@@ -658,14 +674,14 @@ func (tx *Txn) buildTables(farms plan.Diff) tableState {
 	users := ts.users.Txn()
 	for _, c := range farms.Changes {
 		if c.Old != nil {
-			for _, p := range c.Old.Policies {
-				removeListener(users, []byte(p.Name), c.Old.Name)
+			for _, name := range c.Old.TableRefs() {
+				removeListener(users, []byte(name), c.Old.Name)
 			}
 		}
 		if c.New != nil {
-			for _, p := range c.New.Policies {
-				cur, _ := users.Get([]byte(p.Name))
-				users.Insert([]byte(p.Name), append(slices.Clone(cur), c.New.Name))
+			for _, name := range c.New.TableRefs() {
+				cur, _ := users.Get([]byte(name))
+				users.Insert([]byte(name), append(slices.Clone(cur), c.New.Name))
 			}
 		}
 	}

@@ -178,7 +178,7 @@ func (e *Engine) reconcileTables(ctx context.Context, s *State) error {
 	}
 	var users []*model.Farm
 	for _, f := range s.Farms() {
-		if len(f.Policies) > 0 {
+		if usesTables(f) {
 			users = append(users, f)
 		}
 	}

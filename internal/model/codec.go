@@ -30,6 +30,10 @@ type scalarField[T any] struct {
 	decode func(t *T, v string) error
 	// append appends the value as a JSON string, quotes included.
 	append func(dst []byte, t *T) []byte
+	// omit, when set, leaves the field out of the encoding when it
+	// reports true (an xlb field unset, so nftlb's output stays as it
+	// was).
+	omit func(t *T) bool
 }
 
 func parseUint(field, v string, max uint64) (uint64, error) {
@@ -410,6 +414,13 @@ var farmFields = []scalarField[Farm]{
 	ifaceField("iface", func(f *Farm) *string { return &f.Iface }),
 	ifaceField("oface", func(f *Farm) *string { return &f.Oface }),
 	etherField(func(f *Farm) *EtherAddr { return &f.EtherAddr }),
+	{
+		// xlb's own field: printed only when set.
+		name:   "source-table",
+		decode: func(f *Farm, v string) error { f.SourceTable = strings.Clone(v); return nil },
+		append: func(dst []byte, f *Farm) []byte { return appendJSONString(dst, f.SourceTable) },
+		omit:   func(f *Farm) bool { return f.SourceTable == "" },
+	},
 	newnameField,
 }
 
@@ -1018,8 +1029,8 @@ func (f *Farm) appendJSONExtra(dst []byte, extra BackendExtra) []byte {
 	dst = slices.Grow(dst, farmJSONSize+backendJSONSize*len(f.Backends))
 	dst = append(dst, '{')
 	for i := range farmFields {
-		if farmFields[i].append == nil {
-			continue // write-only (newname)
+		if farmFields[i].append == nil || farmFields[i].omit != nil && farmFields[i].omit(f) {
+			continue // write-only (newname), or unset and left out
 		}
 		if i > 0 {
 			dst = append(dst, ',')

@@ -63,6 +63,12 @@ type Farm struct {
 	EtherAddr EtherAddr
 	Backends  []Backend
 	Policies  []PolicyRef
+	// SourceTable names an addr table that chooses the farm by the
+	// client's address: several farms may serve one VIP, protocol and
+	// ports when each has its own source table and at most one has none
+	// (the default, serving the clients no other's table holds). ""
+	// means none. See docs/tables.md ("Choosing the farm by source").
+	SourceTable string
 	// Check is the farm's active health check (check.go); nil: none.
 	Check *Check
 
@@ -238,6 +244,21 @@ func (f *Farm) Backend(name string) (*Backend, int) {
 // UsesPolicy reports whether the farm names the policy (a table) name.
 func (f *Farm) UsesPolicy(name string) bool {
 	return slices.ContainsFunc(f.Policies, func(r PolicyRef) bool { return r.Name == name })
+}
+
+// TableRefs lists the tables the farm uses, each once: its policies, then
+// its source table.
+func (f *Farm) TableRefs() []string {
+	out := make([]string, 0, len(f.Policies)+1)
+	for _, p := range f.Policies {
+		if !slices.Contains(out, p.Name) {
+			out = append(out, p.Name)
+		}
+	}
+	if f.SourceTable != "" && !slices.Contains(out, f.SourceTable) {
+		out = append(out, f.SourceTable)
+	}
+	return out
 }
 
 // IsMarkFarm reports whether the farm is selected by a firewall mark (IPVS -f)

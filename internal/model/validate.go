@@ -177,6 +177,9 @@ func (f *Farm) Validate() error {
 			return bad("policies", p.Name, "policy names must be "+nameRule)
 		}
 	}
+	if err := f.validateSourceTable(); err != nil {
+		return err
+	}
 	return f.validateChecks() // check.go
 }
 
@@ -355,4 +358,27 @@ func formatPorts(rs []PortRange) string {
 		parts[i] = r.String()
 	}
 	return strings.Join(parts, ",")
+}
+
+// validateSourceTable checks the farm's source table on its own; that it
+// names an addr table, and how the farm shares its VIP with others, is the
+// engine's check (engine.validateSources).
+func (f *Farm) validateSourceTable() error {
+	if f.SourceTable == "" {
+		return nil
+	}
+	bad := func(problem string) error {
+		return &FieldError{Object: farmObject(f.Name), Field: "source-table", Value: f.SourceTable, Problem: problem}
+	}
+	switch {
+	case !ValidTableName(f.SourceTable):
+		return bad(fmt.Sprintf("table names must be 1 to %d characters of A-Z, a-z, 0-9, '_', '.', '-'", MaxTableNameLen))
+	case !f.VirtualAddr.IsValid():
+		return bad("only a farm with a virtual-addr can be chosen by source table (a firewall-mark farm is chosen by its mark)")
+	case len(f.Addresses) > 0:
+		return bad("a farm chosen by source table serves its own virtual-addr and virtual-ports only: remove its further addresses")
+	case len(f.Policies) > 0:
+		return bad("a farm chosen by source table cannot have policies: its source table already chooses its clients (put the allowed clients in it, or attach the policies to a farm without a source table)")
+	}
+	return nil
 }

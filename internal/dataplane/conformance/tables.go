@@ -37,6 +37,8 @@ func init() {
 		scenario{name: "policy-mac", farm: policyFarm, run: runPolicyMAC},
 		scenario{name: "policy-iface", farm: policyFarm, run: runPolicyIface, attach: attachIfaceTable},
 		scenario{name: "policy-flow", farm: policyFarm, run: runPolicyFlow},
+		scenario{name: "source-table", backends: 2, farm: sourceTableFarm, run: runSourceTable},
+		scenario{name: "source-table-udp", backends: 2, farm: sourceTableFarmUDP, run: runSourceTable},
 	)
 }
 

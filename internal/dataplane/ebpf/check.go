@@ -26,6 +26,9 @@ func check(f *model.Farm) error {
 	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions", "new-rtlimit", "rst-rtlimit"); err != nil {
 		return err
 	}
+	if err := checkSource(f); err != nil { // sourcetable.go
+		return err
+	}
 	if len(f.Sessions) > 0 && f.Mode == model.ModeStlsDNAT {
 		return dataplane.Refuse(f, "sessions", f.Sessions[0].Client,
 			"stlsdnat farms keep no persistence on the ebpf data plane: static sessions are for snat, dnat and dsr farms")

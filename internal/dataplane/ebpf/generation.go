@@ -91,6 +91,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 			addKey(uint16(port))
 		}
 	}
+	p.tagKeys(f, g.keys) // a farm chosen by source table (sourcetable.go)
 	switch f.Mode {
 	case model.ModeSNAT:
 		g.val.Mode = modeSNAT

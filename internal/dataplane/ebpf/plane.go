@@ -181,6 +181,8 @@ type Plane struct {
 	sockLinks []link.Link
 	// tbls: named tables and policies as applied (tables.go).
 	tbls tableState
+	// srcs: farms chosen by source table (sourcetable.go).
+	srcs sourceState
 	// syncWatch: WatchConns runs; syncInMu: one InstallConns at a time
 	// (xlb_sync_in is one buffer). connsync.go.
 	syncWatch atomic.Bool
@@ -210,6 +212,7 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 		watched: map[uint32]*watch{}}
 	p.statSlots.init()
 	p.tbls.reset()
+	p.srcs.reset()
 	p.svcIDs.init()
 	p.backendIDs.init()
 	if opts.NetNS > 0 {

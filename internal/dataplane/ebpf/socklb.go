@@ -57,6 +57,7 @@ func (p *Plane) sockShared() map[string]*ebpf.Map {
 		"xlb_svc_flags": p.objs.XlbSvcFlags, "xlb_static": p.objs.XlbStatic,
 		// The farms' policies (Options.PoliciesOnOutput).
 		"xlb_tbl_conf": p.objs.XlbTblConf, "xlb_tbl_policy": p.objs.XlbTblPolicy, "xlb_tbl_meta": p.objs.XlbTblMeta,
+		"xlb_tbl_steer": p.objs.XlbTblSteer, // farms chosen by source table (sourcetable.go)
 		"xlb_tbl_addr4": p.objs.XlbTblAddr4, "xlb_tbl_addr6": p.objs.XlbTblAddr6, "xlb_tbl_hash": p.objs.XlbTblHash,
 		"xlb_events": p.objs.XlbEvents, // policy drops' log
 	}

@@ -562,6 +562,9 @@ func (p *Plane) writeConf() error {
 	if p.macFarms() {
 		conf |= tblConfMAC
 	}
+	if len(p.srcs.steer) > 0 {
+		conf |= tblConfSteer
+	}
 	for _, f := range p.tbls.farms {
 		if len(f.VirtualPorts) == 0 {
 			conf |= tblConfAnyPort
@@ -808,7 +811,13 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		}
 	}
 	t.farms = farms
+	undoSources, err := p.applySources(d.Farms, tables)
+	if err != nil {
+		restoreFarms()
+		return fail(err)
+	}
 	if err := p.writeConf(); err != nil {
+		undoSources()
 		restoreFarms()
 		return fail(err)
 	}

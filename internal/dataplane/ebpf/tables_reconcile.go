@@ -146,6 +146,9 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 			delete(stale, k)
 		}
 	}
+	if err := p.reconcileSources(farms, t.tables); err != nil {
+		return err
+	}
 	if err := p.writeConf(); err != nil {
 		return err
 	}

@@ -260,6 +260,13 @@ type xlbTblPolicy struct {
 	NodeSrc [4]uint32
 }
 
+type xlbTblSteer struct {
+	_    structs.HostLayout
+	Ids  [8]uint16
+	Tags [8]uint8
+	N    uint32
+}
+
 type xlbTblVal struct {
 	_       structs.HostLayout
 	Packets uint64
@@ -437,6 +444,7 @@ const (
 	xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT xlbXlbTblConfFlag = 2
 	xlbXlbTblConfFlagXLB_TBL_CONF_ANY     xlbXlbTblConfFlag = 3
 	xlbXlbTblConfFlagXLB_TBL_CONF_MAC     xlbXlbTblConfFlag = 4
+	xlbXlbTblConfFlagXLB_TBL_CONF_STEER   xlbXlbTblConfFlag = 8
 	xlbXlbTblConfFlagXLB_TBL_CONF_XDP     xlbXlbTblConfFlag = 1073741824
 	xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT    xlbXlbTblConfFlag = 8
 	xlbXlbTblConfFlagXLB_TBL_GEN_MAX      xlbXlbTblConfFlag = 127
@@ -451,6 +459,8 @@ const (
 	xlbXlbTblSizeXLB_TBL_SIZE_ENTRIES       xlbXlbTblSize = 16777216
 	xlbXlbTblSizeXLB_TBL_SIZE_FARM_POLICIES xlbXlbTblSize = 8
 	xlbXlbTblSizeXLB_TBL_SIZE_POLICY_KEYS   xlbXlbTblSize = 65536
+	xlbXlbTblSizeXLB_TBL_SIZE_SOURCE_FARMS  xlbXlbTblSize = 8
+	xlbXlbTblSizeXLB_TBL_SIZE_SVC_TAG_SHIFT xlbXlbTblSize = 3
 )
 
 type xlbXlbTblType uint32
@@ -522,6 +532,7 @@ const (
 	xlbMapXlbTblHash          = "xlb_tbl_hash"
 	xlbMapXlbTblMeta          = "xlb_tbl_meta"
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
+	xlbMapXlbTblSteer         = "xlb_tbl_steer"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
 	xlbProgXlbClock           = "xlb_clock"
 	xlbProgXlbCtInstall       = "xlb_ct_install"
@@ -553,6 +564,7 @@ const (
 	xlbVarXlbUnusedTblHkey    = "xlb_unused_tbl_hkey"
 	xlbVarXlbUnusedTblKey4    = "xlb_unused_tbl_key4"
 	xlbVarXlbUnusedTblKey6    = "xlb_unused_tbl_key6"
+	xlbVarXlbUnusedTblSteer   = "xlb_unused_tbl_steer"
 	xlbVarXlbUnusedTblVal     = "xlb_unused_tbl_val"
 	xlbVarXlbXdpAnyTx         = "xlb_xdp_any_tx"
 )
@@ -640,6 +652,7 @@ type xlbMapSpecs struct {
 	XlbTblHash    *ebpf.MapSpec `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy  *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
+	XlbTblSteer   *ebpf.MapSpec `ebpf:"xlb_tbl_steer"`
 	XlbXdpTx      *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
@@ -671,6 +684,7 @@ type xlbVariableSpecs struct {
 	XlbUnusedTblHkey    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblSteer   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
 	XlbXdpAnyTx         *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
 }
@@ -724,6 +738,7 @@ type xlbMaps struct {
 	XlbTblHash    *ebpf.Map `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.Map `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy  *ebpf.Map `ebpf:"xlb_tbl_policy"`
+	XlbTblSteer   *ebpf.Map `ebpf:"xlb_tbl_steer"`
 	XlbXdpTx      *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
@@ -758,6 +773,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbTblHash,
 		m.XlbTblMeta,
 		m.XlbTblPolicy,
+		m.XlbTblSteer,
 		m.XlbXdpTx,
 	)
 }
@@ -790,6 +806,7 @@ type xlbVariables struct {
 	XlbUnusedTblHkey    *ebpf.Variable `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblSteer   *ebpf.Variable `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
 	XlbXdpAnyTx         *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`
 }

@@ -208,6 +208,13 @@ type xlbSockTblPolicy struct {
 	NodeSrc [4]uint32
 }
 
+type xlbSockTblSteer struct {
+	_    structs.HostLayout
+	Ids  [8]uint16
+	Tags [8]uint8
+	N    uint32
+}
+
 type xlbSockXlbSockStat uint32
 
 const (
@@ -253,6 +260,7 @@ const (
 	xlbSockMapXlbTblHash           = "xlb_tbl_hash"
 	xlbSockMapXlbTblMeta           = "xlb_tbl_meta"
 	xlbSockMapXlbTblPolicy         = "xlb_tbl_policy"
+	xlbSockMapXlbTblSteer          = "xlb_tbl_steer"
 	xlbSockMapXlbXdpTx             = "xlb_xdp_tx"
 	xlbSockProgXlbSockConnect4     = "xlb_sock_connect4"
 	xlbSockProgXlbSockConnect6     = "xlb_sock_connect6"
@@ -276,6 +284,7 @@ const (
 	xlbSockVarXlbUnusedTblHkey     = "xlb_unused_tbl_hkey"
 	xlbSockVarXlbUnusedTblKey4     = "xlb_unused_tbl_key4"
 	xlbSockVarXlbUnusedTblKey6     = "xlb_unused_tbl_key6"
+	xlbSockVarXlbUnusedTblSteer    = "xlb_unused_tbl_steer"
 	xlbSockVarXlbUnusedTblVal      = "xlb_unused_tbl_val"
 )
 
@@ -364,6 +373,7 @@ type xlbSockMapSpecs struct {
 	XlbTblHash   *ebpf.MapSpec `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta   *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
+	XlbTblSteer  *ebpf.MapSpec `ebpf:"xlb_tbl_steer"`
 	XlbXdpTx     *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
 }
 
@@ -385,6 +395,7 @@ type xlbSockVariableSpecs struct {
 	XlbUnusedTblHkey    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblSteer   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
 }
 
@@ -437,6 +448,7 @@ type xlbSockMaps struct {
 	XlbTblHash   *ebpf.Map `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta   *ebpf.Map `ebpf:"xlb_tbl_meta"`
 	XlbTblPolicy *ebpf.Map `ebpf:"xlb_tbl_policy"`
+	XlbTblSteer  *ebpf.Map `ebpf:"xlb_tbl_steer"`
 	XlbXdpTx     *ebpf.Map `ebpf:"xlb_xdp_tx"`
 }
 
@@ -471,6 +483,7 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbTblHash,
 		m.XlbTblMeta,
 		m.XlbTblPolicy,
+		m.XlbTblSteer,
 		m.XlbXdpTx,
 	)
 }
@@ -493,6 +506,7 @@ type xlbSockVariables struct {
 	XlbUnusedTblHkey    *ebpf.Variable `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblSteer   *ebpf.Variable `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
 }
 

@@ -24,7 +24,8 @@ func (s *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	whole := d // the counters take whole farms (counters.go)
+	d = asMarkDiff(d) // farms chosen by source table (sourcetable.go)
+	whole := d        // the counters take whole farms (counters.go)
 	d = plan.SplitDiff(d)
 	links, err := resolveDSR(s.opts.NetNS, d.NewFarms())
 	if err != nil {

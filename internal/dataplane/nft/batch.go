@@ -129,7 +129,9 @@ func (b *batch) ensureStatic() {
 		}
 	}
 	// Firewall-mark farms first, as IPVS looks up fwmark services first.
-	svc := [][]expr.Any{fwmRule(false), fwmRule(true), svcExactRule(false), svcExactRule(true), svcRule(false), svcRule(true)}
+	// A connection tagged for a farm chosen by source table whose chain is
+	// in another table leaves this one untranslated (sourcetable.go).
+	svc := [][]expr.Any{fwmRule(false), fwmRule(true), sourceTaggedRule(), svcExactRule(false), svcExactRule(true), svcRule(false), svcRule(true)}
 	base(chainPrerouting, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest, svc)
 	base(chainOutput, nftables.ChainHookOutput, nftables.ChainPriorityNATDest,
 		append([][]expr.Any{noLocalRule(false), noLocalRule(true)}, svc...)) // intraconnect.go

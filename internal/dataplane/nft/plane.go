@@ -225,7 +225,12 @@ func (s *Plane) Name() string { return PlaneName }
 
 // Check implements dataplane.Dataplane: it refuses every farm field value
 // this data plane does not implement (check.go).
-func (s *Plane) Check(f *model.Farm) error { return check(f) }
+func (s *Plane) Check(f *model.Farm) error {
+	if err := checkSource(f); err != nil || f.SourceTable != "" { // sourcetable.go
+		return err
+	}
+	return check(f)
+}
 
 // Close releases the netlink connection. The tables stay in the kernel, so
 // traffic keeps flowing while xlb restarts.

@@ -378,6 +378,7 @@ table inet xlb {
 		type nat hook prerouting priority dstnat; policy accept;
 		meta nfproto ipv4 meta mark vmap @fwm4
 		meta nfproto ipv6 meta mark vmap @fwm6
+		meta mark 0x786d0000/16 accept
 		ip daddr . meta l4proto . th dport vmap @svcx4
 		ip6 daddr . meta l4proto . th dport vmap @svcx6
 		ip daddr . meta l4proto . th dport vmap @svc4
@@ -389,6 +390,7 @@ table inet xlb {
 		ip6 daddr . meta l4proto . th dport @nolocal6 accept
 		meta nfproto ipv4 meta mark vmap @fwm4
 		meta nfproto ipv6 meta mark vmap @fwm6
+		meta mark 0x786d0000/16 accept
 		ip daddr . meta l4proto . th dport vmap @svcx4
 		ip6 daddr . meta l4proto . th dport vmap @svcx6
 		ip daddr . meta l4proto . th dport vmap @svc4

@@ -15,6 +15,7 @@ import (
 // its farms (shard.reconcile), one batch per table; then the tables of
 // another --nft-tables layout are deleted.
 func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
+	farms = asMarkFarms(farms) // farms chosen by source table (sourcetable.go)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn == nil {

@@ -64,13 +64,17 @@ type Tables struct {
 	created, baseRules bool
 
 	mu     sync.Mutex
-	maps   map[string]*nftables.Set   // fp4, fp6, fpm
-	slots  map[uint32]*slotState      // what the kernel holds, by slot (addr tables)
-	others map[uint32]*otherSlot      // the same for the other types (tables_types.go)
-	tables map[string]*model.Table    // as applied, by name
-	farms  map[string]*model.Farm     // farms with policies as applied
-	users  map[uint32]map[string]bool // slot -> tables bound to it
-	setID  uint32
+	maps   map[string]*nftables.Set // fp4, fp6, fpm
+	slots  map[uint32]*slotState    // what the kernel holds, by slot (addr tables)
+	others map[uint32]*otherSlot    // the same for the other types (tables_types.go)
+	tables map[string]*model.Table  // as applied, by name
+	farms  map[string]*model.Farm   // farms with policies as applied
+	// srcFarms: farms chosen by source table as applied, srcGroups their
+	// keys' chains (sourcetable.go).
+	srcFarms  map[string]*model.Farm
+	srcGroups map[string]*sourceGroup
+	users     map[uint32]map[string]bool // slot -> tables bound to it
+	setID     uint32
 }
 
 // lenKey is a family (4 or 6) and prefix length.
@@ -184,6 +188,8 @@ func (t *Tables) reset() {
 	t.tables = map[string]*model.Table{}
 	t.farms = map[string]*model.Farm{}
 	t.users = map[uint32]map[string]bool{}
+	t.srcFarms = map[string]*model.Farm{}
+	t.srcGroups = map[string]*sourceGroup{}
 }
 
 // Close releases the netlink connection; the kernel objects stay.
@@ -206,7 +212,9 @@ func (t *Tables) addStatic() {
 	t.maps[setFP6] = vmap(setFP6, typeSvc6, true)
 	t.maps[setFPM] = vmap(setFPM, nftables.TypeMark, false)
 	t.maps[setFPM].KeyByteOrder = binaryutil.NativeEndian
-	for _, name := range []string{setFP4, setFP6, setFPM} {
+	t.maps[setFS4] = vmap(setFS4, typeSvc4, true)
+	t.maps[setFS6] = vmap(setFS6, typeSvc6, true)
+	for _, name := range []string{setFP4, setFP6, setFPM, setFS4, setFS6} {
 		t.conn.AddSet(t.maps[name], nil)
 	}
 	accept := nftables.ChainPolicyAccept
@@ -224,22 +232,29 @@ func (t *Tables) addStatic() {
 	}
 }
 
-// setBaseRules queues the base chains' dispatch rules, or their removal.
-func (t *Tables) setBaseRules(on bool) {
+// setBaseRules queues the base chains' dispatch rules, or their removal:
+// the policies' (on) and the source tables' (sources).
+func (t *Tables) setBaseRules(on, sources bool) {
 	for _, b := range t.bases {
 		t.conn.FlushChain(b)
-		if !on {
-			continue
+		if on {
+			for _, v6 := range []bool{false, true} {
+				m := t.maps[pick(v6, setFP4, setFP6)]
+				t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: b, Exprs: append(svcKeyLoads(v6),
+					&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict})})
+			}
+			m := t.maps[setFPM]
+			t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: b, Exprs: []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+				&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict}}})
 		}
-		for _, v6 := range []bool{false, true} {
-			m := t.maps[pick(v6, setFP4, setFP6)]
-			t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: b, Exprs: append(svcKeyLoads(v6),
-				&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict})})
+		if sources {
+			// After the policies: a shared key has none (the engine's
+			// rule), so a policy's chain never ends the chain first.
+			for _, v6 := range []bool{false, true} {
+				t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: b, Exprs: t.sourceBaseRules(v6)})
+			}
 		}
-		m := t.maps[setFPM]
-		t.conn.AddRule(&nftables.Rule{Table: t.table, Chain: b, Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: regVerdict}}})
 	}
 }
 
@@ -463,19 +478,7 @@ func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 	var rules [][]expr.Any
 	for _, lk := range sortedLens(s.sets) {
 		set := s.sets[lk]
-		v6 := lk.fam == 6
-		off, alen := uint32(12), uint32(4)
-		if v6 {
-			off, alen = 8, 16
-		}
-		r := append(nfproto(v6), &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen})
-		if int(lk.bits) < int(alen)*8 {
-			mask := make([]byte, alen)
-			for i := 0; i < int(lk.bits); i++ {
-				mask[i/8] |= 0x80 >> (i % 8)
-			}
-			r = append(r, &expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: mask, Xor: make([]byte, alen)})
-		}
+		r := saddrMatch(lk)
 		if verdict == expr.VerdictReturn {
 			rules = append(rules, valueRules(s.vals, lk, r)...)
 		}
@@ -489,6 +492,26 @@ func (b *tablesBatch) tableRules(tb *model.Table) [][]expr.Any {
 		rules = append(rules, append(slices.Clone(logx), &expr.Verdict{Kind: expr.VerdictDrop}))
 	}
 	return rules
+}
+
+// saddrMatch loads the client's address of family and prefix length lk,
+// masked to the length, into reg1: what a slot's set of that length is
+// looked up with (policies and source tables alike).
+func saddrMatch(lk lenKey) []expr.Any {
+	v6 := lk.fam == 6
+	off, alen := uint32(12), uint32(4)
+	if v6 {
+		off, alen = 8, 16
+	}
+	r := append(nfproto(v6), &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen})
+	if int(lk.bits) < int(alen)*8 {
+		mask := make([]byte, alen)
+		for i := 0; i < int(lk.bits); i++ {
+			mask[i/8] |= 0x80 >> (i % 8)
+		}
+		r = append(r, &expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: alen, Mask: mask, Xor: make([]byte, alen)})
+	}
+	return r
 }
 
 func (b *tablesBatch) chain(name string) *nftables.Chain {
@@ -572,6 +595,18 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	srcFarms := maps.Clone(t.srcFarms)
+	for _, c := range d.Farms {
+		if c.Old != nil && c.Old.SourceTable != "" {
+			delete(srcFarms, c.Old.Name)
+		}
+		if c.New != nil && c.New.SourceTable != "" {
+			srcFarms[c.New.Name] = c.New
+		}
+	}
+	if err := sourceMarksFree(srcFarms); err != nil {
+		return err // before anything is queued
+	}
 	t.ensure()
 	b := t.begin()
 	// dropChains: the farms' policy chains go before the table chains
@@ -685,6 +720,15 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			}
 		}
 	}
+	// Farms chosen by source table: their keys' chains rewritten (their
+	// tables' sets or order may have changed), elements of new and gone
+	// keys.
+	srcGroups := t.srcGroups
+	if len(srcFarms) > 0 || len(t.srcFarms) > 0 {
+		var drop []string
+		srcGroups, drop = b.writeSources(t.srcGroups, srcFarms)
+		dropChains = append(dropChains, drop...)
+	}
 	for _, name := range append(dropChains, dropTables...) {
 		ch := b.chain(name)
 		b.t.conn.FlushChain(ch)
@@ -693,14 +737,16 @@ func (t *Tables) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	for _, s := range b.dropSets {
 		t.conn.DelSet(s)
 	}
-	if on := len(farms) > 0; on != t.baseRules || !t.created {
-		t.setBaseRules(on)
+	on, sources := len(farms) > 0, len(srcFarms) > 0
+	if on != t.baseRules || sources != (len(t.srcFarms) > 0) || !t.created {
+		t.setBaseRules(on, sources)
 	}
 	if err := t.conn.Flush(); err != nil {
 		t.redial()
 		return fmt.Errorf("apply tables to table inet %s: %w", t.table.Name, err)
 	}
 	t.slots, t.others, t.tables, t.users, t.farms = b.slots, b.others, b.tables, b.users, farms
+	t.srcFarms, t.srcGroups = srcFarms, srcGroups
 	t.created, t.baseRules = true, len(farms) > 0
 	t.committed()
 	return nil
@@ -747,8 +793,11 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 	for _, tb := range tables {
 		b.writeTableChain(tb)
 	}
-	fs := map[string]*model.Farm{}
+	fs, srcFarms := map[string]*model.Farm{}, map[string]*model.Farm{}
 	for _, f := range farms {
+		if f.SourceTable != "" {
+			srcFarms[f.Name] = f
+		}
 		if len(f.Policies) == 0 {
 			continue
 		}
@@ -756,13 +805,15 @@ func (t *Tables) ReconcileTables(ctx context.Context, tables []*model.Table, far
 		b.farmElems(f, false)
 		fs[f.Name] = f
 	}
-	t.setBaseRules(len(fs) > 0)
+	srcGroups, _ := b.writeSources(nil, srcFarms)
+	t.setBaseRules(len(fs) > 0, len(srcFarms) > 0)
 	if err := t.conn.Flush(); err != nil {
 		t.reset()
 		t.redial()
 		return fmt.Errorf("rebuild table inet %s: %w", t.table.Name, err)
 	}
 	t.slots, t.others, t.tables, t.users, t.farms = b.slots, b.others, b.tables, b.users, fs
+	t.srcFarms, t.srcGroups = srcFarms, srcGroups
 	t.created, t.baseRules = true, len(fs) > 0
 	t.committed()
 	return nil
