@@ -64,6 +64,14 @@
 #define XLB_MAX_PERSIST 262144
 #endif
 
+/* Clients of farms with new-rtlimit or rst-rtlimit whose rate state is
+ * kept, (farm, limit, client) entries (xlb_climit.h). LRU: a client evicted
+ * starts afresh with a full burst. 24-byte keys and 8-byte values,
+ * preallocated. */
+#ifndef XLB_MAX_CLIENT_LIMITS
+#define XLB_MAX_CLIENT_LIMITS 65536
+#endif
+
 /* Static sessions (nftlb's "sessions": a client pinned to a backend by
  * configuration), all farms together. */
 #ifndef XLB_MAX_STATIC
@@ -103,6 +111,7 @@ enum xlb_size {
 	XLB_SIZE_STAT_SLOTS = XLB_MAX_STAT_SLOTS,
 	XLB_SIZE_SLOTS = XLB_MAX_SLOTS,
 	XLB_SIZE_PERSIST = XLB_MAX_PERSIST,
+	XLB_SIZE_CLIENT_LIMITS = XLB_MAX_CLIENT_LIMITS,
 	XLB_SIZE_STATIC = XLB_MAX_STATIC,
 	XLB_SIZE_LC_BACKENDS = XLB_LC_MAX_BACKENDS,
 	XLB_SIZE_SYNC_BATCH = XLB_SYNC_BATCH,
@@ -259,6 +268,7 @@ enum xlb_stat {
 	XLB_STAT_FIB_PEER,    /* forwarded with bpf_redirect_peer (not counted in fib_redirect) */
 	XLB_STAT_POLICY_DROP, /* refused by a farm's policy (xlb_tables.h): dropped */
 	XLB_STAT_XDP_POLICY_DROP, /* refused by a farm's policy in the XDP fast path */
+	XLB_STAT_RATE_DROP, /* new flow or TCP reset over its client's new-rtlimit or rst-rtlimit (xlb_climit.h): dropped */
 	XLB_STAT_MAX,
 };
 

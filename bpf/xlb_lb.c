@@ -20,6 +20,7 @@
 #define XLB_SYNC_SESSIONS
 #include "xlb_pick.h"
 #include "xlb_tables.h"
+#include "xlb_climit.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -809,6 +810,10 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		stat_inc(XLB_STAT_NOT_SYN);
 		return XLB_NEXT;
 	}
+	if (client_new_limited(p, svc)) {
+		stat_inc(XLB_STAT_RATE_DROP);
+		return XLB_DROP;
+	}
 	if (svc->slots == 0) {
 		stat_inc(XLB_STAT_NO_BACKEND);
 		return lb_reject(skb, p);
@@ -1340,6 +1345,12 @@ int xlb_ingress(struct __sk_buff *skb)
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (tbl_check_skb(skb, &p, v)) {
 		stat_inc(XLB_STAT_POLICY_DROP);
+		return XLB_DROP;
+	}
+	/* rst-rtlimit per client (xlb_climit.h): the XDP program passes
+	 * resets here. */
+	if ((p.tcp_flags & XLB_TCP_RST) && client_rst_limited(&p)) {
+		stat_inc(XLB_STAT_RATE_DROP);
 		return XLB_DROP;
 	}
 	if (v) {

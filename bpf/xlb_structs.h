@@ -27,6 +27,14 @@ struct svc_val {
 	__u8 hash_keys;	   /* XLB_HASH_* */
 	__u8 persist;	   /* XLB_HASH_* of the persistence key; 0 = none */
 	__u32 persist_ttl; /* host: persistence timeout in seconds */
+	/* new-rtlimit per client (xlb_climit.h): ns between one client's new
+	 * flows (the unit's ns / the rate; 0: no limit), and how far ahead of
+	 * now its next flow may be booked (iv * (burst - 1)) */
+	__u64 new_iv;  /* host */
+	__u64 new_tol; /* host */
+	/* rst-rtlimit per client: the same for its TCP resets */
+	__u64 rst_iv;  /* host */
+	__u64 rst_tol; /* host */
 };
 
 /* xlb_persist key: a client of a service (the matched service key). */

@@ -29,6 +29,7 @@
 #include "xlb_parsing.h"
 #include "xlb_maps.h" /* xlb_events */
 #include "xlb_pick.h" /* stat_inc */
+#include "xlb_rate.h"
 
 /* Table ids are 1-65535 (model.MaxTables), and so are slot indices (a
  * table has one slot at a time); index 0 is never used. */
@@ -576,30 +577,19 @@ static __always_inline __u32 tbl_conf(void)
 
 /**
  * tbl_limited() - whether a new flow of a client matching @v goes past the
- * entry's limit: @v->limit new flows a second, in bursts of as many, by the
- * generic cell rate algorithm over one 64-bit word (the theoretical arrival
- * time, advanced by one interval per admitted flow with a compare and
- * exchange, so CPUs racing for the last token admit one flow, not two).
+ * entry's limit: @v->limit new flows a second, in bursts of as many
+ * (rate_limited() over the entry's @v->tat).
  * Return: 1 to drop the flow, 0 to admit it.
  */
 static __always_inline int tbl_limited(struct tbl_val *v)
 {
-	__u64 now = bpf_ktime_get_ns(), iv, tol, old, tat;
-	__u32 limit = v->limit, i;
+	__u32 limit = v->limit;
+	__u64 iv;
 
 	if (!limit)
 		return 0;
 	iv = 1000000000ULL / limit;
-	tol = iv * (limit - 1);
-	for (i = 0; i < 4; i++) {
-		old = *(volatile __u64 *)&v->tat;
-		tat = old > now ? old : now;
-		if (tat - now > tol)
-			return 1;
-		if (__sync_val_compare_and_swap(&v->tat, old, tat + iv) == old)
-			return 0;
-	}
-	return 0; /* four CPUs raced: admit rather than spin */
+	return rate_limited(&v->tat, bpf_ktime_get_ns(), iv, iv * (limit - 1));
 }
 
 /**

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Fields of nftlb 1.0 beyond the core model: rate units, verdicts, the
@@ -29,6 +30,11 @@ const (
 var rateUnitSpec = enumSpec[RateUnit]{[]string{"second", "minute", "hour", "day", "week"}}
 
 func (u RateUnit) String() string { return rateUnitSpec.name(u) }
+
+// Duration is the unit's length (nft's: a day is 86400 s, a week 7 days).
+func (u RateUnit) Duration() time.Duration {
+	return [...]time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour}[min(int(u), int(PerWeek))]
+}
 
 // parseRate parses nftlb's "<number>[/<unit>]"; "" is 0/second (unset).
 func parseRate(v string, max uint64) (uint32, RateUnit, error) {

@@ -80,6 +80,11 @@ var scenarios = []scenario{
 		f.NewRTLimit, f.NewRTBurst = 5, 5
 		return f
 	}, run: runNewRTLimit},
+	{name: "limit-new-rtlimit-minute", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("rtlimitm", model.ProtoTCP)
+		f.NewRTLimit, f.NewRTUnit, f.NewRTBurst = 300, model.PerMinute, 5
+		return f
+	}, run: runNewRTLimit},
 	{name: "limit-est-connlimit", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("connlimit", model.ProtoTCP)
 		f.EstConnLimit = 3
@@ -675,13 +680,19 @@ func runPersistence(t *testing.T, e *Env, f model.Farm) {
 	}
 }
 
-// quickUDP sends one datagram from a new socket and waits at most timeout
-// for an answer; it reports whether one came.
-func (e *Env) quickUDP(to netip.AddrPort, timeout time.Duration) bool {
-	return e.sendUDP(to, []byte("x"), timeout)
+// quickTCPFrom: whether a TCP connection from local to the address is
+// accepted within timeout.
+func (e *Env) quickTCPFrom(local netip.Addr, to netip.AddrPort, timeout time.Duration) bool {
+	c, err := testutil.DialTCPFrom(e.Client.NS, netip.AddrPortFrom(local, 0), to, timeout)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
-// sendUDP is quickUDP with a payload.
+// sendUDP sends payload from a new socket and waits at most timeout for an
+// answer; it reports whether one came.
 func (e *Env) sendUDP(to netip.AddrPort, payload []byte, timeout time.Duration) bool {
 	var c *net.UDPConn
 	err := testutil.Do(e.Client.NS, func() error {
@@ -702,27 +713,48 @@ func (e *Env) sendUDP(to netip.AddrPort, payload []byte, timeout time.Duration) 
 	return err == nil
 }
 
-// runNewRTLimit: 5 new flows per second, burst 5. 40 new flows sent within
-// about a second: some answered (burst + rate), the excess dropped. After
-// a pause new flows pass again.
+// runNewRTLimit: 5 new flows per second (or 300 a minute), burst 5, per
+// client. 40 new flows (UDP, or TCP connections) from one client within
+// about a second: some answered (burst + rate), the excess dropped. A
+// second client meanwhile is not limited (its own count); after a pause
+// the first one's new flows pass again.
 func runNewRTLimit(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
 	e.Put(t, f)
+	flow := func(a netip.Addr, wait time.Duration) bool {
+		if f.Protocol == model.ProtoTCP {
+			return e.quickTCPFrom(a, e.vipPort(f), wait)
+		}
+		return e.quickUDPFrom(a, e.vipPort(f), wait)
+	}
 	start := time.Now()
 	ok := 0
 	for range 40 {
-		if e.quickUDP(e.vipPort(f), 25*time.Millisecond) {
+		if flow(c[0], 25*time.Millisecond) {
 			ok++
 		}
 	}
 	el := time.Since(start)
 	max := 5 + 1 + int(5*el.Seconds()+0.999) + 2
-	t.Logf("new-rtlimit 5/s burst 5: %d of 40 answered in %v", ok, el)
+	t.Logf("new-rtlimit %d/%s burst 5: %d of 40 answered in %v", f.NewRTLimit, f.NewRTUnit, ok, el)
 	if ok < 5 || ok > max {
-		t.Errorf("new-rtlimit 5/s burst 5: %d of 40 answered in %v, want 5 to %d", ok, el, max)
+		t.Errorf("new-rtlimit %d/%s burst 5: %d of 40 new flows from %s answered in %v, want 5 to %d",
+			f.NewRTLimit, f.NewRTUnit, ok, c[0], el, max)
+	}
+	// c[1]'s burst right after c[0] spent its own: one count for the
+	// farm would drop most of it.
+	got := 0
+	for range 5 {
+		if flow(c[1], time.Second) {
+			got++
+		}
+	}
+	if got < 5 {
+		t.Errorf("client %s (a burst of its own): %d of 5 new flows answered, want 5", c[1], got)
 	}
 	time.Sleep(1200 * time.Millisecond)
-	if !e.quickUDP(e.vipPort(f), time.Second) {
-		t.Errorf("after a pause a new flow was dropped")
+	if !flow(c[0], time.Second) {
+		t.Errorf("after a pause a new flow from %s was dropped", c[0])
 	}
 }
 

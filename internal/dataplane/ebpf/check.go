@@ -23,7 +23,7 @@ func check(f *model.Farm) error {
 	// intra-connect off: the socket programs (socklb.go) skip the farm;
 	// a backend's source-addr is its snat source (generation.go); mode
 	// local passes the farm's packets to the node (xlb_lb.c).
-	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions"); err != nil {
+	if err := dataplane.CheckNftlbFields(Name, f, "intra-connect", "backends.source-addr", "mode", "sessions", "new-rtlimit", "rst-rtlimit"); err != nil {
 		return err
 	}
 	if err := checkSource(f); err != nil { // sourcetable.go
@@ -114,9 +114,19 @@ func check(f *model.Farm) error {
 	for _, l := range []struct {
 		field string
 		v     uint32
+	}{{"new-rtlimit", f.NewRTLimit}, {"rst-rtlimit", f.RstRTLimit}} {
+		if l.v != 0 && (f.Mode == model.ModeStlsDNAT || f.Mode == model.ModeLocal) {
+			// The per-client limits count the flows the program starts
+			// and their resets (bpf/xlb_climit.h); it keeps none of these
+			// modes'.
+			return dataplane.Refuse(f, l.field, fmt.Sprint(l.v),
+				"is not built for mode "+f.Mode.String()+" with the ebpf data plane (it tracks no flows of it): use dnat, snat or dsr, or the nft data plane")
+		}
+	}
+	for _, l := range []struct {
+		field string
+		v     uint32
 	}{
-		{"new-rtlimit", f.NewRTLimit}, {"new-rtlimit-burst", f.NewRTBurst},
-		{"rst-rtlimit", f.RstRTLimit}, {"rst-rtlimit-burst", f.RstRTBurst},
 		{"est-connlimit", f.EstConnLimit},
 	} {
 		if l.v != 0 {

@@ -152,6 +152,8 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	default:
 		g.val.Sched = schedRR
 	}
+	g.val.NewIv, g.val.NewTol = clientRate(f.NewRTLimit, f.NewRTUnit, f.NewRTBurst)
+	g.val.RstIv, g.val.RstTol = clientRate(f.RstRTLimit, f.RstRTUnit, f.RstRTBurst)
 	if f.Persistence != 0 {
 		g.val.Persist = hashKeys(f.Persistence)
 		g.val.PersistTtl = f.PersistTTL

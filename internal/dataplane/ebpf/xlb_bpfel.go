@@ -46,6 +46,13 @@ type xlbBrPortKey struct {
 	Pad    uint16
 }
 
+type xlbClientKey struct {
+	_     structs.HostLayout
+	Svc   uint32
+	Limit uint32
+	Src   [4]uint32
+}
+
 type xlbConnEvent struct {
 	_       structs.HostLayout
 	Svc     uint32
@@ -170,6 +177,10 @@ type xlbSvcVal struct {
 	HashKeys   uint8
 	Persist    uint8
 	PersistTtl uint32
+	NewIv      uint64
+	NewTol     uint64
+	RstIv      uint64
+	RstTol     uint64
 }
 
 type xlbSyncArgs struct {
@@ -350,15 +361,16 @@ const (
 type xlbXlbSize uint32
 
 const (
-	xlbXlbSizeXLB_SIZE_SERVICES    xlbXlbSize = 65536
-	xlbXlbSizeXLB_SIZE_SVC_IDS     xlbXlbSize = 65536
-	xlbXlbSizeXLB_SIZE_BACKENDS    xlbXlbSize = 262144
-	xlbXlbSizeXLB_SIZE_STAT_SLOTS  xlbXlbSize = 65536
-	xlbXlbSizeXLB_SIZE_SLOTS       xlbXlbSize = 1048576
-	xlbXlbSizeXLB_SIZE_PERSIST     xlbXlbSize = 262144
-	xlbXlbSizeXLB_SIZE_STATIC      xlbXlbSize = 65536
-	xlbXlbSizeXLB_SIZE_LC_BACKENDS xlbXlbSize = 256
-	xlbXlbSizeXLB_SIZE_SYNC_BATCH  xlbXlbSize = 512
+	xlbXlbSizeXLB_SIZE_SERVICES      xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_SVC_IDS       xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_BACKENDS      xlbXlbSize = 262144
+	xlbXlbSizeXLB_SIZE_STAT_SLOTS    xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_SLOTS         xlbXlbSize = 1048576
+	xlbXlbSizeXLB_SIZE_PERSIST       xlbXlbSize = 262144
+	xlbXlbSizeXLB_SIZE_CLIENT_LIMITS xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_STATIC        xlbXlbSize = 65536
+	xlbXlbSizeXLB_SIZE_LC_BACKENDS   xlbXlbSize = 256
+	xlbXlbSizeXLB_SIZE_SYNC_BATCH    xlbXlbSize = 512
 )
 
 type xlbXlbStat uint32
@@ -391,7 +403,8 @@ const (
 	xlbXlbStatXLB_STAT_FIB_PEER        xlbXlbStat = 24
 	xlbXlbStatXLB_STAT_POLICY_DROP     xlbXlbStat = 25
 	xlbXlbStatXLB_STAT_XDP_POLICY_DROP xlbXlbStat = 26
-	xlbXlbStatXLB_STAT_MAX             xlbXlbStat = 27
+	xlbXlbStatXLB_STAT_RATE_DROP       xlbXlbStat = 27
+	xlbXlbStatXLB_STAT_MAX             xlbXlbStat = 28
 )
 
 type xlbXlbSvcFlag uint32
@@ -496,6 +509,7 @@ const (
 	xlbMapXlbBeIndex          = "xlb_be_index"
 	xlbMapXlbBeStats          = "xlb_be_stats"
 	xlbMapXlbBrPort           = "xlb_br_port"
+	xlbMapXlbClientRt         = "xlb_client_rt"
 	xlbMapXlbCt               = "xlb_ct"
 	xlbMapXlbEvents           = "xlb_events"
 	xlbMapXlbPassive          = "xlb_passive"
@@ -615,6 +629,7 @@ type xlbMapSpecs struct {
 	XlbBeIndex    *ebpf.MapSpec `ebpf:"xlb_be_index"`
 	XlbBeStats    *ebpf.MapSpec `ebpf:"xlb_be_stats"`
 	XlbBrPort     *ebpf.MapSpec `ebpf:"xlb_br_port"`
+	XlbClientRt   *ebpf.MapSpec `ebpf:"xlb_client_rt"`
 	XlbCt         *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.MapSpec `ebpf:"xlb_events"`
 	XlbPassive    *ebpf.MapSpec `ebpf:"xlb_passive"`
@@ -700,6 +715,7 @@ type xlbMaps struct {
 	XlbBeIndex    *ebpf.Map `ebpf:"xlb_be_index"`
 	XlbBeStats    *ebpf.Map `ebpf:"xlb_be_stats"`
 	XlbBrPort     *ebpf.Map `ebpf:"xlb_br_port"`
+	XlbClientRt   *ebpf.Map `ebpf:"xlb_client_rt"`
 	XlbCt         *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.Map `ebpf:"xlb_events"`
 	XlbPassive    *ebpf.Map `ebpf:"xlb_passive"`
@@ -734,6 +750,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbBeIndex,
 		m.XlbBeStats,
 		m.XlbBrPort,
+		m.XlbClientRt,
 		m.XlbCt,
 		m.XlbEvents,
 		m.XlbPassive,

@@ -170,6 +170,10 @@ type xlbSockSvcVal struct {
 	HashKeys   uint8
 	Persist    uint8
 	PersistTtl uint32
+	NewIv      uint64
+	NewTol     uint64
+	RstIv      uint64
+	RstTol     uint64
 }
 
 type xlbSockSyncConn struct {
