@@ -214,6 +214,7 @@ enum xlb_sync_kind {
 	XLB_SYNC_NEW = 1,
 	XLB_SYNC_UPDATE = 2, /* state changed, or still alive (xlb_sync_refresh_ns) */
 	XLB_SYNC_END = 3,
+	XLB_SYNC_SESSION = 4, /* a persistence session made or refreshed (not a flow) */
 };
 
 /* struct sync_conn.rc: what xlb_ct_install did with a peer's connection. */
@@ -221,11 +222,12 @@ enum xlb_sync_rc {
 	XLB_SYNC_RC_OK = 0, /* installed, updated, or removed */
 	XLB_SYNC_RC_UNBOUND =
 		1, /* installed, but no farm here has its VIP and backend (yet): carried, not counted */
-	XLB_SYNC_RC_MODE = 2,	  /* the service here is dsr or stlsdnat (no state to install) */
-	XLB_SYNC_RC_CONFLICT = 3, /* its tuple or reply tuple is another flow's here */
-	XLB_SYNC_RC_GONE = 4,	  /* an end for a flow not here (not an error) */
-	XLB_SYNC_RC_ERROR = 5,	  /* map update failed (table full) */
-	XLB_SYNC_RC_BAD = 6,	  /* malformed: kind, family or protocol */
+	XLB_SYNC_RC_MODE = 2,	   /* the service here is dsr or stlsdnat (no state to install) */
+	XLB_SYNC_RC_CONFLICT = 3,  /* its tuple or reply tuple is another flow's here */
+	XLB_SYNC_RC_GONE = 4,	   /* an end for a flow not here (not an error) */
+	XLB_SYNC_RC_ERROR = 5,	   /* map update failed (table full) */
+	XLB_SYNC_RC_BAD = 6,	   /* malformed: kind, family or protocol */
+	XLB_SYNC_RC_NOPERSIST = 7, /* a session for a service here without persistence */
 };
 
 /* Per-CPU counters in xlb_stats. */

@@ -16,6 +16,8 @@
 #include "xlb_maps.h"
 #include "xlb_parsing.h"
 #include "xlb_csum.h"
+/* lb4_pick() tells the peers of its persistence sessions (xlb_sync.h). */
+#define XLB_SYNC_SESSIONS
 #include "xlb_pick.h"
 #include "xlb_tables.h"
 

@@ -144,6 +144,13 @@ static __always_inline __u32 lb4_static(struct persist_key *pk, struct svc_val *
 	return bid ? *bid : 0;
 }
 
+#ifdef XLB_SYNC_SESSIONS
+/* xlb_sync.h: tells the peers of a session made or moved (xlb_lb.c only;
+ * the socket program's sessions are the node's own). */
+static __attribute__((noinline)) int
+sync_session(const struct persist_key *pk, const struct persist_val *pv, const struct svc_val *svc);
+#endif
+
 /**
  * lb4_pick() - the backend for a new flow of service @svc (found under
  * @key): the client's persistent one if any, else the scheduler's choice,
@@ -179,6 +186,9 @@ static __attribute__((noinline)) __u32 lb4_pick(struct pkt *p, struct svc_val *s
 		struct persist_val pv = { .port = be->port, .seen = now };
 
 		__builtin_memcpy(pv.addr, be->addr, 16);
+#ifdef XLB_SYNC_SESSIONS
+		sync_session(&pk, &pv, svc);
+#endif
 		bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY);
 	}
 	return bid;

@@ -155,7 +155,12 @@ struct conn_event {
  * xlb_sync.h): an xlb_sync ring buffer record (the program's new, changed
  * and ended flows), and an xlb_sync_in element (a peer's, for
  * xlb_ct_install). The tuple is the forward one as the client sent it and
- * its translation; the wire between nodes is internal/cluster/connsync's. */
+ * its translation; the wire between nodes is internal/cluster/connsync's.
+ * A persistence session (kind XLB_SYNC_SESSION) is one too: client and
+ * cport the persist_key's src and sport (zero where the service's
+ * persistence does not key on them), vip and vport its service key,
+ * backend and bport the persist_val's, reply and rport zero, left the
+ * seconds the session has (the service's persist_ttl when it is made). */
 struct sync_conn {
 	__u32 client[4];  /* net: the client (forward key's source) */
 	__u32 vip[4];	  /* net: the address it connected to */
@@ -165,11 +170,12 @@ struct sync_conn {
 	__u16 vport;	  /* net */
 	__u16 bport;	  /* net */
 	__u16 rport;	  /* net */
-	__u8 kind;	  /* XLB_SYNC_NEW, _UPDATE, _END */
+	__u8 kind;	  /* XLB_SYNC_NEW, _UPDATE, _END, _SESSION */
 	__u8 proto;
 	__u8 family;
 	__u8 state; /* XLB_CT_STATE_* */
-	__u32 left; /* host: xlb_sync_in: seconds the entry has left (0: a whole timeout) */
+	__u32 left; /* host: xlb_sync_in, and sessions both ways: seconds the entry has
+		     * left (0: a whole timeout) */
 	__s32 rc;   /* host: xlb_sync_in: set by xlb_ct_install, XLB_SYNC_RC_* */
 	__u32 pad;
 };

@@ -8,7 +8,10 @@
  * when a flow of a snat or dnat farm is created, changes TCP state, is
  * still alive (at most every xlb_sync_refresh_ns, so a peer's copy does not
  * idle out while the flow is carried here), or is deleted from user space
- * (xlb connections delete). Expiry is not sent: a peer's copy idles out by
+ * (xlb connections delete); and sync_session() writes one when a
+ * persistence session (xlb_persist) is made, moves to another backend, or
+ * is refreshed by the client's new flows (at most every third of its
+ * TTL), so a client the routers move keeps its backend. Expiry is not sent: a peer's copy idles out by
  * itself, and a flow idle here may be live there. Records go out only while
  * the daemon reads them (xlb_sync_on), without a wake-up: the reader takes
  * what is there every few milliseconds (a wake-up, or even asking the ring
@@ -19,7 +22,8 @@
  * entries of each flow as lb4_new_flow() would have (the local service
  * generation and backend id, found by address; the next hop left to be
  * resolved by the first packet), keeps xlb_be_active right (xlb_lc.h), and
- * updates or removes flows it already has. One system call per batch.
+ * updates or removes flows it already has; a session goes into xlb_persist
+ * (sync_install_session()). One system call per batch.
  *
  * The header is included by xlb_lb.c after ct_delete() and lc_set_state().
  */
@@ -105,6 +109,94 @@ static __attribute__((noinline)) int sync_emit(__u8 kind, const struct ct_key *k
 	e->pad = 0;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
+}
+
+/**
+ * sync_session() - before lb4_pick() writes session (@pk, @pv) of @svc,
+ * tell the peers if it is new, moved to another backend, or the client's
+ * new flows here have crossed a third of the TTL since the last record (so
+ * the peers' copies do not expire while the client is carried here). Only
+ * while the daemon reads. A full ring buffer loses the record
+ * (xlb_sync_lost).
+ * Return: 0.
+ */
+static __attribute__((noinline)) int
+sync_session(const struct persist_key *pk, const struct persist_val *pv, const struct svc_val *svc)
+{
+	struct persist_val *old;
+	struct sync_conn *e;
+	__u64 every;
+
+	if (!xlb_sync_on)
+		return 0;
+	old = bpf_map_lookup_elem(&xlb_persist, pk);
+	every = (__u64)svc->persist_ttl * 1000000000ULL / 3;
+	if (every < 1000000000ULL)
+		every = 1000000000ULL;
+	if (old && addr_eq(old->addr, pv->addr) && old->port == pv->port &&
+	    old->seen / every == pv->seen / every)
+		return 0;
+	e = bpf_ringbuf_reserve(&xlb_sync, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&xlb_sync_lost, 1);
+		return 0;
+	}
+	__builtin_memcpy(e->client, pk->src, 16);
+	__builtin_memcpy(e->vip, pk->svc.addr, 16);
+	__builtin_memcpy(e->backend, pv->addr, 16);
+	__builtin_memset(e->reply, 0, 16);
+	e->cport = pk->sport;
+	e->vport = pk->svc.port;
+	e->bport = pv->port;
+	e->rport = 0;
+	e->kind = XLB_SYNC_SESSION;
+	e->proto = pk->svc.proto;
+	e->family = pk->svc.family;
+	e->state = 0;
+	e->left = svc->persist_ttl;
+	e->rc = 0;
+	e->pad = 0;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+/**
+ * sync_install_session() - put a peer's persistence session @c into
+ * xlb_persist, so the client's next new flow here goes to the backend the
+ * peer chose (lb4_persistent(): while the backend serves the service here).
+ * It has the time left that it had there; one here that is younger stands
+ * (the client's newer choice). The service must persist here: the key is
+ * the service's as the peer matched it, which the same farms on every node
+ * make the same.
+ * Return: an enum xlb_sync_rc value.
+ */
+static __attribute__((noinline)) int sync_install_session(const struct sync_conn *c, __u64 now)
+{
+	struct persist_key pk = {};
+	struct persist_val pv = {}, *old;
+	struct svc_val *svc;
+	__u64 ttl, l;
+
+	__builtin_memcpy(pk.svc.addr, c->vip, 16);
+	pk.svc.port = c->vport;
+	pk.svc.proto = c->proto;
+	pk.svc.family = c->family;
+	__builtin_memcpy(pk.src, c->client, 16);
+	pk.sport = c->cport;
+	svc = bpf_map_lookup_elem(&xlb_services, &pk.svc);
+	if (!svc || !svc->persist)
+		return XLB_SYNC_RC_NOPERSIST;
+	__builtin_memcpy(pv.addr, c->backend, 16);
+	pv.port = c->bport;
+	ttl = (__u64)svc->persist_ttl * 1000000000ULL;
+	l = (__u64)c->left * 1000000000ULL;
+	pv.seen = c->left && l < ttl ? now - (ttl - l) : now;
+	old = bpf_map_lookup_elem(&xlb_persist, &pk);
+	if (old && (__s64)(old->seen - pv.seen) > 0)
+		return XLB_SYNC_RC_OK;
+	if (bpf_map_update_elem(&xlb_persist, &pk, &pv, BPF_ANY))
+		return XLB_SYNC_RC_ERROR;
+	return XLB_SYNC_RC_OK;
 }
 
 /* sync_seen() - the timestamp that leaves an entry in @state @left seconds
@@ -250,7 +342,7 @@ static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const s
 
 /**
  * sync_install() - put a peer's connection @c into xlb_ct (new or update),
- * or take it out (end).
+ * or take it out (end); a session goes to sync_install_session().
  *
  * Its forward entry is keyed as the client sent it; the translation is the
  * peer's (for snat, the peer's source address and port: the backend answers
@@ -268,6 +360,10 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 	struct ct_val fv = {}, *v;
 	int rc;
 
+	if (c->kind == XLB_SYNC_SESSION &&
+	    (c->family == XLB_AF_INET || c->family == XLB_AF_INET6) &&
+	    (c->proto == IPPROTO_TCP || c->proto == IPPROTO_UDP))
+		return sync_install_session(c, now);
 	if (c->kind < XLB_SYNC_NEW || c->kind > XLB_SYNC_END ||
 	    (c->family != XLB_AF_INET && c->family != XLB_AF_INET6) ||
 	    (c->proto != IPPROTO_TCP && c->proto != IPPROTO_UDP) ||

@@ -237,20 +237,26 @@ if cost and os.path.exists(cost):
                 "*conntrackd-cache*: conntrackd's default, B keeps an external cache, committed to its kernel",
                 "by `conntrackd -c` (on takeover, as the baseline's notify script does). CPU: user+system time",
                 "of the processes (`/proc/PID/stat`, 10 ms ticks) from the first entry until B holds all, less",
-                "what they spend idle over as long, divided by the connections. *wall*: until B holds all.", "",
-                "| engine | runs | connections | sender µs/conn | receiver µs/conn | both µs/conn | commit µs/conn | wall s | commit wall s |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "what they spend idle over as long, divided by the connections. *wall*: until B holds all.",
+                "*build*: the date and the commit measured (the three engines run in turns in each run).", "",
+                "| build | engine | runs | connections | sender µs/conn | receiver µs/conn | both µs/conn | commit µs/conn | wall s | commit wall s |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        # Runs of the same engine and build together; the first runs (27 Nov
+        # 2026, hacrd's build) have no build label: they measured xlb without the
+        # hand-encoded ctnetlink install (a482826) and the raw event socket
+        # (d0f7f96).
         by = {}
         for r in cr:
-            by.setdefault(r["engine"], []).append(r)
-        for e, rs in by.items():
+            build = r.get("build", "2026-11-27, without a482826 and d0f7f96")
+            by.setdefault((build, r["engine"]), []).append(r)
+        for (build, e), rs in by.items():
             snd = [r["send-ns-per-conn"] / 1e3 for r in rs]
             rcv = [r["recv-ns-per-conn"] / 1e3 for r in rs]
             both = [a + b for a, b in zip(snd, rcv)]
             com = [r["commit-ns-per-conn"] / 1e3 for r in rs if "commit-ns-per-conn" in r]
             cw = [dur(r["commit-wall"]) for r in rs if "commit-wall" in r]
             conns = sorted({r["conns"] for r in rs})
-            out.append(f"| {e} | {len(rs)} | {', '.join(map(str, conns))} | {fmt(snd, '', 1)} | {fmt(rcv, '', 1)} | "
+            out.append(f"| {build} | {e} | {len(rs)} | {', '.join(map(str, conns))} | {fmt(snd, '', 1)} | {fmt(rcv, '', 1)} | "
                        f"{fmt(both, '', 1)} | {fmt(com, '', 1) if com else '-'} | {fmt([dur(r['wall']) for r in rs], '', 3)} | "
                        f"{fmt(cw, '', 3) if cw else '-'} |")
 

@@ -25,7 +25,9 @@
 # internal/cluster/connsync), 5 runs each, into ha-sync-bench.txt. SYNCCOST=1 (the default with
 # BASELINE=1) also compares the CPU per synchronised connection of xlb's
 # sync and of conntrackd (test/e2e TestSyncCost, COST_CONNS connections,
-# COST_RUNS runs), into ha-sync-cost.jsonl.
+# COST_RUNS runs), into ha-sync-cost.jsonl, each line labelled with the
+# date and the commit measured. RUNS=0 SYNCBENCH=0 SYNCCOST=1 APPEND=1 runs
+# only that.
 #
 # usage: bench/ha/run.sh [CASE...]   (env CONNS=1000 PHASE=6s RUNS=3 APPEND=0 SYNCBENCH=1 BASELINE=0 SYNCCOST=$BASELINE COST_CONNS=50000 COST_RUNS=5)
 # Results: bench/results/ha.jsonl (one line a run; APPEND=1 adds to it),
@@ -108,7 +110,8 @@ fi
 if [ "$SYNCCOST" = 1 ]; then
 	# Five or so minutes under the lock: COST_RUNS x 3 engines.
 	echo "bench-ha: sync cost, xlb and conntrackd ($(date -u +%T))" >&2
-	(cd test/e2e && XLB_PRIVILEGED_TESTS=1 XLB_E2E_BIN="$bin/xlb" XLB_SYNC_COST="$PWD/../../bench/results/ha-sync-cost.jsonl" \
+	build="$(date -u +%F) $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo '+changes')"
+	(cd test/e2e && XLB_PRIVILEGED_TESTS=1 XLB_E2E_BIN="$bin/xlb" XLB_SYNC_COST="$PWD/../../bench/results/ha-sync-cost.jsonl" XLB_SYNC_COST_BUILD="$build" \
 		XLB_SYNC_COST_CONNS=${COST_CONNS:-50000} XLB_SYNC_COST_RUNS=${COST_RUNS:-5} \
 		flock -o /tmp/xlb-privtest.lock timeout 590 "$bin/e2e.test" -test.count=1 -test.timeout 580s -test.run 'TestSyncCost$' >&2) ||
 		echo "bench-ha: sync cost failed" >&2

@@ -12,9 +12,11 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/cluster/bgp"
 	"github.com/xlb-lb/xlb/internal/cluster/connsync"
+	"github.com/xlb-lb/xlb/internal/cluster/sessionsync"
 	"github.com/xlb-lb/xlb/internal/conntrack"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/engine"
+	"github.com/xlb-lb/xlb/internal/model"
 )
 
 // startBGP starts the BGP speaker and its announcer (--bgp-config). The
@@ -95,7 +97,14 @@ func syncerFor(dp dataplane.Dataplane) (dataplane.ConnSyncer, error) {
 		if err := conntrack.Liberal(); err != nil {
 			return nil, err
 		}
-		return &conntrack.Syncer{}, nil
+		cs := &conntrack.Syncer{}
+		// Its persistence sessions are nft's dynamic maps: polled.
+		store, ok1 := dp.(dataplane.SessionStore)
+		inst, ok2 := dp.(dataplane.SessionInstaller)
+		if ok1 && ok2 {
+			return &sessionsync.Syncer{ConnSyncer: cs, Store: store, Installer: inst}, nil
+		}
+		return cs, nil
 	}
 	return nil, fmt.Errorf("connection sync is not implemented for the %s data plane yet", dp.Name())
 }
@@ -103,7 +112,12 @@ func syncerFor(dp dataplane.Dataplane) (dataplane.ConnSyncer, error) {
 // startSync runs connection sync between the nodes; the syncer is told
 // which destinations are VIPs from the engine's published states.
 func startSync(ctx context.Context, log *slog.Logger, cfg connsync.Config, syncer dataplane.ConnSyncer, eng *engine.Engine) (*connsync.Node, error) {
-	if s, ok := syncer.(*conntrack.Syncer); ok {
+	cs, _ := syncer.(*conntrack.Syncer)
+	if ss, ok := syncer.(*sessionsync.Syncer); ok {
+		ss.Farms = func() []*model.Farm { return eng.Snapshot().Farms() }
+		cs, _ = ss.ConnSyncer.(*conntrack.Syncer)
+	}
+	if s := cs; s != nil {
 		var vips atomic.Pointer[map[netip.Addr]struct{}]
 		update := func(st *engine.State) {
 			m := map[netip.Addr]struct{}{}

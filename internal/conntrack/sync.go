@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -223,6 +224,12 @@ func (s *Syncer) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 // acknowledgement each (nlSocket.exec): one round trip per batch, not per
 // connection.
 func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
+	// Persistence sessions are not the kernel's conntrack: the nft
+	// plane's go through internal/cluster/sessionsync, which passes none
+	// here; any that come are not installed.
+	if slices.ContainsFunc(evs, func(ev dataplane.ConnEvent) bool { return ev.Kind == dataplane.ConnSession }) {
+		evs = slices.DeleteFunc(slices.Clone(evs), func(ev dataplane.ConnEvent) bool { return ev.Kind == dataplane.ConnSession })
+	}
 	sock, err := openNetlink()
 	if err != nil {
 		return 0, fmt.Errorf("conntrack install: %w", err)

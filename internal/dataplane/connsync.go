@@ -33,9 +33,17 @@ const (
 	ConnNew ConnEventKind = iota + 1
 	ConnUpdate
 	ConnEnd
+	// ConnSession is a persistence session made, moved to another
+	// backend, or refreshed (not a connection): Client is the client as
+	// the farm's persistence keys it (address, port; the zero address or
+	// port where it does not key on them), VIP the farm's service key
+	// (port 0 for a farm of every port), Backend the backend the session
+	// holds, Timeout the seconds it has left; Reply, TCPState and Mark
+	// are unused.
+	ConnSession
 )
 
-// ConnEvent is one new, updated or ended connection.
+// ConnEvent is one new, updated or ended connection, or a session.
 type ConnEvent struct {
 	Kind ConnEventKind
 	Conn SyncConn
@@ -53,4 +61,12 @@ type ConnSyncer interface {
 	// connections of events that another node sent, and returns how many
 	// it installed or removed.
 	InstallConns(ctx context.Context, evs []ConnEvent) (int, error)
+}
+
+// SessionSyncer is implemented by a ConnSyncer whose persistence sessions
+// go to the other nodes too: WatchConns sends them as ConnSession events
+// and InstallConns installs them; DumpSessions lists them for a full
+// resync.
+type SessionSyncer interface {
+	DumpSessions(ctx context.Context) ([]SyncConn, error)
 }

@@ -82,6 +82,16 @@ type SessionStore interface {
 	DeleteSessions(ctx context.Context, f *model.Farm, client, backend string) (int, error)
 }
 
+// SessionInstaller is implemented by planes that take persistence
+// sessions from outside (a peer's, through connection sync).
+type SessionInstaller interface {
+	// InstallSessions makes farm f hold sessions ss (Client in
+	// SessionStore's text form, Backend a backend's name, Expires the
+	// time left) and returns how many it wrote; a session it holds
+	// already with at least as much time left stands.
+	InstallSessions(ctx context.Context, f *model.Farm, ss []Session) (int, error)
+}
+
 // Counters are traffic counters of a farm or a backend, what
 // `ipvsadm -L --stats` shows: connections, and packets and bytes in each
 // direction ("in": client -> backend, "out": backend -> client; bytes of

@@ -55,6 +55,9 @@ type failoverOpts struct {
 	// packet came last; otherwise each node masquerades with its own
 	// address.
 	SharedSNAT bool `json:",omitempty"`
+	// Persistence: the farm's persistence keys (nftlb's "persistence",
+	// e.g. srcip), with a persist-ttl of 300 s; none by default.
+	Persistence string `json:",omitempty"`
 }
 
 // failoverResult counts what the clients saw in each phase.
@@ -311,6 +314,9 @@ func newECMPCluster(t *testing.T, o failoverOpts, vip netip.AddrPort) *ecmpClust
 	extra := ""
 	if o.SharedSNAT {
 		extra = fmt.Sprintf(`,"source-addr":"%s"`, sharedSNAT)
+	}
+	if o.Persistence != "" {
+		extra += fmt.Sprintf(`,"persistence":"%s","persist-ttl":"300"`, o.Persistence)
 	}
 	c.stateFile = farmState(t, topo, o, vip, extra)
 	c.nodes = []*haNode{c.startNode(t, topo.LBs[0]), c.startNode(t, topo.LBs[1])}

@@ -35,6 +35,9 @@ type syncCostResult struct {
 	// connection, and until the kernel holds them all).
 	CommitNsPerConn float64 `json:"commit-ns-per-conn,omitempty"`
 	CommitWall      string  `json:"commit-wall,omitempty"`
+	// Build is what was measured (XLB_SYNC_COST_BUILD: bench/ha/run.sh
+	// writes the date and the commit); the report keeps builds apart.
+	Build string `json:"build,omitempty"`
 }
 
 // TestSyncCost compares what connection sync costs per connection with
@@ -48,8 +51,9 @@ type syncCostResult struct {
 // carry them into node B. Measured: the CPU time of the sync processes of
 // A and B (/proc/PID/stat) from the first entry until B holds all, less
 // their CPU over an idle period as long. XLB_SYNC_COST=FILE runs it and
-// appends a JSON line per run (bench/ha/run.sh); XLB_SYNC_COST_ENGINES
-// picks engines (comma-separated).
+// appends a JSON line per run (bench/ha/run.sh), labelled with
+// XLB_SYNC_COST_BUILD; XLB_SYNC_COST_ENGINES picks engines
+// (comma-separated).
 func TestSyncCost(t *testing.T) {
 	out := os.Getenv("XLB_SYNC_COST")
 	if out == "" {
@@ -71,6 +75,7 @@ func TestSyncCost(t *testing.T) {
 		for _, engine := range engines {
 			t.Run(fmt.Sprintf("%s-%d", engine, r), func(t *testing.T) {
 				res := syncCost(t, engine, conns)
+				res.Build = os.Getenv("XLB_SYNC_COST_BUILD")
 				b, _ := json.Marshal(res)
 				t.Logf("%s", b)
 				f, err := os.OpenFile(out, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)

@@ -19,11 +19,13 @@ import (
 type fakePlane struct {
 	mu     sync.Mutex
 	conns  map[netip.AddrPort]dataplane.SyncConn // by client
+	kinds  map[netip.AddrPort]dataplane.ConnEventKind
 	events chan []dataplane.ConnEvent
 }
 
 func newFakePlane(conns ...dataplane.SyncConn) *fakePlane {
-	f := &fakePlane{conns: map[netip.AddrPort]dataplane.SyncConn{}, events: make(chan []dataplane.ConnEvent, 16)}
+	f := &fakePlane{conns: map[netip.AddrPort]dataplane.SyncConn{}, kinds: map[netip.AddrPort]dataplane.ConnEventKind{},
+		events: make(chan []dataplane.ConnEvent, 16)}
 	for _, c := range conns {
 		f.conns[c.Client] = c
 	}
@@ -59,6 +61,7 @@ func (f *fakePlane) InstallConns(_ context.Context, evs []dataplane.ConnEvent) (
 			delete(f.conns, e.Conn.Client)
 		} else {
 			f.conns[e.Conn.Client] = e.Conn
+			f.kinds[e.Conn.Client] = e.Kind
 		}
 	}
 	return len(evs), nil
@@ -154,6 +157,40 @@ func TestSyncTwoNodes(t *testing.T) {
 	}
 }
 
+// sessionPlane is a fakePlane with persistence sessions
+// (dataplane.SessionSyncer).
+type sessionPlane struct {
+	*fakePlane
+	sessions []dataplane.SyncConn
+}
+
+func (s *sessionPlane) DumpSessions(context.Context) ([]dataplane.SyncConn, error) {
+	return s.sessions, nil
+}
+
+// TestSyncDumpSessions: a plane's persistence sessions go out in the
+// dump a peer gets when it (re)connects, as session events, after its
+// connections.
+func TestSyncDumpSessions(t *testing.T) {
+	a, b := freePort(t, "127.0.0.1"), freePort(t, "127.0.0.2")
+	ap := netip.MustParseAddrPort
+	sess := dataplane.SyncConn{Proto: 6, Client: ap("10.100.0.9:0"), VIP: ap("10.99.0.1:80"), Backend: ap("10.200.0.12:8080"),
+		Reply: ap("0.0.0.0:0"), Timeout: 250}
+	planeA := &sessionPlane{fakePlane: newFakePlane(conn(1, false)), sessions: []dataplane.SyncConn{sess}}
+	planeB := newFakePlane()
+	startNode(t, Config{Name: "a", Listen: a, Peers: []netip.AddrPort{b}, Key: key, Wait: time.Minute}, planeA)
+	nodeB := startNode(t, Config{Name: "b", Listen: b, Peers: []netip.AddrPort{a}, Key: key, Wait: time.Minute}, planeB)
+	waitFor(t, "b caught up with a", func() bool { ok, _ := nodeB.Ready(); return ok })
+	planeB.mu.Lock()
+	defer planeB.mu.Unlock()
+	if got, kind := planeB.conns[sess.Client], planeB.kinds[sess.Client]; got != sess || kind != dataplane.ConnSession {
+		t.Errorf("b holds session %+v as kind %d; want %+v as a session (%d)", got, kind, sess, dataplane.ConnSession)
+	}
+	if kind := planeB.kinds[conn(1, false).Client]; kind != dataplane.ConnNew {
+		t.Errorf("b holds the connection as kind %d, want new (%d)", kind, dataplane.ConnNew)
+	}
+}
+
 // TestSyncPeerDown: a peer nobody answers for does not hold a node back.
 func TestSyncPeerDown(t *testing.T) {
 	a, dead := freePort(t, "127.0.0.1"), freePort(t, "127.0.0.3")
@@ -230,7 +267,8 @@ type capture struct{ b []byte }
 func (c *capture) Write(p []byte) (int, error) { c.b = append(c.b, p...); return len(p), nil }
 
 func TestWireRoundTrip(t *testing.T) {
-	evs := []dataplane.ConnEvent{{Kind: dataplane.ConnNew, Conn: conn(1, false)}, {Kind: dataplane.ConnEnd, Conn: conn(2, true)}}
+	evs := []dataplane.ConnEvent{{Kind: dataplane.ConnNew, Conn: conn(1, false)}, {Kind: dataplane.ConnEnd, Conn: conn(2, true)},
+		{Kind: dataplane.ConnSession, Conn: conn(3, false)}}
 	got, err := parseConns(appendConns(nil, evs))
 	if err != nil || !slices.Equal(got, evs) {
 		t.Fatalf("round trip: %+v, %v", got, err)

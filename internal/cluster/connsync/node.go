@@ -369,6 +369,14 @@ func (n *Node) session(ctx context.Context, p *peer, c net.Conn) error {
 	if err != nil {
 		return fmt.Errorf("dump connections: %w", err)
 	}
+	nconns := len(conns)
+	if ss, ok := n.dp.(dataplane.SessionSyncer); ok {
+		sessions, err := ss.DumpSessions(ctx)
+		if err != nil {
+			return fmt.Errorf("dump persistence sessions: %w", err)
+		}
+		conns = append(conns, sessions...)
+	}
 	if err := fw.write(frameDumpBegin, nil); err != nil {
 		return err
 	}
@@ -376,8 +384,12 @@ func (n *Node) session(ctx context.Context, p *peer, c net.Conn) error {
 	evs := make([]dataplane.ConnEvent, 0, 256)
 	for i := 0; i < len(conns); i += 256 {
 		evs = evs[:0]
-		for _, cn := range conns[i:min(i+256, len(conns))] {
-			evs = append(evs, dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: cn})
+		for j, cn := range conns[i:min(i+256, len(conns))] {
+			kind := dataplane.ConnNew
+			if i+j >= nconns {
+				kind = dataplane.ConnSession
+			}
+			evs = append(evs, dataplane.ConnEvent{Kind: kind, Conn: cn})
 		}
 		if err := fw.write(frameConns, appendConns(buf[:0], evs)); err != nil {
 			return err

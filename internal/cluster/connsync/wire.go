@@ -118,6 +118,9 @@ func (fr *frameReader) read() (byte, []byte, error) {
 // Encoding of a batch: count u16, then per event
 //
 //	kind u8 | proto u8 | family u8 (4 or 6) | client, vip, backend, reply (address, port u16) | timeout u32 | tcp state u8 | mark u32
+//
+// kind is a dataplane.ConnEventKind: a connection new, updated or ended,
+// or a persistence session (ConnSession: its reply, state and mark zero).
 
 func connSize(is6 bool) int {
 	al := 4
@@ -167,7 +170,7 @@ func parseConns(b []byte) ([]dataplane.ConnEvent, error) {
 			return nil, fmt.Errorf("%w: connection %d truncated", errMalformed, i)
 		}
 		kind, proto, fam := dataplane.ConnEventKind(b[0]), b[1], b[2]
-		if kind < dataplane.ConnNew || kind > dataplane.ConnEnd || (fam != 4 && fam != 6) || proto == 0 {
+		if kind < dataplane.ConnNew || kind > dataplane.ConnSession || (fam != 4 && fam != 6) || proto == 0 {
 			return nil, fmt.Errorf("%w: connection %d: kind %d, family %d, protocol %d", errMalformed, i, kind, fam, proto)
 		}
 		sz := connSize(fam == 6)

@@ -23,8 +23,14 @@ import (
 // xlb_sync ring buffer while WatchConns reads it; DumpConns walks xlb_ct;
 // InstallConns hands a peer's batch to xlb_ct_install, which writes both
 // entries of each flow in the kernel (one system call per batch).
+// Persistence sessions (xlb_persist) go the same way (dataplane.ConnSession:
+// a record per session made, moved or refreshed; DumpSessions for a
+// resync), so a persistent client the routers move keeps its backend.
 
-var _ dataplane.ConnSyncer = (*Plane)(nil)
+var (
+	_ dataplane.ConnSyncer    = (*Plane)(nil)
+	_ dataplane.SessionSyncer = (*Plane)(nil)
+)
 
 // Batching of events: at most syncBatchMax, or syncBatchWait (the nft
 // plane's, internal/conntrack).
@@ -39,9 +45,10 @@ const syncBatch = int(xlbXlbSizeXLB_SIZE_SYNC_BATCH)
 // Kinds of sync records (enum xlb_sync_kind), and what xlb_ct_install did
 // (enum xlb_sync_rc).
 const (
-	syncNew    = uint8(xlbXlbSyncKindXLB_SYNC_NEW)
-	syncUpdate = uint8(xlbXlbSyncKindXLB_SYNC_UPDATE)
-	syncEnd    = uint8(xlbXlbSyncKindXLB_SYNC_END)
+	syncNew     = uint8(xlbXlbSyncKindXLB_SYNC_NEW)
+	syncUpdate  = uint8(xlbXlbSyncKindXLB_SYNC_UPDATE)
+	syncEnd     = uint8(xlbXlbSyncKindXLB_SYNC_END)
+	syncSession = uint8(xlbXlbSyncKindXLB_SYNC_SESSION)
 
 	syncOK      = int32(xlbXlbSyncRcXLB_SYNC_RC_OK)
 	syncUnbound = int32(xlbXlbSyncRcXLB_SYNC_RC_UNBOUND)
@@ -50,10 +57,11 @@ const (
 
 // syncRCNames say why xlb_ct_install did not install a connection.
 var syncRCNames = map[int32]string{
-	int32(xlbXlbSyncRcXLB_SYNC_RC_MODE):     "the farm here is dsr or stlsdnat",
-	int32(xlbXlbSyncRcXLB_SYNC_RC_CONFLICT): "its tuple or its reply tuple is another connection's here",
-	int32(xlbXlbSyncRcXLB_SYNC_RC_ERROR):    "conntrack table update failed",
-	int32(xlbXlbSyncRcXLB_SYNC_RC_BAD):      "malformed",
+	int32(xlbXlbSyncRcXLB_SYNC_RC_MODE):      "the farm here is dsr or stlsdnat",
+	int32(xlbXlbSyncRcXLB_SYNC_RC_CONFLICT):  "its tuple or its reply tuple is another connection's here",
+	int32(xlbXlbSyncRcXLB_SYNC_RC_ERROR):     "conntrack table update failed",
+	int32(xlbXlbSyncRcXLB_SYNC_RC_BAD):       "malformed",
+	int32(xlbXlbSyncRcXLB_SYNC_RC_NOPERSIST): "no farm here keeps persistence sessions for its service",
 }
 
 // syncRefresh is how often a live flow tells the peers it is alive
@@ -119,6 +127,21 @@ func syncConn(c *xlbSyncConn, left time.Duration) dataplane.SyncConn {
 	return sc
 }
 
+// sessionConn converts a session record of the program (or an entry of
+// xlb_persist in the same shape) to the wire's; left is the time it has
+// before it expires.
+func sessionConn(c *xlbSyncConn, left time.Duration) dataplane.SyncConn {
+	f := c.Family
+	return dataplane.SyncConn{
+		Proto:   c.Proto,
+		Client:  netip.AddrPortFrom(wordsAddr(c.Client, f), be16(c.Cport)),
+		VIP:     netip.AddrPortFrom(wordsAddr(c.Vip, f), be16(c.Vport)),
+		Backend: netip.AddrPortFrom(wordsAddr(c.Backend, f), be16(c.Bport)),
+		Reply:   netip.AddrPortFrom(wordsAddr(c.Reply, f), 0),
+		Timeout: uint32((left + time.Second - 1) / time.Second),
+	}
+}
+
 // WatchConns implements dataplane.ConnSyncer: it turns the program's
 // records on (xlb_sync_on), reads them every syncBatchWait (the program
 // does not wake the reader) in batches of up to syncBatchMax, and turns
@@ -167,10 +190,13 @@ func (p *Plane) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) 
 			if batch == nil {
 				batch = make([]dataplane.ConnEvent, 0, syncBatchMax)
 			}
-			batch = append(batch, dataplane.ConnEvent{
-				Kind: dataplane.ConnEventKind(c.Kind),
-				Conn: syncConn(c, to.timeout(c.State)),
-			})
+			ev := dataplane.ConnEvent{Kind: dataplane.ConnEventKind(c.Kind)}
+			if c.Kind == syncSession {
+				ev.Conn = sessionConn(c, time.Duration(c.Left)*time.Second)
+			} else {
+				ev.Conn = syncConn(c, to.timeout(c.State))
+			}
+			batch = append(batch, ev)
 			if len(batch) >= syncBatchMax {
 				flush()
 			}
@@ -214,6 +240,44 @@ func (p *Plane) DumpConns(ctx context.Context) ([]dataplane.SyncConn, error) {
 		out = append(out, syncConn(&c, left))
 	})
 	return out, err
+}
+
+// DumpSessions implements dataplane.SessionSyncer: every persistence
+// session of xlb_persist still within its service's TTL, with the time it
+// has left (sessions of a service no longer here are left out).
+func (p *Plane) DumpSessions(ctx context.Context) ([]dataplane.SyncConn, error) {
+	now := monotonicCoarse()
+	ttls := map[xlbSvcKey]uint64{}
+	var out []dataplane.SyncConn
+	var (
+		k      xlbPersistKey
+		v      xlbPersistVal
+		cursor = p.objs.XlbPersist.Iterate()
+	)
+	for cursor.Next(&k, &v) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ttl, ok := ttls[k.Svc]
+		if !ok {
+			var sv xlbSvcVal
+			if err := p.objs.XlbServices.Lookup(&k.Svc, &sv); err == nil && sv.Persist != 0 {
+				ttl = uint64(sv.PersistTtl) * uint64(time.Second)
+			}
+			ttls[k.Svc] = ttl
+		}
+		end := v.Seen + ttl
+		if ttl == 0 || end <= now {
+			continue
+		}
+		c := xlbSyncConn{Client: k.Src, Vip: k.Svc.Addr, Backend: v.Addr,
+			Cport: k.Sport, Vport: k.Svc.Port, Bport: v.Port, Proto: k.Svc.Proto, Family: k.Svc.Family}
+		out = append(out, sessionConn(&c, time.Duration(min(end-now, ttl))))
+	}
+	if err := cursor.Err(); err != nil {
+		return nil, fmt.Errorf("dump persistence sessions: %w", err)
+	}
+	return out, nil
 }
 
 // InstallConns implements dataplane.ConnSyncer: each batch of up to
@@ -288,6 +352,8 @@ func syncIn(ev dataplane.ConnEvent) xlbSyncConn {
 		kind = syncNew
 	case dataplane.ConnEnd:
 		kind = syncEnd
+	case dataplane.ConnSession:
+		kind = syncSession
 	}
 	in := xlbSyncConn{
 		Client: addrWords(c.Client.Addr().Unmap()), Vip: addrWords(c.VIP.Addr().Unmap()),
@@ -295,7 +361,7 @@ func syncIn(ev dataplane.ConnEvent) xlbSyncConn {
 		Cport: ne16(c.Client.Port()), Vport: ne16(c.VIP.Port()), Bport: ne16(c.Backend.Port()), Rport: ne16(c.Reply.Port()),
 		Kind: kind, Proto: c.Proto, Family: familyOf(c.Client.Addr().Unmap()), Left: c.Timeout,
 	}
-	if c.Proto == unix.IPPROTO_TCP {
+	if c.Proto == unix.IPPROTO_TCP && kind != syncSession {
 		in.State = flowTCPState(c.TCPState)
 	}
 	return in

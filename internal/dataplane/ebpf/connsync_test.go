@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -366,5 +368,135 @@ func TestSNATPorts(t *testing.T) {
 			t.Errorf("a client port in the range (20005) was not kept: %d", got.sport)
 		}
 		seen[got.sport] = true
+	}
+}
+
+// TestSessionSync: a persistent client moved to another node keeps its
+// backend. Node A's program records each persistence session it makes
+// (WatchConns: a ConnSession event; DumpSessions lists them); node B
+// installs them (InstallConns) and sends the client's next new flow to
+// A's pick, where without them (node C, the same farms, nothing
+// installed) it is scheduled anew. A session for a service without
+// persistence here is refused, naming why.
+func TestSessionSync(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	farms := func() []*model.Farm {
+		web := farm(t, "web", "10.99.0.1", 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR,
+			"10.200.0.11:8080", "10.200.0.12:8080", "10.200.0.13:8080")
+		web.Persistence, web.PersistTTL = model.KeySrcIP, 300
+		plain := farm(t, "plain", "10.99.0.2", 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080")
+		return []*model.Farm{web, plain}
+	}
+	var planes [3]*Plane
+	var nss [3]netns.NsHandle
+	for i := range planes {
+		nss[i] = fixtureNS(t)
+		planes[i] = newPlane(t, nss[i], mountBPFFS(t), []string{"front", "back"}, 4096)
+		if err := planes[i].Reconcile(ctx, farms()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := planes[0], planes[1]
+	client2 := netip.MustParseAddr("10.100.0.3")
+	sport := uint16(41000)
+	syn := func(i int, src netip.Addr) netip.Addr {
+		t.Helper()
+		sport++
+		verdict, out := runProg(t, nss[i], planes[i].objs.XlbIngress, pktSpec{src: src, sport: sport, dst: vip1, dport: 80,
+			proto: protoTCP, tcpFlags: tcpSYN}.build())
+		got, err := parse(out)
+		if verdict != verdictRedirect || err != nil {
+			t.Fatalf("SYN from %s at node %d: verdict %d, %v", src, i, verdict, err)
+		}
+		return got.dst
+	}
+
+	wctx, stop := context.WithCancel(ctx)
+	var (
+		mu     sync.Mutex
+		events []dataplane.ConnEvent
+		done   = make(chan error, 1)
+	)
+	go func() {
+		done <- a.WatchConns(wctx, func(evs []dataplane.ConnEvent) {
+			mu.Lock()
+			events = append(events, evs...)
+			mu.Unlock()
+		})
+	}()
+	waitFor(t, "xlb_sync_on", func() bool {
+		var on uint32
+		return a.objs.XlbSyncOn.Get(&on) == nil && on == 1
+	})
+	// At A, rr: client2 to be1, client to be2, and client's next flow
+	// to be2 again (its session: no new record).
+	if got := syn(0, client2); got != be1 {
+		t.Fatalf("client2 at A to %s, want %s", got, be1)
+	}
+	if got := syn(0, client); got != be2 {
+		t.Fatalf("client at A to %s, want %s", got, be2)
+	}
+	if got := syn(0, client); got != be2 {
+		t.Fatalf("client's second flow at A to %s, want %s (persistence)", got, be2)
+	}
+	var sessions []dataplane.ConnEvent
+	waitFor(t, "A's events", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(events) >= 5
+	})
+	time.Sleep(3 * syncBatchWait) // nothing more comes
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("WatchConns: %v", err)
+	}
+	mu.Lock()
+	got := append([]dataplane.ConnEvent(nil), events...)
+	mu.Unlock()
+	for _, ev := range got {
+		if ev.Kind == dataplane.ConnSession {
+			sessions = append(sessions, ev)
+		}
+	}
+	if len(got) != 5 || len(sessions) != 2 {
+		t.Fatalf("A sent %d events, %d of them sessions; want 5 (3 new flows, 2 sessions): %+v", len(got), len(sessions), got)
+	}
+	want := dataplane.SyncConn{Proto: protoTCP, Client: netip.AddrPortFrom(client, 0), VIP: netip.AddrPortFrom(vip1, 80),
+		Backend: netip.AddrPortFrom(be2, 8080), Reply: netip.AddrPortFrom(netip.IPv4Unspecified(), 0), Timeout: 300}
+	if s := sessions[1].Conn; s != want {
+		t.Errorf("client's session: %+v, want %+v", s, want)
+	}
+	dump, err := a.DumpSessions(ctx)
+	if err != nil || len(dump) != 2 {
+		t.Fatalf("A's sessions: %+v (%v), want 2", dump, err)
+	}
+
+	// Node C has nothing of A's: the client is scheduled anew there.
+	if got := syn(2, client); got != be1 {
+		t.Fatalf("client at C (no sync) to %s, want %s (rr's first)", got, be1)
+	}
+	// Node B installs A's events, then sends the client where A did.
+	if n, err := b.InstallConns(ctx, got); err != nil || n != 5 {
+		t.Errorf("install at B: %d of 5, %v", n, err)
+	}
+	if got := syn(1, client); got != be2 {
+		t.Errorf("client at B after sync to %s, want %s (A's pick)", got, be2)
+	}
+	if got := syn(1, client2); got != be1 {
+		t.Errorf("client2 at B after sync to %s, want %s (A's pick)", got, be1)
+	}
+	if st, _ := b.Stats(); st["persist_hit"] != 2 {
+		t.Errorf("B's persist_hit = %d, want 2", st["persist_hit"])
+	}
+	// B lists them too (for a node that joins after).
+	if dump, err := b.DumpSessions(ctx); err != nil || len(dump) != 2 {
+		t.Errorf("B's sessions: %+v (%v), want 2", dump, err)
+	}
+	// A session of a farm that does not persist here is refused.
+	bad := sessions[1]
+	bad.Conn.VIP = netip.AddrPortFrom(netip.MustParseAddr("10.99.0.2"), 80)
+	if n, err := b.InstallConns(ctx, []dataplane.ConnEvent{bad}); n != 0 || err == nil || !strings.Contains(err.Error(), "persistence") {
+		t.Errorf("a session of a farm without persistence: %d, %v; want it refused", n, err)
 	}
 }

@@ -405,21 +405,23 @@ const (
 type xlbXlbSyncKind uint32
 
 const (
-	xlbXlbSyncKindXLB_SYNC_NEW    xlbXlbSyncKind = 1
-	xlbXlbSyncKindXLB_SYNC_UPDATE xlbXlbSyncKind = 2
-	xlbXlbSyncKindXLB_SYNC_END    xlbXlbSyncKind = 3
+	xlbXlbSyncKindXLB_SYNC_NEW     xlbXlbSyncKind = 1
+	xlbXlbSyncKindXLB_SYNC_UPDATE  xlbXlbSyncKind = 2
+	xlbXlbSyncKindXLB_SYNC_END     xlbXlbSyncKind = 3
+	xlbXlbSyncKindXLB_SYNC_SESSION xlbXlbSyncKind = 4
 )
 
 type xlbXlbSyncRc uint32
 
 const (
-	xlbXlbSyncRcXLB_SYNC_RC_OK       xlbXlbSyncRc = 0
-	xlbXlbSyncRcXLB_SYNC_RC_UNBOUND  xlbXlbSyncRc = 1
-	xlbXlbSyncRcXLB_SYNC_RC_MODE     xlbXlbSyncRc = 2
-	xlbXlbSyncRcXLB_SYNC_RC_CONFLICT xlbXlbSyncRc = 3
-	xlbXlbSyncRcXLB_SYNC_RC_GONE     xlbXlbSyncRc = 4
-	xlbXlbSyncRcXLB_SYNC_RC_ERROR    xlbXlbSyncRc = 5
-	xlbXlbSyncRcXLB_SYNC_RC_BAD      xlbXlbSyncRc = 6
+	xlbXlbSyncRcXLB_SYNC_RC_OK        xlbXlbSyncRc = 0
+	xlbXlbSyncRcXLB_SYNC_RC_UNBOUND   xlbXlbSyncRc = 1
+	xlbXlbSyncRcXLB_SYNC_RC_MODE      xlbXlbSyncRc = 2
+	xlbXlbSyncRcXLB_SYNC_RC_CONFLICT  xlbXlbSyncRc = 3
+	xlbXlbSyncRcXLB_SYNC_RC_GONE      xlbXlbSyncRc = 4
+	xlbXlbSyncRcXLB_SYNC_RC_ERROR     xlbXlbSyncRc = 5
+	xlbXlbSyncRcXLB_SYNC_RC_BAD       xlbXlbSyncRc = 6
+	xlbXlbSyncRcXLB_SYNC_RC_NOPERSIST xlbXlbSyncRc = 7
 )
 
 type xlbXlbTblConfFlag uint32

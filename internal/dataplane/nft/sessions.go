@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 
@@ -173,6 +175,79 @@ func (p *shard) deleteSessions(ctx context.Context, f *model.Farm, client, backe
 		return 0, fmt.Errorf("delete sessions of farm %q: %w", f.Name, err)
 	}
 	return len(del), nil
+}
+
+// installSessions writes sessions into the farm's persistence map
+// (Plane.InstallSessions): new ones added, ones with less time left or
+// another backend replaced (deleted and added in the same batch), ones with
+// as much time left or more kept.
+func (p *shard) installSessions(ctx context.Context, f *model.Farm, ss []dataplane.Session) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if hs := plan.Halves(f); len(hs) > 1 {
+		return 0, fmt.Errorf("install sessions of farm %q: a farm of both families is not supported", f.Name)
+	}
+	pl, set, els, err := p.sessionElems(f)
+	if err != nil || pl == nil {
+		return 0, err
+	}
+	have := make(map[string]nftables.SetElement, len(els))
+	for _, e := range els {
+		have[string(e.Key)] = e
+	}
+	var add, del []nftables.SetElement
+	var first error
+	for _, x := range ss {
+		k, err := model.ParseSessionClient(f.Persistence, x.Client)
+		b, i := f.Backend(x.Backend)
+		switch {
+		case err != nil:
+			first = cmp.Or(first, fmt.Errorf("install session of farm %q: client %q: %w", f.Name, x.Client, err))
+			continue
+		case i < 0:
+			first = cmp.Or(first, fmt.Errorf("install session of farm %q: no backend %q", f.Name, x.Backend))
+			continue
+		case x.Expires <= 0:
+			continue
+		}
+		key := staticKey(f.Persistence, pl.v6, k)
+		val := binary.NativeEndian.AppendUint32(nil, backendID(*b))
+		if e, ok := have[string(key)]; ok {
+			if e.Expires >= x.Expires {
+				continue
+			}
+			del = append(del, nftables.SetElement{Key: key})
+		}
+		add = append(add, nftables.SetElement{Key: key, Val: val, Timeout: x.Expires.Round(time.Millisecond)})
+	}
+	if len(add) == 0 {
+		return 0, first
+	}
+	bt := p.newBatch()
+	for i := 0; i < len(del); i += elemChunk {
+		_ = bt.c.SetDeleteElements(set, del[i:min(i+elemChunk, len(del))])
+	}
+	for i := 0; i < len(add); i += elemChunk {
+		_ = bt.c.SetAddElements(set, add[i:min(i+elemChunk, len(add))])
+	}
+	if err := bt.flush(); err != nil {
+		// A session that expired since the listing makes the batch
+		// fail (ENOENT); the next one (or a dump) brings it again.
+		return 0, fmt.Errorf("install sessions of farm %q: %w", f.Name, err)
+	}
+	return len(add), first
+}
+
+// InstallSessions implements dataplane.SessionInstaller on the farm's
+// table.
+func (s *Plane) InstallSessions(ctx context.Context, f *model.Farm, ss []dataplane.Session) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == nil {
+		return 0, errClosed
+	}
+	return s.shards[s.shardOf(f.Name)].installSessions(ctx, f, ss)
 }
 
 // Sessions implements dataplane.SessionStore on the farm's table.
