@@ -70,6 +70,10 @@ func runSourceTable(t *testing.T, e *Env, f model.Farm) {
 	ts.put(t, "other", model.ListNone, c[1].String())
 	ts.swap(t, "src", "other")
 	e.expectBackend(t, f, "swapped: src holds client 1", map[netip.Addr]string{c[0]: "b0", c[1]: "b1"})
+	// A source farm that is down leaves its clients to the default farm.
+	f.State = model.StateDown
+	ts.putFarm(t, e, f)
+	e.expectBackend(t, f, "source farm down", map[netip.Addr]string{c[0]: "b0", c[1]: "b0"})
 }
 
 // expectBackend asks the farm's VIP and port over its protocol from each

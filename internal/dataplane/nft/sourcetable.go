@@ -144,8 +144,8 @@ func (b *tablesBatch) sourceRules(g *sourceGroup) [][]expr.Any {
 	var rules [][]expr.Any
 	for _, f := range plan.SourceOrder(g.farms, b.tables) {
 		s := b.slots[b.tables[f.SourceTable].Slot]
-		if s == nil {
-			continue
+		if s == nil || f.State != model.StateUp {
+			continue // a farm not up is not in its shard table: the default serves its clients
 		}
 		mark := []expr.Any{
 			&expr.Immediate{Register: reg1, Data: binaryutil.NativeEndian.PutUint32(sourceMark(f.Name))},
