@@ -182,7 +182,7 @@ func TestEBPFRefusesWhatItCannotDo(t *testing.T) {
 		want []string
 	}{
 		{[]string{"farm", "add", "ftp", "--vip", vip, "--ports", "21", "--helper", "ftp"}, []string{"helper", "ftp", "nft data plane"}},
-		{[]string{"farm", "add", "lim", "--vip", vip, "--ports", "80", "--new-rtlimit", "100"}, []string{"new-rtlimit", "ebpf"}},
+		{[]string{"farm", "add", "lim", "--vip", vip, "--ports", "80", "--est-connlimit", "100"}, []string{"est-connlimit", "ebpf"}},
 		{[]string{"farm", "add", "sctp", "--vip", vip, "--ports", "80", "--proto", "sctp"}, []string{"protocol", "sctp", "ebpf"}},
 	} {
 		out, err := e.cli(c.args...)
