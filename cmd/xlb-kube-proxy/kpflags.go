@@ -53,7 +53,7 @@ func (k *kpOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&k.config, "config", "", "kube-proxy's configuration file (KubeProxyConfiguration v1alpha1); flags given on the command line override it")
 	f.BoolVar(&k.cleanup, "cleanup", false, "remove every nftables table and eBPF program, link and map pin this proxy's flags name, then exit")
 	f.StringVar(&k.master, "master", "", "the API server's address (overrides the kubeconfig's)")
-	f.StringVar(&k.clusterCIDR, "cluster-cidr", "", "the cluster's Pod CIDRs, comma-separated (accepted; not used yet, see docs/kube-proxy.md)")
+	f.StringVar(&k.clusterCIDR, "cluster-cidr", "", "the cluster's Pod CIDRs, comma-separated: traffic to cluster IPs from outside them is masqueraded, and Pods reaching an externalTrafficPolicy Local Service's external addresses get every endpoint")
 	f.BoolVar(&k.masqueradeAll, "masquerade-all", false, "masquerade all traffic to cluster IPs (cluster farms in snat mode)")
 	f.StringVar(&k.proxyMode, "proxy-mode", "", `kube-proxy's mode: "", iptables, ipvs or nftables (xlb programs its own data plane: --dataplane)`)
 	f.StringVar(&k.bindAddress, "bind-address", "0.0.0.0", `"0.0.0.0" or "::" (xlb serves on --healthz-bind-address and --metrics-bind-address)`)

@@ -274,7 +274,7 @@ func (a *app) runKubeProxy(ctx context.Context, o kubeProxyOptions, level slog.L
 	kc := kube.Config{
 		Client: client, Engine: eng, Log: log, NodeName: node,
 		NodePortAddresses: kps.NodePortAddresses.CIDRs, NodePortPrimary: kps.NodePortAddresses.Primary,
-		MasqueradeAll: kps.MasqueradeAll, Metrics: kube.NewMetrics(reg),
+		MasqueradeAll: kps.MasqueradeAll, ClusterCIDRs: kps.ClusterCIDRs, Metrics: kube.NewMetrics(reg),
 		APIHost: cfg.Host, WaitHint: waitHint,
 		// CIDRs in --nodeport-addresses filter the interfaces' addresses
 		// (of this namespace, the data plane's), as kube-proxy's do.

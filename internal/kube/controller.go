@@ -71,6 +71,8 @@ type Config struct {
 	// MasqueradeAll masquerades all traffic to cluster IPs (kube-proxy's
 	// masqueradeAll): cluster farms in snat mode.
 	MasqueradeAll bool
+	// ClusterCIDRs is kube-proxy's clusterCIDR (clustercidr.go).
+	ClusterCIDRs []netip.Prefix
 	// PodInterface is the interface Pods' traffic arrives on, where mode
 	// dsr for cluster IPs works (see Node.PodInterface).
 	PodInterface string
@@ -370,7 +372,7 @@ func (c *Controller) enqueue(key string) {
 func (c *Controller) currentNode() Node {
 	c.nodeMu.Lock()
 	defer c.nodeMu.Unlock()
-	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs), PodInterface: c.cfg.PodInterface, MasqueradeAll: c.cfg.MasqueradeAll, Zone: c.node.Zone}
+	return Node{Name: c.node.Name, Addrs: slices.Clone(c.node.Addrs), PodInterface: c.cfg.PodInterface, MasqueradeAll: c.cfg.MasqueradeAll, Zone: c.node.Zone, ClusterCIDRs: c.cfg.ClusterCIDRs}
 }
 
 // plan translates one Service from the informer caches (a plan without

@@ -46,6 +46,8 @@ type servicePlan struct {
 	// nil without one; rangesRefused why it was refused.
 	ranges        *sourceRanges
 	rangesRefused error
+	// node is what the farms were translated for.
+	node Node
 }
 
 // outcome is what a Service got, and what was refused on the way.
@@ -59,7 +61,7 @@ type outcome struct {
 
 // newPlan translates one Service.
 func newPlan(key string, svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) *servicePlan {
-	p := &servicePlan{key: key, svc: svc, eps: eps}
+	p := &servicePlan{key: key, svc: svc, eps: eps, node: node}
 	if svc == nil {
 		return p
 	}
@@ -81,6 +83,7 @@ func newPlan(key string, svc *corev1.Service, eps []*discoveryv1.EndpointSlice, 
 		p.ranges.attach(p.defaults)
 		p.ranges.attach(p.annotated)
 	}
+	p.defaults, p.annotated = dropPodsFarmsBesidePolicies(p.defaults), dropPodsFarmsBesidePolicies(p.annotated)
 	return p
 }
 
@@ -98,6 +101,9 @@ func (p *servicePlan) put(tx *engine.Txn, noAnnotations bool) (outcome, error) {
 		return o, err
 	}
 	if err := p.prepareDropAll(tx); err != nil {
+		return o, err
+	}
+	if err := p.prepareClusterCIDR(tx, p.node); err != nil {
 		return o, err
 	}
 	if refused != nil {

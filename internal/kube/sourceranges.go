@@ -201,11 +201,14 @@ func dropStaleSourceRanges(tx *engine.Txn, tables []*model.Table, keys []string)
 }
 
 // sameEntries reports whether t holds exactly the allow list's entries.
-func (sr *sourceRanges) sameEntries(t *model.Table) bool {
-	if t.Len() != len(sr.entries) {
+func (sr *sourceRanges) sameEntries(t *model.Table) bool { return sameEntryKeys(t, sr.entries) }
+
+// sameEntryKeys reports whether table t holds exactly the entries' keys.
+func sameEntryKeys(t *model.Table, entries []model.EntryInput) bool {
+	if t.Len() != len(entries) {
 		return false
 	}
-	for _, in := range sr.entries {
+	for _, in := range entries {
 		k, err := t.ParseKey(in.Key)
 		if err != nil {
 			return false

@@ -43,6 +43,10 @@ type Node struct {
 	// Zone is the Node's topology.kubernetes.io/zone label ("" without
 	// it): EndpointSlice zone hints are matched against it (topology.go).
 	Zone string
+	// ClusterCIDRs are kube-proxy's clusterCIDR (the Pods' addresses):
+	// with them, traffic is told apart by source as kube-proxy does
+	// (clustercidr.go). Empty: not.
+	ClusterCIDRs []netip.Prefix
 }
 
 // Kind says which address of a Service a farm serves.
@@ -386,6 +390,10 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 			f.VirtualPorts = []model.PortRange{{First: port, Last: port}}
 			f.Protocol = proto
 			var local bool
+			// pods: a farm of its own serves clients in the cluster
+			// CIDR (clustercidr.go), in dnat: Pods reaching an
+			// eTP:Local Service's external addresses.
+			var pods bool
 			if sa.Kind == KindCluster {
 				local = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 				f.Mode = model.ModeDNAT
@@ -407,6 +415,15 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 			// dropAll: a Local policy with usable endpoints on other nodes
 			// only (dropnolocal.go).
 			var dropAll bool
+			// podsBackends: the Pods' farm's backends.
+			podsBackends := f.Backends
+			if local && sa.Kind != KindCluster && !sa.Addr.IsLoopback() && len(node.ClusterCIDRs) > 0 {
+				// kube-proxy's "short-circuit pod traffic": Pods
+				// reaching an eTP:Local Service's external address get
+				// every endpoint, unmasqueraded.
+				pods = true
+				podsBackends = backends(clusterEndpoints(all, node.Name, node.Zone))
+			}
 			if local {
 				f.Backends = backends(localEndpoints(all))
 				dropAll = len(f.Backends) == 0 && len(clusterEndpoints(all, node.Name, node.Zone)) > 0
@@ -430,6 +447,11 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 				f.Iface = node.PodInterface
 			}
 			out = append(out, f)
+			if pods && !dropAll {
+				if pf, ok := podsFarm(svc, sp, sa, &f, podsBackends); ok {
+					out = append(out, pf)
+				}
+			}
 		}
 	}
 	return out, nil

@@ -522,3 +522,55 @@ func TestNodeAddrs(t *testing.T) {
 		t.Errorf("NodeAddrs within 192.0.2.0/24: %v", got)
 	}
 }
+
+func TestFarmsClusterCIDR(t *testing.T) {
+	eps := []*discoveryv1.EndpointSlice{slice(discoveryv1.AddressTypeIPv4, 80, "http", corev1.ProtocolTCP,
+		ep{addr: "10.0.0.1", node: "node1"}, ep{addr: "10.0.0.2", node: "node2"})}
+	s := svc(func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = 30080
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	node := node1
+	node.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+	farms, err := Farms(s, eps, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The cluster IP: one farm, every client's address kept (the
+	// masquerade from outside the cluster CIDR is not built).
+	if cl := farmByName(t, farms, "shop.web.http.cluster-10.96.0.10"); cl.Mode != model.ModeDNAT || cl.SourceTable != "" {
+		t.Errorf("cluster farm: %s %q", cl.Mode, cl.SourceTable)
+	}
+	// The eTP:Local NodePort: local endpoints for everybody, every
+	// endpoint for the Pods (short-circuit), both unmasqueraded.
+	np := farmByName(t, farms, "shop.web.http.node-192.0.2.1")
+	npp := farmByName(t, farms, "shop.web.http.node-pods-192.0.2.1")
+	if got := backendAddrs(np); !slices.Equal(got, []string{"10.0.0.1:80"}) || np.Mode != model.ModeDNAT {
+		t.Errorf("node port farm: %v %s", got, np.Mode)
+	}
+	if got := backendAddrs(npp); !slices.Equal(got, []string{"10.0.0.1:80", "10.0.0.2:80"}) || npp.Mode != model.ModeDNAT || npp.SourceTable != ClusterCIDRTableName {
+		t.Errorf("node port Pods' farm: %v %s %q", got, npp.Mode, npp.SourceTable)
+	}
+	// externalTrafficPolicy Cluster: no Pods' farm on the node port.
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	farms, _ = Farms(s, eps, node)
+	for _, f := range farms {
+		if f.Name == "shop.web.http.node-pods-192.0.2.1" {
+			t.Errorf("eTP:Cluster: a Pods' farm on the node port")
+		}
+	}
+	// Without a cluster CIDR: none at all, the cluster IP in dnat.
+	farms, _ = Farms(s, eps, node1)
+	for _, f := range farms {
+		if f.SourceTable != "" || (isKind(&f, KindCluster) && f.Mode != model.ModeDNAT) {
+			t.Errorf("no cluster CIDR: farm %s mode %s source-table %q", f.Name, f.Mode, f.SourceTable)
+		}
+	}
+	// Beside a policy (loadBalancerSourceRanges) a Pods' farm goes.
+	np.Policies = []model.PolicyRef{{Name: "x"}}
+	farms = dropPodsFarmsBesidePolicies([]model.Farm{*np, *npp})
+	if len(farms) != 1 || isPodsFarm(&farms[0]) {
+		t.Errorf("beside a policy: %d farms", len(farms))
+	}
+}

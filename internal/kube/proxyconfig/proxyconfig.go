@@ -232,9 +232,6 @@ func FromConfig(c *kpv1alpha1.KubeProxyConfiguration) (*Settings, error) {
 		}
 		s.ClusterCIDRs = append(s.ClusterCIDRs, p.Masked())
 	}
-	if len(s.ClusterCIDRs) > 0 {
-		note("clusterCIDR", "accepted and not used yet: xlb does not masquerade traffic to cluster IPs from outside the cluster CIDR, nor short-circuit Pod traffic to external addresses (docs/kube-proxy.md)")
-	}
 	npa, err := ParseNodePortAddresses("field \"nodePortAddresses\"", c.NodePortAddresses)
 	if err != nil {
 		return nil, err

@@ -24,8 +24,8 @@ func TestKubeadmConfig(t *testing.T) {
 	if _, set := s.Conntrack.Max(4); set || s.MasqueradeAll || s.NodePortAddresses.Primary || len(s.NodePortAddresses.CIDRs) > 0 {
 		t.Errorf("defaults changed something: %+v", s)
 	}
-	if !strings.Contains(strings.Join(s.Notes, "\n"), "clusterCIDR: accepted and not used yet") {
-		t.Errorf("notes %q do not say what clusterCIDR does", s.Notes)
+	if strings.Contains(strings.Join(s.Notes, "\n"), "clusterCIDR") {
+		t.Errorf("notes %q say clusterCIDR does nothing; it is used (internal/kube/clustercidr.go)", s.Notes)
 	}
 }
 
