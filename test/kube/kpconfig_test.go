@@ -115,10 +115,15 @@ func TestKubeProxyConfigFile(t *testing.T) {
 		}
 	}
 	// -v 4: debug lines; the accepted-without-effect settings are logged.
-	e.waitFor("a debug line and the clusterCIDR note in the log", func() bool {
+	// clusterCIDR is used (internal/kube/clustercidr.go), so it is not
+	// among them.
+	e.waitFor("a debug line and the accepted-without-effect settings in the log", func() bool {
 		l := p.log.String()
-		return strings.Contains(l, "level=DEBUG") && strings.Contains(l, "clusterCIDR: accepted and not used yet")
+		return strings.Contains(l, "level=DEBUG") && strings.Contains(l, "accepted without effect")
 	})
+	if l := p.log.String(); strings.Contains(l, "clusterCIDR") && strings.Contains(l, "not used") {
+		t.Errorf("the log says clusterCIDR is not used")
+	}
 
 	// kube-proxy's /healthz and /livez.
 	for _, path := range []string{"/healthz", "/livez"} {
