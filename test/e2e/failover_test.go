@@ -26,12 +26,12 @@ import (
 // behind BIRD's ECMP, then one node killed, brought back, and a third
 // added.
 type failoverOpts struct {
-	Mode  string // dnat, snat, dsr, stlsdnat
+	Mode string // dnat, snat, dsr, stlsdnat
 	// Plane: nft, ebpf, or mixed (nodes 0 and 2 on nft, node 1 on
 	// ebpf: a cluster being moved from one plane to the other, whose
 	// nodes must carry each other's flows).
 	Plane string
-	Sync  bool   // connection sync between the nodes
+	Sync  bool // connection sync between the nodes
 	// NodeLost: the killed node's links go down too (the whole node is
 	// gone, its kernel forwards nothing); otherwise only its daemon dies
 	// (kill -9), its kernel keeps its rules and connections.
