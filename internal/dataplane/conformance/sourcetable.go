@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -74,6 +75,86 @@ func runSourceTable(t *testing.T, e *Env, f model.Farm) {
 	f.State = model.StateDown
 	ts.putFarm(t, e, f)
 	e.expectBackend(t, f, "source farm down", map[netip.Addr]string{c[0]: "b0", c[1]: "b0"})
+}
+
+// sourceTableOwnFarm is sourceTableFarm in mode dnat (its backend sees the
+// client) with a per-client new-rtlimit of 2 a minute, burst 2.
+func sourceTableOwnFarm(e *Env) model.Farm {
+	f := sourceFarm(e, model.ProtoTCP)
+	f.Mode = model.ModeDNAT
+	f.NewRTLimit, f.NewRTUnit, f.NewRTBurst = 2, model.PerMinute, 2
+	return f
+}
+
+// runSourceTableOwn: two farms on one key that differ in all but the key,
+// each applying its own settings to its own clients only: the default farm
+// (first backend) masquerades and logs, the source farm (second backend)
+// is dnat and limits new connections. The source farm's client is seen by
+// its backend as itself, logs nothing and is limited; the default farm's
+// client is seen as the LB, logged and not limited.
+func runSourceTableOwn(t *testing.T, e *Env, f model.Farm) {
+	wait := e.logWaiter(t)
+	c := e.ClientAddrs(t, 2)
+	dflt := e.Farm("default-farm", f.Protocol)
+	dflt.Backends = dflt.Backends[:1]
+	dflt.Log, dflt.LogPrefix = model.LogForward, "own-dflt "
+	ts := e.tablePlane(t)
+	ts.put(t, "src", model.ListNone, c[1].String())
+	ts.putFarm(t, e, f)
+	e.Put(t, dflt)
+	prefixes := plan.FarmLogPrefixes(&dflt)
+	if len(prefixes) != 1 {
+		t.Fatalf("the default farm's log prefixes: %q", prefixes)
+	}
+	ask := func(a netip.Addr) (string, netip.AddrPort) {
+		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), e.vipPort(f))
+		if err != nil {
+			return "error: " + err.Error(), netip.AddrPort{}
+		}
+		name, from, err := testutil.ParseReply(got)
+		if err != nil {
+			return "error: " + err.Error(), netip.AddrPort{}
+		}
+		return name, from
+	}
+	// The source farm's client first (its burst of 2 covers this and
+	// the retry), then the default's, whose log line must be the first.
+	name, from := ask(c[1])
+	if name != "b1" || from.Addr() != c[1] {
+		t.Errorf("client %s (source farm, dnat): backend %q saw %s, want b1 seeing the client", c[1], name, from)
+	}
+	name, from = ask(c[0])
+	if name != "b0" || from.Addr() != e.lbBack() {
+		t.Errorf("client %s (default farm, snat): backend %q saw %s, want b0 seeing the LB's %s", c[0], name, from, e.lbBack())
+	}
+	entry, err := wait(prefixes[0], 3*time.Second)
+	if err != nil {
+		t.Fatalf("the default farm's log line: %v", err)
+	}
+	if entry.Src != c[0] {
+		t.Errorf("first log line %q is of %s -> %s, want the default farm's client %s (the source farm does not log)", entry.Prefix, entry.Src, entry.Dst, c[0])
+	}
+	// The source farm's limit: of 8 quick connections from its client at
+	// most the burst's 2 and one more are answered; the default farm's
+	// client, right after, is not limited.
+	ok := 0
+	for range 8 {
+		if e.quickTCPFrom(c[1], e.vipPort(f), 300*time.Millisecond) {
+			ok++
+		}
+	}
+	if ok > 3 {
+		t.Errorf("client %s (source farm, new-rtlimit 2/minute burst 2): %d of 8 quick connections answered, want at most 3", c[1], ok)
+	}
+	ok = 0
+	for range 8 {
+		if e.quickTCPFrom(c[0], e.vipPort(f), time.Second) {
+			ok++
+		}
+	}
+	if ok != 8 {
+		t.Errorf("client %s (default farm, no limit): %d of 8 connections answered, want 8", c[0], ok)
+	}
 }
 
 // expectBackend asks the farm's VIP and port over its protocol from each

@@ -39,6 +39,7 @@ func init() {
 		scenario{name: "policy-flow", farm: policyFarm, run: runPolicyFlow},
 		scenario{name: "source-table", backends: 2, farm: sourceTableFarm, run: runSourceTable},
 		scenario{name: "source-table-udp", backends: 2, farm: sourceTableFarmUDP, run: runSourceTable},
+		scenario{name: "source-table-own", backends: 2, farm: sourceTableOwnFarm, run: runSourceTableOwn},
 	)
 }
 

@@ -153,6 +153,7 @@ func (b *batch) ensureStatic() {
 	// them (syncHooks). The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostSrc})
 	// The netdev table (mode dsr): static maps and the regular chain dsr,
 	// whose rules programDSR sends; device chains come and go (syncDevs).
 	b.c.AddTable(b.p.ntable)

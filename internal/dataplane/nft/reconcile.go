@@ -86,7 +86,7 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range netdevSets(p.ntable) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainChecks: true, chainDsr: true,
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainPostSrc: true, chainChecks: true, chainDsr: true,
 		chainDir4: true, chainDir6: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {

@@ -244,3 +244,21 @@ func sourceTaggedRule() []expr.Any {
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}
 }
+
+// sourceTaggedPostRule: meta mark & 0xffff0000 == 0x786d0000 goto
+// post-src, the postrouting chain's first rule. What the postrouting chain
+// finds by VIP, protocol and port (the log, the backends' and the farm's
+// snat or masquerade) is the key's default farm's; a connection tagged for
+// another farm of the key takes only its own farm's rules, by mark. In a
+// table that does not hold its farm post-src finds nothing and the
+// connection goes on, untranslated, to the next table's chain. One rule
+// more for the first packet of every connection.
+func sourceTaggedPostRule() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(sourceMarkMask), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(sourceMarkBase)},
+		&expr.Verdict{Kind: expr.VerdictGoto, Chain: chainPostSrc},
+	}
+}
