@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -155,6 +157,51 @@ func runSourceTableOwn(t *testing.T, e *Env, f model.Farm) {
 	if ok != 8 {
 		t.Errorf("client %s (default farm, no limit): %d of 8 connections answered, want 8", c[0], ok)
 	}
+}
+
+// sourceTableHairpinFarm is sourceTableFarm in mode dnat.
+func sourceTableHairpinFarm(e *Env) model.Farm {
+	f := sourceFarm(e, model.ProtoTCP)
+	f.Mode = model.ModeDNAT
+	return f
+}
+
+// runSourceTableHairpin: the source farm (dnat, the second backend) holds
+// its own backend as a client, as a Kubernetes Pod reaching its own
+// Service through the Pods' farm; the default farm masquerades (the first
+// backend). The backend that connects to the VIP and is given itself is
+// masqueraded (hairpin: else it would answer itself and the connection
+// never complete), another client of the source farm is not.
+func runSourceTableHairpin(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 1)
+	dflt := e.Farm("default-farm", f.Protocol)
+	dflt.Backends = dflt.Backends[:1]
+	self := e.Backends[1].Addr(false)
+	ts := e.tablePlane(t)
+	ts.put(t, "src", model.ListNone, self.String(), c[0].String())
+	ts.putFarm(t, e, f)
+	e.Put(t, dflt)
+	if name, from := e.askFrom(e.Client.NS, c[0]); name != "b1" || from.Addr() != c[0] {
+		t.Errorf("client %s (source farm, dnat): backend %q saw %s, want b1 seeing the client", c[0], name, from)
+	}
+	if name, from := e.askFrom(e.Backends[1].NS, self); name != "b1" || from.Addr() == self {
+		t.Errorf("backend b1 (%s) to the VIP, in the source table: answered by %q seeing %s, want b1 seeing the LB's address (hairpin)", self, name, from)
+	}
+}
+
+// askFrom asks the scenario's VIP:VPort over TCP from local in namespace
+// ns and returns the backend's name and the address it saw.
+func (e *Env) askFrom(ns netns.NsHandle, local netip.Addr) (string, netip.AddrPort) {
+	to := netip.AddrPortFrom(e.VIP(), VPort)
+	got, err := testutil.AskTCPFrom(ns, netip.AddrPortFrom(local, 0), to)
+	if err != nil {
+		return "error: " + err.Error(), netip.AddrPort{}
+	}
+	name, from, err := testutil.ParseReply(got)
+	if err != nil {
+		return "error: " + err.Error(), netip.AddrPort{}
+	}
+	return name, from
 }
 
 // expectBackend asks the farm's VIP and port over its protocol from each

@@ -445,6 +445,8 @@ table inet xlb {
 		meta nfproto ipv4 snat ip to meta mark map @snatm4
 		meta nfproto ipv6 snat ip6 to meta mark map @snatm6
 		meta mark @masqm masquerade
+		ip saddr . ip daddr @hairpin4 masquerade
+		ip6 saddr . ip6 daddr @hairpin6 masquerade
 	}
 	set hairpin4 {
 		type ipv4_addr . ipv4_addr

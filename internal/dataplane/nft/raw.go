@@ -242,12 +242,18 @@ func portRegs(ports model.PortRange) []expr.Any {
 }
 
 // programPostrouting replaces the postrouting chain's rules in one batch.
-// The chain post-src first: the postrouting chain's first rule goes to it.
+// The chain post-src first (the rules by mark and the hairpin masquerade):
+// the postrouting chain's first rule goes to it.
 func (p *shard) programPostrouting() error {
 	src, err := markPostRules(p.opts.SNATPorts)
 	if err != nil {
 		return fmt.Errorf("encode post-src rules: %w", err)
 	}
+	hair, err := encodeRules(hairpinRules())
+	if err != nil {
+		return fmt.Errorf("encode post-src rules: %w", err)
+	}
+	src = append(src, hair...)
 	if err := p.sendRules(byte(nftables.TableFamilyINet), chainPostSrc, src); err != nil {
 		return err
 	}
