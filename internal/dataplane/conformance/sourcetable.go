@@ -189,6 +189,50 @@ func runSourceTableHairpin(t *testing.T, e *Env, f model.Farm) {
 	}
 }
 
+// runSourceTableFilters: the default farm (first backend) has a tight
+// rst-rtlimit (1/s, burst 1), the source farm (second backend) none; the
+// resets of the source farm's client close all its connections at once
+// (the default farm's limit would drop all but about one).
+func runSourceTableFilters(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 1)
+	dflt := e.Farm("default-farm", f.Protocol)
+	dflt.Backends = dflt.Backends[:1]
+	dflt.RstRTLimit, dflt.RstRTBurst = 1, 1
+	ts := e.tablePlane(t)
+	ts.put(t, "src", model.ListNone, c[0].String())
+	ts.putFarm(t, e, f)
+	e.Put(t, dflt)
+	const n = 15
+	var conns []*net.TCPConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		conn, err := testutil.DialTCPFrom(e.Client.NS, netip.AddrPortFrom(c[0], 0), e.vipPort(f), time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns = append(conns, conn.(*net.TCPConn))
+		if line, err := testutil.ReadLine(conn, time.Second); err != nil || !strings.HasPrefix(line, "b1") {
+			t.Fatalf("connection %d: first line %q, %v; want backend b1", i, line, err)
+		}
+	}
+	if got := e.established(t, e.Backends[1]); got != n {
+		t.Fatalf("backend b1 holds %d connections, want %d", got, n)
+	}
+	for _, conn := range conns {
+		_ = conn.SetLinger(0) // close sends a reset
+		conn.Close()
+	}
+	conns = nil
+	time.Sleep(300 * time.Millisecond)
+	if left := e.established(t, e.Backends[1]); left > 1 {
+		t.Errorf("after %d resets from the source farm's client, b1 still holds %d connections: the default farm's rst-rtlimit dropped them", n, left)
+	}
+}
+
 // askFrom asks the scenario's VIP:VPort over TCP from local in namespace
 // ns and returns the backend's name and the address it saw.
 func (e *Env) askFrom(ns netns.NsHandle, local netip.Addr) (string, netip.AddrPort) {

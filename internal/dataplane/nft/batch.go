@@ -206,6 +206,9 @@ func (b *batch) addHook(name string) {
 		filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
 		b.c.FlushChain(filt)
+		// A connection steered to a farm chosen by source table is not
+		// the default farm's whose filters the VIP finds (sourcetable.go).
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: sourceLabelRule()})
 		for _, v6 := range []bool{false, true} {
 			b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: vmapRule(v6, pick(v6, setFsvc4, setFsvc6))})
 		}

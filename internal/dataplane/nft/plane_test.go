@@ -542,6 +542,7 @@ table inet xlb {
 	}
 	chain filter {
 		type filter hook prerouting priority mangle; policy accept;
+		ct label 127 accept
 		ip daddr . meta l4proto . th dport vmap @fsvc4
 		ip6 daddr . meta l4proto . th dport vmap @fsvc6
 	}
