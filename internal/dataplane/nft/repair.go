@@ -18,6 +18,7 @@ var _ dataplane.DriftRepairer = (*Plane)(nil)
 // of the default layout takes most of a second on a busy machine; one
 // table, a few milliseconds.
 func (s *Plane) RepairDrift(ctx context.Context, farms []*model.Farm) error {
+	farms = asMarkFarms(farms) // farms chosen by source table, as Reconcile (sourcetable.go)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn == nil {
