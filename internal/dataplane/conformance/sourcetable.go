@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"context"
 	"net"
 	"net/netip"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -156,6 +158,23 @@ func runSourceTableOwn(t *testing.T, e *Env, f model.Farm) {
 	}
 	if ok != 8 {
 		t.Errorf("client %s (default farm, no limit): %d of 8 connections answered, want 8", c[0], ok)
+	}
+	// Each farm's traffic counters count its own connections.
+	cr, isReader := e.DP.(dataplane.CounterReader)
+	if !isReader {
+		return
+	}
+	for _, fc := range []struct {
+		f       model.Farm
+		at, min int
+	}{{f, 0, 1}, {dflt, 0, 9}} {
+		got, err := cr.Counters(context.Background(), &fc.f)
+		if err != nil {
+			t.Fatalf("counters of %s: %v", fc.f.Name, err)
+		}
+		if len(got.Backends) != 1 || got.Backends[fc.at].Connections < uint64(fc.min) || got.Connections != got.Backends[fc.at].Connections {
+			t.Errorf("counters of %s: %d connections, backends %+v; want at least %d, all on its backend", fc.f.Name, got.Connections, got.Backends, fc.min)
+		}
 	}
 }
 

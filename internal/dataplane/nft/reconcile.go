@@ -15,6 +15,7 @@ import (
 // its farms (shard.reconcile), one batch per table; then the tables of
 // another --nft-tables layout are deleted.
 func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
+	byVIP := farms             // the counters count a farm chosen by source table by its VIP
 	farms = asMarkFarms(farms) // farms chosen by source table (sourcetable.go)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -31,7 +32,7 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		keep[p.opts.Table] = true
 	}
-	if err := s.reconcileCounters(farms); err != nil {
+	if err := s.reconcileCounters(byVIP); err != nil {
 		return err
 	}
 	s.watchPassiveAll(farms)
