@@ -151,13 +151,38 @@ sync_session(const struct persist_key *pk, const struct persist_val *pv, const s
 	e->rport = 0;
 	e->kind = XLB_SYNC_SESSION;
 	e->proto = pk->svc.proto;
-	e->family = pk->svc.family;
+	/* Without the tag of a farm chosen by source table: tags are this
+	 * node's (the peer steers the client again, sync_steer()). */
+	e->family = pk->svc.family & ((1 << XLB_TBL_SIZE_SVC_TAG_SHIFT) - 1);
 	e->state = 0;
 	e->left = svc->persist_ttl;
 	e->rc = 0;
 	e->pad = 0;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
+}
+
+/**
+ * sync_steer() - the service of key @sk (a peer's record's VIP, port,
+ * protocol, untagged) for client @client of family @family, as
+ * svc_lookup() chooses it for a packet: where farms chosen by source table
+ * share the key, the one whose table holds the client here (the same farm
+ * as on the peer while both nodes have the same tables; the farm's tag is
+ * this node's), else the key's own. @sk keeps the key matched. A client of
+ * all zeros (a session whose persistence does not key on the client's
+ * address) is not steered: the key's own farm.
+ * Return: the service, or NULL.
+ */
+static __always_inline struct svc_val *sync_steer(struct svc_key *sk, const __u32 *client,
+						  __u8 family)
+{
+	struct pkt p = {};
+
+	if (!(client[0] | client[1] | client[2] | client[3]))
+		return bpf_map_lookup_elem(&xlb_services, sk);
+	__builtin_memcpy(p.k.src, client, 16);
+	p.k.family = family;
+	return svc_lookup(&p, sk);
 }
 
 /**
@@ -183,7 +208,7 @@ static __attribute__((noinline)) int sync_install_session(const struct sync_conn
 	pk.svc.family = c->family;
 	__builtin_memcpy(pk.src, c->client, 16);
 	pk.sport = c->cport;
-	svc = bpf_map_lookup_elem(&xlb_services, &pk.svc);
+	svc = sync_steer(&pk.svc, c->client, c->family);
 	if (!svc || !svc->persist)
 		return XLB_SYNC_RC_NOPERSIST;
 	__builtin_memcpy(pv.addr, c->backend, 16);
@@ -219,7 +244,8 @@ static __always_inline int sync_same(const struct ct_val *v, const struct ct_val
 
 /**
  * sync_bind() - give forward entry @v of flow @k this node's service
- * generation and backend ids: the service by VIP, port and protocol, the
+ * generation and backend ids: the service by VIP, port and protocol (and,
+ * where farms chosen by source table share them, the client: sync_steer()), the
  * backend by its address and port in that service's current generation
  * (xlb_be_index); a peer's ids mean nothing here. Without such a farm here
  * (not configured yet: a node that joins may get its peers' state before
@@ -240,10 +266,11 @@ static __always_inline int sync_bind(const struct ct_key *k, struct ct_val *v)
 	sk.port = k->dport;
 	sk.proto = k->proto;
 	sk.family = k->family;
-	svc = bpf_map_lookup_elem(&xlb_services, &sk);
+	svc = sync_steer(&sk, k->src, k->family);
 	if (!svc) {
 		sk.port = 0;
-		svc = bpf_map_lookup_elem(&xlb_services, &sk);
+		sk.family = k->family;
+		svc = sync_steer(&sk, k->src, k->family);
 		if (!svc)
 			return XLB_SYNC_RC_UNBOUND;
 	}

@@ -16,16 +16,14 @@ import (
 // (NodePorts, external and load balancer IPs) to every endpoint,
 // unmasqueraded ("short-circuit pod traffic"), as if they had gone out to
 // the load balancer and back; other clients get the node's local
-// endpoints. In xlb that is a farm chosen by source table
-// (docs/tables.md): next to the address's farm, a farm of kind
-// "<kind>-pods" whose source-table is the cluster CIDR table, in dnat.
+// endpoints. And clients outside the cluster CIDR reaching a cluster IP
+// are masqueraded ("masquerade clusterIP traffic from outside cluster"):
+// the cluster IP's farm is in snat, the Pods' in dnat. In xlb each is a
+// farm chosen by source table (docs/tables.md): next to the address's
+// farm, a farm of kind "<kind>-pods" whose source-table is the cluster
+// CIDR table, in dnat.
 //
-// Not built: kube-proxy's masquerade of clients outside the cluster CIDR
-// to cluster IPs. It would be a default farm in snat beside a Pods' farm
-// in dnat, and the nft plane applies the default farm's snat (keyed by
-// VIP, protocol and port at postrouting) to every farm of the key, so the
-// Pods would be masqueraded too (seen in TestKubeProxyScenarios). The
-// node's own connections are not steered by source on either plane
+// The node's own connections are not steered by source on either plane
 // (docs/kube-proxy.md notes 7 and 8).
 
 // ClusterCIDRTableName is the table of the cluster CIDRs.

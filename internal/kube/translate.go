@@ -397,8 +397,16 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 			if sa.Kind == KindCluster {
 				local = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 				f.Mode = model.ModeDNAT
-				if node.MasqueradeAll {
+				switch {
+				case node.MasqueradeAll:
 					f.Mode = model.ModeSNAT
+				case len(node.ClusterCIDRs) > 0:
+					// kube-proxy's "masquerade clusterIP traffic from
+					// outside cluster": the cluster IP's farm
+					// masquerades, and the Pods get a farm of their own
+					// in dnat (clustercidr.go).
+					f.Mode = model.ModeSNAT
+					pods = true
 				}
 			} else {
 				// 127.0.0.1 (localhost NodePorts) is reached only by the
@@ -430,6 +438,9 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 			} else {
 				f.Backends = backends(clusterEndpoints(all, node.Name, node.Zone))
 			}
+			if sa.Kind == KindCluster {
+				podsBackends = f.Backends // the cluster IP's endpoints, for Pods too
+			}
 			if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 				f.Persistence = model.KeySrcIP
 				f.PersistTTL = DefaultAffinityTimeout
@@ -447,6 +458,9 @@ func buildFarms(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 				f.Iface = node.PodInterface
 			}
 			out = append(out, f)
+			if sa.Kind == KindCluster && f.Mode != model.ModeSNAT {
+				pods = false // an annotation's mode: no masquerade to tell the Pods from
+			}
 			if pods && !dropAll {
 				if pf, ok := podsFarm(svc, sp, sa, &f, podsBackends); ok {
 					out = append(out, pf)

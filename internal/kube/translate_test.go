@@ -537,10 +537,14 @@ func TestFarmsClusterCIDR(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The cluster IP: one farm, every client's address kept (the
-	// masquerade from outside the cluster CIDR is not built).
-	if cl := farmByName(t, farms, "shop.web.http.cluster-10.96.0.10"); cl.Mode != model.ModeDNAT || cl.SourceTable != "" {
+	// The cluster IP: clients outside the cluster CIDR masqueraded, the
+	// Pods (a farm of their own, every endpoint) not.
+	if cl := farmByName(t, farms, "shop.web.http.cluster-10.96.0.10"); cl.Mode != model.ModeSNAT || cl.SourceTable != "" {
 		t.Errorf("cluster farm: %s %q", cl.Mode, cl.SourceTable)
+	}
+	clp := farmByName(t, farms, "shop.web.http.cluster-pods-10.96.0.10")
+	if got := backendAddrs(clp); !slices.Equal(got, []string{"10.0.0.1:80", "10.0.0.2:80"}) || clp.Mode != model.ModeDNAT || clp.SourceTable != ClusterCIDRTableName {
+		t.Errorf("cluster Pods' farm: %v %s %q", got, clp.Mode, clp.SourceTable)
 	}
 	// The eTP:Local NodePort: local endpoints for everybody, every
 	// endpoint for the Pods (short-circuit), both unmasqueraded.

@@ -506,7 +506,7 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "node, unbound, to LB (blocked by LoadBalancerSourceRanges)", from: fromNodeUnbound, to: lb, want: "DROP",
 				known: map[string]string{"ebpf": "EPERM"}}, // docs note 6
 			{name: "node to cluster IP (not filtered)", from: fromNode, to: ap(cip(svc), 80), want: "b0 masq",
-				known: map[string]string{"nft": "b0", "ebpf": "b0"}}, // docs note 7
+				known: map[string]string{"ebpf": "b0"}}, // docs note 7
 			{name: "node to NodePort (not filtered)", from: fromNode, to: ap(e.LB.IPv4, svc.Spec.Ports[0].NodePort), want: "b0 masq",
 				known: map[string]string{"ebpf": "b0"}}, // docs note 4
 		}
@@ -648,10 +648,10 @@ var kubeProxyScenarios = []kpScenario{
 		node := ap(e.LB.IPv4, 0)
 		nodePort := func(np int32) netip.AddrPort { return ap(node.Addr(), np) }
 		lb1, lb2, lb3 := ap(testutil.VIP4(81), 80), ap(testutil.VIP4(82), 80), ap(testutil.VIP4(83), 80)
-		n7 := map[string]string{"nft": "b0,b1", "ebpf": "b0,b1"} // docs note 7
-		n4 := map[string]string{"ebpf": "b0,b1"}                 // docs note 4
-		n8 := map[string]string{"nft": "b0", "ebpf": "b0"}       // docs note 8
-		n7l := map[string]string{"nft": "b0", "ebpf": "b0"}      // docs note 7
+		n7 := map[string]string{"ebpf": "b0,b1"}           // docs note 7
+		n4 := map[string]string{"ebpf": "b0,b1"}           // docs note 4
+		n8 := map[string]string{"nft": "b0", "ebpf": "b0"} // docs note 8
+		n7l := map[string]string{"ebpf": "b0"}             // docs note 7
 		return []flow{
 			{name: "pod to ClusterIP", from: fromPod, to: ap(cip(svc1), 80), want: "b0,b1"},
 			{name: "pod to NodePort", from: fromPod, to: nodePort(np1), want: "b0,b1 masq"},
@@ -659,7 +659,7 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "node to ClusterIP", from: fromNode, to: ap(cip(svc1), 80), want: "b0,b1 masq", known: n7},
 			{name: "node to NodePort", from: fromNode, to: nodePort(np1), want: "b0,b1 masq", known: n4},
 			{name: "node to LB", from: fromNode, to: lb1, want: "b0,b1 masq", known: n4},
-			{name: "external to ClusterIP", from: fromExternal, to: ap(cip(svc1), 80), want: "b0,b1 masq", known: n7},
+			{name: "external to ClusterIP", from: fromExternal, to: ap(cip(svc1), 80), want: "b0,b1 masq"},
 			{name: "external to NodePort", from: fromExternal, to: nodePort(np1), want: "b0,b1 masq"},
 			{name: "external to LB", from: fromExternal, to: lb1, want: "b0,b1 masq"},
 
@@ -671,7 +671,7 @@ var kubeProxyScenarios = []kpScenario{
 			// its comment says what it means: svc2's, short-circuited.
 			{name: "node to NodePort with eTP:Local", from: fromNode, to: nodePort(np2), want: "b0,b1 masq", known: n8},
 			{name: "node to LB with eTP:Local", from: fromNode, to: lb2, want: "b0,b1 masq", known: n8},
-			{name: "external to ClusterIP with eTP:Local", from: fromExternal, to: ap(cip(svc2), 80), want: "b0,b1 masq", known: n7},
+			{name: "external to ClusterIP with eTP:Local", from: fromExternal, to: ap(cip(svc2), 80), want: "b0,b1 masq"},
 			{name: "external to NodePort with eTP:Local", from: fromExternal, to: nodePort(np2), want: "b0"},
 			{name: "external to LB with eTP:Local", from: fromExternal, to: lb2, want: "b0"},
 
@@ -681,7 +681,7 @@ var kubeProxyScenarios = []kpScenario{
 			{name: "node to ClusterIP with iTP:Local", from: fromNode, to: ap(cip(svc3), 80), want: "b0 masq", known: n7l},
 			{name: "node to NodePort with iTP:Local", from: fromNode, to: nodePort(np3), want: "b0,b1 masq", known: n4},
 			{name: "node to LB with iTP:Local", from: fromNode, to: lb3, want: "b0,b1 masq", known: n4},
-			{name: "external to ClusterIP with iTP:Local", from: fromExternal, to: ap(cip(svc3), 80), want: "b0 masq", known: n7l},
+			{name: "external to ClusterIP with iTP:Local", from: fromExternal, to: ap(cip(svc3), 80), want: "b0 masq"},
 			{name: "external to NodePort with iTP:Local", from: fromExternal, to: nodePort(np3), want: "b0,b1 masq"},
 			{name: "external to LB with iTP:Local", from: fromExternal, to: lb3, want: "b0,b1 masq"},
 		}

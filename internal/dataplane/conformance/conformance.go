@@ -124,6 +124,9 @@ type scenario struct {
 	name     string
 	backends int
 	v6       bool
+	// hairpin puts the backends' bridge ports in hairpin mode (a backend
+	// reaching itself through the LB, testutil.TopologyOptions.Hairpin).
+	hairpin bool
 	// farm returns the farm under test, with the topology's backends.
 	farm func(e *Env) model.Farm
 	// run applies the farm and checks traffic. nil: no check written yet
@@ -151,7 +154,7 @@ type Env struct {
 }
 
 func newEnv(t *testing.T, p Plane, s scenario) *Env {
-	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: max(s.backends, 1), IPv6: true})
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: max(s.backends, 1), IPv6: true, Hairpin: s.hairpin})
 	dp := p.Open(t, "/run/netns/"+topo.LB.Name)
 	t.Cleanup(func() { _ = dp.Close() })
 	e := &Env{Topology: topo, DP: dp, plane: p, prev: map[string]*model.Farm{}, v6: s.v6}

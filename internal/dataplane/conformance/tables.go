@@ -39,6 +39,9 @@ func init() {
 		scenario{name: "policy-flow", farm: policyFarm, run: runPolicyFlow},
 		scenario{name: "source-table", backends: 2, farm: sourceTableFarm, run: runSourceTable},
 		scenario{name: "source-table-udp", backends: 2, farm: sourceTableFarmUDP, run: runSourceTable},
+		scenario{name: "source-table-own", backends: 2, farm: sourceTableOwnFarm, run: runSourceTableOwn},
+		scenario{name: "source-table-hairpin", backends: 2, hairpin: true, farm: sourceTableHairpinFarm, run: runSourceTableHairpin},
+		scenario{name: "source-table-filters", backends: 2, farm: sourceTableFarm, run: runSourceTableFilters},
 	)
 }
 

@@ -270,8 +270,10 @@ func (p *Plane) DumpSessions(ctx context.Context) ([]dataplane.SyncConn, error) 
 		if ttl == 0 || end <= now {
 			continue
 		}
+		// The key's tag (a farm chosen by source table) is this node's:
+		// the peer steers the client again (sync_steer()).
 		c := xlbSyncConn{Client: k.Src, Vip: k.Svc.Addr, Backend: v.Addr,
-			Cport: k.Sport, Vport: k.Svc.Port, Bport: v.Port, Proto: k.Svc.Proto, Family: k.Svc.Family}
+			Cport: k.Sport, Vport: k.Svc.Port, Bport: v.Port, Proto: k.Svc.Proto, Family: k.Svc.Family & (1<<svcTagShift - 1)}
 		out = append(out, sessionConn(&c, time.Duration(min(end-now, ttl))))
 	}
 	if err := cursor.Err(); err != nil {

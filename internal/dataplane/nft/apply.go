@@ -24,8 +24,12 @@ func (s *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	d = asMarkDiff(d) // farms chosen by source table (sourcetable.go)
-	whole := d        // the counters take whole farms (counters.go)
+	// The counters take whole farms, a farm chosen by source table by its
+	// VIP as any farm (counters.go); the rest, such a farm as a
+	// firewall-mark farm of its tag (sourcetable.go).
+	byVIP := d
+	d = asMarkDiff(d)
+	whole := d
 	d = plan.SplitDiff(d)
 	links, err := resolveDSR(s.opts.NetNS, d.NewFarms())
 	if err != nil {
@@ -62,7 +66,7 @@ func (s *Plane) Apply(ctx context.Context, d plan.Diff) error {
 	}
 	var ctrNext *ctrPending
 	if s.ctr != nil {
-		ctrNext = s.ctr.queue(s.conn, whole)
+		ctrNext = s.ctr.queue(s.conn, byVIP)
 	}
 	if err := s.conn.Flush(); err != nil {
 		s.redial()

@@ -153,6 +153,7 @@ func (b *batch) ensureStatic() {
 	// them (syncHooks). The postrouting chain's rules are sent by programPostrouting.
 	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostrouting, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
+	b.c.AddChain(&nftables.Chain{Table: t, Name: chainPostSrc})
 	// The netdev table (mode dsr): static maps and the regular chain dsr,
 	// whose rules programDSR sends; device chains come and go (syncDevs).
 	b.c.AddTable(b.p.ntable)
@@ -205,6 +206,9 @@ func (b *batch) addHook(name string) {
 		filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
 		b.c.FlushChain(filt)
+		// A connection steered to a farm chosen by source table is not
+		// the default farm's whose filters the VIP finds (sourcetable.go).
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: sourceLabelRule()})
 		for _, v6 := range []bool{false, true} {
 			b.c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: vmapRule(v6, pick(v6, setFsvc4, setFsvc6))})
 		}

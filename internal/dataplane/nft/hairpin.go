@@ -33,11 +33,12 @@ import (
 // of the table's farms.
 
 // hairpinElems returns the farm's elements of hairpin4/hairpin6: one per
-// distinct serving backend address, for VIP farms in mode dnat (snat
-// farms masquerade every client anyway; dsr and stlsdnat keep no NAT
-// state to masquerade with).
+// distinct serving backend address, for farms in mode dnat, VIP and
+// firewall-mark farms (and so farms chosen by source table: the chain
+// post-src masquerades them too) alike (snat farms masquerade every
+// client anyway; dsr and stlsdnat keep no NAT state to masquerade with).
 func hairpinElems(f *model.Farm, p *farmPlan) []elem {
-	if f.Mode != model.ModeDNAT || p.mark || len(p.active) == 0 {
+	if f.Mode != model.ModeDNAT || len(p.active) == 0 {
 		return nil
 	}
 	seen := map[netip.Addr]bool{}

@@ -11,7 +11,8 @@ const (
 	chainPrerouting  = "prerouting"
 	chainOutput      = "output"
 	chainPostrouting = "postrouting"
-	chainChecks      = "checks" // output, raw priority: the health checks' packets untracked
+	chainPostSrc     = "post-src" // postrouting of connections tagged for a farm chosen by source table (sourcetable.go)
+	chainChecks      = "checks"   // output, raw priority: the health checks' packets untracked
 
 	setSvc4     = "svc4"    // ip daddr . l4proto . th dport -> goto farm chain
 	setSvc6     = "svc6"    // ip6 daddr . l4proto . th dport -> goto farm chain

@@ -113,7 +113,9 @@ func planFarm(f *model.Farm) *farmPlan {
 				p.post[0].Val = f.SourceAddr.AsSlice()
 			}
 		}
-		return p.backends(f)
+		p.backends(f)
+		p.hair = hairpinElems(f, p) // a farm chosen by source table is one of these
+		return p
 	}
 	if f.Mode == model.ModeDSR {
 		// The links (and so the post elements) are set by setDSR.

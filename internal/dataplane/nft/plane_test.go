@@ -422,6 +422,7 @@ table inet xlb {
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
+		meta mark 0x786d0000/16 goto post-src
 		ct original ip daddr . meta l4proto . ct original proto-dst vmap @log4
 		ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @log6
 		snat ip to ct original ip daddr . meta l4proto . ct original proto-dst . ip daddr map @snatb4
@@ -434,6 +435,13 @@ table inet xlb {
 		ct original ip daddr . meta l4proto . ct original proto-dst @masq4 masquerade
 		snat ip6 to ct original ip6 daddr . meta l4proto . ct original proto-dst map @snat6
 		ct original ip6 daddr . meta l4proto . ct original proto-dst @masq6 masquerade
+		meta nfproto ipv4 snat ip to meta mark map @snatm4
+		meta nfproto ipv6 snat ip6 to meta mark map @snatm6
+		meta mark @masqm masquerade
+		ip saddr . ip daddr @hairpin4 masquerade
+		ip6 saddr . ip6 daddr @hairpin6 masquerade
+	}
+	chain post-src {
 		meta nfproto ipv4 snat ip to meta mark map @snatm4
 		meta nfproto ipv6 snat ip6 to meta mark map @snatm6
 		meta mark @masqm masquerade
@@ -534,6 +542,7 @@ table inet xlb {
 	}
 	chain filter {
 		type filter hook prerouting priority mangle; policy accept;
+		ct label 127 accept
 		ip daddr . meta l4proto . th dport vmap @fsvc4
 		ip6 daddr . meta l4proto . th dport vmap @fsvc6
 	}

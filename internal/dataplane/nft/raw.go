@@ -77,8 +77,18 @@ func masqPorts(m *expr.Masq) (rawExpr, error) {
 //
 // and the IPv6 forms. The key is the VIP the client connected to, from the
 // conntrack entry's original direction, so no mark is needed.
+//
+// A connection tagged for a farm chosen by source table goes first to the
+// chain post-src (sourceTaggedPostRule), which holds only the rules by
+// mark: its farm's snat or masquerade, and none of the rules found by VIP,
+// which are its key's default farm's.
 func postRulesRaw(ports model.PortRange) ([][]rawExpr, error) {
 	var rules [][]rawExpr
+	tagged, err := encodeAll(sourceTaggedPostRule())
+	if err != nil {
+		return nil, err
+	}
+	rules = append(rules, tagged)
 	// First: ct original ip daddr . meta l4proto . ct original proto-dst
 	// vmap @log4 (jump to the farm's log chain, which returns).
 	for _, v6 := range []bool{false, true} {
@@ -131,8 +141,25 @@ func postRulesRaw(ports model.PortRange) ([][]rawExpr, error) {
 			rules = append(rules, r)
 		}
 	}
-	// meta nfproto ipv4 snat ip to meta mark map @snatm4 (and IPv6), then
-	// meta mark @masqm masquerade (firewall-mark farms in snat mode).
+	mark, err := markPostRules(ports)
+	if err != nil {
+		return nil, err
+	}
+	rules = append(rules, mark...)
+	hair, err := encodeRules(hairpinRules())
+	if err != nil {
+		return nil, err
+	}
+	return append(rules, hair...), nil
+}
+
+// markPostRules are the postrouting rules of firewall-mark farms (and of
+// farms chosen by source table, which this plane holds as such):
+//
+//	meta nfproto ipv4 snat ip to meta mark map @snatm4   (and IPv6)
+//	meta mark @masqm masquerade
+func markPostRules(ports model.PortRange) ([][]rawExpr, error) {
+	var rules [][]rawExpr
 	for _, v6 := range []bool{false, true} {
 		var r []rawExpr
 		for _, e := range append(append(nfproto(v6),
@@ -147,21 +174,26 @@ func postRulesRaw(ports model.PortRange) ([][]rawExpr, error) {
 		}
 		rules = append(rules, r)
 	}
-	for _, exprs := range append([][]expr.Any{append([]expr.Any{
+	masq, err := encodeAll(append([]expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 		&expr.Lookup{SourceRegister: reg1, SetName: setMasqM},
-	}, masqTo(ports)...)}, hairpinRules()...) {
-		var r []rawExpr
-		for _, e := range exprs {
-			b, err := encode(e)
-			if err != nil {
-				return nil, err
-			}
-			r = append(r, b)
-		}
-		rules = append(rules, r)
+	}, masqTo(ports)...))
+	if err != nil {
+		return nil, err
 	}
-	return rules, nil
+	return append(rules, masq), nil
+}
+
+func encodeRules(rules [][]expr.Any) ([][]rawExpr, error) {
+	var out [][]rawExpr
+	for _, exprs := range rules {
+		r, err := encodeAll(exprs)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 func nftMsg(family byte, typ int, flags netlink.HeaderFlags, attrs []netlink.Attribute) (netlink.Message, error) {
@@ -210,7 +242,21 @@ func portRegs(ports model.PortRange) []expr.Any {
 }
 
 // programPostrouting replaces the postrouting chain's rules in one batch.
+// The chain post-src first (the rules by mark and the hairpin masquerade):
+// the postrouting chain's first rule goes to it.
 func (p *shard) programPostrouting() error {
+	src, err := markPostRules(p.opts.SNATPorts)
+	if err != nil {
+		return fmt.Errorf("encode post-src rules: %w", err)
+	}
+	hair, err := encodeRules(hairpinRules())
+	if err != nil {
+		return fmt.Errorf("encode post-src rules: %w", err)
+	}
+	src = append(src, hair...)
+	if err := p.sendRules(byte(nftables.TableFamilyINet), chainPostSrc, src); err != nil {
+		return err
+	}
 	rules, err := postRulesRaw(p.opts.SNATPorts)
 	if err != nil {
 		return fmt.Errorf("encode postrouting rules: %w", err)

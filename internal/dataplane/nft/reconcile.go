@@ -15,6 +15,7 @@ import (
 // its farms (shard.reconcile), one batch per table; then the tables of
 // another --nft-tables layout are deleted.
 func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
+	byVIP := farms             // the counters count a farm chosen by source table by its VIP
 	farms = asMarkFarms(farms) // farms chosen by source table (sourcetable.go)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -31,7 +32,7 @@ func (s *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 		keep[p.opts.Table] = true
 	}
-	if err := s.reconcileCounters(farms); err != nil {
+	if err := s.reconcileCounters(byVIP); err != nil {
 		return err
 	}
 	s.watchPassiveAll(farms)
@@ -86,7 +87,7 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range netdevSets(p.ntable) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainChecks: true, chainDsr: true,
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainPostSrc: true, chainChecks: true, chainDsr: true,
 		chainDir4: true, chainDir6: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {

@@ -18,6 +18,8 @@ var _ dataplane.DriftRepairer = (*Plane)(nil)
 // of the default layout takes most of a second on a busy machine; one
 // table, a few milliseconds.
 func (s *Plane) RepairDrift(ctx context.Context, farms []*model.Farm) error {
+	byVIP := farms             // as Reconcile
+	farms = asMarkFarms(farms) // farms chosen by source table, as Reconcile (sourcetable.go)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn == nil {
@@ -39,7 +41,7 @@ func (s *Plane) RepairDrift(ctx context.Context, farms []*model.Farm) error {
 	// counter table deleted by others fails every change until it is
 	// back (nft flush ruleset takes it with the farms' tables).
 	if s.ctr != nil && (all || dirty[s.ctr.table.Name]) {
-		if err := s.reconcileCounters(farms); err != nil {
+		if err := s.reconcileCounters(byVIP); err != nil {
 			s.watch.markDirty(map[string]bool{s.ctr.table.Name: true}, false)
 			return err
 		}

@@ -28,14 +28,17 @@ import (
 //	chain prerouting { ...policies...
 //	    ct state new ip daddr . meta l4proto . th dport vmap @fs4 }   # shared keys
 //	chain s-<key hash> {                     # the key's farms, in plan.SourceOrder
-//	    ip saddr & 255.255.255.0 @s7-4-24 meta mark set 0x786dXXXX return
+//	    ip saddr & 255.255.255.0 @s7-4-24 meta mark set 0x786dXXXX ct label set 127 return
 //	    ... one rule per prefix length present in each farm's table }
 //
 // and in the farm's shard table the farm is a firewall-mark farm of its tag
 // (sourceMark): the NAT chains' first lookup, meta mark vmap @fwm4, sends
 // the connection to its chain before the VIP maps send it to the key's
 // default farm. The tag is the farm's, derived from its name, in marks
-// 0x786d0000-0x786dffff, which firewall-mark farms may not use.
+// 0x786d0000-0x786dffff, which firewall-mark farms may not use. What the
+// shard tables find by VIP is the default farm's: the postrouting chain
+// sends a tagged connection to post-src first (sourceTaggedPostRule), the
+// filter chain lets a labelled one by (sourceLabelRule).
 
 const (
 	sourceMarkBase = 0x786d0000 // "xm": marks of farms chosen by source table
@@ -150,6 +153,8 @@ func (b *tablesBatch) sourceRules(g *sourceGroup) [][]expr.Any {
 		mark := []expr.Any{
 			&expr.Immediate{Register: reg1, Data: binaryutil.NativeEndian.PutUint32(sourceMark(f.Name))},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+			&expr.Immediate{Register: reg1, Data: sourceLabel()},
+			&expr.Ct{Key: expr.CtKeyLABELS, SourceRegister: true, Register: reg1},
 			&expr.Verdict{Kind: expr.VerdictReturn},
 		}
 		for _, lk := range sortedLens(s.sets) {
@@ -229,6 +234,35 @@ func sourceMarksFree(farms map[string]*model.Farm) error {
 	return nil
 }
 
+// sourceLabelBit is the conntrack label (the last of 128) of connections
+// steered to a farm chosen by source table, set with the tag: the tag is
+// the mark of their first packet only, the label stays with the
+// connection, so the shards' filter chain (priority -150, found by VIP:
+// the key's default farm's filters) lets their later packets by
+// (sourceLabelRule). Their first packet passes that chain before the
+// choice (-110): what the default farm's filters do to a connection's
+// first packet (queue, helper) still reaches them.
+const sourceLabelBit = 127
+
+// sourceLabel is the label register value: bit sourceLabelBit set, in the
+// kernel's order (host-endian longs), as nft's `ct label set 127` sends.
+func sourceLabel() []byte {
+	b := make([]byte, 16)
+	b[sourceLabelBit/8] = 1 << (sourceLabelBit % 8)
+	return b
+}
+
+// sourceLabelRule: ct label 127 accept, the shards' filter chain's first
+// rule (only in tables with a farm that has filters).
+func sourceLabelRule() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeyLABELS, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 16, Mask: sourceLabel(), Xor: make([]byte, 16)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 16)},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+}
+
 // sourceTaggedRule: meta mark & 0xffff0000 == 0x786d0000 accept, after the
 // firewall-mark lookups of every table's NAT chains. The NAT chains of the
 // tables run one after the other and the first that translates a
@@ -242,5 +276,23 @@ func sourceTaggedRule() []expr.Any {
 			Mask: binaryutil.NativeEndian.PutUint32(sourceMarkMask), Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(sourceMarkBase)},
 		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+}
+
+// sourceTaggedPostRule: meta mark & 0xffff0000 == 0x786d0000 goto
+// post-src, the postrouting chain's first rule. What the postrouting chain
+// finds by VIP, protocol and port (the log, the backends' and the farm's
+// snat or masquerade) is the key's default farm's; a connection tagged for
+// another farm of the key takes only its own farm's rules, by mark. In a
+// table that does not hold its farm post-src finds nothing and the
+// connection goes on, untranslated, to the next table's chain. One rule
+// more for the first packet of every connection.
+func sourceTaggedPostRule() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(sourceMarkMask), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(sourceMarkBase)},
+		&expr.Verdict{Kind: expr.VerdictGoto, Chain: chainPostSrc},
 	}
 }
