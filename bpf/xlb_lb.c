@@ -823,7 +823,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	 * node's own socket on the address answers. */
 	if (svc->mode == XLB_MODE_LOCAL) {
 		sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
-		if (sc && sc->mark)
+		if (sc && tbl_flow_mark(sc))
 			skb->mark = sc->mark; /* its mark table's, for the node's rules */
 		return XLB_NEXT;
 	}
@@ -869,7 +869,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	fv.seen = now;
 	/* The backend's mark over the table's, as the nft plane's NAT chain
 	 * (priority -100) sets it after the table chains (-110). */
-	fv.mark = be->mark ?: sc->mark;
+	fv.mark = be->mark ?: tbl_flow_mark(sc);
 
 	if (fv.mode == XLB_MODE_DSR) {
 		/* The packet keeps its tuple; only the next hop changes. */

@@ -648,8 +648,8 @@ static __always_inline int tbl_new_limited(const struct pkt *p, struct tbl_val *
  * conntrack entry (@v NULL) starts a flow: in the tcx program the limit of
  * the first matching entry with one applies (tbl_new_limited), and its mark
  * tables give it its mark (struct scratch.mark: 0 when none, set here
- * for every such packet, so no earlier packet's is left). @xdp: in the XDP
- * program.
+ * for every such packet while some farm has tables, so no earlier packet's
+ * is left; tbl_flow_mark() reads it). @xdp: in the XDP program.
  * Return: 1 to drop the packet, 0 otherwise.
  */
 static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, struct ct_val *v,
@@ -658,11 +658,10 @@ static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, stru
 	__u32 conf = tbl_conf(), gen = (conf >> XLB_TBL_GEN_SHIFT) & XLB_TBL_GEN_MAX, *w;
 	struct tbl_val *lim = NULL;
 
-	if (!v && !xdp)
-		tbl_set_mark(0);
-
 	if (!(conf & XLB_TBL_CONF_ANY))
 		return 0;
+	if (!v && !xdp)
+		tbl_set_mark(0);
 	if (v && gen && ((v->nh_flags & XLB_TBL_NH_GEN_MASK) >> XLB_TBL_NH_GEN_SHIFT) == gen)
 		return 0;
 	/* Limits count flows the tcx program starts, not XDP's passes. */
@@ -679,6 +678,20 @@ static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, stru
 }
 
 #ifndef XLB_TABLES_SOCK /* the packet programs' (xlb_lb.c), not the socket programs' */
+
+/**
+ * tbl_flow_mark() - the mark tbl_check() gave the new flow of the packet
+ * being handled, from @sc (xlb_scratch's value). Only while some farm has
+ * tables: otherwise tbl_check() returned before setting it, and what is
+ * there is an earlier packet's. Costs a compare when nothing set it.
+ * Return: the mark, 0 for none.
+ */
+static __always_inline __u32 tbl_flow_mark(const struct scratch *sc)
+{
+	if (!sc->mark || !(tbl_conf() & XLB_TBL_CONF_ANY))
+		return 0;
+	return sc->mark;
+}
 
 /**
  * tbl_check_skb() - tbl_check() in the tcx program: loads the source MAC
