@@ -173,9 +173,9 @@ func nftIn(t *testing.T, ns netns.NsHandle, args ...string) string {
 // veth with its peer in the backend's namespace (and the replies, whose
 // next hop is the client's veth) are sent with bpf_redirect, not
 // bpf_redirect_peer: the veth's transmit into another namespace clears
-// the mark (skb_scrub_packet with xnet), as the stack's forwarding does on
-// the nft plane, where a peer redirect scrubs the packet without clearing
-// it: with the peer path kept for marked flows (tried), the marked
+// the mark (skb_scrub_packet with xnet), as it does after the stack's
+// forwarding on the nft plane. A peer redirect scrubs the packet without
+// clearing it: with the peer path kept for marked flows (tried), the marked
 // flows' packets reached the backend's and the client's namespaces with
 // 0x100 (54 of 110 and 33 of 66 packets counted there: all of the marked
 // farm's). An unmarked farm keeps the peer path.
