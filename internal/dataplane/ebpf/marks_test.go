@@ -46,7 +46,8 @@ func runProgMark(tb testing.TB, ns netns.NsHandle, prog *ebpf.Program, pkt []byt
 // TestMarkFixtures: a backend's mark is set on every packet of its flows,
 // both ways (the nft plane's ct mark), and routes them by the user's
 // fwmark rule (bpf_fib_lookup with the mark); a backend without mark
-// leaves packets unmarked and routed by the main table. A dsr flow with a
+// leaves packets unmarked and routed by the main table; an IPv6 UDP snat
+// flow is marked both ways too. A dsr flow with a
 // mark is left by the XDP program to the tcx program (XDP cannot set
 // skb->mark), an unmarked one is forwarded in XDP. Before marks were
 // built the plane refused the farms.
@@ -86,15 +87,18 @@ func TestMarkFixtures(t *testing.T) {
 	web.Backends[0].Mark = 0x100
 	dsr := farm(t, "dsr", "10.99.0.4", 80, model.ProtoTCP, model.ModeDSR, model.SchedRR, "10.200.0.11:0", "10.200.0.12:0")
 	dsr.Backends[0].Mark = 0x100
-	for _, f := range []*model.Farm{web, dsr} {
+	web6 := farm(t, "web6", "fd00:99::1", 80, model.ProtoUDP, model.ModeSNAT, model.SchedRR, "[fd00:200::11]:8080")
+	web6.Backends[0].Mark = 0x200
+	for _, f := range []*model.Farm{web, dsr, web6} {
 		if err := check(f); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := p.Reconcile(context.Background(), []*model.Farm{web, dsr}); err != nil {
+	if err := p.Reconcile(context.Background(), []*model.Farm{web, dsr, web6}); err != nil {
 		t.Fatal(err)
 	}
 	ing := p.objs.XlbIngress
+	c6, vip6, be6, lb6 := netip.MustParseAddr("fd00:100::2"), netip.MustParseAddr("fd00:99::1"), netip.MustParseAddr("fd00:200::11"), netip.MustParseAddr("fd00:200::1")
 	for _, c := range []struct {
 		desc string
 		in   pktSpec
@@ -106,6 +110,9 @@ func TestMarkFixtures(t *testing.T) {
 		{"reply of the marked backend", pktSpec{src: be1, sport: 8080, dst: client, dport: 40000, proto: protoTCP, tcpFlags: tcpSYN | tcpACK, srcMAC: macBackend(0), dstMAC: macBack}, 0x100, macClient},
 		{"ACK to the marked backend", pktSpec{src: client, sport: 40000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpACK}, 0x100, viaFront},
 		{"reply of the other backend", pktSpec{src: be2, sport: 8080, dst: client, dport: 40001, proto: protoTCP, tcpFlags: tcpSYN | tcpACK, srcMAC: macBackend(1), dstMAC: macBack}, 0, macClient},
+		// IPv6, UDP, snat: the mark both ways (no fwmark rule for IPv6).
+		{"IPv6 UDP to the marked backend", pktSpec{src: c6, sport: 5000, dst: vip6, dport: 80, proto: protoUDP, payload: []byte("q")}, 0x200, macBackend(0)},
+		{"IPv6 UDP reply", pktSpec{src: be6, sport: 8080, dst: lb6, dport: 5000, proto: protoUDP, payload: []byte("a"), srcMAC: macBackend(0), dstMAC: macBack}, 0x200, macClient},
 	} {
 		verdict, out, mark := runProgMark(t, ns, ing, c.in.build())
 		if verdict != verdictRedirect {
