@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -263,6 +264,47 @@ func TestTrafficMarkPeer(t *testing.T) {
 		t.Logf("%s: %d tcp packets in, %d with mark 0x100", name, all, marked)
 		if all < 2*reqs || marked != 0 {
 			t.Errorf("%s received %d tcp packets, %d with the LB's mark 0x100: want >= %d and 0", name, all, marked, 2*reqs)
+		}
+	}
+}
+
+// TestConnSyncMark: a flow node A gave a marked backend, installed at node
+// B from A's dump, carries the mark of B's backend in both entries, and
+// B's program marks its packets both ways. Before, an installed flow had
+// no mark (the test fails).
+func TestConnSyncMark(t *testing.T) {
+	testutil.RequireRoot(t)
+	nsA, nsB := fixtureNS(t), fixtureNS(t)
+	a := newPlane(t, nsA, mountBPFFS(t), []string{"front", "back"}, 4096)
+	b := newPlane(t, nsB, mountBPFFS(t), []string{"front", "back"}, 4096)
+	ctx := context.Background()
+	for _, p := range []*Plane{a, b} {
+		f := farm(t, "web", "10.99.0.1", 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080")
+		f.Backends[0].Mark = 0x100
+		if err := p.Reconcile(ctx, []*model.Farm{f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syn := pktSpec{src: client, sport: 40000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}
+	if v, _, mark := runProgMark(t, nsA, a.objs.XlbIngress, syn.build()); v != verdictRedirect || mark != 0x100 {
+		t.Fatalf("SYN at A: verdict %d mark %#x", v, mark)
+	}
+	conns, err := a.DumpConns(ctx)
+	if err != nil || len(conns) != 1 {
+		t.Fatalf("A's dump: %v, %v", conns, err)
+	}
+	if n, err := b.InstallConns(ctx, []dataplane.ConnEvent{{Kind: dataplane.ConnNew, Conn: conns[0]}}); n != 1 || err != nil {
+		t.Fatalf("install at B: %d, %v", n, err)
+	}
+	for _, c := range []struct {
+		desc string
+		in   pktSpec
+	}{
+		{"ACK at B", pktSpec{src: client, sport: 40000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpACK}},
+		{"reply at B", pktSpec{src: be1, sport: 8080, dst: client, dport: 40000, proto: protoTCP, tcpFlags: tcpACK, srcMAC: macBackend(0), dstMAC: macBack}},
+	} {
+		if v, _, mark := runProgMark(t, nsB, b.objs.XlbIngress, c.in.build()); v != verdictRedirect || mark != 0x100 {
+			t.Errorf("%s: verdict %d mark %#x, want redirect, 0x100", c.desc, v, mark)
 		}
 	}
 }
