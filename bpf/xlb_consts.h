@@ -48,6 +48,12 @@
 #endif
 
 /* Source ports tried for a new snat flow before it is dropped. */
+/* bpf_fib_lookup() flag BPF_FIB_LOOKUP_MARK (kernel 6.10+; the uapi
+ * header this builds with predates it): route by params->mark, which shares
+ * the first four bytes of the output-only smac. Older kernels answer
+ * -EINVAL, and a marked flow is then passed to the stack. */
+#define XLB_FIB_LOOKUP_MARK (1U << 5)
+
 #ifndef XLB_SNAT_TRIES
 #define XLB_SNAT_TRIES 8
 #endif

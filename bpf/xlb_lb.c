@@ -206,6 +206,8 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->backend = v->backend;
 	pv->seen = v->seen;
 	pv->ifindex = 0;
+	pv->mark = v->mark;
+	pv->pad = 0;
 }
 
 #include "xlb_passive.h"
@@ -389,9 +391,14 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 	struct bpf_fib_lookup fib = {};
 	struct bpf_redir_neigh nh = {};
 	const __u32 *dst;
-	__u32 ifindex;
+	__u32 ifindex, flags = 0;
 	int rc;
 
+	/* The flow's mark (the nft plane's ct mark): on every packet, for
+	 * the stack and the egress hooks it goes through (policy routing of
+	 * a passed packet, the user's egress rules, tc egress). */
+	if (v->mark)
+		skb->mark = v->mark;
 	if (p->ttl <= 1) {
 		stat_inc(XLB_STAT_FIB_PASS);
 		goto pass; /* the stack sends ICMP time exceeded */
@@ -431,17 +438,29 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 		fib.ipv4_dst = dst[0];
 	}
 
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (v->mark) {
+		/* The route a marked flow takes is the one the user's
+		 * fwmark rules give it (ip rule fwmark), as the stack routes
+		 * the nft plane's marked packets. */
+		__builtin_memcpy(fib.smac, &v->mark, 4); /* params->mark, see XLB_FIB_LOOKUP_MARK */
+		flags = XLB_FIB_LOOKUP_MARK;
+	}
+
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), flags);
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 		v->ifindex = 0;
 		__builtin_memcpy(v->dmac, fib.dmac, 6);
 		__builtin_memcpy(v->smac, fib.smac, 6);
 		v->nh_flags = 0;
-		ifindex = lb_bridge_port(fib.ifindex, fib.dmac);
+		/* A peer redirect skips this namespace's egress (where the
+		 * mark is read) and keeps the mark into the peer's namespace
+		 * (skb_scrub_packet without xnet), where a veth's transmit
+		 * clears it: a marked flow is transmitted. */
+		ifindex = v->mark ? 0 : lb_bridge_port(fib.ifindex, fib.dmac);
 		if (ifindex)
 			v->nh_flags = XLB_NH_F_PEER;
-		else if (bpf_map_lookup_elem(&xlb_peer_tx, &fib.ifindex))
+		else if (!v->mark && bpf_map_lookup_elem(&xlb_peer_tx, &fib.ifindex))
 			v->nh_flags = XLB_NH_F_PEER;
 		v->ifindex = ifindex ?: fib.ifindex;
 		if (lb4_rewrite(skb, p, v, v->dmac, v->smac))
@@ -802,8 +821,12 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 		return lb4_stateless(skb, p, svc, &key);
 	/* Mode local: the farm's policies were checked (tbl_denied); the
 	 * node's own socket on the address answers. */
-	if (svc->mode == XLB_MODE_LOCAL)
+	if (svc->mode == XLB_MODE_LOCAL) {
+		sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+		if (sc && tbl_flow_mark(sc))
+			skb->mark = sc->mark; /* its mark table's, for the node's rules */
 		return XLB_NEXT;
+	}
 	midstream = lb_dsr_midstream(p, svc);
 	if (p->k.proto == IPPROTO_TCP && !midstream &&
 	    (p->tcp_flags & (XLB_TCP_SYN | XLB_TCP_ACK | XLB_TCP_RST)) != XLB_TCP_SYN) {
@@ -844,6 +867,9 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	fv.svc = svc->id;
 	fv.backend = bid;
 	fv.seen = now;
+	/* The backend's mark over the table's, as the nft plane's NAT chain
+	 * (priority -100) sets it after the table chains (-110). */
+	fv.mark = be->mark ?: tbl_flow_mark(sc);
 
 	if (fv.mode == XLB_MODE_DSR) {
 		/* The packet keeps its tuple; only the next hop changes. */
@@ -1275,7 +1301,9 @@ int xlb_xdp(struct xdp_md *ctx)
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
-	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1)
+	/* A marked flow's packets need skb->mark, which XDP has not. */
+	if (!v || v->mode != XLB_MODE_DSR || v->dir != XLB_CT_FWD || !v->ifindex || p.ttl <= 1 ||
+	    v->mark)
 		return XDP_PASS;
 	if (xlb_elapsed(xlb_now(), v->seen) > xlb_ct_refresh_ns)
 		return XDP_PASS; /* tcx refreshes the entry, or expires it */

@@ -91,6 +91,7 @@ struct backend {
 	__u16 port;    /* net: real server port; 0 = the port the client used */
 	__u8 family;   /* XLB_AF_INET */
 	__u8 flags;    /* XLB_BE_F_*, as in xlb_be_flags (which the program reads) */
+	__u32 mark;    /* host: the backend's mark, set on its flows' packets (0: none) */
 };
 
 /* xlb_ct key: a packet's tuple as it arrives at the LB. */
@@ -124,6 +125,11 @@ struct ct_val {
 	__u32 ifindex; /* host: cached next hop (0 = none) */
 	__u8 smac[6];  /* cached next hop source MAC */
 	__u8 dmac[6];  /* cached next hop destination MAC */
+	/* host: the flow's mark, set as skb->mark on every packet of both
+	 * directions (the nft plane's ct mark): its backend's, else its
+	 * client's table value (0: none, the packet's mark is kept) */
+	__u32 mark;
+	__u32 pad;
 };
 
 /* xlb_br_port key: a bridge and a destination MAC behind it. */
@@ -192,6 +198,8 @@ struct sync_conn {
 struct scratch {
 	struct ct_key rk; /* a new flow's reply entry */
 	struct ct_val rv;
+	__u32 mark; /* the mark the policy check gives the packet's new flow (tbl_check) */
+	__u32 pad;
 };
 
 #endif /* XLB_STRUCTS_H */

@@ -260,6 +260,7 @@ static __always_inline int sync_bind(const struct ct_key *k, struct ct_val *v)
 	struct be_index_key bk = {};
 	struct svc_key sk = {};
 	struct svc_val *svc;
+	struct backend *be;
 	__u32 *bid;
 
 	__builtin_memcpy(sk.addr, k->dst, 16);
@@ -288,6 +289,11 @@ static __always_inline int sync_bind(const struct ct_key *k, struct ct_val *v)
 	}
 	v->svc = svc->id;
 	v->backend = *bid;
+	/* The flow's mark: this node's backend's (a peer's mark may be one
+	 * of its own making, e.g. the nft plane's backend ids); a table mark
+	 * the flow had at its first node is not carried. */
+	be = bpf_map_lookup_elem(&xlb_backends, bid);
+	v->mark = be ? be->mark : 0;
 	return XLB_SYNC_RC_OK;
 }
 
@@ -325,6 +331,7 @@ static __attribute__((noinline)) int sync_update(const struct ct_key *k, struct 
 		peer->state = v->state;
 		peer->svc = v->svc;
 		peer->backend = v->backend;
+		peer->mark = v->mark;
 		if ((__s64)(v->seen - peer->seen) > 0)
 			peer->seen = v->seen;
 	}
@@ -358,6 +365,7 @@ static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const s
 		old->seen = v->seen;
 		old->svc = v->svc;
 		old->backend = v->backend;
+		old->mark = v->mark;
 	}
 	if (bpf_map_update_elem(&xlb_ct, k, v, BPF_NOEXIST))
 		/* A packet created it meanwhile: that one stands. */

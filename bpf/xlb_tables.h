@@ -81,8 +81,9 @@ enum xlb_tbl_verdict {
 	XLB_TBL_VERDICT_MASK = 0xff, /* the verdict's bits */
 	XLB_TBL_F_LOG = 0x100,	     /* the table has a log-prefix: its drops go to xlb_events */
 	XLB_TBL_F_LIMIT = 0x200,     /* the table's valtype has limit: matches are rate limited */
-	XLB_TBL_T_SHIFT = 12,	     /* bits 12-15: the table's type (XLB_TBL_T_*) */
-	XLB_TBL_FF_SHIFT = 16,	     /* bits 16-20: a flow table's fields (model.FlowFields) */
+	XLB_TBL_F_MARK = 0x400, /* the table's valtype has mark: matches mark their new flows */
+	XLB_TBL_T_SHIFT = 12,	/* bits 12-15: the table's type (XLB_TBL_T_*) */
+	XLB_TBL_FF_SHIFT = 16,	/* bits 16-20: a flow table's fields (model.FlowFields) */
 };
 
 /* Table types with kernel objects (an iface table has none here: the
@@ -135,7 +136,7 @@ struct tbl_key6 {
 struct tbl_val {
 	__u64 packets; /* host */
 	__u64 bytes;   /* host: IP bytes */
-	__u32 mark;    /* host: stored; the program sets no mark (refused) */
+	__u32 mark;    /* host: the mark of the new flows of the entry's clients; 0: none */
 	__u32 limit;   /* host: new connections per second from the entry's clients; 0: none */
 	__u64 tat; /* host: GCRA's theoretical arrival time (bpf_ktime_get_ns), see tbl_limited */
 };
@@ -502,11 +503,28 @@ static __attribute__((noinline)) int tbl_log(const struct pkt *p, __u32 id, __u3
 	return 0;
 }
 
+/* tbl_set_mark() - give the new flow of the packet being checked @mark
+ * (struct scratch.mark, which the tcx program reads when it creates the
+ * flow). The socket programs mark nothing. */
+static __always_inline void tbl_set_mark(__u32 mark)
+{
+#ifndef XLB_TABLES_SOCK
+	__u32 zero = 0;
+	struct scratch *sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
+
+	if (sc)
+		sc->mark = mark;
+#endif
+}
+
 /**
  * tbl_one() - the verdict of one table, bound by @b, on packet @p (source
- * MAC @smac), counting a match of @len bytes; an addr table's match with a
- * limit goes to *@lim if it is the first. One function, so the verifier's
- * states of tbl_denied's loop stay alike whatever kind of map matched.
+ * MAC @smac), counting a match of @len bytes. For a new flow's packet
+ * (@lim given) an addr table's match with a limit goes to *@lim if it is
+ * the first, and its mark (not 0) becomes the flow's (tbl_set_mark; a later
+ * table's replaces it, as each nft table chain sets the mark again). One
+ * function, so the verifier's states of tbl_denied's loop stay alike
+ * whatever kind of map matched.
  * Return: 1 when the table's verdict drops the packet, 0 otherwise.
  */
 static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *smac, __u32 len,
@@ -522,8 +540,12 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *sm
 	v = tbl_match(b->slot, p, len);
 	if ((verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v))
 		return 1;
-	if (lim && v && (b->verdict & XLB_TBL_F_LIMIT) && v->limit && !*lim)
+	if (!lim || !v)
+		return 0;
+	if ((b->verdict & XLB_TBL_F_LIMIT) && v->limit && !*lim)
 		*lim = v;
+	if ((b->verdict & XLB_TBL_F_MARK) && v->mark)
+		tbl_set_mark(v->mark);
 	return 0;
 }
 
@@ -533,9 +555,10 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *sm
  * in the farm's order; the first that drops decides, as the nft plane's
  * chains do). Matching entries count the packet (@len IP bytes); a table
  * with a log-prefix logs the drop (XLB_TBL_CONF_XDP in @conf: in the XDP
- * program). When @lim is
- * given, it gets the first matching entry, in the farm's order, of a table
- * with limits whose limit is set: the caller rate limits new flows by it.
+ * program). When @lim is given (a new flow's first packet), it gets the
+ * first matching entry, in the farm's order, of a table with limits whose
+ * limit is set: the caller rate limits new flows by it; and the flow gets
+ * the mark of the last matching entry of a table with marks (tbl_one).
  * @conf: xlb_tbl_conf's value.
  * Return: 1 to drop the packet, 0 otherwise.
  */
@@ -556,7 +579,7 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const __u8 
 		if (!b)
 			continue;
 		verdict = b->verdict & XLB_TBL_VERDICT_MASK;
-		if (verdict == XLB_TBL_NONE && !(b->verdict & XLB_TBL_F_LIMIT))
+		if (verdict == XLB_TBL_NONE && !(b->verdict & (XLB_TBL_F_LIMIT | XLB_TBL_F_MARK)))
 			continue;
 		if (tbl_one(p, smac, len, b, lim)) {
 			if (b->verdict & XLB_TBL_F_LOG)
@@ -623,8 +646,10 @@ static __always_inline int tbl_new_limited(const struct pkt *p, struct tbl_val *
  * whole, which only clears the generation). Only a pass is recorded:
  * denied packets are checked (and counted) every time. A packet without
  * conntrack entry (@v NULL) starts a flow: in the tcx program the limit of
- * the first matching entry with one applies (tbl_new_limited). @xdp: in
- * the XDP program.
+ * the first matching entry with one applies (tbl_new_limited), and its mark
+ * tables give it its mark (struct scratch.mark: 0 when none, set here
+ * for every such packet while some farm has tables, so no earlier packet's
+ * is left; tbl_flow_mark() reads it). @xdp: in the XDP program.
  * Return: 1 to drop the packet, 0 otherwise.
  */
 static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, struct ct_val *v,
@@ -635,6 +660,8 @@ static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, stru
 
 	if (!(conf & XLB_TBL_CONF_ANY))
 		return 0;
+	if (!v && !xdp)
+		tbl_set_mark(0);
 	if (v && gen && ((v->nh_flags & XLB_TBL_NH_GEN_MASK) >> XLB_TBL_NH_GEN_SHIFT) == gen)
 		return 0;
 	/* Limits count flows the tcx program starts, not XDP's passes. */
@@ -651,6 +678,20 @@ static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, stru
 }
 
 #ifndef XLB_TABLES_SOCK /* the packet programs' (xlb_lb.c), not the socket programs' */
+
+/**
+ * tbl_flow_mark() - the mark tbl_check() gave the new flow of the packet
+ * being handled, from @sc (xlb_scratch's value). Only while some farm has
+ * tables: otherwise tbl_check() returned before setting it, and what is
+ * there is an earlier packet's. Costs a compare when nothing set it.
+ * Return: the mark, 0 for none.
+ */
+static __always_inline __u32 tbl_flow_mark(const struct scratch *sc)
+{
+	if (!sc->mark || !(tbl_conf() & XLB_TBL_CONF_ANY))
+		return 0;
+	return sc->mark;
+}
 
 /**
  * tbl_check_skb() - tbl_check() in the tcx program: loads the source MAC

@@ -55,7 +55,14 @@ func check(f *model.Farm) error {
 	if f.Family != model.FamilyIPv4 && f.Family != model.FamilyIPv6 {
 		return unsupported(f, "family", f.Family.String())
 	}
-	if f.IsMarkFarm() || f.Mark != 0 {
+	if f.IsMarkFarm() {
+		// tcx ingress runs before netfilter (ingress, prerouting), where
+		// the user's rules set the marks such farms are chosen by.
+		return dataplane.Refuse(f, "mark", fmt.Sprint(f.Mark),
+			"a firewall-mark farm is chosen by the mark the host's netfilter rules set, and the ebpf data plane sees each packet at tcx ingress, before netfilter has marked it: use the nft data plane, or a virtual-addr")
+	}
+	if f.Mark != 0 {
+		// The nft plane refuses a farm mark beside a virtual-addr too.
 		return unsupported(f, "mark", fmt.Sprint(f.Mark))
 	}
 	v6 := f.Family == model.FamilyIPv6
@@ -176,9 +183,11 @@ func check(f *model.Farm) error {
 			return dataplane.RefuseBackend(f, b.Name, "source-addr", b.SourceAddr.String(),
 				"a backend's source-addr applies to snat farms only (nftlb ignores it in other modes), and must be of the farm's family")
 		}
-		if b.Mark != 0 {
+		if b.Mark != 0 && f.Mode == model.ModeStlsDNAT {
+			// A flow's mark is kept in its conntrack entry (as the
+			// nft plane's ct mark), and stlsdnat keeps none.
 			return dataplane.RefuseBackend(f, b.Name, "mark", fmt.Sprint(b.Mark),
-				"is not implemented by the ebpf data plane yet")
+				"needs a mode that tracks connections (snat, dnat, dsr) on the ebpf data plane: stlsdnat keeps no flow to mark")
 		}
 		if !b.EtherAddr.IsZero() {
 			return dataplane.RefuseBackend(f, b.Name, "ether-addr", b.EtherAddr.String(),

@@ -161,7 +161,7 @@ func (p *Plane) plan(f *model.Farm) (*generation, error) {
 	}
 	active := f.ActiveBackends()
 	entry := func(b model.Backend) (xlbBackend, error) {
-		be := xlbBackend{Addr: addrWords(b.Addr), Port: ne16(b.Port), Family: familyOf(b.Addr)}
+		be := xlbBackend{Addr: addrWords(b.Addr), Port: ne16(b.Port), Family: familyOf(b.Addr), Mark: b.Mark}
 		if f.Mode == model.ModeSNAT {
 			src := f.SourceAddr
 			if b.SourceAddr.IsValid() {

@@ -323,6 +323,10 @@ func (p *Plane) load() error {
 			pinned = append(pinned, name)
 		}
 	}
+	grown, err := p.setAsideGrown(spec) // pinmigrate.go
+	if err != nil {
+		return err
+	}
 	if err := p.replaceStalePins(spec, pinned); err != nil {
 		return err
 	}
@@ -337,6 +341,7 @@ func (p *Plane) load() error {
 		return fmt.Errorf("load ebpf objects: %w", err)
 	}
 	p.pinned = pinnedMaps(spec, &p.objs.xlbMaps)
+	p.migrateGrown(grown)
 	return nil
 }
 

@@ -1,6 +1,8 @@
 package ebpf
 
 import (
+	"bytes"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,5 +46,52 @@ func TestStalePinReplaced(t *testing.T) {
 	defer m.Close()
 	if err := want.Compatible(m); err != nil {
 		t.Errorf("the stale %s pin was kept: %v", stale, err)
+	}
+}
+
+// TestGrownPinCarriedOver: an xlb_ct pinned by the version before marks
+// (72-byte values) is carried over at start, its entries zero-extended
+// (mark 0), so an upgrade across the change keeps the tracked flows;
+// without the carry-over the pin is replaced empty (the test fails).
+func TestGrownPinCarriedOver(t *testing.T) {
+	testutil.RequireRoot(t)
+	pin := mountBPFFS(t)
+	if err := os.MkdirAll(pin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := loadXlb()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps[xlbMapXlbCt]
+	const size = 1024
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: xlbMapXlbCt, Type: ms.Type, KeySize: ms.KeySize, ValueSize: grownValues[xlbMapXlbCt],
+		MaxEntries: size, Flags: ms.Flags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	key := xlbCtKey{Src: [4]uint32{0x0200640a}, Dst: [4]uint32{0x0100630a}, Sport: 0x409c, Dport: 0x5000, Proto: 6, Family: 1}
+	v := xlbCtVal{Src: key.Src, Dst: [4]uint32{0x0b00c80a}, Sport: key.Sport, Dport: 0x901f, Svc: 7, Backend: 9, Seen: 12345, Ifindex: 3}
+	var vb bytes.Buffer
+	if err := binary.Write(&vb, binary.NativeEndian, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Update(&key, vb.Bytes()[:grownValues[xlbMapXlbCt]], ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(filepath.Join(pin, xlbMapXlbCt)); err != nil {
+		t.Fatal(err)
+	}
+	p := newPlane(t, fixtureNS(t), pin, nil, size)
+	var got xlbCtVal
+	if err := p.objs.XlbCt.Lookup(&key, &got); err != nil {
+		t.Fatalf("the old version's flow is gone: %v", err)
+	}
+	if got != v {
+		t.Errorf("carried over %+v, want %+v", got, v)
+	}
+	if _, err := os.Stat(filepath.Join(pin, xlbMapXlbCt+"_old")); !os.IsNotExist(err) {
+		t.Errorf("the old pin is left: %v", err)
 	}
 }

@@ -52,6 +52,7 @@ const (
 	tblVerdictMask = uint32(xlbXlbTblVerdictXLB_TBL_VERDICT_MASK)
 	tblFLog        = uint32(xlbXlbTblVerdictXLB_TBL_F_LOG)
 	tblFLimit      = uint32(xlbXlbTblVerdictXLB_TBL_F_LIMIT)
+	tblFMark       = uint32(xlbXlbTblVerdictXLB_TBL_F_MARK)
 
 	tblConfPort    = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_PORT)
 	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
@@ -204,17 +205,16 @@ func (p *Plane) freeSlot(s *tblSlot) {
 func (p *Plane) CheckTable(t *model.Table) error { return nil }
 
 // checkTableUse refuses a farm's use of a table the program cannot honour:
-// a table whose values set marks (the plane marks no packet: farm and
-// backend marks are refused too; its forwarding bypasses the stack that
-// reads them), or an iface table.
+// an iface table, or a table whose values set marks on a stlsdnat farm (the
+// mark of a flow is kept in its conntrack entry, and stlsdnat has none).
 func checkTableUse(f *model.Farm, t *model.Table) error {
 	if t.Type == model.TableIface {
 		return dataplane.Refuse(f, "policies", t.Name,
 			fmt.Sprintf("table %q is an iface table, and the ebpf data plane cannot match interface names (it sees interface indexes); use the nft data plane", t.Name))
 	}
-	if t.Type == model.TableAddr && t.Values&model.ValMark != 0 {
+	if t.Type == model.TableAddr && t.Values&model.ValMark != 0 && f.Mode == model.ModeStlsDNAT {
 		return dataplane.Refuse(f, "policies", t.Name,
-			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane marks no packet (farm, backend and table marks alike: it forwards past the stack that reads marks); use the nft data plane, or a table without mark", t.Name, t.Values))
+			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane keeps a flow's mark in its conntrack entry, which stlsdnat has not: use dnat, or a table without mark", t.Name, t.Values))
 	}
 	return nil
 }
@@ -444,6 +444,9 @@ func (p *Plane) binding(t *model.Table) xlbTblBind {
 		idx = s.idx
 		if t.Values&model.ValLimit != 0 {
 			flags |= tblFLimit
+		}
+		if t.Values&model.ValMark != 0 {
+			flags |= tblFMark
 		}
 	case hasHash(t):
 		s := p.tbls.hslots[t.Slot]

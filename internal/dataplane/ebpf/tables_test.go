@@ -13,8 +13,9 @@ import (
 )
 
 const (
-	xdpDrop = 1 // XDP_DROP
-	xdpPass = 2 // XDP_PASS
+	xdpDrop     = 1 // XDP_DROP
+	xdpPass     = 2 // XDP_PASS
+	xdpRedirect = 4 // XDP_REDIRECT
 )
 
 // addrTable builds an addr table as the engine would hand it over.

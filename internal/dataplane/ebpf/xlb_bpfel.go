@@ -20,6 +20,7 @@ type xlbBackend struct {
 	Port   uint16
 	Family uint8
 	Flags  uint8
+	Mark   uint32
 }
 
 type xlbBeIndexKey struct {
@@ -95,6 +96,8 @@ type xlbCtVal struct {
 	Ifindex uint32
 	Smac    [6]uint8
 	Dmac    [6]uint8
+	Mark    uint32
+	Pad     uint32
 }
 
 type xlbPassiveBe struct {
@@ -134,9 +137,11 @@ type xlbPersistVal struct {
 }
 
 type xlbScratch struct {
-	_  structs.HostLayout
-	Rk xlbCtKey
-	Rv xlbCtVal
+	_    structs.HostLayout
+	Rk   xlbCtKey
+	Rv   xlbCtVal
+	Mark uint32
+	Pad  uint32
 }
 
 type xlbSlotKey struct {
@@ -486,6 +491,7 @@ const (
 	xlbXlbTblVerdictXLB_TBL_VERDICT_MASK xlbXlbTblVerdict = 255
 	xlbXlbTblVerdictXLB_TBL_F_LOG        xlbXlbTblVerdict = 256
 	xlbXlbTblVerdictXLB_TBL_F_LIMIT      xlbXlbTblVerdict = 512
+	xlbXlbTblVerdictXLB_TBL_F_MARK       xlbXlbTblVerdict = 1024
 	xlbXlbTblVerdictXLB_TBL_T_SHIFT      xlbXlbTblVerdict = 12
 	xlbXlbTblVerdictXLB_TBL_FF_SHIFT     xlbXlbTblVerdict = 16
 )

@@ -20,6 +20,7 @@ type xlbSockBackend struct {
 	Port   uint16
 	Family uint8
 	Flags  uint8
+	Mark   uint32
 }
 
 type xlbSockBeIndexKey struct {
@@ -73,6 +74,8 @@ type xlbSockCtVal struct {
 	Ifindex uint32
 	Smac    [6]uint8
 	Dmac    [6]uint8
+	Mark    uint32
+	Pad     uint32
 }
 
 type xlbSockPersistKey struct {
@@ -93,9 +96,11 @@ type xlbSockPersistVal struct {
 }
 
 type xlbSockScratch struct {
-	_  structs.HostLayout
-	Rk xlbSockCtKey
-	Rv xlbSockCtVal
+	_    structs.HostLayout
+	Rk   xlbSockCtKey
+	Rv   xlbSockCtVal
+	Mark uint32
+	Pad  uint32
 }
 
 type xlbSockSlotKey struct {

@@ -1,0 +1,96 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// grownValues are the pinned maps whose value a version lengthened with
+// fields appended at its end, where zero means what the older version did,
+// by the older value's size. Their pins are not dropped as stale
+// (replaceStalePins) but carried over, each entry zero-extended, so a
+// daemon upgraded across the change keeps its tracked flows (and the
+// backends they point to) as a restart does.
+var grownValues = map[string]uint32{
+	"xlb_ct":       72, // struct ct_val before its mark (issue 17)
+	"xlb_backends": 36, // struct backend before its mark
+}
+
+// setAsideGrown renames the pin of each map of grownValues that still has
+// the older value (and otherwise this version's shape) to <pin>_old (bpffs refuses names with a dot), so
+// the load makes the map anew; migrateGrown then fills it. It returns the
+// names set aside.
+func (p *Plane) setAsideGrown(spec *ebpf.CollectionSpec) ([]string, error) {
+	var moved []string
+	for name, oldSize := range grownValues {
+		ms := spec.Maps[name]
+		if ms == nil || ms.ValueSize <= oldSize {
+			continue
+		}
+		path := filepath.Join(p.opts.PinPath, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			continue // none, or not a map: replaceStalePins decides
+		}
+		same := m.Type() == ms.Type && m.KeySize() == ms.KeySize && m.ValueSize() == oldSize &&
+			m.MaxEntries() == ms.MaxEntries && m.Flags() == ms.Flags
+		m.Close()
+		if !same {
+			continue
+		}
+		if err := os.Rename(path, path+"_old"); err != nil {
+			return moved, fmt.Errorf("set pinned map %s aside: %w", path, err)
+		}
+		moved = append(moved, name)
+	}
+	return moved, nil
+}
+
+// migrateGrown copies the entries of the maps setAsideGrown set aside into
+// this version's maps, zero-extending each value, and removes the old pins.
+// A map that cannot be read is dropped as a stale one would be (logged).
+func (p *Plane) migrateGrown(names []string) {
+	for _, name := range names {
+		path := filepath.Join(p.opts.PinPath, name) + "_old"
+		n, err := migrateMap(path, p.pinned[name])
+		if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			err = errors.Join(err, rmErr)
+		}
+		if err != nil {
+			p.log.Warn("pinned map of an older version not fully carried over", "map", name, "entries", n, "err", err)
+			continue
+		}
+		p.log.Info("pinned map of an older version carried over", "map", name, "entries", n)
+	}
+}
+
+// migrateMap copies the entries of the map pinned at path into to, each
+// value zero-extended to to's value size.
+func migrateMap(path string, to *ebpf.Map) (int, error) {
+	if to == nil {
+		return 0, fmt.Errorf("no map to carry %s into", path)
+	}
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer old.Close()
+	key := make([]byte, old.KeySize())
+	val := make([]byte, old.ValueSize())
+	grown := make([]byte, to.ValueSize())
+	n := 0
+	it := old.Iterate()
+	for it.Next(&key, &val) {
+		copy(grown, val)
+		clear(grown[len(val):])
+		if err := to.Update(key, grown, ebpf.UpdateAny); err != nil {
+			return n, fmt.Errorf("carry an entry of %s over: %w", path, err)
+		}
+		n++
+	}
+	return n, it.Err()
+}
