@@ -1,0 +1,112 @@
+package nft
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// setForwarding turns the LB's IP forwarding on or off: a routed
+// stlsdnat farm needs it, one at ingress does not.
+func (e *env) setForwarding(t *testing.T, on bool) {
+	t.Helper()
+	v := map[bool]string{true: "1", false: "0"}[on]
+	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := testutil.WriteSysctl(e.LB.NS, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestStlsIngressChanges moves a stlsdnat farm from routed to ingress and
+// back, changing responsettl on the way, with traffic after each step:
+// the farm's chains move between the inet and netdev tables, the map of
+// clients' MACs holds the client with the farm's responsettl, and nothing
+// of the farm is left in the table it left.
+func TestStlsIngressChanges(t *testing.T) {
+	e := newEnv(t, 2, false)
+	e.startServers(t, 8080)
+	prev := map[string]*model.Farm{}
+	f := e.farm("st", testutil.VIP4(1), 80, model.ProtoUDP, 8080)
+	f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP|model.KeySrcPort
+	vip := netip.AddrPortFrom(f.VirtualAddr, 80)
+	check := func(step string) {
+		t.Helper()
+		for range 4 {
+			if _, from := e.askUDP(t, vip); from.Addr() != e.Client.IPv4 {
+				t.Errorf("%s: backend saw %s, want the client's %s", step, from, e.Client.IPv4)
+			}
+		}
+	}
+	e.put(t, prev, f)
+	check("routed")
+
+	e.setForwarding(t, false)
+	f.Iface, f.Oface, f.ResponseTTL = e.LB.Link, "br0", 7
+	e.put(t, prev, f)
+	check("at ingress")
+	learnt := "cm-" + nameHash("st") + "-4-7"
+	m := e.nft(t, "list", "map", "netdev", "xlb", learnt)
+	if !strings.Contains(m, "timeout 7s") || !strings.Contains(m, e.Client.IPv4.String()+" expires") {
+		t.Errorf("map of clients' MACs after traffic, want the client with responsettl 7s:\n%s", m)
+	}
+	if rs := e.nft(t, "list", "table", "inet", "xlb"); strings.Contains(rs, nameHash("st")) {
+		t.Errorf("the routed farm's objects are left in the inet table:\n%s", rs)
+	}
+
+	f.ResponseTTL = 9
+	e.put(t, prev, f)
+	check("responsettl 9")
+	ns := e.nft(t, "list", "table", "netdev", "xlb")
+	if strings.Contains(ns, learnt) || !strings.Contains(ns, "cm-"+nameHash("st")+"-4-9") || !strings.Contains(ns, "timeout 9s") {
+		t.Errorf("after responsettl 9, want only the map cm-...-4-9 with timeout 9s:\n%s", ns)
+	}
+
+	e.setForwarding(t, true)
+	f.Iface, f.Oface = "", ""
+	e.put(t, prev, f)
+	check("routed again")
+	if ns := e.nft(t, "list", "table", "netdev", "xlb"); strings.Contains(ns, nameHash("st")) || strings.Contains(ns, "in-br0") {
+		t.Errorf("the farm at ingress left objects in the netdev table:\n%s", ns)
+	}
+}
+
+// TestStlsIngressBadInput: an interface that does not exist (iface or
+// oface) is refused naming the field and the value, and the kernel is left
+// as it was; the farm that serves keeps serving.
+func TestStlsIngressBadInput(t *testing.T) {
+	e := newEnv(t, 1, false)
+	e.startServers(t, 8080)
+	prev := map[string]*model.Farm{}
+	f := e.farm("st", testutil.VIP4(1), 80, model.ProtoUDP, 8080)
+	f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP|model.KeySrcPort
+	f.Iface, f.Oface = e.LB.Link, "br0"
+	e.put(t, prev, f)
+	before := e.nft(t, "list", "ruleset")
+	for _, c := range []struct{ iface, oface, want string }{
+		{"nope0", "br0", `"iface" value "nope0": no such interface`},
+		{e.LB.Link, "nope1", `"oface" value "nope1": no such interface`},
+		{"lo", "br0", `"iface" value "lo": has no Ethernet address`},
+	} {
+		g := f.Clone()
+		g.Iface, g.Oface = c.iface, c.oface
+		if err := g.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		err := e.p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: prev["st"], New: &g}}})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("iface %s, oface %s: %v, want an error with %s", c.iface, c.oface, err, c.want)
+		}
+	}
+	if after := e.nft(t, "list", "ruleset"); after != before {
+		t.Errorf("a refused farm changed the ruleset:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if _, from := e.askUDP(t, netip.AddrPortFrom(f.VirtualAddr, 80)); from.Addr() != e.Client.IPv4 {
+		t.Errorf("after the refusals the backend saw %s, want the client's %s", from, e.Client.IPv4)
+	}
+}
