@@ -3,6 +3,8 @@ package nft
 import (
 	"context"
 	"net/netip"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -108,5 +110,47 @@ func TestStlsIngressBadInput(t *testing.T) {
 	}
 	if _, from := e.askUDP(t, netip.AddrPortFrom(f.VirtualAddr, 80)); from.Addr() != e.Client.IPv4 {
 		t.Errorf("after the refusals the backend saw %s, want the client's %s", from, e.Client.IPv4)
+	}
+}
+
+// TestStlsIngressReconcile: a new plane on the namespace (a restarted
+// daemon) reconciles a stlsdnat farm at ingress: same ruleset, the
+// clients' MACs kept (their map is not rebuilt), traffic on.
+func TestStlsIngressReconcile(t *testing.T) {
+	e := newEnv(t, 2, false)
+	e.startServers(t, 8080)
+	e.setForwarding(t, false)
+	prev := map[string]*model.Farm{}
+	f := e.farm("st", testutil.VIP4(1), 80, model.ProtoTCP, 8080)
+	f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP|model.KeySrcPort
+	f.Iface, f.Oface = e.LB.Link, "br0"
+	e.put(t, prev, f)
+	vip := netip.AddrPortFrom(f.VirtualAddr, 80)
+	if _, from := e.askTCP(t, vip); from.Addr() != e.Client.IPv4 {
+		t.Fatalf("backend saw %s, want the client's %s", from, e.Client.IPv4)
+	}
+	// The ruleset's lines, sorted (a rebuilt farm's maps are listed in
+	// another order), without the generation in map names and the
+	// elements' expiry.
+	norm := func() string {
+		out := e.nft(t, "-s", "list", "ruleset")
+		out = regexp.MustCompile(`\b(m|hw)-([0-9a-f]{16})-[0-9a-z]+`).ReplaceAllString(out, "$1-$2-GEN")
+		lines := strings.Split(regexp.MustCompile(`expires \S+ `).ReplaceAllString(out, ""), "\n")
+		slices.Sort(lines)
+		return strings.Join(lines, "\n")
+	}
+	before := norm()
+	p2 := newPlane(t, e.LB.NS)
+	if err := p2.Reconcile(context.Background(), []*model.Farm{prev["st"]}); err != nil {
+		t.Fatal(err)
+	}
+	if after := norm(); after != before {
+		t.Errorf("reconcile changed the ruleset:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if !strings.Contains(before, e.Client.IPv4.String()+" ") {
+		t.Errorf("the client's MAC was not learnt:\n%s", before)
+	}
+	if _, from := e.askTCP(t, vip); from.Addr() != e.Client.IPv4 {
+		t.Errorf("after reconcile the backend saw %s, want the client's %s", from, e.Client.IPv4)
 	}
 }
