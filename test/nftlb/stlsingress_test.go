@@ -1,8 +1,12 @@
 package nftlb
 
 import (
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -27,10 +31,11 @@ import (
 // 'proto-services-dnat-<oface>'"), it deletes its netdev table and
 // programs nothing: no traffic passes through nftlb. (Its map of clients'
 // MACs also takes persist-ttl as its timeout, not responsettl, and its
-// replies keep the backend's port as their source port.) So traffic is
-// compared with nftlb's design, not its output: the conformance scenarios
-// mode-stlsdnat-ingress* show xlb's. The test fails if a later nftlb
-// programs the farm: then compare traffic.
+// replies keep the backend's port as their source port.) So traffic over
+// two segments is xlb's alone (conformance mode-stlsdnat-ingress*), and
+// compared with nftlb's on one arm, where nftlb works
+// (TestSideBySideStlsIngressTraffic). The test fails if a later nftlb
+// programs this farm: then compare traffic over two segments too.
 func TestSideBySideStlsIngress(t *testing.T) {
 	nftlb, xlb := startPeers(t)
 	for _, p := range []*peer{nftlb, xlb} {
@@ -101,5 +106,81 @@ func TestSideBySideStlsIngress(t *testing.T) {
 	}
 	if y := normRules(testutil.Run(t, xlb.nsName, "nft", "list", "ruleset")); y != x {
 		t.Errorf("refused farms changed xlb's ruleset:\nbefore:\n%s\nafter:\n%s", x, y)
+	}
+}
+
+// oneArm puts p's namespace (the LB) on one Ethernet segment with a client
+// (10.0.1.2, routed through the LB's 10.0.1.1) and a backend (10.0.2.11,
+// routed through the LB's 10.0.2.1) serving UDP 53 and TCP 80. The LB
+// holds the VIP 10.0.1.100 and does not forward IP: what reaches the
+// backend was forwarded at layer 2. It returns the client's namespace and
+// the LB's and the backend's MACs.
+func oneArm(t *testing.T, p *peer) (client netns.NsHandle, lbMAC, beMAC string) {
+	t.Helper()
+	sw, _ := testutil.NewNetNS(t)
+	testutil.Run(t, sw, "ip", "link", "add", "br0", "type", "bridge")
+	testutil.Run(t, sw, "ip", "link", "set", "br0", "up")
+	cl, clh := testutil.NewNetNS(t)
+	be, beh := testutil.NewNetNS(t)
+	for i, n := range []string{cl, p.nsName, be} {
+		port := fmt.Sprintf("p%d", i)
+		testutil.Run(t, sw, "ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", n)
+		testutil.Run(t, sw, "ip", "link", "set", port, "master", "br0")
+		testutil.Run(t, sw, "ip", "link", "set", port, "up")
+		testutil.Run(t, n, "ip", "link", "set", "eth0", "up")
+	}
+	testutil.Run(t, cl, "ip", "addr", "add", "10.0.1.2/24", "dev", "eth0")
+	testutil.Run(t, cl, "ip", "route", "add", "default", "via", "10.0.1.1")
+	for _, a := range []string{"10.0.1.1/24", "10.0.2.1/24", "10.0.1.100/32"} {
+		testutil.Run(t, p.nsName, "ip", "addr", "add", a, "dev", "eth0")
+	}
+	if err := testutil.WriteSysctl(p.ns, "net/ipv4/ip_forward", "0"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Run(t, be, "ip", "addr", "add", "10.0.2.11/24", "dev", "eth0")
+	testutil.Run(t, be, "ip", "route", "add", "default", "via", "10.0.2.1")
+	testutil.StartUDPServer(t, beh, netip.MustParseAddrPort("0.0.0.0:53"), "be")
+	testutil.StartTCPServer(t, beh, netip.MustParseAddrPort("0.0.0.0:80"), "be")
+	mac := func(n string) string {
+		out := testutil.Run(t, n, "cat", "/sys/class/net/eth0/address")
+		return strings.TrimSpace(out)
+	}
+	return clh, mac(p.nsName), mac(be)
+}
+
+// TestSideBySideStlsIngressTraffic: one arm (iface and oface the same
+// interface), where nftlb 1.0.7 programs stlsdnat at ingress (its element
+// then lands in the right map): the same farms posted to both, UDP and
+// TCP through each, with the LB's IP forwarding off. The backend sees the
+// client's address and the client gets its answers from the VIP, through
+// nftlb and through xlb alike. The backends serve on the virtual ports:
+// nftlb's replies keep the backend's port as their source.
+func TestSideBySideStlsIngressTraffic(t *testing.T) {
+	nftlb, xlb := startPeers(t)
+	for _, p := range []*peer{nftlb, xlb} {
+		client, lbMAC, beMAC := oneArm(t, p)
+		var farms []string
+		for _, c := range []struct{ name, port, proto string }{{"stu", "53", "udp"}, {"stt", "80", "tcp"}} {
+			farms = append(farms, `{"name":"`+c.name+`","family":"ipv4","virtual-addr":"10.0.1.100","virtual-ports":"`+c.port+`","protocol":"`+c.proto+`",
+				"mode":"stlsdnat","iface":"eth0","oface":"eth0","ether-addr":"`+lbMAC+`","scheduler":"hash","sched-param":"srcip","responsettl":"30","state":"up",
+				"backends":[{"name":"s1","ip-addr":"10.0.2.11","ether-addr":"`+beMAC+`","port":"`+c.port+`","state":"up"}]}`)
+		}
+		if r := p.do(t, "POST", "/farms", `{"farms":[`+strings.Join(farms, ",")+`]}`); r.status != 200 {
+			t.Fatalf("%s: %d %s", p.name, r.status, r.body)
+		}
+		for _, ask := range []struct {
+			proto string
+			f     func(netns.NsHandle, netip.AddrPort) (string, error)
+			port  uint16
+		}{{"udp", testutil.AskUDP, 53}, {"tcp", testutil.AskTCP, 80}} {
+			got, err := ask.f(client, netip.AddrPortFrom(netip.MustParseAddr("10.0.1.100"), ask.port))
+			if err != nil {
+				t.Errorf("%s, %s to the VIP: %v\n%s", p.name, ask.proto, err, testutil.Run(t, p.nsName, "nft", "list", "ruleset"))
+				continue
+			}
+			if _, from, err := testutil.ParseReply(got); err != nil || from.Addr() != netip.MustParseAddr("10.0.1.2") {
+				t.Errorf("%s, %s: backend saw %s (%v), want the client's 10.0.1.2", p.name, ask.proto, from, err)
+			}
+		}
 	}
 }
