@@ -77,8 +77,9 @@ func TestSideBySideStlsIngress(t *testing.T) {
 		"ip saddr set 10.0.7.1 th sport set 53",
 		"flags dynamic,timeout timeout 30s",
 		"10.1.0.41 : 02:00:00:00:00:41", "10.1.0.42 : 02:00:00:00:00:42",
-		"fwd to @ll,48,48 . ip daddr . meta l4proto . th dport map @l2fwd4",
-		"fwd to @ll,48,48 . ip saddr . meta l4proto . th sport map @l2fwd4",
+		"goto l2to", "goto l2back",
+		"fwd to ip daddr . meta l4proto . th dport map @l2to4",
+		"fwd to ip saddr . meta l4proto . th sport map @l2back4",
 	} {
 		if !strings.Contains(x, w) {
 			t.Errorf("xlb's ruleset lacks %q:\n%s", w, x)

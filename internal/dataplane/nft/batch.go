@@ -167,6 +167,8 @@ func (b *batch) ensureStatic() {
 		_ = b.c.AddSet(s, nil)
 	}
 	b.c.AddChain(&nftables.Chain{Table: b.p.ntable, Name: chainDsr})
+	b.c.AddChain(&nftables.Chain{Table: b.p.ntable, Name: chainL2To})
+	b.c.AddChain(&nftables.Chain{Table: b.p.ntable, Name: chainL2Back})
 }
 
 // syncHooks adds or deletes the per-packet base chains so the table has

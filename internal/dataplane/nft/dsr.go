@@ -106,8 +106,10 @@ func netdevSets(t *nftables.Table) []*nftables.Set {
 		m(setDsrIf6, typeSvc6, nftables.TypeIFIndex),
 		m(setDsrR4, typeSvc4, nftables.TypeVerdict), // stlsdnat at ingress (stlsingress.go)
 		m(setDsrR6, typeSvc6, nftables.TypeVerdict),
-		m(setL2Fwd4, typeL2Fwd4, nftables.TypeIFIndex),
-		m(setL2Fwd6, typeL2Fwd6, nftables.TypeIFIndex),
+		m(setL2To4, typeSvc4, nftables.TypeIFIndex),
+		m(setL2To6, typeSvc6, nftables.TypeIFIndex),
+		m(setL2Back4, typeSvc4, nftables.TypeIFIndex),
+		m(setL2Back6, typeSvc6, nftables.TypeIFIndex),
 	}
 }
 
@@ -145,9 +147,9 @@ func fwdExpr(reg uint32) rawExpr {
 }
 
 // dsrRulesRaw returns the rules of the static chain dsr: for each family,
-// the farms' keys, the forwarding of what stlsdnat farms at ingress sent
-// to a backend, dsr's forwarding, the backends' replies to stlsdnat farms
-// at ingress and their forwarding (stlsingress.go).
+// the farms' keys, dsr's forwarding, then the backends' replies to
+// stlsdnat farms at ingress (stlsingress.go; after dsr's fwd, so a dsr
+// packet costs no more lookups than before them).
 func dsrRulesRaw() ([][]rawExpr, error) {
 	enc := func(es []expr.Any) ([]rawExpr, error) {
 		var out []rawExpr
@@ -172,36 +174,49 @@ func dsrRulesRaw() ([][]rawExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l2 := func(src bool) ([]rawExpr, error) {
-			r, err := enc(append(l2Key(v6, src),
-				&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setL2Fwd4, setL2Fwd6), IsDestRegSet: true, DestRegister: reg1}))
-			return append(r, fwdExpr(reg1)), err
-		}
-		toBackend, err := l2(false)
-		if err != nil {
-			return nil, err
-		}
 		rev, err := enc(append(revKey(v6),
 			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setDsrR4, setDsrR6), IsDestRegSet: true, DestRegister: regVerdict}))
 		if err != nil {
 			return nil, err
 		}
-		toClient, err := l2(true)
-		if err != nil {
-			return nil, err
-		}
-		rules = append(rules, vm, toBackend, append(fw, fwdExpr(reg1)), rev, toClient)
+		rules = append(rules, vm, append(fw, fwdExpr(reg1)), rev)
 	}
 	return rules, nil
 }
 
-// programDSR replaces the rules of the netdev table's chain dsr in one batch.
+// encNetdev encodes expressions of the netdev table.
+func encNetdev(es []expr.Any) ([]rawExpr, error) {
+	var out []rawExpr
+	for _, e := range es {
+		b, err := expr.Marshal(byte(nftables.TableFamilyNetdev), e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// programDSR replaces the rules of the netdev table's static chains (dsr,
+// and stlsdnat at ingress's l2to and l2back), each in one batch.
 func (p *shard) programDSR() error {
 	rules, err := dsrRulesRaw()
 	if err != nil {
 		return fmt.Errorf("encode dsr rules: %w", err)
 	}
-	return p.sendRules(byte(nftables.TableFamilyNetdev), chainDsr, rules)
+	if err := p.sendRules(byte(nftables.TableFamilyNetdev), chainDsr, rules); err != nil {
+		return err
+	}
+	for _, src := range []bool{false, true} {
+		rules, err := l2RulesRaw(src)
+		if err != nil {
+			return fmt.Errorf("encode stlsdnat forwarding rules: %w", err)
+		}
+		if err := p.sendRules(byte(nftables.TableFamilyNetdev), pick(src, chainL2To, chainL2Back), rules); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ifnameData is an interface name as meta iifname loads it: IFNAMSIZ bytes,

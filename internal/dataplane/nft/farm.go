@@ -181,6 +181,13 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		}
 	}
 	b.diffElems(oldPlan, pl, oldBsnat, pl.bsnat, (*farmPlan).bsnatSet)
+	oldL2Back := map[string]elem{}
+	if oldPlan != nil {
+		for _, e := range oldPlan.l2back {
+			oldL2Back[e.id()] = e
+		}
+	}
+	b.diffElems(oldPlan, pl, oldL2Back, pl.l2back, (*farmPlan).l2backSet)
 	oldNoLocal := map[string]elem{}
 	if oldPlan != nil {
 		for _, e := range oldPlan.nolocal {
@@ -343,6 +350,9 @@ func (b *batch) removeFarm(old *farmState) {
 	b.delFrom(pl.svcSet, pl.svc)
 	if len(pl.post) > 0 {
 		b.delFrom(pl.postSet, pl.post)
+	}
+	if len(pl.l2back) > 0 {
+		b.delFrom(pl.l2backSet(), pl.l2back)
 	}
 	if len(pl.bsnat) > 0 {
 		b.delFrom(pl.bsnatSet(), pl.bsnat)

@@ -59,7 +59,7 @@ func (p *farmPlan) place() {
 	case p.l2:
 		pl.netdev = true
 		pl.svcSet = pick(pl.v6, setDsr4, setDsr6)
-		pl.postSet = pick(pl.v6, setL2Fwd4, setL2Fwd6)
+		pl.postSet = pick(pl.v6, setL2To4, setL2To6)
 	case p.stls:
 		pl.svcSet = pick(pl.v6, setStls4, setStls6)
 	case p.mark:

@@ -50,8 +50,10 @@ type farmPlan struct {
 	stlsPort uint16 // the backends' common port (0: keep the client's)
 	// l2: stlsdnat at ingress (stlsingress.go): chain, maps and reply
 	// chain in the netdev table, svc elements in dsr4/6 and rev in
-	// dsrr4/6 (jump), post elements in l2fwd4/6; dsr holds the links.
+	// dsrr4/6 (jump), post elements in l2to4/6 and l2back in l2back4/6;
+	// dsr holds the links.
 	l2     bool
+	l2back []elem
 	learnt string // the map of clients' MACs (learntName)
 	rchain string
 	rev    []elem

@@ -19,32 +19,33 @@ import (
 //
 //	chain dsr {                                                   (static, dsr.go)
 //	  ip daddr . meta l4proto . th dport vmap @dsr4               -> jump d-<hash>
-//	  fwd to ether saddr . ip daddr . meta l4proto . th dport map @l2fwd4   (forwarded to a backend)
 //	  fwd to ip daddr . meta l4proto . th dport map @dsrif4       (dsr)
 //	  ip saddr . meta l4proto . th sport vmap @dsrr4              -> jump dr-<hash>
-//	  fwd to ether saddr . ip saddr . meta l4proto . th sport map @l2fwd4   (a reply, to the client)
 //	  (and the ip6 forms) }
+//	chain l2to {                                                  (static)
+//	  fwd to ip daddr . meta l4proto . th dport map @l2to4 (and ip6) }
+//	chain l2back {                                                (static)
+//	  fwd to ip saddr . meta l4proto . th sport map @l2back4 (and ip6) }
 //	chain d-<hash> {                                              the farm: clients' packets
 //	  meta iifname != "<iface>" accept
 //	  update @cm-<hash>-4-<responsettl> { ip saddr timeout <responsettl>s : ether saddr }
 //	    ip daddr set <scheduler> map @m-<hash>-<gen> [th dport set <port>]
-//	    ether daddr set ip daddr map @hw-<hash>-<gen> ether saddr set <LB's MAC on oface> counter return
+//	    ether daddr set ip daddr map @hw-<hash>-<gen> ether saddr set <LB's MAC on oface> counter goto l2to
 //	  counter drop }                                              (no backend serves)
 //	chain dr-<hash> {                                             the backends' replies
 //	  meta iifname != "<oface>" accept
 //	  ether daddr set ip daddr map @cm-... ip saddr set <VIP> [th sport set <port>]
-//	    ether saddr set <iface's MAC> counter return
+//	    ether saddr set <iface's MAC> counter goto l2back
 //	  counter drop }                                              (a client not seen for responsettl)
 //
-// The farm chains are reached by jump and return to chain dsr, whose fwd
+// The farm chains end in the static chains l2to and l2back, whose fwd
 // rules send the rewritten frame out: google/nftables has no fwd
-// expression, so fwd lives only in the static rules (dsr.go, fwdExpr).
-// Each farm's elements of l2fwd4/6 say where its rewritten frames go: the
-// LB's MAC on oface . each backend . protocol . port to oface, and the
-// iface's MAC . VIP . protocol . virtual ports to iface. The source MAC
-// is part of the key because only frames the farm chains rewrote carry
-// the LB's own MAC as their source at ingress: a client's packet sent to a
-// backend's address through the LB is left to the kernel.
+// expression, so fwd lives only in static rules sent raw (dsr.go,
+// fwdExpr). The reply lookup comes after dsr's fwd in chain dsr, so a dsr
+// packet costs what it did before this mode; other packets on a hooked
+// device pay one lookup more (dsrr4/6). A farm's elements of l2to4/6 are
+// its backends' keys (backend . protocol . port) to oface, those of
+// l2back4/6 its VIP's keys to iface.
 //
 // Clients' MACs (the client's, or its router's) are learnt per farm in
 // cm-..., kept responsettl seconds after the client's last packet (each
@@ -55,18 +56,17 @@ import (
 
 // Names in the netdev table.
 const (
-	setDsrR4   = "dsrr4"  // backend addr . l4proto . port -> jump the farm's reply chain (stlsdnat at ingress)
-	setDsrR6   = "dsrr6"  // same for IPv6
-	setL2Fwd4  = "l2fwd4" // source MAC . addr . l4proto . port -> the interface to forward to
-	setL2Fwd6  = "l2fwd6" // same for IPv6
-	farmL2Rev  = "dr-"    // reply chain of a stlsdnat farm at ingress: dr-<hash>
-	regMAC     = 2        // NFT_REG_2: the client's MAC learnt (reg1 holds its address)
-	learntPref = "cm-"    // learnt client MACs: cm-<hash>-<4|6>-<responsettl>
-)
-
-var (
-	typeL2Fwd4 = nftables.MustConcatSetType(nftables.TypeEtherAddr, nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
-	typeL2Fwd6 = nftables.MustConcatSetType(nftables.TypeEtherAddr, nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService)
+	setDsrR4    = "dsrr4"   // backend addr . l4proto . port -> jump the farm's reply chain (stlsdnat at ingress)
+	setDsrR6    = "dsrr6"   // same for IPv6
+	setL2To4    = "l2to4"   // backend addr . l4proto . port -> oface (stlsdnat at ingress)
+	setL2To6    = "l2to6"   // same for IPv6
+	setL2Back4  = "l2back4" // VIP . l4proto . port -> iface (stlsdnat at ingress)
+	setL2Back6  = "l2back6" // same for IPv6
+	farmL2Rev   = "dr-"     // reply chain of a stlsdnat farm at ingress: dr-<hash>
+	chainL2To   = "l2to"    // static: forwards what a farm chain sent to a backend
+	chainL2Back = "l2back"  // static: forwards what a reply chain sent to a client
+	regMAC      = 2         // NFT_REG_2: the client's MAC learnt (reg1 holds its address)
+	learntPref  = "cm-"     // learnt client MACs: cm-<hash>-<4|6>-<responsettl>
 )
 
 // hwName is the name of the backend MAC map that goes with the slot map
@@ -88,24 +88,13 @@ func responseTTL(f *model.Farm) time.Duration {
 	return time.Duration(f.ResponseTTL) * time.Second
 }
 
-// l2Key loads ether saddr . ip <daddr|saddr> . meta l4proto . th <dport|
-// sport> into the registers from reg1 (after netdevKey's family match).
+// l2Key loads ip <daddr|saddr> . meta l4proto . th <dport|sport> into
+// the registers from reg1 (after netdevKey's family match).
 func l2Key(v6, src bool) []expr.Any {
-	off, alen := uint32(16), uint32(4)
-	poff := uint32(2)
-	if v6 {
-		off, alen = 24, 16
-	}
 	if src {
-		off, poff = pick(v6, uint32(12), 8), 0
+		return revKey(v6)
 	}
-	w := addrWords(v6)
-	return append(netdevKey(v6)[:2:2],
-		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: etherAlen},
-		&expr.Payload{DestRegister: reg32 + 2, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: alen},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + 2 + w},
-		&expr.Payload{DestRegister: reg32 + 2 + w + 1, Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2},
-	)
+	return netdevKey(v6)
 }
 
 // revKey loads ip saddr . meta l4proto . th sport into the registers
@@ -123,41 +112,48 @@ func revKey(v6 bool) []expr.Any {
 	)
 }
 
-// l2Elems returns a farm's elements of l2fwd4/6: its backends' keys
-// (behind the LB's MAC on oface) to oface, and its VIP's (behind the
-// iface's MAC) to iface.
-func l2Elems(f *model.Farm, l *dsrLink, stlsPort uint16) []elem {
-	var out []elem
-	seen := map[string]bool{}
-	add := func(mac [etherAlen]byte, e elem, idx uint32) {
-		pre := append(mac[:], 0, 0)
-		e = elem{Key: append(append([]byte(nil), pre...), e.Key...), KeyEnd: append(append([]byte(nil), pre...), e.KeyEnd...),
-			Val: binaryutil.NativeEndian.PutUint32(idx)}
-		if !seen[e.id()] {
-			seen[e.id()] = true
-			out = append(out, e)
+// l2RulesRaw returns the rules of the static chain l2to (src false: fwd
+// by the destination, a backend) or l2back (src true: by the source, the
+// VIP).
+func l2RulesRaw(src bool) ([][]rawExpr, error) {
+	var rules [][]rawExpr
+	for _, v6 := range []bool{false, true} {
+		r, err := encNetdev(append(l2Key(v6, src),
+			&expr.Lookup{SourceRegister: reg1, SetName: pick(src, pick(v6, setL2To4, setL2To6), pick(v6, setL2Back4, setL2Back6)), IsDestRegSet: true, DestRegister: reg1}))
+		if err != nil {
+			return nil, err
 		}
+		rules = append(rules, append(r, fwdExpr(reg1)))
 	}
-	for _, e := range revElems(f, "") {
-		add(l.lbMAC, e, l.ofIdx)
+	return rules, nil
+}
+
+// l2Elems returns a farm's elements of l2to4/6 (its backends' keys to
+// oface) and of l2back4/6 (its VIP's keys to iface).
+func l2Elems(f *model.Farm, l *dsrLink, stlsPort uint16) (to, back []elem) {
+	to = revElems(f, "")
+	for i := range to {
+		to[i].Val = binaryutil.NativeEndian.PutUint32(l.ofIdx)
 	}
 	vports := f.VirtualPorts
 	if stlsPort != 0 {
 		vports = []model.PortRange{{First: f.VirtualPorts[0].First, Last: f.VirtualPorts[0].First}}
 	}
 	for _, r := range vports {
-		e := elem{Key: pad4(svcKey(f.VirtualAddr, f.Protocol.Number(), r.First)), KeyEnd: pad4(svcKey(f.VirtualAddr, f.Protocol.Number(), r.Last))}
-		add(l.ifMAC, e, l.ifIdx)
+		back = append(back, elem{Key: pad4(svcKey(f.VirtualAddr, f.Protocol.Number(), r.First)),
+			KeyEnd: pad4(svcKey(f.VirtualAddr, f.Protocol.Number(), r.Last)), Val: binaryutil.NativeEndian.PutUint32(l.ifIdx)})
 	}
-	return out
+	return to, back
 }
 
 // setL2 completes a stlsdnat farm's plan at ingress with the resolved
 // links.
 func (p *farmPlan) setL2(f *model.Farm, l *dsrLink) {
 	p.dsr = l
-	p.post = l2Elems(f, l, p.stlsPort)
+	p.post, p.l2back = l2Elems(f, l, p.stlsPort)
 }
+
+func (p *farmPlan) l2backSet() string { return pick(p.v6, setL2Back4, setL2Back6) }
 
 // hwSet returns the definition of the backend MAC map (backend address ->
 // MAC) and its elements.
@@ -216,8 +212,7 @@ func (p *farmPlan) l2FarmRules(f *model.Farm, mapName string, mapID, modulus uin
 		&expr.Immediate{Register: reg1, Data: l.lbMAC[:]},
 		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: etherAlen},
 		&expr.Counter{},
-		// Back to dsr, whose next rule forwards the frame.
-		&expr.Verdict{Kind: expr.VerdictReturn},
+		&expr.Verdict{Kind: expr.VerdictGoto, Chain: chainL2To},
 	)
 	return [][]expr.Any{other, r, drop}
 }
@@ -244,6 +239,6 @@ func (p *farmPlan) l2ReplyRules(f *model.Farm, learnt *nftables.Set) [][]expr.An
 		port = f.VirtualPorts[0].First
 	}
 	r = append(r, writeAddrPort(p.v6, f.Protocol, true, port)...)
-	r = append(r, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictReturn})
+	r = append(r, &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainL2Back})
 	return [][]expr.Any{other, r, {&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}}
 }

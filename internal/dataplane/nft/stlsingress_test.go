@@ -129,13 +129,20 @@ func TestStlsIngressReconcile(t *testing.T) {
 	if _, from := e.askTCP(t, vip); from.Addr() != e.Client.IPv4 {
 		t.Fatalf("backend saw %s, want the client's %s", from, e.Client.IPv4)
 	}
-	// The ruleset's lines, sorted (a rebuilt farm's maps are listed in
-	// another order), without the generation in map names and the
-	// elements' expiry.
+	// The ruleset's lines, sorted (a rebuilt farm's maps and elements are
+	// listed in another order), without the generation in map names and
+	// the elements' expiry.
 	norm := func() string {
 		out := e.nft(t, "-s", "list", "ruleset")
 		out = regexp.MustCompile(`\b(m|hw)-([0-9a-f]{16})-[0-9a-z]+`).ReplaceAllString(out, "$1-$2-GEN")
-		lines := strings.Split(regexp.MustCompile(`expires \S+ `).ReplaceAllString(out, ""), "\n")
+		var lines []string
+		for _, l := range strings.Split(regexp.MustCompile(`expires \S+ `).ReplaceAllString(out, ""), "\n") {
+			// An element per line, wherever the map listed it.
+			l = strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(l), "elements = { "), " }"), ",")
+			if l != "" {
+				lines = append(lines, l)
+			}
+		}
 		slices.Sort(lines)
 		return strings.Join(lines, "\n")
 	}
