@@ -2,11 +2,15 @@ package nft
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -159,5 +163,71 @@ func TestStlsIngressReconcile(t *testing.T) {
 	}
 	if _, from := e.askTCP(t, vip); from.Addr() != e.Client.IPv4 {
 		t.Errorf("after reconcile the backend saw %s, want the client's %s", from, e.Client.IPv4)
+	}
+}
+
+// udpIn opens a UDP socket bound to addr in namespace ns.
+func udpIn(t *testing.T, ns netns.NsHandle, addr netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	if err := testutil.Do(ns, func() error {
+		var err error
+		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestStlsIngressResponseTTL: a backend's packet to a client goes back to
+// the client (from the VIP) while the client's MAC is known, and is
+// dropped once the client has sent nothing for responsettl seconds.
+func TestStlsIngressResponseTTL(t *testing.T) {
+	e := newEnv(t, 1, false)
+	e.setForwarding(t, false)
+	prev := map[string]*model.Farm{}
+	f := e.farm("st", testutil.VIP4(1), 80, model.ProtoUDP, 8080)
+	f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP|model.KeySrcPort
+	f.Iface, f.Oface, f.ResponseTTL = e.LB.Link, "br0", 1
+	e.put(t, prev, f)
+	vip := netip.AddrPortFrom(f.VirtualAddr, 80)
+	cl := udpIn(t, e.Client.NS, netip.AddrPortFrom(e.Client.IPv4, 5000))
+	be := udpIn(t, e.Backends[0].NS, netip.AddrPortFrom(e.Backends[0].IPv4, 8080))
+	client := netip.AddrPortFrom(e.Client.IPv4, 5000)
+	// The client speaks: the backend gets it from the client's address.
+	if _, err := cl.WriteToUDPAddrPort([]byte("hello"), vip); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	be.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, from, err := be.ReadFromUDPAddrPort(buf); err != nil || from != client {
+		t.Fatalf("backend: %v from %s, want a datagram from %s", err, from, client)
+	}
+	recv := func(within time.Duration) (netip.AddrPort, error) {
+		cl.SetReadDeadline(time.Now().Add(within))
+		_, from, err := cl.ReadFromUDPAddrPort(buf)
+		return from, err
+	}
+	// Within responsettl: the backend's datagram reaches the client from
+	// the VIP.
+	if _, err := be.WriteToUDPAddrPort([]byte("answer"), client); err != nil {
+		t.Fatal(err)
+	}
+	if from, err := recv(5 * time.Second); err != nil || from != vip {
+		t.Fatalf("client within responsettl: %v from %s, want a datagram from %s", err, from, vip)
+	}
+	// Three times responsettl later, with nothing from the client: the
+	// backend's datagram is dropped by the reply chain.
+	time.Sleep(3 * time.Second)
+	if _, err := be.WriteToUDPAddrPort([]byte("late"), client); err != nil {
+		t.Fatal(err)
+	}
+	if from, err := recv(time.Second); err == nil {
+		t.Errorf("client got a datagram from %s after responsettl without a packet of its own", from)
+	}
+	if out := e.nft(t, "list", "chain", "netdev", "xlb", farmL2Rev+nameHash("st")); !strings.Contains(out, "counter packets 1 bytes") {
+		t.Errorf("the reply chain did not drop the late datagram:\n%s", out)
 	}
 }
