@@ -30,7 +30,8 @@ func (e *env) setForwarding(t *testing.T, on bool) {
 }
 
 // TestStlsIngressChanges moves a stlsdnat farm from routed to ingress and
-// back, changing responsettl on the way, with traffic after each step:
+// back, changing responsettl on the way (and leaving oface for the plane
+// to find), with traffic after each step:
 // the farm's chains move between the inet and netdev tables, the map of
 // clients' MACs holds the client with the farm's responsettl, and nothing
 // of the farm is left in the table it left.
@@ -65,9 +66,10 @@ func TestStlsIngressChanges(t *testing.T) {
 		t.Errorf("the routed farm's objects are left in the inet table:\n%s", rs)
 	}
 
-	f.ResponseTTL = 9
+	// oface left to the plane: the interface the backends are routed to.
+	f.ResponseTTL, f.Oface = 9, ""
 	e.put(t, prev, f)
-	check("responsettl 9")
+	check("responsettl 9, oface found")
 	ns := e.nft(t, "list", "table", "netdev", "xlb")
 	if strings.Contains(ns, learnt) || !strings.Contains(ns, "cm-"+nameHash("st")+"-4-9") || !strings.Contains(ns, "timeout 9s") {
 		t.Errorf("after responsettl 9, want only the map cm-...-4-9 with timeout 9s:\n%s", ns)
