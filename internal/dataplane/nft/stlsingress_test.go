@@ -2,6 +2,7 @@ package nft
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"regexp"
@@ -231,5 +232,28 @@ func TestStlsIngressResponseTTL(t *testing.T) {
 	}
 	if out := e.nft(t, "list", "chain", "netdev", "xlb", farmL2Rev+nameHash("st")); !strings.Contains(out, "counter packets 1 bytes") {
 		t.Errorf("the reply chain did not drop the late datagram:\n%s", out)
+	}
+}
+
+// TestStlsIngressDual: a family dual stlsdnat farm at ingress (its two
+// halves share the interfaces) serves TCP on both VIPs.
+func TestStlsIngressDual(t *testing.T) {
+	e := newEnv(t, 2, true)
+	e.startServers(t, 8080)
+	e.setForwarding(t, false)
+	f := e.farm("dual", testutil.VIP4(1), 80, model.ProtoTCP, 8080)
+	f.Family, f.VirtualAddr2 = model.FamilyDual, testutil.VIP6(1)
+	for i, b := range e.Backends {
+		b6 := model.NewBackend(fmt.Sprintf("b%d-v6", i))
+		b6.Addr, b6.Port = b.IPv6, 8080
+		f.Backends = append(f.Backends, b6)
+	}
+	f.Mode, f.Scheduler, f.SchedParam = model.ModeStlsDNAT, model.SchedHash, model.KeySrcIP|model.KeySrcPort
+	f.Iface, f.Oface = e.LB.Link, "br0"
+	e.put(t, map[string]*model.Farm{}, f)
+	for _, c := range []struct{ vip, client netip.Addr }{{testutil.VIP4(1), e.Client.IPv4}, {testutil.VIP6(1), e.Client.IPv6}} {
+		if _, from := e.askTCP(t, netip.AddrPortFrom(c.vip, 80)); from.Addr() != c.client {
+			t.Errorf("to %s: backend saw %s, want the client's %s", c.vip, from, c.client)
+		}
 	}
 }
