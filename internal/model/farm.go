@@ -55,9 +55,11 @@ type Farm struct {
 	RstRTBurst   uint32
 	EstConnLimit uint32 // established connections, 0 = unlimited
 	TCPStrict    bool
-	// Mode dsr (nftlb's names): Iface is the interface where the VIP's
-	// traffic arrives, Oface the one towards the backends, EtherAddr the
-	// source MAC of forwarded frames. Empty: the data plane finds them.
+	// Modes dsr and stlsdnat at ingress (nftlb's names): Iface is the
+	// interface where the VIP's traffic arrives, Oface the one towards the
+	// backends, EtherAddr the source MAC of frames forwarded to them.
+	// Empty: the data plane finds them (dsr). A stlsdnat farm with an
+	// Iface forwards at layer 2 (StlsAtIngress).
 	Iface     string
 	Oface     string
 	EtherAddr EtherAddr
@@ -87,9 +89,9 @@ type Farm struct {
 	Verdict            Verdict
 	FlowOffload        bool
 	// ResponseTTL is nftlb's "responsettl" (seconds; nftlb prints it for
-	// stlsdnat farms): how long nftlb's stlsdnat at ingress remembers a
-	// client's MAC to send replies to. xlb's stlsdnat routes replies and
-	// keeps the value only so nftlb's output posts back.
+	// stlsdnat farms): how long a stlsdnat farm at ingress
+	// (StlsAtIngress) remembers a client's MAC to send replies to. A
+	// routed stlsdnat farm has no use for it.
 	ResponseTTL uint32
 	// IntraConnectOff is nftlb's intra-connect "off": connections the LB
 	// host itself opens to the farm's address are not balanced. xlb's
@@ -264,6 +266,12 @@ func (f *Farm) TableRefs() []string {
 // IsMarkFarm reports whether the farm is selected by a firewall mark (IPVS -f)
 // rather than by virtual address and port.
 func (f *Farm) IsMarkFarm() bool { return !f.VirtualAddr.IsValid() && f.Mark != 0 }
+
+// StlsAtIngress reports whether the farm is a stlsdnat farm that works at
+// the ingress of its Iface as nftlb's does when given one: it forwards
+// frames at layer 2 to Oface and the backends' replies back to Iface,
+// rather than letting the kernel route both ways.
+func (f *Farm) StlsAtIngress() bool { return f.Mode == ModeStlsDNAT && f.Iface != "" }
 
 // VirtualAddrs returns the farm's VIPs: none (firewall-mark farms), one,
 // or two (family dual).

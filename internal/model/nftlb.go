@@ -379,8 +379,8 @@ func (f *Farm) nftlbFieldsInUse() [][2]string {
 	if f.Protocol == ProtoAll && len(f.VirtualPorts) > 0 {
 		use("virtual-ports", formatPorts(f.VirtualPorts))
 	}
-	if f.Mode == ModeStlsDNAT && (f.Iface != "" || f.Oface != "" || !f.EtherAddr.IsZero()) {
-		use("iface", f.Iface+","+f.Oface+","+f.EtherAddr.String())
+	if f.StlsAtIngress() {
+		use("iface", f.Iface)
 	}
 	for _, b := range f.Backends {
 		// Each on its own: a plane that implements one must still see

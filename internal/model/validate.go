@@ -105,6 +105,15 @@ func (f *Farm) Validate() error {
 			}
 		}
 	}
+	// A stlsdnat farm forwards at layer 2 only from an iface it is told:
+	// without one it is routed, and oface or ether-addr would mean nothing.
+	if f.Mode == ModeStlsDNAT && f.Iface == "" {
+		for _, x := range []struct{ field, value string }{{"oface", f.Oface}, {"ether-addr", f.EtherAddr.String()}} {
+			if x.value != "" {
+				return bad(x.field, x.value, "needs iface in mode stlsdnat (the interface where clients' traffic arrives; with it the farm forwards at layer 2 from iface to oface)")
+			}
+		}
+	}
 	for _, x := range []struct{ field, value string }{{"iface", f.Iface}, {"oface", f.Oface}} {
 		if x.value != "" && !ValidIfName(x.value) {
 			return bad(x.field, x.value, "must be an interface name: 1 to 15 characters, no '/', ':' or white space")

@@ -165,7 +165,6 @@ func TestSideBySide(t *testing.T) {
 	}
 	for _, c := range []struct{ field, body string }{
 		{"flow-offload", `"flow-offload":"on"`},
-		{"iface", `"mode":"stlsdnat","scheduler":"hash","iface":"lo"`},
 	} {
 		steps = append(steps, refused("not implemented: "+c.field, `{"farms":[{"name":"ni","virtual-addr":"10.0.6.1","virtual-ports":"80",`+c.body+`}]}`,
 			`"`+c.field+`"`, "kernel work: "+notImplemented)...)

@@ -194,6 +194,36 @@ var scenarios = []scenario{
 		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
 		return f
 	}, run: runStateless},
+	{name: "mode-stlsdnat-ingress", backends: 2, farm: stlsIngressFarm(model.ProtoUDP), run: runStatelessIngress},
+	{name: "mode-stlsdnat-ingress-tcp", backends: 2, farm: stlsIngressFarm(model.ProtoTCP), run: runStatelessIngress},
+	{name: "mode-stlsdnat-ingress-ipv6", backends: 2, v6: true, farm: stlsIngressFarm(model.ProtoTCP), run: runStatelessIngress},
+}
+
+// stlsIngressFarm is a stlsdnat farm at ingress, as nftlb takes it: the
+// clients' segment on iface (the LB's eth0), the backends' on oface (the
+// bridge br0), the MACs found by the data plane.
+func stlsIngressFarm(proto model.Protocol) func(e *Env) model.Farm {
+	return func(e *Env) model.Farm {
+		f := e.Farm("stls", proto)
+		f.Mode = model.ModeStlsDNAT
+		f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
+		f.Iface, f.Oface = e.LB.Link, "br0"
+		f.ResponseTTL = 30
+		return f
+	}
+}
+
+// runStatelessIngress: stateless DNAT at ingress, forwarding at layer 2
+// both ways. With the LB's IP forwarding off, which a routed stlsdnat
+// farm needs, the backends still see the client's address and the client
+// gets its answers from the VIP.
+func runStatelessIngress(t *testing.T, e *Env, f model.Farm) {
+	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := testutil.WriteSysctl(e.LB.NS, k, "0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runStateless(t, e, f)
 }
 
 func dnatFarm(proto model.Protocol) func(e *Env) model.Farm {

@@ -20,6 +20,12 @@ func unsupported(f *model.Farm, field, value string) error {
 func (p *Plane) Check(f *model.Farm) error { return check(f) }
 
 func check(f *model.Farm) error {
+	if f.StlsAtIngress() {
+		// Natural here (tc ingress, bpf_redirect and a MAC rewrite both
+		// ways, the clients' MACs in an LRU map) but not built.
+		return dataplane.Refuse(f, "iface", f.Iface,
+			"mode stlsdnat at ingress (forwarding frames at layer 2 from iface to oface and replies back, as nftlb does) is not built in the "+Name+" data plane; use --dataplane nft, or leave iface, oface and ether-addr unset for stlsdnat routed by the kernel")
+	}
 	// intra-connect off: the socket programs (socklb.go) skip the farm;
 	// a backend's source-addr is its snat source (generation.go); mode
 	// local passes the farm's packets to the node (xlb_lb.c).

@@ -35,6 +35,9 @@ var ebpfRefuses = map[string]string{
 	"helper-pptp":                 `"helper" value "pptp"`,
 	"helper-sane":                 `"helper" value "sane"`,
 	"helper-snmp":                 `"helper" value "snmp"`,
+	"mode-stlsdnat-ingress":       `"iface" value "eth0": mode stlsdnat at ingress`,
+	"mode-stlsdnat-ingress-tcp":   `"iface" value "eth0": mode stlsdnat at ingress`,
+	"mode-stlsdnat-ingress-ipv6":  `"iface" value "eth0": mode stlsdnat at ingress`,
 }
 
 // TestConformance runs the data-plane conformance suite against eBPF, the

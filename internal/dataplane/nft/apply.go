@@ -146,7 +146,8 @@ func (p *shard) commit(pd *pending) {
 // per table.
 //
 // devs lists (sorted, comma-separated) the devices whose ingress the netdev
-// table hooks: the ifaces of its dsr farms.
+// table hooks: the ifaces of its dsr farms, the ifaces and ofaces of its
+// stlsdnat farms at ingress.
 type hookState struct {
 	raw, filter bool
 	devs        string
@@ -157,7 +158,7 @@ type hookState struct {
 // scanning every farm of the table.
 type hookUsers struct {
 	raw, filter int
-	devs        map[string]int // dsr iface -> farms
+	devs        map[string]int // device hooked at ingress -> farms
 }
 
 // count adds n (1 or -1) users for what s needs.
@@ -165,7 +166,7 @@ func (u *hookUsers) count(s *farmState, n int) {
 	if s == nil || s.plan == nil {
 		return
 	}
-	if s.plan.stls {
+	if s.plan.stls && !s.plan.l2 { // at ingress: the netdev table
 		u.raw += n
 	}
 	if s.plan.fchain != "" {
@@ -175,9 +176,15 @@ func (u *hookUsers) count(s *farmState, n int) {
 		if u.devs == nil {
 			u.devs = map[string]int{}
 		}
-		u.devs[s.plan.dsr.iface] += n
-		if u.devs[s.plan.dsr.iface] == 0 {
-			delete(u.devs, s.plan.dsr.iface)
+		devs := []string{s.plan.dsr.iface}
+		if s.plan.l2 && s.plan.dsr.oface != s.plan.dsr.iface {
+			devs = append(devs, s.plan.dsr.oface) // the backends' replies
+		}
+		for _, d := range devs {
+			u.devs[d] += n
+			if u.devs[d] == 0 {
+				delete(u.devs, d)
+			}
 		}
 	}
 }

@@ -57,13 +57,18 @@ func (b *batch) plan(f *model.Farm) *farmPlan {
 	if pl != nil {
 		pl.logGroup = b.p.opts.LogGroup
 	}
-	if pl != nil && pl.dsrMode {
+	if pl != nil && (pl.dsrMode || pl.l2) {
 		l := b.links[f.Name]
 		if l == nil {
-			// Apply and Reconcile resolve every dsr farm they are given.
-			panic("nft: dsr farm " + f.Name + " applied without resolved links")
+			// Apply and Reconcile resolve every farm at ingress they
+			// are given.
+			panic("nft: farm " + f.Name + " at ingress applied without resolved links")
 		}
-		pl.setDSR(f, l)
+		if pl.l2 {
+			pl.setL2(f, l)
+		} else {
+			pl.setDSR(f, l)
+		}
 	}
 	return pl
 }
@@ -163,6 +168,8 @@ func (b *batch) ensureStatic() {
 		_ = b.c.AddSet(s, nil)
 	}
 	b.c.AddChain(&nftables.Chain{Table: b.p.ntable, Name: chainDsr})
+	b.c.AddChain(&nftables.Chain{Table: b.p.ntable, Name: chainL2To})
+	b.c.AddChain(&nftables.Chain{Table: b.p.ntable, Name: chainL2Back})
 }
 
 // syncHooks adds or deletes the per-packet base chains so the table has

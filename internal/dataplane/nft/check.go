@@ -15,11 +15,11 @@ import (
 // (clientlimits.go, verdict.go), queue (queue.go), backend source-addr
 // (backendsnat.go), mode local (local.go), static sessions
 // (staticsessions.go), intra-connect off (intraconnect.go), further
-// addresses (checkAddresses).
+// addresses (checkAddresses), stlsdnat at ingress (stlsingress.go).
 var implementedNftlbFields = []string{"new-rtlimit", "rst-rtlimit", "log-rtlimit", "limits-ttl",
 	"new-rtlimit-log-prefix", "rst-rtlimit-log-prefix", "est-connlimit-log-prefix", "tcp-strict-log-prefix",
 	"verdict", "backends.est-connlimit-log-prefix", "queue", "backends.source-addr", "mode", "sessions", "intra-connect",
-	"addresses"}
+	"addresses", "iface"}
 
 // check refuses every farm field value this data plane does not implement.
 func check(f *model.Farm) error {

@@ -86,6 +86,10 @@ type dsrLink struct {
 	oface string // towards the backends
 	ofIdx uint32 // oface's ifindex
 	lbMAC [etherAlen]byte
+	// ifIdx and ifMAC: iface's index and MAC (where stlsdnat at ingress
+	// sends replies from).
+	ifIdx uint32
+	ifMAC [etherAlen]byte
 	macs  map[netip.Addr][etherAlen]byte // backend address -> MAC
 }
 
@@ -100,6 +104,12 @@ func netdevSets(t *nftables.Table) []*nftables.Set {
 		m(setDsr6, typeSvc6, nftables.TypeVerdict),
 		m(setDsrIf4, typeSvc4, nftables.TypeIFIndex),
 		m(setDsrIf6, typeSvc6, nftables.TypeIFIndex),
+		m(setDsrR4, typeSvc4, nftables.TypeVerdict), // stlsdnat at ingress (stlsingress.go)
+		m(setDsrR6, typeSvc6, nftables.TypeVerdict),
+		m(setL2To4, typeSvc4, nftables.TypeIFIndex),
+		m(setL2To6, typeSvc6, nftables.TypeIFIndex),
+		m(setL2Back4, typeSvc4, nftables.TypeIFIndex),
+		m(setL2Back6, typeSvc6, nftables.TypeIFIndex),
 	}
 }
 
@@ -136,7 +146,10 @@ func fwdExpr(reg uint32) rawExpr {
 	return b
 }
 
-// dsrRulesRaw returns the rules of the static chain dsr.
+// dsrRulesRaw returns the rules of the static chain dsr: for each family,
+// the farms' keys, dsr's forwarding, then the backends' replies to
+// stlsdnat farms at ingress (stlsingress.go; after dsr's fwd, so a dsr
+// packet costs no more lookups than before them).
 func dsrRulesRaw() ([][]rawExpr, error) {
 	enc := func(es []expr.Any) ([]rawExpr, error) {
 		var out []rawExpr
@@ -161,18 +174,49 @@ func dsrRulesRaw() ([][]rawExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		rules = append(rules, vm, append(fw, fwdExpr(reg1)))
+		rev, err := enc(append(revKey(v6),
+			&expr.Lookup{SourceRegister: reg1, SetName: pick(v6, setDsrR4, setDsrR6), IsDestRegSet: true, DestRegister: regVerdict}))
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, vm, append(fw, fwdExpr(reg1)), rev)
 	}
 	return rules, nil
 }
 
-// programDSR replaces the rules of the netdev table's chain dsr in one batch.
+// encNetdev encodes expressions of the netdev table.
+func encNetdev(es []expr.Any) ([]rawExpr, error) {
+	var out []rawExpr
+	for _, e := range es {
+		b, err := expr.Marshal(byte(nftables.TableFamilyNetdev), e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// programDSR replaces the rules of the netdev table's static chains (dsr,
+// and stlsdnat at ingress's l2to and l2back), each in one batch.
 func (p *shard) programDSR() error {
 	rules, err := dsrRulesRaw()
 	if err != nil {
 		return fmt.Errorf("encode dsr rules: %w", err)
 	}
-	return p.sendRules(byte(nftables.TableFamilyNetdev), chainDsr, rules)
+	if err := p.sendRules(byte(nftables.TableFamilyNetdev), chainDsr, rules); err != nil {
+		return err
+	}
+	for _, src := range []bool{false, true} {
+		rules, err := l2RulesRaw(src)
+		if err != nil {
+			return fmt.Errorf("encode stlsdnat forwarding rules: %w", err)
+		}
+		if err := p.sendRules(byte(nftables.TableFamilyNetdev), pick(src, chainL2To, chainL2Back), rules); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ifnameData is an interface name as meta iifname loads it: IFNAMSIZ bytes,
@@ -205,19 +249,7 @@ func (p *farmPlan) dsrFarmRules(f *model.Farm, mapName string, mapID, modulus ui
 		&expr.Immediate{Register: reg1, Data: l.lbMAC[:]},
 		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: 6, Len: etherAlen},
 	)
-	switch f.Scheduler {
-	case model.SchedRR:
-		r = append(r, &expr.Numgen{Register: reg1, Type: unix.NFT_NG_INCREMENTAL, Modulus: modulus})
-	case model.SchedWeight:
-		r = append(r,
-			&expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus},
-			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		)
-	case model.SchedHash, model.SchedMaglev:
-		r = append(r, hashExprs(f, f.SchedParam, p.v6, modulus)...)
-	case model.SchedSymhash:
-		r = append(r, &expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym})
-	}
+	r = append(r, netdevSched(f, p.v6, modulus)...)
 	r = append(r,
 		&expr.Lookup{SourceRegister: reg1, SetName: mapName, SetID: mapID, IsDestRegSet: true, DestRegister: reg1},
 		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: 0, Len: etherAlen},
@@ -225,6 +257,25 @@ func (p *farmPlan) dsrFarmRules(f *model.Farm, mapName string, mapID, modulus ui
 	)
 	// The chain returns to dsr, whose next rule forwards the frame.
 	return [][]expr.Any{other, r}
+}
+
+// netdevSched puts the farm's scheduler's slot in reg1 at netdev ingress
+// (where meta nfproto is "netdev", so the family is not matched again).
+func netdevSched(f *model.Farm, v6 bool, modulus uint32) []expr.Any {
+	switch f.Scheduler {
+	case model.SchedRR:
+		return []expr.Any{&expr.Numgen{Register: reg1, Type: unix.NFT_NG_INCREMENTAL, Modulus: modulus}}
+	case model.SchedWeight:
+		return []expr.Any{
+			&expr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: modulus},
+			&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+		}
+	case model.SchedHash, model.SchedMaglev:
+		return hashExprs(f, f.SchedParam, v6, modulus)
+	case model.SchedSymhash:
+		return []expr.Any{&expr.Hash{DestRegister: reg1, Modulus: modulus, Type: expr.HashTypeSym}}
+	}
+	return nil
 }
 
 // setDSR completes a dsr farm's plan with the resolved links.
@@ -272,13 +323,17 @@ func dsrCheck(f *model.Farm) error {
 	return nil
 }
 
-// resolveDSR finds the links of the dsr farms among farms (nil entries are
+// atIngress reports whether the farm works at netdev ingress and so needs
+// its links resolved: mode dsr, and stlsdnat with an iface.
+func atIngress(f *model.Farm) bool { return f.Mode == model.ModeDSR || f.StlsAtIngress() }
+
+// resolveDSR finds the links of the farms at ingress among farms (nil entries are
 // skipped) in the plane's namespace.
 func resolveDSR(ns netns.NsHandle, farms []*model.Farm) (map[string]*dsrLink, error) {
 	var h *vnl.Handle
 	out := map[string]*dsrLink{}
 	for _, f := range farms {
-		if f == nil || f.Mode != model.ModeDSR || f.State != model.StateUp {
+		if f == nil || !atIngress(f) || f.State != model.StateUp {
 			continue
 		}
 		if h == nil {
@@ -310,8 +365,16 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 			return nil, dataplane.Refuse(f, "iface", "", fmt.Sprintf("not set, and %v; set iface to the interface where traffic for %s arrives", err, f.VirtualAddr))
 		}
 		l.iface = name
-	} else if _, err := h.LinkByName(l.iface); err != nil {
+	}
+	ilk, err := h.LinkByName(l.iface)
+	if err != nil {
 		return nil, dataplane.Refuse(f, "iface", l.iface, "no such interface in the data plane's network namespace")
+	}
+	l.ifIdx = uint32(ilk.Attrs().Index)
+	if hw := ilk.Attrs().HardwareAddr; len(hw) == etherAlen {
+		copy(l.ifMAC[:], hw)
+	} else if f.StlsAtIngress() {
+		return nil, dataplane.Refuse(f, "iface", l.iface, "has no Ethernet address: mode stlsdnat at ingress forwards Ethernet frames")
 	}
 	active := f.ActiveBackends()
 	if l.oface == "" {
@@ -319,11 +382,11 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 			rs, err := h.RouteGet(b.Addr.AsSlice())
 			if err != nil || len(rs) == 0 {
 				return nil, dataplane.RefuseBackend(f, b.Name, "ip-addr", b.Addr.String(),
-					"has no route in the data plane's network namespace; mode dsr needs the backend on a directly connected link (or set the farm's oface)")
+					"has no route in the data plane's network namespace; mode "+f.Mode.String()+" at ingress needs the backend on a directly connected link (or set the farm's oface)")
 			}
 			if rs[0].Gw != nil {
 				return nil, dataplane.RefuseBackend(f, b.Name, "ip-addr", b.Addr.String(),
-					fmt.Sprintf("is reached through the gateway %s; mode dsr rewrites only MAC addresses, so backends must be on the LB's own link", rs[0].Gw))
+					fmt.Sprintf("is reached through the gateway %s; mode %s at ingress forwards frames at layer 2, so backends must be on the LB's own link", rs[0].Gw, f.Mode))
 			}
 			lk, err := h.LinkByIndex(rs[0].LinkIndex)
 			if err != nil {
@@ -331,7 +394,7 @@ func resolveFarm(h *vnl.Handle, ns netns.NsHandle, f *model.Farm) (*dsrLink, err
 			}
 			if l.oface != "" && l.oface != lk.Attrs().Name {
 				return nil, dataplane.RefuseBackend(f, b.Name, "ip-addr", b.Addr.String(),
-					fmt.Sprintf("is on %s but other backends are on %s; a dsr farm forwards to one oface", lk.Attrs().Name, l.oface))
+					fmt.Sprintf("is on %s but other backends are on %s; a farm at ingress forwards to one oface", lk.Attrs().Name, l.oface))
 			}
 			l.oface = lk.Attrs().Name
 		}
@@ -436,7 +499,7 @@ func resolveLenient(log *slog.Logger, ns netns.NsHandle, farms []*model.Farm) ([
 	out := map[string]*dsrLink{}
 	next := make([]*model.Farm, 0, len(farms))
 	for _, f := range farms {
-		if f.Mode != model.ModeDSR || f.State != model.StateUp {
+		if !atIngress(f) || f.State != model.StateUp {
 			next = append(next, f)
 			continue
 		}

@@ -85,9 +85,24 @@ func (b *batch) buildFarm(pl *farmPlan, f *model.Farm, existing bool) *farmState
 			}
 		}
 	}
-	rules := pl.farmRules(f, s.mapName, id, modulus, pset, aset)
-	if pl.dsrMode {
+	var rules [][]expr.Any
+	switch {
+	case pl.dsrMode:
 		rules = pl.dsrFarmRules(f, s.mapName, id, modulus)
+	case pl.l2:
+		// The map of clients' MACs is idempotent (it keeps them across
+		// rebuilds); the backends' MACs are a map of this generation.
+		learnt := pl.learntSet(t, f, b.nextID())
+		_ = b.c.AddSet(learnt, nil)
+		var hw *nftables.Set
+		if set != nil {
+			var els []nftables.SetElement
+			hw, els = pl.hwSet(t, hwName(s.mapName), b.nextID())
+			_ = b.c.AddSet(hw, els)
+		}
+		rules = pl.l2FarmRules(f, s.mapName, id, modulus, hw, learnt)
+	default:
+		rules = pl.farmRules(f, s.mapName, id, modulus, pset, aset)
 	}
 	if pl.grouped() {
 		b.insertGroupRules(pl, f, rules)
@@ -166,6 +181,13 @@ func (b *batch) putFarm(old *farmState, f *model.Farm) *farmState {
 		}
 	}
 	b.diffElems(oldPlan, pl, oldBsnat, pl.bsnat, (*farmPlan).bsnatSet)
+	oldL2Back := map[string]elem{}
+	if oldPlan != nil {
+		for _, e := range oldPlan.l2back {
+			oldL2Back[e.id()] = e
+		}
+	}
+	b.diffElems(oldPlan, pl, oldL2Back, pl.l2back, (*farmPlan).l2backSet)
 	oldNoLocal := map[string]elem{}
 	if oldPlan != nil {
 		for _, e := range oldPlan.nolocal {
@@ -232,6 +254,12 @@ var auxes = []aux{
 		elems: func(p *farmPlan) []elem { return p.rev },
 		set:   (*farmPlan).revSet,
 		rules: func(b *batch, pl *farmPlan, f *model.Farm) [][]expr.Any {
+			if pl.l2 {
+				// Idempotent: the farm's chain adds it too.
+				learnt := pl.learntSet(b.p.ntable, f, b.nextID())
+				_ = b.c.AddSet(learnt, nil)
+				return pl.l2ReplyRules(f, learnt)
+			}
 			return stlsReverse(f, pl.stlsPort != 0)
 		},
 	},
@@ -245,16 +273,17 @@ var auxes = []aux{
 	},
 }
 
-// buildAux (re)creates a farm's side chain.
+// buildAux (re)creates a farm's side chain (in the farm's table).
 func (b *batch) buildAux(x aux, pl *farmPlan, f *model.Farm, existing bool) {
-	ch := &nftables.Chain{Table: b.p.table, Name: x.chain(pl)}
+	t := b.tableOf(pl)
+	ch := &nftables.Chain{Table: t, Name: x.chain(pl)}
 	if existing {
 		b.c.FlushChain(ch)
 	} else {
 		b.c.AddChain(ch)
 	}
 	for _, r := range x.rules(b, pl, f) {
-		b.c.AddRule(&nftables.Rule{Table: b.p.table, Chain: ch, Exprs: r})
+		b.c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
 	}
 }
 
@@ -269,8 +298,11 @@ func (b *batch) putAux(x aux, oldPlan, pl *farmPlan, f *model.Farm) {
 			old[e.id()] = e
 		}
 	}
+	// A chain that changes name or table is a new one; the old goes
+	// below, after the elements that point to it.
+	moved := had && want && (x.chain(oldPlan) != x.chain(pl) || oldPlan.netdev != pl.netdev)
 	if want {
-		b.buildAux(x, pl, f, had)
+		b.buildAux(x, pl, f, had && !moved)
 	}
 	if had || want {
 		var op *farmPlan
@@ -279,8 +311,8 @@ func (b *batch) putAux(x aux, oldPlan, pl *farmPlan, f *model.Farm) {
 		}
 		b.diffElems(op, pl, old, x.elems(pl), x.set)
 	}
-	if had && !want {
-		ch := &nftables.Chain{Table: b.p.table, Name: x.chain(oldPlan)}
+	if had && (!want || moved) {
+		ch := &nftables.Chain{Table: b.tableOf(oldPlan), Name: x.chain(oldPlan)}
 		b.c.FlushChain(ch)
 		b.delChain(ch)
 	}
@@ -319,6 +351,9 @@ func (b *batch) removeFarm(old *farmState) {
 	if len(pl.post) > 0 {
 		b.delFrom(pl.postSet, pl.post)
 	}
+	if len(pl.l2back) > 0 {
+		b.delFrom(pl.l2backSet(), pl.l2back)
+	}
 	if len(pl.bsnat) > 0 {
 		b.delFrom(pl.bsnatSet(), pl.bsnat)
 	}
@@ -338,7 +373,7 @@ func (b *batch) removeFarm(old *farmState) {
 	for _, x := range auxes {
 		if name := x.chain(pl); name != "" {
 			b.delElems(b.p.static[x.set(pl)], x.elems(pl))
-			ch := &nftables.Chain{Table: b.p.table, Name: name}
+			ch := &nftables.Chain{Table: b.tableOf(pl), Name: name}
 			b.c.FlushChain(ch)
 			b.delChain(ch)
 		}

@@ -33,7 +33,7 @@ const (
 // placement is where a farm goes (see above).
 type placement struct {
 	v6     bool
-	netdev bool      // the netdev table (mode dsr); else the inet table
+	netdev bool      // the netdev table (mode dsr, stlsdnat at ingress); else the inet table
 	via    chainKind // the kind of chain its service keys lead to
 	chain  string    // that chain's name (a group chain's once joinGroup ran)
 	group  int       // chainGroup: the group chain's number in its family
@@ -56,6 +56,10 @@ func (p *farmPlan) place() {
 		pl.netdev = true
 		pl.svcSet = pick(pl.v6, setDsr4, setDsr6)
 		pl.postSet = pick(pl.v6, setDsrIf4, setDsrIf6)
+	case p.l2:
+		pl.netdev = true
+		pl.svcSet = pick(pl.v6, setDsr4, setDsr6)
+		pl.postSet = pick(pl.v6, setL2To4, setL2To6)
 	case p.stls:
 		pl.svcSet = pick(pl.v6, setStls4, setStls6)
 	case p.mark:
@@ -68,7 +72,7 @@ func (p *farmPlan) place() {
 		pl.svcSet = pick(pl.v6, setSvc4, setSvc6)
 		pl.postSet = postSetName(pl.v6, len(p.post) > 0 && p.post[0].Val != nil)
 	}
-	if len(p.post) == 0 && !p.dsrMode {
+	if len(p.post) == 0 && !p.dsrMode && !p.l2 {
 		pl.postSet = ""
 	}
 	if pl.via == chainDirect {
@@ -113,7 +117,12 @@ func (p *farmPlan) filtSet() string { return pick(p.v6, setFsvc4, setFsvc6) }
 
 func (p *farmPlan) logSet() string { return pick(p.v6, setLog4, setLog6) }
 
-func (p *farmPlan) revSet() string { return pick(p.v6, setStlsR4, setStlsR6) }
+func (p *farmPlan) revSet() string {
+	if p.l2 {
+		return pick(p.v6, setDsrR4, setDsrR6)
+	}
+	return pick(p.v6, setStlsR4, setStlsR6)
+}
 
 func postSetName(v6, snat bool) string {
 	if snat {

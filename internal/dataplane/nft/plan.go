@@ -48,8 +48,15 @@ type farmPlan struct {
 	// with elements rev in stlsr4/6).
 	stls     bool
 	stlsPort uint16 // the backends' common port (0: keep the client's)
-	rchain   string
-	rev      []elem
+	// l2: stlsdnat at ingress (stlsingress.go): chain, maps and reply
+	// chain in the netdev table, svc elements in dsr4/6 and rev in
+	// dsrr4/6 (jump), post elements in l2to4/6 and l2back in l2back4/6;
+	// dsr holds the links.
+	l2     bool
+	l2back []elem
+	learnt string // the map of clients' MACs (learntName)
+	rchain string
+	rev    []elem
 	// lchain is the farm's log chain ("" without log) and logs its
 	// elements in log4/log6 (jump).
 	lchain string
@@ -124,6 +131,19 @@ func planFarm(f *model.Farm) *farmPlan {
 		p.svc = svcElems(f, p.chain, nil)
 		for i := range p.svc {
 			p.svc[i].Jump = true
+		}
+		return p.backends(f)
+	}
+	if f.StlsAtIngress() {
+		// The links (and so the post elements) are set by setL2.
+		p.stls, p.l2, p.learnt = true, true, learntName(f)
+		p.chain = farmDsr + nameHash(f.Name)
+		p.rchain = farmL2Rev + nameHash(f.Name)
+		p.svc, p.rev = svcElems(f, p.chain, nil), revElems(f, p.rchain)
+		for _, es := range [][]elem{p.svc, p.rev} {
+			for i := range es {
+				es[i].Jump = true
+			}
 		}
 		return p.backends(f)
 	}

@@ -87,7 +87,7 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 	for _, s := range netdevSets(p.ntable) {
 		wantElems[s.Name] = map[string]elem{}
 	}
-	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainPostSrc: true, chainChecks: true, chainDsr: true,
+	keepChains := map[string]bool{chainPrerouting: true, chainOutput: true, chainPostrouting: true, chainPostSrc: true, chainChecks: true, chainDsr: true, chainL2To: true, chainL2Back: true,
 		chainDir4: true, chainDir6: true}
 	keepSets, keepHelpers := map[string]bool{}, map[string]bool{}
 	for name := range wantElems {
@@ -148,6 +148,9 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 		for _, e := range pl.hair {
 			wantElems[hairpinSet(pl.v6)][e.id()] = e
 			hair[e.id()]++
+		}
+		for _, e := range pl.l2back {
+			wantElems[pl.l2backSet()][e.id()] = e
 		}
 		for _, e := range pl.bsnat {
 			wantElems[pl.bsnatSet()][e.id()] = e

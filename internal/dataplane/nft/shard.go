@@ -63,10 +63,16 @@ func (s *farmState) sets() []string {
 		return nil
 	}
 	out := s.plan.clients.names()
+	if s.plan.l2 {
+		out = append(out, s.plan.learnt)
+	}
 	if s.mapName == "" {
 		return out
 	}
 	out = append(out, s.mapName)
+	if s.plan.l2 {
+		out = append(out, hwName(s.mapName))
+	}
 	if s.plan.ids {
 		out = append(out, activeName(s.mapName))
 	}
