@@ -146,7 +146,7 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 		opts.MaxInFlight = 4096
 	}
 	return &Monitor{
-		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS},
+		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS, log: log},
 		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, wheel: newWheel(time.Now()), ramping: map[*target]struct{}{},
 		pending: map[tkey]engine.HealthUpdate{}, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		wake: make(chan struct{}, 1), pendWake: make(chan struct{}, 1),
@@ -311,7 +311,7 @@ func (m *Monitor) loop(ctx context.Context) {
 		m.wheel.take(now, m.opts.Batch, func(t *target) { m.due(ctx, t, now) })
 		syn := m.syn
 		m.mu.Unlock()
-		if syn != nil && syn.out.n > 0 {
+		if syn != nil && syn.queued() > 0 {
 			// The SYNs of the checks due, in one system call (or a
 			// few); on a veth or loopback their replies are there when
 			// it returns.
