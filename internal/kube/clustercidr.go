@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"errors"
 	"slices"
 	"strings"
 
@@ -123,18 +122,8 @@ func (p *servicePlan) prepareClusterCIDR(tx *engine.Txn, node Node) error {
 		return nil
 	}
 	t, entries := clusterCIDRTable(node)
-	if cur, ok := tx.Table(ClusterCIDRTableName); ok && cur.SameSpec(&t) && sameEntryKeys(cur, entries) {
-		return nil
-	}
-	err := tx.PutTable(t)
-	if err == nil {
-		err = tx.ReplaceEntries(t.Name, entries)
-	}
-	if err == nil {
-		return nil
-	}
-	var ns *engine.NotSupportedError
-	if !isRejection(err) && !errors.As(err, &ns) {
+	refused, err := putTable(tx, t, entries)
+	if refused == nil || err != nil {
 		return err
 	}
 	p.defaults, p.annotated = withoutPodsFarms(p.defaults), withoutPodsFarms(p.annotated)

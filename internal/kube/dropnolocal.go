@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"errors"
 	"slices"
 
 	"github.com/xlb-lb/xlb/internal/engine"
@@ -52,15 +51,8 @@ func (p *servicePlan) prepareDropAll(tx *engine.Txn) error {
 	if !uses(p.defaults) && !uses(p.annotated) {
 		return nil
 	}
-	if _, ok := tx.Table(DropAllTableName); ok {
-		return nil
-	}
-	err := tx.PutTable(dropAllTable())
-	if err == nil {
-		return nil
-	}
-	var ns *engine.NotSupportedError
-	if !isRejection(err) && !errors.As(err, &ns) {
+	refused, err := putTable(tx, dropAllTable(), nil)
+	if refused == nil || err != nil {
 		return err
 	}
 	strip := func(farms []model.Farm) {

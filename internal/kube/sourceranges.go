@@ -3,7 +3,6 @@ package kube
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -130,15 +129,6 @@ func isKind(f *model.Farm, k Kind) bool {
 // put puts the table and its entries into tx, unless tx holds them
 // already (a sync of the Service for an endpoint change then leaves the
 // table alone: no kernel or disk work).
-func (sr *sourceRanges) put(tx *engine.Txn) error {
-	if cur, ok := tx.Table(sr.table.Name); ok && cur.SameSpec(&sr.table) && sr.sameEntries(cur) {
-		return nil
-	}
-	if err := tx.PutTable(sr.table); err != nil {
-		return err
-	}
-	return tx.ReplaceEntries(sr.table.Name, sr.entries)
-}
 
 // dropSourceRanges destroys the Service's allow list in tx if it has one
 // and no longer wants it (called once its farms no longer attach it).
@@ -164,13 +154,9 @@ func (p *servicePlan) prepareRanges(tx *engine.Txn) (refused, err error) {
 	if p.ranges == nil {
 		return nil, nil
 	}
-	perr := p.ranges.put(tx)
-	if perr == nil {
-		return nil, nil
-	}
-	var ns *engine.NotSupportedError
-	if !isRejection(perr) && !errors.As(perr, &ns) {
-		return nil, perr
+	perr, err := putTable(tx, p.ranges.table, p.ranges.entries)
+	if perr == nil || err != nil {
+		return nil, err
 	}
 	strip := func(farms []model.Farm) []model.Farm {
 		return slices.DeleteFunc(farms, func(f model.Farm) bool {
@@ -198,24 +184,4 @@ func dropStaleSourceRanges(tx *engine.Txn, tables []*model.Table, keys []string)
 		}
 	}
 	return nil
-}
-
-// sameEntries reports whether t holds exactly the allow list's entries.
-func (sr *sourceRanges) sameEntries(t *model.Table) bool { return sameEntryKeys(t, sr.entries) }
-
-// sameEntryKeys reports whether table t holds exactly the entries' keys.
-func sameEntryKeys(t *model.Table, entries []model.EntryInput) bool {
-	if t.Len() != len(entries) {
-		return false
-	}
-	for _, in := range entries {
-		k, err := t.ParseKey(in.Key)
-		if err != nil {
-			return false
-		}
-		if _, ok := t.Entry(k); !ok {
-			return false
-		}
-	}
-	return true
 }

@@ -399,24 +399,13 @@ func decodeCheck(d *doc, v int, name objName, cur *Check) (*Check, error) {
 
 // ParseStatusRanges parses "200-399,404" (codes 100-599).
 func ParseStatusRanges(v string) ([]StatusRange, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return nil, nil
+	rs, bad := parseRangeList(v, 100, 599)
+	if bad != "" {
+		return nil, fmt.Errorf("must be HTTP status codes 100-599 or ranges low-high separated by commas, e.g. 200-399,404 (bad part %q)", bad)
 	}
 	var out []StatusRange
-	for _, part := range strings.Split(v, ",") {
-		part = strings.TrimSpace(part)
-		lo, hi, isRange := strings.Cut(part, "-")
-		first, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
-		last := first
-		var err2 error
-		if isRange {
-			last, err2 = strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
-		}
-		if err1 != nil || err2 != nil || first < 100 || last > 599 || last < first {
-			return nil, fmt.Errorf("must be HTTP status codes 100-599 or ranges low-high separated by commas, e.g. 200-399,404 (bad part %q)", part)
-		}
-		out = append(out, StatusRange{uint16(first), uint16(last)})
+	for _, r := range rs {
+		out = append(out, StatusRange(r))
 	}
 	return out, nil
 }

@@ -476,11 +476,22 @@ var backendFields = []scalarField[Backend]{
 
 // ParsePorts parses nftlb's virtual-ports: "80,443,1000-2000"; "" means every port.
 func ParsePorts(v string) ([]PortRange, error) {
+	out, bad := parseRangeList(v, 1, 65535)
+	if bad != "" {
+		return nil, fmt.Errorf("must be ports 1-65535 or ranges low-high separated by commas, e.g. 80,443,1000-2000 (bad part %q)", bad)
+	}
+	return out, nil
+}
+
+// parseRangeList parses a list of numbers and ranges low-high separated
+// by commas, each within [low, high] (a range not backwards); "" is none.
+// It returns the first part that is not, if any: the callers word the
+// error for their own numbers (ports, HTTP status codes).
+func parseRangeList(v string, low, high uint64) (out []PortRange, bad string) {
 	v = strings.TrimSpace(v)
 	if v == "" {
-		return nil, nil
+		return nil, ""
 	}
-	var out []PortRange
 	for _, part := range strings.Split(v, ",") {
 		part = strings.TrimSpace(part)
 		lo, hi, isRange := strings.Cut(part, "-")
@@ -490,12 +501,12 @@ func ParsePorts(v string) ([]PortRange, error) {
 		if isRange {
 			last, err2 = strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
 		}
-		if err1 != nil || err2 != nil || first == 0 || last < first {
-			return nil, fmt.Errorf("must be ports 1-65535 or ranges low-high separated by commas, e.g. 80,443,1000-2000 (bad part %q)", part)
+		if err1 != nil || err2 != nil || first < low || last > high || last < first {
+			return nil, part
 		}
 		out = append(out, PortRange{uint16(first), uint16(last)})
 	}
-	return out, nil
+	return out, ""
 }
 
 // fieldError builds the error of one field. key and value may be

@@ -27,7 +27,10 @@ import (
 // added.
 type failoverOpts struct {
 	Mode  string // dnat, snat, dsr, stlsdnat
-	Plane string // nft, ebpf
+	// Plane: nft, ebpf, or mixed (nodes 0 and 2 on nft, node 1 on
+	// ebpf: a cluster being moved from one plane to the other, whose
+	// nodes must carry each other's flows).
+	Plane string
 	Sync  bool   // connection sync between the nodes
 	// NodeLost: the killed node's links go down too (the whole node is
 	// gone, its kernel forwards nothing); otherwise only its daemon dies
@@ -58,6 +61,14 @@ type failoverOpts struct {
 	// Persistence: the farm's persistence keys (nftlb's "persistence",
 	// e.g. srcip), with a persist-ttl of 300 s; none by default.
 	Persistence string `json:",omitempty"`
+}
+
+// planeOf is node i's data plane.
+func (o failoverOpts) planeOf(i int) string {
+	if o.Plane != "mixed" {
+		return o.Plane
+	}
+	return []string{"nft", "ebpf"}[i%2]
 }
 
 // failoverResult counts what the clients saw in each phase.
@@ -325,8 +336,9 @@ func newECMPCluster(t *testing.T, o failoverOpts, vip netip.AddrPort) *ecmpClust
 }
 
 func (c *ecmpCluster) startNode(t *testing.T, lb *testutil.LBNode) *haNode {
-	args := []string{"--dataplane", c.o.Plane}
-	if c.o.Plane == "ebpf" {
+	plane := c.o.planeOf(lb.Index)
+	args := []string{"--dataplane", plane}
+	if plane == "ebpf" {
 		// Each node pins its program on a bpffs of its own that
 		// outlives the daemon, as on a real node (under `ip netns exec`
 		// the daemon's own mount of /sys/fs/bpf dies with it, and the
@@ -475,9 +487,11 @@ func newHANodeState(t *testing.T, topo *testutil.HATopology, lb *testutil.LBNode
 // never seen them), its return, and a third node added; snat with a source
 // address the nodes share survives the whole node lost (its links down).
 // Without sync, or with each node's own source address when the node is
-// lost, the same runs break connections (bench/results/ha.md).
+// lost, the same runs break connections (bench/results/ha.md). "mixed"
+// is a cluster of both planes (the first and third node nft, the second
+// eBPF): each plane installs the other's records.
 func TestSyncFailover(t *testing.T) {
-	for _, plane := range []string{"nft", "ebpf"} {
+	for _, plane := range []string{"nft", "ebpf", "mixed"} {
 		for _, c := range []struct {
 			name string
 			o    failoverOpts

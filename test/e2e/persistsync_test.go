@@ -19,8 +19,10 @@ import (
 // which node carried a connection) with rr and persistence srcip; another
 // client address first makes one node's rr differ from the other's, so
 // that without sync the two nodes pick different backends for the client.
+// "mixed": the first node nft, the second eBPF, each installing the
+// other's sessions.
 func TestSyncPersistence(t *testing.T) {
-	for _, plane := range []string{"nft", "ebpf"} {
+	for _, plane := range []string{"nft", "ebpf", "mixed"} {
 		for _, sync := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/sync=%v", plane, sync), func(t *testing.T) {
 				backends, nodes := persistAcrossNodes(t, plane, sync)

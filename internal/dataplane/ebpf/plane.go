@@ -317,26 +317,14 @@ func (p *Plane) load() error {
 			return fmt.Errorf("set %s: %w", xlbVarXlbCtRefreshNs, err)
 		}
 	}
+	var pinned []string
 	for name, ms := range spec.Maps {
-		if ms.Pinning != ebpf.PinByName {
-			continue // .rodata: the program's constants, loaded anew each time
+		if ms.Pinning == ebpf.PinByName { // not .rodata: the program's constants, loaded anew each time
+			pinned = append(pinned, name)
 		}
-		path := filepath.Join(p.opts.PinPath, name)
-		m, err := ebpf.LoadPinnedMap(path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err == nil {
-			err = ms.Compatible(m)
-			m.Close()
-			if err == nil {
-				continue
-			}
-		}
-		p.log.Warn("pinned map differs from this version; replacing it", "map", name, "err", err)
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("remove pinned map %s: %w", path, err)
-		}
+	}
+	if err := p.replaceStalePins(spec, pinned); err != nil {
+		return err
 	}
 	err = spec.LoadAndAssign(&p.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: p.opts.PinPath},
