@@ -200,7 +200,7 @@ func (m *Monitor) Sync(farms []*model.Farm) {
 		if old == f {
 			continue
 		}
-		m.syncFarm(old, f, now)
+		now = m.syncFarm(old, f, now)
 		m.farms[f.Name] = f
 	}
 	if len(seen) != len(m.farms) {
@@ -214,7 +214,9 @@ func (m *Monitor) Sync(farms []*model.Farm) {
 	m.poke()
 }
 
-func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
+// syncFarm returns now, or a later time if it took a while (the
+// half-open engine opened).
+func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) time.Time {
 	if old != nil {
 		for i := range old.Backends {
 			b := &old.Backends[i]
@@ -229,7 +231,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 		}
 	}
 	if nw == nil {
-		return
+		return now
 	}
 	for i := range nw.Backends {
 		k := tkey{nw.Name, nw.Backends[i].Name}
@@ -254,6 +256,15 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 			m.log.Error("compile health check", "farm", nw.Name, "backend", k.backend, "err", err)
 			continue
 		}
+		if p.batchable() && !m.synTried {
+			// Open the half-open engine now, not at the first check:
+			// loading its receive program takes milliseconds (tens on
+			// a busy machine), which in the scheduler's loop would
+			// make the checks due meanwhile fire at once, more to one
+			// backend than it has source ports.
+			m.synEngine()
+			now = time.Now()
+		}
 		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 		if !t.up {
 			// init-state down: out until rise passes.
@@ -264,6 +275,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 		m.targets[k] = t
 		m.wheel.add(t, t.next, m.early(c.Inter))
 	}
+	return now
 }
 
 func (m *Monitor) remove(t *target) {
