@@ -39,12 +39,12 @@ check-fmt: deps
 # The eBPF objects (bpf/*.c -> internal/dataplane/ebpf/xlb_bpfel.{go,o}) with
 # bpf2go; the generated files are committed.
 generate: deps
-	$(GO) generate ./internal/dataplane/ebpf ./internal/kube/crd
+	$(GO) generate ./internal/dataplane/ebpf ./internal/kube/crd ./internal/health
 
 # Fails when the committed generated files differ from what the sources give.
 check-generate: generate
-	@git diff --exit-code --stat -- 'internal/dataplane/ebpf/*_bpfel.*' || { echo "generated eBPF files are stale: run make generate and commit"; exit 1; }
-	@out=$$(git status --porcelain --untracked-files=all -- 'internal/dataplane/ebpf/*_bpfel.*'); if [ -n "$$out" ]; then echo "untracked generated files:"; echo "$$out"; exit 1; fi
+	@git diff --exit-code --stat -- 'internal/dataplane/ebpf/*_bpfel.*' 'internal/health/*_bpfel.*' || { echo "generated eBPF files are stale: run make generate and commit"; exit 1; }
+	@out=$$(git status --porcelain --untracked-files=all -- 'internal/dataplane/ebpf/*_bpfel.*' 'internal/health/*_bpfel.*'); if [ -n "$$out" ]; then echo "untracked generated files:"; echo "$$out"; exit 1; fi
 
 # etcd and kube-apiserver for test/kube, built from the Go module proxy into
 # ~/.cache/xlb/kube/<version>/ (a cold build takes ~8-10 minutes, a warm run

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -24,6 +25,8 @@ import (
 // sockets behind, as HAProxy's checks do.
 type dialer struct {
 	ns netns.NsHandle // zero or netns.None(): the current namespace
+	// log: the monitor's (nil: none).
+	log *slog.Logger
 
 	// The half-open checks' prober, opened at the first such check.
 	synOnce sync.Once
@@ -37,6 +40,13 @@ func (d *dialer) do(fn func() error) error {
 		return fn()
 	}
 	return inNS(d.ns, fn)
+}
+
+func (d *dialer) logger() *slog.Logger {
+	if d.log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return d.log
 }
 
 // prober returns the namespace's half-open prober, opening it the first

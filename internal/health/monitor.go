@@ -146,7 +146,7 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 		opts.MaxInFlight = 4096
 	}
 	return &Monitor{
-		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS},
+		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS, log: log},
 		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, wheel: newWheel(time.Now()), ramping: map[*target]struct{}{},
 		pending: map[tkey]engine.HealthUpdate{}, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		wake: make(chan struct{}, 1), pendWake: make(chan struct{}, 1),
@@ -200,7 +200,7 @@ func (m *Monitor) Sync(farms []*model.Farm) {
 		if old == f {
 			continue
 		}
-		m.syncFarm(old, f, now)
+		now = m.syncFarm(old, f, now)
 		m.farms[f.Name] = f
 	}
 	if len(seen) != len(m.farms) {
@@ -214,7 +214,9 @@ func (m *Monitor) Sync(farms []*model.Farm) {
 	m.poke()
 }
 
-func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
+// syncFarm returns now, or a later time if it took a while (the
+// half-open engine opened).
+func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) time.Time {
 	if old != nil {
 		for i := range old.Backends {
 			b := &old.Backends[i]
@@ -229,7 +231,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 		}
 	}
 	if nw == nil {
-		return
+		return now
 	}
 	for i := range nw.Backends {
 		k := tkey{nw.Name, nw.Backends[i].Name}
@@ -254,6 +256,15 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 			m.log.Error("compile health check", "farm", nw.Name, "backend", k.backend, "err", err)
 			continue
 		}
+		if p.batchable() && !m.synTried {
+			// Open the half-open engine now, not at the first check:
+			// loading its receive program takes milliseconds (tens on
+			// a busy machine), which in the scheduler's loop would
+			// make the checks due meanwhile fire at once, more to one
+			// backend than it has source ports.
+			m.synEngine()
+			now = time.Now()
+		}
 		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 		if !t.up {
 			// init-state down: out until rise passes.
@@ -264,6 +275,7 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) {
 		m.targets[k] = t
 		m.wheel.add(t, t.next, m.early(c.Inter))
 	}
+	return now
 }
 
 func (m *Monitor) remove(t *target) {
@@ -311,7 +323,7 @@ func (m *Monitor) loop(ctx context.Context) {
 		m.wheel.take(now, m.opts.Batch, func(t *target) { m.due(ctx, t, now) })
 		syn := m.syn
 		m.mu.Unlock()
-		if syn != nil && syn.out.n > 0 {
+		if syn != nil && syn.queued() > 0 {
 			// The SYNs of the checks due, in one system call (or a
 			// few); on a veth or loopback their replies are there when
 			// it returns.

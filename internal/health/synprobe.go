@@ -96,6 +96,9 @@ type synSlot struct {
 	sport uint16
 	dst   netip.AddrPort
 	owner any
+	// framed: its SYN went as a frame (synbypass.go), not through the
+	// stack.
+	framed bool
 }
 
 type synKey struct {
@@ -131,6 +134,10 @@ type synEngine struct {
 	// The receive buffers, for one poll at a time.
 	rmu sync.Mutex
 	in  *synIn
+
+	// byp sends SYNs and takes answers around the IP stack where it can
+	// (synbypass.go); nil: the raw socket does everything.
+	byp *synBypass
 }
 
 const sizeofTimespec = int(unsafe.Sizeof(unix.Timespec{}))
@@ -148,6 +155,9 @@ type synIn struct {
 // sent them, replies read and the recvmmsg calls that read them.
 type synStats struct {
 	SYNs, SendCalls, Replies, RecvCalls uint64
+	// Of SYNs, sent as frames around the stack, and in how many
+	// sendmmsg calls; answers read from the receive program's ring.
+	Frames, FrameCalls, RingReplies uint64
 }
 
 // synOut is a batch of SYNs being built, in the shape sendmmsg takes.
@@ -225,6 +235,13 @@ func newSynEngine(d *dialer) (*synEngine, error) {
 	}
 	e.out.init()
 	e.in = &synIn{}
+	log := d.logger()
+	if b, err := newSynBypass(d, e.ports[:], log); err != nil {
+		log.Warn("half-open checks through the raw socket", "engine", "raw", "err", err)
+	} else {
+		e.byp = b
+		log.Info("half-open checks around the IP stack where the interface allows", "engine", "bypass")
+	}
 	for i := range e.in.hdrs {
 		e.in.iov[i].Base = &e.in.bufs[i][0]
 		e.in.iov[i].SetLen(synSnap)
@@ -283,6 +300,9 @@ func (e *synEngine) close() {
 	if e.fd >= 0 {
 		_ = unix.Close(e.fd)
 	}
+	if e.byp != nil {
+		e.byp.close()
+	}
 	for _, h := range e.holders {
 		_ = unix.Close(h)
 	}
@@ -320,7 +340,7 @@ func (e *synEngine) poll() {
 		}
 		r, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&in.hdrs[0])), synBatch, unix.MSG_DONTWAIT, 0, 0)
 		if errno != 0 {
-			return // EAGAIN: nothing more (or the socket is closed)
+			break // EAGAIN: nothing more (or the socket is closed)
 		}
 		n := int(r)
 		now := time.Now()
@@ -340,16 +360,35 @@ func (e *synEngine) poll() {
 					a.at = time.Unix(ts.Unix())
 				}
 			}
-			if w, ok := a.owner.(*synWait); ok {
-				w.ch <- a.answer // buffered: never blocks
-			} else {
-				e.ready = append(e.ready, a)
-			}
+			e.deliver(a)
 		}
 		e.mu.Unlock()
 		if n < synBatch {
+			break
+		}
+	}
+	if e.byp == nil {
+		return
+	}
+	e.mu.Lock()
+	n := e.byp.read(func(r *synReply, at time.Time) {
+		a, ok := e.matchReply(*(*[4]byte)(unsafe.Pointer(&r.Saddr)), htons(r.Sport), htons(r.Dport), binary.BigEndian.Uint32((*[4]byte)(unsafe.Pointer(&r.Ack))[:]), r.Flags)
+		if !ok {
 			return
 		}
+		a.at = at
+		e.deliver(a)
+	})
+	e.stats.RingReplies += uint64(n)
+	e.mu.Unlock()
+}
+
+// deliver hands an answer to its owner. Callers hold mu.
+func (e *synEngine) deliver(a synAnswer) {
+	if w, ok := a.owner.(*synWait); ok {
+		w.ch <- a.answer // buffered: never blocks
+	} else {
+		e.ready = append(e.ready, a)
 	}
 }
 
@@ -364,7 +403,13 @@ func (e *synEngine) match(b []byte) (synAnswer, bool) {
 		return synAnswer{}, false
 	}
 	t := b[ihl:]
-	flags := t[13]
+	return e.matchReply([4]byte(b[12:16]), binary.BigEndian.Uint16(t[0:]), binary.BigEndian.Uint16(t[2:]), binary.BigEndian.Uint32(t[8:]), t[13])
+}
+
+// matchReply finds the check a reply from saddr:sport to our port dport,
+// acknowledging ack, with TCP flags flags, answers, and frees its slot.
+// Callers hold mu.
+func (e *synEngine) matchReply(saddr [4]byte, sport, dport uint16, ack uint32, flags byte) (synAnswer, bool) {
 	var answer string
 	switch {
 	case flags&tcpRST != 0:
@@ -374,14 +419,14 @@ func (e *synEngine) match(b []byte) (synAnswer, bool) {
 	default:
 		return synAnswer{}, false
 	}
-	cookie := (binary.BigEndian.Uint32(t[8:]) - 1) ^ e.secret
+	cookie := (ack - 1) ^ e.secret
 	idx, gen := cookie>>16, uint16(cookie)
 	if idx >= synSlots {
 		return synAnswer{}, false
 	}
 	s := &e.slots[idx]
-	src := netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[12:16])), binary.BigEndian.Uint16(t[0:]))
-	if !s.used || s.gen != gen || s.dst != src || s.sport != binary.BigEndian.Uint16(t[2:]) {
+	src := netip.AddrPortFrom(netip.AddrFrom4(saddr), sport)
+	if !s.used || s.gen != gen || s.dst != src || s.sport != dport {
 		return synAnswer{}, false
 	}
 	a := synAnswer{owner: s.owner, token: cookie, answer: answer}
@@ -428,7 +473,7 @@ func (e *synEngine) reserve(dst netip.AddrPort, owner any) (uint32, uint16, erro
 	e.free = e.free[:len(e.free)-1]
 	s := &e.slots[idx]
 	s.gen++
-	s.used, s.sport, s.dst, s.owner = true, sport, dst, owner
+	s.used, s.sport, s.dst, s.owner, s.framed = true, sport, dst, owner, false
 	e.inflight[synKey{dst, sport}] = idx
 	e.used++
 	return idx<<16 | uint32(s.gen), sport, nil
@@ -445,16 +490,23 @@ func (e *synEngine) release(idx uint32) {
 
 // cancel frees the slot of token if it is still that check's (its timeout
 // passed, or its target went away).
+//
+// A check sent as a frame that is given up makes the next SYN to its
+// backend go through the stack, which confirms the neighbour entry the
+// frames were addressed by (synbypass.go).
 func (e *synEngine) cancel(token uint32) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.cancelLocked(token)
-}
-
-func (e *synEngine) cancelLocked(token uint32) {
 	idx := token >> 16
+	var stale netip.Addr
 	if idx < synSlots && e.slots[idx].used && e.slots[idx].gen == uint16(token) {
+		if e.slots[idx].framed {
+			stale = e.slots[idx].dst.Addr()
+		}
 		e.release(idx)
+	}
+	e.mu.Unlock()
+	if stale.IsValid() {
+		e.byp.stale(stale)
 	}
 }
 
@@ -468,14 +520,27 @@ func (e *synEngine) queue(d *dialer, src netip.Addr, dst netip.AddrPort, owner a
 			return 0, err
 		}
 	}
-	if e.out.n == synBatch {
+	if e.out.n == synBatch || (e.byp != nil && e.byp.out.n == synBatch) {
 		e.flush()
+	}
+	var path *synPath
+	if e.byp != nil {
+		path = e.byp.path(d, dst.Addr(), time.Now())
 	}
 	e.mu.Lock()
 	token, sport, err := e.reserve(dst, owner)
+	if err == nil && path != nil && path.ok {
+		e.slots[token>>16].framed = true
+	}
 	e.mu.Unlock()
 	if err != nil {
 		return 0, err
+	}
+	if path != nil && path.ok {
+		var seg [24]byte
+		synSegment(&seg, src, dst, sport, token^e.secret)
+		e.byp.queue(path, src, dst.Addr(), &seg, token, owner)
+		return token, nil
 	}
 	i := e.out.n
 	e.out.n++
@@ -520,6 +585,27 @@ func (e *synEngine) flush() {
 	}
 	clear(o.owners[:o.n])
 	o.n = 0
+	if e.byp != nil && e.byp.out.n > 0 {
+		e.byp.flush(func(calls, frames int) {
+			e.mu.Lock()
+			e.stats.FrameCalls += uint64(calls)
+			e.stats.Frames += uint64(frames)
+			e.stats.SYNs += uint64(frames)
+			e.mu.Unlock()
+		}, func(token uint32, owner any, err error) {
+			e.cancel(token)
+			o.failed = append(o.failed, synAnswer{owner: owner, token: token, err: err, at: time.Now()})
+		})
+	}
+}
+
+// queued is the number of SYNs queued and not yet flushed.
+func (e *synEngine) queued() int {
+	n := e.out.n
+	if e.byp != nil {
+		n += e.byp.out.n
+	}
+	return n
 }
 
 // takeFailed returns the answers of the SYNs flush could not send.
@@ -552,9 +638,29 @@ func (e *synEngine) probe(ctx context.Context, d *dialer, src netip.Addr, dst ne
 	defer e.cancel(token)
 	var seg [24]byte
 	synSegment(&seg, src, dst, sport, token^e.secret)
-	to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
-	if err := unix.Sendmsg(e.fd, seg[:], pktinfo4(src.As4()), to, 0); err != nil {
-		return "", fmt.Errorf("send SYN: %w", err)
+	var path *synPath
+	if e.byp != nil {
+		path = e.byp.path(d, dst.Addr(), time.Now())
+	}
+	if path != nil && path.ok {
+		e.mu.Lock()
+		e.slots[token>>16].framed = true
+		e.mu.Unlock()
+		if err := e.byp.send(path, src, dst.Addr(), &seg); err != nil {
+			return "", err
+		}
+		e.mu.Lock()
+		e.stats.Frames++
+		e.stats.SYNs++
+		e.mu.Unlock()
+	} else {
+		to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
+		if err := unix.Sendmsg(e.fd, seg[:], pktinfo4(src.As4()), to, 0); err != nil {
+			return "", fmt.Errorf("send SYN: %w", err)
+		}
+		e.mu.Lock()
+		e.stats.SYNs++
+		e.mu.Unlock()
 	}
 	// No reader waits on the socket (see above): poll it (a monitor's
 	// answers read here wait in ready for its next read).
