@@ -30,7 +30,7 @@ func init() {
 			f := e.Farm("bmark", model.ProtoUDP)
 			f.Backends[0].Mark = 0x100
 			return f
-		}, run: runBackendMarkUDP},
+		}, run: runBackendMark},
 		scenario{name: "mark-precedence", backends: 2, farm: func(e *Env) model.Farm {
 			f := policyFarm(e)
 			f.Backends[0].Mark = 0x100
@@ -76,22 +76,6 @@ func (m *markCounters) packets(t testing.TB) []int {
 		n[i], _ = strconv.Atoi(g[1])
 	}
 	return n
-}
-
-// runBackendMarkUDP: each new UDP flow to the marked backend leaves the LB
-// with its mark; none to the other backend carries it.
-func runBackendMarkUDP(t *testing.T, e *Env, f model.Farm) {
-	b0, b1 := f.Backends[0].Addr, f.Backends[1].Addr
-	m := e.countMarks(t, "ip daddr "+b0.String()+" meta mark 0x100", "ip daddr "+b1.String()+" meta mark 0x100")
-	e.Put(t, f)
-	c := Count(6, func() string { n, _ := e.ask(t, f, netip.AddrPort{}); return n })
-	if c["b0"] != 3 || c["b1"] != 3 {
-		t.Errorf("rr with a marked backend: %v, want 3 each", c)
-	}
-	if n := m.packets(t); n[0] < 3 || n[1] != 0 {
-		t.Errorf("packets leaving with mark 0x100: %d to the marked backend (want at least one per flow, 3), %d to the other (want 0)", n[0], n[1])
-	}
-
 }
 
 // runMarkPrecedence: a client a mark table gives 42 opens connections to a
