@@ -53,6 +53,12 @@
 #define XLB_MAX_POLICY_KEYS 65536
 #endif
 
+/* Entries of each CPU's copy of xlb_tbl_policy (tbl_farm_refs), a power
+ * of two. */
+#ifndef XLB_TBL_PCACHE_SIZE
+#define XLB_TBL_PCACHE_SIZE 4096
+#endif
+
 /* Farms chosen by source table on one VIP, protocol and port (the default
  * farm, without a source table, not counted). */
 #ifndef XLB_MAX_SOURCE_FARMS
@@ -67,6 +73,7 @@ enum xlb_tbl_size {
 	XLB_TBL_SIZE_FARM_POLICIES = XLB_MAX_FARM_POLICIES,
 	XLB_TBL_SIZE_POLICY_KEYS = XLB_MAX_POLICY_KEYS,
 	XLB_TBL_SIZE_SOURCE_FARMS = XLB_MAX_SOURCE_FARMS,
+	XLB_TBL_SIZE_PCACHE = XLB_TBL_PCACHE_SIZE,
 	/* A farm chosen by source table has its services in xlb_services
 	 * under its key with a tag (1-31) in svc_key.family's bits 3-7. */
 	XLB_TBL_SIZE_SVC_TAG_SHIFT = 3,
@@ -171,6 +178,22 @@ struct tbl_policy {
 	__u32 node_src[4];
 };
 
+/* The ids of a farm's policy tables as the packet path checks them (a copy
+ * of struct tbl_policy's, on the stack; their number apart). */
+struct tbl_refs {
+	__u16 ids[XLB_MAX_FARM_POLICIES]; /* host: table ids */
+};
+
+/* xlb_tbl_pcache value: one CPU's copy of the xlb_tbl_policy entry of one
+ * service key, or of its absence (see tbl_key_refs). */
+struct tbl_pcache {
+	__u32 seq; /* odd while this CPU writes it (a nested run skips it) */
+	__u32 gen; /* the policy generation it was read under; 0: empty */
+	struct svc_key key;
+	struct tbl_refs refs;
+	__s32 n; /* ids in refs; -1: the key has no policies */
+};
+
 /* xlb_events record of a packet a farm's policy dropped (table with a
  * log-prefix). It shares the ring buffer with struct conn_event and is
  * told apart by its size (56 bytes, conn_event's is 80). */
@@ -204,6 +227,7 @@ const struct tbl_hkey *xlb_unused_tbl_hkey __attribute__((unused));
 const struct tbl_bind *xlb_unused_tbl_bind __attribute__((unused));
 const struct tbl_event *xlb_unused_tbl_event __attribute__((unused));
 const struct tbl_steer *xlb_unused_tbl_steer __attribute__((unused));
+const struct tbl_pcache *xlb_unused_tbl_pcache __attribute__((unused));
 
 /* The inner maps' template: the loader makes one trie per slot and family
  * like these (named xt4_<slot>, xt6_<slot>, so a restarted loader knows
@@ -278,6 +302,21 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_tbl_policy SEC(".maps");
+
+#ifndef XLB_TABLES_SOCK
+/* Each CPU's copies of xlb_tbl_policy's entries (and absences) that its
+ * packets used, stamped with the policy generation they were read under:
+ * a stateless farm's packets have no conntrack entry to remember their
+ * check in, and the hash lookup was most of what a policy cost them
+ * (bench/results/tables.md). Direct-mapped by a hash of the service key;
+ * not pinned (a new program starts empty). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct tbl_pcache);
+	__uint(max_entries, XLB_TBL_PCACHE_SIZE);
+} xlb_tbl_pcache SEC(".maps");
+#endif
 
 /* xlb_tbl_steer value: the farms chosen by source table on one service
  * key, in the order tried (their tables' priority, then farm name). */
@@ -473,6 +512,115 @@ static __always_inline struct tbl_policy *tbl_policies(const struct pkt *p, __u3
 	return pol;
 }
 
+/* tbl_key_eq() - whether service keys @a and @b are equal. */
+static __always_inline int tbl_key_eq(const struct svc_key *a, const struct svc_key *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+/**
+ * tbl_key_refs() - the policies of service key @key (xlb_tbl_policy) into
+ * @out, read through this CPU's copy (xlb_tbl_pcache) while the policy
+ * generation @gen is not 0. The copy is trusted only under the generation
+ * it was read under: the loader moves the generation on after every change
+ * of a farm's policies (and stops it at 0 while it clears the copies, when
+ * it wraps: clearPolicyCache), and a copy read before the change is
+ * stamped with the older one. Only which tables a farm checks is copied:
+ * their bindings and entries are looked up for every packet, so a table's
+ * change, swap or flush needs nothing here. A run of the program can be
+ * interrupted by another on its CPU (a test run by a packet's softirq):
+ * the entry's seq is odd while it is written, and a read keeps its copy
+ * only when seq did not move meanwhile (a seqlock between nested runs).
+ * Return: the number of the key's policy tables (their ids in @out), -1
+ * when the key has no policies.
+ */
+static __always_inline int tbl_key_refs(const struct svc_key *key, __u32 gen, struct tbl_refs *out)
+{
+	struct tbl_policy *pol;
+	int n = -1;
+#ifndef XLB_TABLES_SOCK
+	struct tbl_pcache *c = NULL;
+	__u32 idx, s;
+
+	if (gen) {
+		idx = (key->addr[0] ^ key->addr[1] ^ key->addr[2] ^ key->addr[3] ^
+		       ((__u32)key->port << 16 | (__u32)key->proto << 8 | key->family)) *
+		      0x9e3779b1U;
+		idx >>= 32 - __builtin_ctz(XLB_TBL_PCACHE_SIZE);
+		c = bpf_map_lookup_elem(&xlb_tbl_pcache, &idx);
+	}
+	if (c) {
+		s = *(volatile __u32 *)&c->seq;
+		if (!(s & 1) && c->gen == gen && tbl_key_eq(&c->key, key)) {
+			n = c->n;
+			__builtin_memcpy(out, &c->refs, sizeof(*out));
+			asm volatile("" ::: "memory");
+			if (*(volatile __u32 *)&c->seq == s)
+				return n;
+		}
+	}
+#endif
+	pol = bpf_map_lookup_elem(&xlb_tbl_policy, key);
+	n = -1;
+	if (pol) {
+		__builtin_memcpy(out, pol->ids, sizeof(*out));
+		n = pol->n < XLB_MAX_FARM_POLICIES ? pol->n : XLB_MAX_FARM_POLICIES;
+	}
+#ifndef XLB_TABLES_SOCK
+	if (c) {
+		s = *(volatile __u32 *)&c->seq;
+		if (!(s & 1)) {
+			*(volatile __u32 *)&c->seq = s + 1;
+			asm volatile("" ::: "memory");
+			c->gen = gen;
+			__builtin_memcpy(&c->key, key, sizeof(c->key));
+			if (pol)
+				__builtin_memcpy(&c->refs, pol->ids, sizeof(c->refs));
+			c->n = n;
+			asm volatile("" ::: "memory");
+			*(volatile __u32 *)&c->seq = s + 2;
+		}
+	}
+#endif
+	return n;
+}
+
+/**
+ * tbl_farm_refs() - the policies of the farm @p is sent to into @out, as
+ * tbl_policies() finds them (@conf: xlb_tbl_conf's value), through this
+ * CPU's copy (tbl_key_refs). Not inlined: its key stays out of the stack
+ * of tbl_denied's calls (the verifier's 512 bytes for a chain of calls).
+ * Return: the number of the farm's policy tables (0: none).
+ */
+static __attribute__((noinline)) int tbl_farm_refs(const struct pkt *p, __u32 conf,
+						   struct tbl_refs *out)
+{
+	__u32 gen = (conf >> XLB_TBL_GEN_SHIFT) & XLB_TBL_GEN_MAX;
+	struct svc_key key = {};
+	int n;
+
+	if (!(conf & XLB_TBL_CONF_ANY))
+		return 0;
+	__builtin_memcpy(key.addr, p->k.dst, 16);
+	key.proto = p->k.proto;
+	key.family = p->k.family;
+	if (conf & XLB_TBL_CONF_PORT) {
+		key.port = p->k.dport;
+		n = tbl_key_refs(&key, gen, out);
+		if (n >= 0)
+			return n;
+	}
+	if (conf & XLB_TBL_CONF_ANYPORT) {
+		key.port = 0;
+		n = tbl_key_refs(&key, gen, out);
+		if (n >= 0)
+			return n;
+	}
+	return 0;
+}
+
 /**
  * tbl_log() - put a record of the packet @p dropped by table @id's verdict
  * @verdict into xlb_events (a full ring buffer loses it: log_lost). Not
@@ -565,16 +713,14 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *sm
 static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const __u8 *smac, __u32 len,
 						struct tbl_val **lim, __u32 conf)
 {
-	struct tbl_policy *pol = tbl_policies(p, conf);
+	struct tbl_refs pol;
 	struct tbl_bind *b;
-	__u32 i, id, verdict;
+	__u32 i, id, verdict, n = tbl_farm_refs(p, conf, &pol);
 
-	if (!pol)
-		return 0;
 	for (i = 0; i < XLB_MAX_FARM_POLICIES; i++) {
-		if (i >= pol->n)
+		if (i >= n)
 			break;
-		id = pol->ids[i];
+		id = pol.ids[i];
 		b = bpf_map_lookup_elem(&xlb_tbl_meta, &id);
 		if (!b)
 			continue;

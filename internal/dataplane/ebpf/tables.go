@@ -611,8 +611,31 @@ func (p *Plane) restartGen() error {
 	if _, err := p.objs.XlbTblClearGen.Run(&ebpf.RunOptions{}); err != nil {
 		return fmt.Errorf("restart policy generations: clear conntrack entries: %w", err)
 	}
+	if err := p.clearPolicyCache(); err != nil {
+		return fmt.Errorf("restart policy generations: %w", err)
+	}
 	t.gen = 1
 	return p.writeConf()
+}
+
+// clearPolicyCache empties every CPU's copies of farms' policies
+// (xlb_tbl_pcache, bpf/xlb_tables.h: tbl_key_refs), which are stamped with
+// the generation they were read under: run while the generation is 0 (the
+// program neither reads nor writes them), so none stamped before a wrap is
+// trusted after it.
+func (p *Plane) clearPolicyCache() error {
+	m := p.objs.XlbTblPcache
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("clear policy cache: %w", err)
+	}
+	zero := make([]xlbTblPcache, ncpu)
+	for i := range m.MaxEntries() {
+		if err := m.Update(i, zero, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("clear policy cache entry %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // waitProgramRuns returns once every run of the program that began before

@@ -258,6 +258,18 @@ type xlbTblKey6 struct {
 	Addr      [4]uint32
 }
 
+type xlbTblPcache struct {
+	_    structs.HostLayout
+	Seq  uint32
+	Gen  uint32
+	Key  xlbSvcKey
+	Refs struct {
+		_   structs.HostLayout
+		Ids [8]uint16
+	}
+	N int32
+}
+
 type xlbTblPolicy struct {
 	_       structs.HostLayout
 	Ids     [8]uint16
@@ -465,6 +477,7 @@ const (
 	xlbXlbTblSizeXLB_TBL_SIZE_FARM_POLICIES xlbXlbTblSize = 8
 	xlbXlbTblSizeXLB_TBL_SIZE_POLICY_KEYS   xlbXlbTblSize = 65536
 	xlbXlbTblSizeXLB_TBL_SIZE_SOURCE_FARMS  xlbXlbTblSize = 8
+	xlbXlbTblSizeXLB_TBL_SIZE_PCACHE        xlbXlbTblSize = 4096
 	xlbXlbTblSizeXLB_TBL_SIZE_SVC_TAG_SHIFT xlbXlbTblSize = 3
 )
 
@@ -537,6 +550,7 @@ const (
 	xlbMapXlbTblConf          = "xlb_tbl_conf"
 	xlbMapXlbTblHash          = "xlb_tbl_hash"
 	xlbMapXlbTblMeta          = "xlb_tbl_meta"
+	xlbMapXlbTblPcache        = "xlb_tbl_pcache"
 	xlbMapXlbTblPolicy        = "xlb_tbl_policy"
 	xlbMapXlbTblSteer         = "xlb_tbl_steer"
 	xlbMapXlbXdpTx            = "xlb_xdp_tx"
@@ -570,6 +584,7 @@ const (
 	xlbVarXlbUnusedTblHkey    = "xlb_unused_tbl_hkey"
 	xlbVarXlbUnusedTblKey4    = "xlb_unused_tbl_key4"
 	xlbVarXlbUnusedTblKey6    = "xlb_unused_tbl_key6"
+	xlbVarXlbUnusedTblPcache  = "xlb_unused_tbl_pcache"
 	xlbVarXlbUnusedTblSteer   = "xlb_unused_tbl_steer"
 	xlbVarXlbUnusedTblVal     = "xlb_unused_tbl_val"
 	xlbVarXlbXdpAnyTx         = "xlb_xdp_any_tx"
@@ -657,6 +672,7 @@ type xlbMapSpecs struct {
 	XlbTblConf    *ebpf.MapSpec `ebpf:"xlb_tbl_conf"`
 	XlbTblHash    *ebpf.MapSpec `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.MapSpec `ebpf:"xlb_tbl_meta"`
+	XlbTblPcache  *ebpf.MapSpec `ebpf:"xlb_tbl_pcache"`
 	XlbTblPolicy  *ebpf.MapSpec `ebpf:"xlb_tbl_policy"`
 	XlbTblSteer   *ebpf.MapSpec `ebpf:"xlb_tbl_steer"`
 	XlbXdpTx      *ebpf.MapSpec `ebpf:"xlb_xdp_tx"`
@@ -690,6 +706,7 @@ type xlbVariableSpecs struct {
 	XlbUnusedTblHkey    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblPcache  *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_pcache"`
 	XlbUnusedTblSteer   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
 	XlbXdpAnyTx         *ebpf.VariableSpec `ebpf:"xlb_xdp_any_tx"`
@@ -743,6 +760,7 @@ type xlbMaps struct {
 	XlbTblConf    *ebpf.Map `ebpf:"xlb_tbl_conf"`
 	XlbTblHash    *ebpf.Map `ebpf:"xlb_tbl_hash"`
 	XlbTblMeta    *ebpf.Map `ebpf:"xlb_tbl_meta"`
+	XlbTblPcache  *ebpf.Map `ebpf:"xlb_tbl_pcache"`
 	XlbTblPolicy  *ebpf.Map `ebpf:"xlb_tbl_policy"`
 	XlbTblSteer   *ebpf.Map `ebpf:"xlb_tbl_steer"`
 	XlbXdpTx      *ebpf.Map `ebpf:"xlb_xdp_tx"`
@@ -778,6 +796,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbTblConf,
 		m.XlbTblHash,
 		m.XlbTblMeta,
+		m.XlbTblPcache,
 		m.XlbTblPolicy,
 		m.XlbTblSteer,
 		m.XlbXdpTx,
@@ -812,6 +831,7 @@ type xlbVariables struct {
 	XlbUnusedTblHkey    *ebpf.Variable `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblPcache  *ebpf.Variable `ebpf:"xlb_unused_tbl_pcache"`
 	XlbUnusedTblSteer   *ebpf.Variable `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
 	XlbXdpAnyTx         *ebpf.Variable `ebpf:"xlb_xdp_any_tx"`

@@ -289,6 +289,7 @@ const (
 	xlbSockVarXlbUnusedTblHkey     = "xlb_unused_tbl_hkey"
 	xlbSockVarXlbUnusedTblKey4     = "xlb_unused_tbl_key4"
 	xlbSockVarXlbUnusedTblKey6     = "xlb_unused_tbl_key6"
+	xlbSockVarXlbUnusedTblPcache   = "xlb_unused_tbl_pcache"
 	xlbSockVarXlbUnusedTblSteer    = "xlb_unused_tbl_steer"
 	xlbSockVarXlbUnusedTblVal      = "xlb_unused_tbl_val"
 )
@@ -400,6 +401,7 @@ type xlbSockVariableSpecs struct {
 	XlbUnusedTblHkey    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblPcache  *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_pcache"`
 	XlbUnusedTblSteer   *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.VariableSpec `ebpf:"xlb_unused_tbl_val"`
 }
@@ -511,6 +513,7 @@ type xlbSockVariables struct {
 	XlbUnusedTblHkey    *ebpf.Variable `ebpf:"xlb_unused_tbl_hkey"`
 	XlbUnusedTblKey4    *ebpf.Variable `ebpf:"xlb_unused_tbl_key4"`
 	XlbUnusedTblKey6    *ebpf.Variable `ebpf:"xlb_unused_tbl_key6"`
+	XlbUnusedTblPcache  *ebpf.Variable `ebpf:"xlb_unused_tbl_pcache"`
 	XlbUnusedTblSteer   *ebpf.Variable `ebpf:"xlb_unused_tbl_steer"`
 	XlbUnusedTblVal     *ebpf.Variable `ebpf:"xlb_unused_tbl_val"`
 }
