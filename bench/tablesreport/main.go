@@ -161,7 +161,7 @@ func abReport(dir string) {
 	for _, b := range order {
 		keys := make([]string, 0, len(old[b]))
 		for k := range old[b] {
-			if k == "ns/op" || k == "%path" || strings.Contains(k, "cpu-ns") || strings.HasPrefix(k, "nft") || strings.HasPrefix(k, "stls") ||
+			if k == "ns/op" || k == "%path" || strings.Contains(k, "cpu-ns") || strings.HasPrefix(k, "nft") ||
 				strings.HasPrefix(k, "local") || strings.Contains(k, "drop") {
 				continue
 			}
