@@ -28,6 +28,7 @@ func init() {
 		scenario{name: "policy-nested-prefixes", farm: policyFarm, run: runNestedPrefixes},
 		scenario{name: "policy-swap", farm: policyFarm, run: runPolicySwap},
 		scenario{name: "policy-blacklist-ipv6", v6: true, farm: policyFarm, run: runBlacklist},
+		scenario{name: "policy-blacklist-stlsdnat", farm: policyFarmStateless, run: runBlacklist},
 		scenario{name: "policy-two-policies", farm: policyFarm, run: runTwoPolicies},
 		scenario{name: "policy-counters", farm: policyFarmUDP, run: runPolicyCounters},
 		scenario{name: "policy-log", farm: policyFarm, run: runPolicyLog},
@@ -49,6 +50,16 @@ func init() {
 func policyFarm(e *Env) model.Farm {
 	f := e.Farm("pol-farm", model.ProtoTCP)
 	f.Policies = []model.PolicyRef{{Name: "pol"}}
+	return f
+}
+
+// policyFarmStateless is policyFarm in mode stlsdnat: no conntrack entry
+// keeps its check, every packet is checked (the eBPF plane through its
+// per-CPU copy of the farm's policies).
+func policyFarmStateless(e *Env) model.Farm {
+	f := policyFarm(e)
+	f.Mode = model.ModeStlsDNAT
+	f.Scheduler, f.SchedParam = model.SchedHash, model.KeySrcIP|model.KeySrcPort
 	return f
 }
 

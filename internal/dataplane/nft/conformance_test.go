@@ -17,6 +17,8 @@ import (
 // docs/dataplane-nft.md.
 var nftRefuses = map[string]string{
 	"sched-lc": `"scheduler" value "lc"`,
+	// Policies are checked at prerouting, which stlsdnat bypasses.
+	"policy-blacklist-stlsdnat": `mode stlsdnat bypasses`,
 }
 
 // TestConformance runs the data-plane conformance suite against nft, in
