@@ -20,6 +20,19 @@ import (
 // read over netlink (nft). It must implement dataplane.ConnCounter too.
 type ConnTable func(t testing.TB, dp dataplane.Dataplane, netnsPath string) dataplane.ConnLister
 
+// connEnv is a topology of two backends with the plane on its LB, and
+// what lists and counts the plane's connections.
+func connEnv(t *testing.T, p Plane, table ConnTable, name string) (*Env, dataplane.ConnLister, dataplane.ConnCounter) {
+	testutil.RequireRoot(t)
+	e := newEnv(t, p, scenario{name: name, backends: 2})
+	lister := table(t, e.DP, "/run/netns/"+e.LB.Name)
+	counter, ok := lister.(dataplane.ConnCounter)
+	if !ok {
+		t.Fatalf("%T does not count connections (dataplane.ConnCounter)", lister)
+	}
+	return e, lister, counter
+}
+
 // RunConnections checks the connection listing of a plane with real
 // traffic, as `ipvsadm -Lc` shows it: a TCP farm with held connections and
 // a UDP farm, listed with protocol, state, client, VIP and backend,
@@ -27,14 +40,8 @@ type ConnTable func(t testing.TB, dp dataplane.Dataplane, netnsPath string) data
 // (established TCP) and inactive connections, and a client's connections
 // deleted.
 func RunConnections(t *testing.T, p Plane, table ConnTable) {
-	testutil.RequireRoot(t)
 	ctx := context.Background()
-	e := newEnv(t, p, scenario{name: "connections", backends: 2})
-	lister := table(t, e.DP, "/run/netns/"+e.LB.Name)
-	counter, ok := lister.(dataplane.ConnCounter)
-	if !ok {
-		t.Fatalf("%T does not count connections (dataplane.ConnCounter)", lister)
-	}
+	e, lister, counter := connEnv(t, p, table, "connections")
 	web := e.farmOn("web", testutil.VIP4(1), VPort, model.ProtoTCP)
 	dns := e.farmOn("dns", testutil.VIP4(2), VPort, model.ProtoUDP)
 	e.Put(t, web, dns)
@@ -169,14 +176,8 @@ func RunConnections(t *testing.T, p Plane, table ConnTable) {
 // counts only them, and deleting one farm's connections leaves the
 // other's working.
 func RunSourceTableConnections(t *testing.T, p Plane, table ConnTable) {
-	testutil.RequireRoot(t)
 	ctx := context.Background()
-	e := newEnv(t, p, scenario{name: "source-table-connections", backends: 2})
-	lister := table(t, e.DP, "/run/netns/"+e.LB.Name)
-	counter, ok := lister.(dataplane.ConnCounter)
-	if !ok {
-		t.Fatalf("%T does not count connections (dataplane.ConnCounter)", lister)
-	}
+	e, lister, counter := connEnv(t, p, table, "source-table-connections")
 	c := e.ClientAddrs(t, 2)
 	dflt := e.Farm("default-farm", model.ProtoTCP)
 	src := e.Farm("src-farm", model.ProtoTCP)
