@@ -145,7 +145,7 @@ type Plane struct {
 	farms    map[string]*generation
 	svcIDs
 	backendIDs
-	farmIDs farmIDs // each farm's own id (farmids.go)
+	farmIDs farmIDs       // each farm's own id (farmids.go)
 	pending []*generation // replaced generations, freed at the next change
 	// srcMemo: sourceFor's answers during one Apply or Reconcile
 	// (hairpin.go); nil outside them.
