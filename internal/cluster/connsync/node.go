@@ -252,11 +252,14 @@ func (n *Node) Counters() Counters {
 	}
 }
 
-// watch feeds the data plane's events to every peer's queue; a full queue
+// watch feeds the data plane's events to every peer's queue, each batch's
+// records of a connection folded into one (coalesce.go); a full queue
 // drops the batch for that peer and marks it for a full resync.
 func (n *Node) watch(ctx context.Context) {
+	var co coalescer
 	for ctx.Err() == nil {
 		err := n.dp.WatchConns(ctx, func(evs []dataplane.ConnEvent) {
+			evs = co.fold(evs)
 			for _, p := range n.peers {
 				select {
 				case p.queue <- evs:
