@@ -94,6 +94,9 @@ type Options struct {
 
 	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
 	ctRefresh time.Duration
+	// syncIdleWait overrides syncIdleWait (tests: a record must wake the
+	// reader).
+	syncIdleWait time.Duration
 	// noPeerRedirect leaves xlb_peer_tx empty: every next hop takes
 	// plain bpf_redirect (tests of the transmit path).
 	noPeerRedirect bool
