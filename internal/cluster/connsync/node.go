@@ -506,6 +506,7 @@ func (n *Node) receive(ctx context.Context, p *peer, c net.Conn) error {
 	}
 	fr := &frameReader{r: bufio.NewReaderSize(c, 64<<10), key: n.cfg.Key, nonce: nonce}
 	first := true
+	var evs []dataplane.ConnEvent // each batch's, reused: InstallConns keeps none
 	for {
 		// A peer sends a keepalive every second.
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -521,7 +522,7 @@ func (n *Node) receive(ctx context.Context, p *peer, c net.Conn) error {
 		switch typ {
 		case frameHello, frameKeepalive, frameDumpBegin:
 		case frameConns:
-			evs, err := parseConns(payload)
+			evs, err = parseConns(evs, payload)
 			if err != nil {
 				return err
 			}

@@ -327,8 +327,9 @@ func (p *Plane) DumpSessions(ctx context.Context) ([]dataplane.SyncConn, error) 
 func (p *Plane) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
 	p.syncInMu.Lock()
 	defer p.syncInMu.Unlock()
-	keys := make([]uint32, 0, min(len(evs), syncBatch))
-	vals := make([]xlbSyncConn, 0, min(len(evs), syncBatch))
+	// The batch's room is kept between calls (under syncInMu).
+	keys, vals := p.syncInKeys, p.syncInVals
+	defer func() { p.syncInKeys, p.syncInVals = keys, vals }()
 	n := 0
 	var first error
 	for i := 0; i < len(evs); i += syncBatch {

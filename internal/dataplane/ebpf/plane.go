@@ -190,6 +190,9 @@ type Plane struct {
 	// (xlb_sync_in is one buffer). connsync.go.
 	syncWatch atomic.Bool
 	syncInMu  sync.Mutex
+	// InstallConns's batch for xlb_sync_in, kept for the next (syncInMu).
+	syncInKeys []uint32
+	syncInVals []xlbSyncConn
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)
