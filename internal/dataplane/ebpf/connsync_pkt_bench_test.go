@@ -151,6 +151,42 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 	}
 }
 
+// BenchmarkSyncIdle: what a pair of nodes with sync on (as in
+// BenchmarkSyncPerPacket) costs without traffic: cpu-ms/s is the
+// process's CPU time per second of wall time, both nodes together, less
+// the same without sync (each op sleeps 100 ms).
+func BenchmarkSyncIdle(b *testing.B) {
+	testutil.RequireRoot(b)
+	ctx := context.Background()
+	plane := func() *Plane {
+		p, err := New(ctx, quietLogger, Options{NetNS: fixtureNS(b), Interfaces: []string{"front"},
+			PinPath: mountBPFFS(b), ConnTableSize: 1 << 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { p.Close() })
+		return p
+	}
+	pa, pb := plane(), plane()
+	idle := func(b *testing.B) float64 {
+		cpu0 := processCPU(b)
+		for b.Loop() {
+			time.Sleep(100 * time.Millisecond)
+		}
+		return float64((processCPU(b) - cpu0).Microseconds()) / float64(b.Elapsed().Milliseconds())
+	}
+	var off float64
+	b.Run("sync=off", func(b *testing.B) { off = idle(b); b.ReportMetric(off, "cpu-ms/s"); b.ReportMetric(0, "ns/op") })
+	b.Run("sync=on", func(b *testing.B) {
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		syncPair(b, cctx, pa, pb)
+		time.Sleep(200 * time.Millisecond) // past the start's dumps
+		b.ReportMetric(idle(b), "cpu-ms/s")
+		b.ReportMetric(0, "ns/op")
+	})
+}
+
 // syncPair runs two connsync nodes on loopback (127.0.0.1 and 127.0.0.2,
 // ports of this process's choosing) over planes a and b, and waits until
 // each has the other's dump.
