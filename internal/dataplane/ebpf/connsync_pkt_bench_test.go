@@ -70,13 +70,14 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 			if on {
 				name = fmt.Sprintf("K=%d/sync=on", k)
 			}
+			// One pair of nodes for the sub-benchmark's runs (a second
+			// watcher of the plane would wait for the first to end).
+			var nodeA, nodeB *connsync.Node
+			stop := func() {}
+			if on {
+				nodeA, nodeB, stop = syncPair(b, send, recv)
+			}
 			b.Run(name, func(b *testing.B) {
-				var nodeA, nodeB *connsync.Node
-				cctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				if on {
-					nodeA, nodeB = syncPair(b, cctx, send, recv)
-				}
 				var sent0, inst0 uint64
 				if on {
 					sent0, inst0 = nodeA.Counters().ConnsSent, nodeB.Counters().Installed
@@ -147,6 +148,7 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 				}
 				b.ReportMetric(0, "ns/op")
 			})
+			stop()
 		}
 	}
 }
@@ -177,35 +179,33 @@ func BenchmarkSyncIdle(b *testing.B) {
 	}
 	var off float64
 	b.Run("sync=off", func(b *testing.B) { off = idle(b); b.ReportMetric(off, "cpu-ms/s"); b.ReportMetric(0, "ns/op") })
-	b.Run("sync=on", func(b *testing.B) {
-		cctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		syncPair(b, cctx, pa, pb)
-		time.Sleep(200 * time.Millisecond) // past the start's dumps
-		b.ReportMetric(idle(b), "cpu-ms/s")
-		b.ReportMetric(0, "ns/op")
-	})
+	_, _, stop := syncPair(b, pa, pb)
+	defer stop()
+	time.Sleep(200 * time.Millisecond) // past the start's dumps
+	b.Run("sync=on", func(b *testing.B) { b.ReportMetric(idle(b), "cpu-ms/s"); b.ReportMetric(0, "ns/op") })
 }
 
 // syncPair runs two connsync nodes on loopback (127.0.0.1 and 127.0.0.2,
 // ports of this process's choosing) over planes a and b, and waits until
-// each has the other's dump.
-func syncPair(b *testing.B, ctx context.Context, pa, pb *Plane) (*connsync.Node, *connsync.Node) {
+// each has the other's dump; stop ends them and waits until they have.
+func syncPair(b *testing.B, pa, pb *Plane) (na, nb *connsync.Node, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
 	la, lb := freeLoopbackPort(b, "127.0.0.1"), freeLoopbackPort(b, "127.0.0.2")
 	key := []byte("benchmark-sync-key-0123456789")
-	na, err := connsync.New(quietLogger, connsync.Config{Name: "a", Listen: la, Peers: []netip.AddrPort{lb}, Key: key}, pa)
+	var err error
+	na, err = connsync.New(quietLogger, connsync.Config{Name: "a", Listen: la, Peers: []netip.AddrPort{lb}, Key: key}, pa)
 	if err != nil {
 		b.Fatal(err)
 	}
-	nb, err := connsync.New(quietLogger, connsync.Config{Name: "b", Listen: lb, Peers: []netip.AddrPort{la}, Key: key}, pb)
+	nb, err = connsync.New(quietLogger, connsync.Config{Name: "b", Listen: lb, Peers: []netip.AddrPort{la}, Key: key}, pb)
 	if err != nil {
 		b.Fatal(err)
 	}
 	done := make(chan struct{}, 2)
-	b.Cleanup(func() { <-done; <-done })
 	for _, n := range []*connsync.Node{na, nb} {
 		go func() { n.Run(ctx); done <- struct{}{} }()
 	}
+	stop = func() { cancel(); <-done; <-done }
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		ra, _ := na.Ready()
 		rb, _ := nb.Ready()
@@ -214,10 +214,11 @@ func syncPair(b *testing.B, ctx context.Context, pa, pb *Plane) (*connsync.Node,
 			break
 		}
 		if time.Now().After(deadline) {
+			stop()
 			b.Fatal("sync pair not ready after 20s")
 		}
 	}
-	return na, nb
+	return na, nb, stop
 }
 
 // quietLogger logs as a daemon does by default (info), to nowhere: the
