@@ -51,6 +51,11 @@ type Options struct {
 	// a check may start up to Batch early, at most a tenth of its
 	// interval early. Default 5ms.
 	Batch time.Duration
+	// HalfOpenRaw runs half-open checks on the raw socket alone, without
+	// the bypass around the IP stack (synbypass.go): the engine an
+	// interface or namespace where the receive program cannot run gets.
+	// Tests use it to run that fallback.
+	HalfOpenRaw bool
 	// Observe, when set, is told of every check's result with its
 	// check type (metrics). It is called with the monitor's lock held:
 	// it must be quick and must not call the monitor.
@@ -77,6 +82,12 @@ type Monitor struct {
 	// (nil, with synTried, when it cannot be: those checks connect).
 	syn      *synEngine
 	synTried bool
+	// running: Run has started and not returned. A half-open engine is
+	// opened only then (Sync before Run sets wantSyn and Run opens it),
+	// so a monitor that is synced and never run holds nothing of it: Run's
+	// end is what closes it.
+	running bool
+	wantSyn bool
 	// conn: plain connect checks' engine (connprobe.go), likewise.
 	conn      *connEngine
 	connTried bool
@@ -153,7 +164,7 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 		opts.MaxInFlight = 4096
 	}
 	return &Monitor{
-		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS, log: log},
+		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS, log: log, rawOnly: opts.HalfOpenRaw},
 		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, wheel: newWheel(time.Now()), ramping: map[*target]struct{}{},
 		pending: map[tkey]engine.HealthUpdate{}, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		wake: make(chan struct{}, 1), pendWake: make(chan struct{}, 1),
@@ -163,6 +174,28 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 
 // Run schedules checks and reports their results until ctx ends.
 func (m *Monitor) Run(ctx context.Context) {
+	m.mu.Lock()
+	m.running = true
+	if m.wantSyn && !m.synTried {
+		m.synEngine()
+		// The first checks at random points of their first interval
+		// from now, as Sync places them when the monitor runs: those
+		// due while the engine opened would fire at once otherwise.
+		now := time.Now()
+		for _, t := range m.targets {
+			if t.inWheel && !t.checked && !t.running {
+				t.next = now.Add(time.Duration(m.rnd.Int64N(int64(t.check.Inter))))
+				m.wheel.add(t, t.next, m.early(t.check.Inter))
+			}
+		}
+	}
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.running = false
+		m.mu.Unlock()
+		m.d.close()
+	}()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -171,7 +204,6 @@ func (m *Monitor) Run(ctx context.Context) {
 	}()
 	m.loop(ctx)
 	wg.Wait()
-	m.d.close()
 }
 
 // Watch keeps the monitor's targets equal to the engine's checked
@@ -264,13 +296,17 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) time.Time {
 			continue
 		}
 		if p.batchable() && !m.synTried {
-			// Open the half-open engine now, not at the first check:
-			// loading its receive program takes milliseconds (tens on
-			// a busy machine), which in the scheduler's loop would
-			// make the checks due meanwhile fire at once, more to one
-			// backend than it has source ports.
-			m.synEngine()
-			now = time.Now()
+			// Open the half-open engine now (or, before Run, when it
+			// starts), not at the first check: loading its receive
+			// program takes milliseconds (tens on a busy machine),
+			// which in the scheduler's loop would make the checks due
+			// meanwhile fire at once, more to one backend than it has
+			// source ports.
+			m.wantSyn = true
+			if m.running {
+				m.synEngine()
+				now = time.Now()
+			}
 		}
 		t := &target{tkey: k, key: key, check: c, probe: p, half: p.batchable(), dst: p.dst, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 		if !t.up {

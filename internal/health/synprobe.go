@@ -236,7 +236,9 @@ func newSynEngine(d *dialer) (*synEngine, error) {
 	e.out.init()
 	e.in = &synIn{}
 	log := d.logger()
-	if b, err := newSynBypass(d, e.ports[:], log); err != nil {
+	if d.rawOnly {
+		log.Info("half-open checks through the raw socket", "engine", "raw", "reason", "asked")
+	} else if b, err := newSynBypass(d, e.ports[:], log); err != nil {
 		log.Warn("half-open checks through the raw socket", "engine", "raw", "err", err)
 	} else {
 		e.byp = b
