@@ -49,7 +49,13 @@ type Options struct {
 	// Batch: checks due within this much of each other start together
 	// (one wake-up of the scheduler; half-open ones in one system call):
 	// a check may start up to Batch early, at most a tenth of its
-	// interval early. Default 5ms.
+	// interval early. While checks are in flight their answers are read
+	// at least every Batch (each is stamped on arrival: reading later
+	// only delays its result; timeouts are taken on time). Default 20ms:
+	// at 10,000 checks a second the scheduler wakes about 1/Batch times
+	// a second, and each wake-up costs the Go runtime's and the kernel's
+	// scheduling, about a fifth of the daemon's CPU at 5ms
+	// (bench/results/health-cpu.md).
 	Batch time.Duration
 	// HalfOpenRaw runs half-open checks on the raw socket alone, without
 	// the bypass around the IP stack (synbypass.go): the engine an
@@ -158,7 +164,7 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 		opts.Spread = 0.1
 	}
 	if opts.Batch <= 0 {
-		opts.Batch = 5 * time.Millisecond
+		opts.Batch = 20 * time.Millisecond
 	}
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 4096

@@ -77,10 +77,10 @@ type Metrics struct {
 	// (fail 0, pass 1), looked up once: at 10,000 checks a second the
 	// label values' hashing and lookup per check were a few per cent of
 	// the checker's CPU in a profile (bench/results/health-cpu.md).
-	checkObsMu sync.Mutex
-	checkObs   [256][2]prometheus.Observer
-	collectDur                    prometheus.Gauge
-	collectErrors                 *prometheus.CounterVec
+	checkObsMu    sync.Mutex
+	checkObs      [256][2]prometheus.Observer
+	collectDur    prometheus.Gauge
+	collectErrors *prometheus.CounterVec
 
 	conns connCache
 
