@@ -289,28 +289,22 @@ func (o *checkerOpts) set(c *Node) (bool, error) {
 
 // over returns o with the options set in near replacing its own.
 func (o checkerOpts) over(near checkerOpts) checkerOpts {
-	if near.connectTimeout != nil {
-		o.connectTimeout = near.connectTimeout
+	return checkerOpts{
+		connectTimeout: nearer(near.connectTimeout, o.connectTimeout),
+		retry:          nearer(near.retry, o.retry),
+		delayRetry:     nearer(near.delayRetry, o.delayRetry),
+		delayLoop:      nearer(near.delayLoop, o.delayLoop),
+		alpha:          nearer(near.alpha, o.alpha),
+		inhibit:        nearer(near.inhibit, o.inhibit),
+		virtualhost:    nearer(near.virtualhost, o.virtualhost),
 	}
-	if near.retry != nil {
-		o.retry = near.retry
+}
+
+func nearer[T any](near, far *T) *T {
+	if near != nil {
+		return near
 	}
-	if near.delayRetry != nil {
-		o.delayRetry = near.delayRetry
-	}
-	if near.delayLoop != nil {
-		o.delayLoop = near.delayLoop
-	}
-	if near.alpha != nil {
-		o.alpha = near.alpha
-	}
-	if near.inhibit != nil {
-		o.inhibit = near.inhibit
-	}
-	if near.virtualhost != nil {
-		o.virtualhost = near.virtualhost
-	}
-	return o
+	return far
 }
 
 // timer reads keepalived's TIMER: seconds, fractions allowed.
