@@ -18,7 +18,7 @@ func (a *app) importCmd() *cobra.Command {
 		Example: `  xlb import keepalived /etc/keepalived/keepalived.conf -f state.json
   ipvsadm-save -n | xlb import ipvsadm - -f state.json`,
 	}
-	var file string
+	var file, lcAs string
 	ka := &cobra.Command{
 		Use:   "keepalived CONFIG [-f FILE]",
 		Short: "Turn keepalived.conf's virtual servers and checkers into farms",
@@ -44,10 +44,11 @@ VRRP stays keepalived's (docs/lvs-import.md).`,
 			if err != nil {
 				return err
 			}
-			return a.writeImport(res, file)
+			return a.writeImport(res, file, lcAs)
 		},
 	}
 	ka.Flags().StringVarP(&file, "file", "f", "", "state file to write (default: stdout)")
+	ka.Flags().StringVar(&lcAs, "lc-as", "", "replace lc and wlc (keepalived's default) by this IPVS scheduler, e.g. wrr: the nft data plane does not build them")
 	ipvs := &cobra.Command{
 		Use:   "ipvsadm RULES|- [-f FILE]",
 		Short: "Turn ipvsadm-save's rules into farms",
@@ -74,17 +75,22 @@ review the file, then "xlb restore" it (docs/lvs-import.md).`,
 			if err != nil {
 				return err
 			}
-			return a.writeImport(res, file)
+			return a.writeImport(res, file, lcAs)
 		},
 	}
 	ipvs.Flags().StringVarP(&file, "file", "f", "", "state file to write (default: stdout)")
+	ipvs.Flags().StringVar(&lcAs, "lc-as", "", "replace lc and wlc (ipvsadm's default) by this IPVS scheduler, e.g. wrr: the nft data plane does not build them")
 	cmd.AddCommand(ka, ipvs)
 	return cmd
 }
 
 // writeImport writes an import's notes to stderr and its farms as a state
-// file ("xlb restore" takes it) to file, or stdout.
-func (a *app) writeImport(res *lvs.Result, file string) error {
+// file ("xlb restore" takes it) to file, or stdout, lc and wlc replaced by
+// lcAs if given.
+func (a *app) writeImport(res *lvs.Result, file, lcAs string) error {
+	if err := res.ReplaceLeastConn(lcAs); err != nil {
+		return err
+	}
 	for _, n := range res.Notes {
 		fmt.Fprintln(a.errOut, "note:", n)
 	}

@@ -69,3 +69,34 @@ func TestIPVSAdmRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestReplaceLeastConn: --lc-as gives lc and wlc farms (ipvsadm's default
+// wlc) another scheduler for the nft plane, and only them; without it
+// they are kept and noted.
+func TestReplaceLeastConn(t *testing.T) {
+	rules := "-A -t 192.0.2.1:80\n-A -t 192.0.2.2:80 -s lc\n-A -t 192.0.2.3:80 -s rr\n"
+	res, err := ConvertIPVSAdm(strings.NewReader(rules), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.ReplaceLeastConn(""); err != nil || len(res.Notes) != 2 || res.Farms[0].Scheduler != model.SchedWLC {
+		t.Errorf("without --lc-as: %v, notes %q, first farm %s", err, res.Notes, res.Farms[0].Scheduler)
+	}
+	if err := res.ReplaceLeastConn("wrr"); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []model.Scheduler{model.SchedWeight, model.SchedWeight, model.SchedRR} {
+		if got := res.Farms[i].Scheduler; got != want {
+			t.Errorf("farm %s: scheduler %s, want %s", res.Farms[i].Name, got, want)
+		}
+	}
+	if err := res.ReplaceLeastConn("sed"); err != nil {
+		t.Errorf("no lc farm left, yet --lc-as sed: %v", err)
+	}
+	res, _ = ConvertIPVSAdm(strings.NewReader(rules), "r")
+	for _, bad := range []string{"sed", "lc"} {
+		if err := res.ReplaceLeastConn(bad); err == nil {
+			t.Errorf("--lc-as %s: no error", bad)
+		}
+	}
+}

@@ -78,3 +78,30 @@ func setMethod(f *model.Farm, m, what string) error {
 	}
 	return nil
 }
+
+// ReplaceLeastConn gives the farms that schedule by lc or wlc (wlc is
+// keepalived's and ipvsadm's default) the IPVS scheduler sched instead,
+// for the nft plane, which does not build least-connection scheduling
+// (docs/dataplane-nft.md); "" keeps them and notes where they would be
+// refused.
+func (r *Result) ReplaceLeastConn(sched string) error {
+	for i := range r.Farms {
+		f := &r.Farms[i]
+		if f.Scheduler != model.SchedLC && f.Scheduler != model.SchedWLC {
+			continue
+		}
+		was := f.Scheduler
+		if sched == "" {
+			r.notef("farm "+f.Name, "scheduler "+was.String()+" is built on the eBPF data plane; the nft data plane refuses it at restore (--lc-as wrr replaces it)")
+			continue
+		}
+		if err := setSched(f, sched, "--lc-as"); err != nil {
+			return err
+		}
+		if f.Scheduler == model.SchedLC || f.Scheduler == model.SchedWLC {
+			return fmt.Errorf("--lc-as %s: name a scheduler other than lc and wlc", sched)
+		}
+		r.notef("farm "+f.Name, "scheduler "+was.String()+" replaced by "+f.Scheduler.String()+" (--lc-as)")
+	}
+	return nil
+}
