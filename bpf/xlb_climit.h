@@ -3,9 +3,11 @@
  * counts them (the nft plane's `add @nl-... { ip saddr limit rate over
  * N/unit burst B packets } drop`, and @rl-... for TCP resets): each client
  * of the farm has its own rate state, in an LRU hash keyed by the farm's
- * generation id, the limit and the client's address. A change of the farm
- * (a new generation) starts every client's state afresh; the nft plane's
- * set keeps it. See docs/dataplane-ebpf.md.
+ * own id (xlb_svc_flags' bits 16-31, the same in every generation of the
+ * farm), the limit and the client's address, so a change of the farm keeps
+ * each client's state as the nft plane's set does. A generation without a
+ * farm id (written by a version before them) keys by its generation id.
+ * See docs/dataplane-ebpf.md.
  */
 #ifndef XLB_CLIMIT_H
 #define XLB_CLIMIT_H
@@ -26,14 +28,14 @@ enum xlb_climit {
 	XLB_CLIMIT_RST = 1, /* rst-rtlimit: TCP resets */
 };
 
-/* xlb_client_rt key: a client of a farm generation, for one limit. */
+/* xlb_client_rt key: a client of a farm, for one limit. */
 struct client_key {
-	__u32 svc;    /* host: svc_val.id */
+	__u32 farm; /* host: the farm's id | 1 << 16, else its generation's (svc_val.id < 1 << 16) */
 	__u32 limit;  /* host: XLB_CLIMIT_* */
 	__u32 src[4]; /* net: client address */
 };
 
-/* (farm generation, limit, client) -> the client's GCRA word (rate_limited). */
+/* (farm, limit, client) -> the client's GCRA word (rate_limited). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct client_key);
@@ -53,8 +55,11 @@ static __always_inline int client_limited(const struct pkt *p, __u32 svc, __u32 
 {
 	struct client_key k = {};
 	__u64 zero = 0, *tat;
+	__u32 *fl = bpf_map_lookup_elem(&xlb_svc_flags, &svc);
 
-	k.svc = svc;
+	k.farm = svc;
+	if (fl && (*fl >> XLB_SVC_FARM_SHIFT))
+		k.farm = (*fl >> XLB_SVC_FARM_SHIFT) | (1 << XLB_SVC_FARM_SHIFT);
 	k.limit = limit;
 	__builtin_memcpy(k.src, p->k.src, 16);
 	tat = bpf_map_lookup_elem(&xlb_client_rt, &k);

@@ -199,6 +199,9 @@ enum xlb_svc_flag {
 		2, /* passive checks: new TCP flows' handshakes watched (xlb_passive.h) */
 	XLB_SVC_F_NOLOCAL =
 		4, /* intra-connect off: the node's own sockets are not balanced (xlb_sock.c) */
+	/* bits 16-31: the farm's own id, the same in all its generations (0:
+	 * none), which keys its clients' rate state (xlb_climit.h) */
+	XLB_SVC_FARM_SHIFT = 16,
 };
 
 /* struct ct_val.dir */

@@ -13,7 +13,9 @@
 # BGP and ECMP, with or without its connection sync), vrrp,
 # vrrp+conntrackd (the LVS-style baseline: keepalived's VRRP active-backup,
 # with conntrackd's FTFW sync; node lost only; vrrp@100ms: adverts every
-# 100 ms instead of keepalived's default 1 s), scheduler maglev by default;
+# 100 ms instead of keepalived's default 1 s), vrrp+sync (keepalived's VRRP
+# with xlb's own sync: an LVS + keepalived pair moved to xlb), scheduler
+# maglev by default;
 # mode snat+shared is snat to a source address the nodes share (each with
 # its own --snat-ports), the backends answering through the node whose
 # packet came last.
@@ -63,7 +65,8 @@ if [ ${#cases[@]} -eq 0 ]; then
 		# 100 ms) next to xlb's sync over ECMP, dnat (LVS-NAT), with
 		# rr as an LVS director would schedule and with Maglev.
 		cases=(dnat/nft/vrrp+conntrackd/lost/rr dnat/nft/vrrp+conntrackd@100ms/lost/rr dnat/nft/vrrp@100ms/lost/rr
-			dnat/nft/sync/lost/rr dnat/nft/nosync/lost/rr dnat/nft/sync/lost dnat/nft/vrrp+conntrackd@100ms/lost)
+			dnat/nft/sync/lost/rr dnat/nft/nosync/lost/rr dnat/nft/sync/lost dnat/nft/vrrp+conntrackd@100ms/lost
+			dnat/nft/vrrp+sync@100ms/lost/rr dnat/ebpf/vrrp+sync@100ms/lost/rr)
 	fi
 fi
 out=bench/results/ha.jsonl

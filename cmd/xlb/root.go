@@ -78,7 +78,7 @@ key from --key, --key-file, XLB_KEY, XLB_KEY_FILE, or ` + defaultStateDir + `/` 
 	pf.StringVar(&a.tls.CAFile, "ca-file", "", "https API: PEM CA certificates to verify the daemon with (env XLB_CA_FILE; default the system's)")
 	pf.StringVar(&a.tls.CertFile, "client-cert", "", "https API: PEM client certificate, for a daemon with --tls-client-ca (env XLB_CLIENT_CERT)")
 	pf.StringVar(&a.tls.KeyFile, "client-key", "", "https API: PEM key of --client-cert (env XLB_CLIENT_KEY)")
-	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.problemsCmd(), a.reconcileCmd(), a.kubeProxyCmd(), a.tableCmd(), a.eventsCmd(), a.connectionsCmd(), a.bgpCmd(), a.syncCmd(), a.diffCmd())
+	root.AddCommand(a.daemonCmd(), a.farmCmd(), a.backendCmd(), a.listCmd(), a.dumpCmd(), a.saveCmd(), a.restoreCmd(), a.problemsCmd(), a.reconcileCmd(), a.kubeProxyCmd(), a.tableCmd(), a.eventsCmd(), a.connectionsCmd(), a.bgpCmd(), a.syncCmd(), a.diffCmd(), a.importCmd())
 	return root
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/xlb-lb/xlb/internal/api"
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/observe"
@@ -60,7 +61,7 @@ func (p connPlane) DeleteConnections(ctx context.Context, farms []*model.Farm, f
 	return len(cs), nil
 }
 
-func (p connPlane) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, error) {
+func (p connPlane) CountConns(ctx context.Context, farms []*model.Farm, _ *plan.ConnOwners) (dataplane.ConnTable, error) {
 	t := dataplane.ConnTable{Backends: map[string][]dataplane.ConnCounts{}}
 	for _, c := range p.table(farms) {
 		cc := t.Backends[c.Farm]

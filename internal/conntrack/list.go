@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -98,22 +99,10 @@ func (m farmMatcher) match(fl *netlink.ConntrackFlow) (bool, int) {
 	dst = dst.Unmap()
 	for _, v := range m.vips {
 		if dst == v {
-			return inPorts(m.f.VirtualPorts, fl.Forward.DstPort), be
+			return m.f.ServesPort(fl.Forward.DstPort), be
 		}
 	}
 	return false, -1
-}
-
-func inPorts(ports []model.PortRange, p uint16) bool {
-	if len(ports) == 0 {
-		return true
-	}
-	for _, r := range ports {
-		if p >= r.First && p <= r.Last {
-			return true
-		}
-	}
-	return false
 }
 
 // backend returns the index of the backend the entry's reply comes from.
@@ -140,7 +129,7 @@ type connFilter struct {
 }
 
 func newConnFilter(farms []*model.Farm, flt dataplane.ConnFilter) connFilter {
-	return connFilter{idx: newFarmIndex(farms), backend: flt.Backend, client: flt.Client.Unmap()}
+	return connFilter{idx: newFarmIndex(farms, flt.Owners), backend: flt.Backend, client: flt.Client.Unmap()}
 }
 
 // find returns the farm and backend index of a matching entry (ok false
@@ -251,14 +240,14 @@ func flowState(fl *netlink.ConntrackFlow) (string, bool) {
 
 // CountConns implements dataplane.ConnCounter: one dump of the table, each
 // entry counted for the farm (and backend) it belongs to.
-func (c Table) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, error) {
+func (c Table) CountConns(ctx context.Context, farms []*model.Farm, owners *plan.ConnOwners) (dataplane.ConnTable, error) {
 	flows, err := c.dump(ctx)
 	if err != nil {
 		return dataplane.ConnTable{}, err
 	}
 	out := dataplane.ConnTable{Entries: uint64(len(flows)), Capacity: readSysctl("net/netfilter/nf_conntrack_max"),
 		Backends: make(map[string][]dataplane.ConnCounts, len(farms))}
-	idx := newFarmIndex(farms)
+	idx := newFarmIndex(farms, owners)
 	for _, fl := range flows {
 		m, be, ok := idx.find(fl)
 		if !ok || be < 0 {
@@ -283,6 +272,7 @@ func (c Table) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.C
 type farmIndex struct {
 	byVIP  map[vipKey][]farmMatcher
 	byMark map[netip.Addr][]farmMatcher
+	owners *plan.ConnOwners // nil: the first farm of a key
 }
 
 type vipKey struct {
@@ -290,8 +280,8 @@ type vipKey struct {
 	addr  netip.Addr
 }
 
-func newFarmIndex(farms []*model.Farm) farmIndex {
-	x := farmIndex{byVIP: map[vipKey][]farmMatcher{}, byMark: map[netip.Addr][]farmMatcher{}}
+func newFarmIndex(farms []*model.Farm, owners *plan.ConnOwners) farmIndex {
+	x := farmIndex{byVIP: map[vipKey][]farmMatcher{}, byMark: map[netip.Addr][]farmMatcher{}, owners: owners}
 	for _, f := range farms {
 		if f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT {
 			continue // no conntrack entries of theirs
@@ -313,18 +303,28 @@ func newFarmIndex(farms []*model.Farm) farmIndex {
 
 // find returns the farm of the entry and the index of its backend (-1:
 // none of the farm's backends has its reply source); ok is false when the
-// entry is no farm's.
+// entry is no farm's (of those given: an entry of a farm that shares its
+// key with one given is not the given one's).
 func (x farmIndex) find(fl *netlink.ConntrackFlow) (farmMatcher, int, bool) {
 	dst, _ := netip.AddrFromSlice(fl.Forward.DstIP)
 	dst = dst.Unmap()
+	src, _ := netip.AddrFromSlice(fl.Reverse.SrcIP)
+	owner, asked := "", false
 	for _, proto := range []uint8{fl.Forward.Protocol, 0} {
 		for _, m := range x.byVIP[vipKey{proto, dst}] {
-			if ok, be := m.match(fl); ok {
+			ok, be := m.match(fl)
+			if !ok {
+				continue
+			}
+			if !asked {
+				client, _ := netip.AddrFromSlice(fl.Forward.SrcIP)
+				owner, asked = x.owners.Owner(fl.Forward.Protocol, netip.AddrPortFrom(dst, fl.Forward.DstPort), client, src), true
+			}
+			if owner == "" || owner == m.f.Name {
 				return m, be, true
 			}
 		}
 	}
-	src, _ := netip.AddrFromSlice(fl.Reverse.SrcIP)
 	for _, m := range x.byMark[src.Unmap()] {
 		if ok, be := m.match(fl); ok {
 			return m, be, true

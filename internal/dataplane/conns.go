@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -39,6 +40,10 @@ type ConnFilter struct {
 	Backend string
 	// Client is the client's address (any port).
 	Client netip.Addr
+	// Owners tells the farms of a shared VIP, protocol and port apart
+	// (farms chosen by source table); nil: a connection belongs to the
+	// first farm given of its key.
+	Owners *plan.ConnOwners
 }
 
 // ConnLister lists and deletes farms' tracked connections, in one walk of
@@ -81,8 +86,9 @@ type ConnTable struct {
 // connections in one walk of its table (metrics, the ipvsadm listing).
 type ConnCounter interface {
 	// CountConns walks the table once and counts the connections of
-	// the given farms' backends.
-	CountConns(ctx context.Context, farms []*model.Farm) (ConnTable, error)
+	// the given farms' backends; owners (nil: none) tells the farms of
+	// a shared key apart as ConnFilter.Owners does.
+	CountConns(ctx context.Context, farms []*model.Farm, owners *plan.ConnOwners) (ConnTable, error)
 }
 
 // ErrNoCounters is what a CounterReader answers when it was configured not

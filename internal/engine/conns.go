@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -61,12 +62,12 @@ func (e *Engine) connLister() (dataplane.ConnLister, error) {
 // connFarms returns the farms whose connections are asked for: the one
 // named farm, or every farm when farm is "". The filter's backend must be
 // one of theirs.
-func (e *Engine) connFarms(farm string, flt dataplane.ConnFilter) ([]*model.Farm, error) {
+func (e *Engine) connFarms(s *State, farm string, flt dataplane.ConnFilter) ([]*model.Farm, error) {
 	var farms []*model.Farm
 	if farm == "" {
-		farms = e.Snapshot().Farms()
+		farms = s.Farms()
 	} else {
-		f, ok := e.Snapshot().Farm(farm)
+		f, ok := s.Farm(farm)
 		if !ok {
 			return nil, &NotFoundError{What: fmt.Sprintf("farm %q", farm)}
 		}
@@ -101,7 +102,8 @@ func (e *Engine) connFarms(farm string, flt dataplane.ConnFilter) ([]*model.Farm
 // farm is "") that match flt, like ipvsadm -Lc. Connections are kernel
 // state: reading them takes no lock of the engine.
 func (e *Engine) Connections(ctx context.Context, farm string, flt dataplane.ConnFilter) ([]dataplane.Conn, error) {
-	farms, err := e.connFarms(farm, flt)
+	s := e.Snapshot()
+	farms, err := e.connFarms(s, farm, flt)
 	if err != nil {
 		return nil, err
 	}
@@ -112,13 +114,15 @@ func (e *Engine) Connections(ctx context.Context, farm string, flt dataplane.Con
 	if len(farms) == 0 {
 		return nil, nil
 	}
+	flt.Owners = connOwners(s)
 	return l.Connections(ctx, farms, flt)
 }
 
 // DeleteConnections deletes the tracked connections of a farm that match
 // flt and returns how many it deleted.
 func (e *Engine) DeleteConnections(ctx context.Context, farm string, flt dataplane.ConnFilter) (int, error) {
-	farms, err := e.connFarms(farm, flt)
+	s := e.Snapshot()
+	farms, err := e.connFarms(s, farm, flt)
 	if err != nil {
 		return 0, err
 	}
@@ -129,6 +133,7 @@ func (e *Engine) DeleteConnections(ctx context.Context, farm string, flt datapla
 	if len(farms) == 0 {
 		return 0, nil
 	}
+	flt.Owners = connOwners(s)
 	return l.DeleteConnections(ctx, farms, flt)
 }
 
@@ -140,8 +145,22 @@ func (e *Engine) CountConns(ctx context.Context, farms []*model.Farm) (dataplane
 	if !ok {
 		return dataplane.ConnTable{}, false, nil
 	}
-	t, err := c.CountConns(ctx, farms)
+	t, err := c.CountConns(ctx, farms, connOwners(e.Snapshot()))
 	return t, true, err
+}
+
+// connOwners tells the farms of a shared VIP, protocol and port apart in
+// the connection tables (plan.ConnOwners): every farm of s counts, not
+// only those listed.
+func connOwners(s *State) *plan.ConnOwners {
+	farms := s.Farms()
+	tables := map[string]*model.Table{}
+	for _, f := range farms {
+		if t, ok := s.Table(f.SourceTable); ok && f.SourceTable != "" {
+			tables[f.SourceTable] = t
+		}
+	}
+	return plan.NewConnOwners(farms, tables)
 }
 
 // Dataplane returns the engine's data plane, for readers of its optional

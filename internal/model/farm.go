@@ -273,6 +273,20 @@ func (f *Farm) IsMarkFarm() bool { return !f.VirtualAddr.IsValid() && f.Mark != 
 // rather than letting the kernel route both ways.
 func (f *Farm) StlsAtIngress() bool { return f.Mode == ModeStlsDNAT && f.Iface != "" }
 
+// ServesPort reports whether the farm listens on virtual port p (a farm
+// without virtual ports listens on every port).
+func (f *Farm) ServesPort(p uint16) bool {
+	if len(f.VirtualPorts) == 0 {
+		return true
+	}
+	for _, r := range f.VirtualPorts {
+		if p >= r.First && p <= r.Last {
+			return true
+		}
+	}
+	return false
+}
+
 // VirtualAddrs returns the farm's VIPs: none (firewall-mark farms), one,
 // or two (family dual).
 func (f *Farm) VirtualAddrs() []netip.Addr {

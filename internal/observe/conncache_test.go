@@ -9,6 +9,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	xmodel "github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/store"
@@ -21,7 +22,7 @@ type slowCounting struct {
 	walks *atomic.Int64
 }
 
-func (p slowCounting) CountConns(ctx context.Context, farms []*xmodel.Farm) (dataplane.ConnTable, error) {
+func (p slowCounting) CountConns(ctx context.Context, farms []*xmodel.Farm, _ *plan.ConnOwners) (dataplane.ConnTable, error) {
 	n := p.walks.Add(1)
 	time.Sleep(50 * time.Millisecond)
 	t := dataplane.ConnTable{Backends: map[string][]dataplane.ConnCounts{}}

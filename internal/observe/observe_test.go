@@ -18,6 +18,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/fake"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/engine"
 	"github.com/xlb-lb/xlb/internal/health"
 	xmodel "github.com/xlb-lb/xlb/internal/model"
@@ -54,7 +55,7 @@ func (p countingPlane) Counters(ctx context.Context, f *xmodel.Farm) (dataplane.
 	return out, nil
 }
 
-func (p countingPlane) CountConns(ctx context.Context, farms []*xmodel.Farm) (dataplane.ConnTable, error) {
+func (p countingPlane) CountConns(ctx context.Context, farms []*xmodel.Farm, _ *plan.ConnOwners) (dataplane.ConnTable, error) {
 	t := dataplane.ConnTable{Capacity: 262144, Backends: map[string][]dataplane.ConnCounts{}}
 	for _, f := range farms {
 		i := farmIndex(f.Name)

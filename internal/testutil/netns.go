@@ -34,7 +34,9 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -82,6 +84,7 @@ func NewNetNS(tb testing.TB) (name string, handle netns.NsHandle) {
 }
 
 func newNetNS(role string) (string, netns.NsHandle, error) {
+	reapOnce.Do(reapStale)
 	name := uniqueName(role)
 	runtime.LockOSThread()
 	orig, err := netns.Get()
@@ -131,6 +134,31 @@ func newNetNS(role string) (string, netns.NsHandle, error) {
 		return "", netns.None(), fmt.Errorf("set up namespace %s: %w", name, err)
 	}
 	return name, h, nil
+}
+
+var reapOnce sync.Once
+
+// reapStale removes the namespaces a test process that is gone left
+// behind (killed by a timeout or SIGKILL, its cleanups never ran): names
+// uniqueName made for a pid that no longer runs. A pid the system has
+// since reused keeps its namespaces until that process ends; a namespace
+// still held by a process (a daemon a test started) lives on, unnamed,
+// until it ends.
+func reapStale() {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		var pid, n int
+		var role string
+		if _, err := fmt.Sscanf(e.Name(), "xlbt-%d-%d-%s", &pid, &n, &role); err != nil || pid == os.Getpid() || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = netns.DeleteNamed(e.Name())
+		}
+	}
 }
 
 func deleteNetNS(tb testing.TB, name string, h netns.NsHandle) {

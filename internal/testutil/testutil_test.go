@@ -1,8 +1,11 @@
 package testutil
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -151,5 +154,28 @@ func TestHATopology(t *testing.T) {
 	}
 	if nhs, err := topo.RouteNextHops(VIP4(1)); err != nil || len(nhs) != 0 {
 		t.Fatalf("router has a route to %s before any announcement: %v %v", VIP4(1), nhs, err)
+	}
+}
+
+// TestReapStale: a namespace named for a process that is gone is removed;
+// one of a live process is kept.
+func TestReapStale(t *testing.T) {
+	RequireRoot(t)
+	// pid_max is at most 4194304: no process has this pid.
+	dead := "xlbt-4194305-1-reap"
+	live := fmt.Sprintf("xlbt-%d-1-reap", os.Getppid())
+	for _, name := range []string{dead, live} {
+		// ip(8), not netns.NewNamed: that moves this thread into it.
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	}
+	reapStale()
+	if _, err := os.Stat("/run/netns/" + dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("namespace %s of a process that is gone: still there (%v)", dead, err)
+	}
+	if _, err := os.Stat("/run/netns/" + live); err != nil {
+		t.Errorf("namespace %s of a live process: %v", live, err)
 	}
 }

@@ -42,7 +42,8 @@ type failoverOpts struct {
 	// Baseline "vrrp": the LVS-style active-backup baseline instead of
 	// BGP and ECMP (vrrp_test.go): keepalived moves the VIP, and with
 	// Conntrackd conntrackd (FTFW) keeps the backup's copy of the
-	// master's connections. Only with NodeLost, and no third node.
+	// master's connections, with Sync xlb's own sync does. Only with
+	// NodeLost, and no third node.
 	Baseline   string `json:",omitempty"`
 	Conntrackd bool   `json:",omitempty"`
 	// Scheduler of the farm (default maglev).
@@ -319,7 +320,6 @@ func newECMPCluster(t *testing.T, o failoverOpts, vip netip.AddrPort) *ecmpClust
 	topo.StartBIRD(t, testutil.BIRDOptions{Peers: 3})
 	startBackends(t, topo, o, vip)
 	c := &ecmpCluster{o: o, topo: topo, vip: vip, keyFile: filepath.Join(t.TempDir(), "sync.key"), pins: map[int]string{}}
-	os.WriteFile(c.keyFile, []byte("failover-sync-key-0123456789\n"), 0o600)
 	// The same state on every node; maglev, so that a flow moved to
 	// another node finds the same backend there even without state.
 	extra := ""
@@ -357,14 +357,7 @@ func (c *ecmpCluster) startNode(t *testing.T, lb *testutil.LBNode) *haNode {
 		args = append(args, "--snat-ports", fmt.Sprintf("%d-%d", first, first+9999))
 	}
 	if c.o.Sync {
-		var peers []string
-		for i := range 3 {
-			if i != lb.Index {
-				peers = append(peers, fmt.Sprintf("10.101.0.%d:7000", 11+i))
-			}
-		}
-		args = append(args, "--sync-listen", lb.IPv4.String()+":7000", "--sync-peers", strings.Join(peers, ","),
-			"--sync-key-file", c.keyFile, "--sync-wait", "5s")
+		args = append(args, syncArgs(t, lb, 3, c.keyFile)...)
 	}
 	if c.o.Mode == "dsr" {
 		// dsr takes the VIP's packets at ingress; the route keeps the
@@ -372,6 +365,25 @@ func (c *ecmpCluster) startNode(t *testing.T, lb *testutil.LBNode) *haNode {
 		testutil.RunErr(lb.Name, "ip", "route", "replace", c.vip.Addr().String()+"/32", "dev", "eth0")
 	}
 	return newHANodeState(t, c.topo, lb, c.stateFile, args...)
+}
+
+// syncArgs are the daemon flags of node lb's connection sync with the
+// other nodes of a cluster of n (their LB-side addresses, port 7000), with
+// the key in keyFile (written here if missing).
+func syncArgs(t *testing.T, lb *testutil.LBNode, n int, keyFile string) []string {
+	if _, err := os.Stat(keyFile); err != nil {
+		if err := os.WriteFile(keyFile, []byte("failover-sync-key-0123456789\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var peers []string
+	for i := range n {
+		if i != lb.Index {
+			peers = append(peers, fmt.Sprintf("10.101.0.%d:7000", 11+i))
+		}
+	}
+	return []string{"--sync-listen", lb.IPv4.String() + ":7000", "--sync-peers", strings.Join(peers, ","),
+		"--sync-key-file", keyFile, "--sync-wait", "5s"}
 }
 
 // syncCut is the nft table that cuts a node's connection sync.
@@ -564,12 +576,13 @@ func TestHABench(t *testing.T) {
 	for _, spec := range strings.Fields(os.Getenv("XLB_HA_CASES")) {
 		// mode/plane/how/kill|lost[/scheduler], how: sync, nosync (xlb's
 		// BGP and ECMP, with or without its sync), vrrp, vrrp+conntrackd
-		// (the keepalived baseline, vrrp_test.go), these two with
+		// (the keepalived baseline, vrrp_test.go), vrrp+sync
+		// (keepalived's VRRP with xlb's sync), these three with
 		// @INTERVAL for VRRP's advertisements (default 1s); mode
 		// snat+shared: SharedSNAT.
 		f := strings.Split(spec, "/")
 		if len(f) != 4 && len(f) != 5 {
-			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync|vrrp[@ADVERT]|vrrp+conntrackd[@ADVERT]/kill|lost[/scheduler]", spec)
+			t.Fatalf("XLB_HA_CASES: %q is not mode/plane/sync|nosync|vrrp[@ADVERT]|vrrp+conntrackd[@ADVERT]|vrrp+sync[@ADVERT]/kill|lost[/scheduler]", spec)
 		}
 		mode, shared := strings.CutSuffix(f[0], "+shared")
 		o := failoverOpts{Mode: mode, SharedSNAT: shared, Plane: f[1], Sync: f[2] == "sync", NodeLost: f[3] == "lost",
@@ -577,8 +590,8 @@ func TestHABench(t *testing.T) {
 		how, advert, _ := strings.Cut(f[2], "@")
 		switch how {
 		case "sync", "nosync":
-		case "vrrp", "vrrp+conntrackd":
-			o.Baseline, o.Conntrackd = "vrrp", how == "vrrp+conntrackd"
+		case "vrrp", "vrrp+conntrackd", "vrrp+sync":
+			o.Baseline, o.Conntrackd, o.Sync = "vrrp", how == "vrrp+conntrackd", how == "vrrp+sync"
 			if advert != "" {
 				d, err := time.ParseDuration(advert)
 				if err != nil {
@@ -587,7 +600,7 @@ func TestHABench(t *testing.T) {
 				o.VRRPAdvert = d
 			}
 		default:
-			t.Fatalf("XLB_HA_CASES: %q: %q is not sync, nosync, vrrp or vrrp+conntrackd", spec, f[2])
+			t.Fatalf("XLB_HA_CASES: %q: %q is not sync, nosync, vrrp, vrrp+conntrackd or vrrp+sync", spec, f[2])
 		}
 		if len(f) == 5 {
 			o.Scheduler = f[4]

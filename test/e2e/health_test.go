@@ -46,18 +46,7 @@ func TestHealthCheck(t *testing.T) {
 			waitList(" up health up")
 			e.requireAllBackends(addr, 9)
 			be2 := e.topo.Backends[1]
-			// fault makes be2's port answer new connections (SYNs) with
-			// a reset, as a killed server's does; established ones go on.
-			fault := func(on bool) {
-				t.Helper()
-				if !on {
-					testutil.Run(t, be2.Name, "nft", "delete", "table", "inet", "fault")
-					return
-				}
-				testutil.Run(t, be2.Name, "nft", "add", "table", "inet", "fault")
-				testutil.Run(t, be2.Name, "nft", "add", "chain", "inet", "fault", "in", "{ type filter hook input priority 0; }")
-				testutil.Run(t, be2.Name, "nft", "add", "rule", "inet", "fault", "in", "tcp", "dport", "8080", "tcp", "flags", "&", "(syn|ack)", "==", "syn", "reject", "with", "tcp", "reset")
-			}
+			fault := func(on bool) { t.Helper(); refuseSYNs(t, be2.Name, 8080, on) }
 			// holdBE2 opens connections until one reaches be2, and keeps it.
 			holdBE2 := func() net.Conn {
 				t.Helper()
@@ -112,4 +101,18 @@ func TestHealthCheck(t *testing.T) {
 			t.Logf("%s: answers while be2 was down: %v", plane, got)
 		})
 	}
+}
+
+// refuseSYNs makes a backend's port answer new connections (SYNs) with a
+// reset, as a killed server's does, while established ones go on (on), or
+// stops it (off): an nft table "fault" in the backend's namespace ns.
+func refuseSYNs(t *testing.T, ns string, port int, on bool) {
+	t.Helper()
+	if !on {
+		testutil.Run(t, ns, "nft", "delete", "table", "inet", "fault")
+		return
+	}
+	testutil.Run(t, ns, "nft", "add", "table", "inet", "fault")
+	testutil.Run(t, ns, "nft", "add", "chain", "inet", "fault", "in", "{ type filter hook input priority 0; }")
+	testutil.Run(t, ns, "nft", "add", "rule", "inet", "fault", "in", "tcp", "dport", fmt.Sprint(port), "tcp", "flags", "&", "(syn|ack)", "==", "syn", "reject", "with", "tcp", "reset")
 }

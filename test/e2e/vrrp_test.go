@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,8 +19,10 @@ import (
 // master and moves both to the backup when the master goes; with
 // Conntrackd, conntrackd (FTFW) keeps the backup's copy of the master's
 // conntrack table, which keepalived's notify script commits to the kernel
-// on taking over (conntrackd's primary-backup.sh). The router reaches the
-// VIP on its LB segment (ARP, updated by keepalived's gratuitous ARPs).
+// on taking over (conntrackd's primary-backup.sh); with Sync, xlb's own
+// sync keeps it (on either plane), which is how an LVS + keepalived pair
+// moves to xlb keeping its VRRP. The router reaches the VIP on its LB
+// segment (ARP, updated by keepalived's gratuitous ARPs).
 type vrrpCluster struct {
 	o     failoverOpts
 	topo  *testutil.HATopology
@@ -47,8 +50,17 @@ func newVRRPCluster(t *testing.T, o failoverOpts, vip netip.AddrPort) *vrrpClust
 	}
 	stateFile := farmState(t, topo, o, vip, extra)
 	c := &vrrpCluster{o: o, topo: topo, vip: vip, notes: map[string]string{}}
+	keyFile := filepath.Join(t.TempDir(), "sync.key")
 	for i, lb := range topo.LBs {
-		n := newHANodeWith(t, topo, lb, xlbBinary(t), true, "--dataplane", o.Plane)
+		args := []string{"--dataplane", o.Plane}
+		if o.Plane == "ebpf" {
+			// Pins that outlive the daemon (ecmpCluster.startNode).
+			args = append(args, "--pin-path", mountBPFFS(t))
+		}
+		if o.Sync {
+			args = append(args, syncArgs(t, lb, len(topo.LBs), keyFile)...)
+		}
+		n := newHANodeWith(t, topo, lb, xlbBinary(t), true, args...)
 		n.mustCLI("restore", "-f", stateFile)
 		c.nodes = append(c.nodes, n)
 		c.vrrp = append(c.vrrp, topo.StartVRRP(t, lb, testutil.VRRPOptions{VIP: vip.Addr(), Priority: 150 - 50*i,
@@ -140,5 +152,34 @@ func TestVRRPBaseline(t *testing.T) {
 	}
 	if n, err := strconv.Atoi(res.Notes["backup-external-cache-before"]); err != nil || n < 40 {
 		t.Fatalf("the backup's conntrackd held %q of the master's connections, want at least 40", res.Notes["backup-external-cache-before"])
+	}
+}
+
+// TestVRRPSync: an LVS + keepalived pair moved to xlb keeping its VRRP:
+// keepalived moves the VIP and the backends' gateway, xlb's own connection
+// sync (not conntrackd) gives the backup the master's connections, on both
+// data planes. With round robin the backup would choose other backends for
+// the master's flows without their state: none of the long-lived
+// connections breaks when the master is lost (its daemons killed, its
+// links down) or when it comes back, and new connections succeed once the
+// backup holds the VIP.
+func TestVRRPSync(t *testing.T) {
+	for _, plane := range []string{"nft", "ebpf"} {
+		t.Run(plane, func(t *testing.T) {
+			res := runFailover(t, failoverOpts{Mode: "dnat", Plane: plane, NodeLost: true, Conns: 40, NewRate: 10,
+				Phase: 3 * time.Second, Baseline: "vrrp", Sync: true, Scheduler: "rr", VRRPAdvert: 200 * time.Millisecond})
+			t.Logf("result: %+v", res)
+			if res.Established < 38 {
+				t.Fatalf("%d of 40 long-lived connections opened", res.Established)
+			}
+			for _, p := range []string{"lost", "back"} {
+				if res.Broken[p] != 0 {
+					t.Errorf("phase %s: %d long-lived connections broken (%v)", p, res.Broken[p], res.BrokenHow)
+				}
+			}
+			if res.NewFailed["back"] != 0 || res.NewTotal["back"] == 0 {
+				t.Errorf("new connections after the takeover: %d of %d failed", res.NewFailed["back"], res.NewTotal["back"])
+			}
+		})
 	}
 }

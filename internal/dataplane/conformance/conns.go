@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -18,6 +20,19 @@ import (
 // read over netlink (nft). It must implement dataplane.ConnCounter too.
 type ConnTable func(t testing.TB, dp dataplane.Dataplane, netnsPath string) dataplane.ConnLister
 
+// connEnv is a topology of two backends with the plane on its LB, and
+// what lists and counts the plane's connections.
+func connEnv(t *testing.T, p Plane, table ConnTable, name string) (*Env, dataplane.ConnLister, dataplane.ConnCounter) {
+	testutil.RequireRoot(t)
+	e := newEnv(t, p, scenario{name: name, backends: 2})
+	lister := table(t, e.DP, "/run/netns/"+e.LB.Name)
+	counter, ok := lister.(dataplane.ConnCounter)
+	if !ok {
+		t.Fatalf("%T does not count connections (dataplane.ConnCounter)", lister)
+	}
+	return e, lister, counter
+}
+
 // RunConnections checks the connection listing of a plane with real
 // traffic, as `ipvsadm -Lc` shows it: a TCP farm with held connections and
 // a UDP farm, listed with protocol, state, client, VIP and backend,
@@ -25,14 +40,8 @@ type ConnTable func(t testing.TB, dp dataplane.Dataplane, netnsPath string) data
 // (established TCP) and inactive connections, and a client's connections
 // deleted.
 func RunConnections(t *testing.T, p Plane, table ConnTable) {
-	testutil.RequireRoot(t)
 	ctx := context.Background()
-	e := newEnv(t, p, scenario{name: "connections", backends: 2})
-	lister := table(t, e.DP, "/run/netns/"+e.LB.Name)
-	counter, ok := lister.(dataplane.ConnCounter)
-	if !ok {
-		t.Fatalf("%T does not count connections (dataplane.ConnCounter)", lister)
-	}
+	e, lister, counter := connEnv(t, p, table, "connections")
 	web := e.farmOn("web", testutil.VIP4(1), VPort, model.ProtoTCP)
 	dns := e.farmOn("dns", testutil.VIP4(2), VPort, model.ProtoUDP)
 	e.Put(t, web, dns)
@@ -118,7 +127,7 @@ func RunConnections(t *testing.T, p Plane, table ConnTable) {
 
 	// Counts per backend: the held TCP connections are active, UDP
 	// flows inactive.
-	ct, err := counter.CountConns(ctx, farms)
+	ct, err := counter.CountConns(ctx, farms, nil)
 	if err != nil {
 		t.Fatalf("count connections: %v", err)
 	}
@@ -156,5 +165,110 @@ func RunConnections(t *testing.T, p Plane, table ConnTable) {
 	}
 	if len(left) != 2 {
 		t.Errorf("%d connections left, want the 2 UDP flows: %+v", len(left), left)
+	}
+}
+
+// RunSourceTableConnections checks the listing, counts and deletion of
+// the connections of two farms on one VIP, protocol and port, one chosen
+// by source table (model.Farm.SourceTable), both with the same backends
+// so that only the farm's own evidence tells their connections apart
+// (plan.ConnOwners): each farm lists its own clients' connections only,
+// counts only them, and deleting one farm's connections leaves the
+// other's working.
+func RunSourceTableConnections(t *testing.T, p Plane, table ConnTable) {
+	ctx := context.Background()
+	e, lister, counter := connEnv(t, p, table, "source-table-connections")
+	c := e.ClientAddrs(t, 2)
+	dflt := e.Farm("default-farm", model.ProtoTCP)
+	src := e.Farm("src-farm", model.ProtoTCP)
+	src.SourceTable = "src"
+	ts := e.tablePlane(t)
+	ts.put(t, "src", model.ListNone, c[1].String())
+	ts.putFarm(t, e, src)
+	e.Put(t, dflt)
+	farms := []*model.Farm{&dflt, &src}
+	owners := plan.NewConnOwners(farms, ts.tables)
+
+	// Client 1 (in the table) holds two connections, client 0 one.
+	held := map[netip.Addr][]net.Conn{}
+	for _, a := range []netip.Addr{c[1], c[1], c[0]} {
+		conn, err := testutil.DialTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), e.vipPort(src), testutil.DefaultTimeout)
+		if err != nil {
+			t.Fatalf("connect from %s: %v", a, err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if _, err := testutil.ReadLine(conn, testutil.DefaultTimeout); err != nil {
+			t.Fatalf("connection from %s: %v", a, err)
+		}
+		held[a] = append(held[a], conn)
+	}
+	want := map[string]netip.Addr{"src-farm": c[1], "default-farm": c[0]}
+	wantN := map[string]int{"src-farm": 2, "default-farm": 1}
+	check := func(stage string, got []dataplane.Conn, farm string) {
+		t.Helper()
+		n := 0
+		for _, cn := range got {
+			if farm != "" && cn.Farm != farm {
+				t.Errorf("%s: connection of farm %q listed for %q: %+v", stage, cn.Farm, farm, cn)
+				continue
+			}
+			if cn.Client.Addr() != want[cn.Farm] {
+				t.Errorf("%s: farm %q lists a connection of client %s, want only %s's: %+v", stage, cn.Farm, cn.Client.Addr(), want[cn.Farm], cn)
+			}
+			n++
+		}
+		if farm != "" && n != wantN[farm] {
+			t.Errorf("%s: %d connections of %q, want %d: %+v", stage, n, farm, wantN[farm], got)
+		}
+	}
+	for _, f := range farms {
+		got, err := lister.Connections(ctx, []*model.Farm{f}, dataplane.ConnFilter{Owners: owners})
+		if err != nil {
+			t.Fatalf("list %s: %v", f.Name, err)
+		}
+		check("farm "+f.Name+" alone", got, f.Name)
+	}
+	all, err := lister.Connections(ctx, farms, dataplane.ConnFilter{Owners: owners})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("both farms", all, "")
+	if len(all) != 3 {
+		t.Errorf("both farms: %d connections, want 3: %+v", len(all), all)
+	}
+	ct, err := counter.CountConns(ctx, farms, owners)
+	if err != nil {
+		t.Fatalf("count connections: %v", err)
+	}
+	for name, n := range wantN {
+		var active uint64
+		for _, cc := range ct.Backends[name] {
+			active += cc.Active
+		}
+		if active != uint64(n) {
+			t.Errorf("farm %s: %d active connections counted (%+v), want %d", name, active, ct.Backends[name], n)
+		}
+	}
+
+	// Deleting the default farm's connections leaves the source farm's.
+	if n, err := lister.DeleteConnections(ctx, []*model.Farm{&dflt}, dataplane.ConnFilter{Owners: owners}); err != nil || n != 1 {
+		t.Fatalf("delete the default farm's connections: %d (%v), want 1", n, err)
+	}
+	left, err := lister.Connections(ctx, farms, dataplane.ConnFilter{Owners: owners})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantN["default-farm"] = 0
+	check("after deleting the default farm's", left, "")
+	if len(left) != 2 {
+		t.Errorf("after deleting the default farm's: %d connections, want client %s's 2: %+v", len(left), c[1], left)
+	}
+	for i, conn := range held[c[1]] {
+		msg := fmt.Sprintf("still-%d", i)
+		if _, err := conn.Write([]byte(msg + "\n")); err != nil {
+			t.Errorf("source farm's connection %d after the deletion: write: %v", i, err)
+		} else if line, err := testutil.ReadLine(conn, testutil.DefaultTimeout); err != nil || line != msg {
+			t.Errorf("source farm's connection %d after the deletion: echo %q, %v", i, line, err)
+		}
 	}
 }

@@ -85,6 +85,11 @@ var scenarios = []scenario{
 		f.NewRTLimit, f.NewRTUnit, f.NewRTBurst = 300, model.PerMinute, 5
 		return f
 	}, run: runNewRTLimit},
+	{name: "limit-new-rtlimit-farm-change", backends: 2, farm: func(e *Env) model.Farm {
+		f := e.Farm("rtlimitc", model.ProtoTCP)
+		f.NewRTLimit, f.NewRTUnit, f.NewRTBurst = 2, model.PerMinute, 2
+		return f
+	}, run: runNewRTLimitKept},
 	{name: "limit-est-connlimit", backends: 2, farm: func(e *Env) model.Farm {
 		f := e.Farm("connlimit", model.ProtoTCP)
 		f.EstConnLimit = 3
@@ -785,6 +790,32 @@ func runNewRTLimit(t *testing.T, e *Env, f model.Farm) {
 	time.Sleep(1200 * time.Millisecond)
 	if !flow(c[0], time.Second) {
 		t.Errorf("after a pause a new flow from %s was dropped", c[0])
+	}
+}
+
+// runNewRTLimitKept: a client that spent its burst of new-rtlimit (2 a
+// minute, burst 2) is still limited after a change of the farm (a backend's
+// weight: the eBPF plane writes a new generation), as nft's per-farm set
+// keeps its clients; another client still has its own burst.
+func runNewRTLimitKept(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	e.Put(t, f)
+	ok := 0
+	for range 4 {
+		if e.quickTCPFrom(c[0], e.vipPort(f), 500*time.Millisecond) {
+			ok++
+		}
+	}
+	if ok != 2 {
+		t.Fatalf("new-rtlimit 2/minute burst 2: %d of 4 new connections from %s answered, want 2", ok, c[0])
+	}
+	f.Backends[0].Weight++
+	e.Put(t, f)
+	if e.quickTCPFrom(c[0], e.vipPort(f), 500*time.Millisecond) {
+		t.Errorf("after a change of the farm, a new connection from %s (its burst spent) was answered: the change reset its rate state", c[0])
+	}
+	if !e.quickTCPFrom(c[1], e.vipPort(f), time.Second) {
+		t.Errorf("after a change of the farm, client %s (its burst unspent) was refused", c[1])
 	}
 }
 

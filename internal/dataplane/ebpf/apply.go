@@ -98,6 +98,7 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 		}
 		if s.oldName != "" && s.oldName != s.newName {
 			delete(p.carry, s.oldName) // deleted (or renamed): its counts go
+			p.farmIDs.freeFarmID(s.oldName)
 		}
 	}
 	return nil

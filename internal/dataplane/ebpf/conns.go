@@ -90,7 +90,7 @@ func (m ctFarm) match(k *xlbCtKey, v *xlbCtVal) (bool, int) {
 			break
 		}
 	}
-	if !found || !inPorts(m.f.VirtualPorts, ne16(k.Dport)) {
+	if !found || !m.f.ServesPort(ne16(k.Dport)) {
 		return false, -1
 	}
 	return true, m.backend(v, k.Family)
@@ -106,18 +106,6 @@ func (m ctFarm) backend(v *xlbCtVal, family uint8) int {
 		}
 	}
 	return -1
-}
-
-func inPorts(ports []model.PortRange, p uint16) bool {
-	if len(ports) == 0 {
-		return true
-	}
-	for _, r := range ports {
-		if p >= r.First && p <= r.Last {
-			return true
-		}
-	}
-	return false
 }
 
 // ctStateNames are the flow states as IPVS names them.
@@ -175,21 +163,37 @@ func toConn(m ctFarm, k *xlbCtKey, v *xlbCtVal, be int, now uint64, to Timeouts)
 	return c
 }
 
-// ctIndex finds the farm of a forward entry by protocol and VIP.
-type ctIndex map[ctVIP][]ctFarm
+// ctIndex finds the farm of a forward entry by protocol and VIP. Where
+// farms share a key (farms chosen by source table), it is the farm of the
+// generation that made the flow while the plane holds that generation
+// (ids are handed out in turn, so a freed one comes back only after all
+// the others), else owners' answer (plan.ConnOwners).
+type ctIndex struct {
+	byVIP  map[ctVIP][]ctFarm
+	svcs   map[uint32]string // generation id -> farm
+	owners *plan.ConnOwners  // nil: the first farm of a key
+}
 
 type ctVIP struct {
 	proto uint8
 	vip   [4]uint32
 }
 
-func newCTIndex(farms []*model.Farm) ctIndex {
-	x := ctIndex{}
+func (p *Plane) newCTIndex(farms []*model.Farm, owners *plan.ConnOwners) ctIndex {
+	x := ctIndex{byVIP: map[ctVIP][]ctFarm{}, owners: owners}
 	for _, f := range farms {
 		m := newCTFarm(f)
 		for _, v := range m.vips {
-			x[ctVIP{m.proto, v}] = append(x[ctVIP{m.proto, v}], m)
+			x.byVIP[ctVIP{m.proto, v}] = append(x.byVIP[ctVIP{m.proto, v}], m)
 		}
+	}
+	if owners != nil {
+		p.mu.Lock()
+		x.svcs = make(map[uint32]string, len(p.bySvc))
+		for id, g := range p.bySvc {
+			x.svcs[id] = g.farm
+		}
+		p.mu.Unlock()
 	}
 	return x
 }
@@ -201,14 +205,36 @@ func (x ctIndex) find(k *xlbCtKey, v *xlbCtVal) (ctFarm, int, bool) {
 	if v.Dir != ctFwd {
 		return ctFarm{}, -1, false
 	}
+	owner, asked := "", false
 	for _, proto := range []uint8{k.Proto, 0} {
-		for _, m := range x[ctVIP{proto, k.Dst}] {
-			if ok, be := m.match(k, v); ok {
+		for _, m := range x.byVIP[ctVIP{proto, k.Dst}] {
+			ok, be := m.match(k, v)
+			if !ok {
+				continue
+			}
+			if !asked {
+				owner, asked = x.owner(k, v), true
+			}
+			if owner == "" || owner == m.f.Name {
 				return m, be, true
 			}
 		}
 	}
 	return ctFarm{}, -1, false
+}
+
+// owner names the farm of a forward entry whose key farms share ("" when
+// none does).
+func (x ctIndex) owner(k *xlbCtKey, v *xlbCtVal) string {
+	vip := netip.AddrPortFrom(wordsAddr(k.Dst, k.Family), ne16(k.Dport))
+	byKey := x.owners.Owner(k.Proto, vip, wordsAddr(k.Src, k.Family), wordsAddr(v.Dst, k.Family))
+	if byKey == "" {
+		return ""
+	}
+	if f, ok := x.svcs[v.Svc]; ok {
+		return f
+	}
+	return byKey
 }
 
 // ctFilter is a dataplane.ConnFilter resolved against farms.
@@ -219,8 +245,8 @@ type ctFilter struct {
 	any     bool // no client given
 }
 
-func newCTFilter(farms []*model.Farm, flt dataplane.ConnFilter) ctFilter {
-	cf := ctFilter{idx: newCTIndex(farms), backend: flt.Backend, any: !flt.Client.IsValid()}
+func (p *Plane) newCTFilter(farms []*model.Farm, flt dataplane.ConnFilter) ctFilter {
+	cf := ctFilter{idx: p.newCTIndex(farms, flt.Owners), backend: flt.Backend, any: !flt.Client.IsValid()}
 	if !cf.any {
 		cf.client = addrWords(flt.Client.Unmap())
 	}
@@ -237,7 +263,7 @@ func (cf ctFilter) find(k *xlbCtKey, v *xlbCtVal) (ctFarm, int, bool) {
 
 // Connections implements dataplane.ConnLister.
 func (p *Plane) Connections(ctx context.Context, farms []*model.Farm, flt dataplane.ConnFilter) ([]dataplane.Conn, error) {
-	cf := newCTFilter(farms, flt)
+	cf := p.newCTFilter(farms, flt)
 	now, to := monotonicCoarse(), p.opts.Timeouts.withDefaults()
 	var out []dataplane.Conn
 	err := p.walkCT(ctx, func(k *xlbCtKey, v *xlbCtVal) {
@@ -251,7 +277,7 @@ func (p *Plane) Connections(ctx context.Context, farms []*model.Farm, flt datapl
 // DeleteConnections implements dataplane.ConnLister: both entries of each
 // matching connection are deleted.
 func (p *Plane) DeleteConnections(ctx context.Context, farms []*model.Farm, flt dataplane.ConnFilter) (int, error) {
-	cf := newCTFilter(farms, flt)
+	cf := p.newCTFilter(farms, flt)
 	var fwd, peers []xlbCtKey
 	err := p.walkCT(ctx, func(k *xlbCtKey, v *xlbCtVal) {
 		if _, _, ok := cf.find(k, v); ok {
@@ -303,8 +329,8 @@ func (p *Plane) removeFlow(k *xlbCtKey) (bool, error) {
 // of xlb_ct. The program's count is what IPVS's ActiveConn is, kept in the
 // data path, so it is exact where a walk of a table that changes while it
 // is read is not.
-func (p *Plane) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, error) {
-	idx := newCTIndex(farms)
+func (p *Plane) CountConns(ctx context.Context, farms []*model.Farm, owners *plan.ConnOwners) (dataplane.ConnTable, error) {
+	idx := p.newCTIndex(farms, owners)
 	out := dataplane.ConnTable{Capacity: uint64(p.objs.XlbCt.MaxEntries()), Backends: map[string][]dataplane.ConnCounts{}}
 	counts := func(f *model.Farm) []dataplane.ConnCounts {
 		c := out.Backends[f.Name]

@@ -19,7 +19,18 @@ import (
 // TestConnections lists, counts and deletes connections of the plane's own
 // conntrack table with real traffic (batched map walks).
 func TestConnections(t *testing.T) {
-	conformance.RunConnections(t, conformance.Plane{
+	conformance.RunConnections(t, connPlane(), connTable)
+}
+
+// TestSourceTableConnections: two farms on one key, one chosen by source
+// table, with the same backends: each lists, counts and deletes its own
+// clients' connections only (plan.ConnOwners).
+func TestSourceTableConnections(t *testing.T) {
+	conformance.RunSourceTableConnections(t, connPlane(), connTable)
+}
+
+func connPlane() conformance.Plane {
+	return conformance.Plane{
 		Name: "ebpf",
 		Open: func(t testing.TB, path string) dataplane.Dataplane {
 			ns, err := netns.GetFromPath(path)
@@ -34,9 +45,11 @@ func TestConnections(t *testing.T) {
 			t.Cleanup(func() { p.Close() })
 			return p
 		},
-	}, func(t testing.TB, dp dataplane.Dataplane, _ string) dataplane.ConnLister {
-		return dp.(*Plane)
-	})
+	}
+}
+
+func connTable(t testing.TB, dp dataplane.Dataplane, _ string) dataplane.ConnLister {
+	return dp.(*Plane)
 }
 
 // BenchmarkCountConns is one walk of the conntrack table (batched
@@ -80,7 +93,7 @@ func BenchmarkCountConns(b *testing.B) {
 			farms := []*model.Farm{f}
 			var t dataplane.ConnTable
 			for b.Loop() {
-				if t, err = p.CountConns(context.Background(), farms); err != nil {
+				if t, err = p.CountConns(context.Background(), farms, nil); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -181,6 +181,7 @@ func (p *Plane) setSvcFlags(g *generation) error {
 	if g.noLocal {
 		fl |= svcFlagNoLocal
 	}
+	fl |= p.farmIDs.farmID(g.farm) << farmIDShift
 	if err := p.objs.XlbSvcFlags.Update(g.val.Id, fl, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write service flags: %w", err)
 	}

@@ -316,7 +316,7 @@ func TestCountConnsActiveFromProgram(t *testing.T) {
 	// topo's order.
 	active := func() map[string]uint64 {
 		t.Helper()
-		tb, err := p.CountConns(ctx, []*model.Farm{f})
+		tb, err := p.CountConns(ctx, []*model.Farm{f}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

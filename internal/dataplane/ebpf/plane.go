@@ -145,6 +145,7 @@ type Plane struct {
 	farms    map[string]*generation
 	svcIDs
 	backendIDs
+	farmIDs farmIDs       // each farm's own id (farmids.go)
 	pending []*generation // replaced generations, freed at the next change
 	// srcMemo: sourceFor's answers during one Apply or Reconcile
 	// (hairpin.go); nil outside them.
@@ -215,6 +216,7 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	p.srcs.reset()
 	p.svcIDs.init()
 	p.backendIDs.init()
+	p.farmIDs.initFarmIDs()
 	if opts.NetNS > 0 {
 		p.ns = opts.NetNS
 	}

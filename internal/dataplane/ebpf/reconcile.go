@@ -119,6 +119,9 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 
 	p.farms = map[string]*generation{}
 	p.bySvc = map[uint32]*generation{}
+	// Each farm keeps the id its generation in the maps carries.
+	p.farmIDs.initFarmIDs()
+	farmIDOf := p.recoverFarmIDs()
 	p.stlOwner = map[xlbStlKey]string{}
 	adopted := map[uint32]bool{}
 	// Farms already in the maps are adopted first, so that a farm
@@ -135,6 +138,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		if g == nil {
 			continue
 		}
+		p.bindFarmID(f.Name, svcs[g.keys[0]].Id, farmIDOf)
 		if !adopt(g, svcs, slots, bes) || adopted[g.val.Id] {
 			rewrite = append(rewrite, g)
 			continue
@@ -256,6 +260,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			delete(p.carry, name)
 		}
 	}
+	p.dropUnbound()
 	p.svcIDs.init()
 	p.backendIDs.init()
 	for id := range liveSvc {

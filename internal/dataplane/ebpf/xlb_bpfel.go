@@ -49,7 +49,7 @@ type xlbBrPortKey struct {
 
 type xlbClientKey struct {
 	_     structs.HostLayout
-	Svc   uint32
+	Farm  uint32
 	Limit uint32
 	Src   [4]uint32
 }
@@ -415,9 +415,10 @@ const (
 type xlbXlbSvcFlag uint32
 
 const (
-	xlbXlbSvcFlagXLB_SVC_F_LOG     xlbXlbSvcFlag = 1
-	xlbXlbSvcFlagXLB_SVC_F_PASSIVE xlbXlbSvcFlag = 2
-	xlbXlbSvcFlagXLB_SVC_F_NOLOCAL xlbXlbSvcFlag = 4
+	xlbXlbSvcFlagXLB_SVC_F_LOG      xlbXlbSvcFlag = 1
+	xlbXlbSvcFlagXLB_SVC_F_PASSIVE  xlbXlbSvcFlag = 2
+	xlbXlbSvcFlagXLB_SVC_F_NOLOCAL  xlbXlbSvcFlag = 4
+	xlbXlbSvcFlagXLB_SVC_FARM_SHIFT xlbXlbSvcFlag = 16
 )
 
 type xlbXlbSyncKind uint32

@@ -5,6 +5,7 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/conntrack"
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -26,6 +27,6 @@ func (s *Plane) DeleteConnections(ctx context.Context, farms []*model.Farm, flt 
 }
 
 // CountConns implements dataplane.ConnCounter.
-func (s *Plane) CountConns(ctx context.Context, farms []*model.Farm) (dataplane.ConnTable, error) {
-	return conntrack.Table{NS: s.opts.NetNS}.CountConns(ctx, farms)
+func (s *Plane) CountConns(ctx context.Context, farms []*model.Farm, owners *plan.ConnOwners) (dataplane.ConnTable, error) {
+	return conntrack.Table{NS: s.opts.NetNS}.CountConns(ctx, farms, owners)
 }

@@ -14,7 +14,18 @@ import (
 // in netfilter's conntrack over netlink (conns.go, internal/conntrack),
 // with real traffic.
 func TestConnections(t *testing.T) {
-	conformance.RunConnections(t, conformance.Plane{
+	conformance.RunConnections(t, connPlane(), connTable)
+}
+
+// TestSourceTableConnections: two farms on one key, one chosen by source
+// table, with the same backends: each lists, counts and deletes its own
+// clients' connections only (plan.ConnOwners).
+func TestSourceTableConnections(t *testing.T) {
+	conformance.RunSourceTableConnections(t, connPlane(), connTable)
+}
+
+func connPlane() conformance.Plane {
+	return conformance.Plane{
 		Name: PlaneName,
 		Open: func(t testing.TB, path string) dataplane.Dataplane {
 			ns, err := netns.GetFromPath(path)
@@ -28,7 +39,9 @@ func TestConnections(t *testing.T) {
 			}
 			return p
 		},
-	}, func(t testing.TB, dp dataplane.Dataplane, _ string) dataplane.ConnLister {
-		return dp.(*Plane)
-	})
+	}
+}
+
+func connTable(t testing.TB, dp dataplane.Dataplane, _ string) dataplane.ConnLister {
+	return dp.(*Plane)
 }
