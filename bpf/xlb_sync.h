@@ -13,9 +13,11 @@
  * is refreshed by the client's new flows (at most every third of its
  * TTL), so a client the routers move keeps its backend. Expiry is not sent: a peer's copy idles out by
  * itself, and a flow idle here may be live there. Records go out only while
- * the daemon reads them (xlb_sync_on), without a wake-up: the reader takes
- * what is there every few milliseconds (a wake-up, or even asking the ring
- * whether one is due, cost more per record than the record).
+ * the daemon reads them (xlb_sync_on), without a wake-up while it reads
+ * every few milliseconds (a wake-up, or even asking the ring whether one
+ * is due, cost more per record than the record); a reader that found the
+ * ring empty sleeps until a record wakes it (xlb_sync_wake), so an idle
+ * node does not poll.
  *
  * In: xlb_ct_install, a syscall program the loader runs with
  * BPF_PROG_TEST_RUN over a peer's batch in xlb_sync_in, writes both
@@ -40,6 +42,10 @@
 /* 1 while the daemon reads xlb_sync (Plane.WatchConns sets and clears it). */
 volatile __u32 xlb_sync_on = 0;
 
+/* 1 while the daemon's reader, having found xlb_sync empty, sleeps until
+ * a record wakes it (Plane.WatchConns clears it when woken). */
+volatile __u32 xlb_sync_wake = 0;
+
 /* Records lost because xlb_sync was full; the daemon then resyncs its
  * peers whole. */
 volatile __u64 xlb_sync_lost = 0;
@@ -47,6 +53,13 @@ volatile __u64 xlb_sync_lost = 0;
 /* A live flow tells the peers so at most this often (set by the loader
  * below the shortest idle timeout of an established flow). */
 volatile const __u64 xlb_sync_refresh_ns = 60000000000ULL;
+
+/* sync_submit() - hand record @e to the reader: woken only if it sleeps
+ * (xlb_sync_wake); else it takes the record at its next read. */
+static __always_inline void sync_submit(struct sync_conn *e)
+{
+	bpf_ringbuf_submit(e, xlb_sync_wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
 
 /* sync_mode() - whether flows of @mode carry state a peer needs. */
 static __always_inline int sync_mode(__u8 mode)
@@ -107,7 +120,7 @@ static __attribute__((noinline)) int sync_emit(__u8 kind, const struct ct_key *k
 	e->left = 0;
 	e->rc = 0;
 	e->pad = 0;
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	sync_submit(e);
 	return 0;
 }
 
@@ -158,7 +171,7 @@ sync_session(const struct persist_key *pk, const struct persist_val *pv, const s
 	e->left = svc->persist_ttl;
 	e->rc = 0;
 	e->pad = 0;
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	sync_submit(e);
 	return 0;
 }
 

@@ -35,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/xlb-lb/xlb/bench/internal/apicall"
 	"github.com/xlb-lb/xlb/bench/internal/results"
 	"github.com/xlb-lb/xlb/bench/internal/stats"
 	"github.com/xlb-lb/xlb/bench/internal/topo"
@@ -379,32 +380,11 @@ func others(e int) []byte {
 var client = &http.Client{Timeout: 5 * time.Minute}
 
 func call(ctx context.Context, api, method, path string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, method, api+path, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Key", apiKey)
-	resp, err := client.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	var buf bytes.Buffer
-	buf.ReadFrom(resp.Body)
-	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, buf.Bytes())
-	}
-	return nil
+	return apicall.Client{HTTP: client, Base: api, Key: apiKey}.Call(ctx, method, path, body)
 }
 
 func waitReady(ctx context.Context, api string) error {
-	for range 100 {
-		if call(ctx, api, "GET", "/farms", nil) == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("xlb daemon did not become ready at %s", api)
+	return apicall.Client{HTTP: client, Base: api, Key: apiKey}.WaitReady(ctx)
 }
 
 func ints(s string) []int {

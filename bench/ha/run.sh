@@ -101,11 +101,17 @@ else
 fi
 if [ "$SYNCBENCH" = 1 ]; then
 	sb=bench/results/ha-sync-bench.txt
-	echo "# bench/ha/run.sh, $(date -u +%FT%RZ): sync cost per connection, 5 runs each, under the privileged-test lock" >"$sb.new"
+	echo "# bench/ha/run.sh, $(date -u +%FT%RZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo '+changes'): sync cost per connection and per packet, 5 runs each, under the privileged-test lock" >"$sb.new"
 	(cd internal/conntrack && XLB_PRIVILEGED_TESTS=1 flock -o /tmp/xlb-privtest.lock "$bin/conntrack.test" -test.run '^$' \
 		-test.bench 'BenchmarkInstallConns|BenchmarkEventsPerConn' -test.count 5 -test.benchtime 200x) >>"$sb.new"
 	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 flock -o /tmp/xlb-privtest.lock "$bin/ebpf.test" -test.run '^$' \
 		-test.bench 'BenchmarkSyncSender|BenchmarkSyncInstall' -test.count 5 -test.benchtime 200x) | grep -v '^ ' >>"$sb.new"
+	# The measure: CPU per packet, sync off and on, flows of K
+	# packets (about 2 minutes), and a pair of nodes without traffic.
+	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 flock -o /tmp/xlb-privtest.lock "$bin/ebpf.test" -test.run '^$' \
+		-test.bench 'BenchmarkSyncPerPacket' -test.count 5 -test.benchtime 20000x) | grep '^Benchmark' >>"$sb.new"
+	(cd internal/dataplane/ebpf && XLB_PRIVILEGED_TESTS=1 flock -o /tmp/xlb-privtest.lock "$bin/ebpf.test" -test.run '^$' \
+		-test.bench 'BenchmarkSyncIdle' -test.count 5 -test.benchtime 20x) | grep '^Benchmark' >>"$sb.new"
 	(cd internal/cluster/connsync && flock -o /tmp/xlb-privtest.lock "$bin/connsync.test" -test.run '^$' \
 		-test.bench BenchmarkWire -test.count 5) >>"$sb.new"
 	mv "$sb.new" "$sb"

@@ -78,10 +78,23 @@ var (
 	flapSecs = flag.Int("flap-seconds", 30, "length of each flapping sample")
 	flapHogs = flag.Int("flap-hogs", 4, "busy-looping processes that load the CPU during the loaded sample")
 	perfOut  = flag.String("perf", "", "record the daemon's CPU profile (perf record -g -p) during the first checked CPU sample into this file")
+	perfIn   = flag.String("perf-shares", "", "only print the shares by whose work (perfShares) of this perf.data file, and exit")
 )
 
 func main() {
 	flag.Parse()
+	if *perfIn != "" {
+		shares, n, err := perfShares(*perfIn)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%d samples:", n)
+		for _, k := range []string{"user", "lbKernel", "lbRecv", "bridge", "backends"} {
+			fmt.Printf(" %s %.1f%%", k, 100*shares[k])
+		}
+		fmt.Println()
+		return
+	}
 	if os.Geteuid() != 0 {
 		log.Fatal("run as root: the benchmark creates network namespaces")
 	}

@@ -19,10 +19,13 @@ import (
 //	          off the backlog and not received through the LB's bridge
 //	          (br_handle_frame) is a backend's: every backend namespace's
 //	          eth0 is a plain veth, the LB reaches them through br0.
-//	lbRecv    the LB's kernel receiving the backends' answers (through its
-//	          bridge, with br_netfilter, and its IP and TCP stacks: the
-//	          RST answering a half-open check's SYN-ACK, the raw socket's
-//	          copy)
+//	bridge    the LB's bridge (br0, with br_netfilter and the conntrack it
+//	          runs) forwarding the SYNs out and the answers in: a property
+//	          of this test topology, not there on a physical interface
+//	lbRecv    the rest of the LB's kernel receiving the backends' answers
+//	          (the half-open receive program at br0's tcx ingress, with its
+//	          helpers; on the raw socket's engine IP and TCP: the RST
+//	          answering a half-open check's SYN-ACK, the raw copy)
 //	lbKernel  the rest of the kernel's work for the daemon: system calls
 //	          (sending the SYNs, connect, close), scheduling, timers
 //
@@ -70,28 +73,46 @@ func perfShares(file string) (map[string]float64, int, error) {
 
 // perfClass is the class of one sample by its frames, innermost first.
 func perfClass(frames []string) string {
-	if !strings.Contains(frames[0], "[kernel.kallsyms]") {
+	sym := func(f string) string {
+		// "ffffffff81e68983 process_backlog ([kernel.kallsyms])"
+		if fs := strings.Fields(f); len(fs) >= 2 {
+			return fs[1]
+		}
+		return ""
+	}
+	// A BPF program's frames are the kernel's (their dso is the program).
+	if !strings.Contains(frames[0], "[kernel.kallsyms]") && !strings.HasPrefix(sym(frames[0]), "bpf_prog_") {
 		return "user"
 	}
-	backlog, bridge := false, false
+	backlog, bridge, tcx, ip, brfn, send := false, false, false, false, false, false
 	for _, f := range frames {
-		// "ffffffff81e68983 process_backlog ([kernel.kallsyms])"
-		fs := strings.Fields(f)
-		if len(fs) < 2 {
-			continue
-		}
-		switch fs[1] {
-		case "process_backlog":
+		switch s := sym(f); {
+		case s == "process_backlog":
 			backlog = true
-		case "br_handle_frame":
+		case s == "br_handle_frame":
 			bridge = true
+		case strings.HasPrefix(s, "bpf_prog_") || s == "tcx_run" || strings.HasPrefix(s, "sch_handle_ingress"):
+			tcx = true
+		case s == "ip_rcv" || s == "ip_rcv_finish" || s == "ip_local_deliver" || s == "ip_list_rcv":
+			ip = true
+		case strings.HasPrefix(s, "br_"):
+			brfn = true
+		case s == "__sys_sendmmsg" || s == "__sys_sendto" || s == "__sys_sendmsg":
+			send = true
 		}
 	}
 	switch {
-	case backlog && bridge:
+	case backlog && bridge && (tcx || ip):
 		return "lbRecv"
+	case backlog && bridge:
+		// Through the bridge, not yet in the receive program or the
+		// LB's IP stack: its forwarding, br_netfilter and the
+		// conntrack it runs.
+		return "bridge"
 	case backlog:
 		return "backends"
+	case send && brfn:
+		return "bridge"
 	}
 	return "lbKernel"
 }

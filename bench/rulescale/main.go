@@ -29,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xlb-lb/xlb/bench/internal/apicall"
 	"github.com/xlb-lb/xlb/bench/internal/results"
 )
 
@@ -281,30 +282,9 @@ func farm(i, n int, c config) []byte {
 var client = &http.Client{Timeout: time.Minute}
 
 func call(ctx context.Context, method, path string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+apiAddr+path, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Key", apiKey)
-	resp, err := client.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	var buf bytes.Buffer
-	buf.ReadFrom(resp.Body)
-	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, buf.Bytes())
-	}
-	return nil
+	return apicall.Client{HTTP: client, Base: "http://" + apiAddr, Key: apiKey}.Call(ctx, method, path, body)
 }
 
 func waitReady(ctx context.Context) error {
-	for range 100 {
-		if call(ctx, "GET", "/farms", nil) == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("daemon did not become ready on %s", apiAddr)
+	return apicall.Client{HTTP: client, Base: "http://" + apiAddr, Key: apiKey}.WaitReady(ctx)
 }

@@ -59,7 +59,8 @@ type ConnSyncer interface {
 	DumpConns(ctx context.Context) ([]SyncConn, error)
 	// InstallConns makes the plane hold (or forget, for ConnEnd) the
 	// connections of events that another node sent, and returns how many
-	// it installed or removed.
+	// it installed or removed. It keeps no reference to evs (the caller
+	// reuses it).
 	InstallConns(ctx context.Context, evs []ConnEvent) (int, error)
 }
 

@@ -27,6 +27,8 @@ type dialer struct {
 	ns netns.NsHandle // zero or netns.None(): the current namespace
 	// log: the monitor's (nil: none).
 	log *slog.Logger
+	// rawOnly: the half-open engine without its bypass (Options.HalfOpenRaw).
+	rawOnly bool
 
 	// The half-open checks' prober, opened at the first such check.
 	synOnce sync.Once

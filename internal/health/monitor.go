@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -48,8 +49,19 @@ type Options struct {
 	// Batch: checks due within this much of each other start together
 	// (one wake-up of the scheduler; half-open ones in one system call):
 	// a check may start up to Batch early, at most a tenth of its
-	// interval early. Default 5ms.
+	// interval early. While checks are in flight their answers are read
+	// at least every Batch (each is stamped on arrival: reading later
+	// only delays its result; timeouts are taken on time). Default 20ms:
+	// at 10,000 checks a second the scheduler wakes about 1/Batch times
+	// a second, and each wake-up costs the Go runtime's and the kernel's
+	// scheduling, about a fifth of the daemon's CPU at 5ms
+	// (bench/results/health-cpu.md).
 	Batch time.Duration
+	// HalfOpenRaw runs half-open checks on the raw socket alone, without
+	// the bypass around the IP stack (synbypass.go): the engine an
+	// interface or namespace where the receive program cannot run gets.
+	// Tests use it to run that fallback.
+	HalfOpenRaw bool
 	// Observe, when set, is told of every check's result with its
 	// check type (metrics). It is called with the monitor's lock held:
 	// it must be quick and must not call the monitor.
@@ -76,6 +88,12 @@ type Monitor struct {
 	// (nil, with synTried, when it cannot be: those checks connect).
 	syn      *synEngine
 	synTried bool
+	// running: Run has started and not returned. A half-open engine is
+	// opened only then (Sync before Run sets wantSyn and Run opens it),
+	// so a monitor that is synced and never run holds nothing of it: Run's
+	// end is what closes it.
+	running bool
+	wantSyn bool
 	// conn: plain connect checks' engine (connprobe.go), likewise.
 	conn      *connEngine
 	connTried bool
@@ -95,38 +113,44 @@ type Monitor struct {
 type tkey struct{ farm, backend string }
 
 // target is one checked backend and its state.
+//
+// The fields a check reads and writes come first, with the check's
+// timing (model.Check's first fields) right after them: at 10,000
+// targets checked every second none is in the CPU's cache when its check
+// comes, and the scheduler's CPU was mostly cache misses on targets and
+// their probes (bench/results/health-cpu.md), so a check touches a few
+// adjacent cache lines of its target and nothing else of it.
 type target struct {
+	// On the wheel (wheel.go): at its next check, or while a check is
+	// in flight (waiting), at that check's timeout.
+	wtick    int64
+	wearly   time.Duration // how early take may take it
+	wgen     uint32        // the wheel's entry for it is live at this generation
+	inWheel  bool
+	waiting  bool
+	up       bool
+	running  bool
+	removed  bool
+	checked  bool
+	half     bool   // probe.batchable(): a half-open check the monitor batches
+	streak   uint32 // consecutive results against the state
+	synToken uint32 // a half-open check's
+	connFD   int32  // a connect check's socket; -1: none
+	checks   uint64
+	fails    uint64
+	synStart time.Time // when the check in flight started
+	next     time.Time
+	dst      netip.AddrPort // probe.dst
+	probe    *probe
+	check    model.Check
+	last     Result
+
 	tkey
-	key   string // model.Farm.CheckKey: what was checked
-	check model.Check
-	probe *probe
-
-	up      bool
-	streak  uint32 // consecutive results against the state
-	running bool
-	removed bool
-	next    time.Time
-
-	// On the wheel (wheel.go): at its next check, or while a half-open
-	// check is in flight (waiting), at that check's timeout.
-	wtick        int64
-	wearly       time.Duration // how early take may take it
-	wnext, wprev *target
-	inWheel      bool
-	waiting      bool
-	synToken     uint32    // a half-open check's
-	connFD       int32     // a connect check's socket; -1: none
-	synStart     time.Time // when the check in flight started
-
-	percent  int32 // agent; -1: not said (100)
-	weight   int32 // exec "weight N"; -1: not said
+	key      string // model.Farm.CheckKey: what was checked
+	percent  int32  // agent; -1: not said (100)
+	weight   int32  // exec "weight N"; -1: not said
 	ramp     uint32
 	rampFrom time.Time
-
-	last    Result
-	checked bool
-	checks  uint64
-	fails   uint64
 }
 
 type finished struct {
@@ -140,13 +164,13 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 		opts.Spread = 0.1
 	}
 	if opts.Batch <= 0 {
-		opts.Batch = 5 * time.Millisecond
+		opts.Batch = 20 * time.Millisecond
 	}
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 4096
 	}
 	return &Monitor{
-		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS, log: log},
+		log: log, sink: sink, opts: opts, d: dialer{ns: opts.NetNS, log: log, rawOnly: opts.HalfOpenRaw},
 		farms: map[string]*model.Farm{}, targets: map[tkey]*target{}, wheel: newWheel(time.Now()), ramping: map[*target]struct{}{},
 		pending: map[tkey]engine.HealthUpdate{}, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		wake: make(chan struct{}, 1), pendWake: make(chan struct{}, 1),
@@ -156,6 +180,28 @@ func New(log *slog.Logger, sink Sink, opts Options) *Monitor {
 
 // Run schedules checks and reports their results until ctx ends.
 func (m *Monitor) Run(ctx context.Context) {
+	m.mu.Lock()
+	m.running = true
+	if m.wantSyn && !m.synTried {
+		m.synEngine()
+		// The first checks at random points of their first interval
+		// from now, as Sync places them when the monitor runs: those
+		// due while the engine opened would fire at once otherwise.
+		now := time.Now()
+		for _, t := range m.targets {
+			if t.inWheel && !t.checked && !t.running {
+				t.next = now.Add(time.Duration(m.rnd.Int64N(int64(t.check.Inter))))
+				m.wheel.add(t, t.next, m.early(t.check.Inter))
+			}
+		}
+	}
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.running = false
+		m.mu.Unlock()
+		m.d.close()
+	}()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -164,7 +210,6 @@ func (m *Monitor) Run(ctx context.Context) {
 	}()
 	m.loop(ctx)
 	wg.Wait()
-	m.d.close()
 }
 
 // Watch keeps the monitor's targets equal to the engine's checked
@@ -257,15 +302,19 @@ func (m *Monitor) syncFarm(old, nw *model.Farm, now time.Time) time.Time {
 			continue
 		}
 		if p.batchable() && !m.synTried {
-			// Open the half-open engine now, not at the first check:
-			// loading its receive program takes milliseconds (tens on
-			// a busy machine), which in the scheduler's loop would
-			// make the checks due meanwhile fire at once, more to one
-			// backend than it has source ports.
-			m.synEngine()
-			now = time.Now()
+			// Open the half-open engine now (or, before Run, when it
+			// starts), not at the first check: loading its receive
+			// program takes milliseconds (tens on a busy machine),
+			// which in the scheduler's loop would make the checks due
+			// meanwhile fire at once, more to one backend than it has
+			// source ports.
+			m.wantSyn = true
+			if m.running {
+				m.synEngine()
+				now = time.Now()
+			}
 		}
-		t := &target{tkey: k, key: key, check: c, probe: p, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000, connFD: -1}
+		t := &target{tkey: k, key: key, check: c, probe: p, half: p.batchable(), dst: p.dst, up: c.InitState != model.InitDown, percent: -1, weight: -1, ramp: 1000, connFD: -1}
 		if !t.up {
 			// init-state down: out until rise passes.
 			m.emit(t, "init-state down: not checked yet")
@@ -389,9 +438,9 @@ func (m *Monitor) due(ctx context.Context, t *target, now time.Time) {
 		m.finish(finished{t, r})
 		return
 	}
-	if t.probe.batchable() {
+	if t.half {
 		if e := m.synEngine(); e != nil {
-			token, err := e.queue(&m.d, t.check.SourceAddr, t.probe.dst, t)
+			token, err := e.queue(&m.d, t.check.SourceAddr, t.dst, t)
 			if err == nil {
 				t.running, t.waiting, t.synToken, t.synStart = true, true, token, now
 				m.wheel.add(t, now.Add(t.check.Timeout), -1)

@@ -58,8 +58,11 @@ import (
 // findRunnable, context switches) in a profile.
 
 const (
-	// synPorts is how many source ports the engine holds.
-	synPorts = 32
+	// synPorts is how many source ports the engine holds: how many
+	// checks of one backend address and port may be in flight at once
+	// (and in one batch: Options.Batch). The receive program's port map
+	// holds 64.
+	synPorts = 64
 	// synSlotBits: the slot table holds 1<<synSlotBits checks in flight
 	// (at 10,000 checks a second with a 1 s timeout, 10,000 at most).
 	synSlotBits = 16
@@ -236,7 +239,9 @@ func newSynEngine(d *dialer) (*synEngine, error) {
 	e.out.init()
 	e.in = &synIn{}
 	log := d.logger()
-	if b, err := newSynBypass(d, e.ports[:], log); err != nil {
+	if d.rawOnly {
+		log.Info("half-open checks through the raw socket", "engine", "raw", "reason", "asked")
+	} else if b, err := newSynBypass(d, e.ports[:], log); err != nil {
 		log.Warn("half-open checks through the raw socket", "engine", "raw", "err", err)
 	} else {
 		e.byp = b

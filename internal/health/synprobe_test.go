@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -300,4 +301,110 @@ func tcpChecksum(src, dst netip.Addr, seg []byte) uint16 {
 		sum = sum&0xffff + sum>>16
 	}
 	return ^uint16(sum)
+}
+
+// A monitor synced with half-open checks and never run holds nothing of
+// the half-open engine (its sockets, its receive program and ring): the
+// engine opens when the monitor runs, and closes when Run returns.
+func TestHalfOpenEngineOnlyWhileRunning(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 1})
+	be := topo.Backends[0]
+	testutil.StartTCPServer(t, be.NS, netip.AddrPortFrom(be.IPv4, 8080), "be0")
+	fs, err := model.DecodeFarms([]byte(fmt.Sprintf(`{"name":"f","virtual-addr":"10.99.0.1","virtual-ports":"80",
+		"check":{"type":"tcp","half-open":"on","inter":"100ms","timeout":"500ms"},
+		"backends":[{"name":"b","ip-addr":"%s","port":"8080"}]}`, be.IPv4)), func(string) (*model.Farm, bool) { return nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	m := New(quiet, &sinkRecorder{got: make(chan struct{}, 1)}, Options{NetNS: topo.LB.NS})
+	m.Sync([]*model.Farm{&fs[0]})
+	if n := fds(); n != before || m.syn != nil {
+		t.Fatalf("synced, not run: %d more descriptors, engine %v", n-before, m.syn != nil)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	ok := false
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !ok; time.Sleep(50 * time.Millisecond) {
+		st, _ := m.Status("f", "b")
+		ok = st.Checks >= 2 && st.Up && st.Last.Detail == "SYN-ACK"
+	}
+	m.mu.Lock()
+	opened := m.syn != nil
+	m.mu.Unlock()
+	cancel()
+	<-done
+	if !ok || !opened {
+		t.Fatalf("running: checked through the engine %v, engine opened %v", ok, opened)
+	}
+	if n := fds(); n != before {
+		t.Errorf("Run returned: %d descriptors more than before", n-before)
+	}
+}
+
+// A monitor's half-open checks on the raw socket's engine, the one an
+// interface or namespace where the receive program cannot run gets (here
+// asked for): the SYNs go through the LB's stack and the answers are read
+// from the raw socket; a backend that comes to refuse is taken down
+// ("connect refused"), one that goes silent too ("timeout after 200ms").
+func TestHalfOpenRawEngine(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 2})
+	for i, be := range topo.Backends {
+		testutil.StartTCPServer(t, be.NS, netip.AddrPortFrom(be.IPv4, 8080), fmt.Sprint("be", i))
+	}
+	fs, err := model.DecodeFarms([]byte(fmt.Sprintf(`{"name":"f","virtual-addr":"10.99.0.1","virtual-ports":"80",
+		"check":{"type":"tcp","half-open":"on","inter":"100ms","timeout":"200ms","rise":"1","fall":"2"},
+		"backends":[{"name":"a","ip-addr":"%s","port":"8080"},{"name":"b","ip-addr":"%s","port":"8080"}]}`,
+		topo.Backends[0].IPv4, topo.Backends[1].IPv4)), func(string) (*model.Farm, bool) { return nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(quiet, &sinkRecorder{got: make(chan struct{}, 1)}, Options{NetNS: topo.LB.NS, HalfOpenRaw: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	m.Sync([]*model.Farm{&fs[0]})
+	wait := func(be string, up bool, detail string) {
+		t.Helper()
+		var st Status
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if st, _ = m.Status("f", be); st.Checked && st.Up == up && st.Last.Detail == detail {
+				return
+			}
+		}
+		t.Fatalf("backend %s: %+v, want up %v after %q", be, st, up, detail)
+	}
+	wait("a", true, "SYN-ACK")
+	wait("b", true, "SYN-ACK")
+	testutil.Run(t, topo.Backends[0].Name, "nft", "add table inet bh; add chain inet bh in { type filter hook input priority 0 ; } ; add rule inet bh in tcp dport 8080 reject with tcp reset")
+	testutil.Run(t, topo.Backends[1].Name, "nft", "add table inet bh; add chain inet bh in { type filter hook input priority 0 ; } ; add rule inet bh in tcp dport 8080 drop")
+	wait("a", false, "connect refused")
+	wait("b", false, "timeout after 200ms")
+	m.mu.Lock()
+	e, spawned := m.syn, m.spawned
+	m.mu.Unlock()
+	if e == nil {
+		t.Fatal("no half-open engine: the checks connected")
+	}
+	e.mu.Lock()
+	st := e.stats
+	e.mu.Unlock()
+	t.Logf("engine: %+v", st)
+	if e.byp != nil || st.Frames != 0 || st.RingReplies != 0 {
+		t.Errorf("the bypass ran (%d frames, %d answers from its ring)", st.Frames, st.RingReplies)
+	}
+	if st.Replies == 0 || st.SendCalls == 0 || spawned != 0 {
+		t.Errorf("%d answers read from the raw socket, %d sendmmsg calls, %d checks in goroutines: want answers through the raw socket, batched", st.Replies, st.SendCalls, spawned)
+	}
 }

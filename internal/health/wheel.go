@@ -12,13 +12,32 @@ import (
 // kept to tell this turn's from a later turn's. Adding, removing and
 // taking a due target are O(1); a heap of 10,000 targets cost a dozen
 // time comparisons per operation, 1.3 % of a check's CPU in a profile.
+//
+// A slot is an array of entries, not a linked list of targets, and a
+// target is removed lazily (its generation moves on; the entry is
+// dropped when its slot is next taken): at 10,000 targets checked every
+// second none is in the CPU's cache when its check comes, and a doubly
+// linked list made every add and remove write to two other targets (its
+// neighbours), eight cache misses a half-open check (its next check's
+// add and take, its timeout's add and remove), which with the target's
+// own were most of the scheduler's CPU in a profile
+// (bench/results/health-cpu.md). Appending to a slot writes to the slot's
+// array only, removing to the target only.
 // Callers hold the monitor's lock.
 type wheel struct {
 	base  time.Time // time of tick 0
 	cur   int64     // the first tick not taken yet
-	n     int
-	slots [wheelSlots]*target // circular doubly linked lists (wnext, wprev)
-	full  [wheelSlots / 64]uint64
+	n     int       // targets on the wheel (live entries)
+	slots [wheelSlots][]wentry
+	full  [wheelSlots / 64]uint64 // slots with entries (live or not)
+	due   []*target               // scratch of take
+}
+
+// wentry is a target on a slot, live while the target's generation is
+// still gen.
+type wentry struct {
+	t   *target
+	gen uint32
 }
 
 const (
@@ -38,6 +57,7 @@ func (w *wheel) tick(at time.Time) int64 { return int64(at.Sub(w.base) / wheelTi
 // taken late, never early. A time already past is due at the first tick
 // not yet taken: within a tick.
 func (w *wheel) add(t *target, at time.Time, early time.Duration) {
+	w.remove(t)
 	k := w.tick(at)
 	if early < 0 {
 		k++
@@ -45,39 +65,63 @@ func (w *wheel) add(t *target, at time.Time, early time.Duration) {
 	}
 	k = max(k, w.cur)
 	t.wtick, t.wearly = k, early
+	t.wgen++
 	s := int(k & (wheelSlots - 1))
-	if h := w.slots[s]; h == nil {
-		t.wnext, t.wprev = t, t
-		w.slots[s] = t
+	if len(w.slots[s]) == 0 {
 		w.full[s/64] |= 1 << (s % 64)
-	} else {
-		t.wnext, t.wprev = h, h.wprev
-		h.wprev.wnext = t
-		h.wprev = t
 	}
+	w.slots[s] = append(w.slots[s], wentry{t, t.wgen})
 	t.inWheel = true
 	w.n++
 }
 
-// remove takes t off the wheel if it is on it.
+// remove takes t off the wheel if it is on it (its entry is dropped when
+// its slot is taken).
 func (w *wheel) remove(t *target) {
 	if !t.inWheel {
 		return
 	}
-	s := int(t.wtick & (wheelSlots - 1))
-	if t.wnext == t {
-		w.slots[s] = nil
-		w.full[s/64] &^= 1 << (s % 64)
-	} else {
-		t.wprev.wnext = t.wnext
-		t.wnext.wprev = t.wprev
-		if w.slots[s] == t {
-			w.slots[s] = t.wnext
-		}
-	}
-	t.wnext, t.wprev, t.inWheel = nil, nil, false
+	t.inWheel = false
+	t.wgen++
 	w.n--
 }
+
+// takeSlot takes off slot k's live targets of tick k that ok allows into
+// w.due, and drops its dead entries.
+func (w *wheel) takeSlot(k int64, ok func(*target) bool) {
+	s := int(k & (wheelSlots - 1))
+	es := w.slots[s]
+	j := 0
+	for _, e := range es {
+		t := e.t
+		switch {
+		case !t.inWheel || t.wgen != e.gen:
+			// removed, or added again elsewhere
+		case t.wtick == k && ok(t):
+			w.remove(t)
+			w.due = append(w.due, t)
+		default:
+			es[j] = e
+			j++
+		}
+	}
+	clear(es[j:])
+	w.slots[s] = es[:j]
+	if j == 0 {
+		w.full[s/64] &^= 1 << (s % 64)
+	}
+}
+
+// give calls fn on the targets takeSlot took. fn may add targets back.
+func (w *wheel) give(fn func(*target)) {
+	for i, t := range w.due {
+		w.due[i] = nil
+		fn(t)
+	}
+	w.due = w.due[:0]
+}
+
+func anyTarget(*target) bool { return true }
 
 // take removes every target due by now (its tick begun) and calls fn on
 // each, in the order of their ticks; then those due within window whose
@@ -95,28 +139,8 @@ func (w *wheel) take(now time.Time, window time.Duration, fn func(*target)) {
 			return
 		}
 		ahead := w.base.Add(time.Duration(k) * wheelTick).Sub(now)
-		s := int(k & (wheelSlots - 1))
-		var due *target
-		if h := w.slots[s]; h != nil {
-			n := 1
-			for t := h.wnext; t != h; t = t.wnext {
-				n++
-			}
-			for t := h; n > 0; n-- {
-				next := t.wnext
-				if t.wtick == k && t.wearly >= ahead {
-					w.remove(t)
-					t.wnext, due = due, t
-				}
-				t = next
-			}
-		}
-		for due != nil {
-			t := due
-			due = t.wnext
-			t.wnext = nil
-			fn(t)
-		}
+		w.takeSlot(k, func(t *target) bool { return t.wearly >= ahead })
+		w.give(fn)
 	}
 }
 
@@ -134,31 +158,10 @@ func (w *wheel) takeDue(now time.Time, fn func(*target)) {
 			w.cur = end + 1
 			return
 		}
-		w.cur = k
-		s := int(k & (wheelSlots - 1))
-		// Detach this tick's targets first: fn may add to the slot.
-		var due *target
-		if h := w.slots[s]; h != nil {
-			n := 1
-			for t := h.wnext; t != h; t = t.wnext {
-				n++
-			}
-			for t := h; n > 0; n-- {
-				next := t.wnext
-				if t.wtick == k {
-					w.remove(t)
-					t.wnext, due = due, t // a stack: order within a tick does not matter
-				}
-				t = next
-			}
-		}
+		// Take this tick's targets off first: fn may add to the slot.
+		w.takeSlot(k, anyTarget)
 		w.cur = k + 1
-		for due != nil {
-			t := due
-			due = t.wnext
-			t.wnext = nil
-			fn(t)
-		}
+		w.give(fn)
 	}
 }
 

@@ -269,7 +269,7 @@ func (c *capture) Write(p []byte) (int, error) { c.b = append(c.b, p...); return
 func TestWireRoundTrip(t *testing.T) {
 	evs := []dataplane.ConnEvent{{Kind: dataplane.ConnNew, Conn: conn(1, false)}, {Kind: dataplane.ConnEnd, Conn: conn(2, true)},
 		{Kind: dataplane.ConnSession, Conn: conn(3, false)}}
-	got, err := parseConns(appendConns(nil, evs))
+	got, err := parseConns(nil, appendConns(nil, evs))
 	if err != nil || !slices.Equal(got, evs) {
 		t.Fatalf("round trip: %+v, %v", got, err)
 	}
@@ -287,6 +287,7 @@ func BenchmarkWire(b *testing.B) {
 	fw := &frameWriter{w: bufio.NewWriterSize(&rec, 1<<20), key: key, nonce: nonce}
 	b.ReportAllocs()
 	buf := make([]byte, 0, 64<<10)
+	var dec []dataplane.ConnEvent
 	for b.Loop() {
 		rec.b = rec.b[:0]
 		fw.seq = 0
@@ -297,7 +298,7 @@ func BenchmarkWire(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := parseConns(p); err != nil {
+		if dec, err = parseConns(dec, p); err != nil {
 			b.Fatal(err)
 		}
 	}

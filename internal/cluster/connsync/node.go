@@ -252,11 +252,14 @@ func (n *Node) Counters() Counters {
 	}
 }
 
-// watch feeds the data plane's events to every peer's queue; a full queue
+// watch feeds the data plane's events to every peer's queue, each batch's
+// records of a connection folded into one (coalesce.go); a full queue
 // drops the batch for that peer and marks it for a full resync.
 func (n *Node) watch(ctx context.Context) {
+	var co coalescer
 	for ctx.Err() == nil {
 		err := n.dp.WatchConns(ctx, func(evs []dataplane.ConnEvent) {
+			evs = co.fold(evs)
 			for _, p := range n.peers {
 				select {
 				case p.queue <- evs:
@@ -503,6 +506,7 @@ func (n *Node) receive(ctx context.Context, p *peer, c net.Conn) error {
 	}
 	fr := &frameReader{r: bufio.NewReaderSize(c, 64<<10), key: n.cfg.Key, nonce: nonce}
 	first := true
+	var evs []dataplane.ConnEvent // each batch's, reused: InstallConns keeps none
 	for {
 		// A peer sends a keepalive every second.
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -518,7 +522,7 @@ func (n *Node) receive(ctx context.Context, p *peer, c net.Conn) error {
 		switch typ {
 		case frameHello, frameKeepalive, frameDumpBegin:
 		case frameConns:
-			evs, err := parseConns(payload)
+			evs, err = parseConns(evs, payload)
 			if err != nil {
 				return err
 			}

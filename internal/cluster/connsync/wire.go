@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
 )
@@ -157,14 +158,16 @@ func appendConns(dst []byte, evs []dataplane.ConnEvent) []byte {
 	return dst
 }
 
-// parseConns decodes a batch; anything out of place is errMalformed.
-func parseConns(b []byte) ([]dataplane.ConnEvent, error) {
+// parseConns decodes a batch into dst's room (a receiver reuses one
+// slice: a batch is installed before the next is read); anything out of
+// place is errMalformed.
+func parseConns(dst []dataplane.ConnEvent, b []byte) ([]dataplane.ConnEvent, error) {
 	if len(b) < 2 {
 		return nil, fmt.Errorf("%w: batch of %d bytes", errMalformed, len(b))
 	}
 	n := int(binary.BigEndian.Uint16(b))
 	b = b[2:]
-	out := make([]dataplane.ConnEvent, 0, n)
+	out := slices.Grow(dst[:0], n)
 	for i := range n {
 		if len(b) < 3 {
 			return nil, fmt.Errorf("%w: connection %d truncated", errMalformed, i)

@@ -67,7 +67,7 @@ func TestFarmIDs(t *testing.T) {
 	if got, gotb := idOf(q, "a"), idOf(q, "b"); got != ida || gotb != idb {
 		t.Errorf("after a restart: ids a %d, b %d, want %d, %d", got, gotb, ida, idb)
 	}
-	a = change(q, a)
+	change(q, a)
 	if got := idOf(q, "a"); got != ida {
 		t.Errorf("after a restart and a change: farm a's id %d, want %d", got, ida)
 	}

@@ -94,6 +94,9 @@ type Options struct {
 
 	// ctRefresh overrides XLB_CT_REFRESH_NS (benchmarks).
 	ctRefresh time.Duration
+	// syncIdleWait overrides syncIdleWait (tests: a record must wake the
+	// reader).
+	syncIdleWait time.Duration
 	// noPeerRedirect leaves xlb_peer_tx empty: every next hop takes
 	// plain bpf_redirect (tests of the transmit path).
 	noPeerRedirect bool
@@ -188,6 +191,9 @@ type Plane struct {
 	// (xlb_sync_in is one buffer). connsync.go.
 	syncWatch atomic.Bool
 	syncInMu  sync.Mutex
+	// InstallConns's batch for xlb_sync_in, kept for the next (syncInMu).
+	syncInKeys []uint32
+	syncInVals []xlbSyncConn
 }
 
 var _ dataplane.Dataplane = (*Plane)(nil)

@@ -571,6 +571,7 @@ const (
 	xlbVarXlbSyncLost         = "xlb_sync_lost"
 	xlbVarXlbSyncOn           = "xlb_sync_on"
 	xlbVarXlbSyncRefreshNs    = "xlb_sync_refresh_ns"
+	xlbVarXlbSyncWake         = "xlb_sync_wake"
 	xlbVarXlbTblEnumsBtf      = "xlb_tbl_enums_btf"
 	xlbVarXlbTimeoutClose     = "xlb_timeout_close"
 	xlbVarXlbTimeoutFin       = "xlb_timeout_fin"
@@ -693,6 +694,7 @@ type xlbVariableSpecs struct {
 	XlbSyncLost         *ebpf.VariableSpec `ebpf:"xlb_sync_lost"`
 	XlbSyncOn           *ebpf.VariableSpec `ebpf:"xlb_sync_on"`
 	XlbSyncRefreshNs    *ebpf.VariableSpec `ebpf:"xlb_sync_refresh_ns"`
+	XlbSyncWake         *ebpf.VariableSpec `ebpf:"xlb_sync_wake"`
 	XlbTblEnumsBtf      *ebpf.VariableSpec `ebpf:"xlb_tbl_enums_btf"`
 	XlbTimeoutClose     *ebpf.VariableSpec `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin       *ebpf.VariableSpec `ebpf:"xlb_timeout_fin"`
@@ -818,6 +820,7 @@ type xlbVariables struct {
 	XlbSyncLost         *ebpf.Variable `ebpf:"xlb_sync_lost"`
 	XlbSyncOn           *ebpf.Variable `ebpf:"xlb_sync_on"`
 	XlbSyncRefreshNs    *ebpf.Variable `ebpf:"xlb_sync_refresh_ns"`
+	XlbSyncWake         *ebpf.Variable `ebpf:"xlb_sync_wake"`
 	XlbTblEnumsBtf      *ebpf.Variable `ebpf:"xlb_tbl_enums_btf"`
 	XlbTimeoutClose     *ebpf.Variable `ebpf:"xlb_timeout_close"`
 	XlbTimeoutFin       *ebpf.Variable `ebpf:"xlb_timeout_fin"`

@@ -1,4 +1,4 @@
-package keepalived
+package lvs
 
 import (
 	"fmt"
@@ -11,14 +11,6 @@ import (
 
 	"github.com/xlb-lb/xlb/internal/model"
 )
-
-// Result is what a keepalived configuration gives xlb.
-type Result struct {
-	Farms []model.Farm
-	// Notes name what was read and has no effect in xlb (keepalived's
-	// VRRP, notify scripts, mail alerts, ...), one line each.
-	Notes []string
-}
 
 // keepalived 2.2.7's defaults (keepalived.conf(5); the scheduler's,
 // forwarding method's and protocol's as `keepalived -t` reports them: "no
@@ -53,7 +45,7 @@ type checkerOpts struct {
 
 // Convert turns the configuration's virtual servers into farms. It refuses
 // what xlb cannot do as keepalived and IPVS would, naming the statement.
-func Convert(nodes []*Node) (*Result, error) {
+func ConvertKeepalived(nodes []*Node) (*Result, error) {
 	res := &Result{}
 	names := map[string]string{}
 	for _, n := range nodes {
@@ -71,31 +63,12 @@ func Convert(nodes []*Node) (*Result, error) {
 		case n.Key == "virtual_server_group":
 			return nil, fmt.Errorf("%s: virtual_server_group %s: groups are not imported; declare a virtual_server for each of its addresses", n.Where(), strings.Join(n.Args, " "))
 		case strings.HasPrefix(n.Key, "vrrp_"):
-			res.note(n, "VRRP is not imported: keep keepalived for it beside xlb (docs/keepalived-import.md)")
+			res.note(n, "VRRP is not imported: keep keepalived for it beside xlb (docs/lvs-import.md)")
 		default:
 			res.note(n, "not an LVS setting: skipped")
 		}
 	}
 	return res, nil
-}
-
-func (r *Result) note(n *Node, what string) {
-	r.Notes = append(r.Notes, fmt.Sprintf("%s: %s: %s", n.Where(), n.Key, what))
-}
-
-// farmName names the farm of a virtual server: vs_ADDR_PORT[_udp|_sctp]
-// (":" of an IPv6 address as "-"), fwm_MARK for a firewall mark.
-func farmName(addr netip.Addr, port uint16, mark uint32, proto model.Protocol) string {
-	var s string
-	if mark != 0 {
-		s = fmt.Sprintf("fwm_%d", mark)
-	} else {
-		s = "vs_" + strings.ReplaceAll(addr.String(), ":", "-") + "_" + strconv.Itoa(int(port))
-	}
-	if proto != model.ProtoTCP && mark == 0 {
-		s += "_" + proto.String()
-	}
-	return s
 }
 
 func convertVS(n *Node, res *Result) (model.Farm, error) {
@@ -155,11 +128,11 @@ func convertVS(n *Node, res *Result) (model.Farm, error) {
 		}
 		switch c.Key {
 		case "lb_algo", "lvs_sched":
-			if err := setSched(&f, c); err != nil {
+			if err := setSched(&f, arg(c), c.Where()+": "+c.Key); err != nil {
 				return f, err
 			}
 		case "lb_kind", "lvs_method":
-			if err := setMethod(&f, c); err != nil {
+			if err := setMethod(&f, arg(c), c.Where()+": "+c.Key); err != nil {
 				return f, err
 			}
 		case "protocol":
@@ -275,44 +248,6 @@ func arg(n *Node) string {
 	return n.Args[0]
 }
 
-// setSched maps IPVS's schedulers to xlb's: those xlb has under another
-// name, and a refusal for those it has not.
-func setSched(f *model.Farm, c *Node) error {
-	switch s := arg(c); s {
-	case "rr":
-		f.Scheduler = model.SchedRR
-	case "wrr":
-		f.Scheduler = model.SchedWeight
-	case "lc":
-		f.Scheduler = model.SchedLC
-	case "wlc":
-		f.Scheduler = model.SchedWLC
-	case "sh":
-		f.Scheduler, f.SchedParam = model.SchedHash, f.SchedParam|model.KeySrcIP
-	case "dh":
-		f.Scheduler, f.SchedParam = model.SchedHash, f.SchedParam|model.KeyDstIP
-	case "mh":
-		f.Scheduler = model.SchedMaglev
-	default:
-		return fmt.Errorf("%s: %s %s: xlb has no such scheduler (it has rr, wrr as weight, lc, wlc, sh and dh as hash, mh as maglev)", c.Where(), c.Key, s)
-	}
-	return nil
-}
-
-func setMethod(f *model.Farm, c *Node) error {
-	switch m := strings.ToUpper(arg(c)); m {
-	case "NAT":
-		f.Mode = model.ModeDNAT
-	case "DR":
-		f.Mode = model.ModeDSR
-	case "TUN":
-		return fmt.Errorf("%s: %s TUN: xlb does not tunnel to backends (it has NAT as dnat and DR as dsr)", c.Where(), c.Key)
-	default:
-		return fmt.Errorf("%s: %s %q: want NAT or DR", c.Where(), c.Key, arg(c))
-	}
-	return nil
-}
-
 // set takes the options every level may set; false: c is not one.
 func (o *checkerOpts) set(c *Node) (bool, error) {
 	switch c.Key {
@@ -354,28 +289,22 @@ func (o *checkerOpts) set(c *Node) (bool, error) {
 
 // over returns o with the options set in near replacing its own.
 func (o checkerOpts) over(near checkerOpts) checkerOpts {
-	if near.connectTimeout != nil {
-		o.connectTimeout = near.connectTimeout
+	return checkerOpts{
+		connectTimeout: nearer(near.connectTimeout, o.connectTimeout),
+		retry:          nearer(near.retry, o.retry),
+		delayRetry:     nearer(near.delayRetry, o.delayRetry),
+		delayLoop:      nearer(near.delayLoop, o.delayLoop),
+		alpha:          nearer(near.alpha, o.alpha),
+		inhibit:        nearer(near.inhibit, o.inhibit),
+		virtualhost:    nearer(near.virtualhost, o.virtualhost),
 	}
-	if near.retry != nil {
-		o.retry = near.retry
+}
+
+func nearer[T any](near, far *T) *T {
+	if near != nil {
+		return near
 	}
-	if near.delayRetry != nil {
-		o.delayRetry = near.delayRetry
-	}
-	if near.delayLoop != nil {
-		o.delayLoop = near.delayLoop
-	}
-	if near.alpha != nil {
-		o.alpha = near.alpha
-	}
-	if near.inhibit != nil {
-		o.inhibit = near.inhibit
-	}
-	if near.virtualhost != nil {
-		o.virtualhost = near.virtualhost
-	}
-	return o
+	return far
 }
 
 // timer reads keepalived's TIMER: seconds, fractions allowed.
@@ -461,7 +390,7 @@ func convertRS(f *model.Farm, rs *Node, vsOpts checkerOpts, res *Result) (model.
 		case "lvs_method", "lb_kind":
 			var g model.Farm
 			g.Mode = f.Mode
-			if err := setMethod(&g, c); err != nil {
+			if err := setMethod(&g, arg(c), c.Where()+": "+c.Key); err != nil {
 				return b, nil, false, err
 			}
 			if g.Mode != f.Mode {

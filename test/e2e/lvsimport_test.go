@@ -97,3 +97,26 @@ virtual_server %s 80 {
 	waitBE2("health up")
 	e.requireAllBackends(addr, 9)
 }
+
+// TestIPVSAdmImport: a director's rules as ipvsadm-save -n writes them,
+// imported with `xlb import ipvsadm -` from stdin and restored into the
+// daemon: every real server answers through the VIP.
+func TestIPVSAdmImport(t *testing.T) {
+	e := newEnv(t)
+	vip := testutil.VIP4(1)
+	rules := fmt.Sprintf("-A -t %s:80 -s rr\n", vip)
+	for _, b := range e.topo.Backends {
+		rules += fmt.Sprintf("-a -t %s:80 -r %s:8080 -m -w 1\n", vip, b.IPv4)
+	}
+	state := filepath.Join(t.TempDir(), "state.json")
+	cmd := exec.Command("ip", "netns", "exec", e.topo.LB.Name, e.bin, "import", "ipvsadm", "-", "-f", state)
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("xlb import ipvsadm: %v: %s", err, out)
+	}
+	e.mustCLI("restore", "-f", state)
+	if out := e.mustCLI("list", "-n"); !strings.Contains(out, "vs_"+vip.String()+"_80") && !strings.Contains(out, vip.String()+":80") {
+		t.Errorf("xlb list -n after the restore:\n%s", out)
+	}
+	e.requireAllBackends(netip.AddrPortFrom(vip, 80), 9)
+}

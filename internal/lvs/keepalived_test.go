@@ -1,4 +1,4 @@
-package keepalived
+package lvs
 
 import (
 	"net/netip"
@@ -17,11 +17,11 @@ import (
 
 func convertFile(t *testing.T, path string) *Result {
 	t.Helper()
-	nodes, err := ParseFile(path)
+	nodes, err := ParseKeepalivedFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Convert(nodes)
+	res, err := ConvertKeepalived(nodes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,9 +168,9 @@ func TestRefused(t *testing.T) {
 		{"@lvs1 virtual_server 192.0.2.1 80 {\n}\n", "x.conf:1: \"@lvs1\": keepalived's conditional configuration"},
 		{"virtual_server 192.0.2.1 80 {\n}\nvirtual_server 192.0.2.1 80 {\n}\n", "x.conf:3: virtual_server 192.0.2.1 80 is declared twice (first at x.conf:1)"},
 	} {
-		nodes, err := Parse(strings.NewReader(c.conf), "x.conf")
+		nodes, err := ParseKeepalived(strings.NewReader(c.conf), "x.conf")
 		if err == nil {
-			_, err = Convert(nodes)
+			_, err = ConvertKeepalived(nodes)
 		}
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want one containing %q", c.conf, err, c.want)
@@ -189,11 +189,11 @@ func TestMiscDynamic(t *testing.T) {
 	}{{0, "", true}, {1, "", false}, {2, "weight 0", true}, {12, "weight 10", true}, {255, "weight 253", true}} {
 		conf := "virtual_server 192.0.2.1 80 {\n protocol TCP\n real_server 10.0.0.1 80 {\n  MISC_CHECK {\n   misc_path \"exit " +
 			strconv.Itoa(c.status) + "\"\n   misc_dynamic\n  }\n }\n}\n"
-		nodes, err := Parse(strings.NewReader(conf), "x.conf")
+		nodes, err := ParseKeepalived(strings.NewReader(conf), "x.conf")
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := Convert(nodes)
+		res, err := ConvertKeepalived(nodes)
 		if err != nil {
 			t.Fatal(err)
 		}

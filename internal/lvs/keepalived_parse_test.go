@@ -1,4 +1,4 @@
-package keepalived
+package lvs
 
 import (
 	"os"
@@ -32,7 +32,7 @@ include conf.d/*.conf
 			t.Fatal(err)
 		}
 	}
-	nodes, err := ParseFile(filepath.Join(dir, "main.conf"))
+	nodes, err := ParseKeepalivedFile(filepath.Join(dir, "main.conf"))
 	if err != nil {
 		t.Fatal(err)
 	}

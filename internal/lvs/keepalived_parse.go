@@ -1,15 +1,10 @@
-// Package keepalived reads the virtual servers of a keepalived.conf (LVS's
-// configuration as keepalived gives it to IPVS, with its health checkers)
-// and turns them into xlb farms, so an LVS + keepalived pair moves to xlb
-// with its services and checks as they are (docs/keepalived-import.md).
-//
-// The parser knows keepalived's syntax, not every keyword's meaning: a
-// statement is a keyword and its arguments on one line, a block opens with
-// "{" (on the line or the next) and closes with "}", "#" and "!" start
-// comments, "include" takes a glob relative to the including file. What
-// the converter does not know it refuses by name and line; blocks that do
-// not configure IPVS (global_defs, vrrp_*, static_*) are skipped whole.
-package keepalived
+// keepalived.conf's syntax: a statement is a keyword and its arguments on
+// one line, a block opens with "{" (on the line or the next) and closes
+// with "}", "#" and "!" start comments, "include" takes a glob relative to
+// the including file. The parser knows the syntax, not the keywords'
+// meaning (keepalived.go).
+
+package lvs
 
 import (
 	"bufio"
@@ -38,7 +33,7 @@ func (n *Node) Where() string { return fmt.Sprintf("%s:%d", n.File, n.Line) }
 const maxIncludeDepth = 8
 
 // ParseFile reads a configuration file and the files it includes.
-func ParseFile(path string) ([]*Node, error) {
+func ParseKeepalivedFile(path string) ([]*Node, error) {
 	return parseFile(path, 0)
 }
 
@@ -56,7 +51,7 @@ func parseFile(path string, depth int) ([]*Node, error) {
 
 // Parse reads a configuration from r; name is its file name for errors
 // and the directory includes are relative to.
-func Parse(r io.Reader, name string) ([]*Node, error) { return parse(r, name, 0) }
+func ParseKeepalived(r io.Reader, name string) ([]*Node, error) { return parse(r, name, 0) }
 
 type token struct {
 	text   string
