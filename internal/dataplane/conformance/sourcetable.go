@@ -110,17 +110,7 @@ func runSourceTableOwn(t *testing.T, e *Env, f model.Farm) {
 	if len(prefixes) != 1 {
 		t.Fatalf("the default farm's log prefixes: %q", prefixes)
 	}
-	ask := func(a netip.Addr) (string, netip.AddrPort) {
-		got, err := testutil.AskTCPFrom(e.Client.NS, netip.AddrPortFrom(a, 0), e.vipPort(f))
-		if err != nil {
-			return "error: " + err.Error(), netip.AddrPort{}
-		}
-		name, from, err := testutil.ParseReply(got)
-		if err != nil {
-			return "error: " + err.Error(), netip.AddrPort{}
-		}
-		return name, from
-	}
+	ask := func(a netip.Addr) (string, netip.AddrPort) { return e.askFrom(e.Client.NS, a) } // f is on VIP():VPort
 	// The source farm's client first (its burst of 2 covers this and
 	// the retry), then the default's, whose log line must be the first.
 	name, from := ask(c[1])

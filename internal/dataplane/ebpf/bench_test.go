@@ -208,6 +208,23 @@ func pingPong(tb testing.TB, p *Plane, conns, x, y int) {
 
 func benchBackend(j int) netip.Addr { return netip.AddrFrom4([4]byte{10, 200, 0, byte(11 + j%3)}) }
 
+// benchChain puts a chain of farms (each forwarding to the next's VIP,
+// chainVIP) in p and benchmarks one UDP packet through the first, after
+// checking one hop: the packet leaves for the next VIP.
+func benchChain(b *testing.B, ns netns.NsHandle, p *Plane, farms []*model.Farm) {
+	b.Helper()
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		b.Fatal(err)
+	}
+	routeClients(b, ns)
+	pkt := pktSpec{src: client, sport: 40000, dst: chainVIP(0), dport: 80, proto: protoUDP, ttl: 255, payload: []byte("x")}.build()
+	_, out := runProg(b, ns, p.objs.XlbIngress, pkt)
+	if got, err := parse(out); err != nil || got.dst != chainVIP(1) {
+		b.Fatalf("one hop: %+v, %v; want the packet sent to %s", got, err, chainVIP(1))
+	}
+	benchRuns(b, p.objs.XlbIngress, func(int) []byte { return pkt })
+}
+
 // chainVIP is the VIP of service k of the new-flow chain (13.0.0.0/16).
 func chainVIP(k int) netip.Addr { return netip.AddrFrom4([4]byte{13, 0, byte(k >> 8), byte(k)}) }
 

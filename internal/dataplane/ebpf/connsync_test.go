@@ -3,6 +3,7 @@ package ebpf
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -54,24 +55,7 @@ func TestConnSync(t *testing.T) {
 	}
 
 	// A streams its events while a reader watches.
-	wctx, stop := context.WithCancel(ctx)
-	var (
-		mu     sync.Mutex
-		events []dataplane.ConnEvent
-		done   = make(chan error, 1)
-	)
-	go func() {
-		done <- a.WatchConns(wctx, func(evs []dataplane.ConnEvent) {
-			mu.Lock()
-			events = append(events, evs...)
-			mu.Unlock()
-		})
-	}()
-	// The reader turns the program's records on before it reads.
-	waitFor(t, "xlb_sync_on", func() bool {
-		var on uint32
-		return a.objs.XlbSyncOn.Get(&on) == nil && on == 1
-	})
+	w := watchConns(ctx, t, a)
 
 	vip2, vip4 := netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.4")
 	type flow struct {
@@ -120,17 +104,7 @@ func TestConnSync(t *testing.T) {
 		t.Fatalf("dsr SYN at A: verdict %d", verdict)
 	}
 	// New (SYN), update (established) for the TCP flows, new for UDP.
-	var got []dataplane.ConnEvent
-	waitFor(t, "A's events", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append([]dataplane.ConnEvent(nil), events...)
-		return len(got) >= 5
-	})
-	time.Sleep(3 * syncBatchWait) // nothing more comes
-	mu.Lock()
-	got = append([]dataplane.ConnEvent(nil), events...)
-	mu.Unlock()
+	got := w.settled(t, 5)
 	if len(got) != 5 {
 		t.Fatalf("A sent %d events, want 5 (new and established of 2 TCP flows, new of 1 UDP flow): %+v", len(got), got)
 	}
@@ -163,10 +137,7 @@ func TestConnSync(t *testing.T) {
 			t.Errorf("%s: events %v, want %v", f.desc, kinds, want)
 		}
 	}
-	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("WatchConns: %v", err)
-	}
+	w.end(t)
 	var on uint32
 	if err := a.objs.XlbSyncOn.Get(&on); err != nil || on != 0 {
 		t.Errorf("xlb_sync_on %d after the watch ended (%v), want 0", on, err)
@@ -412,23 +383,7 @@ func TestSessionSync(t *testing.T) {
 		return got.dst
 	}
 
-	wctx, stop := context.WithCancel(ctx)
-	var (
-		mu     sync.Mutex
-		events []dataplane.ConnEvent
-		done   = make(chan error, 1)
-	)
-	go func() {
-		done <- a.WatchConns(wctx, func(evs []dataplane.ConnEvent) {
-			mu.Lock()
-			events = append(events, evs...)
-			mu.Unlock()
-		})
-	}()
-	waitFor(t, "xlb_sync_on", func() bool {
-		var on uint32
-		return a.objs.XlbSyncOn.Get(&on) == nil && on == 1
-	})
+	w := watchConns(ctx, t, a)
 	// At A, rr: client2 to be1, client to be2, and client's next flow
 	// to be2 again (its session: no new record).
 	if got := syn(0, client2); got != be1 {
@@ -441,19 +396,8 @@ func TestSessionSync(t *testing.T) {
 		t.Fatalf("client's second flow at A to %s, want %s (persistence)", got, be2)
 	}
 	var sessions []dataplane.ConnEvent
-	waitFor(t, "A's events", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(events) >= 5
-	})
-	time.Sleep(3 * syncBatchWait) // nothing more comes
-	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("WatchConns: %v", err)
-	}
-	mu.Lock()
-	got := append([]dataplane.ConnEvent(nil), events...)
-	mu.Unlock()
+	got := w.settled(t, 5)
+	w.end(t)
 	for _, ev := range got {
 		if ev.Kind == dataplane.ConnSession {
 			sessions = append(sessions, ev)
@@ -498,5 +442,58 @@ func TestSessionSync(t *testing.T) {
 	bad.Conn.VIP = netip.AddrPortFrom(netip.MustParseAddr("10.99.0.2"), 80)
 	if n, err := b.InstallConns(ctx, []dataplane.ConnEvent{bad}); n != 0 || err == nil || !strings.Contains(err.Error(), "persistence") {
 		t.Errorf("a session of a farm without persistence: %d, %v; want it refused", n, err)
+	}
+}
+
+// connWatch reads a plane's sync records (WatchConns) until end.
+type connWatch struct {
+	mu     sync.Mutex
+	events []dataplane.ConnEvent
+	stop   context.CancelFunc
+	done   chan error
+}
+
+// watchConns starts reading p's records and returns once the reader has
+// turned the program's records on (xlb_sync_on).
+func watchConns(ctx context.Context, t *testing.T, p *Plane) *connWatch {
+	t.Helper()
+	wctx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	w := &connWatch{stop: stop, done: make(chan error, 1)}
+	go func() {
+		w.done <- p.WatchConns(wctx, func(evs []dataplane.ConnEvent) {
+			w.mu.Lock()
+			w.events = append(w.events, evs...)
+			w.mu.Unlock()
+		})
+	}()
+	waitFor(t, "xlb_sync_on", func() bool {
+		var on uint32
+		return p.objs.XlbSyncOn.Get(&on) == nil && on == 1
+	})
+	return w
+}
+
+// settled waits for at least n records and then three batch waits more
+// (nothing more comes), and returns every record read.
+func (w *connWatch) settled(t *testing.T, n int) []dataplane.ConnEvent {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d sync records", n), func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.events) >= n
+	})
+	time.Sleep(3 * syncBatchWait)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]dataplane.ConnEvent(nil), w.events...)
+}
+
+// end stops the reader and checks it ended cleanly.
+func (w *connWatch) end(t *testing.T) {
+	t.Helper()
+	w.stop()
+	if err := <-w.done; err != nil {
+		t.Fatalf("WatchConns: %v", err)
 	}
 }

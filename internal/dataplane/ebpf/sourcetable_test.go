@@ -3,13 +3,10 @@ package ebpf
 import (
 	"context"
 	"net/netip"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netns"
 
-	"github.com/xlb-lb/xlb/internal/dataplane"
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -121,23 +118,7 @@ func TestSourceFarmSync(t *testing.T) {
 		}
 		return got.dst
 	}
-	wctx, stop := context.WithCancel(ctx)
-	var (
-		mu     sync.Mutex
-		events []dataplane.ConnEvent
-		done   = make(chan error, 1)
-	)
-	go func() {
-		done <- a.WatchConns(wctx, func(evs []dataplane.ConnEvent) {
-			mu.Lock()
-			events = append(events, evs...)
-			mu.Unlock()
-		})
-	}()
-	waitFor(t, "xlb_sync_on", func() bool {
-		var on uint32
-		return a.objs.XlbSyncOn.Get(&on) == nil && on == 1
-	})
+	w := watchConns(ctx, t, a)
 	// At A, rr over web-in's two backends: client2 first, then client.
 	sport++
 	first := send(0, client2, sport, tcpSYN)
@@ -148,19 +129,8 @@ func TestSourceFarmSync(t *testing.T) {
 		t.Fatalf("at A: client2 to %s, client to %s; want web-in's two backends", first, picked)
 	}
 	send(0, client, cport, tcpACK) // established
-	waitFor(t, "A's events", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(events) >= 5
-	})
-	time.Sleep(3 * syncBatchWait)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("WatchConns: %v", err)
-	}
-	mu.Lock()
-	got := append([]dataplane.ConnEvent(nil), events...)
-	mu.Unlock()
+	got := w.settled(t, 5)
+	w.end(t)
 	if len(got) != 5 {
 		t.Fatalf("A sent %d events, want 5 (2 new flows, 1 established, 2 sessions): %+v", len(got), got)
 	}

@@ -16,15 +16,7 @@ import (
 // this program's differs from, is replaced at start (logged) instead of
 // failing the load; a compatible pin is adopted as it is.
 func TestStalePinReplaced(t *testing.T) {
-	testutil.RequireRoot(t)
-	pin := mountBPFFS(t)
-	if err := os.MkdirAll(pin, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := loadXlb()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pin, spec := pinSetup(t)
 	const stale = "xlb_persist"
 	want := spec.Maps[stale]
 	if want == nil || want.Pinning != ebpf.PinByName {
@@ -54,15 +46,7 @@ func TestStalePinReplaced(t *testing.T) {
 // (mark 0), so an upgrade across the change keeps the tracked flows;
 // without the carry-over the pin is replaced empty (the test fails).
 func TestGrownPinCarriedOver(t *testing.T) {
-	testutil.RequireRoot(t)
-	pin := mountBPFFS(t)
-	if err := os.MkdirAll(pin, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := loadXlb()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pin, spec := pinSetup(t)
 	ms := spec.Maps[xlbMapXlbCt]
 	const size = 1024
 	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: xlbMapXlbCt, Type: ms.Type, KeySize: ms.KeySize, ValueSize: grownValues[xlbMapXlbCt],
@@ -94,4 +78,19 @@ func TestGrownPinCarriedOver(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(pin, xlbMapXlbCt+"_old")); !os.IsNotExist(err) {
 		t.Errorf("the old pin is left: %v", err)
 	}
+}
+
+// pinSetup is a pin directory of the test's own and the program's spec.
+func pinSetup(t *testing.T) (string, *ebpf.CollectionSpec) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	pin := mountBPFFS(t)
+	if err := os.MkdirAll(pin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := loadXlb()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pin, spec
 }

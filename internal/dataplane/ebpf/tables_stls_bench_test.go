@@ -1,7 +1,6 @@
 package ebpf
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -46,16 +45,5 @@ func benchTablesStateless(b *testing.B, n int) {
 		}
 		applyTables(b, p, d)
 	}
-	if err := p.Reconcile(context.Background(), farms); err != nil {
-		b.Fatal(err)
-	}
-	routeClients(b, ns)
-	pkt := pktSpec{src: client, sport: 40000, dst: chainVIP(0), dport: 80, proto: protoUDP, ttl: 255, payload: []byte("x")}.build()
-	// One hop, checked: the packet passes the policy and leaves for the
-	// next VIP.
-	_, out := runProg(b, ns, p.objs.XlbIngress, pkt)
-	if got, err := parse(out); err != nil || got.dst != chainVIP(1) {
-		b.Fatalf("one hop: %+v, %v; want the packet sent to %s", got, err, chainVIP(1))
-	}
-	benchRuns(b, p.objs.XlbIngress, func(int) []byte { return pkt })
+	benchChain(b, ns, p, farms) // one hop passes the policy
 }
