@@ -352,10 +352,10 @@ func convertRS(f *model.Farm, rs *Node, vsOpts checkerOpts, res *Result) (model.
 	}
 	b := model.NewBackend(name)
 	b.Addr = a
-	if f.Mode == model.ModeDSR || f.Mode == model.ModeStlsDNAT && len(f.VirtualPorts) == 0 {
+	if f.Mode == model.ModeDSR {
 		// DR reaches the real server on the virtual port: IPVS
 		// ignores a real server's port there.
-		if f.Mode == model.ModeDSR && port != 0 && (len(f.VirtualPorts) == 0 || port != f.VirtualPorts[0].First) {
+		if port != 0 && (len(f.VirtualPorts) == 0 || port != f.VirtualPorts[0].First) {
 			res.note(rs, fmt.Sprintf("port %d ignored: DR (dsr) reaches the real server on the virtual port", port))
 		}
 	} else {

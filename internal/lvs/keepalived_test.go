@@ -203,3 +203,23 @@ func TestMiscDynamic(t *testing.T) {
 		}
 	}
 }
+
+// TestOpsKeepsPorts: a UDP service with one-packet scheduling becomes a
+// stateless farm whose backends keep their ports (only DR drops them),
+// on a virtual server of every port too.
+func TestOpsKeepsPorts(t *testing.T) {
+	for _, vs := range []string{"192.0.2.1 53", "192.0.2.1"} {
+		conf := "virtual_server " + vs + " {\n protocol UDP\n ops\n real_server 10.0.0.1 5353 {\n }\n}\n"
+		nodes, err := ParseKeepalived(strings.NewReader(conf), "x.conf")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := ConvertKeepalived(nodes)
+		if err != nil {
+			t.Fatalf("%s: %v", vs, err)
+		}
+		if f := res.Farms[0]; f.Mode != model.ModeStlsDNAT || f.Backends[0].Port != 5353 {
+			t.Errorf("virtual_server %s with ops: mode %s, backend port %d; want stlsdnat, 5353", vs, f.Mode, f.Backends[0].Port)
+		}
+	}
+}
