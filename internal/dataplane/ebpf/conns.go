@@ -187,7 +187,7 @@ func (p *Plane) newCTIndex(farms []*model.Farm, owners *plan.ConnOwners) ctIndex
 			x.byVIP[ctVIP{m.proto, v}] = append(x.byVIP[ctVIP{m.proto, v}], m)
 		}
 	}
-	if owners != nil {
+	if owners.Shared() {
 		p.mu.Lock()
 		x.svcs = make(map[uint32]string, len(p.bySvc))
 		for id, g := range p.bySvc {

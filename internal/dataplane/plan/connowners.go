@@ -62,13 +62,17 @@ func NewConnOwners(farms []*model.Farm, tables map[string]*model.Table) *ConnOwn
 	return o
 }
 
+// Shared reports whether any farms share a key: without, Owner always
+// answers "".
+func (o *ConnOwners) Shared() bool { return o != nil && o.byKey != nil }
+
 // Owner returns the name of the farm a connection of protocol proto
 // (its IP protocol number) from client to vip, sent to backend, belongs
 // to; "" when no farm shares the connection's key with another (the
 // listings' own match by key is then the answer) or none of the key's
 // farms takes it.
 func (o *ConnOwners) Owner(proto uint8, vip netip.AddrPort, client, backend netip.Addr) string {
-	if o == nil || o.byKey == nil {
+	if !o.Shared() {
 		return ""
 	}
 	var cands []*model.Farm
