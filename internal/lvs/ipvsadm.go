@@ -95,21 +95,22 @@ func ConvertIPVSAdm(r io.Reader, name string) (*Result, error) {
 
 // ipvsCmd is one line's command and options.
 type ipvsCmd struct {
-	op      string // add-service, add-server, clear
-	proto   model.Protocol
-	key     string // the service as given: "-t 192.0.2.10:80"
-	addr    netip.Addr
-	port    uint16
-	mark    uint32
-	sched   string
-	persist *uint32
-	mask    string
-	ops     bool
-	real    netip.AddrPort
-	realSet bool
-	method  string
-	weight  *uint32
-	upper   *uint32
+	op        string // add-service, add-server, clear
+	proto     model.Protocol
+	key       string // the service as given: "-t 192.0.2.10:80"
+	addr      netip.Addr
+	port      uint16
+	mark      uint32
+	sched     string
+	schedPort bool // -b sh-port or mh-port
+	persist   *uint32
+	mask      string
+	ops       bool
+	real      netip.AddrPort
+	realSet   bool
+	method    string
+	weight    *uint32
+	upper     *uint32
 }
 
 func parseIPVSLine(f []string, where string) (*ipvsCmd, error) {
@@ -231,7 +232,7 @@ func parseIPVSLine(f []string, where string) (*ipvsCmd, error) {
 			for _, fl := range strings.Split(v, ",") {
 				switch fl {
 				case "sh-port", "mh-port":
-					c.sched += "+port"
+					c.schedPort = true
 				case "sh-fallback", "mh-fallback", "flag-1", "flag-2", "flag-3":
 				default:
 					return nil, fmt.Errorf("%s: %s %s: unknown scheduler flag", where, o, fl)
@@ -270,14 +271,11 @@ func (c *ipvsCmd) service(where string, res *Result) (*ipvsService, error) {
 		}
 	}
 	if c.sched != "" {
-		s, port := strings.CutSuffix(c.sched, "+port")
-		if err := setSched(&f, s, where+": -s"); err != nil {
+		if err := setSched(&f, c.sched, where+": -s"); err != nil {
 			return nil, err
 		}
-		if port {
-			f.SchedParam |= model.KeySrcPort
-		}
 	}
+	finishSched(&f, c.schedPort, where+": "+c.key, res)
 	if c.persist != nil {
 		if *c.persist == 0 {
 			return nil, fmt.Errorf("%s: -p 0: want a timeout above 0", where)

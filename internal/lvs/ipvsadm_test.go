@@ -100,3 +100,21 @@ func TestReplaceLeastConn(t *testing.T) {
 		}
 	}
 }
+
+// TestMaglevFromMH: IPVS's mh (with mh-port too) becomes maglev, with a
+// note that xlb's maglev hashes the whole flow where mh hashes the
+// client; mh-port once failed validation (a hash key on maglev).
+func TestMaglevFromMH(t *testing.T) {
+	res, err := ConvertIPVSAdm(strings.NewReader("-A -t 192.0.2.40:80 -s mh -b mh-port\n-A -t 192.0.2.41:80 -s mh\n"), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.Farms {
+		if f.Scheduler != model.SchedMaglev || f.SchedParam != 0 {
+			t.Errorf("%s: scheduler %s, keys %v; want maglev without keys", f.Name, f.Scheduler, f.SchedParam)
+		}
+	}
+	if n := strings.Count(strings.Join(res.Notes, "\n"), "mh imported as maglev"); n != 2 {
+		t.Errorf("%d notes of mh as maglev, want 2: %q", n, res.Notes)
+	}
+}

@@ -118,6 +118,7 @@ func convertVS(n *Node, res *Result) (model.Farm, error) {
 	var quorum, hysteresis *uint32
 	var reals []*Node
 	var ops *Node
+	schedPort := false
 	for _, c := range n.Children {
 		ok, err := vsOpts.set(c)
 		if err != nil {
@@ -189,12 +190,13 @@ func convertVS(n *Node, res *Result) (model.Farm, error) {
 			"sorry_server_inhibit", "sorry_server_lvs_method", "flag-1", "flag-2", "flag-3", "sh-fallback", "mh-fallback":
 			res.note(c, "no effect in xlb")
 		case "sh-port", "mh-port":
-			f.SchedParam |= model.KeySrcPort
+			schedPort = true
 		default:
 			return f, fmt.Errorf("%s: %s in a virtual_server is not imported (xlb has no equivalent)", c.Where(), c.Key)
 		}
 	}
 	f.Name = farmName(f.VirtualAddr, port, f.Mark, f.Protocol)
+	finishSched(&f, schedPort, n.Where()+": virtual_server "+strings.Join(n.Args, " "), res)
 	if ops != nil {
 		// One-packet scheduling: every datagram scheduled alone.
 		if f.Protocol != model.ProtoUDP {

@@ -64,6 +64,22 @@ func setSched(f *model.Farm, s, what string) error {
 	return nil
 }
 
+// finishSched applies IPVS's sh-port or mh-port flag (port) once the
+// scheduler is known, and notes how maglev differs from IPVS's mh; where
+// names the service.
+func finishSched(f *model.Farm, port bool, where string, res *Result) {
+	switch {
+	case f.Scheduler == model.SchedHash && f.SchedParam&model.KeySrcIP != 0:
+		if port {
+			f.SchedParam |= model.KeySrcPort
+		}
+	case f.Scheduler == model.SchedMaglev:
+		res.notef(where, "mh imported as maglev, which hashes both addresses and both ports where IPVS's mh hashes the client's address (and port with mh-port): one client's connections may reach different backends; persistence keeps them on one")
+	case port:
+		res.notef(where, "sh-port/mh-port: no effect with this scheduler")
+	}
+}
+
 // setMethod maps IPVS's forwarding methods (NAT, DR, TUN) to xlb's modes.
 func setMethod(f *model.Farm, m, what string) error {
 	switch strings.ToUpper(m) {
