@@ -348,11 +348,11 @@ struct {
 } xlb_tbl_conf SEC(".maps");
 
 /**
- * tbl_match() - the most specific entry of the trie of slot @slot holding
- * the source address of @p, counted as a match of @len bytes.
+ * tbl_find() - the most specific entry of the trie of slot @slot holding
+ * the source address of @p, not counted.
  * Return: the entry, or NULL when the slot holds none (or has no trie).
  */
-static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p, __u32 len)
+static __always_inline struct tbl_val *tbl_find(__u32 slot, const struct pkt *p)
 {
 	struct tbl_val *v;
 	void *trie;
@@ -373,6 +373,18 @@ static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p
 			return NULL;
 		v = bpf_map_lookup_elem(trie, &k4);
 	}
+	return v;
+}
+
+/**
+ * tbl_match() - the most specific entry of the trie of slot @slot holding
+ * the source address of @p, counted as a match of @len bytes.
+ * Return: the entry, or NULL when the slot holds none (or has no trie).
+ */
+static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p, __u32 len)
+{
+	struct tbl_val *v = tbl_find(slot, p);
+
 	if (v) {
 		__sync_fetch_and_add(&v->packets, 1);
 		__sync_fetch_and_add(&v->bytes, len);
@@ -735,6 +747,38 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const __u8 
 	}
 	return 0;
 }
+
+#ifndef XLB_TABLES_SOCK /* the install (xlb_sync.h), not the socket programs */
+/**
+ * tbl_client_mark() - the mark the policies of the farm @p is sent to give
+ * a new flow of @p's client, as tbl_one() gives it (the last matching
+ * entry, in the farm's order, of an addr table with marks; 0 for none),
+ * without counting a match: for a flow a peer synchronised (sync_bind()),
+ * whose packets were checked and counted there. @conf: xlb_tbl_conf's
+ * value. Not inlined: one scalar comes back to the install's loop.
+ * Return: the mark, 0 for none.
+ */
+static __attribute__((noinline)) __u32 tbl_client_mark(const struct pkt *p, __u32 conf)
+{
+	struct tbl_refs pol;
+	struct tbl_bind *b;
+	struct tbl_val *v;
+	__u32 i, id, mark = 0, n = tbl_farm_refs(p, conf, &pol);
+
+	for (i = 0; i < XLB_MAX_FARM_POLICIES; i++) {
+		if (i >= n)
+			break;
+		id = pol.ids[i];
+		b = bpf_map_lookup_elem(&xlb_tbl_meta, &id);
+		if (!b || (b->verdict >> XLB_TBL_T_SHIFT) || !(b->verdict & XLB_TBL_F_MARK))
+			continue;
+		v = tbl_find(b->slot, p);
+		if (v && v->mark)
+			mark = v->mark;
+	}
+	return mark;
+}
+#endif
 
 /* tbl_conf() - xlb_tbl_conf's value (0: no farm has policies). */
 static __always_inline __u32 tbl_conf(void)
