@@ -51,6 +51,13 @@ type driftPoller struct {
 	seen    atomic.Uint64
 	drifted func(string) // set before running
 	cursor  int          // (p.mu) the next farm the rotation looks at
+	// progs: the loaded programs' ids (p.mu), read once: a program's
+	// info is a system call and a read of its fdinfo in /proc, which
+	// every poll paid (12 % of an idle daemon's CPU with 10,000
+	// backends, bench/results/health-cpu.md); the programs are loaded
+	// once per plane and keep their ids.
+	progs     progIDs
+	progsRead bool
 }
 
 // WatchDrift implements dataplane.DriftWatcher.
@@ -155,7 +162,11 @@ func attached(l link.Link, prog ebpf.ProgramID) bool {
 
 type progIDs struct{ tcx, xdp ebpf.ProgramID }
 
+// progIDs returns the loaded programs' ids. Callers hold p.mu.
 func (p *Plane) progIDs() progIDs {
+	if p.drift.progsRead {
+		return p.drift.progs
+	}
 	var out progIDs
 	if p.objs.XlbIngress != nil {
 		if info, err := p.objs.XlbIngress.Info(); err == nil {
@@ -166,6 +177,9 @@ func (p *Plane) progIDs() progIDs {
 		if info, err := p.objs.XlbXdp.Info(); err == nil {
 			out.xdp, _ = info.ID()
 		}
+	}
+	if (p.objs.XlbIngress == nil || out.tcx != 0) && (p.objs.XlbXdp == nil || out.xdp != 0) {
+		p.drift.progs, p.drift.progsRead = out, true
 	}
 	return out
 }
