@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -81,6 +82,17 @@ func RunCounters(t *testing.T, p Plane, reopen Reopen) {
 		}
 		if len(c.Backends) != 2 {
 			t.Fatalf("counters of %d backends, want 2: %+v", len(c.Backends), c)
+		}
+		// The read of every farm at once (the rate estimator's and a
+		// scrape's) gives the same.
+		if br, ok := dp.(dataplane.BulkCounterReader); ok {
+			all, err := br.AllCounters(ctx, []*model.Farm{&f})
+			if err != nil {
+				t.Fatalf("read all counters: %v", err)
+			}
+			if len(all) != 1 || all[0].Counters != c.Counters || !slices.Equal(all[0].Backends, c.Backends) {
+				t.Fatalf("all farms' counters %+v, the farm's %+v", all, c)
+			}
 		}
 		return c
 	}

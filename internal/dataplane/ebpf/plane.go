@@ -165,6 +165,10 @@ type Plane struct {
 	// statSlot: each backend id's counter slot in xlb_be_stats (kept in
 	// its xlb_be_flags value too); statSlots allocates them.
 	statSlot map[uint32]uint32
+	// statKeys, statBuf: AllCounters' buffers for the batched read of
+	// the counter slots (reused: the rate estimator reads every 2 s).
+	statKeys []uint32
+	statBuf  []xlbBeStats
 	statSlots
 	// watched: the backend ids in xlb_passive (passive.go).
 	watched map[uint32]*watch
