@@ -21,36 +21,14 @@ import (
 // BenchmarkScrapePlane is one scrape with 1,000 farms of 10 backends held
 // by a real data plane in a namespace, as in the daemon: the counters from
 // the rate estimator's last read (scrape), or read by the scrape itself
-// (eBPF: a map lookup per backend; nft: a dump of its counter sets), and
+// (eBPF: a batched read of its counter slots; nft: a dump of its counter sets), and
 // the connection table walked (eBPF: batched walk of its own table; nft:
 // a netlink dump of netfilter's conntrack). Target: under 100 ms.
 func BenchmarkScrapePlane(b *testing.B) {
 	for _, plane := range []string{"ebpf", "nft"} {
 		b.Run(plane, func(b *testing.B) {
-			testutil.RequireRoot(b)
-			_, ns := testutil.NewNetNS(b)
+			eng := benchEngine(b, plane, 1000, 10)
 			ctx := context.Background()
-			var dp dataplane.Dataplane
-			var err error
-			if plane == "ebpf" {
-				dp, err = ebpf.New(ctx, discard(), ebpf.Options{NetNS: ns, PinPath: benchBPFFS(b), ConnTableSize: 262144})
-			} else {
-				dp, err = nft.New(ctx, discard(), nft.Options{NetNS: ns})
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { dp.Close() })
-			st, err := store.OpenBolt(b.TempDir())
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { st.Close() })
-			eng, err := engine.New(ctx, discard(), dp, st)
-			if err != nil {
-				b.Fatal(err)
-			}
-			putFarms(b, eng, 1000, 10)
 			rates := NewRates(eng, discard())
 			// The daemon's scrape: counters from the rate estimator's
 			// last read (every 2 s), as the daemon wires it.
@@ -97,7 +75,7 @@ func putFarms(tb testing.TB, eng *engine.Engine, farms, backends int) {
 			f.VirtualPorts = []xmodel.PortRange{{First: 80, Last: 80}}
 			for j := range backends {
 				bk := xmodel.NewBackend(fmt.Sprintf("b%d", j))
-				bk.Addr = netip.AddrFrom4([4]byte{10, 200, byte(j), byte(i)})
+				bk.Addr = netip.AddrFrom4([4]byte{10, 200 + byte(j>>8), byte(j), byte(i)})
 				bk.Port = 8080
 				f.Backends = append(f.Backends, bk)
 			}
@@ -127,4 +105,53 @@ func benchBPFFS(tb testing.TB) string {
 		os.Remove(dir)
 	})
 	return dir + "/xlb"
+}
+
+// BenchmarkRateTick is one tick of the rate estimator (a read of every
+// counter and the estimates' update) with 10 farms of 1,000 backends held
+// by a real data plane in a namespace: what bench/health's idle daemon
+// pays every 2 s (bench/results/health-cpu.md).
+func BenchmarkRateTick(b *testing.B) {
+	for _, plane := range []string{"ebpf", "nft"} {
+		b.Run(plane, func(b *testing.B) {
+			eng := benchEngine(b, plane, 10, 1000)
+			rates := NewRates(eng, discard())
+			ctx := context.Background()
+			rates.Sample(ctx)
+			b.ReportAllocs()
+			for b.Loop() {
+				rates.Sample(ctx)
+			}
+		})
+	}
+}
+
+// benchEngine is an engine over a real plane in a new namespace holding
+// farms of backends each.
+func benchEngine(b *testing.B, plane string, farms, backends int) *engine.Engine {
+	testutil.RequireRoot(b)
+	_, ns := testutil.NewNetNS(b)
+	ctx := context.Background()
+	var dp dataplane.Dataplane
+	var err error
+	if plane == "ebpf" {
+		dp, err = ebpf.New(ctx, discard(), ebpf.Options{NetNS: ns, PinPath: benchBPFFS(b), ConnTableSize: 262144})
+	} else {
+		dp, err = nft.New(ctx, discard(), nft.Options{NetNS: ns})
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { dp.Close() })
+	st, err := store.OpenBolt(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	eng, err := engine.New(ctx, discard(), dp, st)
+	if err != nil {
+		b.Fatal(err)
+	}
+	putFarms(b, eng, farms, backends)
+	return eng
 }

@@ -77,7 +77,10 @@ type counters struct {
 	// byFarm: each farm's elements as last committed; owner: the farm
 	// that owns each element (set name + key).
 	byFarm map[string][]ctrElem
-	owner  map[string]string
+	// size: each set's elements at the last read (the next read's map
+	// size hint).
+	size  map[string]int
+	owner map[string]string
 	// id numbers the sets in a batch, apart from the shards' ranges
 	// (nextIDBase).
 	id uint32
@@ -94,7 +97,7 @@ func (e ctrElem) id() string { return e.set + "\x00" + string(e.key) }
 
 func newCounters(prefix string) *counters {
 	t := &nftables.Table{Name: prefix + countersSuffix, Family: nftables.TableFamilyINet}
-	c := &counters{table: t, sets: map[string]*nftables.Set{}, byFarm: map[string][]ctrElem{}, owner: map[string]string{}}
+	c := &counters{table: t, sets: map[string]*nftables.Set{}, byFarm: map[string][]ctrElem{}, owner: map[string]string{}, size: map[string]int{}}
 	for _, s := range []struct {
 		name string
 		typ  nftables.SetDatatype
@@ -441,19 +444,19 @@ func (c *counters) reconcile(conn *nftables.Conn, farms []*model.Farm) (*ctrPend
 }
 
 // read returns the counters of each farm's backends (parallel to farms and
-// their backends) from one dump of the counter sets.
-func (c *counters) read(conn *nftables.Conn, farms []*model.Farm) ([]dataplane.FarmCounters, error) {
-	vals := map[string]*expr.Counter{}
+// their backends) from one dump of each counter set (on nl).
+func (c *counters) read(nl *netlink.Conn, farms []*model.Farm) ([]dataplane.FarmCounters, error) {
+	// Each set's elements by key: a lookup with string(key) allocates
+	// nothing.
+	vals := make(map[string]map[string]ctrVal, len(c.sets))
+	buf := make([]byte, 64<<10)
 	for name, s := range c.sets {
-		els, err := conn.GetSetElements(s)
-		if err != nil {
+		m := make(map[string]ctrVal, c.size[name])
+		if err := dumpCounterSet(nl, buf, c.table.Name, s.Name, func(key []byte, v ctrVal) { m[string(key)] = v }); err != nil {
 			return nil, fmt.Errorf("read counter set %s: %w", name, err)
 		}
-		for _, e := range els {
-			if e.Counter != nil {
-				vals[ctrElem{set: name, key: e.Key}.id()] = e.Counter
-			}
-		}
+		c.size[name] = len(m)
+		vals[name] = m
 	}
 	out := make([]dataplane.FarmCounters, len(farms))
 	for i, f := range farms {
@@ -465,21 +468,21 @@ func (c *counters) read(conn *nftables.Conn, farms []*model.Farm) ([]dataplane.F
 			index[b.Name] = j
 		}
 		for _, e := range c.byFarm[f.Name] {
-			v := vals[e.id()]
+			v, found := vals[e.set][string(e.key)]
 			j, ok := index[e.backend]
-			if v == nil || !ok {
+			if !found || !ok {
 				continue
 			}
 			bc := &fc.Backends[j].Counters
 			switch {
 			case e.set == setNew4 || e.set == setNew6:
-				bc.Connections += v.Packets
+				bc.Connections += v.packets
 			case e.key[len(e.key)-4] == 0: // original: client -> backend
-				bc.InPackets += v.Packets
-				bc.InBytes += v.Bytes
+				bc.InPackets += v.packets
+				bc.InBytes += v.bytes
 			default:
-				bc.OutPackets += v.Packets
-				bc.OutBytes += v.Bytes
+				bc.OutPackets += v.packets
+				bc.OutBytes += v.bytes
 			}
 		}
 		for _, b := range fc.Backends {
@@ -582,5 +585,10 @@ func (s *Plane) AllCounters(ctx context.Context, farms []*model.Farm) ([]datapla
 	if s.ctr == nil {
 		return nil, fmt.Errorf("nft data plane (--nft-counters=false): %w", dataplane.ErrNoCounters)
 	}
-	return s.ctr.read(s.conn, farms)
+	nl, err := s.dialCounters()
+	if err != nil {
+		return nil, err
+	}
+	defer nl.Close()
+	return s.ctr.read(nl, farms)
 }
