@@ -6,7 +6,10 @@
 # each kind per turn. With PERF=1 the first sample of B in round 1 runs
 # under perf record and is classified (bench/health/perf.go).
 #
-# usage: [CHECKS=half-open] [RUNS=2] bench/health/ab.sh XLB_A XLB_B [OUT_DIR]
+# With EXTRA="-steer" (or other bench/health flags) every run gets them:
+# -steer measures the LB's own CPU (bench/health/steer.go).
+#
+# usage: [CHECKS=half-open] [RUNS=2] [EXTRA=flags] bench/health/ab.sh XLB_A XLB_B [OUT_DIR]
 #   XLB_A, XLB_B: xlb binaries (e.g. main's and this tree's)
 #   OUT_DIR: where the reports (ab-ROUND-PLANE-A/B.md, .json) go; default a new
 #            directory under /tmp (the bench binaries are built there too)
@@ -22,10 +25,10 @@ run() { # NAME BINARY PLANE ROUND [FLAGS...]
 	local name=$1 bin=$2 plane=$3 round=$4
 	shift 4
 	timeout 300 "$OUT/health" -xlb "$bin" -echo "$OUT/xlb-echo" -out "$OUT" -name "ab-$round-$plane-$name" \
-		-detect=false -flap=false -planes "$plane" -cpu-runs "${RUNS:-2}" -cpu-checks "${CHECKS:-half-open,connect}" "$@"
+		-detect=false -flap=false -planes "$plane" -cpu-runs "${RUNS:-2}" -cpu-checks "${CHECKS:-half-open,connect}" ${EXTRA:-} "$@"
 }
 export -f run
-export OUT RUNS CHECKS
+export OUT RUNS CHECKS EXTRA
 for round in 1 2; do
 	for plane in nft ebpf; do
 		perf=""

@@ -78,6 +78,8 @@ var (
 	flapSecs = flag.Int("flap-seconds", 30, "length of each flapping sample")
 	flapHogs = flag.Int("flap-hogs", 4, "busy-looping processes that load the CPU during the loaded sample")
 	perfOut  = flag.String("perf", "", "record the daemon's CPU profile (perf record -g -p) during the first checked CPU sample into this file")
+	steer    = flag.Bool("steer", false, "measure the LB's own CPU: the daemon pinned to CPU 0, the backends' and the bridge's receive work steered to the other CPUs by RPS on the test namespaces' veths, and the daemon's BPF programs' run time counted (kernel.bpf_stats_enabled on during the CPU part, restored after)")
+	perfIdle = flag.String("perf-idle", "", "record the daemon's CPU profile (perf record -g -p) during the first idle sample (farms without checks) into this file")
 	perfIn   = flag.String("perf-shares", "", "only print the shares by whose work (perfShares) of this perf.data file, and exit")
 )
 
@@ -165,7 +167,11 @@ type cpuResult struct {
 	Seconds   int
 	Idle      []float64 // the same farms without checks: daemon CPU share of one core
 	MachineId []float64 // whole machine CPU (of 2 cores, in cores), idle
-	Variants  []cpuVariant
+	// With -steer: the daemon's BPF programs' run time (share of one
+	// core) in each idle sample.
+	IdleBPF  []float64 `json:",omitempty"`
+	Steered  bool      `json:",omitempty"`
+	Variants []cpuVariant
 }
 
 // cpuVariant is one kind of check measured.
@@ -177,6 +183,9 @@ type cpuVariant struct {
 	ChecksPS  []float64 // checks per second counted in the API
 	FailPS    []float64 // failed checks per second
 	MachineCk []float64 // whole machine CPU (of 2 cores, in cores) while checking
+	// With -steer: the daemon's BPF programs' run time (share of one
+	// core) while checking, per sample.
+	BPF []float64 `json:",omitempty"`
 	// With -perf: the profiled sample's shares by whose work (perfShares)
 	// and its number of samples.
 	Perf        map[string]float64 `json:",omitempty"`
@@ -230,8 +239,12 @@ func newEnv(ctx context.Context, plane string, extra int) (*env, error) {
 		e.close()
 		return nil, err
 	}
-	args := []string{"netns", "exec", t.Name("lb"), abs(*xlbBin), "daemon", "--listen", "127.0.0.1:5555",
-		"--state-dir", e.state, "--dataplane", plane}
+	args := []string{"netns", "exec", t.Name("lb")}
+	if *steer && extra > 0 { // the CPU part: the daemon on CPU 0 (taskset execs it: same pid)
+		args = append(args, "taskset", "-c", "0")
+	}
+	args = append(args, abs(*xlbBin), "daemon", "--listen", "127.0.0.1:5555",
+		"--state-dir", e.state, "--dataplane", plane)
 	if plane == "ebpf" {
 		args = append(args, "--pin-path", "/sys/fs/bpf/"+t.Name("lb"), "--interfaces", "eth0,br0")
 	}
@@ -571,6 +584,18 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 	defer e.close()
 	// The daemon's pid: `ip netns exec` execs it.
 	pid := e.daemon.Process.Pid
+	if *steer {
+		res.Steered = true
+		if err := steerRPS(ctx, e.t); err != nil {
+			return res, err
+		}
+		restore, err := bpfStats(ctx)
+		if err != nil {
+			return res, err
+		}
+		defer restore()
+	}
+	var lastBPF float64
 	const perFarm = 1000
 	farms := (*cpuBE + perFarm - 1) / perFarm
 	put := func(check string) error {
@@ -623,14 +648,17 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 	}
 	var lastUser float64
 	sampleCPU := func() (float64, float64) {
+		b0 := bpfRunTime(pid)
 		u0, s0 := procCPU(pid)
 		m0 := machineCPU()
 		t0 := time.Now()
 		time.Sleep(time.Duration(*cpuSecs) * time.Second)
 		u1, s1 := procCPU(pid)
 		m1 := machineCPU()
+		b1 := bpfRunTime(pid)
 		el := time.Since(t0).Seconds()
 		lastUser = (u1 - u0).Seconds() / el
+		lastBPF = (b1 - b0).Seconds() / el
 		return (u1 - u0 + s1 - s0).Seconds() / el, (m1 - m0).Seconds() / el
 	}
 	kinds := map[string]string{
@@ -648,8 +676,21 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 			return res, err
 		}
 		time.Sleep(2 * time.Second)
+		var perf *exec.Cmd
+		if *perfIdle != "" && run == 0 {
+			perf = exec.Command("perf", "record", "-q", "-g", "-p", fmt.Sprint(pid), "-o", *perfIdle+"."+plane, "--", "sleep", fmt.Sprint(*cpuSecs))
+			if err := perf.Start(); err != nil {
+				return res, fmt.Errorf("perf: %w", err)
+			}
+		}
 		d, m := sampleCPU()
+		if perf != nil {
+			perf.Wait()
+		}
 		res.Idle, res.MachineId = append(res.Idle, d), append(res.MachineId, m)
+		if *steer {
+			res.IdleBPF = append(res.IdleBPF, lastBPF)
+		}
 		// The kinds take turns, in a different order each run.
 		for j := range res.Variants {
 			v := &res.Variants[(j+run)%len(res.Variants)]
@@ -683,6 +724,11 @@ func cpuRun(ctx context.Context, plane string) (cpuResult, error) {
 			}
 			el := time.Since(t0).Seconds()
 			v.Checked, v.MachineCk, v.User = append(v.Checked, d), append(v.MachineCk, m), append(v.User, lastUser)
+			if *steer {
+				v.BPF = append(v.BPF, lastBPF)
+				log.Printf("cpu %s %s steered: daemon %.3f + its BPF programs %.3f = LB's own %.3f core (idle %.3f + %.3f)",
+					plane, v.Name, d, lastBPF, d+lastBPF, res.Idle[len(res.Idle)-1], res.IdleBPF[len(res.IdleBPF)-1])
+			}
 			v.ChecksPS, v.FailPS = append(v.ChecksPS, float64(n1-n0)/el), append(v.FailPS, float64(f1-f0)/el)
 			log.Printf("cpu %s %s: idle %.3f core, checking %d backends %.3f core (user %.3f; %.0f checks/s, %.0f failed/s); machine %.3f / %.3f cores",
 				plane, v.Name, res.Idle[len(res.Idle)-1], *cpuBE, d, lastUser, v.ChecksPS[len(v.ChecksPS)-1], v.FailPS[len(v.FailPS)-1], m, res.MachineId[len(res.MachineId)-1])
