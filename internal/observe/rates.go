@@ -51,6 +51,8 @@ type RateEstimator struct {
 
 	mu    sync.RWMutex
 	farms map[string]*farmEst
+	// samples counts the samples taken (est.seen).
+	samples uint64
 	// err is why the last sample failed (a plane without counters).
 	err error
 	// last is the last sample's counters, by farm name, and when it was
@@ -62,6 +64,9 @@ type RateEstimator struct {
 type est struct {
 	last  dataplane.Counters
 	rates Rates
+	// seen: the sample that last read it (one that was not read in
+	// the last sample is gone).
+	seen uint64
 }
 
 type farmEst struct {
@@ -108,6 +113,7 @@ func (r *RateEstimator) Sample(ctx context.Context) {
 		r.last[f.Name] = cs[i]
 	}
 	r.lastAt = time.Now()
+	r.samples++
 	secs := r.tick.Seconds()
 	seen := make(map[string]bool, len(farms))
 	for i, f := range farms {
@@ -121,19 +127,23 @@ func (r *RateEstimator) Sample(ctx context.Context) {
 		} else {
 			fe.update(cs[i].Counters, secs)
 		}
-		live := make(map[string]bool, len(cs[i].Backends))
+		// Backends not read in this sample are gone (a stamp per
+		// estimate rather than a set of the live names per farm and
+		// sample: 10,000 backends read every 2 s).
 		for _, b := range cs[i].Backends {
-			live[b.Name] = true
 			be := fe.backends[b.Name]
 			if be == nil {
-				fe.backends[b.Name] = &est{last: b.Counters}
+				fe.backends[b.Name] = &est{last: b.Counters, seen: r.samples}
 				continue
 			}
+			be.seen = r.samples
 			be.update(b.Counters, secs)
 		}
-		for name := range fe.backends {
-			if !live[name] {
-				delete(fe.backends, name)
+		if len(fe.backends) != len(cs[i].Backends) {
+			for name, be := range fe.backends {
+				if be.seen != r.samples {
+					delete(fe.backends, name)
+				}
 			}
 		}
 	}

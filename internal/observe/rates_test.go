@@ -101,6 +101,35 @@ func TestRateEstimator(t *testing.T) {
 	if _, err := r.FarmRates("nope"); !engine.IsNotFound(err) {
 		t.Errorf("rates of a missing farm: %v, want not found", err)
 	}
+	// A backend replaced by another in one change: the gone one's
+	// estimate goes, and it starts from nothing when it comes back.
+	put := func(names ...string) {
+		t.Helper()
+		g := f.Clone()
+		g.Backends = nil
+		for i, n := range names {
+			nb := xmodel.NewBackend(n)
+			nb.Addr = netip.AddrFrom4([4]byte{10, 200, 0, byte(11 + i)})
+			g.Backends = append(g.Backends, nb)
+		}
+		if _, err := eng.Change(ctx, func(tx *engine.Txn) error { return tx.Put(g) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("b1")
+	step()
+	r.mu.RLock()
+	_, kept := r.farms["web"].backends["b0"]
+	n := len(r.farms["web"].backends)
+	r.mu.RUnlock()
+	if kept || n != 1 {
+		t.Errorf("after b0 was replaced by b1: b0's estimate kept %v, %d estimates, want 1", kept, n)
+	}
+	put("b0")
+	step()
+	if got, _ := r.FarmRates("web"); got.Backends[0].Rates != (Rates{}) {
+		t.Errorf("b0 back: rates %+v, want none until its second sample", got.Backends[0].Rates)
+	}
 }
 
 // A scrape serves the rate estimator's last read of the counters while it

@@ -289,7 +289,7 @@ func sumStats(per []xlbBeStats) dataplane.Counters {
 // Callers hold p.mu.
 func (p *Plane) farmCounters(f *model.Farm, stat func(id uint32) (dataplane.Counters, error)) (dataplane.FarmCounters, error) {
 	var out dataplane.FarmCounters
-	byName := map[string]dataplane.Counters{}
+	byName := make(map[string]dataplane.Counters, len(f.Backends))
 	for _, h := range plan.Halves(f) { // a dual farm's halves are counted apart
 		out.Add(p.carry[h.Name])
 		g := p.farms[h.Name]
