@@ -205,13 +205,9 @@ func (p *Plane) freeSlot(s *tblSlot) {
 func (p *Plane) CheckTable(t *model.Table) error { return nil }
 
 // checkTableUse refuses a farm's use of a table the program cannot honour:
-// an iface table, or a table whose values set marks on a stlsdnat farm (the
-// mark of a flow is kept in its conntrack entry, and stlsdnat has none).
+// a table whose values set marks on a stlsdnat farm (the mark of a flow is
+// kept in its conntrack entry, and stlsdnat has none).
 func checkTableUse(f *model.Farm, t *model.Table) error {
-	if t.Type == model.TableIface {
-		return dataplane.Refuse(f, "policies", t.Name,
-			fmt.Sprintf("table %q is an iface table, and the ebpf data plane cannot match interface names (it sees interface indexes); use the nft data plane", t.Name))
-	}
 	if t.Type == model.TableAddr && t.Values&model.ValMark != 0 && f.Mode == model.ModeStlsDNAT {
 		return dataplane.Refuse(f, "policies", t.Name,
 			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane keeps a flow's mark in its conntrack entry, which stlsdnat has not: use dnat, or a table without mark", t.Name, t.Values))
@@ -240,8 +236,6 @@ func (p *Plane) TableAlgorithm(t *model.Table) string {
 		}
 		return fmt.Sprintf("eBPF: hash %s (not preallocated) at index %d of xlb_tbl_hash (array of maps), bound to id %d in xlb_tbl_meta, in %s",
 			hashName(t.Slot), idx, t.ID, p.opts.PinPath)
-	case t.Type != model.TableAddr:
-		return "daemon only (the ebpf data plane matches no interface names)"
 	}
 	idx := uint32(0)
 	if s := p.tbls.slots[t.Slot]; s != nil {
@@ -767,9 +761,6 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 			continue
 		}
 		tables[c.New.Name] = c.New
-		if c.New.Type == model.TableIface {
-			continue
-		}
 		if !p.bound(c.New) {
 			return fail(fmt.Errorf("table %q: slot %d has no kernel map", c.New.Name, c.New.Slot))
 		}
@@ -850,7 +841,7 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	// 4. Tables destroyed: unbound. 5. Slots freed.
 	ids, binds = nil, nil
 	for _, c := range d.Tables {
-		if c.New == nil && c.Old.Type != model.TableIface {
+		if c.New == nil {
 			ids = append(ids, uint32(c.Old.ID))
 			binds = append(binds, xlbTblBind{})
 		}
@@ -972,6 +963,14 @@ func (p *Plane) TableCounters(ctx context.Context, tb *model.Table) (dataplane.T
 // changeHash applies a slot change's entries to a hash: values replaced
 // (counters kept), entries added, entries removed.
 func (p *Plane) changeHash(s *hSlot, c plan.SlotChange) error {
+	if c.New.Type == model.TableIface {
+		idx, err := p.ifaceIndexes()
+		if err != nil {
+			return err
+		}
+		_, err = p.syncIface(s, c.New, idx)
+		return err
+	}
 	replaced := make(map[model.TableKey]bool, len(c.Replaced))
 	for _, e := range c.Replaced {
 		replaced[e.Key] = true
@@ -995,6 +994,16 @@ func (p *Plane) changeHash(s *hSlot, c plan.SlotChange) error {
 
 // undoHash takes back changeHash (as far as it went).
 func (p *Plane) undoHash(s *hSlot, c plan.SlotChange) {
+	if c.Old.Type == model.TableIface {
+		idx, err := p.ifaceIndexes()
+		if err == nil {
+			_, err = p.syncIface(s, c.Old, idx)
+		}
+		if err != nil {
+			p.log.Error("taking back table entries failed", "err", err)
+		}
+		return
+	}
 	added := c.Added()
 	_ = p.delHash(s, c.Old, added)
 	back := append(append([]model.TableEntry(nil), c.Del...), c.Replaced...)
