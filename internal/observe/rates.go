@@ -42,8 +42,9 @@ const RateTick = 2 * time.Second
 // (16 s); a stop decays as fast. IPVS keeps its estimates in fixed point;
 // these are float64, which changes nothing a listing shows.
 //
-// The cost is one read of every counter per tick (for the eBPF plane one
-// map lookup per backend), whether anyone asks or not, as in IPVS.
+// The cost is one read of every counter per tick (for the eBPF plane a
+// batched read of its counter slots, for nft a dump of its counter sets),
+// whether anyone asks or not, as in IPVS.
 type RateEstimator struct {
 	eng  *engine.Engine
 	log  *slog.Logger
