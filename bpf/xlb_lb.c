@@ -1287,7 +1287,7 @@ int xlb_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
-	__u8 smac[6] = {};
+	struct tbl_in in = { .ifindex = ctx->ingress_ifindex };
 	struct pkt p = {};
 	struct ct_val *v;
 	__u32 bid, ifindex, *fl;
@@ -1296,8 +1296,8 @@ int xlb_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	if (data + 12 <= end)
-		__builtin_memcpy(smac, data + 6, 6);
-	if (tbl_check(&p, smac, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
+		__builtin_memcpy(in.smac, data + 6, 6);
+	if (tbl_check(&p, &in, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}

@@ -208,7 +208,8 @@ static __always_inline int sock_denied(const struct sock_dst *d)
 {
 	struct tbl_policy *pol;
 	struct pkt p = {};
-	__u8 smac[6] = {}; /* a socket has no Ethernet source: mac tables match nothing */
+	struct tbl_in in = {}; /* a socket has no Ethernet source nor interface: mac and iface
+				* tables match nothing (nft's output hook: meta iifname "") */
 	__u32 conf = tbl_conf();
 
 	if (!xlb_sock_policies)
@@ -224,7 +225,7 @@ static __always_inline int sock_denied(const struct sock_dst *d)
 		__builtin_memcpy(p.k.src, d->src, 16);
 	else
 		__builtin_memcpy(p.k.src, pol->node_src, 16);
-	return tbl_denied(&p, smac, 0, NULL, conf);
+	return tbl_denied(&p, &in, 0, NULL, conf);
 }
 
 /**

@@ -255,6 +255,21 @@ static __always_inline int sync_same(const struct ct_val *v, const struct ct_val
 	       v->dport == nv->dport;
 }
 
+/* sync_table_mark() - the mark this node's tables give flow @k's client
+ * for its farm (tbl_client_mark(), found as a packet of the flow finds it).
+ * Not inlined, and called by sync_install() itself: the deepest chain of
+ * calls stays within the verifier's 512 bytes of stack. */
+static __attribute__((noinline)) __u32 sync_table_mark(const struct ct_key *k)
+{
+	__u32 conf = tbl_conf();
+	struct pkt p = {};
+
+	if (!(conf & XLB_TBL_CONF_ANY))
+		return 0;
+	__builtin_memcpy(&p.k, k, sizeof(p.k));
+	return tbl_client_mark(&p, conf);
+}
+
 /**
  * sync_bind() - give forward entry @v of flow @k this node's service
  * generation and backend ids: the service by VIP, port and protocol (and,
@@ -264,11 +279,13 @@ static __always_inline int sync_same(const struct ct_val *v, const struct ct_val
  * (not configured yet: a node that joins may get its peers' state before
  * its own farms) the ids stay 0: the entry still carries the flow (its
  * translation is all in the entry, as in the kernel's conntrack), only it
- * is counted under no backend until an update binds it.
+ * is counted under no backend until an update binds it. A bound entry
+ * gets its mark too: the backend's, else @tmark (sync_table_mark()).
  * Return: XLB_SYNC_RC_OK, XLB_SYNC_RC_UNBOUND, or XLB_SYNC_RC_MODE for a
  * service here that keeps no state (dsr, stlsdnat).
  */
-static __always_inline int sync_bind(const struct ct_key *k, struct ct_val *v)
+static __attribute__((noinline)) int sync_bind(const struct ct_key *k, struct ct_val *v,
+					       __u32 tmark)
 {
 	struct be_index_key bk = {};
 	struct svc_key sk = {};
@@ -302,34 +319,45 @@ static __always_inline int sync_bind(const struct ct_key *k, struct ct_val *v)
 	}
 	v->svc = svc->id;
 	v->backend = *bid;
-	/* The flow's mark: this node's backend's (a peer's mark may be one
-	 * of its own making, e.g. the nft plane's backend ids); a table mark
-	 * the flow had at its first node is not carried. */
+	/* The flow's mark as a new flow here gets it (lb4_new_flow()): this
+	 * node's backend's, else @tmark, what this node's mark tables give the
+	 * client (a peer's mark may be one of its own making, e.g. the nft
+	 * plane's backend ids, so it is not taken from the record). */
 	be = bpf_map_lookup_elem(&xlb_backends, bid);
-	v->mark = be ? be->mark : 0;
+	v->mark = be && be->mark ? be->mark : tmark;
+	return XLB_SYNC_RC_OK;
+}
+
+/**
+ * sync_rebind() - bind forward entry @v of flow @k, installed unbound, once
+ * its farm is here (sync_bind(), @tmark its table mark), counting it active
+ * as sync_insert() does.
+ * Return: XLB_SYNC_RC_OK if @v is bound, else XLB_SYNC_RC_UNBOUND.
+ */
+static __always_inline int sync_rebind(const struct ct_key *k, struct ct_val *v, __u32 tmark)
+{
+	if (v->backend)
+		return XLB_SYNC_RC_OK;
+	if (sync_bind(k, v, tmark) != XLB_SYNC_RC_OK)
+		return XLB_SYNC_RC_UNBOUND;
+	if (k->proto == IPPROTO_TCP && lc_counted(v->state))
+		lc_add(v->backend, 1);
 	return XLB_SYNC_RC_OK;
 }
 
 /**
  * sync_update() - a peer's news of a flow this node has (forward entry
- * (@k, @v)): its TCP state moves forward only (a peer that saw less of the
- * flow does not take it back), its timestamp only later; a missing reply
- * entry is recreated; an entry installed unbound is bound once its farm is
- * here.
- * Return: XLB_SYNC_RC_OK, or XLB_SYNC_RC_UNBOUND if it stays unbound.
+ * (@k, @v), bound as far as it can be: @rc, sync_rebind()'s): its TCP state
+ * moves forward only (a peer that saw less of the flow does not take it
+ * back), its timestamp only later; a missing reply entry is recreated.
+ * Return: @rc.
  */
 static __attribute__((noinline)) int sync_update(const struct ct_key *k, struct ct_val *v,
-						 const struct ct_val *nv)
+						 const struct ct_val *nv, int rc)
 {
 	struct ct_val pv = {}, *peer;
 	struct ct_key pk;
-	int rc = XLB_SYNC_RC_OK;
 
-	if (!v->backend) {
-		rc = sync_bind(k, v) == XLB_SYNC_RC_OK ? XLB_SYNC_RC_OK : XLB_SYNC_RC_UNBOUND;
-		if (rc == XLB_SYNC_RC_OK && k->proto == IPPROTO_TCP && lc_counted(v->state))
-			lc_add(v->backend, 1);
-	}
 	if (k->proto == IPPROTO_TCP && nv->state > v->state && nv->state <= XLB_CT_STATE_CLOSE)
 		lc_set_state(v, nv->state);
 	if ((__s64)(nv->seen - v->seen) > 0)
@@ -433,6 +461,7 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 	fv.mode = addr_eq(c->reply, c->client) && c->rport == c->cport ? XLB_MODE_DNAT
 								       : XLB_MODE_SNAT;
 	fv.seen = sync_seen(fv.state, c->left, now);
+	fv.mark = sync_table_mark(&fk); /* sync_bind() puts the backend's first */
 
 	v = bpf_map_lookup_elem(&xlb_ct, &fk);
 	if (v) {
@@ -445,7 +474,7 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 			}
 			if (c->kind != XLB_SYNC_NEW || v->state < XLB_CT_STATE_FIN ||
 			    fv.state >= XLB_CT_STATE_FIN)
-				return sync_update(&fk, v, &fv);
+				return sync_update(&fk, v, &fv, sync_rebind(&fk, v, fv.mark));
 		} else if (c->kind == XLB_SYNC_END) {
 			return XLB_SYNC_RC_GONE;
 		} else if (c->kind == XLB_SYNC_UPDATE) {
@@ -458,7 +487,7 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 	}
 	if (c->kind == XLB_SYNC_END)
 		return XLB_SYNC_RC_GONE;
-	rc = sync_bind(&fk, &fv);
+	rc = sync_bind(&fk, &fv, fv.mark);
 	if (rc == XLB_SYNC_RC_MODE)
 		return rc;
 	return sync_insert(&fk, &fv, rc);

@@ -93,13 +93,14 @@ enum xlb_tbl_verdict {
 	XLB_TBL_FF_SHIFT = 16,	/* bits 16-20: a flow table's fields (model.FlowFields) */
 };
 
-/* Table types with kernel objects (an iface table has none here: the
- * program sees interface indexes, not names). */
+/* Table types as the program holds them. */
 enum xlb_tbl_type {
 	XLB_TBL_T_ADDR = 0,   /* LPM tries in xlb_tbl_addr4/6 */
 	XLB_TBL_T_NUMBER = 1, /* hash in xlb_tbl_hash: the client's port (tbl_hkey.sport) */
 	XLB_TBL_T_MAC = 2,    /* hash in xlb_tbl_hash: the client's Ethernet address */
 	XLB_TBL_T_FLOW = 3,   /* hash in xlb_tbl_hash: the flow fields the table has */
+	XLB_TBL_T_IFACE = 4,  /* hash in xlb_tbl_hash: the index of the interface the packet came
+			       * in on (tbl_hkey.ifindex; the loader resolves names to indexes) */
 	XLB_TBL_FF_SRC_IP = 1,
 	XLB_TBL_FF_PROTO = 2,
 	XLB_TBL_FF_SRC_PORT = 4,
@@ -151,13 +152,25 @@ struct tbl_val {
 /* Inner map key of a number, mac or flow table: the fields its type uses,
  * the others zero. */
 struct tbl_hkey {
-	__u32 src[4]; /* net: flow src-ip */
+	union {
+		__u32 src[4];  /* net: flow src-ip */
+		__u32 ifindex; /* host: an iface table's interface index */
+	};
 	__u32 dst[4]; /* net: flow dst-ip */
 	__u16 sport;  /* net: flow src-port, or a number table's port */
 	__u16 dport;  /* net: flow dst-port */
 	__u8 proto;   /* flow proto */
 	__u8 family;  /* XLB_AF_* of a flow with an address, else 0 */
 	__u8 mac[6];  /* a mac table's Ethernet address */
+};
+
+/* What a policy check knows of a packet besides its headers (struct pkt):
+ * the source Ethernet address (zeros where not loaded or none: a socket)
+ * and the interface it came in on (0: none, a socket). */
+struct tbl_in {
+	__u8 smac[6];
+	__u16 pad;
+	__u32 ifindex;
 };
 
 /* xlb_tbl_meta value: a table id's slot and verdict. */
@@ -348,11 +361,11 @@ struct {
 } xlb_tbl_conf SEC(".maps");
 
 /**
- * tbl_match() - the most specific entry of the trie of slot @slot holding
- * the source address of @p, counted as a match of @len bytes.
+ * tbl_find() - the most specific entry of the trie of slot @slot holding
+ * the source address of @p, not counted.
  * Return: the entry, or NULL when the slot holds none (or has no trie).
  */
-static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p, __u32 len)
+static __always_inline struct tbl_val *tbl_find(__u32 slot, const struct pkt *p)
 {
 	struct tbl_val *v;
 	void *trie;
@@ -373,6 +386,18 @@ static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p
 			return NULL;
 		v = bpf_map_lookup_elem(trie, &k4);
 	}
+	return v;
+}
+
+/**
+ * tbl_match() - the most specific entry of the trie of slot @slot holding
+ * the source address of @p, counted as a match of @len bytes.
+ * Return: the entry, or NULL when the slot holds none (or has no trie).
+ */
+static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p, __u32 len)
+{
+	struct tbl_val *v = tbl_find(slot, p);
+
 	if (v) {
 		__sync_fetch_and_add(&v->packets, 1);
 		__sync_fetch_and_add(&v->bytes, len);
@@ -381,13 +406,13 @@ static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p
 }
 
 /**
- * tbl_hmatch() - the entry of the hash of slot @slot (a number, mac or flow
- * table: @flags, the binding's) that packet @p (source MAC @smac, NULL if
- * not loaded) matches, counted as a match of @len bytes.
+ * tbl_hmatch() - the entry of the hash of slot @slot (a number, mac, flow
+ * or iface table: @flags, the binding's) that packet @p (source MAC and
+ * interface @in) matches, counted as a match of @len bytes.
  * Return: the entry, or NULL.
  */
-static __attribute__((noinline)) struct tbl_val *
-tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p, const __u8 *smac, __u32 len)
+static __always_inline struct tbl_val *
+tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p, const struct tbl_in *in, __u32 len)
 {
 	__u32 type = (flags >> XLB_TBL_T_SHIFT) & 0xf, ff = (flags >> XLB_TBL_FF_SHIFT) & 0x1f;
 	struct tbl_hkey k = {};
@@ -399,9 +424,12 @@ tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p, const __u8 *smac, __u32
 		k.sport = p->k.sport;
 		break;
 	case XLB_TBL_T_MAC:
-		if (!smac)
-			return NULL;
-		__builtin_memcpy(k.mac, smac, 6);
+		__builtin_memcpy(k.mac, in->smac, 6);
+		break;
+	case XLB_TBL_T_IFACE:
+		if (!in->ifindex)
+			return NULL; /* a socket's: no interface, no match (nft: meta iifname "") */
+		k.ifindex = in->ifindex;
 		break;
 	case XLB_TBL_T_FLOW:
 		if (ff & XLB_TBL_FF_SRC_IP)
@@ -667,7 +695,7 @@ static __always_inline void tbl_set_mark(__u32 mark)
 
 /**
  * tbl_one() - the verdict of one table, bound by @b, on packet @p (source
- * MAC @smac), counting a match of @len bytes. For a new flow's packet
+ * MAC and interface @in), counting a match of @len bytes. For a new flow's packet
  * (@lim given) an addr table's match with a limit goes to *@lim if it is
  * the first, and its mark (not 0) becomes the flow's (tbl_set_mark; a later
  * table's replaces it, as each nft table chain sets the mark again). One
@@ -675,14 +703,15 @@ static __always_inline void tbl_set_mark(__u32 mark)
  * whatever kind of map matched.
  * Return: 1 when the table's verdict drops the packet, 0 otherwise.
  */
-static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *smac, __u32 len,
-					     const struct tbl_bind *b, struct tbl_val **lim)
+static __attribute__((noinline)) int tbl_one(const struct pkt *p, const struct tbl_in *in,
+					     __u32 len, const struct tbl_bind *b,
+					     struct tbl_val **lim)
 {
 	__u32 verdict = b->verdict & XLB_TBL_VERDICT_MASK;
 	struct tbl_val *v;
 
 	if (b->verdict >> XLB_TBL_T_SHIFT) {
-		v = tbl_hmatch(b->slot, b->verdict, p, smac, len);
+		v = tbl_hmatch(b->slot, b->verdict, p, in, len);
 		return (verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v);
 	}
 	v = tbl_match(b->slot, p, len);
@@ -698,7 +727,8 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *sm
 }
 
 /**
- * tbl_denied() - whether the farm @p is sent to refuses its client: a
+ * tbl_denied() - whether the farm @p (source MAC and interface @in) is
+ * sent to refuses its client: a
  * blacklist of the farm holds the client, or a whitelist does not (checked
  * in the farm's order; the first that drops decides, as the nft plane's
  * chains do). Matching entries count the packet (@len IP bytes); a table
@@ -710,8 +740,8 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const __u8 *sm
  * @conf: xlb_tbl_conf's value.
  * Return: 1 to drop the packet, 0 otherwise.
  */
-static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const __u8 *smac, __u32 len,
-						struct tbl_val **lim, __u32 conf)
+static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const struct tbl_in *in,
+						__u32 len, struct tbl_val **lim, __u32 conf)
 {
 	struct tbl_refs pol;
 	struct tbl_bind *b;
@@ -727,7 +757,7 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const __u8 
 		verdict = b->verdict & XLB_TBL_VERDICT_MASK;
 		if (verdict == XLB_TBL_NONE && !(b->verdict & (XLB_TBL_F_LIMIT | XLB_TBL_F_MARK)))
 			continue;
-		if (tbl_one(p, smac, len, b, lim)) {
+		if (tbl_one(p, in, len, b, lim)) {
 			if (b->verdict & XLB_TBL_F_LOG)
 				tbl_log(p, id, verdict, !!(conf & XLB_TBL_CONF_XDP));
 			return 1;
@@ -735,6 +765,38 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const __u8 
 	}
 	return 0;
 }
+
+#ifndef XLB_TABLES_SOCK /* the install (xlb_sync.h), not the socket programs */
+/**
+ * tbl_client_mark() - the mark the policies of the farm @p is sent to give
+ * a new flow of @p's client, as tbl_one() gives it (the last matching
+ * entry, in the farm's order, of an addr table with marks; 0 for none),
+ * without counting a match: for a flow a peer synchronised (sync_bind()),
+ * whose packets were checked and counted there. @conf: xlb_tbl_conf's
+ * value. Not inlined: one scalar comes back to the install's loop.
+ * Return: the mark, 0 for none.
+ */
+static __attribute__((noinline)) __u32 tbl_client_mark(const struct pkt *p, __u32 conf)
+{
+	struct tbl_refs pol;
+	struct tbl_bind *b;
+	struct tbl_val *v;
+	__u32 i, id, mark = 0, n = tbl_farm_refs(p, conf, &pol);
+
+	for (i = 0; i < XLB_MAX_FARM_POLICIES; i++) {
+		if (i >= n)
+			break;
+		id = pol.ids[i];
+		b = bpf_map_lookup_elem(&xlb_tbl_meta, &id);
+		if (!b || (b->verdict >> XLB_TBL_T_SHIFT) || !(b->verdict & XLB_TBL_F_MARK))
+			continue;
+		v = tbl_find(b->slot, p);
+		if (v && v->mark)
+			mark = v->mark;
+	}
+	return mark;
+}
+#endif
 
 /* tbl_conf() - xlb_tbl_conf's value (0: no farm has policies). */
 static __always_inline __u32 tbl_conf(void)
@@ -775,8 +837,8 @@ static __always_inline int tbl_new_limited(const struct pkt *p, struct tbl_val *
 }
 
 /**
- * tbl_check() - the policy check of packet @p (source MAC @smac: 6 bytes,
- * zero when not loaded), whose conntrack entry is @v (NULL: none), as
+ * tbl_check() - the policy check of packet @p (source MAC, zero when not
+ * loaded, and interface @in), whose conntrack entry is @v (NULL: none), as
  * tbl_denied(), but for a tracked flow whose tuple passed its farm's
  * policies under the current policy generation: that costs one compare.
  * The loader moves the generation on after every change of tables,
@@ -798,7 +860,7 @@ static __always_inline int tbl_new_limited(const struct pkt *p, struct tbl_val *
  * is left; tbl_flow_mark() reads it). @xdp: in the XDP program.
  * Return: 1 to drop the packet, 0 otherwise.
  */
-static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, struct ct_val *v,
+static __always_inline int tbl_check(const struct pkt *p, const struct tbl_in *in, struct ct_val *v,
 				     __u32 len, __u32 xdp)
 {
 	__u32 conf = tbl_conf(), gen = (conf >> XLB_TBL_GEN_SHIFT) & XLB_TBL_GEN_MAX, *w;
@@ -811,7 +873,7 @@ static __always_inline int tbl_check(const struct pkt *p, const __u8 *smac, stru
 	if (v && gen && ((v->nh_flags & XLB_TBL_NH_GEN_MASK) >> XLB_TBL_NH_GEN_SHIFT) == gen)
 		return 0;
 	/* Limits count flows the tcx program starts, not XDP's passes. */
-	if (tbl_denied(p, smac, len, v || xdp ? NULL : &lim, xdp ? conf | XLB_TBL_CONF_XDP : conf))
+	if (tbl_denied(p, in, len, v || xdp ? NULL : &lim, xdp ? conf | XLB_TBL_CONF_XDP : conf))
 		return 1;
 	if (lim && tbl_new_limited(p, lim))
 		return 1;
@@ -841,18 +903,19 @@ static __always_inline __u32 tbl_flow_mark(const struct scratch *sc)
 
 /**
  * tbl_check_skb() - tbl_check() in the tcx program: loads the source MAC
- * when some farm has a mac table. Not inlined: the verifier sees one
+ * when some farm has a mac table; the interface is the one the packet came
+ * in on (a packet redirected here from another: that one). Not inlined: the verifier sees one
  * scalar come back, whatever the check went through.
  * Return: 1 to drop the packet, 0 otherwise.
  */
 static __attribute__((noinline)) int tbl_check_skb(struct __sk_buff *skb, const struct pkt *p,
 						   struct ct_val *v)
 {
-	__u8 smac[6] = {};
+	struct tbl_in in = { .ifindex = skb->ingress_ifindex ?: skb->ifindex };
 
 	if (tbl_conf() & XLB_TBL_CONF_MAC)
-		bpf_skb_load_bytes(skb, 6, smac, 6);
-	return tbl_check(p, smac, v, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0);
+		bpf_skb_load_bytes(skb, 6, in.smac, 6);
+	return tbl_check(p, &in, v, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0);
 }
 
 /* tbl_clear_gen_one() - clear the policy generation of one conntrack entry

@@ -23,7 +23,6 @@ var ebpfRefuses = map[string]string{
 	"limit-est-connlimit":         `"est-connlimit"`,
 	"limit-backend-est-connlimit": `"est-connlimit"`,
 	"tcp-strict":                  `"tcp-strict"`,
-	"policy-iface":                `interface names`,
 	"fwmark-farm":                 `before netfilter has marked it`,
 	"helper-ftp":                  `"helper" value "ftp"`,
 	"helper-tftp":                 `"helper" value "tftp"`,

@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -268,43 +269,74 @@ func TestTrafficMarkPeer(t *testing.T) {
 	}
 }
 
-// TestConnSyncMark: a flow node A gave a marked backend, installed at node
-// B from A's dump, carries the mark of B's backend in both entries, and
-// B's program marks its packets both ways. Before, an installed flow had
-// no mark (the test fails).
+// TestConnSyncMark: flows node A gave a mark, installed at node B from A's
+// dump, carry in both entries the mark B gives them, and B's program marks
+// their packets both ways: the mark of B's backend, or, for a backend
+// without one, the mark B's mark table gives the client. Before, an
+// installed flow had no mark, and then no table mark (the test fails).
 func TestConnSyncMark(t *testing.T) {
 	testutil.RequireRoot(t)
 	nsA, nsB := fixtureNS(t), fixtureNS(t)
 	a := newPlane(t, nsA, mountBPFFS(t), []string{"front", "back"}, 4096)
 	b := newPlane(t, nsB, mountBPFFS(t), []string{"front", "back"}, 4096)
 	ctx := context.Background()
+	vip2 := netip.MustParseAddr("10.99.0.2")
 	for _, p := range []*Plane{a, b} {
 		f := farm(t, "web", "10.99.0.1", 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080")
 		f.Backends[0].Mark = 0x100
-		if err := p.Reconcile(ctx, []*model.Farm{f}); err != nil {
+		tf := farm(t, "tabled", vip2.String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080")
+		tf.Policies = []model.PolicyRef{{Name: "mk"}}
+		mk := addrTable(t, "mk", model.ListNone, 1, 1)
+		mk.Values = model.ValMark
+		e, err := mk.ParseEntry(model.EntryInput{Key: client.String(), Value: "mark=0x200", ValueSet: true}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mk.PutEntry(e)
+		d := created(mk)
+		d.Farms = []plan.FarmChange{{New: tf}}
+		applyTables(t, p, d)
+		if err := p.Reconcile(ctx, []*model.Farm{f, tf}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	syn := pktSpec{src: client, sport: 40000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}
-	if v, _, mark := runProgMark(t, nsA, a.objs.XlbIngress, syn.build()); v != verdictRedirect || mark != 0x100 {
-		t.Fatalf("SYN at A: verdict %d mark %#x", v, mark)
+	for _, c := range []struct {
+		desc  string
+		vip   netip.Addr
+		sport uint16
+		mark  uint32
+	}{
+		{"backend's mark", vip1, 40000, 0x100},
+		{"table's mark", vip2, 40001, 0x200},
+	} {
+		syn := pktSpec{src: client, sport: c.sport, dst: c.vip, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}
+		if v, _, mark := runProgMark(t, nsA, a.objs.XlbIngress, syn.build()); v != verdictRedirect || mark != c.mark {
+			t.Fatalf("%s: SYN at A: verdict %d mark %#x, want %#x", c.desc, v, mark, c.mark)
+		}
 	}
 	conns, err := a.DumpConns(ctx)
-	if err != nil || len(conns) != 1 {
+	if err != nil || len(conns) != 2 {
 		t.Fatalf("A's dump: %v, %v", conns, err)
 	}
-	if n, err := b.InstallConns(ctx, []dataplane.ConnEvent{{Kind: dataplane.ConnNew, Conn: conns[0]}}); n != 1 || err != nil {
+	var evs []dataplane.ConnEvent
+	for _, c := range conns {
+		evs = append(evs, dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: c})
+	}
+	if n, err := b.InstallConns(ctx, evs); n != 2 || err != nil {
 		t.Fatalf("install at B: %d, %v", n, err)
 	}
 	for _, c := range []struct {
 		desc string
 		in   pktSpec
+		mark uint32
 	}{
-		{"ACK at B", pktSpec{src: client, sport: 40000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpACK}},
-		{"reply at B", pktSpec{src: be1, sport: 8080, dst: client, dport: 40000, proto: protoTCP, tcpFlags: tcpACK, srcMAC: macBackend(0), dstMAC: macBack}},
+		{"ACK at B", pktSpec{src: client, sport: 40000, dst: vip1, dport: 80, proto: protoTCP, tcpFlags: tcpACK}, 0x100},
+		{"reply at B", pktSpec{src: be1, sport: 8080, dst: client, dport: 40000, proto: protoTCP, tcpFlags: tcpACK, srcMAC: macBackend(0), dstMAC: macBack}, 0x100},
+		{"ACK at B, table's mark", pktSpec{src: client, sport: 40001, dst: vip2, dport: 80, proto: protoTCP, tcpFlags: tcpACK}, 0x200},
+		{"reply at B, table's mark", pktSpec{src: be1, sport: 8080, dst: client, dport: 40001, proto: protoTCP, tcpFlags: tcpACK, srcMAC: macBackend(0), dstMAC: macBack}, 0x200},
 	} {
-		if v, _, mark := runProgMark(t, nsB, b.objs.XlbIngress, c.in.build()); v != verdictRedirect || mark != 0x100 {
-			t.Errorf("%s: verdict %d mark %#x, want redirect, 0x100", c.desc, v, mark)
+		if v, _, mark := runProgMark(t, nsB, b.objs.XlbIngress, c.in.build()); v != verdictRedirect || mark != c.mark {
+			t.Errorf("%s: verdict %d mark %#x, want redirect, %#x", c.desc, v, mark, c.mark)
 		}
 	}
 }

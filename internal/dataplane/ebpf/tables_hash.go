@@ -16,8 +16,7 @@ import (
 // the slot's index in xlb_tbl_hash, keyed by struct tbl_hkey: the packet's
 // source port (number), source Ethernet address (mac), or the flow fields
 // the table has; the binding's flags tell the program the type and the
-// fields. An iface table has no kernel object here: the program sees
-// interface indexes, not names, so a farm attaching one is refused.
+// fields, or the index of the packet's interface (iface: tables_iface.go).
 //
 // A restarted daemon makes these hashes anew (filled before they are bound,
 // so filtering does not stop) and drops the earlier ones: their counters
@@ -31,7 +30,8 @@ const (
 
 // hasHash reports whether a table's type is held in xlb_tbl_hash.
 func hasHash(t *model.Table) bool {
-	return t.Type == model.TableNumber || t.Type == model.TableMAC || t.Type == model.TableFlow
+	return t.Type == model.TableNumber || t.Type == model.TableMAC || t.Type == model.TableFlow ||
+		t.Type == model.TableIface
 }
 
 // hashType is the binding's type bits of a table in xlb_tbl_hash.
@@ -44,6 +44,8 @@ func hashType(t *model.Table) uint32 {
 		typ = uint32(xlbXlbTblTypeXLB_TBL_T_MAC)
 	case model.TableFlow:
 		typ = uint32(xlbXlbTblTypeXLB_TBL_T_FLOW)
+	case model.TableIface:
+		typ = uint32(xlbXlbTblTypeXLB_TBL_T_IFACE)
 	}
 	return typ<<tblTShift | uint32(t.Flow)<<tblFFShift
 }
@@ -52,6 +54,9 @@ func hashType(t *model.Table) uint32 {
 type hSlot struct {
 	idx uint32
 	m   *ebpf.Map
+	// ifaces: an iface table's interface names by the index each was
+	// written under (syncIface).
+	ifaces map[uint32]string
 }
 
 func hashName(slot uint32) string { return fmt.Sprintf("xh_%d", slot) }
@@ -88,7 +93,8 @@ func (p *Plane) freeHashSlot(s *hSlot) {
 }
 
 // hashKey is an entry's key in its slot's hash; ok is false for a key no
-// packet can match (a number past 65535).
+// packet can match (a number past 65535), and for an iface table's (its
+// keys are the interfaces' indexes: syncIface).
 func hashKey(t *model.Table, k model.TableKey) (xlbTblHkey, bool) {
 	var h xlbTblHkey
 	switch t.Type {
@@ -147,6 +153,9 @@ func keyOfHash(t *model.Table, h xlbTblHkey) model.TableKey {
 // putHash writes entries into a slot's hash (values over existing ones
 // keep their counters when keep is set).
 func (p *Plane) putHash(s *hSlot, t *model.Table, entries []model.TableEntry, keep bool) error {
+	if t.Type == model.TableIface {
+		return errors.New("an iface table's hash is written whole (syncIface)")
+	}
 	var keys []xlbTblHkey
 	var vals []xlbTblVal
 	for _, e := range entries {
@@ -197,9 +206,14 @@ func hashCounters(s *hSlot, t *model.Table, out dataplane.TableCounters) error {
 	var v xlbTblVal
 	it := s.m.Iterate()
 	for it.Next(&k, &v) {
-		if v.Packets != 0 {
-			out[keyOfHash(t, k)] = dataplane.EntryCounters{Packets: v.Packets, Bytes: v.Bytes}
+		if v.Packets == 0 {
+			continue
 		}
+		key := keyOfHash(t, k)
+		if t.Type == model.TableIface {
+			key = model.TableKey(s.ifaces[k.Src[0]])
+		}
+		out[key] = dataplane.EntryCounters{Packets: v.Packets, Bytes: v.Bytes}
 	}
 	return it.Err()
 }
@@ -209,6 +223,17 @@ func (p *Plane) fillHashSlot(t *model.Table) (*hSlot, error) {
 	s, err := p.newHashSlot(t.Slot)
 	if err != nil {
 		return nil, err
+	}
+	if t.Type == model.TableIface {
+		idx, err := p.ifaceIndexes()
+		if err == nil {
+			_, err = p.syncIface(s, t, idx)
+		}
+		if err != nil {
+			p.freeHashSlot(s)
+			return nil, fmt.Errorf("table %q: %w", t.Name, err)
+		}
+		return s, nil
 	}
 	var all []model.TableEntry
 	t.Entries("", func(e model.TableEntry) bool { all = append(all, e); return true })

@@ -489,6 +489,7 @@ const (
 	xlbXlbTblTypeXLB_TBL_T_NUMBER    xlbXlbTblType = 1
 	xlbXlbTblTypeXLB_TBL_T_MAC       xlbXlbTblType = 2
 	xlbXlbTblTypeXLB_TBL_T_FLOW      xlbXlbTblType = 3
+	xlbXlbTblTypeXLB_TBL_T_IFACE     xlbXlbTblType = 4
 	xlbXlbTblTypeXLB_TBL_FF_SRC_IP   xlbXlbTblType = 1
 	xlbXlbTblTypeXLB_TBL_FF_PROTO    xlbXlbTblType = 2
 	xlbXlbTblTypeXLB_TBL_FF_SRC_PORT xlbXlbTblType = 4
