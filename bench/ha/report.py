@@ -119,6 +119,8 @@ out.append("Parameters of the runs: " + "; ".join(f"{c} long-lived connections, 
                                                   for c, n, p in params) + ".")
 out.append("")
 
+first_at = len(out)  # the newest A/B's section goes here (sync_ab3 below)
+
 out += ["## Long-lived connections broken", "",
         "| case | runs | open | broken: node goes | node back | node added | all events, % of open | how | runs (goes/back/added) |",
         "|---|---|---|---|---|---|---|---|---|"]
@@ -243,7 +245,7 @@ def per_packet(lines):
             r["idle"][on].append(vals.get("cpu-ms/s", 0))
         else:
             r["K"].setdefault(int(k), {"off": [], "on": []})[on].append(
-                (vals["cpu-ns/pkt"], vals["prog-ns/pkt"], vals.get("recs/flow", 0)))
+                (vals["cpu-ns/pkt"], vals["prog-ns/pkt"], vals.get("recs/flow", 0), vals.get("thread-ns/pkt")))
     return res
 
 
@@ -327,6 +329,71 @@ if ab and os.path.exists(ab):
         out += [h + "  " for h in head] + [""]
         out += per_packet_table(res)
         out += [""] + idle_table(res)
+
+
+
+def welch_p(a, b):
+    """Two-sided p of Welch's t test (normal approximation of t's tail for
+    the degrees of freedom, by its CDF through math.erf on a scaled t)."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    t = (statistics.mean(a) - statistics.mean(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    z = t * (1 - 1 / (4 * df)) / math.sqrt(1 + t * t / (2 * df))  # t -> z (Fisher's)
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+def thread_table(res):
+    """Of BenchmarkSyncPerPacket's CPU, what the threads other than the
+    packets' one took (sync's goroutines, the runtime), where reported."""
+    rows = ["| build | K | other threads off, ns/packet | other threads on, ns/packet | their sync CPU per flow, µs |",
+            "|---|---|---|---|---|"]
+    for label, r in res.items():
+        for k in sorted(r["K"]):
+            off, on = r["K"][k]["off"], r["K"][k]["on"]
+            n = min(len(off), len(on))
+            if n == 0 or off[0][3] is None:
+                continue
+            o = [a[0] - a[3] for a in off[:n]]
+            p = [b[0] - b[3] for b in on[:n]]
+            flow = [(y - x) * k / 1000 for x, y in zip(o, p)]
+            rows.append(f"| {label or '-'} | {k} | {med(o)} ({fmt(o)}) | {med(p)} ({fmt(p)}) | "
+                        f"{statistics.median(flow):.1f} ({fmt(flow, digits=1)}) |")
+    return rows
+
+
+ab3 = os.path.join(os.path.dirname(bench), "ha-sync-ab3.txt") if bench else None
+if ab3 and os.path.exists(ab3):
+    res = per_packet(open(ab3))
+    if res:
+        head = [l[2:].rstrip() for l in open(ab3) if l.startswith("# ")]
+        sec = ["## Sync cost per packet, 28 Nov: no garbage per batch, a cheaper fold (A/B)", "",
+               "From `ha-sync-ab3.txt`; the benchmarks are described in the sections further down",
+               "(*Sync cost per packet*, *Sync cost per connection*).", ""]
+        sec += [h + "  " for h in head] + [""]
+        sec += per_packet_table(res)
+        labels = list(res)
+        if len(labels) == 2:
+            sec += ["", "Welch's t test of the on/off ratios (p approximate), " + " against ".join(labels) + ": " + "; ".join(
+                f"K={k} p = {welch_p(*[[b[0] / a[0] for a, b in zip(res[l]['K'][k]['off'], res[l]['K'][k]['on'])] for l in labels]):.2f}"
+                for k in sorted(res[labels[0]]["K"])) + "."]
+        sec += ["", "The CPU of the threads other than the one sending the packets (*cpu-ns/pkt* less",
+                "*thread-ns/pkt*): the sending thread costs the same with sync on and off at K=100, so",
+                "what sync adds there is its goroutines' and the runtime's own CPU.", ""]
+        sec += thread_table(res)
+        per = {}
+        for l in open(ab3):
+            m = re.match(r"(\S+) (BenchmarkSync(?:Sender|Install)\S*?)(-\d+)?\s+\d+\s+\d+ ns/op\s+(.*)", l)
+            if m:
+                for v, unit in re.findall(r"([0-9.]+) (\S+/conn)", m.group(4)):
+                    per.setdefault((m.group(2), unit), {}).setdefault(m.group(1), []).append(float(v))
+        if per:
+            sec += ["", "Per connection (eBPF plane; what the benchmarks measure: *Sync cost per connection*",
+                    "below). The eBPF install did not change between the builds: its difference is the",
+                    "machine's (main ran first in each round).", "",
+                    "| benchmark | metric | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+            for (b, unit), by in per.items():
+                sec.append(f"| {b} | {unit} | " + " | ".join(fmt(by.get(l, []), " ns") for l in labels) + " |")
+        out[first_at:first_at] = sec + [""]
 
 if cost and os.path.exists(cost):
     cr = [json.loads(l) for l in open(cost) if l.strip()]

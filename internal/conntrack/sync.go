@@ -59,13 +59,15 @@ func (s *Syncer) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent))
 func (s *Syncer) watch(ctx context.Context, w *eventSocket, fn func([]dataplane.ConnEvent)) error {
 	defer w.close()
 	var (
-		batch []dataplane.ConnEvent
+		// One batch for the watcher's life: fn keeps none
+		// (dataplane.ConnSyncer), so no garbage per batch.
+		batch = make([]dataplane.ConnEvent, 0, batchMax)
 		since time.Time // of the batch's first event
 	)
 	flush := func() {
 		if len(batch) > 0 {
 			fn(batch)
-			batch = nil
+			batch = batch[:0]
 		}
 	}
 	add := func(kind dataplane.ConnEventKind, f ctFlow) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -48,8 +49,9 @@ func TestSyncerInstall(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		go watcher.watch(wctx, w1, func(b []dataplane.ConnEvent) { got <- b })
-		go installer.watch(wctx, w2, func(b []dataplane.ConnEvent) { echoed <- b })
+		// fn keeps no batch: the watcher reuses it.
+		go watcher.watch(wctx, w1, func(b []dataplane.ConnEvent) { got <- slices.Clone(b) })
+		go installer.watch(wctx, w2, func(b []dataplane.ConnEvent) { echoed <- slices.Clone(b) })
 		evs := make([]dataplane.ConnEvent, len(conns))
 		for i, c := range conns {
 			evs[i] = dataplane.ConnEvent{Kind: dataplane.ConnNew, Conn: c}

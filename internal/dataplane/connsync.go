@@ -53,7 +53,9 @@ type ConnEvent struct {
 // streamed to other nodes and installed from them (internal/cluster/sync).
 type ConnSyncer interface {
 	// WatchConns calls fn with batches of the plane's connection events
-	// until ctx ends or the event source fails.
+	// until ctx ends or the event source fails. fn keeps no reference to
+	// a batch after it returns (a plane may reuse it), and may be called
+	// from more than one goroutine at once (sessionsync adds its own).
 	WatchConns(ctx context.Context, fn func([]ConnEvent)) error
 	// DumpConns returns every tracked connection (a full resync).
 	DumpConns(ctx context.Context) ([]SyncConn, error)

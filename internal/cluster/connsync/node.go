@@ -109,12 +109,31 @@ type Node struct {
 
 type peer struct {
 	addr     netip.AddrPort
-	queue    chan []dataplane.ConnEvent
+	queue    chan *payload
 	resync   atomic.Bool // the queue overflowed: reconnect and dump
 	sending  string
 	caughtUp bool
 	down     bool // our dial failed: it has no state to wait for
 	lastErr  string
+}
+
+// payload is a batch of events encoded once for every peer (a frame's
+// payload, appendConns), handed to each peer's sender and back to
+// payloads by the last one done with it: the watcher keeps no batch (the
+// data plane reuses its own) and makes no garbage per batch.
+type payload struct {
+	b    []byte
+	n    int // events in b
+	refs atomic.Int32
+}
+
+var payloads = sync.Pool{New: func() any { return &payload{b: make([]byte, 0, 2+256*connSize(true))} }}
+
+// release gives up one peer's hold on pl.
+func (pl *payload) release() {
+	if pl.refs.Add(-1) == 0 {
+		payloads.Put(pl)
+	}
 }
 
 // queueBatches bounds what a slow peer may fall behind by (batches of up
@@ -154,7 +173,7 @@ func New(log *slog.Logger, cfg Config, dp dataplane.ConnSyncer) (*Node, error) {
 		if a == cfg.Listen.Addr().Unmap() {
 			return nil, fmt.Errorf("sync peers: %s is this node's own listen address", p)
 		}
-		n.peers[a] = &peer{addr: p, queue: make(chan []dataplane.ConnEvent, queueBatches), sending: "connecting"}
+		n.peers[a] = &peer{addr: p, queue: make(chan *payload, queueBatches), sending: "connecting"}
 	}
 	return n, nil
 }
@@ -253,17 +272,27 @@ func (n *Node) Counters() Counters {
 }
 
 // watch feeds the data plane's events to every peer's queue, each batch's
-// records of a connection folded into one (coalesce.go); a full queue
-// drops the batch for that peer and marks it for a full resync.
+// records of a connection folded into one (coalesce.go) and encoded once
+// for all; a full queue drops the batch for that peer and marks it for a
+// full resync.
 func (n *Node) watch(ctx context.Context) {
-	var co coalescer
+	var (
+		mu sync.Mutex // fn may be called from two goroutines (sessionsync's poll)
+		co coalescer
+	)
 	for ctx.Err() == nil {
 		err := n.dp.WatchConns(ctx, func(evs []dataplane.ConnEvent) {
+			mu.Lock()
+			defer mu.Unlock()
 			evs = co.fold(evs)
+			pl := payloads.Get().(*payload)
+			pl.b, pl.n = appendConns(pl.b[:0], evs), len(evs)
+			pl.refs.Store(int32(len(n.peers)))
 			for _, p := range n.peers {
 				select {
-				case p.queue <- evs:
+				case p.queue <- pl:
 				default:
+					pl.release()
 					n.c.dropped.Add(uint64(len(evs)))
 					if !p.resync.Swap(true) {
 						n.log.Warn("sync queue of a peer full: it gets a full resync", "peer", p.addr)
@@ -364,7 +393,7 @@ func (n *Node) session(ctx context.Context, p *peer, c net.Conn) error {
 	}
 	// Events queued before this point are in the dump that follows.
 	for len(p.queue) > 0 {
-		<-p.queue
+		(<-p.queue).release()
 	}
 	p.resync.Store(false)
 	n.setSending(p, "connected", nil, false)
@@ -416,21 +445,17 @@ func (n *Node) session(ctx context.Context, p *peer, c net.Conn) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case evs := <-p.queue:
-			if err := fw.write(frameConns, appendConns(buf[:0], evs)); err != nil {
+		case pl := <-p.queue:
+			if err := n.sendPayload(fw, pl); err != nil {
 				return err
 			}
-			n.c.framesSent.Add(1)
-			n.c.connsSent.Add(uint64(len(evs)))
 			// Batch the frames already queued into one write.
 			for more := true; more; {
 				select {
-				case evs := <-p.queue:
-					if err := fw.write(frameConns, appendConns(buf[:0], evs)); err != nil {
+				case pl := <-p.queue:
+					if err := n.sendPayload(fw, pl); err != nil {
 						return err
 					}
-					n.c.framesSent.Add(1)
-					n.c.connsSent.Add(uint64(len(evs)))
 				default:
 					more = false
 				}
@@ -447,6 +472,17 @@ func (n *Node) session(ctx context.Context, p *peer, c net.Conn) error {
 			}
 		}
 	}
+}
+
+// sendPayload writes a queued batch as a frame and lets it go.
+func (n *Node) sendPayload(fw *frameWriter, pl *payload) error {
+	defer pl.release()
+	if err := fw.write(frameConns, pl.b); err != nil {
+		return err
+	}
+	n.c.framesSent.Add(1)
+	n.c.connsSent.Add(uint64(pl.n))
+	return nil
 }
 
 // deadlineWriter sets a write deadline of sendTimeout before each write.

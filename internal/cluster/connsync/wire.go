@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net/netip"
 	"slices"
@@ -55,6 +56,18 @@ type frameWriter struct {
 	nonce []byte
 	seq   uint64
 	buf   []byte
+	mac   hash.Hash // hmac under key, made once and reset for each frame
+}
+
+// frameMAC is h (made under key if nil) reset and fed the nonce.
+func frameMAC(h hash.Hash, key, nonce []byte) hash.Hash {
+	if h == nil {
+		h = hmac.New(sha256.New, key)
+	} else {
+		h.Reset()
+	}
+	h.Write(nonce)
+	return h
 }
 
 func (fw *frameWriter) write(typ byte, payload []byte) error {
@@ -64,10 +77,9 @@ func (fw *frameWriter) write(typ byte, payload []byte) error {
 	fw.buf = append(fw.buf, typ)
 	fw.buf = binary.BigEndian.AppendUint64(fw.buf, fw.seq)
 	fw.buf = append(fw.buf, payload...)
-	m := hmac.New(sha256.New, fw.key)
-	m.Write(fw.nonce)
-	m.Write(fw.buf[4:])
-	fw.buf = m.Sum(fw.buf)
+	fw.mac = frameMAC(fw.mac, fw.key, fw.nonce)
+	fw.mac.Write(fw.buf[4:])
+	fw.buf = fw.mac.Sum(fw.buf)
 	_, err := fw.w.Write(fw.buf)
 	return err
 }
@@ -81,6 +93,8 @@ type frameReader struct {
 	nonce []byte
 	seq   uint64
 	buf   []byte
+	mac   hash.Hash
+	sum   []byte
 }
 
 // read returns the next frame's type and payload (valid until the next
@@ -102,10 +116,10 @@ func (fr *frameReader) read() (byte, []byte, error) {
 		return 0, nil, err
 	}
 	body, sum := b[:n-macLen], b[n-macLen:]
-	m := hmac.New(sha256.New, fr.key)
-	m.Write(fr.nonce)
-	m.Write(body)
-	if !hmac.Equal(m.Sum(nil), sum) {
+	fr.mac = frameMAC(fr.mac, fr.key, fr.nonce)
+	fr.mac.Write(body)
+	fr.sum = fr.mac.Sum(fr.sum[:0])
+	if !hmac.Equal(fr.sum, sum) {
 		return 0, nil, errBadMAC
 	}
 	seq := binary.BigEndian.Uint64(body[1:9])

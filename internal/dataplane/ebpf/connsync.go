@@ -180,7 +180,11 @@ func (p *Plane) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) 
 		idleWait = p.opts.syncIdleWait
 	}
 	var (
-		batch  []dataplane.ConnEvent
+		// One batch for the watcher's life: fn keeps none (the
+		// interface says so). A new one each flush was 36 KiB of
+		// garbage every 10 ms: 1.4 % of the samples of
+		// BenchmarkSyncPerPacket at K=100, of about 10 % that sync took.
+		batch  = make([]dataplane.ConnEvent, 0, syncBatchMax)
 		rec    ringbuf.Record
 		got    int  // records since the last wait ended
 		waking bool // xlb_sync_wake is set
@@ -188,7 +192,7 @@ func (p *Plane) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) 
 	flush := func() {
 		if len(batch) > 0 {
 			fn(batch)
-			batch = nil
+			batch = batch[:0]
 		}
 	}
 	deadline := time.Now().Add(syncBatchWait)
@@ -210,9 +214,6 @@ func (p *Plane) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) 
 					return fmt.Errorf("connection events: disarm wake-up: %w", err)
 				}
 				deadline = time.Now().Add(syncBatchWait)
-			}
-			if batch == nil {
-				batch = make([]dataplane.ConnEvent, 0, syncBatchMax)
 			}
 			ev := dataplane.ConnEvent{Kind: dataplane.ConnEventKind(c.Kind)}
 			if c.Kind == syncSession {

@@ -143,6 +143,15 @@ func BenchmarkSyncInstall(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/conn")
 }
 
+// threadCPU is the CPU time of the calling thread (locked to it).
+func threadCPU(tb testing.TB) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // processCPU is the process's CPU time so far (user and system, all
 // threads).
 func processCPU(tb testing.TB) time.Duration {
