@@ -411,8 +411,8 @@ static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p
  * interface @in) matches, counted as a match of @len bytes.
  * Return: the entry, or NULL.
  */
-static __always_inline struct tbl_val *
-tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p, const struct tbl_in *in, __u32 len)
+static __always_inline struct tbl_val *tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p,
+						  const struct tbl_in *in, __u32 len)
 {
 	__u32 type = (flags >> XLB_TBL_T_SHIFT) & 0xf, ff = (flags >> XLB_TBL_FF_SHIFT) & 0x1f;
 	struct tbl_hkey k = {};
