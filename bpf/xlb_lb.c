@@ -785,8 +785,12 @@ static __always_inline int lb_dsr_midstream(const struct pkt *p, const struct sv
 }
 
 /**
- * lb4_new_flow() - a packet without conntrack entry: balance it if it is for
- * a service, creating both conntrack entries.
+ * lb4_new_flow() - a packet without conntrack entry: check it against its
+ * farm's policies, and balance it if it is for a service, creating both
+ * conntrack entries. The service is looked up first: its value carries the
+ * farm's policies (tbl_svc_refs), so the check needs no lookup of its own;
+ * not where farms are chosen by source table, whose choice counts the
+ * source table's match, which a packet the policies drop must not.
  *
  * Return: a tcx verdict. Not a service: XLB_NEXT. TCP without SYN (or with
  * SYN+ACK): XLB_NEXT (the stack answers with a reset), but for dsr's
@@ -796,7 +800,7 @@ static __always_inline int lb_dsr_midstream(const struct pkt *p, const struct sv
 static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 {
 	struct svc_key key = {};
-	struct svc_val *svc;
+	struct svc_val *svc = NULL;
 	struct backend *be;
 	struct ct_val fv = {}, *v;
 	struct scratch *sc;
@@ -806,17 +810,16 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	__u64 now;
 	int fresh, midstream;
 
-	__builtin_memcpy(key.addr, p->k.dst, 16);
-	key.port = p->k.dport;
-	key.proto = p->k.proto;
-	key.family = p->k.family;
-	svc = svc_lookup(p, &key);
-	if (!svc) {
-		key.port = 0;
-		svc = svc_lookup(p, &key);
-		if (!svc)
-			return lb4_stateless_reply(skb, p);
+	if (!(tbl_conf() & XLB_TBL_CONF_STEER))
+		svc = svc_find(p, &key);
+	if (tbl_check_new(skb, p, svc)) {
+		stat_inc(XLB_STAT_POLICY_DROP);
+		return XLB_DROP;
 	}
+	if (!svc && !key.proto) /* not looked up yet (farms chosen by source table) */
+		svc = svc_find(p, &key);
+	if (!svc)
+		return lb4_stateless_reply(skb, p);
 	if (svc->mode == XLB_MODE_STLSDNAT)
 		return lb4_stateless(skb, p, svc, &key);
 	/* Mode local: the farm's policies were checked (tbl_denied); the
@@ -1368,10 +1371,10 @@ int xlb_ingress(struct __sk_buff *skb)
 	}
 	/* The policy check (xlb_tables.h) comes first; a tracked flow that
 	 * passed it under the current policy generation pays one compare. A
-	 * flow whose entry turns out to be gone starts again: checked in
-	 * full, its limit applied. */
+	 * packet without entry is checked by lb4_new_flow, as is a flow whose
+	 * entry turns out to be gone: checked in full, its limit applied. */
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
-	if (tbl_check_skb(skb, &p, v)) {
+	if (v && tbl_check_skb(skb, &p, v)) {
 		stat_inc(XLB_STAT_POLICY_DROP);
 		return XLB_DROP;
 	}
@@ -1385,10 +1388,6 @@ int xlb_ingress(struct __sk_buff *skb)
 		rc = lb4_ct_hit(skb, &p, v);
 		if (rc != XLB_CT_MISS)
 			return rc;
-		if (tbl_check_skb(skb, &p, NULL)) {
-			stat_inc(XLB_STAT_POLICY_DROP);
-			return XLB_DROP;
-		}
 	}
 	return lb4_new_flow(skb, &p);
 }

@@ -10,6 +10,11 @@
 
 #include <linux/types.h>
 
+/* Policies of one farm the program checks (xlb_tables.h). */
+#ifndef XLB_MAX_FARM_POLICIES
+#define XLB_MAX_FARM_POLICIES 8
+#endif
+
 /* xlb_services key: a virtual service. */
 struct svc_key {
 	__u32 addr[4]; /* net: VIP */
@@ -35,6 +40,16 @@ struct svc_val {
 	/* rst-rtlimit per client: the same for its TCP resets */
 	__u64 rst_iv;  /* host */
 	__u64 rst_tol; /* host */
+	/* The farm's policy tables as tbl_farm_refs() finds them for this
+	 * key (xlb_tables.h: tbl_svc_refs), so a packet that looked its
+	 * service up needs no second lookup to learn them. Trusted only while
+	 * tbl_gen is xlb_tbl_conf's refs generation, which the loader moves
+	 * on before it changes any farm's policies; 0 (a value written before
+	 * these fields): not known, looked up by key as before. */
+	__u16 tbl_ids[XLB_MAX_FARM_POLICIES]; /* host: table ids */
+	__u16 tbl_n;			      /* host: ids used */
+	__u16 tbl_gen;			      /* host: refs generation; 0: not known */
+	__u32 tbl_pad;
 };
 
 /* xlb_persist key: a client of a service (the matched service key). */

@@ -43,11 +43,6 @@
 #define XLB_MAX_TABLE_ENTRIES 16777216
 #endif
 
-/* Policies of one farm the program checks. */
-#ifndef XLB_MAX_FARM_POLICIES
-#define XLB_MAX_FARM_POLICIES 8
-#endif
-
 /* Service keys (VIP, protocol, port) of farms with policies. */
 #ifndef XLB_MAX_POLICY_KEYS
 #define XLB_MAX_POLICY_KEYS 65536
@@ -119,6 +114,10 @@ enum xlb_tbl_conf_flag {
 	XLB_TBL_CONF_XDP = 0x40000000, /* never stored: tbl_denied runs in the XDP program */
 	XLB_TBL_GEN_SHIFT = 8,
 	XLB_TBL_GEN_MAX = 127, /* generations 1-127 fit a conntrack entry's nh_flags */
+	/* bits 16-29: the refs generation, under which a service's value
+	 * carries its farm's policy ids (svc_val.tbl_gen; 0: none trusted) */
+	XLB_TBL_REFS_SHIFT = 16,
+	XLB_TBL_REFS_MAX = 0x3fff,
 	/* ct_val.nh_flags bits 1-7: the generation under which the entry's
 	 * tuple last passed its farm's policies (0: not known). */
 	XLB_TBL_NH_GEN_SHIFT = 1,
@@ -165,12 +164,14 @@ struct tbl_hkey {
 };
 
 /* What a policy check knows of a packet besides its headers (struct pkt):
- * the source Ethernet address (zeros where not loaded or none: a socket)
- * and the interface it came in on (0: none, a socket). */
+ * the source Ethernet address (zeros where not loaded or none: a socket),
+ * the interface it came in on (0: none, a socket) and the service it was
+ * found to go to (NULL: not looked up, or none; tbl_svc_refs). */
 struct tbl_in {
 	__u8 smac[6];
 	__u16 pad;
 	__u32 ifindex;
+	const struct svc_val *svc;
 };
 
 /* xlb_tbl_meta value: a table id's slot and verdict. */
@@ -515,6 +516,28 @@ static __always_inline struct svc_val *svc_lookup(const struct pkt *p, struct sv
 }
 
 /**
+ * svc_find() - the service of @p's destination: its port's, else its
+ * VIP's every-port one (svc_lookup() each). @key is filled with the key
+ * matched (its port 0 for an every-port farm's).
+ * Return: the service, or NULL.
+ */
+static __always_inline struct svc_val *svc_find(const struct pkt *p, struct svc_key *key)
+{
+	struct svc_val *svc;
+
+	__builtin_memcpy(key->addr, p->k.dst, 16);
+	key->port = p->k.dport;
+	key->proto = p->k.proto;
+	key->family = p->k.family;
+	svc = svc_lookup(p, key);
+	if (!svc) {
+		key->port = 0;
+		svc = svc_lookup(p, key);
+	}
+	return svc;
+}
+
+/**
  * tbl_policies() - the policies of the farm @p is sent to, if it has any
  * (@conf: xlb_tbl_conf's value).
  * Return: the farm's policies, or NULL.
@@ -650,6 +673,25 @@ static __attribute__((noinline)) int tbl_farm_refs(const struct pkt *p, __u32 co
 }
 
 /**
+ * tbl_svc_refs() - the policies of the farm @p is sent to into @out: from
+ * its service's value @svc when that carries them under the current refs
+ * generation (svc_val.tbl_gen), with no lookup; otherwise as
+ * tbl_farm_refs() finds them. @conf: xlb_tbl_conf's value.
+ * Return: the number of the farm's policy tables (0: none).
+ */
+static __always_inline int tbl_svc_refs(const struct pkt *p, __u32 conf, const struct svc_val *svc,
+					struct tbl_refs *out)
+{
+	__u32 refs = (conf >> XLB_TBL_REFS_SHIFT) & XLB_TBL_REFS_MAX;
+
+	if (svc && refs && svc->tbl_gen == refs) {
+		__builtin_memcpy(out, svc->tbl_ids, sizeof(*out));
+		return svc->tbl_n < XLB_MAX_FARM_POLICIES ? svc->tbl_n : XLB_MAX_FARM_POLICIES;
+	}
+	return tbl_farm_refs(p, conf, out);
+}
+
+/**
  * tbl_log() - put a record of the packet @p dropped by table @id's verdict
  * @verdict into xlb_events (a full ring buffer loses it: log_lost). Not
  * inlined: its stack stays out of the packet path's.
@@ -745,7 +787,7 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const struc
 {
 	struct tbl_refs pol;
 	struct tbl_bind *b;
-	__u32 i, id, verdict, n = tbl_farm_refs(p, conf, &pol);
+	__u32 i, id, verdict, n = tbl_svc_refs(p, conf, in->svc, &pol);
 
 	for (i = 0; i < XLB_MAX_FARM_POLICIES; i++) {
 		if (i >= n)
@@ -904,8 +946,8 @@ static __always_inline __u32 tbl_flow_mark(const struct scratch *sc)
 /**
  * tbl_check_skb() - tbl_check() in the tcx program: loads the source MAC
  * when some farm has a mac table; the interface is the one the packet came
- * in on (a packet redirected here from another: that one). Not inlined: the verifier sees one
- * scalar come back, whatever the check went through.
+ * in on (a packet redirected here from another: that one). Not inlined:
+ * the verifier sees one scalar come back, whatever the check went through.
  * Return: 1 to drop the packet, 0 otherwise.
  */
 static __attribute__((noinline)) int tbl_check_skb(struct __sk_buff *skb, const struct pkt *p,
@@ -916,6 +958,29 @@ static __attribute__((noinline)) int tbl_check_skb(struct __sk_buff *skb, const 
 	if (tbl_conf() & XLB_TBL_CONF_MAC)
 		bpf_skb_load_bytes(skb, 6, in.smac, 6);
 	return tbl_check(p, &in, v, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0);
+}
+
+/**
+ * tbl_check_new() - tbl_check_skb() for a packet @p without conntrack
+ * entry, whose service's value @svc (NULL: none, or not looked up) gives
+ * its farm's policies when it carries them (tbl_svc_refs). A global
+ * function: the verifier checks it once, not again for every path that
+ * reaches it (xlb_ingress is near the verifier's million instructions).
+ * Its pointers may be NULL for the verifier (a global function's are).
+ * Return: 1 to drop the packet, 0 otherwise.
+ */
+__attribute__((noinline)) int tbl_check_new(struct __sk_buff *skb, const struct pkt *p,
+					    const struct svc_val *svc)
+{
+	struct tbl_in in = {};
+
+	if (!skb || !p)
+		return 0;
+	in.ifindex = skb->ingress_ifindex ?: skb->ifindex;
+	in.svc = svc;
+	if (tbl_conf() & XLB_TBL_CONF_MAC)
+		bpf_skb_load_bytes(skb, 6, in.smac, 6);
+	return tbl_check(p, &in, NULL, skb->len > ETH_HLEN ? skb->len - ETH_HLEN : 0, 0);
 }
 
 /* tbl_clear_gen_one() - clear the policy generation of one conntrack entry

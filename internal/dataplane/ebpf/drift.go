@@ -212,7 +212,7 @@ func (p *Plane) checkFarm(g *generation) string {
 		if err := p.objs.XlbServices.Lookup(k, &v); err != nil {
 			return "service entry deleted"
 		}
-		if v != g.val {
+		if v != p.svcValue(g, k) {
 			return "service entry changed"
 		}
 	}

@@ -18,6 +18,7 @@ import (
 var grownValues = map[string]uint32{
 	"xlb_ct":       72, // struct ct_val before its mark (issue 17)
 	"xlb_backends": 36, // struct backend before its mark
+	"xlb_services": 48, // struct svc_val before its farm's policy ids
 }
 
 // setAsideGrown renames the pin of each map of grownValues that still has

@@ -271,7 +271,8 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			p.usedBE[id]++
 		}
 	}
-	return nil
+	// Adopted services carry the policy ids an earlier daemon wrote.
+	return p.restampServices()
 }
 
 // adopt reports whether the maps already hold generation g (same keys, same
@@ -288,7 +289,7 @@ func adopt(g *generation, svcs map[xlbSvcKey]xlbSvcVal, slots map[xlbSlotKey]uin
 		}
 		want := g.val
 		want.Id = id
-		if v != want {
+		if !sameService(v, want) { // the policy ids: restampServices
 			return false
 		}
 	}

@@ -56,6 +56,8 @@ const (
 	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
 	tblGenShift    = uint32(xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT)
 	tblGenMax      = uint32(xlbXlbTblConfFlagXLB_TBL_GEN_MAX)
+	tblRefsShift   = uint32(xlbXlbTblConfFlagXLB_TBL_REFS_SHIFT)
+	tblRefsMax     = uint32(xlbXlbTblConfFlagXLB_TBL_REFS_MAX)
 
 	// tblChunk bounds the entries of one batch syscall (and the buffers
 	// built for it).
@@ -85,6 +87,10 @@ type tableState struct {
 	// bpf/xlb_tables.h): 1-127, moved on after every change; 0 while
 	// tracked flows' cached passes are not to be trusted.
 	gen uint32
+	// refs is the refs generation (xlb_tbl_conf): services' values
+	// carry their farm's policy ids stamped with it (svcValue), and the
+	// program trusts them only under the current one; 0: none trusted.
+	refs uint32
 }
 
 func (t *tableState) reset() {
@@ -553,7 +559,7 @@ func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table,
 // writeConf tells the program which policy lookups packets need, and the
 // policy generation.
 func (p *Plane) writeConf() error {
-	conf := p.tbls.gen << tblGenShift
+	conf := p.tbls.gen<<tblGenShift | p.tbls.refs<<tblRefsShift
 	if p.macFarms() {
 		conf |= tblConfMAC
 	}

@@ -22,12 +22,18 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	defer p.mu.Unlock()
 	t := &p.tbls
 	var undo []func()
+	refs := false // the refs generation moved: services' policy ids are written again
 	fail := func(err error) error {
 		for i := len(undo) - 1; i >= 0; i-- {
 			undo[i]()
 		}
 		if gerr := p.bumpGen(); gerr != nil {
 			p.log.Error("move the policy generation on after a failed change", "err", gerr)
+		}
+		if refs {
+			if rerr := p.restampServices(); rerr != nil {
+				p.log.Error("write services' policies after a failed change", "err", rerr)
+			}
 		}
 		return err
 	}
@@ -157,6 +163,14 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		}
 	}
 	oldFarms, oldTables := t.farms, t.tables
+	if p.refsMoved(d, tables) {
+		// No service's policy ids are trusted while farms' policies
+		// change (tables_svcrefs.go).
+		refs = true
+		if err := p.moveRefs(); err != nil {
+			return fail(err)
+		}
+	}
 	restoreFarms := func() {
 		for _, c := range d.Farms {
 			if c.New != nil && len(c.New.Policies) > 0 {
@@ -220,6 +234,11 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	t.tables = tables
 	if err := p.bumpGen(); err != nil {
 		return err
+	}
+	if refs {
+		if err := p.restampServices(); err != nil {
+			return err
+		}
 	}
 	for _, c := range d.Tables {
 		if c.Old != nil && t.byID[c.Old.ID] == c.Old {

@@ -35,6 +35,9 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 	}
 	old := (conf >> tblGenShift) & tblGenMax
 	t.gen = 0
+	// Services' policy ids an earlier daemon stamped are not trusted once
+	// this one writes its conf: they are written again at the end.
+	t.refs = ((conf>>tblRefsShift)&tblRefsMax)%tblRefsMax + 1
 	for _, s := range t.slots {
 		s.close()
 	}
@@ -179,10 +182,16 @@ func (p *Plane) ReconcileTables(ctx context.Context, tables []*model.Table, farm
 		}
 	}
 	if old == 0 || old >= tblGenMax {
-		return p.restartGen()
+		if err := p.restartGen(); err != nil {
+			return err
+		}
+	} else {
+		t.gen = old + 1
+		if err := p.writeConf(); err != nil {
+			return err
+		}
 	}
-	t.gen = old + 1
-	return p.writeConf()
+	return p.restampServices()
 }
 
 func usedHashIndex(slots map[uint32]*hSlot, i uint32) bool {

@@ -239,7 +239,7 @@ func (p *Plane) flip(old, cur *generation) error {
 	undo := func() {
 		for _, k := range done {
 			if old != nil && old.hasKey(k) {
-				_ = p.objs.XlbServices.Update(k, old.val, ebpf.UpdateAny)
+				_ = p.objs.XlbServices.Update(k, p.svcValue(old, k), ebpf.UpdateAny)
 			} else {
 				_ = p.objs.XlbServices.Delete(k)
 			}
@@ -247,7 +247,7 @@ func (p *Plane) flip(old, cur *generation) error {
 	}
 	if cur != nil {
 		for _, k := range cur.keys {
-			if err := p.objs.XlbServices.Update(k, cur.val, ebpf.UpdateAny); err != nil {
+			if err := p.objs.XlbServices.Update(k, p.svcValue(cur, k), ebpf.UpdateAny); err != nil {
 				undo()
 				return fmt.Errorf("write service: %w", err)
 			}

@@ -186,6 +186,10 @@ type xlbSvcVal struct {
 	NewTol     uint64
 	RstIv      uint64
 	RstTol     uint64
+	TblIds     [8]uint16
+	TblN       uint16
+	TblGen     uint16
+	TblPad     uint32
 }
 
 type xlbSyncArgs struct {
@@ -466,6 +470,8 @@ const (
 	xlbXlbTblConfFlagXLB_TBL_CONF_XDP     xlbXlbTblConfFlag = 1073741824
 	xlbXlbTblConfFlagXLB_TBL_GEN_SHIFT    xlbXlbTblConfFlag = 8
 	xlbXlbTblConfFlagXLB_TBL_GEN_MAX      xlbXlbTblConfFlag = 127
+	xlbXlbTblConfFlagXLB_TBL_REFS_SHIFT   xlbXlbTblConfFlag = 16
+	xlbXlbTblConfFlagXLB_TBL_REFS_MAX     xlbXlbTblConfFlag = 16383
 	xlbXlbTblConfFlagXLB_TBL_NH_GEN_SHIFT xlbXlbTblConfFlag = 1
 	xlbXlbTblConfFlagXLB_TBL_NH_GEN_MASK  xlbXlbTblConfFlag = 254
 )

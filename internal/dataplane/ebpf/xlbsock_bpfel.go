@@ -179,6 +179,10 @@ type xlbSockSvcVal struct {
 	NewTol     uint64
 	RstIv      uint64
 	RstTol     uint64
+	TblIds     [8]uint16
+	TblN       uint16
+	TblGen     uint16
+	TblPad     uint32
 }
 
 type xlbSockSyncConn struct {
