@@ -80,6 +80,43 @@ func TestGrownPinCarriedOver(t *testing.T) {
 	}
 }
 
+// TestGrownServicesCarriedOver: a service pinned by a version before
+// svc_val's policy ids (48 bytes) is carried over, its ids zero: "not
+// known", so its packets look their farm's policies up by key as before
+// (tbl_svc_refs). Fails without xlb_services in grownValues (the pin is
+// replaced as stale and the service is gone).
+func TestGrownServicesCarriedOver(t *testing.T) {
+	const oldSize = 48 // struct svc_val before tbl_ids
+	pin, spec := pinSetup(t)
+	ms := spec.Maps[xlbMapXlbServices]
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: xlbMapXlbServices, Type: ms.Type, KeySize: ms.KeySize,
+		ValueSize: oldSize, MaxEntries: ms.MaxEntries, Flags: ms.Flags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	key := xlbSvcKey{Addr: [4]uint32{0x0500630a}, Port: 0x3500, Proto: 17, Family: 1}
+	v := xlbSvcVal{Id: 7, Slots: 3, Mode: 4, Sched: 1, PersistTtl: 60, NewIv: 1000, NewTol: 2000}
+	var vb bytes.Buffer
+	if err := binary.Write(&vb, binary.NativeEndian, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Update(&key, vb.Bytes()[:oldSize], ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(filepath.Join(pin, xlbMapXlbServices)); err != nil {
+		t.Fatal(err)
+	}
+	p := newPlane(t, fixtureNS(t), pin, nil, 1024)
+	var got xlbSvcVal
+	if err := p.objs.XlbServices.Lookup(&key, &got); err != nil {
+		t.Fatalf("the old version's service is gone: %v", err)
+	}
+	if got != v {
+		t.Errorf("carried over %+v, want %+v", got, v)
+	}
+}
+
 // pinSetup is a pin directory of the test's own and the program's spec.
 func pinSetup(t *testing.T) (string, *ebpf.CollectionSpec) {
 	t.Helper()

@@ -1,0 +1,135 @@
+package ebpf
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
+	"github.com/xlb-lb/xlb/internal/model"
+	"github.com/xlb-lb/xlb/internal/testutil"
+)
+
+// TestTablePolicyFromService: a stateless farm's packet takes its farm's
+// policy ids from its service's value (tables_svcrefs.go, tbl_svc_refs):
+// the value carries them under the current refs generation once the
+// policies are applied; a packet is dropped by them with the farm's
+// xlb_tbl_policy key gone (so the program did not look it up); a value
+// stamped with another generation is not trusted (the key is looked up
+// again); detaching the policy rewrites the value in the same apply; a
+// change of the table's entries and a swap leave every service alone (the
+// refs generation does not move).
+func TestTablePolicyFromService(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	stl := farm(t, "stl", "10.99.0.5", 53, model.ProtoUDP, model.ModeStlsDNAT, model.SchedRR, "10.200.0.11:5353")
+	stl.Policies = []model.PolicyRef{{Name: "bl"}}
+	bl := addrTable(t, "bl", model.ListDeny, 1, 1, client.String())
+	d := created(bl)
+	d.Farms = []plan.FarmChange{{New: stl}}
+	applyTables(t, p, d)
+	if err := p.Reconcile(context.Background(), []*model.Farm{stl}); err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr("10.99.0.5")
+	key := xlbSvcKey{Addr: addrWords(vip), Port: ne16(53), Proto: protoUDP, Family: familyOf(vip)}
+	pkt := func(src netip.Addr) []byte {
+		return pktSpec{src: src, dst: vip, sport: 43000, dport: 53, proto: protoUDP, payload: []byte("x")}.build()
+	}
+	want := func(what string, src netip.Addr, drop bool) {
+		t.Helper()
+		for i := range 2 { // the second reads what the first left (this CPU's copies)
+			v := runProgCPU0(t, ns, p.objs.XlbIngress, pkt(src))
+			if (v == verdictDrop) != drop {
+				t.Errorf("%s: packet %d from %s: verdict %d, drop %v", what, i, src, v, drop)
+			}
+		}
+	}
+	value := func() xlbSvcVal {
+		t.Helper()
+		var v xlbSvcVal
+		if err := p.objs.XlbServices.Lookup(key, &v); err != nil {
+			t.Fatalf("service: %v", err)
+		}
+		return v
+	}
+	refs := func() uint16 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return uint16(p.tbls.refs)
+	}
+	v := value()
+	if v.TblGen == 0 || v.TblGen != refs() || v.TblN != 1 || v.TblIds[0] != bl.ID {
+		t.Fatalf("service value carries ids %v (n %d) under %d, want [%d] under %d", v.TblIds, v.TblN, v.TblGen, bl.ID, refs())
+	}
+	want("deny list", client, true)
+	want("deny list, another client", other, false)
+
+	// The farm's policy key gone, and the copies of it not trusted (the
+	// policy generation moved on): the service's value still drops.
+	var pol xlbTblPolicy
+	if err := p.objs.XlbTblPolicy.Lookup(key, &pol); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.objs.XlbTblPolicy.Delete(key); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	err := p.bumpGen()
+	p.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("policy key gone, ids in the service", client, true)
+
+	// A value stamped with another refs generation is not trusted: its
+	// "no policies" is not believed, the key (back) is looked up.
+	if err := p.objs.XlbTblPolicy.Put(key, pol); err != nil {
+		t.Fatal(err)
+	}
+	stale := v
+	stale.TblIds, stale.TblN, stale.TblGen = [8]uint16{}, 0, v.TblGen+1
+	if err := p.objs.XlbServices.Put(key, stale); err != nil {
+		t.Fatal(err)
+	}
+	want("stale stamp", client, true)
+	// The same "no policies" under the current stamp is believed.
+	stale.TblGen = v.TblGen
+	if err := p.objs.XlbServices.Put(key, stale); err != nil {
+		t.Fatal(err)
+	}
+	want("current stamp, no ids", client, false)
+
+	// An entry added and a swap move no refs generation and touch no
+	// service; the entry drops at the next packet all the same.
+	before := refs()
+	nb := bl.Clone()
+	e, _ := nb.ParseEntry(model.EntryInput{Key: other.String()}, 0)
+	nb.PutEntry(e)
+	applyTables(t, p, plan.TableDiff{Tables: []plan.TableChange{{Old: bl, New: &nb}},
+		Slots: []plan.SlotChange{{Slot: 1, Old: bl, New: &nb, Put: []model.TableEntry{e}}}})
+	if refs() != before {
+		t.Errorf("an entry's change moved the refs generation %d -> %d", before, refs())
+	}
+	if got := value(); got != stale {
+		t.Errorf("an entry's change rewrote the service: %+v", got)
+	}
+	v.TblGen = before
+	if err := p.objs.XlbServices.Put(key, v); err != nil {
+		t.Fatal(err)
+	}
+	want("entry added", other, true)
+
+	// Detached: the service's value says so in the same apply.
+	nf := stl.Clone()
+	nf.Policies = nil
+	applyTables(t, p, plan.TableDiff{Farms: []plan.FarmChange{{Old: stl, New: &nf}}})
+	if refs() == before {
+		t.Errorf("detaching a policy left the refs generation at %d", before)
+	}
+	if got := value(); got.TblN != 0 || got.TblGen != refs() {
+		t.Errorf("after the detach the service carries ids %v (n %d) under %d, want none under %d", got.TblIds, got.TblN, got.TblGen, refs())
+	}
+	want("policy detached", client, false)
+}
