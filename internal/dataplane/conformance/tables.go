@@ -43,6 +43,7 @@ func init() {
 		scenario{name: "source-table-own", backends: 2, farm: sourceTableOwnFarm, run: runSourceTableOwn},
 		scenario{name: "source-table-hairpin", backends: 2, hairpin: true, farm: sourceTableHairpinFarm, run: runSourceTableHairpin},
 		scenario{name: "source-table-filters", backends: 2, farm: sourceTableFarm, run: runSourceTableFilters},
+		scenario{name: "source-table-queue", backends: 2, farm: queuedDefaultFarm, run: runSourceTableQueue},
 	)
 }
 

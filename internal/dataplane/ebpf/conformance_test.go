@@ -34,6 +34,7 @@ var ebpfRefuses = map[string]string{
 	"helper-pptp":                 `"helper" value "pptp"`,
 	"helper-sane":                 `"helper" value "sane"`,
 	"helper-snmp":                 `"helper" value "snmp"`,
+	"source-table-queue":          `"queue" value "7"`,
 	"mode-stlsdnat-ingress":       `"iface" value "eth0": mode stlsdnat at ingress`,
 	"mode-stlsdnat-ingress-tcp":   `"iface" value "eth0": mode stlsdnat at ingress`,
 	"mode-stlsdnat-ingress-ipv6":  `"iface" value "eth0": mode stlsdnat at ingress`,

@@ -76,10 +76,11 @@ type tableState struct {
 	hslots map[uint32]*hSlot
 	// idx allocates slot indices (1 to maxTables-1) in xlb_tbl_addr4/6.
 	idx    idxAlloc
-	tables map[string]*model.Table // as applied, by name
-	byID   map[uint16]*model.Table // the same, by id (the drop log names the table)
-	farms  map[string]*model.Farm  // farms with policies, as applied
-	keys   map[xlbSvcKey]string    // policy key -> farm
+	tables map[string]*model.Table    // as applied, by name
+	byID   map[uint16]*model.Table    // the same, by id (the drop log names the table)
+	farms  map[string]*model.Farm     // farms with policies, as applied
+	keys   map[xlbSvcKey]string       // policy key -> farm
+	vals   map[xlbSvcKey]xlbTblPolicy // policy key -> its value, as written
 	// noBatch: the kernel refused batch updates of a trie once; entries
 	// go one by one from then on.
 	noBatch bool
@@ -101,6 +102,7 @@ func (t *tableState) reset() {
 	t.byID = map[uint16]*model.Table{}
 	t.farms = map[string]*model.Farm{}
 	t.keys = map[xlbSvcKey]string{}
+	t.vals = map[xlbSvcKey]xlbTblPolicy{}
 }
 
 // tblSlot is one slot's tries and their index in the arrays of maps.
@@ -537,6 +539,7 @@ func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table,
 				return fmt.Errorf("farm %q: remove policies: %w", f.Name, err)
 			}
 			delete(t.keys, k)
+			delete(t.vals, k)
 		}
 		return nil
 	}
@@ -552,6 +555,7 @@ func (p *Plane) writeFarmPolicies(f *model.Farm, tables map[string]*model.Table,
 			return fmt.Errorf("farm %q: write policies: %w", f.Name, err)
 		}
 		t.keys[k] = f.Name
+		t.vals[k] = v
 	}
 	return nil
 }

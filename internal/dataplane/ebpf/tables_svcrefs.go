@@ -24,26 +24,19 @@ import (
 
 // svcRefs is what tbl_farm_refs finds in xlb_tbl_policy for service key k
 // (its farm tag dropped): the key's own policies, else those of its VIP's
-// every-port key, else none.
+// every-port key, else none. No allocation: the drift poll calls it for
+// every service key it checks.
 func (p *Plane) svcRefs(k xlbSvcKey) (ids [8]uint16, n uint16) {
 	t := &p.tbls
 	k.Family &= 1<<svcTagShift - 1
-	ports := []uint16{k.Port, 0}
-	if k.Port == 0 {
-		ports = ports[:1]
+	if v, ok := t.vals[k]; ok {
+		return v.Ids, uint16(min(v.N, uint32(len(v.Ids))))
 	}
-	for _, port := range ports {
-		k.Port = port
-		name, ok := t.keys[k]
-		if !ok {
-			continue
+	if k.Port != 0 {
+		k.Port = 0
+		if v, ok := t.vals[k]; ok {
+			return v.Ids, uint16(min(v.N, uint32(len(v.Ids))))
 		}
-		f := t.farms[name]
-		if f == nil {
-			return ids, 0
-		}
-		v := policyValue(f, t.tables)
-		return v.Ids, uint16(v.N)
 	}
 	return ids, 0
 }
