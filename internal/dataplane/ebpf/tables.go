@@ -1,16 +1,15 @@
 package ebpf
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/xlb-lb/xlb/internal/dataplane"
+	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 )
 
@@ -502,26 +501,18 @@ func policyKeys(f *model.Farm) []xlbSvcKey {
 	return out
 }
 
-// policyValue is a farm's policy tables' ids, by priority then name.
+// policyValue is a farm's policy tables' ids, in the order they are
+// checked (plan.PolicyOrder), of the types the program matches.
 func policyValue(f *model.Farm, tables map[string]*model.Table) xlbTblPolicy {
-	var ts []*model.Table
-	for _, ref := range f.Policies {
-		if t, ok := tables[ref.Name]; ok && (t.Type == model.TableAddr || hasHash(t)) {
-			ts = append(ts, t)
-		}
-	}
-	slices.SortStableFunc(ts, func(x, y *model.Table) int {
-		if c := cmp.Compare(x.Priority, y.Priority); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.Name, y.Name)
-	})
 	var v xlbTblPolicy
-	for i, t := range ts {
-		if i == len(v.Ids) {
+	for _, t := range plan.PolicyOrder(f, tables) {
+		if t.Type != model.TableAddr && !hasHash(t) {
+			continue
+		}
+		if int(v.N) == len(v.Ids) {
 			break
 		}
-		v.Ids[i] = t.ID
+		v.Ids[v.N] = t.ID
 		v.N++
 	}
 	return v

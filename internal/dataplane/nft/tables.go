@@ -547,21 +547,9 @@ func farmKeys(f *model.Farm, chain string) (v4, v6, marks []nftables.SetElement)
 	return v4, v6, marks
 }
 
-// policyOrder sorts a farm's policies by the tables' priority, then name.
+// policyOrder is a farm's policies in the order they are checked.
 func (b *tablesBatch) policyOrder(f *model.Farm) []*model.Table {
-	var out []*model.Table
-	for _, p := range f.Policies {
-		if tb, ok := b.tables[p.Name]; ok {
-			out = append(out, tb)
-		}
-	}
-	slices.SortStableFunc(out, func(x, y *model.Table) int {
-		if c := cmp.Compare(x.Priority, y.Priority); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.Name, y.Name)
-	})
-	return out
+	return plan.PolicyOrder(f, b.tables)
 }
 
 func (b *tablesBatch) farmElems(f *model.Farm, del bool) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/xlb-lb/xlb/internal/model"
@@ -267,5 +268,21 @@ func TestHalves(t *testing.T) {
 	plain := Diff{Changes: []FarmChange{{New: &g}}}
 	if got := SplitDiff(plain); len(got.Changes) != 1 || got.Changes[0].New != &g {
 		t.Errorf("a diff without dual farms changed: %+v", got.Changes)
+	}
+}
+
+// TestPolicyOrder: a farm's policies in the order both planes check them,
+// by the tables' priority then name, a name with no table left out.
+func TestPolicyOrder(t *testing.T) {
+	tables := map[string]*model.Table{
+		"b": {Name: "b", Priority: 1}, "a": {Name: "a", Priority: 2}, "c": {Name: "c", Priority: 1},
+	}
+	f := &model.Farm{Policies: []model.PolicyRef{{Name: "a"}, {Name: "gone"}, {Name: "c"}, {Name: "b"}}}
+	var got []string
+	for _, tb := range PolicyOrder(f, tables) {
+		got = append(got, tb.Name)
+	}
+	if want := []string{"b", "c", "a"}; !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
 	}
 }

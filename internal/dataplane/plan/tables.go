@@ -1,8 +1,30 @@
 package plan
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/xlb-lb/xlb/internal/model"
 )
+
+// PolicyOrder is a farm's policy tables in the order both planes check
+// them: by the tables' priority, then name (policies naming no table of
+// tables left out).
+func PolicyOrder(f *model.Farm, tables map[string]*model.Table) []*model.Table {
+	var out []*model.Table
+	for _, p := range f.Policies {
+		if tb, ok := tables[p.Name]; ok {
+			out = append(out, tb)
+		}
+	}
+	slices.SortStableFunc(out, func(x, y *model.Table) int {
+		if c := cmp.Compare(x.Priority, y.Priority); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Name, y.Name)
+	})
+	return out
+}
 
 // TableChange is one table's change. Old is nil for a created table, New is
 // nil for a destroyed one. Old.Slot != New.Slot is a swap: the table is
