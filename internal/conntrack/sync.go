@@ -36,9 +36,19 @@ type Syncer struct {
 	fromPeers map[connKey]struct{}
 }
 
+// connKey is a connection in fromPeers: its addresses as bytes, not
+// netip.Addr (whose pointer made the garbage collector scan the whole
+// set, a hundred thousand keys and more under load).
 type connKey struct {
-	proto       uint8
-	client, vip netip.AddrPort
+	client, vip  [16]byte
+	cport, vport uint16
+	proto        uint8
+	v6           bool // client and vip were IPv6 (not mapped IPv4)
+}
+
+func keyOf(c dataplane.SyncConn) connKey {
+	return connKey{client: c.Client.Addr().As16(), vip: c.VIP.Addr().As16(), cport: c.Client.Port(),
+		vport: c.VIP.Port(), proto: c.Proto, v6: c.Client.Addr().Is6()}
 }
 
 // Batching of events: at most this many, or this long.
@@ -165,7 +175,7 @@ func flowOf(f *ct.Flow) ctFlow {
 func (s *Syncer) fromPeer(c dataplane.SyncConn, end bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := connKey{c.Proto, c.Client, c.VIP}
+	k := keyOf(c)
 	_, ok := s.fromPeers[k]
 	if end {
 		delete(s.fromPeers, k)
@@ -190,7 +200,7 @@ func (s *Syncer) rememberAll(evs []dataplane.ConnEvent) {
 			s.fromPeers = map[connKey]struct{}{}
 		}
 		c := ev.Conn
-		s.fromPeers[connKey{c.Proto, c.Client, c.VIP}] = struct{}{}
+		s.fromPeers[keyOf(c)] = struct{}{}
 	}
 }
 
