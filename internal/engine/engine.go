@@ -60,6 +60,10 @@ type Engine struct {
 	// drift: changes to the kernel by others, and their repairs
 	// (drift.go).
 	drift driftState
+
+	// owners: the connection owners of the last state they were asked
+	// for (conns.go).
+	owners atomic.Pointer[ownersMemo]
 }
 
 // New loads the saved state, checks it, and reconciles the kernel with it

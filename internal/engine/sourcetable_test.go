@@ -95,3 +95,30 @@ func TestSourceTableJSON(t *testing.T) {
 		t.Errorf("source-table not kept: %q %s", g.SourceTable, g.AppendJSON(nil))
 	}
 }
+
+// TestConnOwnersFollowsState: the connection owners are built once per
+// state and built again when the state changes: a key that becomes shared
+// (a farm chosen by source table added) tells its farms' connections
+// apart at once, and an unchanged state gets the same owners back.
+func TestConnOwnersFollowsState(t *testing.T) {
+	e, _, _, _ := newTableEngine(t)
+	createTable(t, e, "inside", "addr", "", nil)
+	if err := put(e, webFarm(t, "dflt", "10.0.0.1", "80")); err != nil {
+		t.Fatal(err)
+	}
+	o := e.connOwners(e.Snapshot())
+	if o.Shared() {
+		t.Fatal("one farm: owners say a key is shared")
+	}
+	if again := e.connOwners(e.Snapshot()); again != o {
+		t.Error("same state: owners built again")
+	}
+	in := webFarm(t, "in", "10.0.0.1", "80")
+	in.SourceTable = "inside"
+	if err := put(e, in); err != nil {
+		t.Fatal(err)
+	}
+	if !e.connOwners(e.Snapshot()).Shared() {
+		t.Error("a farm chosen by source table added: owners of the old state kept")
+	}
+}

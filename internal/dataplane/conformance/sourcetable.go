@@ -242,6 +242,52 @@ func runSourceTableFilters(t *testing.T, e *Env, f model.Farm) {
 	}
 }
 
+// queuedDefaultFarm is the default farm of a shared key (first backend)
+// whose new connections go to nfqueue 7.
+func queuedDefaultFarm(e *Env) model.Farm {
+	f := e.Farm("default-farm", model.ProtoTCP)
+	f.Backends = f.Backends[:1]
+	f.Queue = 7
+	return f
+}
+
+// runSourceTableQueue: what the default farm does to a new connection's
+// first packet does not reach the connections the source table steers to
+// another farm. The default farm's queue has a reader that drops every
+// packet: its own clients are not served, the source farm's client is,
+// and the reader never sees its packets. On nft the first packet met the
+// default farm's filter chain before the choice labelled it, until that
+// chain moved after the tables' (priority -150 -> -105).
+func runSourceTableQueue(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	src := sourceFarm(e, model.ProtoTCP)
+	ts := e.tablePlane(t)
+	ts.put(t, "src", model.ListNone, c[1].String())
+	ts.putFarm(t, e, src)
+	e.Put(t, f)
+	q := testutil.ListenNFQueue(t, e.LB.NS, 7)
+	q.SetDrop(true)
+	if e.answers(f, c[0], time.Second) {
+		t.Errorf("client %s of the default farm was served past a queue reader that drops", c[0])
+	}
+	if err := q.WaitSeen(1, 2*time.Second); err != nil {
+		t.Fatalf("the default farm's queue saw none of its client's packets: %v", err)
+	}
+	var got string
+	for try := 0; try < 4 && got != "b1"; try++ {
+		got = e.askBackend(model.ProtoTCP, netip.AddrPortFrom(c[1], 0), e.vipPort(f))
+	}
+	if got != "b1" {
+		t.Errorf("client %s in the source table: answered by %q, want the source farm's b1", c[1], got)
+	}
+	for _, p := range q.Seen() {
+		if p.Src == c[1] {
+			t.Errorf("the default farm's queue saw the source farm's client's packet %+v", p)
+			break
+		}
+	}
+}
+
 // askFrom asks the scenario's VIP:VPort over TCP from local in namespace
 // ns and returns the backend's name and the address it saw.
 func (e *Env) askFrom(ns netns.NsHandle, local netip.Addr) (string, netip.AddrPort) {

@@ -276,12 +276,7 @@ func (p *Plane) undoEntries(s *tblSlot, c plan.SlotChange) {
 // (counters kept), entries added, entries removed.
 func (p *Plane) changeHash(s *hSlot, c plan.SlotChange) error {
 	if c.New.Type == model.TableIface {
-		idx, err := p.ifaceIndexes()
-		if err != nil {
-			return err
-		}
-		_, err = p.syncIface(s, c.New, idx)
-		return err
+		return p.syncIfaceNow(s, c.New)
 	}
 	replaced := make(map[model.TableKey]bool, len(c.Replaced))
 	for _, e := range c.Replaced {
@@ -307,11 +302,7 @@ func (p *Plane) changeHash(s *hSlot, c plan.SlotChange) error {
 // undoHash takes back changeHash (as far as it went).
 func (p *Plane) undoHash(s *hSlot, c plan.SlotChange) {
 	if c.Old.Type == model.TableIface {
-		idx, err := p.ifaceIndexes()
-		if err == nil {
-			_, err = p.syncIface(s, c.Old, idx)
-		}
-		if err != nil {
+		if err := p.syncIfaceNow(s, c.Old); err != nil {
 			p.log.Error("taking back table entries failed", "err", err)
 		}
 		return

@@ -225,11 +225,7 @@ func (p *Plane) fillHashSlot(t *model.Table) (*hSlot, error) {
 		return nil, err
 	}
 	if t.Type == model.TableIface {
-		idx, err := p.ifaceIndexes()
-		if err == nil {
-			_, err = p.syncIface(s, t, idx)
-		}
-		if err != nil {
+		if err := p.syncIfaceNow(s, t); err != nil {
 			p.freeHashSlot(s)
 			return nil, fmt.Errorf("table %q: %w", t.Name, err)
 		}

@@ -48,6 +48,17 @@ func (p *Plane) ifaceIndexes() (map[string]uint32, error) {
 	return linkIndexes(links), nil
 }
 
+// syncIfaceNow is syncIface with the interfaces as they are now: for a
+// table's fill, change or undo, which the link watch may not have seen yet.
+func (p *Plane) syncIfaceNow(s *hSlot, t *model.Table) error {
+	idx, err := p.ifaceIndexes()
+	if err != nil {
+		return err
+	}
+	_, err = p.syncIface(s, t, idx)
+	return err
+}
+
 // syncIface makes slot s's hash hold table t's entries under the indexes
 // the names have in idx (the entries of absent interfaces left out), and
 // s.ifaces say which name each index was written for (the counters'

@@ -193,6 +193,16 @@ func (b *batch) syncHooks(have, want hookState) {
 	}
 }
 
+// filterPriority is the filter chain's: per-farm filters after conntrack
+// (-200) so ct state is known, before dnat (-100) so the VIP is still the
+// destination, and after the tables' chain (policyPriority, -110), which
+// chooses the farm by source table: a connection steered to another farm
+// is labelled before its first packet meets the filters the VIP finds (the
+// default farm's queue and helper), and a client a policy drops never
+// reaches a farm's limits. It was mangle (-150) before: reconcile replaces
+// a chain left at another priority (the kernel cannot change it).
+const filterPriority nftables.ChainPriority = -105
+
 // addHook adds (or, if it exists, re-fills) the raw or filter base chain.
 func (b *batch) addHook(name string) {
 	t := b.p.table
@@ -208,10 +218,9 @@ func (b *batch) addHook(name string) {
 			b.c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: revRule(v6)})
 		}
 	case chainFilter:
-		// Per-farm filters, after conntrack (-200) so ct state is known and
-		// before dnat (-100) so the VIP is still the destination.
+		prio := filterPriority
 		filt := b.c.AddChain(&nftables.Chain{Table: t, Name: chainFilter, Type: nftables.ChainTypeFilter,
-			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
+			Hooknum: nftables.ChainHookPrerouting, Priority: &prio, Policy: &accept})
 		b.c.FlushChain(filt)
 		// A connection steered to a farm chosen by source table is not
 		// the default farm's whose filters the VIP finds (sourcetable.go).

@@ -541,7 +541,7 @@ table inet xlb {
 		meta nfproto ipv4 notrack ip saddr set 10.99.0.5 th sport set 53 counter accept
 	}
 	chain filter {
-		type filter hook prerouting priority mangle; policy accept;
+		type filter hook prerouting priority dstnat - 5; policy accept;
 		ct label 127 accept
 		ip daddr . meta l4proto . th dport vmap @fsvc4
 		ip6 daddr . meta l4proto . th dport vmap @fsvc6
@@ -959,4 +959,34 @@ func TestApplyMatchesReconcile(t *testing.T) {
 			t.Fatalf("step %d: Apply and Reconcile differ\napply:\n%s\nreconcile:\n%s", i, strings.Join(a, "\n"), strings.Join(b, "\n"))
 		}
 	}
+}
+
+// TestReconcileFilterPriority: a filter chain left at another priority
+// (mangle, -150, as versions before the tables' chain ran first) is
+// replaced at start, since the kernel cannot change a base chain's
+// priority and re-adding it fails; without that, Reconcile failed with
+// "operation not supported".
+func TestReconcileFilterPriority(t *testing.T) {
+	e := newEnv(t, 1, false)
+	t.Parallel()
+	e.startServers(t, 8080)
+	prev := map[string]*model.Farm{}
+	f := e.farm("filtered", testutil.VIP4(1), 80, model.ProtoTCP, 8080)
+	f.RstRTLimit, f.RstRTBurst = 100, 100 // a filter: the filter chain exists
+	e.put(t, prev, f)
+	for _, args := range [][]string{
+		{"flush", "chain", "inet", "xlb", "filter"},
+		{"delete", "chain", "inet", "xlb", "filter"},
+		{"add", "chain", "inet", "xlb", "filter", "{ type filter hook prerouting priority mangle; }"},
+	} {
+		e.nft(t, args...)
+	}
+	if err := e.p.Reconcile(context.Background(), []*model.Farm{prev["filtered"]}); err != nil {
+		t.Fatal(err)
+	}
+	out := e.nft(t, "list", "chain", "inet", "xlb", "filter")
+	if !strings.Contains(out, "hook prerouting priority dstnat - 5;") || !strings.Contains(out, "vmap @fsvc4") {
+		t.Errorf("filter chain after Reconcile, want priority -105 (dstnat - 5) with its rules:\n%s", out)
+	}
+	e.askTCP(t, netip.AddrPortFrom(testutil.VIP4(1), 80))
 }

@@ -171,6 +171,12 @@ func (p *shard) reconcile(ctx context.Context, farms []*model.Farm) error {
 	}
 	if hooks.filter {
 		keepChains[chainFilter] = true
+		if k.filterPrio != nil && *k.filterPrio != filterPriority {
+			// Left by an older version (or by hand) at another priority.
+			ch := &nftables.Chain{Table: p.table, Name: chainFilter}
+			b.c.FlushChain(ch)
+			b.delChain(ch)
+		}
 		b.addHook(chainFilter)
 	}
 	for _, d := range splitDevs(hooks.devs) {
@@ -239,8 +245,10 @@ type kernelState struct {
 	// are unique across the two), with the table each is in.
 	chains  map[string]*nftables.Table
 	sets    map[string]*nftables.Table
-	helpers []string                   // ct helper objects
-	elems   map[string]map[string]elem // static set -> id -> element
+	helpers []string // ct helper objects
+	// filterPrio is the filter base chain's priority, if it exists.
+	filterPrio *nftables.ChainPriority
+	elems      map[string]map[string]elem // static set -> id -> element
 }
 
 func (p *shard) readKernel() (*kernelState, error) {
@@ -275,6 +283,10 @@ func (p *shard) readTable(k *kernelState, t *nftables.Table) error {
 	for _, c := range chains {
 		if c.Table.Name == t.Name {
 			k.chains[c.Name] = t
+			if c.Name == chainFilter && t == p.table && c.Priority != nil {
+				prio := *c.Priority
+				k.filterPrio = &prio
+			}
 		}
 	}
 	if t.Family == nftables.TableFamilyINet {

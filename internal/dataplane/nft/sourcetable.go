@@ -237,11 +237,10 @@ func sourceMarksFree(farms map[string]*model.Farm) error {
 // sourceLabelBit is the conntrack label (the last of 128) of connections
 // steered to a farm chosen by source table, set with the tag: the tag is
 // the mark of their first packet only, the label stays with the
-// connection, so the shards' filter chain (priority -150, found by VIP:
-// the key's default farm's filters) lets their later packets by
-// (sourceLabelRule). Their first packet passes that chain before the
-// choice (-110): what the default farm's filters do to a connection's
-// first packet (queue, helper) still reaches them.
+// connection, so the shards' filter chain (filterPriority, -105, after the
+// choice at -110; found by VIP: the key's default farm's filters) lets
+// their packets by, the first included (sourceLabelRule): the default
+// farm's queue and helper do not reach them.
 const sourceLabelBit = 127
 
 // sourceLabel is the label register value: bit sourceLabelBit set, in the
