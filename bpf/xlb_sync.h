@@ -257,8 +257,11 @@ static __always_inline int sync_same(const struct ct_val *v, const struct ct_val
 
 /* sync_table_mark() - the mark this node's tables give flow @k's client
  * for its farm (tbl_client_mark(), found as a packet of the flow finds it).
- * Not inlined, and called by sync_install() itself: the deepest chain of
- * calls stays within the verifier's 512 bytes of stack. */
+ * Not inlined, and called from sync_install()'s frame (after sync_bind()
+ * returned, never from within it): the deepest chain of calls stays within
+ * the verifier's 512 bytes of stack. Only for an entry sync_bind() runs for
+ * and left without a backend's mark: updates of bound flows and ends need
+ * none. */
 static __attribute__((noinline)) __u32 sync_table_mark(const struct ct_key *k)
 {
 	__u32 conf = tbl_conf();
@@ -280,12 +283,12 @@ static __attribute__((noinline)) __u32 sync_table_mark(const struct ct_key *k)
  * its own farms) the ids stay 0: the entry still carries the flow (its
  * translation is all in the entry, as in the kernel's conntrack), only it
  * is counted under no backend until an update binds it. A bound entry
- * gets its mark too: the backend's, else @tmark (sync_table_mark()).
+ * gets its backend's mark (0 if it has none: the caller then gives it the
+ * table's, sync_table_mark()).
  * Return: XLB_SYNC_RC_OK, XLB_SYNC_RC_UNBOUND, or XLB_SYNC_RC_MODE for a
  * service here that keeps no state (dsr, stlsdnat).
  */
-static __attribute__((noinline)) int sync_bind(const struct ct_key *k, struct ct_val *v,
-					       __u32 tmark)
+static __attribute__((noinline)) int sync_bind(const struct ct_key *k, struct ct_val *v)
 {
 	struct be_index_key bk = {};
 	struct svc_key sk = {};
@@ -320,26 +323,28 @@ static __attribute__((noinline)) int sync_bind(const struct ct_key *k, struct ct
 	v->svc = svc->id;
 	v->backend = *bid;
 	/* The flow's mark as a new flow here gets it (lb4_new_flow()): this
-	 * node's backend's, else @tmark, what this node's mark tables give the
-	 * client (a peer's mark may be one of its own making, e.g. the nft
-	 * plane's backend ids, so it is not taken from the record). */
+	 * node's backend's, else (the caller's) what this node's mark tables
+	 * give the client (a peer's mark may be one of its own making, e.g. the
+	 * nft plane's backend ids, so it is not taken from the record). */
 	be = bpf_map_lookup_elem(&xlb_backends, bid);
-	v->mark = be && be->mark ? be->mark : tmark;
+	v->mark = be ? be->mark : 0;
 	return XLB_SYNC_RC_OK;
 }
 
 /**
  * sync_rebind() - bind forward entry @v of flow @k, installed unbound, once
- * its farm is here (sync_bind(), @tmark its table mark), counting it active
- * as sync_insert() does.
+ * its farm is here (sync_bind(); without a backend's mark, the table's),
+ * counting it active as sync_insert() does.
  * Return: XLB_SYNC_RC_OK if @v is bound, else XLB_SYNC_RC_UNBOUND.
  */
-static __always_inline int sync_rebind(const struct ct_key *k, struct ct_val *v, __u32 tmark)
+static __always_inline int sync_rebind(const struct ct_key *k, struct ct_val *v)
 {
 	if (v->backend)
 		return XLB_SYNC_RC_OK;
-	if (sync_bind(k, v, tmark) != XLB_SYNC_RC_OK)
+	if (sync_bind(k, v) != XLB_SYNC_RC_OK)
 		return XLB_SYNC_RC_UNBOUND;
+	if (!v->mark)
+		v->mark = sync_table_mark(k);
 	if (k->proto == IPPROTO_TCP && lc_counted(v->state))
 		lc_add(v->backend, 1);
 	return XLB_SYNC_RC_OK;
@@ -461,7 +466,6 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 	fv.mode = addr_eq(c->reply, c->client) && c->rport == c->cport ? XLB_MODE_DNAT
 								       : XLB_MODE_SNAT;
 	fv.seen = sync_seen(fv.state, c->left, now);
-	fv.mark = sync_table_mark(&fk); /* sync_bind() puts the backend's first */
 
 	v = bpf_map_lookup_elem(&xlb_ct, &fk);
 	if (v) {
@@ -474,7 +478,7 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 			}
 			if (c->kind != XLB_SYNC_NEW || v->state < XLB_CT_STATE_FIN ||
 			    fv.state >= XLB_CT_STATE_FIN)
-				return sync_update(&fk, v, &fv, sync_rebind(&fk, v, fv.mark));
+				return sync_update(&fk, v, &fv, sync_rebind(&fk, v));
 		} else if (c->kind == XLB_SYNC_END) {
 			return XLB_SYNC_RC_GONE;
 		} else if (c->kind == XLB_SYNC_UPDATE) {
@@ -487,9 +491,13 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 	}
 	if (c->kind == XLB_SYNC_END)
 		return XLB_SYNC_RC_GONE;
-	rc = sync_bind(&fk, &fv, fv.mark);
+	rc = sync_bind(&fk, &fv);
 	if (rc == XLB_SYNC_RC_MODE)
 		return rc;
+	/* The table's mark where the backend has none (and for an entry
+	 * installed unbound: what a packet of the flow would get here). */
+	if (!fv.mark)
+		fv.mark = sync_table_mark(&fk);
 	return sync_insert(&fk, &fv, rc);
 }
 

@@ -395,6 +395,63 @@ if ab3 and os.path.exists(ab3):
                 sec.append(f"| {b} | {unit} | " + " | ".join(fmt(by.get(l, []), " ns") for l in labels) + " |")
         out[first_at:first_at] = sec + [""]
 
+ab4 = os.path.join(os.path.dirname(bench), "ha-sync-ab4.txt") if bench else None
+if ab4 and os.path.exists(ab4):
+    res = per_packet(open(ab4))
+    if res:
+        head = [l[2:].rstrip() for l in open(ab4) if l.startswith("# ")]
+        sec = ["## Sync cost per packet and per connection, 28 Nov (2): where it goes; the nft plane's sync measured (A/B)", "",
+               "From `ha-sync-ab4.txt`; *BenchmarkSyncPerPacket* is described in *Sync cost per packet*",
+               "further down. Where the eBPF plane's sync cost goes (docs/ha.md, *Pinned down on 28 Nov*): what",
+               "grows with the flow's length is the peer's install after each 10 ms idle, `xlb_ct_install`'s own",
+               "time per record (the kernel's BPF statistics, 3 runs each) 1.1-1.2 µs back to back, 2.4-2.5 µs",
+               "in batches of 256 and 3.9-4.5 µs in batches of 80 every 10 ms with nothing else running",
+               "(`BenchmarkSyncInstallSpaced`), and 1.1-1.2 / 1.7 / 3.0-3.9 µs at K = 2 / 10 / 100 in",
+               "BenchmarkSyncPerPacket (`XLB_BENCH_INSTALL_STATS=1`). The eBPF change A/B'd here",
+               "(`sync_table_mark` only where `sync_bind` runs) makes no measurable difference.", ""]
+        sec += [h + "  " for h in head] + [""]
+        sec += per_packet_table(res)
+        labels = list(res)
+        if len(labels) == 2:
+            sec += ["", "Welch's t test of the on/off ratios (p approximate), " + " against ".join(labels) + ": " + "; ".join(
+                f"K={k} p = {welch_p(*[[b[0] / a[0] for a, b in zip(res[l]['K'][k]['off'], res[l]['K'][k]['on'])] for l in labels]):.2f}"
+                for k in sorted(res[labels[0]]["K"])) + "."]
+        sec += ["", "The CPU of the threads other than the one sending the packets:", ""]
+        sec += thread_table(res)
+        # BenchmarkSyncNftPerConn: per round, sync=off then sync=on of a build.
+        nft = {}
+        for l in open(ab4):
+            m = re.match(r"(\S+) BenchmarkSyncNftPerConn/sync=(on|off)(?:-\d+)?\s+\d+\s+([0-9.]+) cpu-ns/conn", l)
+            if m:
+                nft.setdefault(m.group(1), {"off": [], "on": []})[m.group(2)].append(float(m.group(3)))
+        if nft:
+            sec += ["", "*BenchmarkSyncNftPerConn* (`internal/cluster/connsync`): the nft plane's sync whole. Node",
+                    "A's conntrack (a namespace of its own) gets new dnat entries, 256 a batch, made through",
+                    "ctnetlink by a generator standing in for traffic (no packets); with sync on, A's",
+                    "`conntrack.Syncer` reads the kernel's events, a connsync node sends them over TCP on",
+                    "loopback to a second node, which installs them into B's conntrack (another namespace)",
+                    "and reads their events too (not sent back). *CPU/connection*: the process's CPU per",
+                    "connection made, the generator's included; *sync CPU per connection* (both nodes):",
+                    "on less off, per round.", "",
+                    "| build | runs | CPU/connection off, ns | CPU/connection on, ns | sync CPU per connection, µs |",
+                    "|---|---|---|---|---|"]
+            diffs = {}
+            for label, r in nft.items():
+                n = min(len(r["off"]), len(r["on"]))
+                d = [(b - a) / 1000 for a, b in zip(r["off"][:n], r["on"][:n])]
+                diffs[label] = d
+                sec.append(f"| {label} | {n} | {med(r['off'][:n])} ({fmt(r['off'][:n])}) | {med(r['on'][:n])} ({fmt(r['on'][:n])}) | "
+                           f"{statistics.median(d):.1f} ({fmt(d, digits=1)}) |")
+            labs = list(diffs)
+            if len(labs) >= 2:
+                sec += ["", "Welch's t test of the sync CPU per connection (p approximate): " + "; ".join(
+                    f"{labs[0]} against {l}: p = {welch_p(diffs[labs[0]], diffs[l]):.3f}" for l in labs[1:]) + "."]
+            offs = {l: r["off"] for l, r in nft.items()}
+            if len(labs) >= 2:
+                sec += ["Of the generator's own CPU (sync off; it installs through the same `InstallConns`): " + "; ".join(
+                    f"{labs[0]} against {l}: p = {welch_p(offs[labs[0]], offs[l]):.3f}" for l in labs[1:]) + "."]
+        out[first_at:first_at] = sec + [""]
+
 if cost and os.path.exists(cost):
     cr = [json.loads(l) for l in open(cost) if l.strip()]
     if cr:

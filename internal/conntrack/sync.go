@@ -36,9 +36,19 @@ type Syncer struct {
 	fromPeers map[connKey]struct{}
 }
 
+// connKey is a connection in fromPeers: its addresses as bytes, not
+// netip.Addr (whose pointer made the garbage collector scan the whole
+// set, a hundred thousand keys and more under load).
 type connKey struct {
-	proto       uint8
-	client, vip netip.AddrPort
+	client, vip  [16]byte
+	cport, vport uint16
+	proto        uint8
+	v6           bool // client and vip were IPv6 (not mapped IPv4)
+}
+
+func keyOf(c dataplane.SyncConn) connKey {
+	return connKey{client: c.Client.Addr().As16(), vip: c.VIP.Addr().As16(), cport: c.Client.Port(),
+		vport: c.VIP.Port(), proto: c.Proto, v6: c.Client.Addr().Is6()}
 }
 
 // Batching of events: at most this many, or this long.
@@ -165,7 +175,7 @@ func flowOf(f *ct.Flow) ctFlow {
 func (s *Syncer) fromPeer(c dataplane.SyncConn, end bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := connKey{c.Proto, c.Client, c.VIP}
+	k := keyOf(c)
 	_, ok := s.fromPeers[k]
 	if end {
 		delete(s.fromPeers, k)
@@ -177,13 +187,21 @@ func (s *Syncer) fromPeer(c dataplane.SyncConn, end bool) bool {
 // conntrack table --conn-table-size allows).
 const maxFromPeers = 1 << 26
 
-func (s *Syncer) remember(c dataplane.SyncConn) {
+// rememberAll remembers the connections of evs that are not ends, under
+// one lock.
+func (s *Syncer) rememberAll(evs []dataplane.ConnEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.fromPeers == nil || len(s.fromPeers) >= maxFromPeers {
-		s.fromPeers = map[connKey]struct{}{}
+	for _, ev := range evs {
+		if ev.Kind == dataplane.ConnEnd {
+			continue
+		}
+		if s.fromPeers == nil || len(s.fromPeers) >= maxFromPeers {
+			s.fromPeers = map[connKey]struct{}{}
+		}
+		c := ev.Conn
+		s.fromPeers[keyOf(c)] = struct{}{}
 	}
-	s.fromPeers[connKey{c.Proto, c.Client, c.VIP}] = struct{}{}
 }
 
 // Liberal makes the kernel's TCP tracking accept segments outside the
@@ -237,24 +255,28 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
 	defer sock.close()
-	var buf []byte
-	ends := make([]int, len(evs))
-	for i, ev := range evs {
+	sc := installRooms.Get().(*installRoom)
+	defer installRooms.Put(sc)
+	buf, ends := sc.buf[:0], sc.ends[:0]
+	defer func() { sc.buf, sc.ends = buf[:0], ends[:0] }()
+	s.rememberAll(evs)
+	for _, ev := range evs {
 		typ, flags := uint8(msgNew), uint16(unix.NLM_F_CREATE|unix.NLM_F_EXCL)
 		if ev.Kind == dataplane.ConnEnd {
 			typ, flags = msgDelete, 0
-		} else {
-			s.remember(ev.Conn)
 		}
 		buf = appendRequest(buf, ev.Conn, typ, flags)
-		ends[i] = len(buf)
+		ends = append(ends, len(buf))
 	}
-	errs, err := sock.exec(split(buf, ends))
-	if err != nil {
+	sc.reqs = split(sc.reqs[:0], buf, ends)
+	errs := grow(sc.errs, len(evs))
+	sc.errs = errs
+	if err := sock.exec(sc.reqs, errs); err != nil {
 		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
 	// Entries known here already: refresh their timeout and state.
-	var again []int
+	again := sc.again[:0]
+	defer func() { sc.again = again[:0] }()
 	for i, e := range errs {
 		if e == unix.EEXIST && evs[i].Kind != dataplane.ConnEnd {
 			again = append(again, i)
@@ -267,8 +289,10 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 			buf = appendRequest(buf, evs[i].Conn, msgNew, 0)
 			ends = append(ends, len(buf))
 		}
-		uerrs, err := sock.exec(split(buf, ends))
-		if err != nil {
+		sc.reqs = split(sc.reqs[:0], buf, ends)
+		uerrs := grow(sc.uerrs, len(again))
+		sc.uerrs = uerrs
+		if err := sock.exec(sc.reqs, uerrs); err != nil {
 			return 0, fmt.Errorf("conntrack install: %w", err)
 		}
 		for j, i := range again {
@@ -291,15 +315,35 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 	return n, first
 }
 
-// split cuts buf at the given ends into its messages.
-func split(buf []byte, ends []int) [][]byte {
-	out := make([][]byte, len(ends))
+// installRoom is an InstallConns call's room, kept between calls (a
+// batch made no garbage but its events'; calls may run at once, one per
+// peer: pooled).
+type installRoom struct {
+	buf         []byte // the requests
+	ends        []int  // where each ends in buf
+	reqs        [][]byte
+	errs, uerrs []unix.Errno
+	again       []int
+}
+
+var installRooms = sync.Pool{New: func() any { return new(installRoom) }}
+
+// grow returns s with length n (its contents undefined).
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// split appends to dst buf cut at the given ends into its messages.
+func split(dst [][]byte, buf []byte, ends []int) [][]byte {
 	start := 0
-	for i, e := range ends {
-		out[i] = buf[start:e:e]
+	for _, e := range ends {
+		dst = append(dst, buf[start:e:e])
 		start = e
 	}
-	return out
+	return dst
 }
 
 func protoName(p uint8) string {

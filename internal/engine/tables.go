@@ -509,7 +509,7 @@ func (tx *Txn) validateTables() error {
 			}
 			if !t.Attachable() {
 				return &model.FieldError{Object: fmt.Sprintf("farm %q", f.Name), Field: "policies", Value: p.Name,
-					Problem: fmt.Sprintf("table %q has no verdict and no mark or limit values: give it verdict deny or allow (nftlb: type blacklist or whitelist), or create it with valtype mark or limit", p.Name)}
+					Problem: fmt.Sprintf("table %q has no verdict and no mark, limit or dscp values: give it verdict deny or allow (nftlb: type blacklist or whitelist), or create it with valtype mark, limit or dscp", p.Name)}
 			}
 		}
 		if f.SourceTable != "" {
@@ -542,7 +542,7 @@ func (tx *Txn) validateTables() error {
 			if w.cur == nil {
 				return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as a policy: detach it first (DELETE /farms/%s/policies/%s)", name, user, user, name)}
 			}
-			return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as a policy: it must keep a verdict (deny or allow) or its mark or limit values", name, user)}
+			return &ConflictError{Msg: fmt.Sprintf("table %q is used by farm %q as a policy: it must keep a verdict (deny or allow) or its mark, limit or dscp values", name, user)}
 		}
 	}
 	return nil

@@ -175,9 +175,9 @@ func (t *Table) IsPolicy() bool { return t.Verdict != ListNone }
 
 // Attachable reports whether farms may attach the table (a farm's
 // "policies"): it has a verdict, or it is an addr table with values the
-// data path applies to the clients it matches (mark, limit), or both.
+// data path applies to the clients it matches (mark, limit, dscp), or both.
 func (t *Table) Attachable() bool {
-	return t.IsPolicy() || t.Type == TableAddr && t.Values&(ValMark|ValLimit) != 0
+	return t.IsPolicy() || t.Type == TableAddr && t.Values&(ValMark|ValLimit|ValDSCP) != 0
 }
 
 // Clone returns a copy that shares the entries; changes to the copy's

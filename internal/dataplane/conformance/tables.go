@@ -34,6 +34,8 @@ func init() {
 		scenario{name: "policy-log", farm: policyFarm, run: runPolicyLog},
 		scenario{name: "table-limit", farm: policyFarmUDP, run: runTableLimit},
 		scenario{name: "table-mark", farm: policyFarm, run: runTableMark, attach: attachMarkTable},
+		scenario{name: "table-dscp", farm: policyFarm, run: runTableDSCP, attach: attachDSCPTable},
+		scenario{name: "table-dscp-ipv6", v6: true, farm: policyFarm, run: runTableDSCP, attach: attachDSCPTable},
 		scenario{name: "policy-port", farm: policyFarm, run: runPolicyPort},
 		scenario{name: "policy-mac", farm: policyFarm, run: runPolicyMAC},
 		scenario{name: "policy-iface", farm: policyFarm, run: runPolicyIface, attach: attachIfaceTable},
@@ -452,6 +454,38 @@ func runTableMark(t *testing.T, e *Env, f model.Farm) {
 	}
 	e.markedConntrack(t, "src="+c[0].String()+" ", "mark=42")
 	e.markedConntrack(t, "src="+c[1].String()+" ", "mark=0")
+}
+
+func attachDSCPTable(t *testing.T, e *Env, f model.Farm) error {
+	c := e.ClientAddrs(t, 1)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "dscp"), c[0].String()+" 46")
+	nf := f.Clone()
+	return ts.tp.ApplyTables(context.Background(), plan.TableDiff{Farms: []plan.FarmChange{{New: &nf}}})
+}
+
+// runTableDSCP: a table without verdict, valtype dscp, attached to the
+// farm: its entry's client's packets leave the LB with DSCP 46 (EF), and
+// are served (the rewritten IPv4 header's checksum holds); another
+// client's leave with their own (0).
+func runTableDSCP(t *testing.T, e *Env, f model.Farm) {
+	c := e.ClientAddrs(t, 2)
+	ts := e.tablePlane(t)
+	ts.putTable(t, valueTable(t, "pol", "dscp"), c[0].String()+" 46")
+	ip := "ip"
+	if e.v6 {
+		ip = "ip6"
+	}
+	m := e.countMarks(t, ip+" dscp 46")
+	ts.putFarm(t, e, f)
+	e.expect(t, f, "dscp table, other client", map[netip.Addr]bool{c[1]: true})
+	if n := m.packets(t); n[0] != 0 {
+		t.Errorf("%d packets left with DSCP 46 for a client the table does not hold, want 0", n[0])
+	}
+	e.expect(t, f, "dscp table, client in it", map[netip.Addr]bool{c[0]: true})
+	if n := m.packets(t); n[0] == 0 {
+		t.Errorf("no packet of the table's client left with its DSCP 46")
+	}
 }
 
 // typedTable is a policy table of type typ ("number", "flow:src-ip,dst-port").

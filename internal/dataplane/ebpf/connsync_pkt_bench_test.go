@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/cluster/connsync"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -35,6 +38,12 @@ import (
 //
 // A run's CPU ends when the peer has installed every record (the wait
 // included: the sender reads every 10 ms).
+//
+// With XLB_BENCH_INSTALL_STATS=1 the kernel's BPF run-time statistics are
+// on and sync=on runs also report install-ns/rec: the peer's
+// xlb_ct_install's own time per record (its run time over the records it
+// took). The statistics cost every program run some time, so prog-ns/pkt
+// and cpu-ns/pkt of such a run are not comparable with the others'.
 func BenchmarkSyncPerPacket(b *testing.B) {
 	testutil.RequireRoot(b)
 	ctx := context.Background()
@@ -66,6 +75,13 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 	const tcpFIN = 0x01
 	syn, data, fin := tmpl(tcpSYN, 0), tmpl(tcpACK, 100), tmpl(tcpFIN|tcpACK, 0)
 	next := 1 << 20 // clients the other benchmarks of the process do not use
+	if os.Getenv("XLB_BENCH_INSTALL_STATS") == "1" {
+		st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+		if err != nil {
+			b.Fatalf("BPF run-time statistics: %v", err)
+		}
+		defer st.Close()
+	}
 	for _, k := range []int{2, 10, 100} {
 		for _, on := range []bool{false, true} {
 			name := fmt.Sprintf("K=%d/sync=off", k)
@@ -81,8 +97,10 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				var sent0, inst0 uint64
+				var run0 time.Duration
 				if on {
 					sent0, inst0 = nodeA.Counters().ConnsSent, nodeB.Counters().Installed
+					run0 = installRunTime(b, recv)
 				}
 				cpu0 := processCPU(b)
 				var progT, thrT time.Duration
@@ -152,6 +170,9 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 						b.Fatalf("peer installed %d records of %d", inst, sent)
 					}
 					b.ReportMetric(float64(sent)/float64(b.N), "recs/flow")
+					if os.Getenv("XLB_BENCH_INSTALL_STATS") == "1" {
+						b.ReportMetric(float64((installRunTime(b, recv)-run0).Nanoseconds())/float64(inst), "install-ns/rec")
+					}
 				}
 				b.ReportMetric(0, "ns/op")
 			})
@@ -226,6 +247,16 @@ func syncPair(b *testing.B, pa, pb *Plane) (na, nb *connsync.Node, stop func()) 
 		}
 	}
 	return na, nb, stop
+}
+
+// installRunTime is the run time xlb_ct_install has taken on p so far (0
+// without the kernel's BPF statistics).
+func installRunTime(b *testing.B, p *Plane) time.Duration {
+	st, err := p.objs.XlbCtInstall.Stats()
+	if err != nil {
+		b.Fatalf("xlb_ct_install's statistics: %v", err)
+	}
+	return st.Runtime
 }
 
 // quietLogger logs as a daemon does by default (info), to nowhere: the

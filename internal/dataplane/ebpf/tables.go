@@ -211,8 +211,14 @@ func (p *Plane) CheckTable(t *model.Table) error { return nil }
 
 // checkTableUse refuses a farm's use of a table the program cannot honour:
 // a table whose values set marks on a stlsdnat farm (the mark of a flow is
-// kept in its conntrack entry, and stlsdnat has none).
+// kept in its conntrack entry, and stlsdnat has none); a table whose
+// values set the DSCP (not built here: the nft plane does), unless it is a
+// deny list, whose values do not matter.
 func checkTableUse(f *model.Farm, t *model.Table) error {
+	if t.Type == model.TableAddr && t.Values&model.ValDSCP != 0 && t.Verdict != model.ListDeny {
+		return dataplane.Refuse(f, "policies", t.Name,
+			fmt.Sprintf("table %q sets the DSCP (valtype %s), which the ebpf data plane does not do yet: use the nft data plane, or a table without dscp", t.Name, t.Values))
+	}
 	if t.Type == model.TableAddr && t.Values&model.ValMark != 0 && f.Mode == model.ModeStlsDNAT {
 		return dataplane.Refuse(f, "policies", t.Name,
 			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane keeps a flow's mark in its conntrack entry, which stlsdnat has not: use dnat, or a table without mark", t.Name, t.Values))

@@ -856,7 +856,7 @@ func (b *tablesBatch) addValues(slot uint32, tb *model.Table) {
 	}
 	var all []model.TableEntry
 	tb.Entries("", func(e model.TableEntry) bool {
-		if e.Value != nil && (e.Value.Mark != 0 || e.Value.Limit != 0) {
+		if e.Value != nil && (e.Value.Mark != 0 || e.Value.Limit != 0 || e.Value.DSCP != 0) {
 			all = append(all, e)
 		}
 		return true
