@@ -26,7 +26,8 @@ func TestTablePolicyFromService(t *testing.T) {
 	stl := farm(t, "stl", "10.99.0.5", 53, model.ProtoUDP, model.ModeStlsDNAT, model.SchedRR, "10.200.0.11:5353")
 	stl.Policies = []model.PolicyRef{{Name: "bl"}}
 	bl := addrTable(t, "bl", model.ListDeny, 1, 1, client.String())
-	d := created(bl)
+	empty := addrTable(t, "empty", model.ListDeny, 2, 2)
+	d := created(bl, empty)
 	d.Farms = []plan.FarmChange{{New: stl}}
 	applyTables(t, p, d)
 	if err := p.Reconcile(context.Background(), []*model.Farm{stl}); err != nil {
@@ -120,6 +121,18 @@ func TestTablePolicyFromService(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("entry added", other, true)
+
+	// A swap with the empty table: bl's id stays, its entries go; no
+	// service is rewritten, and bl's farm stops dropping at once.
+	nx, ny := nb.WithEntriesOf(empty), empty.WithEntriesOf(&nb)
+	applyTables(t, p, plan.TableDiff{Tables: []plan.TableChange{{Old: &nb, New: &nx}, {Old: empty, New: &ny}}})
+	if refs() != before {
+		t.Errorf("a swap moved the refs generation %d -> %d", before, refs())
+	}
+	if got := value(); got != v {
+		t.Errorf("a swap rewrote the service: %+v, want %+v", got, v)
+	}
+	want("swapped with an empty table", client, false)
 
 	// Detached: the service's value says so in the same apply.
 	nf := stl.Clone()
