@@ -22,7 +22,7 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	defer p.mu.Unlock()
 	t := &p.tbls
 	var undo []func()
-	refs := false // the refs generation moved: services' policy ids are written again
+	refs := false // services' values lost their stamp: written again at the end
 	fail := func(err error) error {
 		for i := len(undo) - 1; i >= 0; i-- {
 			undo[i]()
@@ -163,12 +163,42 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 		}
 	}
 	oldFarms, oldTables := t.farms, t.tables
+	var touched []svcRef // the services whose stamp this change took
+	all := false         // or every service's
 	if p.refsMoved(d, tables) {
-		// No service's policy ids are trusted while farms' policies
-		// change (tables_svcrefs.go).
+		// The policy ids of the services these farms' keys answer for
+		// are not trusted while the farms' policies change
+		// (tables_svcrefs.go); every other service's stay true.
+		pks := map[xlbSvcKey]bool{}
+		add := func(f *model.Farm) {
+			if f != nil && len(f.Policies) > 0 {
+				for _, k := range policyKeys(f) {
+					pks[k] = true
+				}
+			}
+		}
+		for _, c := range d.Farms {
+			add(c.Old)
+			add(c.New)
+		}
+		for name := range rewrite {
+			add(farms[name])
+			add(t.farms[name])
+		}
 		refs = true
-		if err := p.moveRefs(); err != nil {
-			return fail(err)
+		if t.refs == 0 {
+			// No refs generation yet (ReconcileTables not run): every
+			// service's value is written without a stamp, then again
+			// under the first generation at the end.
+			if err := p.startRefs(); err != nil {
+				return fail(err)
+			}
+			all = true
+		} else {
+			touched = p.refsTouched(pks)
+			if err := p.unstampServices(touched); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	restoreFarms := func() {
@@ -235,8 +265,12 @@ func (p *Plane) ApplyTables(ctx context.Context, d plan.TableDiff) error {
 	if err := p.bumpGen(); err != nil {
 		return err
 	}
-	if refs {
+	if all {
 		if err := p.restampServices(); err != nil {
+			return err
+		}
+	} else if refs {
+		if err := p.stampServices(touched); err != nil {
 			return err
 		}
 	}

@@ -16,11 +16,18 @@ import (
 // bpf/xlb_tables.h; stlsdnat farms' packets all go that way). The ids are
 // what xlb_tbl_policy answers for the key (svcRefs), and the program
 // trusts them only while the value's stamp is the refs generation in
-// xlb_tbl_conf: before any farm's policies change the generation moves on
-// (moveRefs), so packets look the policies up by key as before until every
-// service's value is written again with the new ids (restampServices). A
-// swap or a change of a table's entries keeps every id, and touches no
-// service.
+// xlb_tbl_conf. That generation moves on only when the daemon starts
+// (ReconcileTables, which writes every value again); a change of farms'
+// policies instead touches only the services whose answer it may change,
+// those whose key or VIP's every-port key is one of the changed farms'
+// policy keys (refsTouched): before xlb_tbl_policy changes their values
+// lose the stamp (0, never trusted: packets look the policies up by key
+// as before), and at the end of the same apply they are written again
+// with the new ids under the stamp (stampServices). Every other service's
+// answer stays what it was, so its value stays trusted and is not written:
+// adding a farm with a policy next to 16,000 farms writes its own keys,
+// not 16,000 (BenchmarkTablesRestamp). A swap or a change of a table's
+// entries keeps every id, and touches no service.
 
 // svcRefs is what tbl_farm_refs finds in xlb_tbl_policy for service key k
 // (its farm tag dropped): the key's own policies, else those of its VIP's
@@ -57,18 +64,9 @@ func sameService(a, b xlbSvcVal) bool {
 	return a == b
 }
 
-// moveRefs moves the refs generation on and writes it, so no service's
-// policy ids are trusted until restampServices: called before a change of
-// farms' policies.
-func (p *Plane) moveRefs() error {
-	t := &p.tbls
-	t.refs = t.refs%tblRefsMax + 1
-	return p.writeConf()
-}
-
 // restampServices writes every service's value again with its policy ids
 // under the current refs generation (a key at a time: each update is
-// atomic). O(service keys), only when farms' policies changed.
+// atomic). O(service keys): at start, and after a failed change.
 func (p *Plane) restampServices() error {
 	for _, g := range p.farms {
 		if g.val.Id == 0 {
@@ -78,6 +76,80 @@ func (p *Plane) restampServices() error {
 			if err := p.objs.XlbServices.Update(k, p.svcValue(g, k), ebpf.UpdateAny); err != nil {
 				return fmt.Errorf("farm %q: write service's policies: %w", g.farm, err)
 			}
+		}
+	}
+	return nil
+}
+
+// startRefs gives a plane without refs generation (ReconcileTables not
+// run) its first: every service's value is written without a stamp (a
+// pinned one an earlier daemon stamped is trusted no more), then the
+// generation is written; restampServices stamps them at the end of the
+// change.
+func (p *Plane) startRefs() error {
+	if err := p.restampServices(); err != nil { // t.refs 0: stamp 0
+		return err
+	}
+	p.tbls.refs = 1
+	return p.writeConf()
+}
+
+// svcRef is one service key of a generation whose policy ids a change
+// may move.
+type svcRef struct {
+	g *generation
+	k xlbSvcKey
+}
+
+// refsTouched lists the service keys whose policy ids may differ once the
+// policy keys pks are written or removed: those svcRefs answers from one
+// of pks, the key itself (its farm tag dropped) or its VIP's every-port
+// key. A walk of the farms in memory, no syscall.
+func (p *Plane) refsTouched(pks map[xlbSvcKey]bool) []svcRef {
+	if len(pks) == 0 {
+		return nil
+	}
+	var out []svcRef
+	for _, g := range p.farms {
+		if g.val.Id == 0 {
+			continue
+		}
+		for _, k := range g.keys {
+			u := k
+			u.Family &= 1<<svcTagShift - 1
+			hit := pks[u]
+			if !hit && u.Port != 0 {
+				u.Port = 0
+				hit = pks[u]
+			}
+			if hit {
+				out = append(out, svcRef{g, k})
+			}
+		}
+	}
+	return out
+}
+
+// unstampServices writes the values of services svcs without their stamp
+// (tbl_gen 0, never trusted), before their farms' policies change: their
+// packets look the policies up by key until stampServices.
+func (p *Plane) unstampServices(svcs []svcRef) error {
+	for _, s := range svcs {
+		v := s.g.val
+		v.TblIds, v.TblN, v.TblGen = [8]uint16{}, 0, 0
+		if err := p.objs.XlbServices.Update(s.k, v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("farm %q: clear service's policies: %w", s.g.farm, err)
+		}
+	}
+	return nil
+}
+
+// stampServices writes the values of services svcs with their policy ids
+// as xlb_tbl_policy now answers them, under the refs generation.
+func (p *Plane) stampServices(svcs []svcRef) error {
+	for _, s := range svcs {
+		if err := p.objs.XlbServices.Update(s.k, p.svcValue(s.g, s.k), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("farm %q: write service's policies: %w", s.g.farm, err)
 		}
 	}
 	return nil

@@ -19,6 +19,9 @@ import (
 // again); detaching the policy rewrites the value in the same apply; a
 // change of the table's entries and a swap leave every service alone (the
 // refs generation does not move).
+//
+// TestTablePolicyTouchedServices covers which services a change of
+// policies writes.
 func TestTablePolicyFromService(t *testing.T) {
 	testutil.RequireRoot(t)
 	ns := fixtureNS(t)
@@ -134,15 +137,127 @@ func TestTablePolicyFromService(t *testing.T) {
 	}
 	want("swapped with an empty table", client, false)
 
-	// Detached: the service's value says so in the same apply.
+	// Detached: the service's value says so in the same apply, under the
+	// same refs generation (which only a start moves on).
 	nf := stl.Clone()
 	nf.Policies = nil
 	applyTables(t, p, plan.TableDiff{Farms: []plan.FarmChange{{Old: stl, New: &nf}}})
-	if refs() == before {
-		t.Errorf("detaching a policy left the refs generation at %d", before)
+	if refs() != before {
+		t.Errorf("detaching a policy moved the refs generation %d -> %d", before, refs())
 	}
 	if got := value(); got.TblN != 0 || got.TblGen != refs() {
 		t.Errorf("after the detach the service carries ids %v (n %d) under %d, want none under %d", got.TblIds, got.TblN, got.TblGen, refs())
 	}
 	want("policy detached", client, false)
+}
+
+// TestTablePolicyTouchedServices: a change of one farm's policies writes
+// the values of the services whose policy ids it moves, and no other
+// (refsTouched): attaching a deny list to a farm, or to a VIP's every-port
+// farm, gives the farm's service (and the same VIP's port farm without
+// policies of its own, which tbl_farm_refs answers from the every-port
+// key) the table's id under the refs generation in the same apply, and
+// its packets are dropped; an unrelated farm's value is not written (a
+// marker put into it survives every change). Fails when the farm's own
+// key is not matched (its value keeps a trusted "no policies": the packet
+// passes), when the every-port key is not, and when every service is
+// written again (the marker is gone).
+func TestTablePolicyTouchedServices(t *testing.T) {
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	mk := func(name, vip string, port uint16) *model.Farm {
+		be := map[string]string{"stl": "10.200.0.11:5353", "p53": "10.200.0.12:5353", "un": "10.200.0.13:5353"}[name]
+		return farm(t, name, vip, port, model.ProtoUDP, model.ModeStlsDNAT, model.SchedRR, be)
+	}
+	stl, any, p53, un := mk("stl", "10.99.0.5", 53), farm(t, "any", "10.99.0.6", 0, model.ProtoUDP, model.ModeStlsDNAT, model.SchedRR, "10.200.0.14:0"), mk("p53", "10.99.0.6", 53), mk("un", "10.99.0.7", 53)
+	all := []*model.Farm{stl, any, p53, un}
+	if err := p.Reconcile(context.Background(), all); err != nil {
+		t.Fatal(err)
+	}
+	// As a daemon starts: the refs generation is taken up from the
+	// pinned conf, and every service stamped with it.
+	bl := addrTable(t, "bl", model.ListDeny, 1, 1, client.String())
+	if err := p.ReconcileTables(context.Background(), []*model.Table{bl}, all); err != nil {
+		t.Fatal(err)
+	}
+	key := func(vip string, port uint16) xlbSvcKey {
+		a := netip.MustParseAddr(vip)
+		return xlbSvcKey{Addr: addrWords(a), Port: ne16(port), Proto: protoUDP, Family: familyOf(a)}
+	}
+	value := func(k xlbSvcKey) xlbSvcVal {
+		t.Helper()
+		var v xlbSvcVal
+		if err := p.objs.XlbServices.Lookup(k, &v); err != nil {
+			t.Fatalf("service: %v", err)
+		}
+		return v
+	}
+	refs := func() uint16 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return uint16(p.tbls.refs)
+	}
+	carries := func(what string, k xlbSvcKey, ids ...uint16) {
+		t.Helper()
+		v := value(k)
+		if v.TblGen != refs() || int(v.TblN) != len(ids) || (len(ids) > 0 && v.TblIds[0] != ids[0]) {
+			t.Errorf("%s: service carries ids %v (n %d) under %d, want %v under %d", what, v.TblIds, v.TblN, v.TblGen, ids, refs())
+		}
+	}
+	want := func(what, vip string, drop bool) {
+		t.Helper()
+		dst := netip.MustParseAddr(vip)
+		for i := range 2 {
+			pkt := pktSpec{src: client, dst: dst, sport: 43000, dport: 53, proto: protoUDP, payload: []byte("x")}.build()
+			if v := runProgCPU0(t, ns, p.objs.XlbIngress, pkt); (v == verdictDrop) != drop {
+				t.Errorf("%s: packet %d to %s: verdict %d, drop %v", what, i, vip, v, drop)
+			}
+		}
+	}
+	// The unrelated farm's marker: ids no change would give it, under
+	// the current stamp.
+	uk := key("10.99.0.7", 53)
+	marker := value(uk)
+	marker.TblIds, marker.TblN, marker.TblGen = [8]uint16{77}, 1, refs()
+	if err := p.objs.XlbServices.Put(uk, marker); err != nil {
+		t.Fatal(err)
+	}
+	untouched := func(what string) {
+		t.Helper()
+		if got := value(uk); got != marker {
+			t.Errorf("%s: an unrelated farm's service was written again: ids %v (n %d) under %d", what, got.TblIds, got.TblN, got.TblGen)
+		}
+	}
+	with := func(f *model.Farm) *model.Farm {
+		n := f.Clone()
+		n.Policies = []model.PolicyRef{{Name: "bl"}}
+		return &n
+	}
+	before := refs()
+
+	stlBL := with(stl)
+	applyTables(t, p, plan.TableDiff{Farms: []plan.FarmChange{{Old: stl, New: stlBL}}})
+	carries("attached to stl", key("10.99.0.5", 53), bl.ID)
+	carries("stl attached, p53", key("10.99.0.6", 53))
+	want("attached to stl", "10.99.0.5", true)
+	want("attached to stl, p53", "10.99.0.6", false)
+	untouched("attached to stl")
+
+	anyBL := with(any)
+	applyTables(t, p, plan.TableDiff{Farms: []plan.FarmChange{{Old: any, New: anyBL}}})
+	carries("attached to every port, its own key", key("10.99.0.6", 0), bl.ID)
+	carries("attached to every port, p53", key("10.99.0.6", 53), bl.ID)
+	want("attached to every port, p53", "10.99.0.6", true)
+	untouched("attached to every port")
+
+	applyTables(t, p, plan.TableDiff{Farms: []plan.FarmChange{{Old: stlBL, New: stl}, {Old: anyBL, New: any}}})
+	carries("detached, stl", key("10.99.0.5", 53))
+	carries("detached, p53", key("10.99.0.6", 53))
+	want("detached, stl", "10.99.0.5", false)
+	want("detached, p53", "10.99.0.6", false)
+	untouched("detached")
+	if refs() != before {
+		t.Errorf("a change of policies moved the refs generation %d -> %d", before, refs())
+	}
 }
