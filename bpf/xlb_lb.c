@@ -1290,7 +1290,7 @@ int xlb_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
-	struct tbl_in in = { .ifindex = ctx->ingress_ifindex };
+	struct tbl_in in = { .ifindex = ctx->ingress_ifindex, .xdp = 1 };
 	struct pkt p = {};
 	struct ct_val *v;
 	__u32 bid, ifindex, *fl;

@@ -169,7 +169,8 @@ struct tbl_hkey {
  * found to go to (NULL: not looked up, or none; tbl_svc_refs). */
 struct tbl_in {
 	__u8 smac[6];
-	__u16 pad;
+	__u8 xdp; /* 1 in the XDP program: a pass is not counted, tcx counts it */
+	__u8 pad;
 	__u32 ifindex;
 	const struct svc_val *svc;
 };
@@ -409,7 +410,8 @@ static __always_inline struct tbl_val *tbl_match(__u32 slot, const struct pkt *p
 /**
  * tbl_hmatch() - the entry of the hash of slot @slot (a number, mac, flow
  * or iface table: @flags, the binding's) that packet @p (source MAC and
- * interface @in) matches, counted as a match of @len bytes.
+ * interface @in) matches, counted as a match of @len bytes (in the XDP
+ * program, @in->xdp, only when the table denies).
  * Return: the entry, or NULL.
  */
 static __always_inline struct tbl_val *tbl_hmatch(__u32 slot, __u32 flags, const struct pkt *p,
@@ -453,7 +455,8 @@ static __always_inline struct tbl_val *tbl_hmatch(__u32 slot, __u32 flags, const
 	if (!h)
 		return NULL;
 	v = bpf_map_lookup_elem(h, &k);
-	if (v) {
+	/* In the XDP program only a match that drops (tbl_one). */
+	if (v && (!in->xdp || (flags & XLB_TBL_VERDICT_MASK) == XLB_TBL_DENY)) {
 		__sync_fetch_and_add(&v->packets, 1);
 		__sync_fetch_and_add(&v->bytes, len);
 	}
@@ -756,10 +759,19 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const struct t
 		v = tbl_hmatch(b->slot, b->verdict, p, in, len);
 		return (verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v);
 	}
-	v = tbl_match(b->slot, p, len);
-	if ((verdict == XLB_TBL_DENY && v) || (verdict == XLB_TBL_ALLOW && !v))
+	v = tbl_find(b->slot, p);
+	if (!v)
+		return verdict == XLB_TBL_ALLOW;
+	/* The XDP program counts the matches it drops; a packet it passes
+	 * goes on to the tcx program, which counts it (counted in both, a
+	 * passing match was counted twice). */
+	if (verdict == XLB_TBL_DENY || !in->xdp) {
+		__sync_fetch_and_add(&v->packets, 1);
+		__sync_fetch_and_add(&v->bytes, len);
+	}
+	if (verdict == XLB_TBL_DENY)
 		return 1;
-	if (!lim || !v)
+	if (!lim)
 		return 0;
 	if ((b->verdict & XLB_TBL_F_LIMIT) && v->limit && !*lim)
 		*lim = v;

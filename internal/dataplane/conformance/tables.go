@@ -427,9 +427,16 @@ func runTableLimit(t *testing.T, e *Env, f model.Farm) {
 
 // attachMarkTable applies runTableMark's table, then the farm using it.
 func attachMarkTable(t *testing.T, e *Env, f model.Farm) error {
+	return attachValueTable(t, e, f, "mark", "42")
+}
+
+// attachValueTable applies a table "pol" of valtype valtype, holding the
+// scenario's first client with value, and the farm attaching it; it
+// returns the plane's error.
+func attachValueTable(t *testing.T, e *Env, f model.Farm, valtype, value string) error {
 	c := e.ClientAddrs(t, 1)
 	ts := e.tablePlane(t)
-	ts.putTable(t, valueTable(t, "pol", "mark"), c[0].String()+" 42")
+	ts.putTable(t, valueTable(t, "pol", valtype), c[0].String()+" "+value)
 	nf := f.Clone()
 	return ts.tp.ApplyTables(context.Background(), plan.TableDiff{Farms: []plan.FarmChange{{New: &nf}}})
 }
@@ -457,11 +464,7 @@ func runTableMark(t *testing.T, e *Env, f model.Farm) {
 }
 
 func attachDSCPTable(t *testing.T, e *Env, f model.Farm) error {
-	c := e.ClientAddrs(t, 1)
-	ts := e.tablePlane(t)
-	ts.putTable(t, valueTable(t, "pol", "dscp"), c[0].String()+" 46")
-	nf := f.Clone()
-	return ts.tp.ApplyTables(context.Background(), plan.TableDiff{Farms: []plan.FarmChange{{New: &nf}}})
+	return attachValueTable(t, e, f, "dscp", "46")
 }
 
 // runTableDSCP: a table without verdict, valtype dscp, attached to the

@@ -293,6 +293,18 @@ const (
 	valDSCP
 )
 
+// keysOfLen are m's keys of prefix length lk, in rule order.
+func keysOfLen(m map[limKey]*limSets, lk lenKey) []limKey {
+	var keys []limKey
+	for k := range m {
+		if k.lenKey == lk {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, compareLim)
+	return keys
+}
+
 // valueRules are a length's limit, dscp and mark rules (before its verdict
 // rule); base loads the client's address, masked, into reg1.
 func valueRules(v *valueSets, lk lenKey, base []expr.Any) [][]expr.Any {
@@ -300,14 +312,7 @@ func valueRules(v *valueSets, lk lenKey, base []expr.Any) [][]expr.Any {
 		return nil
 	}
 	var rules [][]expr.Any
-	var keys []limKey
-	for k := range v.lims {
-		if k.lenKey == lk {
-			keys = append(keys, k)
-		}
-	}
-	slices.SortFunc(keys, compareLim)
-	for _, k := range keys {
+	for _, k := range keysOfLen(v.lims, lk) {
 		l := v.lims[k]
 		r := []expr.Any{
 			&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
@@ -323,14 +328,7 @@ func valueRules(v *valueSets, lk lenKey, base []expr.Any) [][]expr.Any {
 			&expr.Verdict{Kind: expr.VerdictDrop})
 		rules = append(rules, r)
 	}
-	keys = keys[:0]
-	for k := range v.dscps {
-		if k.lenKey == lk {
-			keys = append(keys, k)
-		}
-	}
-	slices.SortFunc(keys, compareLim)
-	for _, k := range keys {
+	for _, k := range keysOfLen(v.dscps, lk) {
 		d := v.dscps[k]
 		r := append(slices.Clone(base), &expr.Lookup{SourceRegister: reg1, SetName: d.set.Name, SetID: d.set.ID})
 		rules = append(rules, append(r, setDSCP(lk.fam == 6, uint8(k.rate))...))
