@@ -50,19 +50,8 @@ func TestTablePolicyFromService(t *testing.T) {
 			}
 		}
 	}
-	value := func() xlbSvcVal {
-		t.Helper()
-		var v xlbSvcVal
-		if err := p.objs.XlbServices.Lookup(key, &v); err != nil {
-			t.Fatalf("service: %v", err)
-		}
-		return v
-	}
-	refs := func() uint16 {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return uint16(p.tbls.refs)
-	}
+	value := func() xlbSvcVal { return serviceValue(t, p, key) }
+	refs := func() uint16 { return refsGen(p) }
 	v := value()
 	if v.TblGen == 0 || v.TblGen != refs() || v.TblN != 1 || v.TblIds[0] != bl.ID {
 		t.Fatalf("service value carries ids %v (n %d) under %d, want [%d] under %d", v.TblIds, v.TblN, v.TblGen, bl.ID, refs())
@@ -185,19 +174,8 @@ func TestTablePolicyTouchedServices(t *testing.T) {
 		a := netip.MustParseAddr(vip)
 		return xlbSvcKey{Addr: addrWords(a), Port: ne16(port), Proto: protoUDP, Family: familyOf(a)}
 	}
-	value := func(k xlbSvcKey) xlbSvcVal {
-		t.Helper()
-		var v xlbSvcVal
-		if err := p.objs.XlbServices.Lookup(k, &v); err != nil {
-			t.Fatalf("service: %v", err)
-		}
-		return v
-	}
-	refs := func() uint16 {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return uint16(p.tbls.refs)
-	}
+	value := func(k xlbSvcKey) xlbSvcVal { return serviceValue(t, p, k) }
+	refs := func() uint16 { return refsGen(p) }
 	carries := func(what string, k xlbSvcKey, ids ...uint16) {
 		t.Helper()
 		v := value(k)
@@ -260,4 +238,21 @@ func TestTablePolicyTouchedServices(t *testing.T) {
 	if refs() != before {
 		t.Errorf("a change of policies moved the refs generation %d -> %d", before, refs())
 	}
+}
+
+// serviceValue is service k's value in xlb_services.
+func serviceValue(t *testing.T, p *Plane, k xlbSvcKey) xlbSvcVal {
+	t.Helper()
+	var v xlbSvcVal
+	if err := p.objs.XlbServices.Lookup(k, &v); err != nil {
+		t.Fatalf("service: %v", err)
+	}
+	return v
+}
+
+// refsGen is the plane's refs generation.
+func refsGen(p *Plane) uint16 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return uint16(p.tbls.refs)
 }
