@@ -103,6 +103,9 @@ type Monitor struct {
 	checks    uint64
 	fails     uint64
 	spawned   uint64 // checks run in a goroutine of their own
+	// halfConns: half-open checks that connected, the engine busy or
+	// not open.
+	halfConns uint64
 
 	wake     chan struct{}
 	pendWake chan struct{}
@@ -458,6 +461,9 @@ func (m *Monitor) due(ctx context.Context, t *target, now time.Time) {
 	}
 	if t.probe.connectable() {
 		if c := m.connEngine(); c != nil {
+			if t.half {
+				m.halfConns++
+			}
 			t.running = true
 			if r, done := c.start(&m.d, t); done {
 				r.Start = now

@@ -192,11 +192,13 @@ func (p *probe) batchable() bool {
 	return p.check.Type == model.CheckTCP && p.check.HalfOpen && p.dst.Addr().Is4() && len(p.send) == 0 && len(p.expect) == 0
 }
 
-// connectable reports whether the check is a plain connect the monitor
-// runs without a goroutine (connprobe.go): tcp, nothing to send or expect,
-// not a half-open one it batches, no IPv6 zone.
+// connectable reports whether the check can be a connect the monitor runs
+// without a goroutine (connprobe.go): tcp, nothing to send or expect, no
+// IPv6 zone. A half-open one is too when the half-open engine cannot take
+// it (every source port busy towards its backend, or no raw socket): a
+// burst of those under load spawned a goroutine each.
 func (p *probe) connectable() bool {
-	return p.check.Type == model.CheckTCP && len(p.send) == 0 && len(p.expect) == 0 && !p.batchable() && p.dst.Addr().Zone() == ""
+	return p.check.Type == model.CheckTCP && len(p.send) == 0 && len(p.expect) == 0 && p.dst.Addr().Zone() == ""
 }
 
 // halfOpen runs a half-open check (synprobe.go); ok is false when it

@@ -117,8 +117,10 @@ func TestExecInNamespace(t *testing.T) {
 // up (SYN-ACK), those on a closed port go down (connect refused), and in
 // 20 of them a third whose SYNs are dropped goes down (timeout after
 // 200ms); at 2,200 checks a second SYNs leave several to a sendmmsg; every
-// check is answered by the engine (none connects); the backends keep no
-// half-open connection.
+// check is answered by the engine but those that found its 64 source ports
+// busy towards their backend (they connect, without a goroutine: a CI run
+// on a loaded machine had 133 such); the backends keep no half-open
+// connection.
 func TestHalfOpenBatched(t *testing.T) { batchedChecks(t, true) }
 
 // Plain connect checks (half-open off) of a monitor run without a
@@ -129,8 +131,13 @@ func TestConnectChecksBatched(t *testing.T) { batchedChecks(t, false) }
 func batchedChecks(t *testing.T, halfOpen bool) {
 	testutil.RequireRoot(t)
 	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 3})
-	testutil.StartTCPServer(t, topo.Backends[0].NS, netip.AddrPortFrom(topo.Backends[0].IPv4, 8080), "be0")
-	testutil.Run(t, topo.Backends[2].Name, "nft", "add table inet bh; add chain inet bh in { type filter hook input priority 0 ; } ; add rule inet bh in tcp dport 8080 drop")
+	// Four ports of each backend, 25 farms' checks each, so that the
+	// engine's 64 ports towards one are seldom all busy.
+	const nPorts = 4
+	for p := range nPorts {
+		testutil.StartTCPServer(t, topo.Backends[0].NS, netip.AddrPortFrom(topo.Backends[0].IPv4, uint16(8080+p)), "be0")
+	}
+	testutil.Run(t, topo.Backends[2].Name, "nft", "add table inet bh; add chain inet bh in { type filter hook input priority 0 ; } ; add rule inet bh in tcp dport 8080-8083 drop")
 	// Silent ones in 20 farms only: each keeps a SYN in flight most of
 	// the time, and one backend address and port takes at most synPorts.
 	const nFarms, nSilent = 100, 20
@@ -139,12 +146,12 @@ func batchedChecks(t *testing.T, halfOpen bool) {
 	for i := range nFarms {
 		silent := ""
 		if i < nSilent {
-			silent = fmt.Sprintf(`,{"name":"silent","ip-addr":"%s","port":"8080"}`, topo.Backends[2].IPv4)
+			silent = fmt.Sprintf(`,{"name":"silent","ip-addr":"%s","port":"%d"}`, topo.Backends[2].IPv4, 8080+i%nPorts)
 		}
 		js := fmt.Sprintf(`{"name":"f%d","virtual-addr":"10.99.%d.%d","virtual-ports":"80",
 			"check":{"type":"tcp","half-open":%q,"inter":"100ms","timeout":"200ms","rise":"2","fall":"2"},
-			"backends":[{"name":"up","ip-addr":"%s","port":"8080"},{"name":"refused","ip-addr":"%s","port":"8080"}%s]}`,
-			i, i/200, i%200+1, onOff[halfOpen], topo.Backends[0].IPv4, topo.Backends[1].IPv4, silent)
+			"backends":[{"name":"up","ip-addr":"%s","port":"%d"},{"name":"refused","ip-addr":"%s","port":"%d"}%s]}`,
+			i, i/200, i%200+1, onOff[halfOpen], topo.Backends[0].IPv4, 8080+i%nPorts, topo.Backends[1].IPv4, 8080+i%nPorts, silent)
 		fs, err := model.DecodeFarms([]byte(js), func(string) (*model.Farm, bool) { return nil, false })
 		if err != nil {
 			t.Fatal(err)
@@ -196,7 +203,7 @@ func batchedChecks(t *testing.T, halfOpen bool) {
 		t.Fatal(bad)
 	}
 	m.mu.Lock()
-	e, spawned := m.syn, m.spawned
+	e, spawned, halfConns := m.syn, m.spawned, m.halfConns
 	m.mu.Unlock()
 	_, checks, _ := m.Totals()
 	if spawned != 0 {
@@ -209,11 +216,12 @@ func batchedChecks(t *testing.T, halfOpen bool) {
 		e.mu.Lock()
 		st := e.stats
 		e.mu.Unlock()
-		t.Logf("%d checks; engine: %+v", checks, st)
-		// Every check went through the engine (none connected): at
-		// most the ones in flight now are not counted yet.
-		if st.SYNs+uint64(2*nFarms+nSilent) < checks {
-			t.Errorf("%d checks but %d SYNs sent by the engine: some connected", checks, st.SYNs)
+		t.Logf("%d checks (%d connected, the engine's ports busy); engine: %+v", checks, halfConns, st)
+		// Every check went through the engine but those that found
+		// every port busy: at most the ones in flight now are not
+		// counted yet.
+		if st.SYNs+halfConns+uint64(2*nFarms+nSilent) < checks {
+			t.Errorf("%d checks but %d SYNs sent by the engine and %d connects: others connected", checks, st.SYNs, halfConns)
 		}
 		if st.SendCalls+st.FrameCalls == 0 || 2*st.SYNs < 3*(st.SendCalls+st.FrameCalls) {
 			t.Errorf("%d SYNs in %d+%d sendmmsg calls: not batched", st.SYNs, st.SendCalls, st.FrameCalls)
@@ -301,6 +309,57 @@ func tcpChecksum(src, dst netip.Addr, seg []byte) uint16 {
 		sum = sum&0xffff + sum>>16
 	}
 	return ^uint16(sum)
+}
+
+// More half-open checks of one backend in flight than the engine has
+// source ports (70 farms, one silent backend, a 2 s timeout: all 70 in
+// flight within the first interval): the 64 go through the engine, the
+// others connect through the connect engine, without a goroutine each, and
+// all of them time out.
+func TestHalfOpenBusyConnects(t *testing.T) {
+	testutil.RequireRoot(t)
+	topo := testutil.NewTopology(t, testutil.TopologyOptions{Backends: 1})
+	be := topo.Backends[0]
+	testutil.Run(t, be.Name, "nft", "add table inet bh; add chain inet bh in { type filter hook input priority 0 ; } ; add rule inet bh in tcp dport 8080 drop")
+	const n = synPorts + 6
+	var farms []*model.Farm
+	for i := range n {
+		fs, err := model.DecodeFarms([]byte(fmt.Sprintf(`{"name":"f%d","virtual-addr":"10.99.0.%d","virtual-ports":"80",
+			"check":{"type":"tcp","half-open":"on","inter":"100ms","timeout":"2s","fall":"1"},
+			"backends":[{"name":"b","ip-addr":"%s","port":"8080"}]}`, i, i+1, be.IPv4)), func(string) (*model.Farm, bool) { return nil, false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		farms = append(farms, &fs[0])
+	}
+	m := New(quiet, &sinkRecorder{got: make(chan struct{}, 1)}, Options{NetNS: topo.LB.NS})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	m.Sync(farms)
+	var bad string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		bad = ""
+		for i := range n {
+			if st, _ := m.Status(fmt.Sprintf("f%d", i), "b"); st.Checks < 1 || st.Up || st.Last.Detail != "timeout after 2s" {
+				bad = fmt.Sprintf("f%d: %+v, want down after a timeout", i, st)
+			}
+		}
+		if bad == "" {
+			break
+		}
+	}
+	if bad != "" {
+		t.Fatal(bad)
+	}
+	m.mu.Lock()
+	spawned, halfConns := m.spawned, m.halfConns
+	m.mu.Unlock()
+	if spawned != 0 || halfConns < n-synPorts {
+		t.Errorf("%d checks in goroutines of their own, %d connected: want none, and at least %d connected", spawned, halfConns, n-synPorts)
+	}
 }
 
 // A monitor synced with half-open checks and never run holds nothing of
