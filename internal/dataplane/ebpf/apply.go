@@ -31,10 +31,10 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 				p.log.Error("roll back ebpf service flip", "farm", s.newName, "err", err)
 			}
 			if s.newName != "" {
-				delete(p.farms, s.newName)
+				p.dropFarm(s.newName)
 			}
 			if s.old != nil {
-				p.farms[s.oldName] = s.old
+				p.setFarm(s.oldName, s.old)
 				// Its static sessions, which s.cur's may have
 				// overwritten (the same keys).
 				if err := p.writeStatic(s.old); err != nil {
@@ -79,10 +79,10 @@ func (p *Plane) Apply(ctx context.Context, d plan.Diff) error {
 			return fmt.Errorf("farm %q: %w", s.newName+s.oldName, err)
 		}
 		if s.oldName != "" {
-			delete(p.farms, s.oldName)
+			p.dropFarm(s.oldName)
 		}
 		if s.cur != nil {
-			p.farms[s.newName] = s.cur
+			p.setFarm(s.newName, s.cur)
 		}
 		steps = append(steps, s)
 	}

@@ -143,9 +143,10 @@ type Plane struct {
 	objs xlbObjects
 
 	mu       sync.Mutex
-	links    map[string]link.Link // by interface name
-	xdpLinks map[string]link.Link // by interface name
-	farms    map[string]*generation
+	links    map[string]link.Link   // by interface name
+	xdpLinks map[string]link.Link   // by interface name
+	farms    map[string]*generation // set through setFarm and dropFarm
+	svcIdx   svcIndex               // farms' service keys by VIP
 	svcIDs
 	backendIDs
 	farmIDs farmIDs       // each farm's own id (farmids.go)
@@ -218,7 +219,7 @@ func New(ctx context.Context, log *slog.Logger, opts Options) (*Plane, error) {
 	if _, err := ParseXDPMode(string(opts.XDP)); err != nil {
 		return nil, err
 	}
-	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, xdpLinks: map[string]link.Link{}, farms: map[string]*generation{},
+	p := &Plane{log: log, opts: opts, ns: -1, links: map[string]link.Link{}, xdpLinks: map[string]link.Link{}, farms: map[string]*generation{}, svcIdx: svcIndex{},
 		stlOwner: map[xlbStlKey]string{}, bySvc: map[uint32]*generation{}, carry: map[string]dataplane.Counters{}, statSlot: map[uint32]uint32{},
 		watched: map[uint32]*watch{}}
 	p.statSlots.init()

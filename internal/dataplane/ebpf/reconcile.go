@@ -117,7 +117,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		}
 	}
 
-	p.farms = map[string]*generation{}
+	p.farms, p.svcIdx = map[string]*generation{}, svcIndex{}
 	p.bySvc = map[uint32]*generation{}
 	// Each farm keeps the id its generation in the maps carries.
 	p.farmIDs.initFarmIDs()
@@ -147,7 +147,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 		for _, id := range g.ids {
 			taken[id] = true
 		}
-		p.farms[f.Name] = g
+		p.setFarm(f.Name, g)
 		p.bySvc[g.val.Id] = g
 		if err := p.setSvcFlags(g); err != nil {
 			return fmt.Errorf("farm %q: %w", f.Name, err)
@@ -175,7 +175,7 @@ func (p *Plane) Reconcile(ctx context.Context, farms []*model.Farm) error {
 			return fmt.Errorf("farm %q: %w", g.farm, err)
 		}
 		p.syncFlags(g)
-		p.farms[g.farm] = g
+		p.setFarm(g.farm, g)
 	}
 
 	// Sweep: service keys, slots and backends that no farm owns.

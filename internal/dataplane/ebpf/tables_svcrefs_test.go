@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"testing"
 
@@ -237,6 +238,69 @@ func TestTablePolicyTouchedServices(t *testing.T) {
 	untouched("detached")
 	if refs() != before {
 		t.Errorf("a change of policies moved the refs generation %d -> %d", before, refs())
+	}
+
+	// The index of services by VIP that refsTouched reads (svcIndex)
+	// follows Apply, a rolled back one too: p53 moves to another VIP
+	// (the first try rolled back by a context cancelled after its first
+	// change), and the every-port policy of its old VIP no longer
+	// reaches it.
+	checkSvcIndex(t, p)
+	p53moved := mk("p53", "10.99.0.8", 53)
+	un2 := mk("un", "10.99.0.9", 53)
+	if err := p.Apply(&cancelAfter{Context: context.Background(), n: 1}, plan.Diff{Changes: []plan.FarmChange{{Old: p53, New: p53moved}, {Old: un, New: un2}}}); err == nil {
+		t.Fatal("an apply cancelled after its first change succeeded")
+	}
+	checkSvcIndex(t, p)
+	if err := p.Apply(context.Background(), plan.Diff{Changes: []plan.FarmChange{{Old: p53, New: p53moved}}}); err != nil {
+		t.Fatal(err)
+	}
+	checkSvcIndex(t, p)
+	applyTables(t, p, plan.TableDiff{Farms: []plan.FarmChange{{Old: any, New: anyBL}}})
+	carries("every port, p53 moved away", key("10.99.0.8", 53))
+	want("every port, p53 moved away", "10.99.0.8", false)
+	carries("every port, its own key", key("10.99.0.6", 0), bl.ID)
+}
+
+// cancelAfter is a context whose Err is nil n times, then Canceled: an
+// Apply checks it before each change, so the changes after the n-th are
+// rolled back.
+type cancelAfter struct {
+	context.Context
+	n int
+}
+
+func (c *cancelAfter) Err() error {
+	if c.n--; c.n < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// checkSvcIndex fails unless the plane's index of services by VIP holds
+// exactly its farms' service keys.
+func checkSvcIndex(t *testing.T, p *Plane) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	want := svcIndex{}
+	for _, g := range p.farms {
+		want.add(g)
+	}
+	count := func(x svcIndex) map[svcRef]int {
+		m := map[svcRef]int{}
+		for vip, refs := range x {
+			for _, r := range refs {
+				if vipKey(r.k) != vip {
+					t.Errorf("service key %+v of farm %q indexed under VIP %+v", r.k, r.g.farm, vip)
+				}
+				m[r]++
+			}
+		}
+		return m
+	}
+	if got, w := count(p.svcIdx), count(want); !maps.Equal(got, w) {
+		t.Errorf("index of services by VIP: %d keys, want %d (the farms' keys)", len(got), len(w))
 	}
 }
 
