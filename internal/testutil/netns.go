@@ -41,6 +41,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/xlb-lb/xlb/internal/nsenter"
 )
@@ -85,6 +86,9 @@ func NewNetNS(tb testing.TB) (name string, handle netns.NsHandle) {
 
 func newNetNS(role string) (string, netns.NsHandle, error) {
 	reapOnce.Do(reapStale)
+	if err := netnsDirOnce(); err != nil {
+		return "", netns.None(), err
+	}
 	name := uniqueName(role)
 	runtime.LockOSThread()
 	orig, err := netns.Get()
@@ -137,6 +141,41 @@ func newNetNS(role string) (string, netns.NsHandle, error) {
 }
 
 var reapOnce sync.Once
+
+// netnsDirOnce makes /run/netns a shared mount point of its own, once per
+// process, before the process names a namespace there, as ip(8) does
+// before its first. Without it, the first `ip netns add` on the machine
+// (a test's, or another package's test process running at the same time)
+// bind-mounts /run/netns onto itself recursively, copying the namespaces
+// other processes had named there: each then has a second, hidden mount,
+// and its removal fails with EBUSY (a CI run on a fresh machine:
+// "delete network namespace ...: device or resource busy"). A lock file
+// keeps two test processes from both binding it.
+var netnsDirOnce = sync.OnceValue(func() error {
+	const dir = "/run/netns"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile("/run/xlb-netns-dir.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close() // and with it the lock
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	// Making it shared works only on a mount point (ip(8)'s test too).
+	err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) {
+		if err = unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err == nil {
+			err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("make %s a shared mount point: %w", dir, err)
+	}
+	return nil
+})
 
 // reapStale removes the namespaces a test process that is gone left
 // behind (killed by a timeout or SIGKILL, its cleanups never ran): names

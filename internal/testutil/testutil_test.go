@@ -164,6 +164,9 @@ func TestReapStale(t *testing.T) {
 	// pid_max is at most 4194304: no process has this pid.
 	dead := "xlbt-4194305-1-reap"
 	live := fmt.Sprintf("xlbt-%d-1-reap", os.Getppid())
+	if err := netnsDirOnce(); err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range []string{dead, live} {
 		// ip(8), not netns.NewNamed: that moves this thread into it.
 		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
