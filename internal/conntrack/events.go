@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -31,15 +32,22 @@ const (
 type eventSocket struct {
 	fd  int
 	buf []byte
+	// datagrams counts the datagrams read.
+	datagrams atomic.Uint64
 }
 
 // dialWatch opens the event socket in the calling thread's namespace. A
 // read waits at most batchWait, so the reader can flush a batch and see
-// its context end.
-func dialWatch() (*eventSocket, error) {
+// its context end. The kernel drops the events of changes made through
+// the syncer's own install sockets before they are queued (ownFilter).
+func (s *Syncer) dialWatch() (*eventSocket, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack events: open ctnetlink socket: %w", err)
+	}
+	if err := attachOwnFilter(fd, s.installIDs()[0]); err != nil {
+		unix.Close(fd)
+		return nil, err
 	}
 	groups := uint32(1<<(groupCTNew-1) | 1<<(groupCTUpdate-1) | 1<<(groupCTDestroy-1))
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: groups}); err != nil {
@@ -72,6 +80,7 @@ func (w *eventSocket) read() ([]byte, error) {
 		n, _, err := unix.Recvfrom(w.fd, w.buf, 0)
 		switch {
 		case err == nil:
+			w.datagrams.Add(1)
 			return w.buf[:n], nil
 		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EWOULDBLOCK):
 			return nil, errTimeout

@@ -29,15 +29,25 @@ var nlSockets = sync.Pool{New: func() any {
 }}
 
 // openNetlink opens a socket in the calling thread's namespace; close
-// it when done.
-func openNetlink() (*nlSocket, error) {
+// it when done. It binds the first free port id of ids (the kernel
+// picks one when none is free, or none is given).
+func openNetlink(ids ...uint32) (*nlSocket, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("open ctnetlink socket: %w", err)
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("bind ctnetlink socket: %w", err)
+	bound := false
+	for _, id := range ids {
+		if unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Pid: id}) == nil {
+			bound = true
+			break
+		}
+	}
+	if !bound {
+		if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("bind ctnetlink socket: %w", err)
+		}
 	}
 	// Acknowledgements of errors without the request echoed back, and
 	// room for a whole batch of them.

@@ -34,6 +34,8 @@ type Syncer struct {
 	// peers' dumps. Only ends are always sent (a peer's copy goes too).
 	// Bounded by the conntrack table's size.
 	fromPeers map[connKey]struct{}
+	// ids: the netlink port ids of the install sockets (ownevents.go).
+	ids []uint32
 }
 
 // connKey is a connection in fromPeers: its addresses as bytes, not
@@ -59,7 +61,7 @@ const (
 
 // WatchConns streams batches of balanced connections' events.
 func (s *Syncer) WatchConns(ctx context.Context, fn func([]dataplane.ConnEvent)) error {
-	w, err := dialWatch()
+	w, err := s.dialWatch()
 	if err != nil {
 		return err
 	}
@@ -187,13 +189,16 @@ func (s *Syncer) fromPeer(c dataplane.SyncConn, end bool) bool {
 // conntrack table --conn-table-size allows).
 const maxFromPeers = 1 << 26
 
-// rememberAll remembers the connections of evs that are not ends, under
-// one lock.
+// rememberAll remembers the connections of evs that are not ends, and
+// forgets the ends', under one lock.
 func (s *Syncer) rememberAll(evs []dataplane.ConnEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ev := range evs {
 		if ev.Kind == dataplane.ConnEnd {
+			// Its event, the install's own, does not come back
+			// (ownevents.go) to forget it.
+			delete(s.fromPeers, keyOf(ev.Conn))
 			continue
 		}
 		if s.fromPeers == nil || len(s.fromPeers) >= maxFromPeers {
@@ -250,7 +255,7 @@ func (s *Syncer) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (i
 	if slices.ContainsFunc(evs, func(ev dataplane.ConnEvent) bool { return ev.Kind == dataplane.ConnSession }) {
 		evs = slices.DeleteFunc(slices.Clone(evs), func(ev dataplane.ConnEvent) bool { return ev.Kind == dataplane.ConnSession })
 	}
-	sock, err := openNetlink()
+	sock, err := openNetlink(s.installIDs()...)
 	if err != nil {
 		return 0, fmt.Errorf("conntrack install: %w", err)
 	}
