@@ -158,13 +158,7 @@ func batchedChecks(t *testing.T, halfOpen bool) {
 		}
 		farms = append(farms, &fs[0])
 	}
-	sink := &sinkRecorder{got: make(chan struct{}, 1)}
-	m := New(quiet, sink, Options{NetNS: topo.LB.NS})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { m.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	m := runMonitor(t, Options{NetNS: topo.LB.NS})
 	m.Sync(farms)
 	want := map[string]struct {
 		up     bool
@@ -332,12 +326,7 @@ func TestHalfOpenBusyConnects(t *testing.T) {
 		}
 		farms = append(farms, &fs[0])
 	}
-	m := New(quiet, &sinkRecorder{got: make(chan struct{}, 1)}, Options{NetNS: topo.LB.NS})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { m.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	m := runMonitor(t, Options{NetNS: topo.LB.NS})
 	m.Sync(farms)
 	var bad string
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
@@ -428,11 +417,7 @@ func TestHalfOpenRawEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := New(quiet, &sinkRecorder{got: make(chan struct{}, 1)}, Options{NetNS: topo.LB.NS, HalfOpenRaw: true})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { m.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	m := runMonitor(t, Options{NetNS: topo.LB.NS, HalfOpenRaw: true})
 	m.Sync([]*model.Farm{&fs[0]})
 	wait := func(be string, up bool, detail string) {
 		t.Helper()
@@ -466,4 +451,14 @@ func TestHalfOpenRawEngine(t *testing.T) {
 	if st.Replies == 0 || st.SendCalls == 0 || spawned != 0 {
 		t.Errorf("%d answers read from the raw socket, %d sendmmsg calls, %d checks in goroutines: want answers through the raw socket, batched", st.Replies, st.SendCalls, spawned)
 	}
+}
+
+// runMonitor makes a monitor with opts and runs it until the test ends.
+func runMonitor(t *testing.T, opts Options) *Monitor {
+	m := New(quiet, &sinkRecorder{got: make(chan struct{}, 1)}, opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return m
 }
