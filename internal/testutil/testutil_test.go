@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -181,4 +182,53 @@ func TestReapStale(t *testing.T) {
 	if _, err := os.Stat("/run/netns/" + live); err != nil {
 		t.Errorf("namespace %s of a live process: %v", live, err)
 	}
+}
+
+// TestNetnsDirFreshMachine: on a machine where /run/netns is not yet a
+// mount point (a fresh one), a namespace this package names survives the
+// first `ip netns add` of another process, and its removal succeeds
+// (netnsDirOnce). The test runs itself again in a private mount namespace
+// of its own, where it takes /run/netns's mounts away. Without
+// netnsDirOnce the removal fails with EBUSY.
+func TestNetnsDirFreshMachine(t *testing.T) {
+	RequireRoot(t)
+	if os.Getenv("XLB_TEST_FRESH_NETNS_DIR") != "1" {
+		cmd := exec.Command("unshare", "--mount", "--propagation", "private", os.Args[0], "-test.run", "^TestNetnsDirFreshMachine$", "-test.v")
+		cmd.Env = append(os.Environ(), "XLB_TEST_FRESH_NETNS_DIR=1")
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "--- PASS: TestNetnsDirFreshMachine") {
+			t.Fatalf("in a private mount namespace: %v\n%s", err, out)
+		}
+		return
+	}
+	for isMountPoint(t, "/run/netns") {
+		if err := syscall.Unmount("/run/netns", syscall.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+	}
+	NewNetNS(t) // its removal, at the end, must succeed
+	if !isMountPoint(t, "/run/netns") {
+		t.Error("naming a namespace did not make /run/netns a mount point")
+	}
+	name := fmt.Sprintf("xlbt-%d-0-fresh", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+		t.Errorf("ip netns del %s: %v: %s", name, err, out)
+	}
+}
+
+// isMountPoint reports whether path is a mount point in this process's
+// mount namespace.
+func isMountPoint(t *testing.T, path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
+			return true
+		}
+	}
+	return false
 }
