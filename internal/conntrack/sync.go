@@ -31,8 +31,10 @@ type Syncer struct {
 	// are not sent back. Each node sends what its own traffic created;
 	// whoever carries a connection after a failover keeps it alive in its
 	// own kernel, and a node that (re)joins gets every entry in its
-	// peers' dumps. Only ends are always sent (a peer's copy goes too).
-	// Bounded by the conntrack table's size.
+	// peers' dumps. Only ends the kernel makes here (a timeout, a reset)
+	// are always sent, a peer's copy's too; the events of the installs
+	// themselves, an end a peer sent included, never come back to the
+	// watch (ownevents.go). Bounded by the conntrack table's size.
 	fromPeers map[connKey]struct{}
 	// ids: the netlink port ids of the install sockets (ownevents.go).
 	ids []uint32
