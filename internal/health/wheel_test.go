@@ -139,3 +139,72 @@ func TestWheelWindow(t *testing.T) {
 		t.Fatalf("at tick 3: timeout %v, %d left", got[timeout], w.n)
 	}
 }
+
+// A timeout removed before its time (a half-open check's answer came)
+// neither wakes the loop nor is read when its slot comes: its lane is
+// dropped unread.
+func TestWheelDeadTimeouts(t *testing.T) {
+	base := time.Unix(1_000_000, 0)
+	w := newWheel(base)
+	check, inFlight := &target{}, &target{}
+	w.add(check, base.Add(time.Second), 0)
+	w.add(inFlight, base.Add(500*time.Millisecond), -1)
+	w.remove(inFlight)
+	d, ok := w.next(base)
+	if !ok || d != time.Second {
+		t.Fatalf("next = %v, %v; want 1s, true (not the removed timeout's 501ms)", d, ok)
+	}
+	// A target freed and reused elsewhere is not read: poison the dead
+	// entry's target, which a read would take for live at that tick.
+	inFlight.inWheel = true
+	inFlight.wgen--
+	var got []*target
+	w.take(base.Add(2*time.Second), 0, func(tg *target) { got = append(got, tg) })
+	if len(got) != 1 || got[0] != check {
+		t.Fatalf("take gave %d targets, want only the check", len(got))
+	}
+}
+
+// BenchmarkWheelHalfOpen runs the scheduler's part of 10,000 half-open
+// checks every second (inter 1 s less up to 10 %, timeout 500 ms, every
+// answer in before the next wake-up) in simulated time, as the monitor's
+// loop drives the wheel: take what is due within the batch window, add
+// each one's timeout, remove it when its answer comes, add its next
+// check. An op is one check; wakes/s is the loop's wake-ups.
+func BenchmarkWheelHalfOpen(b *testing.B) {
+	const (
+		n       = 10000
+		inter   = time.Second
+		timeout = 500 * time.Millisecond
+		batch   = 20 * time.Millisecond
+	)
+	base := time.Unix(1_000_000, 0)
+	w := newWheel(base)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	ts := make([]*target, n)
+	for i := range ts {
+		ts[i] = &target{}
+		w.add(ts[i], base.Add(time.Duration(rnd.Int64N(int64(inter)))), batch)
+	}
+	now := base
+	var taken []*target
+	wakes, checks := 0, 0
+	b.ResetTimer()
+	for checks < b.N {
+		wakes++
+		taken = taken[:0]
+		w.take(now, batch, func(t *target) {
+			w.add(t, now.Add(timeout), -1)
+			taken = append(taken, t)
+		})
+		for _, t := range taken {
+			w.remove(t)
+			iv := inter - time.Duration(rnd.Float64()*0.1*float64(inter))
+			w.add(t, now.Add(iv), min(batch, iv/10))
+		}
+		checks += len(taken)
+		d, _ := w.next(now)
+		now = now.Add(max(d, 50*time.Microsecond))
+	}
+	b.ReportMetric(float64(wakes)/now.Sub(base).Seconds(), "wakes/s")
+}
