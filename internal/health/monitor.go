@@ -129,7 +129,6 @@ type target struct {
 	wtick    int64
 	wearly   time.Duration // how early take may take it
 	wgen     uint32        // the wheel's entry for it is live at this generation
-	wlane    uint8         // laneCheck or laneTimeout
 	inWheel  bool
 	waiting  bool
 	up       bool

@@ -23,27 +23,14 @@ import (
 // own were most of the scheduler's CPU in a profile
 // (bench/results/health-cpu.md). Appending to a slot writes to the slot's
 // array only, removing to the target only.
-//
-// Checks and timeouts are kept apart, in two lanes of each slot, and
-// each lane counts its live entries: a half-open check's timeout is
-// nearly always removed (its answer comes within a millisecond), and a
-// lane with no live entry is dropped whole, without reading its targets.
-// Kept with the checks, each dead timeout cost a cache miss on its
-// target when its slot was taken: in a profile of 10,000 half-open checks
-// a second (bench/results/health-cpu.md) the scheduler's take was 24 % of
-// the daemon's CPU, nearly all of it that first read of a target. The
-// bitmap marks the slots with a live entry, so a slot of dead timeouts
-// wakes nobody. A dead lane's entries (and their pointers) stay until its
-// next add.
 // Callers hold the monitor's lock.
 type wheel struct {
 	base  time.Time // time of tick 0
 	cur   int64     // the first tick not taken yet
 	n     int       // targets on the wheel (live entries)
-	slots [wheelLanes][wheelSlots][]wentry
-	live  [wheelLanes][wheelSlots]int32 // live entries of each lane's slot
-	full  [wheelSlots / 64]uint64       // slots with live entries
-	due   []*target                     // scratch of take
+	slots [wheelSlots][]wentry
+	full  [wheelSlots / 64]uint64 // slots with entries (live or not)
+	due   []*target               // scratch of take
 }
 
 // wentry is a target on a slot, live while the target's generation is
@@ -56,10 +43,6 @@ type wentry struct {
 const (
 	wheelTick  = time.Millisecond
 	wheelSlots = 4096 // a power of two: 4.096 s a turn
-
-	laneCheck   = 0 // a target's next check
-	laneTimeout = 1 // a check in flight's timeout
-	wheelLanes  = 2
 )
 
 func newWheel(now time.Time) *wheel { return &wheel{base: now} }
@@ -76,25 +59,18 @@ func (w *wheel) tick(at time.Time) int64 { return int64(at.Sub(w.base) / wheelTi
 func (w *wheel) add(t *target, at time.Time, early time.Duration) {
 	w.remove(t)
 	k := w.tick(at)
-	lane := uint8(laneCheck)
 	if early < 0 {
 		k++
 		early = 0
-		lane = laneTimeout
 	}
 	k = max(k, w.cur)
-	t.wtick, t.wearly, t.wlane = k, early, lane
+	t.wtick, t.wearly = k, early
 	t.wgen++
 	s := int(k & (wheelSlots - 1))
-	es := w.slots[lane][s]
-	if w.live[lane][s] == 0 && len(es) > 0 {
-		// Every entry dead: drop them unread.
-		clear(es)
-		es = es[:0]
+	if len(w.slots[s]) == 0 {
+		w.full[s/64] |= 1 << (s % 64)
 	}
-	w.slots[lane][s] = append(es, wentry{t, t.wgen})
-	w.live[lane][s]++
-	w.full[s/64] |= 1 << (s % 64)
+	w.slots[s] = append(w.slots[s], wentry{t, t.wgen})
 	t.inWheel = true
 	w.n++
 }
@@ -108,41 +84,31 @@ func (w *wheel) remove(t *target) {
 	t.inWheel = false
 	t.wgen++
 	w.n--
-	s := int(t.wtick & (wheelSlots - 1))
-	w.live[t.wlane][s]--
-	if w.live[laneCheck][s] == 0 && w.live[laneTimeout][s] == 0 {
-		w.full[s/64] &^= 1 << (s % 64)
-	}
 }
 
 // takeSlot takes off slot k's live targets of tick k that ok allows into
-// w.due, and drops its dead entries; a lane without live entries is
-// dropped unread.
+// w.due, and drops its dead entries.
 func (w *wheel) takeSlot(k int64, ok func(*target) bool) {
 	s := int(k & (wheelSlots - 1))
-	for lane := range wheelLanes {
-		es := w.slots[lane][s]
-		if w.live[lane][s] == 0 {
-			clear(es)
-			w.slots[lane][s] = es[:0]
-			continue
+	es := w.slots[s]
+	j := 0
+	for _, e := range es {
+		t := e.t
+		switch {
+		case !t.inWheel || t.wgen != e.gen:
+			// removed, or added again elsewhere
+		case t.wtick == k && ok(t):
+			w.remove(t)
+			w.due = append(w.due, t)
+		default:
+			es[j] = e
+			j++
 		}
-		j := 0
-		for _, e := range es {
-			t := e.t
-			switch {
-			case !t.inWheel || t.wgen != e.gen:
-				// removed, or added again elsewhere
-			case t.wtick == k && ok(t):
-				w.remove(t)
-				w.due = append(w.due, t)
-			default:
-				es[j] = e
-				j++
-			}
-		}
-		clear(es[j:])
-		w.slots[lane][s] = es[:j]
+	}
+	clear(es[j:])
+	w.slots[s] = es[:j]
+	if j == 0 {
+		w.full[s/64] &^= 1 << (s % 64)
 	}
 }
 
@@ -200,7 +166,7 @@ func (w *wheel) takeDue(now time.Time, fn func(*target)) {
 }
 
 // nextFull returns the first tick from k to end (inclusive) whose slot
-// holds a live target (of this turn or another).
+// holds a target (of this turn or another).
 func (w *wheel) nextFull(k, end int64) (int64, bool) {
 	for k <= end {
 		s := int(k & (wheelSlots - 1))
