@@ -1,8 +1,12 @@
 package ebpf
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -46,4 +50,68 @@ func benchTablesStateless(b *testing.B, n int) {
 		applyTables(b, p, d)
 	}
 	benchChain(b, ns, p, farms) // one hop passes the policy
+}
+
+// BenchmarkTablesStatelessPair is BenchmarkTablesStateless's ratio measured
+// in pairs: two planes made once (farms without policies, and the same
+// farms with the deny list of n /24 prefixes), then runs of the two taking
+// turns (the order alternating), so a change in the machine's load falls
+// on both alike. Reports each plane's ns per packet and none/list, the
+// rate with the list against the rate without it in the program's own
+// time.
+func BenchmarkTablesStatelessPair(b *testing.B) {
+	testutil.RequireRoot(b)
+	for _, n := range []int{0, 1000000} {
+		b.Run(fmt.Sprintf("list=%d", n), func(b *testing.B) {
+			none := stlsChain(b, -1)
+			list := stlsChain(b, n)
+			progs := [2]*ebpf.Program{none.objs.XlbIngress, list.objs.XlbIngress}
+			pkt := pktSpec{src: client, sport: 40000, dst: chainVIP(0), dport: 80, proto: protoUDP, ttl: 255, payload: []byte("x")}.build()
+			var total [2]time.Duration
+			for i := 0; b.Loop(); i++ {
+				for j := range 2 {
+					w := (i + j) % 2
+					_, d, err := progs[w].Benchmark(pkt, chainLen, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					total[w] += d
+				}
+			}
+			b.ReportMetric(float64(total[0].Nanoseconds())/float64(b.N), "none-ns/pkt")
+			b.ReportMetric(float64(total[1].Nanoseconds())/float64(b.N), "list-ns/pkt")
+			b.ReportMetric(float64(total[0])/float64(total[1]), "none/list")
+		})
+	}
+}
+
+// stlsChain is benchTablesStateless's plane and farms (n < 0: no
+// policies), checked to pass one hop.
+func stlsChain(b *testing.B, n int) *Plane {
+	ns := fixtureNS(b)
+	p := newPlane(b, ns, mountBPFFS(b), []string{"front"}, 4096)
+	var farms []*model.Farm
+	for k := range chainLen + 1 {
+		farms = append(farms, farm(b, fmt.Sprintf("chain%d", k), chainVIP(k).String(), 80, model.ProtoUDP,
+			model.ModeStlsDNAT, model.SchedRR, fmt.Sprintf("%s:80", chainVIP(k+1))))
+	}
+	if n >= 0 {
+		tb := denyTable(n)
+		d := created(tb)
+		for _, f := range farms {
+			f.Policies = []model.PolicyRef{{Name: tb.Name}}
+			d.Farms = append(d.Farms, plan.FarmChange{New: f})
+		}
+		applyTables(b, p, d)
+	}
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		b.Fatal(err)
+	}
+	routeClients(b, ns)
+	pkt := pktSpec{src: client, sport: 40000, dst: chainVIP(0), dport: 80, proto: protoUDP, ttl: 255, payload: []byte("x")}.build()
+	_, out := runProg(b, ns, p.objs.XlbIngress, pkt)
+	if got, err := parse(out); err != nil || got.dst != chainVIP(1) {
+		b.Fatalf("one hop: %+v, %v; want the packet sent to %s", got, err, chainVIP(1))
+	}
+	return p
 }
