@@ -213,6 +213,14 @@ func benchBackend(j int) netip.Addr { return netip.AddrFrom4([4]byte{10, 200, 0,
 // checking one hop: the packet leaves for the next VIP.
 func benchChain(b *testing.B, ns netns.NsHandle, p *Plane, farms []*model.Farm) {
 	b.Helper()
+	pkt := chainPacket(b, ns, p, farms)
+	benchRuns(b, p.objs.XlbIngress, func(int) []byte { return pkt })
+}
+
+// chainPacket puts the chain of farms in p and returns a UDP packet to the
+// first, checked to leave for the next VIP.
+func chainPacket(b *testing.B, ns netns.NsHandle, p *Plane, farms []*model.Farm) []byte {
+	b.Helper()
 	if err := p.Reconcile(context.Background(), farms); err != nil {
 		b.Fatal(err)
 	}
@@ -222,7 +230,7 @@ func benchChain(b *testing.B, ns netns.NsHandle, p *Plane, farms []*model.Farm) 
 	if got, err := parse(out); err != nil || got.dst != chainVIP(1) {
 		b.Fatalf("one hop: %+v, %v; want the packet sent to %s", got, err, chainVIP(1))
 	}
-	benchRuns(b, p.objs.XlbIngress, func(int) []byte { return pkt })
+	return pkt
 }
 
 // chainVIP is the VIP of service k of the new-flow chain (13.0.0.0/16).

@@ -1,7 +1,6 @@
 package ebpf
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -33,23 +32,8 @@ func BenchmarkTablesStateless(b *testing.B) {
 }
 
 func benchTablesStateless(b *testing.B, n int) {
-	ns := fixtureNS(b)
-	p := newPlane(b, ns, mountBPFFS(b), []string{"front"}, 4096)
-	var farms []*model.Farm
-	for k := range chainLen + 1 {
-		farms = append(farms, farm(b, fmt.Sprintf("chain%d", k), chainVIP(k).String(), 80, model.ProtoUDP,
-			model.ModeStlsDNAT, model.SchedRR, fmt.Sprintf("%s:80", chainVIP(k+1))))
-	}
-	if n >= 0 {
-		tb := denyTable(n)
-		d := created(tb)
-		for _, f := range farms {
-			f.Policies = []model.PolicyRef{{Name: tb.Name}}
-			d.Farms = append(d.Farms, plan.FarmChange{New: f})
-		}
-		applyTables(b, p, d)
-	}
-	benchChain(b, ns, p, farms) // one hop passes the policy
+	p, pkt := stlsChain(b, n) // one hop passes the policy
+	benchRuns(b, p.objs.XlbIngress, func(int) []byte { return pkt })
 }
 
 // BenchmarkTablesStatelessPair is BenchmarkTablesStateless's ratio measured
@@ -63,10 +47,9 @@ func BenchmarkTablesStatelessPair(b *testing.B) {
 	testutil.RequireRoot(b)
 	for _, n := range []int{0, 1000000} {
 		b.Run(fmt.Sprintf("list=%d", n), func(b *testing.B) {
-			none := stlsChain(b, -1)
-			list := stlsChain(b, n)
+			none, pkt := stlsChain(b, -1)
+			list, _ := stlsChain(b, n)
 			progs := [2]*ebpf.Program{none.objs.XlbIngress, list.objs.XlbIngress}
-			pkt := pktSpec{src: client, sport: 40000, dst: chainVIP(0), dport: 80, proto: protoUDP, ttl: 255, payload: []byte("x")}.build()
 			var total [2]time.Duration
 			for i := 0; b.Loop(); i++ {
 				for j := range 2 {
@@ -85,9 +68,10 @@ func BenchmarkTablesStatelessPair(b *testing.B) {
 	}
 }
 
-// stlsChain is benchTablesStateless's plane and farms (n < 0: no
-// policies), checked to pass one hop.
-func stlsChain(b *testing.B, n int) *Plane {
+// stlsChain is benchTablesStateless's plane: a chain of stlsdnat farms
+// (n < 0: no policies, else each with a deny list of n /24 prefixes),
+// checked to pass one hop, and the packet that does.
+func stlsChain(b *testing.B, n int) (*Plane, []byte) {
 	ns := fixtureNS(b)
 	p := newPlane(b, ns, mountBPFFS(b), []string{"front"}, 4096)
 	var farms []*model.Farm
@@ -104,14 +88,5 @@ func stlsChain(b *testing.B, n int) *Plane {
 		}
 		applyTables(b, p, d)
 	}
-	if err := p.Reconcile(context.Background(), farms); err != nil {
-		b.Fatal(err)
-	}
-	routeClients(b, ns)
-	pkt := pktSpec{src: client, sport: 40000, dst: chainVIP(0), dport: 80, proto: protoUDP, ttl: 255, payload: []byte("x")}.build()
-	_, out := runProg(b, ns, p.objs.XlbIngress, pkt)
-	if got, err := parse(out); err != nil || got.dst != chainVIP(1) {
-		b.Fatalf("one hop: %+v, %v; want the packet sent to %s", got, err, chainVIP(1))
-	}
-	return p
+	return p, chainPacket(b, ns, p, farms)
 }
