@@ -278,6 +278,7 @@ enum xlb_stat {
 	XLB_STAT_POLICY_DROP, /* refused by a farm's policy (xlb_tables.h): dropped */
 	XLB_STAT_XDP_POLICY_DROP, /* refused by a farm's policy in the XDP fast path */
 	XLB_STAT_RATE_DROP, /* new flow or TCP reset over its client's new-rtlimit or rst-rtlimit (xlb_climit.h): dropped */
+	XLB_STAT_OTHER_HOST, /* frame for another host's MAC (flooded, promiscuous): left to the stack */
 	XLB_STAT_MAX,
 };
 

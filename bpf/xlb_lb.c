@@ -1275,6 +1275,54 @@ int xlb_ct_remove(struct ct_key *ctx)
 	return 0;
 }
 
+/* skb->pkt_type of a frame whose destination MAC is not the interface's
+ * (linux/if_packet.h). */
+#define XLB_PACKET_OTHERHOST 3
+
+/**
+ * lb_host_mac() - whether @mac is the address of one of this namespace's
+ * interfaces (xlb_host_mac).
+ */
+static __always_inline int lb_host_mac(const __u8 *mac)
+{
+	struct host_mac_key k = {};
+
+	__builtin_memcpy(k.mac, mac, 6);
+	return bpf_map_lookup_elem(&xlb_host_mac, &k) != NULL;
+}
+
+/**
+ * lb_other_host() - whether @skb is a frame for another host: the kernel
+ * marked it PACKET_OTHERHOST on the interface it came in on, and its
+ * destination is no other interface of this namespace either (a bridge
+ * port sees the frames for its bridge's MAC so, a lower device its
+ * macvlans'). The stack drops such a frame, or bridges it on; balancing it
+ * would answer for another host (a second node on a flooding segment
+ * would serve the flow too). Costs frames of this host one field read.
+ */
+static __always_inline int lb_other_host(struct __sk_buff *skb)
+{
+	__u8 mac[6];
+
+	if (skb->pkt_type != XLB_PACKET_OTHERHOST)
+		return 0;
+	if (bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)))
+		return 1;
+	return !lb_host_mac(mac);
+}
+
+/**
+ * xdp_other_host() - lb_other_host() for the XDP program, which has no
+ * pkt_type: whether the frame at @data (12 bytes readable) is unicast to a
+ * MAC that is none of this namespace's. Asked only before the program
+ * acts (a drop, a forward): such a frame goes on to the stack and the tcx
+ * program, which leave it alone.
+ */
+static __always_inline int xdp_other_host(const __u8 *data)
+{
+	return !(data[0] & 1) && !lb_host_mac(data);
+}
+
 /**
  * xlb_xdp() - the XDP fast path: a packet a farm's policy refuses is
  * dropped here, before the kernel builds an skb for it; a forward packet of a tracked dsr flow
@@ -1297,10 +1345,13 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
+	if (data + 12 > end)
+		return XDP_PASS;
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
-	if (data + 12 <= end)
-		__builtin_memcpy(in.smac, data + 6, 6);
+	__builtin_memcpy(in.smac, data + 6, 6);
 	if (tbl_check(&p, &in, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
+		if (xdp_other_host(data))
+			return XDP_PASS;
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
@@ -1320,6 +1371,8 @@ int xlb_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	ifindex = v->ifindex;
 	if (!xlb_xdp_any_tx && !bpf_map_lookup_elem(&xlb_xdp_tx, &ifindex))
+		return XDP_PASS;
+	if (xdp_other_host(data))
 		return XDP_PASS;
 
 	if (data + sizeof(struct ethhdr) > end)
@@ -1355,6 +1408,10 @@ int xlb_ingress(struct __sk_buff *skb)
 	int rc;
 
 	stat_inc(XLB_STAT_RX);
+	if (lb_other_host(skb)) {
+		stat_inc(XLB_STAT_OTHER_HOST);
+		return XLB_NEXT;
+	}
 	switch (lb_parse(skb, &p)) {
 	case XLB_PARSE_OK:
 		break;

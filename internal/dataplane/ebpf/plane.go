@@ -371,6 +371,13 @@ func (p *Plane) attach() error {
 	if err != nil {
 		return err
 	}
+	links, err := p.nl.LinkList()
+	if err != nil {
+		return fmt.Errorf("list interfaces: %w", err)
+	}
+	if err := p.writeHostMACs(links); err != nil {
+		return err
+	}
 	want := map[string]bool{}
 	for name, idx := range ifaces {
 		want[name] = true

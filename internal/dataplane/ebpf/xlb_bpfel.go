@@ -100,6 +100,12 @@ type xlbCtVal struct {
 	Pad     uint32
 }
 
+type xlbHostMacKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
+
 type xlbPassiveBe struct {
 	_         structs.HostLayout
 	Consec    uint32
@@ -425,7 +431,8 @@ const (
 	xlbXlbStatXLB_STAT_POLICY_DROP     xlbXlbStat = 25
 	xlbXlbStatXLB_STAT_XDP_POLICY_DROP xlbXlbStat = 26
 	xlbXlbStatXLB_STAT_RATE_DROP       xlbXlbStat = 27
-	xlbXlbStatXLB_STAT_MAX             xlbXlbStat = 28
+	xlbXlbStatXLB_STAT_OTHER_HOST      xlbXlbStat = 28
+	xlbXlbStatXLB_STAT_MAX             xlbXlbStat = 29
 )
 
 type xlbXlbSvcFlag uint32
@@ -539,6 +546,7 @@ const (
 	xlbMapXlbClientRt         = "xlb_client_rt"
 	xlbMapXlbCt               = "xlb_ct"
 	xlbMapXlbEvents           = "xlb_events"
+	xlbMapXlbHostMac          = "xlb_host_mac"
 	xlbMapXlbPassive          = "xlb_passive"
 	xlbMapXlbPassiveSyn       = "xlb_passive_syn"
 	xlbMapXlbPeerTx           = "xlb_peer_tx"
@@ -662,6 +670,7 @@ type xlbMapSpecs struct {
 	XlbClientRt   *ebpf.MapSpec `ebpf:"xlb_client_rt"`
 	XlbCt         *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.MapSpec `ebpf:"xlb_events"`
+	XlbHostMac    *ebpf.MapSpec `ebpf:"xlb_host_mac"`
 	XlbPassive    *ebpf.MapSpec `ebpf:"xlb_passive"`
 	XlbPassiveSyn *ebpf.MapSpec `ebpf:"xlb_passive_syn"`
 	XlbPeerTx     *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
@@ -751,6 +760,7 @@ type xlbMaps struct {
 	XlbClientRt   *ebpf.Map `ebpf:"xlb_client_rt"`
 	XlbCt         *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.Map `ebpf:"xlb_events"`
+	XlbHostMac    *ebpf.Map `ebpf:"xlb_host_mac"`
 	XlbPassive    *ebpf.Map `ebpf:"xlb_passive"`
 	XlbPassiveSyn *ebpf.Map `ebpf:"xlb_passive_syn"`
 	XlbPeerTx     *ebpf.Map `ebpf:"xlb_peer_tx"`
@@ -787,6 +797,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbClientRt,
 		m.XlbCt,
 		m.XlbEvents,
+		m.XlbHostMac,
 		m.XlbPassive,
 		m.XlbPassiveSyn,
 		m.XlbPeerTx,

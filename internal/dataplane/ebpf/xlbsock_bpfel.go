@@ -78,6 +78,12 @@ type xlbSockCtVal struct {
 	Pad     uint32
 }
 
+type xlbSockHostMacKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
+
 type xlbSockPersistKey struct {
 	_     structs.HostLayout
 	Svc   xlbSockSvcKey
@@ -248,6 +254,7 @@ const (
 	xlbSockMapXlbBrPort            = "xlb_br_port"
 	xlbSockMapXlbCt                = "xlb_ct"
 	xlbSockMapXlbEvents            = "xlb_events"
+	xlbSockMapXlbHostMac           = "xlb_host_mac"
 	xlbSockMapXlbPeerTx            = "xlb_peer_tx"
 	xlbSockMapXlbPersist           = "xlb_persist"
 	xlbSockMapXlbRr                = "xlb_rr"
@@ -362,6 +369,7 @@ type xlbSockMapSpecs struct {
 	XlbBrPort    *ebpf.MapSpec `ebpf:"xlb_br_port"`
 	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
+	XlbHostMac   *ebpf.MapSpec `ebpf:"xlb_host_mac"`
 	XlbPeerTx    *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
@@ -438,6 +446,7 @@ type xlbSockMaps struct {
 	XlbBrPort    *ebpf.Map `ebpf:"xlb_br_port"`
 	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
+	XlbHostMac   *ebpf.Map `ebpf:"xlb_host_mac"`
 	XlbPeerTx    *ebpf.Map `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
@@ -473,6 +482,7 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbBrPort,
 		m.XlbCt,
 		m.XlbEvents,
+		m.XlbHostMac,
 		m.XlbPeerTx,
 		m.XlbPersist,
 		m.XlbRr,
