@@ -1278,6 +1278,8 @@ int xlb_ct_remove(struct ct_key *ctx)
 /* skb->pkt_type of a frame whose destination MAC is not the interface's
  * (linux/if_packet.h). */
 #define XLB_PACKET_OTHERHOST 3
+/* The loopback's ifindex in every network namespace (LOOPBACK_IFINDEX). */
+#define XLB_LOOPBACK_IFINDEX 1
 
 /**
  * lb_host_mac() - whether @mac is the address of one of this namespace's
@@ -1304,7 +1306,10 @@ static __always_inline int lb_other_host(struct __sk_buff *skb)
 {
 	__u8 mac[6];
 
-	if (skb->pkt_type != XLB_PACKET_OTHERHOST)
+	/* The loopback carries only this host's frames. BPF_PROG_TEST_RUN
+	 * builds its skb there, where the zero MAC makes any frame another
+	 * host's to the kernel. */
+	if (skb->pkt_type != XLB_PACKET_OTHERHOST || skb->ifindex == XLB_LOOPBACK_IFINDEX)
 		return 0;
 	if (bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)))
 		return 1;

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -63,14 +65,14 @@ func TestOtherHostFrames(t *testing.T) {
 }
 
 // TestOtherHostFixtures: the programs' verdicts on a frame for another
-// host's MAC, by BPF_PROG_TEST_RUN (whose frames the kernel marks
-// PACKET_OTHERHOST unless they are for the loopback's zero MAC: the
-// fixtures' MACs are the namespace's front and back interfaces', which
-// xlb_host_mac holds). A denied client's SYN is dropped by XDP when it is
-// for this host, passed when it is another host's; tcx leaves another
-// host's frame alone (TCX_NEXT, untouched) and balances one for the back
-// interface's MAC that came in on another (a bridge port sees its
-// bridge's frames so).
+// host's MAC, by BPF_PROG_TEST_RUN. The tcx program runs with the skb on
+// the front interface (the kernel marks a frame that is not for its MAC
+// PACKET_OTHERHOST; on the loopback, where the other fixtures run, the
+// program takes every frame as this host's). A denied client's SYN is
+// dropped by XDP when it is for this host, passed when it is another
+// host's; tcx leaves another host's frame alone (TCX_NEXT, untouched) and
+// balances one for the back interface's MAC that came in on front (a
+// bridge port sees its bridge's frames so).
 func TestOtherHostFixtures(t *testing.T) {
 	testutil.RequireRoot(t)
 	ns := fixtureNS(t)
@@ -96,11 +98,52 @@ func TestOtherHostFixtures(t *testing.T) {
 	if v, _ := runProg(t, ns, p.objs.XlbXdp, syn(other, foreign)); v != xdpPass {
 		t.Errorf("xdp: denied client, another host's MAC: verdict %d, want XDP_PASS", v)
 	}
+	front := linkIndex(t, ns, "front")
 	in := syn(client, foreign)
-	if v, out := runProg(t, ns, p.objs.XlbIngress, in); v != verdictNext || string(out) != string(in) {
+	if v, out := runProgOn(t, ns, p.objs.XlbIngress, front, in); v != verdictNext || string(out) != string(in) {
 		t.Errorf("tcx: another host's MAC: verdict %d (changed: %v), want TCX_NEXT untouched", v, string(out) != string(in))
 	}
-	if v, _ := runProg(t, ns, p.objs.XlbIngress, syn(client, macBack)); v != verdictRedirect {
+	if v, _ := runProgOn(t, ns, p.objs.XlbIngress, front, syn(client, macBack)); v != verdictRedirect {
 		t.Errorf("tcx: the back interface's MAC: verdict %d, want redirect", v)
 	}
+	if v, _ := runProgOn(t, ns, p.objs.XlbIngress, front, syn(client, nil)); v != verdictRedirect {
+		t.Errorf("tcx: front's own MAC: verdict %d, want redirect", v)
+	}
+}
+
+// runProgOn is runProg with the skb on interface ifindex of ns (struct
+// __sk_buff's ifindex in the run's context: the kernel then takes the
+// frame as received there, its pkt_type from that interface's MAC).
+func runProgOn(tb testing.TB, ns netns.NsHandle, prog *ebpf.Program, ifindex int, pkt []byte) (uint32, []byte) {
+	tb.Helper()
+	var ret uint32
+	out := make([]byte, len(pkt)+256)
+	// struct __sk_buff up to ifindex, its eleventh word; the rest zero.
+	var skb [11]uint32
+	skb[10] = uint32(ifindex)
+	err := testutil.Do(ns, func() error {
+		opts := ebpf.RunOptions{Data: pkt, DataOut: out, Context: skb}
+		var err error
+		ret, err = prog.Run(&opts)
+		out = opts.DataOut
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("BPF_PROG_TEST_RUN on ifindex %d: %v", ifindex, err)
+	}
+	return ret, out
+}
+
+func linkIndex(tb testing.TB, ns netns.NsHandle, name string) int {
+	tb.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l.Attrs().Index
 }
