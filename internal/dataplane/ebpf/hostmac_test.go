@@ -11,7 +11,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
 )
@@ -74,20 +73,7 @@ func TestOtherHostFrames(t *testing.T) {
 // balances one for the back interface's MAC that came in on front (a
 // bridge port sees its bridge's frames so).
 func TestOtherHostFixtures(t *testing.T) {
-	testutil.RequireRoot(t)
-	ns := fixtureNS(t)
-	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
-	farms := fixtureFarms(t)
-	web := farms[0].Clone()
-	web.Policies = []model.PolicyRef{{Name: "bl"}}
-	bl := addrTable(t, "bl", model.ListDeny, 1, 1, other.String())
-	d := created(bl)
-	d.Farms = []plan.FarmChange{{New: &web}}
-	applyTables(t, p, d)
-	farms[0] = &web
-	if err := p.Reconcile(context.Background(), farms); err != nil {
-		t.Fatal(err)
-	}
+	ns, p := policyFixture(t, addrTable(t, "bl", model.ListDeny, 1, 1, other.String()))
 	foreign := net.HardwareAddr{0x02, 0xde, 0xad, 0, 0, 1}
 	syn := func(src netip.Addr, dstMAC net.HardwareAddr) []byte {
 		return pktSpec{src: src, dst: vip1, sport: 41000, dport: 80, proto: protoTCP, tcpFlags: tcpSYN, dstMAC: dstMAC}.build()
