@@ -8,6 +8,12 @@
 
 /* Service keys (VIP, port, protocol) in xlb_services. */
 #ifndef XLB_MAX_SERVICES
+/* Interfaces whose MAC the XDP program finds by index (xlb_if_mac); one
+ * with a higher index is looked up by MAC (xlb_host_mac). */
+#ifndef XLB_MAX_IF_MAC
+#define XLB_MAX_IF_MAC 4096
+#endif
+
 #define XLB_MAX_SERVICES 65536
 #endif
 

@@ -1318,14 +1318,24 @@ static __always_inline int lb_other_host(struct __sk_buff *skb)
 
 /**
  * xdp_other_host() - lb_other_host() for the XDP program, which has no
- * pkt_type: whether the frame at @data (12 bytes readable) is unicast to a
- * MAC that is none of this namespace's. Asked only before the program
- * acts (a drop, a forward): such a frame goes on to the stack and the tcx
- * program, which leave it alone.
+ * pkt_type: whether the frame at @data (12 bytes readable) that came in on
+ * @ifindex is unicast to a MAC that is none of this namespace's: not its
+ * interface's (xlb_if_mac, the common case: an array lookup) nor another
+ * interface's (xlb_host_mac). Asked only before the program acts (a drop,
+ * a forward): such a frame goes on to the stack and the tcx program,
+ * which leave it alone.
  */
-static __always_inline int xdp_other_host(const __u8 *data)
+static __always_inline int xdp_other_host(__u32 ifindex, const __u8 *data)
 {
-	return !(data[0] & 1) && !lb_host_mac(data);
+	struct if_mac *m;
+
+	if (data[0] & 1)
+		return 0; /* multicast, broadcast */
+	m = bpf_map_lookup_elem(&xlb_if_mac, &ifindex);
+	if (m && m->set && *(__u32 *)m->mac == *(__u32 *)data &&
+	    *(__u16 *)(m->mac + 4) == *(__u16 *)(data + 4))
+		return 0;
+	return !lb_host_mac(data);
 }
 
 /**
@@ -1355,7 +1365,7 @@ int xlb_xdp(struct xdp_md *ctx)
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
 	__builtin_memcpy(in.smac, data + 6, 6);
 	if (tbl_check(&p, &in, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
-		if (xdp_other_host(data))
+		if (xdp_other_host(ctx->ingress_ifindex, data))
 			return XDP_PASS;
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
@@ -1377,7 +1387,7 @@ int xlb_xdp(struct xdp_md *ctx)
 	ifindex = v->ifindex;
 	if (!xlb_xdp_any_tx && !bpf_map_lookup_elem(&xlb_xdp_tx, &ifindex))
 		return XDP_PASS;
-	if (xdp_other_host(data))
+	if (xdp_other_host(ctx->ingress_ifindex, data))
 		return XDP_PASS;
 
 	if (data + sizeof(struct ethhdr) > end)

@@ -65,5 +65,36 @@ func (p *Plane) writeHostMACs(links []netlink.Link) error {
 			return fmt.Errorf("write interface MAC %x: %w", k.Mac, err)
 		}
 	}
+	return p.writeIfMACs(links)
+}
+
+// writeIfMACs makes xlb_if_mac hold each link's MAC at its index (those
+// below its size), for the XDP program's first compare; an index whose
+// interface is gone, or has no Ethernet MAC, is cleared.
+func (p *Plane) writeIfMACs(links []netlink.Link) error {
+	m := p.objs.XlbIfMac
+	want := map[uint32]xlbIfMac{}
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Index <= 0 || uint32(a.Index) >= m.MaxEntries() || len(a.HardwareAddr) != 6 {
+			continue
+		}
+		v := xlbIfMac{Set: 1}
+		copy(v.Mac[:], a.HardwareAddr)
+		want[uint32(a.Index)] = v
+	}
+	for idx := range p.ifMACs {
+		if _, ok := want[idx]; !ok {
+			if err := m.Update(idx, xlbIfMac{}, ebpf.UpdateAny); err != nil {
+				return fmt.Errorf("clear the MAC of interface %d: %w", idx, err)
+			}
+		}
+	}
+	for idx, v := range want {
+		if err := m.Update(idx, v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write the MAC of interface %d: %w", idx, err)
+		}
+	}
+	p.ifMACs = want
 	return nil
 }

@@ -138,6 +138,8 @@ func (t Timeouts) withDefaults() Timeouts {
 type Plane struct {
 	log  *slog.Logger
 	opts Options
+	// ifMACs: what writeIfMACs last wrote into xlb_if_mac (hostmac.go).
+	ifMACs map[uint32]xlbIfMac
 	ns   netns.NsHandle // -1: the caller's
 	nl   *netlink.Handle
 	objs xlbObjects

@@ -106,6 +106,12 @@ type xlbHostMacKey struct {
 	Pad uint16
 }
 
+type xlbIfMac struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Set uint16
+}
+
 type xlbPassiveBe struct {
 	_         structs.HostLayout
 	Consec    uint32
@@ -547,6 +553,7 @@ const (
 	xlbMapXlbCt               = "xlb_ct"
 	xlbMapXlbEvents           = "xlb_events"
 	xlbMapXlbHostMac          = "xlb_host_mac"
+	xlbMapXlbIfMac            = "xlb_if_mac"
 	xlbMapXlbPassive          = "xlb_passive"
 	xlbMapXlbPassiveSyn       = "xlb_passive_syn"
 	xlbMapXlbPeerTx           = "xlb_peer_tx"
@@ -671,6 +678,7 @@ type xlbMapSpecs struct {
 	XlbCt         *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.MapSpec `ebpf:"xlb_events"`
 	XlbHostMac    *ebpf.MapSpec `ebpf:"xlb_host_mac"`
+	XlbIfMac      *ebpf.MapSpec `ebpf:"xlb_if_mac"`
 	XlbPassive    *ebpf.MapSpec `ebpf:"xlb_passive"`
 	XlbPassiveSyn *ebpf.MapSpec `ebpf:"xlb_passive_syn"`
 	XlbPeerTx     *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
@@ -761,6 +769,7 @@ type xlbMaps struct {
 	XlbCt         *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.Map `ebpf:"xlb_events"`
 	XlbHostMac    *ebpf.Map `ebpf:"xlb_host_mac"`
+	XlbIfMac      *ebpf.Map `ebpf:"xlb_if_mac"`
 	XlbPassive    *ebpf.Map `ebpf:"xlb_passive"`
 	XlbPassiveSyn *ebpf.Map `ebpf:"xlb_passive_syn"`
 	XlbPeerTx     *ebpf.Map `ebpf:"xlb_peer_tx"`
@@ -798,6 +807,7 @@ func (m *xlbMaps) Close() error {
 		m.XlbCt,
 		m.XlbEvents,
 		m.XlbHostMac,
+		m.XlbIfMac,
 		m.XlbPassive,
 		m.XlbPassiveSyn,
 		m.XlbPeerTx,

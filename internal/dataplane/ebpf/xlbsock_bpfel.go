@@ -84,6 +84,12 @@ type xlbSockHostMacKey struct {
 	Pad uint16
 }
 
+type xlbSockIfMac struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Set uint16
+}
+
 type xlbSockPersistKey struct {
 	_     structs.HostLayout
 	Svc   xlbSockSvcKey
@@ -255,6 +261,7 @@ const (
 	xlbSockMapXlbCt                = "xlb_ct"
 	xlbSockMapXlbEvents            = "xlb_events"
 	xlbSockMapXlbHostMac           = "xlb_host_mac"
+	xlbSockMapXlbIfMac             = "xlb_if_mac"
 	xlbSockMapXlbPeerTx            = "xlb_peer_tx"
 	xlbSockMapXlbPersist           = "xlb_persist"
 	xlbSockMapXlbRr                = "xlb_rr"
@@ -370,6 +377,7 @@ type xlbSockMapSpecs struct {
 	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
 	XlbHostMac   *ebpf.MapSpec `ebpf:"xlb_host_mac"`
+	XlbIfMac     *ebpf.MapSpec `ebpf:"xlb_if_mac"`
 	XlbPeerTx    *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
@@ -447,6 +455,7 @@ type xlbSockMaps struct {
 	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
 	XlbHostMac   *ebpf.Map `ebpf:"xlb_host_mac"`
+	XlbIfMac     *ebpf.Map `ebpf:"xlb_if_mac"`
 	XlbPeerTx    *ebpf.Map `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
@@ -483,6 +492,7 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbCt,
 		m.XlbEvents,
 		m.XlbHostMac,
+		m.XlbIfMac,
 		m.XlbPeerTx,
 		m.XlbPersist,
 		m.XlbRr,
