@@ -140,9 +140,9 @@ type Plane struct {
 	opts Options
 	// ifMACs: what writeIfMACs last wrote into xlb_if_mac (hostmac.go).
 	ifMACs map[uint32]xlbIfMac
-	ns   netns.NsHandle // -1: the caller's
-	nl   *netlink.Handle
-	objs xlbObjects
+	ns     netns.NsHandle // -1: the caller's
+	nl     *netlink.Handle
+	objs   xlbObjects
 
 	mu       sync.Mutex
 	links    map[string]link.Link   // by interface name
