@@ -8,6 +8,12 @@
 
 /* Service keys (VIP, port, protocol) in xlb_services. */
 #ifndef XLB_MAX_SERVICES
+/* Interfaces whose MAC the XDP program finds by index (xlb_if_mac); one
+ * with a higher index is looked up by MAC (xlb_host_mac). */
+#ifndef XLB_MAX_IF_MAC
+#define XLB_MAX_IF_MAC 4096
+#endif
+
 #define XLB_MAX_SERVICES 65536
 #endif
 
@@ -278,6 +284,7 @@ enum xlb_stat {
 	XLB_STAT_POLICY_DROP, /* refused by a farm's policy (xlb_tables.h): dropped */
 	XLB_STAT_XDP_POLICY_DROP, /* refused by a farm's policy in the XDP fast path */
 	XLB_STAT_RATE_DROP, /* new flow or TCP reset over its client's new-rtlimit or rst-rtlimit (xlb_climit.h): dropped */
+	XLB_STAT_OTHER_HOST, /* frame for another host's MAC (flooded, promiscuous): left to the stack */
 	XLB_STAT_MAX,
 };
 

@@ -1316,6 +1316,69 @@ int xlb_ct_remove(struct ct_key *ctx)
 	return 0;
 }
 
+/* skb->pkt_type of a frame whose destination MAC is not the interface's
+ * (linux/if_packet.h). */
+#define XLB_PACKET_OTHERHOST 3
+/* The loopback's ifindex in every network namespace (LOOPBACK_IFINDEX). */
+#define XLB_LOOPBACK_IFINDEX 1
+
+/**
+ * lb_host_mac() - whether @mac is the address of one of this namespace's
+ * interfaces (xlb_host_mac).
+ */
+static __always_inline int lb_host_mac(const __u8 *mac)
+{
+	struct host_mac_key k = {};
+
+	__builtin_memcpy(k.mac, mac, 6);
+	return bpf_map_lookup_elem(&xlb_host_mac, &k) != NULL;
+}
+
+/**
+ * lb_other_host() - whether @skb is a frame for another host: the kernel
+ * marked it PACKET_OTHERHOST on the interface it came in on, and its
+ * destination is no other interface of this namespace either (a bridge
+ * port sees the frames for its bridge's MAC so, a lower device its
+ * macvlans'). The stack drops such a frame, or bridges it on; balancing it
+ * would answer for another host (a second node on a flooding segment
+ * would serve the flow too). Costs frames of this host one field read.
+ */
+static __always_inline int lb_other_host(struct __sk_buff *skb)
+{
+	__u8 mac[6];
+
+	/* The loopback carries only this host's frames. BPF_PROG_TEST_RUN
+	 * builds its skb there, where the zero MAC makes any frame another
+	 * host's to the kernel. */
+	if (skb->pkt_type != XLB_PACKET_OTHERHOST || skb->ifindex == XLB_LOOPBACK_IFINDEX)
+		return 0;
+	if (bpf_skb_load_bytes(skb, 0, mac, sizeof(mac)))
+		return 1;
+	return !lb_host_mac(mac);
+}
+
+/**
+ * xdp_other_host() - lb_other_host() for the XDP program, which has no
+ * pkt_type: whether the frame at @data (12 bytes readable) that came in on
+ * @ifindex is unicast to a MAC that is none of this namespace's: not its
+ * interface's (xlb_if_mac, the common case: an array lookup) nor another
+ * interface's (xlb_host_mac). Asked only before the program acts (a drop,
+ * a forward): such a frame goes on to the stack and the tcx program,
+ * which leave it alone.
+ */
+static __always_inline int xdp_other_host(__u32 ifindex, const __u8 *data)
+{
+	struct if_mac *m;
+
+	if (data[0] & 1)
+		return 0; /* multicast, broadcast */
+	m = bpf_map_lookup_elem(&xlb_if_mac, &ifindex);
+	if (m && m->set && *(__u32 *)m->mac == *(__u32 *)data &&
+	    *(__u16 *)(m->mac + 4) == *(__u16 *)(data + 4))
+		return 0;
+	return !lb_host_mac(data);
+}
+
 /**
  * xlb_xdp() - the XDP fast path: a packet a farm's policy refuses is
  * dropped here, before the kernel builds an skb for it; a forward packet of a tracked dsr flow
@@ -1338,10 +1401,13 @@ int xlb_xdp(struct xdp_md *ctx)
 
 	if (lb_parse_data(data, end, &p) != XLB_PARSE_OK)
 		return XDP_PASS;
+	if (data + 12 > end)
+		return XDP_PASS;
 	v = bpf_map_lookup_elem(&xlb_ct, &p.k);
-	if (data + 12 <= end)
-		__builtin_memcpy(in.smac, data + 6, 6);
+	__builtin_memcpy(in.smac, data + 6, 6);
 	if (tbl_check(&p, &in, v, end - data > ETH_HLEN ? end - data - ETH_HLEN : 0, 1)) {
+		if (xdp_other_host(ctx->ingress_ifindex, data))
+			return XDP_PASS;
 		stat_inc(XLB_STAT_XDP_POLICY_DROP);
 		return XDP_DROP;
 	}
@@ -1361,6 +1427,8 @@ int xlb_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	ifindex = v->ifindex;
 	if (!xlb_xdp_any_tx && !bpf_map_lookup_elem(&xlb_xdp_tx, &ifindex))
+		return XDP_PASS;
+	if (xdp_other_host(ctx->ingress_ifindex, data))
 		return XDP_PASS;
 
 	if (data + sizeof(struct ethhdr) > end)
@@ -1400,6 +1468,10 @@ int xlb_ingress(struct __sk_buff *skb)
 	int rc;
 
 	stat_inc(XLB_STAT_RX);
+	if (lb_other_host(skb)) {
+		stat_inc(XLB_STAT_OTHER_HOST);
+		return XLB_NEXT;
+	}
 	switch (lb_parse(skb, &p)) {
 	case XLB_PARSE_OK:
 		break;

@@ -209,6 +209,36 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } xlb_br_port SEC(".maps");
 
+/* The MAC addresses of this namespace's interfaces (bridges, macvlans,
+ * VRRP's virtual MACs included), written by the loader before it attaches
+ * and kept by its link watch. A frame the kernel marks PACKET_OTHERHOST on
+ * the interface it came in on (a bridge or switch flooding it, a
+ * promiscuous interface) is for this host only when its destination is
+ * one of them: a bridge port sees the frames for its bridge's MAC so. The
+ * others go to the stack, which drops them or bridges them on, as it does
+ * for the nft plane (lb_other_host). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct host_mac_key);
+	__type(value, __u32);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} xlb_host_mac SEC(".maps");
+
+/* ifindex -> the interface's MAC, for the interfaces of the namespace whose
+ * index is below XLB_MAX_IF_MAC: the XDP program, which has no pkt_type,
+ * compares a frame's destination with its interface's MAC here (an array
+ * lookup, inlined) before it looks the MAC up in xlb_host_mac. Written
+ * with xlb_host_mac; not pinned: a new program gets its own, filled before
+ * it is attached. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct if_mac);
+	__uint(max_entries, XLB_MAX_IF_MAC);
+} xlb_if_mac SEC(".maps");
+
 /* Connection sync (xlb_sync.h): a struct sync_conn per new, changed and
  * ended flow of a snat or dnat farm while the daemon reads it
  * (xlb_sync_on). Not pinned: what a dead daemon's program wrote goes with

@@ -159,6 +159,18 @@ struct br_port_key {
 	__u16 pad;    /* zero */
 };
 
+/* xlb_host_mac key: a MAC address of one of this namespace's interfaces. */
+struct host_mac_key {
+	__u8 mac[6];
+	__u16 pad; /* zero */
+};
+
+/* xlb_if_mac value: an interface's MAC address. */
+struct if_mac {
+	__u8 mac[6];
+	__u16 set; /* 1: the entry holds the interface's MAC */
+};
+
 /* xlb_be_stats value (per CPU; key: __u32 counter slot, host order): what
  * ipvsadm --stats shows per real server. "in" is client -> backend, "out"
  * backend -> client; bytes are the IP packet's (no Ethernet header). */

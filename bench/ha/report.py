@@ -488,6 +488,13 @@ if cost and os.path.exists(cost):
                        f"{fmt(both, '', 1)} | {fmt(com, '', 1) if com else '-'} | {fmt([dur(r['wall']) for r in rs], '', 3)} | "
                        f"{fmt(cw, '', 3) if cw else '-'} |")
 
+# Sections written by hand (A/Bs of one change, measured once) live in
+# ha-notes.md beside ha.md and are appended as they are, so a new report
+# keeps them.
+notes = os.path.join(os.path.dirname(md), "ha-notes.md")
+if os.path.exists(notes):
+    out += ["", open(notes).read().rstrip("\n")]
+
 with open(md, "w") as f:
     f.write("\n".join(out) + "\n")
 

@@ -72,6 +72,7 @@ var statNames = []string{
 	"new_flow", "no_backend", "snat_full", "ct_race", "peer_repair",
 	"fib_redirect", "fib_neigh", "fib_pass", "fib_drop", "error", "ct_expired", "persist_hit", "icmp_nat", "stateless",
 	"ct_nodest", "log_lost", "xdp_fwd", "fib_peer", "policy_drop", "xdp_policy_drop", "rate_drop",
+	"other_host",
 }
 
 // maxPortsPerFarm bounds how many service keys one farm's virtual ports

@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
@@ -114,7 +112,7 @@ func TestDSCPFixtures(t *testing.T) {
 	}
 
 	// dsr: the XDP program forwards the established flow's segments.
-	back := linkIndex(t, ns, "back")
+	back := uint32(linkIndex(t, ns, "back"))
 	if err := p.objs.XlbXdpTx.Update(back, uint32(1), ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
@@ -133,19 +131,4 @@ func TestDSCPFixtures(t *testing.T) {
 	if got, err := parse(out); err != nil || got.tos != ef|0x01 {
 		t.Errorf("dsr in XDP: traffic class %#02x (%v), want %#02x", got.tos, err, ef|0x01)
 	}
-}
-
-// linkIndex is the index of interface name in ns.
-func linkIndex(tb testing.TB, ns netns.NsHandle, name string) uint32 {
-	tb.Helper()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName(name)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return uint32(l.Attrs().Index)
 }

@@ -607,13 +607,25 @@ type cpuSender struct {
 // them alike), with the timer running, and returns each system's CPU per
 // packet of every chunk (testutil.PathCPU, on this locked OS thread).
 func takeTurns(b *testing.B, systems []cpuSender) map[string][]float64 {
+	return takeTurnsAlternating(b, systems, false)
+}
+
+// takeTurnsAlternating is takeTurns, with the systems' order reversed
+// every other chunk if alternate (so neither side of a pair always follows
+// the other: the first system of a turn finds the caches the last one
+// left).
+func takeTurnsAlternating(b *testing.B, systems []cpuSender, alternate bool) map[string][]float64 {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	per := map[string][]float64{}
 	b.ResetTimer()
-	for done := 0; done < b.N; done += lbcpuChunk {
+	for chunk, done := 0, 0; done < b.N; chunk, done = chunk+1, done+lbcpuChunk {
 		n := min(lbcpuChunk, b.N-done)
-		for _, s := range systems {
+		for k := range systems {
+			s := systems[k]
+			if alternate && chunk%2 == 1 {
+				s = systems[len(systems)-1-k]
+			}
 			c0 := testutil.PathCPU(b)
 			s.send(n)
 			per[s.name] = append(per[s.name], float64(testutil.PathCPU(b)-c0)/float64(n))

@@ -94,12 +94,12 @@ func (p *Plane) syncLinks(links []netlink.Link) error {
 	return nil
 }
 
-// linksChanged brings the links, xlb_peer_tx and the iface tables' hashes
-// in line with the namespace's interfaces. p.mu must be held.
+// linksChanged brings xlb_host_mac, the links, xlb_peer_tx and the iface
+// tables' hashes in line with the namespace's interfaces. p.mu must be held.
 func (p *Plane) linksChanged() error {
 	links, err := p.nl.LinkList()
 	if err != nil {
 		return fmt.Errorf("list interfaces: %w", err)
 	}
-	return errors.Join(p.syncLinks(links), p.writePeerTx(), p.syncIfaceTables(links))
+	return errors.Join(p.writeHostMACs(links), p.syncLinks(links), p.writePeerTx(), p.syncIfaceTables(links))
 }

@@ -138,9 +138,11 @@ func (t Timeouts) withDefaults() Timeouts {
 type Plane struct {
 	log  *slog.Logger
 	opts Options
-	ns   netns.NsHandle // -1: the caller's
-	nl   *netlink.Handle
-	objs xlbObjects
+	// ifMACs: what writeIfMACs last wrote into xlb_if_mac (hostmac.go).
+	ifMACs map[uint32]xlbIfMac
+	ns     netns.NsHandle // -1: the caller's
+	nl     *netlink.Handle
+	objs   xlbObjects
 
 	mu       sync.Mutex
 	links    map[string]link.Link   // by interface name
@@ -372,6 +374,13 @@ func linkPin(pinPath, ifname string) string {
 func (p *Plane) attach() error {
 	ifaces, err := p.interfaces()
 	if err != nil {
+		return err
+	}
+	links, err := p.nl.LinkList()
+	if err != nil {
+		return fmt.Errorf("list interfaces: %w", err)
+	}
+	if err := p.writeHostMACs(links); err != nil {
 		return err
 	}
 	want := map[string]bool{}

@@ -120,21 +120,6 @@ func benchTablesLBCPU(b *testing.B, n int) {
 		}
 		return []*model.Farm{f, s}
 	}
-	// program applies the table (if any) and the farms to a plane.
-	program := func(dp dataplane.Dataplane, tb *model.Table, farms []*model.Farm) {
-		if tb != nil {
-			d := created(tb)
-			for _, f := range farms {
-				d.Farms = append(d.Farms, plan.FarmChange{New: f})
-			}
-			if err := dp.(dataplane.TablePlane).ApplyTables(ctx, d); err != nil {
-				b.Fatalf("apply the deny list: %v", err)
-			}
-		}
-		if err := dp.Reconcile(ctx, farms); err != nil {
-			b.Fatal(err)
-		}
-	}
 	nftChain := func(tb *model.Table) *tablesChain {
 		c := newChain()
 		pl, err := nft.New(ctx, testLogger(b), nft.Options{NetNS: c.lb})
@@ -143,7 +128,7 @@ func benchTablesLBCPU(b *testing.B, n int) {
 		}
 		b.Cleanup(func() { pl.Close() })
 		fs := farmsOf(c, tb != nil)
-		program(pl, tb, fs[:1]) // nft: no policies on stlsdnat farms
+		programTables(b, pl, tb, fs[:1]) // nft: no policies on stlsdnat farms
 		return c
 	}
 	ebpfChain := func(tb *model.Table, xdp XDPMode) *tablesChain {
@@ -154,7 +139,7 @@ func benchTablesLBCPU(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { pl.Close() })
-		program(pl, tb, farmsOf(c, tb != nil))
+		programTables(b, pl, tb, farmsOf(c, tb != nil))
 		c.progs = []*ebpf.Program{pl.objs.XlbIngress}
 		if xdp != XDPOff {
 			c.progs = append(c.progs, pl.objs.XlbXdp)
@@ -302,4 +287,22 @@ func plainSet(b *testing.B, ns string, n int) {
 	}
 	f.Close()
 	testutil.Run(b, ns, "nft", "-f", path)
+}
+
+// programTables applies the table (if any, with the farms attaching it) and
+// the farms to a plane.
+func programTables(b *testing.B, dp dataplane.Dataplane, tb *model.Table, farms []*model.Farm) {
+	ctx := context.Background()
+	if tb != nil {
+		d := created(tb)
+		for _, f := range farms {
+			d.Farms = append(d.Farms, plan.FarmChange{New: f})
+		}
+		if err := dp.(dataplane.TablePlane).ApplyTables(ctx, d); err != nil {
+			b.Fatalf("apply the deny list: %v", err)
+		}
+	}
+	if err := dp.Reconcile(ctx, farms); err != nil {
+		b.Fatal(err)
+	}
 }

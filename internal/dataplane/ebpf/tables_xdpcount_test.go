@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/xlb-lb/xlb/internal/dataplane/plan"
 	"github.com/xlb-lb/xlb/internal/model"
 	"github.com/xlb-lb/xlb/internal/testutil"
@@ -15,21 +17,9 @@ import (
 // (both counted it: one packet, two in the entry's counters); a packet a
 // deny list drops in XDP is counted there, once.
 func TestTableXDPCountsOnce(t *testing.T) {
-	testutil.RequireRoot(t)
-	ns := fixtureNS(t)
-	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
-	farms := fixtureFarms(t)
-	web := farms[0].Clone()
-	web.Policies = []model.PolicyRef{{Name: "wl"}, {Name: "bl"}}
 	wl := addrTable(t, "wl", model.ListAllow, 1, 1, client.String(), other.String())
 	bl := addrTable(t, "bl", model.ListDeny, 2, 2, other.String())
-	d := created(wl, bl)
-	d.Farms = []plan.FarmChange{{New: &web}}
-	applyTables(t, p, d)
-	farms[0] = &web
-	if err := p.Reconcile(context.Background(), farms); err != nil {
-		t.Fatal(err)
-	}
+	ns, p := policyFixture(t, wl, bl)
 	syn := func(src netip.Addr) []byte {
 		return pktSpec{src: src, dst: vip1, sport: 41000, dport: 80, proto: protoTCP, tcpFlags: tcpSYN}.build()
 	}
@@ -55,4 +45,27 @@ func TestTableXDPCountsOnce(t *testing.T) {
 	if n := count(bl, other); n != 1 {
 		t.Errorf("deny list, one packet dropped in XDP: counted %d, want 1", n)
 	}
+}
+
+// policyFixture is the fixture namespace and plane with the fixture farms,
+// the first (web, 10.99.0.1:80) attaching tables as its policies in their
+// order.
+func policyFixture(t *testing.T, tables ...*model.Table) (netns.NsHandle, *Plane) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	ns := fixtureNS(t)
+	p := newPlane(t, ns, mountBPFFS(t), []string{"front"}, 4096)
+	farms := fixtureFarms(t)
+	web := farms[0].Clone()
+	for _, tb := range tables {
+		web.Policies = append(web.Policies, model.PolicyRef{Name: tb.Name})
+	}
+	d := created(tables...)
+	d.Farms = []plan.FarmChange{{New: &web}}
+	applyTables(t, p, d)
+	farms[0] = &web
+	if err := p.Reconcile(context.Background(), farms); err != nil {
+		t.Fatal(err)
+	}
+	return ns, p
 }

@@ -101,6 +101,18 @@ type xlbCtVal struct {
 	Pad     [3]uint8
 }
 
+type xlbHostMacKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
+
+type xlbIfMac struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Set uint16
+}
+
 type xlbPassiveBe struct {
 	_         structs.HostLayout
 	Consec    uint32
@@ -429,7 +441,8 @@ const (
 	xlbXlbStatXLB_STAT_POLICY_DROP     xlbXlbStat = 25
 	xlbXlbStatXLB_STAT_XDP_POLICY_DROP xlbXlbStat = 26
 	xlbXlbStatXLB_STAT_RATE_DROP       xlbXlbStat = 27
-	xlbXlbStatXLB_STAT_MAX             xlbXlbStat = 28
+	xlbXlbStatXLB_STAT_OTHER_HOST      xlbXlbStat = 28
+	xlbXlbStatXLB_STAT_MAX             xlbXlbStat = 29
 )
 
 type xlbXlbSvcFlag uint32
@@ -544,6 +557,8 @@ const (
 	xlbMapXlbClientRt         = "xlb_client_rt"
 	xlbMapXlbCt               = "xlb_ct"
 	xlbMapXlbEvents           = "xlb_events"
+	xlbMapXlbHostMac          = "xlb_host_mac"
+	xlbMapXlbIfMac            = "xlb_if_mac"
 	xlbMapXlbPassive          = "xlb_passive"
 	xlbMapXlbPassiveSyn       = "xlb_passive_syn"
 	xlbMapXlbPeerTx           = "xlb_peer_tx"
@@ -667,6 +682,8 @@ type xlbMapSpecs struct {
 	XlbClientRt   *ebpf.MapSpec `ebpf:"xlb_client_rt"`
 	XlbCt         *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.MapSpec `ebpf:"xlb_events"`
+	XlbHostMac    *ebpf.MapSpec `ebpf:"xlb_host_mac"`
+	XlbIfMac      *ebpf.MapSpec `ebpf:"xlb_if_mac"`
 	XlbPassive    *ebpf.MapSpec `ebpf:"xlb_passive"`
 	XlbPassiveSyn *ebpf.MapSpec `ebpf:"xlb_passive_syn"`
 	XlbPeerTx     *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
@@ -756,6 +773,8 @@ type xlbMaps struct {
 	XlbClientRt   *ebpf.Map `ebpf:"xlb_client_rt"`
 	XlbCt         *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents     *ebpf.Map `ebpf:"xlb_events"`
+	XlbHostMac    *ebpf.Map `ebpf:"xlb_host_mac"`
+	XlbIfMac      *ebpf.Map `ebpf:"xlb_if_mac"`
 	XlbPassive    *ebpf.Map `ebpf:"xlb_passive"`
 	XlbPassiveSyn *ebpf.Map `ebpf:"xlb_passive_syn"`
 	XlbPeerTx     *ebpf.Map `ebpf:"xlb_peer_tx"`
@@ -792,6 +811,8 @@ func (m *xlbMaps) Close() error {
 		m.XlbClientRt,
 		m.XlbCt,
 		m.XlbEvents,
+		m.XlbHostMac,
+		m.XlbIfMac,
 		m.XlbPassive,
 		m.XlbPassiveSyn,
 		m.XlbPeerTx,

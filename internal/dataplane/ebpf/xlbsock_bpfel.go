@@ -79,6 +79,18 @@ type xlbSockCtVal struct {
 	Pad     [3]uint8
 }
 
+type xlbSockHostMacKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
+
+type xlbSockIfMac struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Set uint16
+}
+
 type xlbSockPersistKey struct {
 	_     structs.HostLayout
 	Svc   xlbSockSvcKey
@@ -250,6 +262,8 @@ const (
 	xlbSockMapXlbBrPort            = "xlb_br_port"
 	xlbSockMapXlbCt                = "xlb_ct"
 	xlbSockMapXlbEvents            = "xlb_events"
+	xlbSockMapXlbHostMac           = "xlb_host_mac"
+	xlbSockMapXlbIfMac             = "xlb_if_mac"
 	xlbSockMapXlbPeerTx            = "xlb_peer_tx"
 	xlbSockMapXlbPersist           = "xlb_persist"
 	xlbSockMapXlbRr                = "xlb_rr"
@@ -364,6 +378,8 @@ type xlbSockMapSpecs struct {
 	XlbBrPort    *ebpf.MapSpec `ebpf:"xlb_br_port"`
 	XlbCt        *ebpf.MapSpec `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.MapSpec `ebpf:"xlb_events"`
+	XlbHostMac   *ebpf.MapSpec `ebpf:"xlb_host_mac"`
+	XlbIfMac     *ebpf.MapSpec `ebpf:"xlb_if_mac"`
 	XlbPeerTx    *ebpf.MapSpec `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.MapSpec `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.MapSpec `ebpf:"xlb_rr"`
@@ -440,6 +456,8 @@ type xlbSockMaps struct {
 	XlbBrPort    *ebpf.Map `ebpf:"xlb_br_port"`
 	XlbCt        *ebpf.Map `ebpf:"xlb_ct"`
 	XlbEvents    *ebpf.Map `ebpf:"xlb_events"`
+	XlbHostMac   *ebpf.Map `ebpf:"xlb_host_mac"`
+	XlbIfMac     *ebpf.Map `ebpf:"xlb_if_mac"`
 	XlbPeerTx    *ebpf.Map `ebpf:"xlb_peer_tx"`
 	XlbPersist   *ebpf.Map `ebpf:"xlb_persist"`
 	XlbRr        *ebpf.Map `ebpf:"xlb_rr"`
@@ -475,6 +493,8 @@ func (m *xlbSockMaps) Close() error {
 		m.XlbBrPort,
 		m.XlbCt,
 		m.XlbEvents,
+		m.XlbHostMac,
+		m.XlbIfMac,
 		m.XlbPeerTx,
 		m.XlbPersist,
 		m.XlbRr,
