@@ -52,6 +52,27 @@ static __always_inline void seed32_replace(__u16 *sum, __u32 from, __u32 to)
 	*sum = s;
 }
 
+/* ip4_set_dscp() - give the IPv4 header @ip the DSCP @dscp (the TOS
+ * byte's high 6 bits), its ECN bits kept, the header checksum updated over
+ * the 16-bit word the byte is in. No TCP/UDP checksum covers it. */
+static __always_inline void ip4_set_dscp(struct iphdr *ip, __u8 dscp)
+{
+	__u16 *w = (__u16 *)ip; /* version, IHL and TOS */
+	__u16 old = *w;
+
+	ip->tos = (__u8)(dscp << 2) | (ip->tos & 3);
+	csum16_replace(&ip->check, old, *w);
+}
+
+/* ip6_set_dscp() - give the IPv6 header @ip6 the DSCP @dscp: the traffic
+ * class's high 6 bits, which straddle its first two bytes (4 in vtc, 2 in
+ * tc_flow); its ECN bits and the flow label kept. No checksum covers it. */
+static __always_inline void ip6_set_dscp(struct xlb_ipv6hdr *ip6, __u8 dscp)
+{
+	ip6->vtc = (ip6->vtc & 0xf0) | ((dscp >> 2) & 0x0f);
+	ip6->tc_flow = (ip6->tc_flow & 0x3f) | (__u8)((dscp & 3) << 6);
+}
+
 /* skb->ip_summed. */
 #define XLB_CHECKSUM_NONE 0
 #define XLB_CHECKSUM_UNNECESSARY 1

@@ -207,7 +207,11 @@ static __always_inline void ct_peer(const struct ct_key *k, const struct ct_val 
 	pv->seen = v->seen;
 	pv->ifindex = 0;
 	pv->mark = v->mark;
-	pv->pad = 0;
+	pv->dscp = v->dscp;
+	/* Byte by byte: a memset cost xlb_ingress 8 more bytes of stack. */
+	pv->pad[0] = 0;
+	pv->pad[1] = 0;
+	pv->pad[2] = 0;
 }
 
 #include "xlb_passive.h"
@@ -368,6 +372,34 @@ static __always_inline __u32 lb_bridge_port(__u32 bridge, const __u8 *mac)
 }
 
 /**
+ * lb_set_dscp() - give the IPv4 or IPv6 (@family) packet @skb the DSCP
+ * @dscp, ECN kept (ip4_set_dscp(), ip6_set_dscp()). Not inlined: called
+ * only for flows with a DSCP, its stack stays out of xlb_ingress's frame,
+ * which is on the verifier's deepest chain of calls (512 bytes).
+ * Return: 0, or -1 when the packet is too short.
+ */
+static __attribute__((noinline)) int lb_set_dscp(struct __sk_buff *skb, __u32 family, __u32 dscp)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+
+	if (family == XLB_AF_INET6) {
+		struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		ip6_set_dscp(ip6, dscp);
+		return 0;
+	}
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+
+	if ((void *)(ip + 1) > end)
+		return -1;
+	ip4_set_dscp(ip, dscp);
+	return 0;
+}
+
+/**
  * lb4_nat() - rewrite a packet to @v's tuple and send it on.
  * @skb: the packet
  * @p: its parsed tuple
@@ -399,6 +431,11 @@ static __always_inline int lb4_nat(struct __sk_buff *skb, struct pkt *p, struct 
 	 * a passed packet, the user's egress rules, tc egress). */
 	if (v->mark)
 		skb->mark = v->mark;
+	/* The flow's DSCP (a dscp table's value), on the client's packets
+	 * only (a reply entry carries it for the forward one's sake). Before
+	 * lb4_rewrite(), which reads the packet's pointers afresh. */
+	if (v->dscp && v->dir == XLB_CT_FWD && lb_set_dscp(skb, p->k.family, v->dscp))
+		goto err;
 	if (p->ttl <= 1) {
 		stat_inc(XLB_STAT_FIB_PASS);
 		goto pass; /* the stack sends ICMP time exceeded */
@@ -543,6 +580,9 @@ static __attribute__((noinline)) int lb4_stateless(struct __sk_buff *skb, struct
 	fv->dport = be->port ?: p->k.dport;
 	fv->mode = XLB_MODE_STLSDNAT;
 	fv->backend = bid;
+	/* The DSCP the policy check found for this packet (every packet of a
+	 * stlsdnat farm is checked as a new flow's: tbl_check_new). */
+	fv->dscp = tbl_flow_dscp(sc);
 	stat_inc(XLB_STAT_STATELESS);
 	be_count(bid, XLB_CT_FWD, skb->len, 0);
 	return lb4_nat_call(skb, p, fv, 1);
@@ -873,6 +913,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb, struct pkt *p)
 	/* The backend's mark over the table's, as the nft plane's NAT chain
 	 * (priority -100) sets it after the table chains (-110). */
 	fv.mark = be->mark ?: tbl_flow_mark(sc);
+	fv.dscp = tbl_flow_dscp(sc);
 
 	if (fv.mode == XLB_MODE_DSR) {
 		/* The packet keeps its tuple; only the next hop changes. */
@@ -1401,12 +1442,16 @@ int xlb_xdp(struct xdp_md *ctx)
 		((__u8 *)&nw)[0] = p.ttl - 1;
 		ip->ttl = p.ttl - 1;
 		csum16_replace(&ip->check, p.ttl_word, nw);
+		if (v->dscp)
+			ip4_set_dscp(ip, v->dscp);
 	} else {
 		struct xlb_ipv6hdr *ip6 = data + sizeof(struct ethhdr);
 
 		if ((void *)(ip6 + 1) > end)
 			return XDP_PASS;
 		ip6->hop_limit = p.ttl - 1;
+		if (v->dscp)
+			ip6_set_dscp(ip6, v->dscp);
 	}
 	__builtin_memcpy(data, v->dmac, 6);
 	__builtin_memcpy(data + 6, v->smac, 6);

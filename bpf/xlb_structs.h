@@ -144,7 +144,12 @@ struct ct_val {
 	 * directions (the nft plane's ct mark): its backend's, else its
 	 * client's table value (0: none, the packet's mark is kept) */
 	__u32 mark;
-	__u32 pad;
+	/* the DSCP (0-63) the client's table value gives the flow's forward
+	 * packets (set in dir XLB_CT_FWD only, ECN kept; lb_set_dscp); kept in
+	 * both entries, as the forward one is rebuilt from the reply one
+	 * (ct_refresh). 0: none, the packet's DSCP is kept */
+	__u8 dscp;
+	__u8 pad[3];
 };
 
 /* xlb_br_port key: a bridge and a destination MAC behind it. */
@@ -226,7 +231,8 @@ struct scratch {
 	struct ct_key rk; /* a new flow's reply entry */
 	struct ct_val rv;
 	__u32 mark; /* the mark the policy check gives the packet's new flow (tbl_check) */
-	__u32 pad;
+	__u8 dscp;  /* the DSCP it gives the packet's new flow, or a stlsdnat packet (0: none) */
+	__u8 pad[3];
 };
 
 #endif /* XLB_STRUCTS_H */

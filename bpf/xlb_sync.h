@@ -255,14 +255,15 @@ static __always_inline int sync_same(const struct ct_val *v, const struct ct_val
 	       v->dport == nv->dport;
 }
 
-/* sync_table_mark() - the mark this node's tables give flow @k's client
- * for its farm (tbl_client_mark(), found as a packet of the flow finds it).
+/* sync_table_values() - the mark and DSCP this node's tables give flow
+ * @k's client for its farm (tbl_client_values(): the mark in the low 32
+ * bits, the DSCP above), found as a packet of the flow finds them.
  * Not inlined, and called from sync_install()'s frame (after sync_bind()
  * returned, never from within it): the deepest chain of calls stays within
  * the verifier's 512 bytes of stack. Only for an entry sync_bind() runs for
- * and left without a backend's mark: updates of bound flows and ends need
- * none. */
-static __attribute__((noinline)) __u32 sync_table_mark(const struct ct_key *k)
+ * (its mark used where the backend has none): updates of bound flows and
+ * ends need none. */
+static __attribute__((noinline)) __u64 sync_table_values(const struct ct_key *k)
 {
 	__u32 conf = tbl_conf();
 	struct pkt p = {};
@@ -270,7 +271,7 @@ static __attribute__((noinline)) __u32 sync_table_mark(const struct ct_key *k)
 	if (!(conf & XLB_TBL_CONF_ANY))
 		return 0;
 	__builtin_memcpy(&p.k, k, sizeof(p.k));
-	return tbl_client_mark(&p, conf);
+	return tbl_client_values(&p, conf);
 }
 
 /**
@@ -284,7 +285,7 @@ static __attribute__((noinline)) __u32 sync_table_mark(const struct ct_key *k)
  * translation is all in the entry, as in the kernel's conntrack), only it
  * is counted under no backend until an update binds it. A bound entry
  * gets its backend's mark (0 if it has none: the caller then gives it the
- * table's, sync_table_mark()).
+ * table's, sync_table_values()).
  * Return: XLB_SYNC_RC_OK, XLB_SYNC_RC_UNBOUND, or XLB_SYNC_RC_MODE for a
  * service here that keeps no state (dsr, stlsdnat).
  */
@@ -339,12 +340,16 @@ static __attribute__((noinline)) int sync_bind(const struct ct_key *k, struct ct
  */
 static __always_inline int sync_rebind(const struct ct_key *k, struct ct_val *v)
 {
+	__u64 vals;
+
 	if (v->backend)
 		return XLB_SYNC_RC_OK;
 	if (sync_bind(k, v) != XLB_SYNC_RC_OK)
 		return XLB_SYNC_RC_UNBOUND;
+	vals = sync_table_values(k);
 	if (!v->mark)
-		v->mark = sync_table_mark(k);
+		v->mark = (__u32)vals;
+	v->dscp = vals >> 32;
 	if (k->proto == IPPROTO_TCP && lc_counted(v->state))
 		lc_add(v->backend, 1);
 	return XLB_SYNC_RC_OK;
@@ -378,6 +383,7 @@ static __attribute__((noinline)) int sync_update(const struct ct_key *k, struct 
 		peer->svc = v->svc;
 		peer->backend = v->backend;
 		peer->mark = v->mark;
+		peer->dscp = v->dscp;
 		if ((__s64)(v->seen - peer->seen) > 0)
 			peer->seen = v->seen;
 	}
@@ -412,6 +418,7 @@ static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const s
 		old->svc = v->svc;
 		old->backend = v->backend;
 		old->mark = v->mark;
+		old->dscp = v->dscp;
 	}
 	if (bpf_map_update_elem(&xlb_ct, k, v, BPF_NOEXIST))
 		/* A packet created it meanwhile: that one stands. */
@@ -439,6 +446,7 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 {
 	struct ct_key fk = {};
 	struct ct_val fv = {}, *v;
+	__u64 vals;
 	int rc;
 
 	if (c->kind == XLB_SYNC_SESSION &&
@@ -494,10 +502,13 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 	rc = sync_bind(&fk, &fv);
 	if (rc == XLB_SYNC_RC_MODE)
 		return rc;
-	/* The table's mark where the backend has none (and for an entry
-	 * installed unbound: what a packet of the flow would get here). */
+	/* The table's mark where the backend has none, and its DSCP (for an
+	 * entry installed unbound too: what a packet of the flow would get
+	 * here; the peer's record carries neither). */
+	vals = sync_table_values(&fk);
 	if (!fv.mark)
-		fv.mark = sync_table_mark(&fk);
+		fv.mark = (__u32)vals;
+	fv.dscp = vals >> 32;
 	return sync_insert(&fk, &fv, rc);
 }
 

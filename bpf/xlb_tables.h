@@ -84,6 +84,7 @@ enum xlb_tbl_verdict {
 	XLB_TBL_F_LOG = 0x100,	     /* the table has a log-prefix: its drops go to xlb_events */
 	XLB_TBL_F_LIMIT = 0x200,     /* the table's valtype has limit: matches are rate limited */
 	XLB_TBL_F_MARK = 0x400, /* the table's valtype has mark: matches mark their new flows */
+	XLB_TBL_F_DSCP = 0x800, /* the table's valtype has dscp: matches set their flows' DSCP */
 	XLB_TBL_T_SHIFT = 12,	/* bits 12-15: the table's type (XLB_TBL_T_*) */
 	XLB_TBL_FF_SHIFT = 16,	/* bits 16-20: a flow table's fields (model.FlowFields) */
 };
@@ -136,7 +137,10 @@ struct tbl_key6 {
 };
 
 /* Inner map value: an entry's counters, the value fields the program
- * uses (model.TableValue: mark, limit) and the entry's rate-limit state.
+ * uses (model.TableValue: mark, limit, dscp) and the entry's rate-limit
+ * state. dscp came after the others (40 bytes, 32 before it): a pinned
+ * array of tries made by an older version is replaced at start
+ * (replaceStaleTables).
  * The counters are shared by all CPUs (an LPM trie has no per-CPU flavour)
  * and added atomically on a match; the loader keeps them when it replaces
  * an entry's value. */
@@ -146,6 +150,8 @@ struct tbl_val {
 	__u32 mark;    /* host: the mark of the new flows of the entry's clients; 0: none */
 	__u32 limit;   /* host: new connections per second from the entry's clients; 0: none */
 	__u64 tat; /* host: GCRA's theoretical arrival time (bpf_ktime_get_ns), see tbl_limited */
+	__u8 dscp; /* the DSCP (0-63) of the packets of the entry's clients; 0: kept */
+	__u8 pad[7];
 };
 
 /* Inner map key of a number, mac or flow table: the fields its type uses,
@@ -724,17 +730,30 @@ static __attribute__((noinline)) int tbl_log(const struct pkt *p, __u32 id, __u3
 	return 0;
 }
 
-/* tbl_set_mark() - give the new flow of the packet being checked @mark
- * (struct scratch.mark, which the tcx program reads when it creates the
- * flow). The socket programs mark nothing. */
-static __always_inline void tbl_set_mark(__u32 mark)
+/* tbl_set_values() - give the new flow of the packet being checked (a
+ * stlsdnat packet: the packet) the values of entry @v of a table whose
+ * verdict word is @verdict: its mark (struct scratch.mark, which the tcx
+ * program reads when it creates the flow) where the table has marks, its
+ * DSCP (scratch.dscp) where it has dscp values; a value 0 changes nothing.
+ * @v NULL: clear both. One lookup of the scratch for both (one stack slot
+ * for its key: tbl_one's frame is on the verifier's deepest chain). The
+ * socket programs mark and rewrite nothing. */
+static __always_inline void tbl_set_values(__u32 verdict, const struct tbl_val *v)
 {
 #ifndef XLB_TABLES_SOCK
+	/* The values are read before the lookup: only they stay live across
+	 * it, in registers. */
+	__u32 mark = v && (verdict & XLB_TBL_F_MARK) ? v->mark : 0;
+	__u8 dscp = v && (verdict & XLB_TBL_F_DSCP) ? v->dscp : 0;
 	__u32 zero = 0;
 	struct scratch *sc = bpf_map_lookup_elem(&xlb_scratch, &zero);
 
-	if (sc)
+	if (!sc)
+		return;
+	if (mark || !v)
 		sc->mark = mark;
+	if (dscp || !v)
+		sc->dscp = dscp;
 #endif
 }
 
@@ -742,8 +761,9 @@ static __always_inline void tbl_set_mark(__u32 mark)
  * tbl_one() - the verdict of one table, bound by @b, on packet @p (source
  * MAC and interface @in), counting a match of @len bytes. For a new flow's packet
  * (@lim given) an addr table's match with a limit goes to *@lim if it is
- * the first, and its mark (not 0) becomes the flow's (tbl_set_mark; a later
- * table's replaces it, as each nft table chain sets the mark again). One
+ * the first, and its mark (not 0) becomes the flow's (tbl_set_values; a later
+ * table's replaces it, as each nft table chain sets the mark again), and so
+ * does its DSCP (a stlsdnat packet's own, as it has no flow). One
  * function, so the verifier's states of tbl_denied's loop stay alike
  * whatever kind of map matched.
  * Return: 1 when the table's verdict drops the packet, 0 otherwise.
@@ -775,8 +795,8 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const struct t
 		return 0;
 	if ((b->verdict & XLB_TBL_F_LIMIT) && v->limit && !*lim)
 		*lim = v;
-	if ((b->verdict & XLB_TBL_F_MARK) && v->mark)
-		tbl_set_mark(v->mark);
+	if (b->verdict & (XLB_TBL_F_MARK | XLB_TBL_F_DSCP))
+		tbl_set_values(b->verdict, v);
 	return 0;
 }
 
@@ -790,7 +810,8 @@ static __attribute__((noinline)) int tbl_one(const struct pkt *p, const struct t
  * program). When @lim is given (a new flow's first packet), it gets the
  * first matching entry, in the farm's order, of a table with limits whose
  * limit is set: the caller rate limits new flows by it; and the flow gets
- * the mark of the last matching entry of a table with marks (tbl_one).
+ * the mark of the last matching entry of a table with marks, and the DSCP
+ * of the last of a table with dscp values (tbl_one).
  * @conf: xlb_tbl_conf's value.
  * Return: 1 to drop the packet, 0 otherwise.
  */
@@ -809,7 +830,8 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const struc
 		if (!b)
 			continue;
 		verdict = b->verdict & XLB_TBL_VERDICT_MASK;
-		if (verdict == XLB_TBL_NONE && !(b->verdict & (XLB_TBL_F_LIMIT | XLB_TBL_F_MARK)))
+		if (verdict == XLB_TBL_NONE &&
+		    !(b->verdict & (XLB_TBL_F_LIMIT | XLB_TBL_F_MARK | XLB_TBL_F_DSCP)))
 			continue;
 		if (tbl_one(p, in, len, b, lim)) {
 			if (b->verdict & XLB_TBL_F_LOG)
@@ -822,33 +844,40 @@ static __attribute__((noinline)) int tbl_denied(const struct pkt *p, const struc
 
 #ifndef XLB_TABLES_SOCK /* the install (xlb_sync.h), not the socket programs */
 /**
- * tbl_client_mark() - the mark the policies of the farm @p is sent to give
- * a new flow of @p's client, as tbl_one() gives it (the last matching
- * entry, in the farm's order, of an addr table with marks; 0 for none),
- * without counting a match: for a flow a peer synchronised (sync_bind()),
- * whose packets were checked and counted there. @conf: xlb_tbl_conf's
- * value. Not inlined: one scalar comes back to the install's loop.
- * Return: the mark, 0 for none.
+ * tbl_client_values() - the mark and the DSCP the policies of the farm @p
+ * is sent to give a new flow of @p's client, as tbl_one() gives them (the
+ * last matching entry, in the farm's order, of an addr table with marks,
+ * and of one with dscp values; 0 for none), without counting a match: for
+ * a flow a peer synchronised (sync_bind()), whose packets were checked and
+ * counted there. @conf: xlb_tbl_conf's value. Not inlined: one scalar
+ * comes back to the install's loop.
+ * Return: the mark in the low 32 bits, the DSCP in bits 32-39 (0: none).
  */
-static __attribute__((noinline)) __u32 tbl_client_mark(const struct pkt *p, __u32 conf)
+static __attribute__((noinline)) __u64 tbl_client_values(const struct pkt *p, __u32 conf)
 {
 	struct tbl_refs pol;
 	struct tbl_bind *b;
 	struct tbl_val *v;
 	__u32 i, id, mark = 0, n = tbl_farm_refs(p, conf, &pol);
+	__u64 dscp = 0;
 
 	for (i = 0; i < XLB_MAX_FARM_POLICIES; i++) {
 		if (i >= n)
 			break;
 		id = pol.ids[i];
 		b = bpf_map_lookup_elem(&xlb_tbl_meta, &id);
-		if (!b || (b->verdict >> XLB_TBL_T_SHIFT) || !(b->verdict & XLB_TBL_F_MARK))
+		if (!b || (b->verdict >> XLB_TBL_T_SHIFT) ||
+		    !(b->verdict & (XLB_TBL_F_MARK | XLB_TBL_F_DSCP)))
 			continue;
 		v = tbl_find(b->slot, p);
-		if (v && v->mark)
+		if (!v)
+			continue;
+		if ((b->verdict & XLB_TBL_F_MARK) && v->mark)
 			mark = v->mark;
+		if ((b->verdict & XLB_TBL_F_DSCP) && v->dscp)
+			dscp = v->dscp & 0x3f;
 	}
-	return mark;
+	return mark | dscp << 32;
 }
 #endif
 
@@ -911,7 +940,8 @@ static __always_inline int tbl_new_limited(const struct pkt *p, struct tbl_val *
  * the first matching entry with one applies (tbl_new_limited), and its mark
  * tables give it its mark (struct scratch.mark: 0 when none, set here
  * for every such packet while some farm has tables, so no earlier packet's
- * is left; tbl_flow_mark() reads it). @xdp: in the XDP program.
+ * is left; tbl_flow_mark() reads it), its dscp tables its DSCP (the same
+ * in struct scratch.dscp, tbl_flow_dscp()). @xdp: in the XDP program.
  * Return: 1 to drop the packet, 0 otherwise.
  */
 static __always_inline int tbl_check(const struct pkt *p, const struct tbl_in *in, struct ct_val *v,
@@ -923,7 +953,7 @@ static __always_inline int tbl_check(const struct pkt *p, const struct tbl_in *i
 	if (!(conf & XLB_TBL_CONF_ANY))
 		return 0;
 	if (!v && !xdp)
-		tbl_set_mark(0);
+		tbl_set_values(0, NULL);
 	if (v && gen && ((v->nh_flags & XLB_TBL_NH_GEN_MASK) >> XLB_TBL_NH_GEN_SHIFT) == gen)
 		return 0;
 	/* Limits count flows the tcx program starts, not XDP's passes. */
@@ -953,6 +983,18 @@ static __always_inline __u32 tbl_flow_mark(const struct scratch *sc)
 	if (!sc->mark || !(tbl_conf() & XLB_TBL_CONF_ANY))
 		return 0;
 	return sc->mark;
+}
+
+/**
+ * tbl_flow_dscp() - the DSCP tbl_check() gave the new flow (or stlsdnat
+ * packet) being handled, from @sc, as tbl_flow_mark().
+ * Return: the DSCP, 0 for none.
+ */
+static __always_inline __u8 tbl_flow_dscp(const struct scratch *sc)
+{
+	if (!sc->dscp || !(tbl_conf() & XLB_TBL_CONF_ANY))
+		return 0;
+	return sc->dscp & 0x3f;
 }
 
 /**

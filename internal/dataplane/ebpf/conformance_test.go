@@ -35,8 +35,6 @@ var ebpfRefuses = map[string]string{
 	"helper-sane":                 `"helper" value "sane"`,
 	"helper-snmp":                 `"helper" value "snmp"`,
 	"source-table-queue":          `"queue" value "7"`,
-	"table-dscp":                  `sets the DSCP`,
-	"table-dscp-ipv6":             `sets the DSCP`,
 	"mode-stlsdnat-ingress":       `"iface" value "eth0": mode stlsdnat at ingress`,
 	"mode-stlsdnat-ingress-tcp":   `"iface" value "eth0": mode stlsdnat at ingress`,
 	"mode-stlsdnat-ingress-ipv6":  `"iface" value "eth0": mode stlsdnat at ingress`,

@@ -274,6 +274,7 @@ func TestTrafficMarkPeer(t *testing.T) {
 // their packets both ways: the mark of B's backend, or, for a backend
 // without one, the mark B's mark table gives the client. Before, an
 // installed flow had no mark, and then no table mark (the test fails).
+// The table's DSCP too (sync_table_values), on the client's packets.
 func TestConnSyncMark(t *testing.T) {
 	testutil.RequireRoot(t)
 	nsA, nsB := fixtureNS(t), fixtureNS(t)
@@ -287,8 +288,8 @@ func TestConnSyncMark(t *testing.T) {
 		tf := farm(t, "tabled", vip2.String(), 80, model.ProtoTCP, model.ModeDNAT, model.SchedRR, "10.200.0.11:8080")
 		tf.Policies = []model.PolicyRef{{Name: "mk"}}
 		mk := addrTable(t, "mk", model.ListNone, 1, 1)
-		mk.Values = model.ValMark
-		e, err := mk.ParseEntry(model.EntryInput{Key: client.String(), Value: "mark=0x200", ValueSet: true}, 0)
+		mk.Values = model.ValMark | model.ValDSCP
+		e, err := mk.ParseEntry(model.EntryInput{Key: client.String(), Value: "mark=0x200,dscp=46", ValueSet: true}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -335,8 +336,18 @@ func TestConnSyncMark(t *testing.T) {
 		{"ACK at B, table's mark", pktSpec{src: client, sport: 40001, dst: vip2, dport: 80, proto: protoTCP, tcpFlags: tcpACK}, 0x200},
 		{"reply at B, table's mark", pktSpec{src: be1, sport: 8080, dst: client, dport: 40001, proto: protoTCP, tcpFlags: tcpACK, srcMAC: macBackend(0), dstMAC: macBack}, 0x200},
 	} {
-		if v, _, mark := runProgMark(t, nsB, b.objs.XlbIngress, c.in.build()); v != verdictRedirect || mark != c.mark {
+		v, out, mark := runProgMark(t, nsB, b.objs.XlbIngress, c.in.build())
+		if v != verdictRedirect || mark != c.mark {
 			t.Errorf("%s: verdict %d mark %#x, want redirect, %#x", c.desc, v, mark, c.mark)
+		}
+		// The table's DSCP, on the table's client's packets only (the
+		// ACK of the tabled farm).
+		wantTOS := uint8(0)
+		if c.in.dst == vip2 {
+			wantTOS = 46 << 2
+		}
+		if got, err := parse(out); err != nil || got.tos != wantTOS {
+			t.Errorf("%s: traffic class %#x (%v), want %#x", c.desc, got.tos, err, wantTOS)
 		}
 	}
 }

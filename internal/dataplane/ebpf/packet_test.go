@@ -25,6 +25,7 @@ type pktSpec struct {
 	proto          uint8
 	tcpFlags       uint8
 	ttl            uint8 // 0: 64
+	tos            uint8 // IPv4 TOS, IPv6 traffic class (DSCP << 2 | ECN)
 	ipOptions      []byte
 	fragOff        uint16 // raw flags+offset field (0x2000 = MF)
 	payload        []byte
@@ -96,7 +97,7 @@ func (s pktSpec) build() []byte {
 	}
 	if s.src.Is6() {
 		ip := make([]byte, 40)
-		ip[0] = 0x60
+		binary.BigEndian.PutUint32(ip[0:], 6<<28|uint32(s.tos)<<20|0x12345) // a flow label to keep
 		binary.BigEndian.PutUint16(ip[4:], uint16(len(l4)))
 		ip[6] = s.proto
 		if s.nextHdr != 0 {
@@ -115,6 +116,7 @@ func (s pktSpec) build() []byte {
 	ihl := 20 + len(s.ipOptions)
 	ip := make([]byte, ihl)
 	ip[0] = 0x40 | byte(ihl/4)
+	ip[1] = s.tos
 	binary.BigEndian.PutUint16(ip[2:], uint16(ihl+len(l4)))
 	binary.BigEndian.PutUint16(ip[4:], 0x1234)
 	binary.BigEndian.PutUint16(ip[6:], s.fragOff)
@@ -139,6 +141,8 @@ type parsedPkt struct {
 	src, dst       netip.Addr
 	sport, dport   uint16
 	ttl            uint8
+	tos            uint8  // IPv4 TOS, IPv6 traffic class
+	flow           uint32 // IPv6 flow label
 	ihl            int
 	l4Csum         uint16
 }
@@ -160,6 +164,7 @@ func parse(b []byte) (parsedPkt, error) {
 		return p, fmt.Errorf("bad IPv4 header checksum")
 	}
 	p.ttl = ip[8]
+	p.tos = ip[1]
 	p.src = netip.AddrFrom4([4]byte(ip[12:16]))
 	p.dst = netip.AddrFrom4([4]byte(ip[16:20]))
 	tot := int(binary.BigEndian.Uint16(ip[2:]))
@@ -192,6 +197,8 @@ func parse6(b []byte) (parsedPkt, error) {
 	p.dstMAC, p.srcMAC = net.HardwareAddr(b[0:6]), net.HardwareAddr(b[6:12])
 	ip := b[14:]
 	p.ttl = ip[7]
+	w := binary.BigEndian.Uint32(ip[0:])
+	p.tos, p.flow = uint8(w>>20), w&0xfffff
 	p.src = netip.AddrFrom16([16]byte(ip[8:24]))
 	p.dst = netip.AddrFrom16([16]byte(ip[24:40]))
 	plen := int(binary.BigEndian.Uint16(ip[4:]))

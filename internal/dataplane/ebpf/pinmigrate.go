@@ -95,3 +95,58 @@ func migrateMap(path string, to *ebpf.Map) (int, error) {
 	}
 	return n, it.Err()
 }
+
+// tableArrays are the pinned arrays of maps holding the tables' tries and
+// hashes, whose inner maps' value is struct tbl_val.
+var tableArrays = []string{xlbMapXlbTblAddr4, xlbMapXlbTblAddr6, xlbMapXlbTblHash}
+
+// replaceStaleTables removes the pin of each array of tables whose inner
+// maps' shape is not this version's (struct tbl_val grew from 32 to 40
+// bytes with its dscp), so the load makes it anew and ReconcileTables
+// refills it from the tables the daemon holds (their counters start at
+// zero). MapSpec.Compatible compares the outer maps only, and the kernel
+// checks a program's reads of an inner map against the shape the array was
+// made with: loading this version's program over an older array fails.
+// The shape is not readable from the array itself, so a map of this
+// version's inner shape is put at index 0 (never used: a slot index is
+// 1-65535) and taken out again; the kernel refuses it if the shapes differ.
+func (p *Plane) replaceStaleTables(spec *ebpf.CollectionSpec) error {
+	for _, name := range tableArrays {
+		ms := spec.Maps[name]
+		if ms == nil || ms.InnerMap == nil {
+			return fmt.Errorf("map %s not in the program", name)
+		}
+		path := filepath.Join(p.opts.PinPath, name)
+		outer, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			continue // none, or not a map: replaceStalePins decides
+		}
+		err = innerFits(outer, ms.InnerMap)
+		outer.Close()
+		if err == nil {
+			continue
+		}
+		p.log.Warn("pinned table array holds maps of an older shape; replacing it (tables are rebuilt)", "map", name, "err", err)
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("remove pinned map %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// innerFits reports whether outer takes a map made from inner (put at
+// index 0 and removed).
+func innerFits(outer *ebpf.Map, inner *ebpf.MapSpec) error {
+	is := inner.Copy()
+	is.MaxEntries = 1
+	is.Name = "xlb_probe"
+	probe, err := ebpf.NewMap(is)
+	if err != nil {
+		return fmt.Errorf("make a probe of %s's inner map: %w", inner.Name, err)
+	}
+	defer probe.Close()
+	if err := outer.Update(uint32(0), probe, ebpf.UpdateAny); err != nil {
+		return err
+	}
+	return outer.Delete(uint32(0))
+}

@@ -345,6 +345,9 @@ func (p *Plane) load() error {
 	if err := p.replaceStalePins(spec, pinned); err != nil {
 		return err
 	}
+	if err := p.replaceStaleTables(spec); err != nil { // pinmigrate.go
+		return err
+	}
 	err = spec.LoadAndAssign(&p.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: p.opts.PinPath},
 	})

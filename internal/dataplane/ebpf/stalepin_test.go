@@ -131,3 +131,38 @@ func pinSetup(t *testing.T) (string, *ebpf.CollectionSpec) {
 	}
 	return pin, spec
 }
+
+// TestStaleTablesReplaced: the arrays of tables pinned by the version
+// before table dscp values (tries and hashes of 32-byte struct tbl_val)
+// are replaced at start: the load does not fail on them (without
+// replaceStaleTables it does: the verifier checks the program's reads of
+// the inner maps against the older shape), and the new arrays take this
+// version's tries.
+func TestStaleTablesReplaced(t *testing.T) {
+	pin, spec := pinSetup(t)
+	for _, name := range tableArrays {
+		ms := spec.Maps[name].Copy()
+		ms.Pinning, ms.Key, ms.Value = ebpf.PinNone, nil, nil
+		ms.InnerMap.ValueSize, ms.InnerMap.Key, ms.InnerMap.Value = 32, nil, nil
+		old, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("make an older %s: %v", name, err)
+		}
+		defer old.Close()
+		if err := old.Pin(filepath.Join(pin, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := newPlane(t, fixtureNS(t), pin, nil, 1024)
+	for _, name := range tableArrays {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pin, name), nil)
+		if err != nil {
+			t.Fatalf("no %s pinned: %v", name, err)
+		}
+		defer m.Close()
+		if err := innerFits(m, spec.Maps[name].InnerMap); err != nil {
+			t.Errorf("%s does not take this version's maps: %v", name, err)
+		}
+	}
+	applyTables(t, p, created(dscpTable(t, "ds", 1, 1, [2]string{"10.0.0.0/8", "46"})))
+}

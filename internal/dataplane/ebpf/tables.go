@@ -50,6 +50,7 @@ const (
 	tblFLog        = uint32(xlbXlbTblVerdictXLB_TBL_F_LOG)
 	tblFLimit      = uint32(xlbXlbTblVerdictXLB_TBL_F_LIMIT)
 	tblFMark       = uint32(xlbXlbTblVerdictXLB_TBL_F_MARK)
+	tblFDSCP       = uint32(xlbXlbTblVerdictXLB_TBL_F_DSCP)
 
 	tblConfPort    = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_PORT)
 	tblConfAnyPort = uint32(xlbXlbTblConfFlagXLB_TBL_CONF_ANYPORT)
@@ -211,14 +212,11 @@ func (p *Plane) CheckTable(t *model.Table) error { return nil }
 
 // checkTableUse refuses a farm's use of a table the program cannot honour:
 // a table whose values set marks on a stlsdnat farm (the mark of a flow is
-// kept in its conntrack entry, and stlsdnat has none); a table whose
-// values set the DSCP (not built here: the nft plane does), unless it is a
-// deny list, whose values do not matter.
+// kept in its conntrack entry, and stlsdnat has none). A table's DSCP is
+// honoured in every mode: a flow keeps it in its conntrack entry, and a
+// stlsdnat packet takes it from its own policy check (tbl_one, every such
+// packet is checked).
 func checkTableUse(f *model.Farm, t *model.Table) error {
-	if t.Type == model.TableAddr && t.Values&model.ValDSCP != 0 && t.Verdict != model.ListDeny {
-		return dataplane.Refuse(f, "policies", t.Name,
-			fmt.Sprintf("table %q sets the DSCP (valtype %s), which the ebpf data plane does not do yet: use the nft data plane, or a table without dscp", t.Name, t.Values))
-	}
 	if t.Type == model.TableAddr && t.Values&model.ValMark != 0 && f.Mode == model.ModeStlsDNAT {
 		return dataplane.Refuse(f, "policies", t.Name,
 			fmt.Sprintf("table %q sets marks (valtype %s), and the ebpf data plane keeps a flow's mark in its conntrack entry, which stlsdnat has not: use dnat, or a table without mark", t.Name, t.Values))
@@ -270,7 +268,7 @@ func tblValue(v *model.TableValue) xlbTblVal {
 	if v == nil {
 		return xlbTblVal{}
 	}
-	return xlbTblVal{Mark: v.Mark, Limit: v.Limit}
+	return xlbTblVal{Mark: v.Mark, Limit: v.Limit, Dscp: v.DSCP}
 }
 
 func key4Prefix(k xlbTblKey4) netip.Prefix {
@@ -452,6 +450,9 @@ func (p *Plane) binding(t *model.Table) xlbTblBind {
 		}
 		if t.Values&model.ValMark != 0 {
 			flags |= tblFMark
+		}
+		if t.Values&model.ValDSCP != 0 {
+			flags |= tblFDSCP
 		}
 	case hasHash(t):
 		s := p.tbls.hslots[t.Slot]

@@ -97,7 +97,8 @@ type xlbCtVal struct {
 	Smac    [6]uint8
 	Dmac    [6]uint8
 	Mark    uint32
-	Pad     uint32
+	Dscp    uint8
+	Pad     [3]uint8
 }
 
 type xlbHostMacKey struct {
@@ -153,7 +154,8 @@ type xlbScratch struct {
 	Rk   xlbCtKey
 	Rv   xlbCtVal
 	Mark uint32
-	Pad  uint32
+	Dscp uint8
+	Pad  [3]uint8
 }
 
 type xlbSlotKey struct {
@@ -307,6 +309,8 @@ type xlbTblVal struct {
 	Mark    uint32
 	Limit   uint32
 	Tat     uint64
+	Dscp    uint8
+	Pad     [7]uint8
 }
 
 type xlbXlbAf uint32
@@ -526,6 +530,7 @@ const (
 	xlbXlbTblVerdictXLB_TBL_F_LOG        xlbXlbTblVerdict = 256
 	xlbXlbTblVerdictXLB_TBL_F_LIMIT      xlbXlbTblVerdict = 512
 	xlbXlbTblVerdictXLB_TBL_F_MARK       xlbXlbTblVerdict = 1024
+	xlbXlbTblVerdictXLB_TBL_F_DSCP       xlbXlbTblVerdict = 2048
 	xlbXlbTblVerdictXLB_TBL_T_SHIFT      xlbXlbTblVerdict = 12
 	xlbXlbTblVerdictXLB_TBL_FF_SHIFT     xlbXlbTblVerdict = 16
 )

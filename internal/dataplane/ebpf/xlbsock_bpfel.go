@@ -75,7 +75,8 @@ type xlbSockCtVal struct {
 	Smac    [6]uint8
 	Dmac    [6]uint8
 	Mark    uint32
-	Pad     uint32
+	Dscp    uint8
+	Pad     [3]uint8
 }
 
 type xlbSockHostMacKey struct {
@@ -112,7 +113,8 @@ type xlbSockScratch struct {
 	Rk   xlbSockCtKey
 	Rv   xlbSockCtVal
 	Mark uint32
-	Pad  uint32
+	Dscp uint8
+	Pad  [3]uint8
 }
 
 type xlbSockSlotKey struct {
