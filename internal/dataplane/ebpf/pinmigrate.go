@@ -100,21 +100,22 @@ func migrateMap(path string, to *ebpf.Map) (int, error) {
 // hashes, whose inner maps' value is struct tbl_val.
 var tableArrays = []string{xlbMapXlbTblAddr4, xlbMapXlbTblAddr6, xlbMapXlbTblHash}
 
-// replaceStaleTables removes the pin of each array of tables whose inner
+// setAsideStaleTables renames the pin of each array of tables whose inner
 // maps' shape is not this version's (struct tbl_val grew from 32 to 40
-// bytes with its dscp), so the load makes it anew and ReconcileTables
-// refills it from the tables the daemon holds (their counters start at
-// zero). MapSpec.Compatible compares the outer maps only, and the kernel
-// checks a program's reads of an inner map against the shape the array was
-// made with: loading this version's program over an older array fails.
-// The shape is not readable from the array itself, so a map of this
-// version's inner shape is put at index 0 (never used: a slot index is
-// 1-65535) and taken out again; the kernel refuses it if the shapes differ.
-func (p *Plane) replaceStaleTables(spec *ebpf.CollectionSpec) error {
+// bytes with its dscp) to <pin>_old, so the load makes the array anew and
+// carryTables fills it; it returns the names set aside. MapSpec.Compatible
+// compares the outer maps only, and the kernel checks a program's reads of
+// an inner map against the shape the array was made with: loading this
+// version's program over an older array fails. The shape is not readable
+// from the array itself, so a map of this version's inner shape is put at
+// index 0 (never used: a slot index is 1-65535) and taken out again; the
+// kernel refuses it if the shapes differ.
+func (p *Plane) setAsideStaleTables(spec *ebpf.CollectionSpec) ([]string, error) {
+	var moved []string
 	for _, name := range tableArrays {
 		ms := spec.Maps[name]
 		if ms == nil || ms.InnerMap == nil {
-			return fmt.Errorf("map %s not in the program", name)
+			return moved, fmt.Errorf("map %s not in the program", name)
 		}
 		path := filepath.Join(p.opts.PinPath, name)
 		outer, err := ebpf.LoadPinnedMap(path, nil)
@@ -126,12 +127,103 @@ func (p *Plane) replaceStaleTables(spec *ebpf.CollectionSpec) error {
 		if err == nil {
 			continue
 		}
-		p.log.Warn("pinned table array holds maps of an older shape; replacing it (tables are rebuilt)", "map", name, "err", err)
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("remove pinned map %s: %w", path, err)
+		p.log.Info("pinned table array holds maps of an older shape; carrying its tables over", "map", name, "err", err)
+		if err := os.Rename(path, path+"_old"); err != nil {
+			return moved, fmt.Errorf("set pinned map %s aside: %w", path, err)
+		}
+		moved = append(moved, name)
+	}
+	return moved, nil
+}
+
+// carryTables puts into each array setAsideStaleTables set aside's new
+// one, at the index it had, a copy of every table it held: a map of this
+// version's inner shape with the old map's name and size, its entries
+// zero-extended (a dscp of 0 leaves the DSCP; counters and limits' state
+// kept). It runs before the program is attached, so the farms' policies
+// never find their tables empty across an upgrade (replacing the arrays
+// instead left them empty until ReconcileTables refilled them: allow lists
+// dropped everything meanwhile). The daemon then adopts the copies by
+// their names, as after a restart. The old pins are removed; a table that
+// could not be carried is logged, and ReconcileTables makes it anew.
+func (p *Plane) carryTables(spec *ebpf.CollectionSpec, moved []string) {
+	for _, name := range moved {
+		path := filepath.Join(p.opts.PinPath, name) + "_old"
+		n, err := carryTableArray(path, p.pinned[name], spec.Maps[name].InnerMap.ValueSize)
+		if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			err = errors.Join(err, rmErr)
+		}
+		if err != nil {
+			p.log.Warn("tables of an older version not fully carried over (ReconcileTables rebuilds them)", "map", name, "tables", n, "err", err)
+			continue
+		}
+		p.log.Info("tables of an older version carried over", "map", name, "tables", n)
+	}
+}
+
+// carryTableArray copies each inner map of the array of maps pinned at path
+// into a new map like it with values of valueSize bytes (to's inner maps'),
+// puts it at the same index of to, and returns how many it carried.
+func carryTableArray(path string, to *ebpf.Map, valueSize uint32) (int, error) {
+	if to == nil {
+		return 0, fmt.Errorf("no array to carry %s into", path)
+	}
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer old.Close()
+	n := 0
+	for idx := range old.MaxEntries() {
+		var id uint32
+		if err := old.Lookup(idx, &id); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return n, fmt.Errorf("read index %d of %s: %w", idx, path, err)
+		}
+		if err := carryInner(to, idx, ebpf.MapID(id), valueSize); err != nil {
+			return n, fmt.Errorf("carry index %d of %s over: %w", idx, path, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// carryInner copies the map of id into a new one like it with values of
+// valueSize bytes, each zero-extended, and puts it at index idx of to.
+func carryInner(to *ebpf.Map, idx uint32, id ebpf.MapID, valueSize uint32) error {
+	om, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return err
+	}
+	defer om.Close()
+	info, err := om.Info()
+	if err != nil {
+		return err
+	}
+	spec := &ebpf.MapSpec{Name: info.Name, Type: om.Type(), KeySize: om.KeySize(), ValueSize: valueSize,
+		MaxEntries: om.MaxEntries(), Flags: om.Flags()}
+	nm, err := ebpf.NewMap(spec)
+	if err != nil {
+		return fmt.Errorf("make %s anew: %w", info.Name, err)
+	}
+	defer nm.Close()
+	key := make([]byte, om.KeySize())
+	val := make([]byte, om.ValueSize())
+	grown := make([]byte, nm.ValueSize())
+	it := om.Iterate()
+	for it.Next(&key, &val) {
+		copy(grown, val)
+		clear(grown[len(val):])
+		if err := nm.Update(key, grown, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("copy an entry of %s: %w", info.Name, err)
 		}
 	}
-	return nil
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", info.Name, err)
+	}
+	return to.Update(idx, nm, ebpf.UpdateAny)
 }
 
 // innerFits reports whether outer takes a map made from inner (put at

@@ -345,7 +345,8 @@ func (p *Plane) load() error {
 	if err := p.replaceStalePins(spec, pinned); err != nil {
 		return err
 	}
-	if err := p.replaceStaleTables(spec); err != nil { // pinmigrate.go
+	staleTables, err := p.setAsideStaleTables(spec) // pinmigrate.go
+	if err != nil {
 		return err
 	}
 	err = spec.LoadAndAssign(&p.objs, &ebpf.CollectionOptions{
@@ -360,6 +361,7 @@ func (p *Plane) load() error {
 	}
 	p.pinned = pinnedMaps(spec, &p.objs.xlbMaps)
 	p.migrateGrown(grown)
+	p.carryTables(spec, staleTables)
 	return nil
 }
 

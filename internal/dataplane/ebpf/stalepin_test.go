@@ -132,14 +132,18 @@ func pinSetup(t *testing.T) (string, *ebpf.CollectionSpec) {
 	return pin, spec
 }
 
-// TestStaleTablesReplaced: the arrays of tables pinned by the version
-// before table dscp values (tries and hashes of 32-byte struct tbl_val)
-// are replaced at start: the load does not fail on them (without
-// replaceStaleTables it does: the verifier checks the program's reads of
-// the inner maps against the older shape), and the new arrays take this
-// version's tries.
-func TestStaleTablesReplaced(t *testing.T) {
+// TestStaleTablesCarried: the arrays of tables pinned by the version before
+// table dscp values (tries and hashes of 32-byte struct tbl_val) are made
+// anew at start, and each table they held is carried over at its index,
+// under its name, with its entries (counters, mark) before the program is
+// attached: the load does not fail on them (without setAsideStaleTables it
+// does: the verifier checks the program's reads of the inner maps against
+// the older shape), the farms' policies never find their tables empty
+// (when the arrays were replaced instead, they were until ReconcileTables
+// refilled them), and the new arrays take this version's tries.
+func TestStaleTablesCarried(t *testing.T) {
 	pin, spec := pinSetup(t)
+	const idx = 9
 	for _, name := range tableArrays {
 		ms := spec.Maps[name].Copy()
 		ms.Pinning, ms.Key, ms.Value = ebpf.PinNone, nil, nil
@@ -149,6 +153,22 @@ func TestStaleTablesReplaced(t *testing.T) {
 			t.Fatalf("make an older %s: %v", name, err)
 		}
 		defer old.Close()
+		is := ms.InnerMap.Copy()
+		is.Name = "xt_old_" + name[len(name)-1:]
+		inner, err := ebpf.NewMap(is)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer inner.Close()
+		key, val := make([]byte, is.KeySize), make([]byte, 32)
+		key[0] = 32               // an LPM trie's prefix length; any key for the hash
+		val[0], val[16] = 7, 0x42 // packets, mark
+		if err := inner.Update(key, val, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Update(uint32(idx), inner, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
 		if err := old.Pin(filepath.Join(pin, name)); err != nil {
 			t.Fatal(err)
 		}
@@ -163,6 +183,26 @@ func TestStaleTablesReplaced(t *testing.T) {
 		if err := innerFits(m, spec.Maps[name].InnerMap); err != nil {
 			t.Errorf("%s does not take this version's maps: %v", name, err)
 		}
+		var inner *ebpf.Map
+		if err := m.Lookup(uint32(idx), &inner); err != nil {
+			t.Errorf("%s: the table at index %d was not carried over: %v", name, idx, err)
+			continue
+		}
+		defer inner.Close()
+		info, _ := inner.Info()
+		key := make([]byte, inner.KeySize())
+		key[0] = 32
+		val := make([]byte, inner.ValueSize())
+		if err := inner.Lookup(key, val); err != nil {
+			t.Errorf("%s: the carried table %q lost its entry: %v", name, info.Name, err)
+			continue
+		}
+		if info.Name != "xt_old_"+name[len(name)-1:] || inner.ValueSize() != spec.Maps[name].InnerMap.ValueSize || val[0] != 7 || val[16] != 0x42 {
+			t.Errorf("%s: carried %q, value size %d, entry % x", name, info.Name, inner.ValueSize(), val)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(pin, tableArrays[0]+"_old")); !os.IsNotExist(err) {
+		t.Errorf("the set-aside array's pin is still there: %v", err)
 	}
 	applyTables(t, p, created(dscpTable(t, "ds", 1, 1, [2]string{"10.0.0.0/8", "46"})))
 }
