@@ -400,6 +400,9 @@ func (p *Plane) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (in
 // elements out (struct sync_conn, a multiple of 8 bytes: no gap between
 // elements; native byte order, as bpf2go's type mirrors it).
 func syncConnBytes(cs []xlbSyncConn) []byte {
+	// An array map's elements are 8-byte aligned: a size that is not a
+	// multiple of 8 would not compile here.
+	var _ [0]struct{} = [unsafe.Sizeof(xlbSyncConn{}) % 8]struct{}{}
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(cs))), len(cs)*int(unsafe.Sizeof(xlbSyncConn{})))
 }
 
