@@ -428,6 +428,21 @@ static __attribute__((noinline)) int sync_insert(const struct ct_key *k, const s
 	return rc;
 }
 
+/* sync_warm() - look up the reply entry of flow (@k, @v), result unused,
+ * just before sync_install() looks up the forward one: both buckets of a
+ * new flow are cold (a random spot of a large table), and the CPU fetches
+ * the second while it waits for the first (the lookup's chain walk is
+ * predicted empty), so the reply entry's insert finds its bucket in the
+ * cache. Not inlined: its key's stack is free again before the deepest
+ * chain of calls. */
+static __attribute__((noinline)) void sync_warm(const struct ct_key *k, const struct ct_val *v)
+{
+	struct ct_key pk;
+
+	ct_peer_key(k, v, &pk);
+	bpf_map_lookup_elem(&xlb_ct, &pk);
+}
+
 /**
  * sync_install() - put a peer's connection @c into xlb_ct (new or update),
  * or take it out (end); a session goes to sync_install_session().
@@ -475,6 +490,7 @@ static __attribute__((noinline)) int sync_install(const struct sync_conn *c, __u
 								       : XLB_MODE_SNAT;
 	fv.seen = sync_seen(fv.state, c->left, now);
 
+	sync_warm(&fk, &fv);
 	v = bpf_map_lookup_elem(&xlb_ct, &fk);
 	if (v) {
 		if (v->dir != XLB_CT_FWD)

@@ -330,15 +330,20 @@ func (p *Plane) DumpSessions(ctx context.Context) ([]dataplane.SyncConn, error) 
 }
 
 // InstallConns implements dataplane.ConnSyncer: each batch of up to
-// syncBatch connections is written to xlb_sync_in (one system call) and
-// installed by xlb_ct_install (one more); only when some were not is each
-// one's result read back.
+// syncBatch connections is written into xlb_sync_in through its memory
+// mapping (no system call, no copy per element in the kernel) and
+// installed by xlb_ct_install (one system call); only when some were not is
+// each one's result read back.
 func (p *Plane) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (int, error) {
 	p.syncInMu.Lock()
 	defer p.syncInMu.Unlock()
+	mem, err := p.objs.XlbSyncIn.Memory()
+	if err != nil {
+		return 0, fmt.Errorf("install connections: map xlb_sync_in: %w", err)
+	}
 	// The batch's room is kept between calls (under syncInMu).
-	keys, vals := p.syncInKeys, p.syncInVals
-	defer func() { p.syncInKeys, p.syncInVals = keys, vals }()
+	vals := p.syncInVals
+	defer func() { p.syncInVals = vals }()
 	n := 0
 	var first error
 	for i := 0; i < len(evs); i += syncBatch {
@@ -346,12 +351,11 @@ func (p *Plane) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (in
 			return n, err
 		}
 		chunk := evs[i:min(i+syncBatch, len(evs))]
-		keys, vals = keys[:0], vals[:0]
-		for j, ev := range chunk {
-			keys = append(keys, uint32(j))
+		vals = vals[:0]
+		for _, ev := range chunk {
 			vals = append(vals, syncIn(ev))
 		}
-		if _, err := p.objs.XlbSyncIn.BatchUpdate(keys, vals, nil); err != nil {
+		if _, err := mem.WriteAt(syncConnBytes(vals), 0); err != nil {
 			return n, fmt.Errorf("install connections: write xlb_sync_in: %w", err)
 		}
 		args, err := binary.Append(nil, binary.NativeEndian, xlbSyncArgs{N: uint32(len(chunk)), Now: monotonicCoarse()})
@@ -374,8 +378,7 @@ func (p *Plane) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (in
 		// not here is no error). Those installed unbound (no farm here
 		// for them yet) were installed: they carry their flows.
 		got := make([]xlbSyncConn, len(chunk))
-		var cursor ebpf.MapBatchCursor
-		if _, err := p.objs.XlbSyncIn.BatchLookup(&cursor, keys[:len(chunk)], got, nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if _, err := mem.ReadAt(syncConnBytes(got), 0); err != nil {
 			return n, fmt.Errorf("install connections: read results: %w", err)
 		}
 		for j := range chunk {
@@ -391,6 +394,16 @@ func (p *Plane) InstallConns(ctx context.Context, evs []dataplane.ConnEvent) (in
 		}
 	}
 	return n, first
+}
+
+// syncConnBytes is the memory of cs, as xlb_sync_in's mapping lays its
+// elements out (struct sync_conn, a multiple of 8 bytes: no gap between
+// elements; native byte order, as bpf2go's type mirrors it).
+func syncConnBytes(cs []xlbSyncConn) []byte {
+	// An array map's elements are 8-byte aligned: a size that is not a
+	// multiple of 8 would not compile here.
+	var _ [0]struct{} = [unsafe.Sizeof(xlbSyncConn{}) % 8]struct{}{}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(cs))), len(cs)*int(unsafe.Sizeof(xlbSyncConn{})))
 }
 
 // syncIn is a peer's event as xlb_ct_install takes it.

@@ -44,6 +44,11 @@ import (
 // xlb_ct_install's own time per record (its run time over the records it
 // took). The statistics cost every program run some time, so prog-ns/pkt
 // and cpu-ns/pkt of such a run are not comparable with the others'.
+//
+// With XLB_BENCH_PERF_CTL=FIFO (perf record's --control=fifo:FIFO, started
+// with -D -1) the profile holds the measured phases only: perf is enabled
+// at each sub-benchmark's start and disabled when its CPU is taken (the
+// planes' loading and the start's dumps stay out).
 func BenchmarkSyncPerPacket(b *testing.B) {
 	testutil.RequireRoot(b)
 	ctx := context.Background()
@@ -102,6 +107,7 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 					sent0, inst0 = nodeA.Counters().ConnsSent, nodeB.Counters().Installed
 					run0 = installRunTime(b, recv)
 				}
+				perfCtl(b, "enable")
 				cpu0 := processCPU(b)
 				var progT, thrT time.Duration
 				pkts := 0
@@ -161,6 +167,7 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 					}
 				}
 				cpu := processCPU(b) - cpu0
+				perfCtl(b, "disable")
 				b.ReportMetric(float64(cpu.Nanoseconds())/float64(pkts), "cpu-ns/pkt")
 				b.ReportMetric(float64(progT.Nanoseconds())/float64(pkts), "prog-ns/pkt")
 				b.ReportMetric(float64(thrT.Nanoseconds())/float64(pkts), "thread-ns/pkt")
@@ -178,6 +185,18 @@ func BenchmarkSyncPerPacket(b *testing.B) {
 			})
 			stop()
 		}
+	}
+}
+
+// perfCtl sends cmd ("enable", "disable") to the perf record control FIFO
+// named by XLB_BENCH_PERF_CTL, if any.
+func perfCtl(b *testing.B, cmd string) {
+	path := os.Getenv("XLB_BENCH_PERF_CTL")
+	if path == "" {
+		return
+	}
+	if err := os.WriteFile(path, []byte(cmd+"\n"), 0); err != nil {
+		b.Fatalf("perf control %q: %v", cmd, err)
 	}
 }
 

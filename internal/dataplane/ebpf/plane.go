@@ -199,7 +199,6 @@ type Plane struct {
 	syncWatch atomic.Bool
 	syncInMu  sync.Mutex
 	// InstallConns's batch for xlb_sync_in, kept for the next (syncInMu).
-	syncInKeys []uint32
 	syncInVals []xlbSyncConn
 }
 
