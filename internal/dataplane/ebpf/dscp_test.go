@@ -112,7 +112,7 @@ func TestDSCPFixtures(t *testing.T) {
 	}
 
 	// dsr: the XDP program forwards the established flow's segments.
-	back := uint32(linkIndex(t, ns, "back"))
+	back := uint32(linkAttrs(t, ns, "back").Index)
 	if err := p.objs.XlbXdpTx.Update(back, uint32(1), ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}

@@ -32,18 +32,7 @@ func TestOtherHostFrames(t *testing.T) {
 	if _, err := testutil.AskUDP(topo.Client.NS, vip); err != nil {
 		t.Fatalf("the VIP before: %v", err)
 	}
-	lbMAC := func() string {
-		h, err := netlink.NewHandleAt(topo.LB.NS)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		l, err := h.LinkByName(topo.LB.Link)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l.Attrs().HardwareAddr.String()
-	}()
+	lbMAC := linkAttrs(t, topo.LB.NS, topo.LB.Link).HardwareAddr.String()
 	gw := func(mac string) {
 		testutil.Run(t, topo.Client.Name, "ip", "neigh", "replace", topo.LB.IPv4.String(), "lladdr", mac,
 			"dev", topo.Client.Link, "nud", "permanent")
@@ -84,7 +73,7 @@ func TestOtherHostFixtures(t *testing.T) {
 	if v, _ := runProg(t, ns, p.objs.XlbXdp, syn(other, foreign)); v != xdpPass {
 		t.Errorf("xdp: denied client, another host's MAC: verdict %d, want XDP_PASS", v)
 	}
-	front := linkIndex(t, ns, "front")
+	front := linkAttrs(t, ns, "front").Index
 	in := syn(client, foreign)
 	if v, out := runProgOn(t, ns, p.objs.XlbIngress, front, in); v != verdictNext || string(out) != string(in) {
 		t.Errorf("tcx: another host's MAC: verdict %d (changed: %v), want TCX_NEXT untouched", v, string(out) != string(in))
@@ -120,7 +109,8 @@ func runProgOn(tb testing.TB, ns netns.NsHandle, prog *ebpf.Program, ifindex int
 	return ret, out
 }
 
-func linkIndex(tb testing.TB, ns netns.NsHandle, name string) int {
+// linkAttrs are the attributes of interface name in namespace ns.
+func linkAttrs(tb testing.TB, ns netns.NsHandle, name string) *netlink.LinkAttrs {
 	tb.Helper()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
@@ -131,5 +121,5 @@ func linkIndex(tb testing.TB, ns netns.NsHandle, name string) int {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return l.Attrs().Index
+	return l.Attrs()
 }
