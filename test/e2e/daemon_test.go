@@ -295,8 +295,12 @@ var (
 )
 
 func normalize(s string) string {
-	s = countersRe.ReplaceAllString(s, "counter")
-	return mapGenRe.ReplaceAllString(s, "$1")
+	return mapGenRe.ReplaceAllString(withoutCounters(s), "$1")
+}
+
+// withoutCounters is an nft listing with its counters' values left out.
+func withoutCounters(s string) string {
+	return countersRe.ReplaceAllString(s, "counter")
 }
 
 // Bad input through the CLI gets an error naming the field, and changes
@@ -333,7 +337,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 			}
 		}
 	}
-	if got := e.nftList(); got != kernel {
+	if got := e.nftList(); withoutCounters(got) != withoutCounters(kernel) {
 		t.Errorf("kernel changed by rejected input:\n--- before\n%s\n--- after\n%s", kernel, got)
 	}
 	if got := e.mustCLI("dump"); got != saved {

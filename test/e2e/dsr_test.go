@@ -52,7 +52,9 @@ func TestDSRThroughDaemon(t *testing.T) {
 			t.Errorf("error %q does not mention %q", strings.TrimSpace(out), w)
 		}
 	}
-	if got := e.nftList(); got != kernel {
+	// Counters aside: a late segment of the requests above (their
+	// connections closing) may still pass the farm's rule meanwhile.
+	if got := e.nftList(); withoutCounters(got) != withoutCounters(kernel) {
 		t.Errorf("kernel changed by the refused backend:\n--- before\n%s\n--- after\n%s", kernel, got)
 	}
 	if got := e.mustCLI("dump"); got != saved {
